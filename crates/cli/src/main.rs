@@ -1,0 +1,72 @@
+//! `threadline`: operator commands.
+
+use clap::{Parser, Subcommand};
+
+mod install;
+mod stats;
+
+#[derive(Parser)]
+#[command(name = "threadline", version, about = "Operate threadline: schema, installations, ledger figures")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply pending database migrations (idempotent).
+    Migrate,
+    /// Manage Slack installations.
+    Install {
+        #[command(subcommand)]
+        command: install::InstallCommand,
+    },
+    /// Ledger figures from the database.
+    Stats {
+        /// Print one JSON object (the only format for now).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Token-encryption keys.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Print a new random key entry for THREADLINE_TOKEN_KEYS.
+    Generate {
+        /// Key id stored with every ciphertext it seals.
+        #[arg(long, default_value = "k1")]
+        id: String,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let src = threadline_runtime::config::Source::from_env()?;
+    match cli.command {
+        Command::Migrate => {
+            let pool = pool(&src)?;
+            let applied = threadline_runtime::db::migrate(&pool).await?;
+            println!("migrations applied: {applied} (schema is current)");
+        }
+        Command::Install { command } => install::run(command, &src, &pool(&src)?).await?,
+        Command::Stats { json: _ } => {
+            let s = stats::collect(&pool(&src)?).await?;
+            println!("{}", serde_json::to_string_pretty(&s)?);
+        }
+        Command::Keys { command: KeysCommand::Generate { id } } => {
+            println!("{}", threadline_runtime::secrets::TokenCipher::generate_entry(&id));
+        }
+    }
+    Ok(())
+}
+
+fn pool(src: &threadline_runtime::config::Source) -> anyhow::Result<sqlx::PgPool> {
+    let common = threadline_runtime::config::CommonConfig::from_source(src)?;
+    threadline_runtime::db::pool(&common)
+}

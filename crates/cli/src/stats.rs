@@ -1,0 +1,55 @@
+//! Ledger figures, read from the database (the source of truth), not from
+//! any process's memory.
+
+use anyhow::Context as _;
+use serde_json::{Map, Value, json};
+use sqlx::PgPool;
+
+pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
+    let (receipts, duplicates): (i64, i64) =
+        sqlx::query_as("SELECT count(*), coalesce(sum(duplicate_deliveries), 0)::bigint FROM event_receipts")
+            .fetch_one(pool)
+            .await
+            .context("reading receipts (is the schema migrated? run `threadline migrate`)")?;
+    let (pending, published, oldest): (i64, i64, Option<f64>) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE published_at IS NULL),
+                count(*) FILTER (WHERE published_at IS NOT NULL),
+                extract(epoch FROM now() - min(created_at) FILTER (WHERE published_at IS NULL))::float8
+           FROM outbox",
+    )
+    .fetch_one(pool)
+    .await?;
+    let by_reason: Vec<(String, i64)> =
+        sqlx::query_as("SELECT reason, count(*) FROM rejections GROUP BY reason ORDER BY reason")
+            .fetch_all(pool)
+            .await?;
+    let by_state: Vec<(String, i64)> =
+        sqlx::query_as("SELECT state, count(*) FROM event_receipts GROUP BY state ORDER BY state")
+            .fetch_all(pool)
+            .await?;
+    let retried: i64 = sqlx::query_scalar("SELECT count(*) FROM event_receipts WHERE retry_num > 0")
+        .fetch_one(pool)
+        .await?;
+    let rate_limited: i64 = sqlx::query_scalar("SELECT count(*) FROM app_rate_limit_notices")
+        .fetch_one(pool)
+        .await?;
+    let installs: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, count(*) FROM installations GROUP BY status ORDER BY status")
+            .fetch_all(pool)
+            .await?;
+    let to_map = |rows: Vec<(String, i64)>| -> Map<String, Value> { rows.into_iter().map(|(k, v)| (k, json!(v))).collect() };
+    let rejections_total: i64 = by_reason.iter().map(|r| r.1).sum();
+    Ok(json!({
+        "receipts_total": receipts,
+        "receipts_by_state": to_map(by_state),
+        "receipts_first_seen_on_retry_total": retried,
+        "duplicate_deliveries_total": duplicates,
+        "rejections_total": rejections_total,
+        "rejections_by_reason": to_map(by_reason),
+        "outbox_pending": pending,
+        "outbox_published_total": published,
+        "outbox_oldest_pending_age_seconds": oldest.unwrap_or(0.0),
+        "app_rate_limited_notices_total": rate_limited,
+        "installations_by_status": to_map(installs),
+    }))
+}

@@ -1,0 +1,11 @@
+//! Pure types and rules of threadline. Nothing here performs I/O: every function
+//! is deterministic given its inputs, so `cargo test -p threadline-domain` needs
+//! nothing running.
+
+pub mod envelope;
+pub mod event;
+pub mod ids;
+
+pub use envelope::{Authorization, Envelope, EnvelopeError, EventCallback, InstallationKey};
+pub use event::{EventKind, EventRef, MessageSubtype};
+pub use ids::{AppId, BotId, ChannelId, EnterpriseId, EventId, IdError, TeamId, Ts, UserId};

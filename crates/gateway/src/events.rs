@@ -1,0 +1,284 @@
+//! `POST /slack/events`: verify, parse, resolve, record durably, answer.
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use prost::Message as _;
+use threadline_domain::{Envelope, EnvelopeError, EventCallback};
+use threadline_proto::v1::{EventAccepted, SCHEMA_VERSION};
+use uuid::Uuid;
+
+use crate::AppState;
+use crate::installations::Resolved;
+use crate::intake::{NewReceipt, Outcome};
+
+/// What a delivery came to; the label of the ack-latency histogram.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    Accepted,
+    Duplicate,
+    Challenge,
+    Ignored,
+    Rejected(&'static str),
+    Unavailable,
+}
+
+impl Answer {
+    fn label(self) -> &'static str {
+        match self {
+            Answer::Accepted => "accepted",
+            Answer::Duplicate => "duplicate",
+            Answer::Challenge => "url_verification",
+            Answer::Ignored => "ignored",
+            Answer::Rejected(_) => "rejected",
+            Answer::Unavailable => "unavailable",
+        }
+    }
+}
+
+pub async fn slack_events(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let started = Instant::now();
+    let (answer, response) = handle(&app, &headers, &body).await;
+    if let Answer::Rejected(reason) = answer {
+        metrics::counter!("threadline_gateway_rejections_total", "reason" => reason).increment(1);
+    }
+    metrics::histogram!("threadline_gateway_ack_seconds", "outcome" => answer.label())
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+fn now_unix() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> (Answer, Response) {
+    // Slack's SSL check for slash-command URLs: a form post that only needs 200.
+    if is_ssl_check(headers, body) {
+        return (Answer::Ignored, StatusCode::OK.into_response());
+    }
+    if let Err(e) = app.verifier.verify(
+        headers.get("x-slack-request-timestamp").map(HeaderValue::as_bytes),
+        headers.get("x-slack-signature").map(HeaderValue::as_bytes),
+        body,
+        now_unix(),
+    ) {
+        // No detail to the caller, and nothing of the body or signatures in logs.
+        tracing::debug!(reason = e.reason_code(), "delivery failed signature check");
+        return (Answer::Rejected(e.reason_code()), StatusCode::UNAUTHORIZED.into_response());
+    }
+    let envelope = match Envelope::parse(body) {
+        Ok(e) => e,
+        Err(e) => return malformed(app, e).await,
+    };
+    match envelope {
+        Envelope::UrlVerification { challenge } => {
+            (Answer::Challenge, axum::Json(serde_json::json!({ "challenge": challenge })).into_response())
+        }
+        Envelope::AppRateLimited { api_app_id, team_id, minute_rate_limited } => {
+            tracing::warn!(
+                alert = "app_rate_limited",
+                api_app_id = api_app_id.as_ref().map(|a| a.as_str()),
+                team_id = team_id.as_ref().map(|t| t.as_str()),
+                minute_rate_limited,
+                "Slack is dropping events for this app: more than 30,000 events in an hour for a workspace"
+            );
+            metrics::counter!("threadline_gateway_app_rate_limited_total").increment(1);
+            let r = sqlx::query(
+                "INSERT INTO app_rate_limit_notices (api_app_id, team_id, minute_rate_limited) VALUES ($1, $2, $3)",
+            )
+            .bind(api_app_id.as_ref().map(|a| a.as_str()))
+            .bind(team_id.as_ref().map(|t| t.as_str()))
+            .bind(minute_rate_limited)
+            .execute(&app.pool)
+            .await;
+            match r {
+                Ok(_) => (Answer::Ignored, StatusCode::OK.into_response()),
+                Err(e) => unavailable(&e),
+            }
+        }
+        Envelope::Other { envelope_type } => {
+            tracing::info!(envelope_type = %envelope_type, "envelope type not handled; acknowledged");
+            metrics::counter!("threadline_gateway_unhandled_envelopes_total").increment(1);
+            (Answer::Ignored, StatusCode::OK.into_response())
+        }
+        Envelope::EventCallback(cb) => accept(app, headers, *cb).await,
+    }
+}
+
+fn is_ssl_check(headers: &HeaderMap, body: &[u8]) -> bool {
+    let form = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
+    form && body.split(|b| *b == b'&').any(|kv| kv == b"ssl_check=1")
+}
+
+async fn malformed(app: &AppState, e: EnvelopeError) -> (Answer, Response) {
+    let reason = e.reason_code();
+    tracing::warn!(reason, error = %e, "signed delivery is malformed; rejected without retry");
+    record_rejection(app, reason, None).await;
+    let mut resp = (StatusCode::BAD_REQUEST, "malformed Events API payload").into_response();
+    resp.headers_mut().insert("x-slack-no-retry", HeaderValue::from_static("1"));
+    (Answer::Rejected(reason), resp)
+}
+
+fn unavailable(e: &dyn std::fmt::Display) -> (Answer, Response) {
+    tracing::error!(error = %e, "could not record delivery; answering 503 so Slack retries");
+    (Answer::Unavailable, StatusCode::SERVICE_UNAVAILABLE.into_response())
+}
+
+/// A minimal, content-free rejection record. Best effort: a rejection is
+/// answered the same way whether or not it could be recorded.
+async fn record_rejection(app: &AppState, reason: &str, cb: Option<(&EventCallback, Option<Uuid>)>) {
+    let key = cb.map(|(cb, _)| cb.installation_key());
+    let r = sqlx::query(
+        "INSERT INTO rejections (reason, api_app_id, team_id, enterprise_id, event_id, installation_id)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(reason)
+    .bind(cb.map(|(cb, _)| cb.api_app_id.as_str()))
+    .bind(key.as_ref().and_then(|k| k.team_id.as_ref().map(|t| t.as_str())))
+    .bind(key.as_ref().and_then(|k| k.enterprise_id.as_ref().map(|e| e.as_str())))
+    .bind(cb.map(|(cb, _)| cb.event_id.as_str()))
+    .bind(cb.and_then(|(_, id)| id))
+    .execute(&app.pool)
+    .await;
+    if let Err(e) = r {
+        tracing::warn!(reason, error = %e, "could not record rejection");
+    }
+}
+
+fn retry_headers(headers: &HeaderMap) -> (i32, Option<String>) {
+    let num = headers
+        .get("x-slack-retry-num")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .filter(|n| (0..=100).contains(n))
+        .unwrap_or(0);
+    // Stored and counted only; a retry is never dropped for being one.
+    let reason = headers
+        .get("x-slack-retry-reason")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .take(64)
+                .collect::<String>()
+        })
+        .filter(|v| !v.is_empty());
+    (num, reason)
+}
+
+#[tracing::instrument(skip_all, fields(event_id = %cb.event_id, api_app_id = %cb.api_app_id, installation_id))]
+async fn accept(app: &AppState, headers: &HeaderMap, cb: EventCallback) -> (Answer, Response) {
+    let installation_id = match app.resolver.resolve(&cb.installation_key()).await {
+        Ok(Resolved::Active(id)) => id,
+        Ok(Resolved::Disabled(id)) => {
+            record_rejection(app, "installation_disabled", Some((&cb, Some(id)))).await;
+            return (Answer::Rejected("installation_disabled"), StatusCode::OK.into_response());
+        }
+        Ok(Resolved::Unknown) => {
+            tracing::warn!("event for an unknown installation; acknowledged, no job");
+            record_rejection(app, "unknown_installation", Some((&cb, None))).await;
+            return (Answer::Rejected("unknown_installation"), StatusCode::OK.into_response());
+        }
+        Err(e) => return unavailable(&e),
+    };
+    tracing::Span::current().record("installation_id", tracing::field::display(installation_id));
+    let (retry_num, retry_reason) = retry_headers(headers);
+    if retry_num > 0 {
+        metrics::counter!(
+            "threadline_gateway_slack_retries_total",
+            "reason" => retry_reason.clone().unwrap_or_else(|| "unspecified".into())
+        )
+        .increment(1);
+    }
+    let receipt = new_receipt(&cb, installation_id, retry_num, retry_reason);
+    match app.intake.submit(receipt).await {
+        Ok(Outcome::New) => (Answer::Accepted, StatusCode::OK.into_response()),
+        Ok(Outcome::Duplicate) => (Answer::Duplicate, StatusCode::OK.into_response()),
+        Err(e) => unavailable(&e),
+    }
+}
+
+fn new_receipt(cb: &EventCallback, installation_id: Uuid, retry_num: i32, retry_reason: Option<String>) -> NewReceipt {
+    let id = Uuid::now_v7();
+    let key = cb.installation_key();
+    let ev = &cb.event;
+    let s = |v: Option<&str>| v.map(str::to_owned);
+    let received_at_unix_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    let team_id = key.team_id.as_ref().map(|t| t.to_string()).or_else(|| cb.team_id.as_ref().map(|t| t.to_string()));
+    let enterprise_id = key.enterprise_id.as_ref().map(|e| e.to_string());
+    let message = EventAccepted {
+        schema_version: SCHEMA_VERSION,
+        receipt_id: id.to_string(),
+        installation_id: installation_id.to_string(),
+        api_app_id: cb.api_app_id.to_string(),
+        event_id: cb.event_id.to_string(),
+        team_id: team_id.clone().unwrap_or_default(),
+        enterprise_id: enterprise_id.clone().unwrap_or_default(),
+        event_type: ev.kind.type_str().to_owned(),
+        event_subtype: ev.kind.subtype_str().unwrap_or_default().to_owned(),
+        channel_id: ev.channel.as_ref().map(|c| c.to_string()).unwrap_or_default(),
+        message_ts: ev.ts.as_ref().map(|t| t.to_string()).unwrap_or_default(),
+        thread_ts: ev.root().map(|t| t.to_string()).unwrap_or_default(),
+        event_time: cb.event_time,
+        received_at_unix_ms,
+        retry_num: retry_num as u32,
+        is_ext_shared_channel: cb.is_ext_shared_channel,
+        event_json: serde_json::to_vec(&cb.event_json).unwrap_or_default(),
+    };
+    let carrier = threadline_runtime::telemetry::current_trace_carrier();
+    NewReceipt {
+        id,
+        installation_id,
+        api_app_id: cb.api_app_id.to_string(),
+        event_id: cb.event_id.to_string(),
+        team_id,
+        enterprise_id,
+        event_type: ev.kind.type_str().to_owned(),
+        event_subtype: s(ev.kind.subtype_str()),
+        channel_id: ev.channel.as_ref().map(|c| c.to_string()),
+        message_ts: ev.ts.as_ref().map(|t| t.to_string()),
+        thread_ts: ev.root().map(|t| t.to_string()),
+        event_time: cb.event_time,
+        retry_num,
+        retry_reason,
+        msg_id: format!("evt:{}:{}", cb.api_app_id, cb.event_id),
+        payload: message.encode_to_vec(),
+        traceparent: carrier.get("traceparent").cloned(),
+        tracestate: carrier.get("tracestate").cloned().filter(|s| !s.is_empty()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_headers_are_bounded_and_sanitised() {
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_headers(&h), (0, None));
+        h.insert("x-slack-retry-num", HeaderValue::from_static("2"));
+        h.insert("x-slack-retry-reason", HeaderValue::from_static("http_timeout"));
+        assert_eq!(retry_headers(&h), (2, Some("http_timeout".into())));
+        h.insert("x-slack-retry-num", HeaderValue::from_static("-1"));
+        h.insert("x-slack-retry-reason", HeaderValue::from_static("<script>"));
+        assert_eq!(retry_headers(&h), (0, Some("script".into())));
+    }
+
+    #[test]
+    fn ssl_check_needs_a_form_body() {
+        let mut h = HeaderMap::new();
+        assert!(!is_ssl_check(&h, b"ssl_check=1&token=x"));
+        h.insert("content-type", HeaderValue::from_static("application/x-www-form-urlencoded"));
+        assert!(is_ssl_check(&h, b"ssl_check=1&token=x"));
+        assert!(!is_ssl_check(&h, b"ssl_check=0"));
+    }
+}

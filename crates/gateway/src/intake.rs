@@ -1,0 +1,267 @@
+//! Durable intake with group commit.
+//!
+//! Each accepted delivery becomes a [`NewReceipt`] handed to a small pool of
+//! writer tasks. A writer takes whatever deliveries are waiting (up to the
+//! batch size) and, in one transaction, inserts their receipts with
+//! `ON CONFLICT (api_app_id, event_id) DO NOTHING`, inserts an outbox row for
+//! each receipt that was new, counts the duplicates, and commits. Only then
+//! does each waiting request learn its outcome and answer Slack, so a 2xx
+//! always follows a commit (invariant 1) while one fsync serves many
+//! deliveries.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::task::JoinSet;
+use uuid::Uuid;
+
+/// Everything the receipt and outbox rows need. Identifiers only, except
+/// `payload` (the bus message), which the relay clears once published.
+#[derive(Debug, Clone)]
+pub struct NewReceipt {
+    pub id: Uuid,
+    pub installation_id: Uuid,
+    pub api_app_id: String,
+    pub event_id: String,
+    pub team_id: Option<String>,
+    pub enterprise_id: Option<String>,
+    pub event_type: String,
+    pub event_subtype: Option<String>,
+    pub channel_id: Option<String>,
+    pub message_ts: Option<String>,
+    pub thread_ts: Option<String>,
+    pub event_time: i64,
+    pub retry_num: i32,
+    pub retry_reason: Option<String>,
+    pub msg_id: String,
+    pub payload: Vec<u8>,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The receipt and its outbox row were committed by this delivery.
+    New,
+    /// The event already had a receipt; nothing new was created.
+    Duplicate,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IntakeError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("intake is shutting down")]
+    Closed,
+    #[error("receipt was not committed in time")]
+    Timeout,
+}
+
+struct Pending {
+    receipt: NewReceipt,
+    reply: oneshot::Sender<Result<Outcome, Arc<sqlx::Error>>>,
+}
+
+#[derive(Clone)]
+pub struct Intake {
+    tx: mpsc::Sender<Pending>,
+    timeout: Duration,
+}
+
+/// How many times a batch is retried after a deadlock or serialization
+/// failure before its deliveries get 503.
+const MAX_BATCH_ATTEMPTS: usize = 3;
+
+impl Intake {
+    /// Starts `writers` writer tasks. They stop once every `Intake` clone is
+    /// dropped and the queue is drained.
+    pub fn spawn(pool: PgPool, writers: usize, max_batch: usize, timeout: Duration) -> (Self, JoinSet<()>) {
+        let (tx, rx) = mpsc::channel::<Pending>(writers * max_batch * 2);
+        let rx = Arc::new(Mutex::new(rx));
+        let mut set = JoinSet::new();
+        for _ in 0..writers {
+            let (pool, rx) = (pool.clone(), rx.clone());
+            set.spawn(async move {
+                let mut batch = Vec::with_capacity(max_batch);
+                loop {
+                    let n = rx.lock().await.recv_many(&mut batch, max_batch).await;
+                    if n == 0 {
+                        break;
+                    }
+                    commit_and_reply(&pool, std::mem::take(&mut batch)).await;
+                    batch.reserve(max_batch);
+                }
+            });
+        }
+        (Self { tx, timeout }, set)
+    }
+
+    /// Records one delivery durably; returns once it is committed.
+    pub async fn submit(&self, receipt: NewReceipt) -> Result<Outcome, IntakeError> {
+        let (reply, rx) = oneshot::channel();
+        let work = async {
+            self.tx.send(Pending { receipt, reply }).await.map_err(|_| IntakeError::Closed)?;
+            match rx.await {
+                Ok(Ok(outcome)) => Ok(outcome),
+                Ok(Err(e)) => Err(IntakeError::Db(clone_db_error(&e))),
+                Err(_) => Err(IntakeError::Closed),
+            }
+        };
+        tokio::time::timeout(self.timeout, work).await.map_err(|_| IntakeError::Timeout)?
+    }
+}
+
+fn clone_db_error(e: &sqlx::Error) -> sqlx::Error {
+    sqlx::Error::Protocol(e.to_string())
+}
+
+async fn commit_and_reply(pool: &PgPool, batch: Vec<Pending>) {
+    let mut attempt = 0;
+    let result = loop {
+        attempt += 1;
+        match write_batch(pool, &batch).await {
+            Err(e) if attempt < MAX_BATCH_ATTEMPTS && is_transient(&e) => {
+                tracing::warn!(error = %e, attempt, "intake batch retried");
+                continue;
+            }
+            other => break other,
+        }
+    };
+    match result {
+        Ok(outcomes) => {
+            let (mut new, mut dup) = (0u64, 0u64);
+            for (p, outcome) in batch.into_iter().zip(outcomes) {
+                if outcome == Outcome::New { new += 1 } else { dup += 1 }
+                let _ = p.reply.send(Ok(outcome));
+            }
+            metrics::counter!("threadline_gateway_receipts_total").increment(new);
+            metrics::counter!("threadline_gateway_duplicate_deliveries_total").increment(dup);
+            metrics::histogram!("threadline_gateway_group_commit_size").record((new + dup) as f64);
+        }
+        Err(e) => {
+            tracing::error!(error = %e, deliveries = batch.len(), "intake batch failed; answering 503");
+            let e = Arc::new(e);
+            for p in batch {
+                let _ = p.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+fn is_transient(e: &sqlx::Error) -> bool {
+    matches!(e.as_database_error().and_then(|d| d.code()).as_deref(), Some("40P01" | "40001"))
+}
+
+/// One transaction for the whole batch. Rows are sorted by identity so
+/// concurrent batches (other writers, other replicas) lock in the same
+/// order and cannot deadlock on each other.
+async fn write_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, sqlx::Error> {
+    // First delivery of each identity in the batch is the candidate; later
+    // ones in the same batch are duplicates of it.
+    let mut order: Vec<usize> = (0..batch.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (ra, rb) = (&batch[a].receipt, &batch[b].receipt);
+        (&ra.api_app_id, &ra.event_id, a).cmp(&(&rb.api_app_id, &rb.event_id, b))
+    });
+    let mut candidates: Vec<usize> = Vec::with_capacity(batch.len());
+    for &i in &order {
+        let r = &batch[i].receipt;
+        let same = candidates.last().is_some_and(|&c| {
+            let c = &batch[c].receipt;
+            c.api_app_id == r.api_app_id && c.event_id == r.event_id
+        });
+        if !same {
+            candidates.push(i);
+        }
+    }
+
+    let rs: Vec<&NewReceipt> = candidates.iter().map(|&i| &batch[i].receipt).collect();
+    let mut tx = pool.begin().await?;
+    let inserted: Vec<Uuid> = sqlx::query_scalar(
+        "WITH input AS (
+             SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
+                                  $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[],
+                                  $13::int[], $14::text[], $15::text[], $16::bytea[], $17::text[], $18::text[])
+                 AS t(id, installation_id, api_app_id, event_id, team_id, enterprise_id,
+                      event_type, event_subtype, channel_id, message_ts, thread_ts, event_time,
+                      retry_num, retry_reason, msg_id, payload, traceparent, tracestate)
+         ), ins AS (
+             INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, team_id, enterprise_id,
+                                         event_type, event_subtype, channel_id, message_ts, thread_ts,
+                                         event_time, retry_num, retry_reason)
+             SELECT id, installation_id, api_app_id, event_id, team_id, enterprise_id,
+                    event_type, event_subtype, channel_id, message_ts, thread_ts,
+                    to_timestamp(event_time), retry_num, retry_reason
+               FROM input
+             ON CONFLICT (api_app_id, event_id) DO NOTHING
+             RETURNING id
+         ), outbox_rows AS (
+             INSERT INTO outbox (receipt_id, topic, msg_id, payload, traceparent, tracestate)
+             SELECT input.id, 'events', input.msg_id, input.payload, input.traceparent, input.tracestate
+               FROM input JOIN ins ON ins.id = input.id
+         )
+         SELECT id FROM ins",
+    )
+    .bind(rs.iter().map(|r| r.id).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.installation_id).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.api_app_id.as_str()).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.event_id.as_str()).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.team_id.as_deref()).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.enterprise_id.as_deref()).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.event_type.as_str()).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.event_subtype.as_deref()).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.channel_id.as_deref()).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.message_ts.as_deref()).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.thread_ts.as_deref()).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.event_time).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.retry_num).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.retry_reason.as_deref()).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.msg_id.as_str()).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.payload.as_slice()).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.traceparent.as_deref()).collect::<Vec<_>>())
+    .bind(rs.iter().map(|r| r.tracestate.as_deref()).collect::<Vec<_>>())
+    .fetch_all(&mut *tx)
+    .await?;
+
+    let inserted: std::collections::HashSet<Uuid> = inserted.into_iter().collect();
+    let mut outcomes = vec![Outcome::Duplicate; batch.len()];
+    for &i in &candidates {
+        if inserted.contains(&batch[i].receipt.id) {
+            outcomes[i] = Outcome::New;
+        }
+    }
+    // Count every duplicate delivery on its receipt (sorted: same lock order).
+    let mut dups: Vec<(&str, &str, i32)> = Vec::new();
+    let mut index: HashMap<(&str, &str), usize> = HashMap::new();
+    for &i in &order {
+        if outcomes[i] == Outcome::Duplicate {
+            let r = &batch[i].receipt;
+            let key = (r.api_app_id.as_str(), r.event_id.as_str());
+            match index.get(&key) {
+                Some(&k) => dups[k].2 += 1,
+                None => {
+                    index.insert(key, dups.len());
+                    dups.push((key.0, key.1, 1));
+                }
+            }
+        }
+    }
+    if !dups.is_empty() {
+        sqlx::query(
+            "UPDATE event_receipts r
+                SET duplicate_deliveries = r.duplicate_deliveries + d.n, last_delivery_at = now()
+               FROM UNNEST($1::text[], $2::text[], $3::int[]) AS d(api_app_id, event_id, n)
+              WHERE r.api_app_id = d.api_app_id AND r.event_id = d.event_id",
+        )
+        .bind(dups.iter().map(|d| d.0).collect::<Vec<_>>())
+        .bind(dups.iter().map(|d| d.1).collect::<Vec<_>>())
+        .bind(dups.iter().map(|d| d.2).collect::<Vec<_>>())
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(outcomes)
+}

@@ -1,0 +1,102 @@
+//! threadline gateway: the only public HTTP surface. It verifies Slack
+//! deliveries, records a durable receipt and an outbox row in one
+//! transaction, answers, and relays committed outbox rows to JetStream.
+//! It never fetches threads, calls a model or posts.
+
+pub mod config;
+pub mod events;
+pub mod installations;
+pub mod intake;
+pub mod relay;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::routing::post;
+use sqlx::PgPool;
+use threadline_runtime::bus::Topology;
+use threadline_runtime::health::{self, Readiness};
+use threadline_runtime::shutdown::CancellationToken;
+use threadline_slack::Verifier;
+use tokio::net::TcpListener;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+pub use config::GatewayConfig;
+use installations::Resolver;
+use intake::Intake;
+use relay::{Relay, RelayConfig};
+
+#[derive(Clone)]
+pub struct AppState {
+    pub verifier: Arc<Verifier>,
+    pub intake: Intake,
+    pub resolver: Arc<Resolver>,
+    pub pool: PgPool,
+}
+
+/// The gateway's routes: Slack intake plus health, readiness and metrics.
+pub fn router(state: AppState, readiness: Readiness, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/slack/events", post(events::slack_events))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+        .merge(health::router(readiness))
+        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(10)))
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
+                tracing::info_span!("http.request", method = %req.method(), path = %req.uri().path())
+            }),
+        )
+}
+
+/// Runs the gateway on `listener` until `shutdown`: HTTP drains first, then
+/// the intake writers finish their last commits, then the relay stops.
+pub async fn run(cfg: GatewayConfig, listener: TcpListener, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let pool = threadline_runtime::db::pool(&cfg.common)?;
+    threadline_runtime::db::ensure_schema_current(&pool)
+        .await
+        .context("checking the database schema")?;
+    let nats = threadline_runtime::bus::connect(&cfg.common.nats_url, "threadline-gateway").await?;
+    let verifier = Verifier::new(cfg.signing_secrets.0.clone()).context("SLACK_SIGNING_SECRET")?;
+
+    let relay_stop = CancellationToken::new();
+    let relay = cfg.relay_enabled.then(|| {
+        let relay = Relay::new(
+            pool.clone(),
+            async_nats::jetstream::new(nats.clone()),
+            Topology::new(cfg.common.bus_prefix.clone()),
+            RelayConfig { batch: cfg.relay_batch, sweep: cfg.relay_sweep },
+        );
+        tokio::spawn(relay.run(relay_stop.clone()))
+    });
+
+    let (intake, mut writers) = Intake::spawn(pool.clone(), cfg.intake_writers, cfg.intake_max_batch, cfg.intake_timeout);
+    let state = AppState {
+        verifier: Arc::new(verifier),
+        intake,
+        resolver: Arc::new(Resolver::new(pool.clone(), cfg.installation_cache_ttl)),
+        pool: pool.clone(),
+    };
+    let readiness = Readiness::default().postgres(pool.clone()).nats(nats.clone());
+    let app = router(state, readiness, cfg.max_body_bytes);
+    tracing::info!(addr = %listener.local_addr()?, relay = cfg.relay_enabled, "gateway listening");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .context("serving HTTP")?;
+
+    while writers.join_next().await.is_some() {}
+    relay_stop.cancel();
+    if let Some(handle) = relay {
+        let _ = handle.await;
+    }
+    let _ = nats.flush().await;
+    pool.close().await;
+    tracing::info!("gateway stopped");
+    Ok(())
+}

@@ -1,0 +1,14 @@
+use anyhow::Context as _;
+use threadline_gateway::GatewayConfig;
+use threadline_runtime::config::Source;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cfg = GatewayConfig::from_source(&Source::from_env()?)?;
+    let _telemetry = threadline_runtime::telemetry::init("threadline-gateway", &cfg.common)?;
+    let listener = tokio::net::TcpListener::bind(cfg.addr)
+        .await
+        .with_context(|| format!("binding THREADLINE_GATEWAY_ADDR {}", cfg.addr))?;
+    let shutdown = threadline_runtime::shutdown::on_signal();
+    threadline_gateway::run(cfg, listener, shutdown).await
+}

@@ -1,0 +1,259 @@
+//! The outbox relay: publishes committed outbox rows to JetStream and marks
+//! them published only after the stream's PubAck.
+//!
+//! Rows are claimed with `FOR UPDATE SKIP LOCKED`, so several gateway
+//! replicas relay side by side without taking the same row; each message
+//! carries `Nats-Msg-Id`, so a row re-published after a crash between PubAck
+//! and commit is dropped by the stream's duplicate window. The relay wakes on
+//! `LISTEN threadline_outbox` and also sweeps periodically.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, message::PublishMessage};
+use bytes::Bytes;
+use futures::future::join_all;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use threadline_runtime::bus::{HeaderInjector, Topic, Topology};
+use threadline_runtime::shutdown::CancellationToken;
+use tracing::Instrument as _;
+
+pub const NOTIFY_CHANNEL: &str = "threadline_outbox";
+/// How long the relay waits for a batch's PubAcks before treating the rest
+/// as failed (they stay in the outbox and are retried).
+const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub batch: i64,
+    pub sweep: Duration,
+}
+
+pub struct Relay {
+    pool: PgPool,
+    js: jetstream::Context,
+    topology: Topology,
+    cfg: RelayConfig,
+}
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    id: i64,
+    topic: String,
+    msg_id: String,
+    payload: Option<Vec<u8>>,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+    created_at: time::OffsetDateTime,
+}
+
+impl Relay {
+    pub fn new(pool: PgPool, js: jetstream::Context, topology: Topology, cfg: RelayConfig) -> Self {
+        Self { pool, js, topology, cfg }
+    }
+
+    /// Runs until `shutdown`; finishes the round in flight first.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut backoff = Duration::from_millis(100);
+        // The topology must exist before anything is published into it.
+        loop {
+            match self.topology.declare(&self.js).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(error = format!("{e:#}"), "declaring bus topology failed; retrying");
+                    if sleep_or_shutdown(backoff, &shutdown).await {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+        let mut listener: Option<PgListener> = None;
+        let mut last_gauge = Instant::now() - Duration::from_secs(60);
+        backoff = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            if listener.is_none() {
+                listener = listen(&self.pool).await.ok();
+            }
+            if last_gauge.elapsed() >= self.cfg.sweep {
+                self.report_backlog().await;
+                last_gauge = Instant::now();
+            }
+            match self.relay_once().await {
+                Ok(n) => {
+                    backoff = Duration::from_millis(100);
+                    if n as i64 >= self.cfg.batch {
+                        continue; // more waiting: go again at once
+                    }
+                }
+                Err(e) => {
+                    metrics::counter!("threadline_outbox_relay_errors_total").increment(1);
+                    tracing::warn!(error = format!("{e:#}"), "outbox relay round failed; rows stay for retry");
+                    if sleep_or_shutdown(backoff, &shutdown).await {
+                        break;
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+            }
+            // Idle: wait for a notification, the sweep timer, or shutdown.
+            let lost = match listener.as_mut() {
+                Some(l) => tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    r = tokio::time::timeout(self.cfg.sweep, l.recv()) => matches!(r, Ok(Err(_))),
+                },
+                None => tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(self.cfg.sweep) => false,
+                },
+            };
+            if lost {
+                listener = None;
+            }
+        }
+        tracing::info!("outbox relay stopped");
+    }
+
+    /// Publishes one batch; returns how many rows were marked published.
+    pub async fn relay_once(&self) -> anyhow::Result<usize> {
+        let mut tx = self.pool.begin().await.context("starting relay transaction")?;
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT id, topic, msg_id, payload, traceparent, tracestate, created_at
+               FROM outbox
+              WHERE published_at IS NULL
+              ORDER BY id
+              LIMIT $1
+              FOR UPDATE SKIP LOCKED",
+        )
+        .bind(self.cfg.batch)
+        .fetch_all(&mut *tx)
+        .await
+        .context("claiming outbox rows")?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+
+        // Send every message first, then await the PubAcks together.
+        let mut pending = Vec::with_capacity(rows.len());
+        let mut failed: Vec<(i64, String)> = Vec::new();
+        for row in &rows {
+            match self.send(row).await {
+                Ok(ack) => pending.push((row.id, row.created_at, ack)),
+                Err(e) => failed.push((row.id, e)),
+            }
+        }
+        let acks = join_all(pending.into_iter().map(|(id, created_at, ack)| async move {
+            let r = tokio::time::timeout(ACK_TIMEOUT, ack.into_future()).await;
+            (id, created_at, r)
+        }))
+        .await;
+        let mut published = Vec::with_capacity(acks.len());
+        let now = time::OffsetDateTime::now_utc();
+        for (id, created_at, r) in acks {
+            match r {
+                Ok(Ok(_ack)) => {
+                    published.push(id);
+                    metrics::histogram!("threadline_outbox_relay_lag_seconds")
+                        .record((now - created_at).as_seconds_f64().max(0.0));
+                }
+                Ok(Err(e)) => failed.push((id, format!("puback: {}", e.kind()))),
+                Err(_) => failed.push((id, "puback: timed out".into())),
+            }
+        }
+        if !published.is_empty() {
+            sqlx::query("UPDATE outbox SET published_at = now(), payload = NULL WHERE id = ANY($1)")
+                .bind(&published)
+                .execute(&mut *tx)
+                .await
+                .context("marking outbox rows published")?;
+        }
+        if !failed.is_empty() {
+            sqlx::query(
+                "UPDATE outbox o SET attempts = o.attempts + 1, last_error = f.err
+                   FROM UNNEST($1::bigint[], $2::text[]) AS f(id, err)
+                  WHERE o.id = f.id",
+            )
+            .bind(failed.iter().map(|f| f.0).collect::<Vec<_>>())
+            .bind(failed.iter().map(|f| f.1.as_str()).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await
+            .context("recording failed publishes")?;
+        }
+        tx.commit().await.context("committing relay round")?;
+        metrics::counter!("threadline_outbox_published_total").increment(published.len() as u64);
+        if !failed.is_empty() {
+            metrics::counter!("threadline_outbox_publish_failures_total").increment(failed.len() as u64);
+            anyhow::bail!("{} of {} outbox rows were not acknowledged by JetStream (first: {})", failed.len(), rows.len(), failed[0].1);
+        }
+        Ok(published.len())
+    }
+
+    async fn send(&self, row: &Row) -> Result<jetstream::context::PublishAckFuture, String> {
+        let topic = Topic::parse(&row.topic).ok_or_else(|| format!("unknown outbox topic {:?}", row.topic))?;
+        let payload = row.payload.clone().ok_or("unpublished row without payload")?;
+        let span = tracing::info_span!("outbox.publish", outbox_id = row.id, msg_id = %row.msg_id, topic = %row.topic);
+        let mut headers = HeaderMap::new();
+        if let Some(tp) = &row.traceparent {
+            // Continue the gateway request's trace: parent the relay span on
+            // it and pass the relay span's context on (or the stored one
+            // unchanged when tracing is not exported here).
+            let mut carrier = std::collections::HashMap::new();
+            carrier.insert("traceparent".to_owned(), tp.clone());
+            if let Some(ts) = &row.tracestate {
+                carrier.insert("tracestate".to_owned(), ts.clone());
+            }
+            let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&carrier));
+            use opentelemetry::trace::TraceContextExt as _;
+            use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+            let _ = span.set_parent(parent);
+            let cx = span.context();
+            if cx.span().span_context().is_valid() {
+                opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut HeaderInjector(&mut headers)));
+            } else {
+                headers.insert("traceparent", tp.as_str());
+                if let Some(ts) = &row.tracestate {
+                    headers.insert("tracestate", ts.as_str());
+                }
+            }
+        }
+        let msg = PublishMessage::build()
+            .payload(Bytes::from(payload))
+            .headers(headers)
+            .message_id(&row.msg_id);
+        self.js
+            .send_publish(self.topology.subject(topic), msg)
+            .instrument(span)
+            .await
+            .map_err(|e| format!("publish: {}", e.kind()))
+    }
+
+    async fn report_backlog(&self) {
+        let r: Result<(i64, Option<f64>), _> = sqlx::query_as(
+            "SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
+               FROM outbox WHERE published_at IS NULL",
+        )
+        .fetch_one(&self.pool)
+        .await;
+        if let Ok((pending, oldest)) = r {
+            metrics::gauge!("threadline_outbox_pending").set(pending as f64);
+            metrics::gauge!("threadline_outbox_oldest_age_seconds").set(oldest.unwrap_or(0.0));
+        }
+    }
+}
+
+async fn listen(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
+    let mut l = PgListener::connect_with(pool).await?;
+    l.listen(NOTIFY_CHANNEL).await?;
+    Ok(l)
+}
+
+/// Sleeps; returns true when shutdown was requested meanwhile.
+async fn sleep_or_shutdown(d: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => true,
+        _ = tokio::time::sleep(d) => false,
+    }
+}

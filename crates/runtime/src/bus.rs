@@ -1,0 +1,221 @@
+//! The JetStream topology (every stream and consumer, declared from this one
+//! place, idempotently at start), the connection, and W3C trace-context
+//! propagation through NATS headers.
+//!
+//! Subjects and streams take a prefix (`THREADLINE_BUS_PREFIX`, default
+//! `tl`) so that deployments and tests can share one server: subject
+//! `tl.events` lives in stream `TL_EVENTS`. `proto/README.md` lists them.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, consumer, stream};
+
+/// A work topic on the bus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Topic {
+    /// `EventAccepted`, gateway outbox relay → context-builder.
+    Events,
+    /// `ContextReady`, context-builder → inference.
+    Contexts,
+    /// `ProposalReady`, inference → publisher.
+    Proposals,
+    /// `Reconsider`, publisher → context-builder.
+    Reconsider,
+}
+
+impl Topic {
+    pub const ALL: [Topic; 4] = [Topic::Events, Topic::Contexts, Topic::Proposals, Topic::Reconsider];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Topic::Events => "events",
+            Topic::Contexts => "contexts",
+            Topic::Proposals => "proposals",
+            Topic::Reconsider => "reconsider",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Topic> {
+        Topic::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// The durable pull consumer that works this topic.
+    pub fn consumer(self) -> &'static str {
+        match self {
+            Topic::Events => "context-builder",
+            Topic::Contexts => "inference",
+            Topic::Proposals => "publisher",
+            Topic::Reconsider => "context-builder-reconsider",
+        }
+    }
+}
+
+/// How long a re-publish with the same `Nats-Msg-Id` is dropped by a stream.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(10 * 60);
+/// Redelivery schedule of the work consumers; `max_deliver` is one more than
+/// its length, after which a message is dead-lettered by the consumer's owner.
+pub const BACKOFF: [Duration; 5] = [
+    Duration::from_secs(1),
+    Duration::from_secs(5),
+    Duration::from_secs(30),
+    Duration::from_secs(120),
+    Duration::from_secs(600),
+];
+
+#[derive(Debug, Clone)]
+pub struct Topology {
+    prefix: String,
+}
+
+impl Topology {
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self { prefix: prefix.into() }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn subject(&self, topic: Topic) -> String {
+        format!("{}.{}", self.prefix, topic.as_str())
+    }
+
+    pub fn stream(&self, topic: Topic) -> String {
+        format!("{}_{}", self.prefix, topic.as_str()).to_ascii_uppercase()
+    }
+
+    /// Dead letters of every consumer: `<prefix>.dlq.<topic>`.
+    pub fn dead_letter_subject(&self, topic: Topic) -> String {
+        format!("{}.dlq.{}", self.prefix, topic.as_str())
+    }
+
+    pub fn dead_letter_stream(&self) -> String {
+        format!("{}_DLQ", self.prefix).to_ascii_uppercase()
+    }
+
+    fn work_stream(&self, topic: Topic) -> stream::Config {
+        stream::Config {
+            name: self.stream(topic),
+            subjects: vec![self.subject(topic)],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            duplicate_window: DUPLICATE_WINDOW,
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            description: Some(format!("threadline {} (work queue)", topic.as_str())),
+            ..Default::default()
+        }
+    }
+
+    fn dead_letter_stream_config(&self) -> stream::Config {
+        stream::Config {
+            name: self.dead_letter_stream(),
+            subjects: vec![format!("{}.dlq.>", self.prefix)],
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            duplicate_window: DUPLICATE_WINDOW,
+            max_age: Duration::from_secs(14 * 24 * 3600),
+            description: Some("threadline dead letters".into()),
+            ..Default::default()
+        }
+    }
+
+    fn work_consumer(&self, topic: Topic) -> consumer::pull::Config {
+        consumer::pull::Config {
+            durable_name: Some(topic.consumer().to_owned()),
+            description: Some(format!("threadline {} worker", topic.consumer())),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(60),
+            max_deliver: BACKOFF.len() as i64 + 1,
+            backoff: BACKOFF.to_vec(),
+            max_ack_pending: 1024,
+            ..Default::default()
+        }
+    }
+
+    /// Creates or updates every stream and consumer. Safe to run from every
+    /// replica of every service at every start.
+    pub async fn declare(&self, js: &jetstream::Context) -> anyhow::Result<()> {
+        for topic in Topic::ALL {
+            let cfg = self.work_stream(topic);
+            let name = cfg.name.clone();
+            js.create_or_update_stream(cfg)
+                .await
+                .with_context(|| format!("declaring stream {name}"))?;
+            let stream = js.get_stream(&name).await.with_context(|| format!("opening stream {name}"))?;
+            stream
+                .create_consumer(self.work_consumer(topic))
+                .await
+                .with_context(|| format!("declaring consumer {} on {name}", topic.consumer()))?;
+        }
+        let dlq = self.dead_letter_stream_config();
+        let name = dlq.name.clone();
+        js.create_or_update_stream(dlq)
+            .await
+            .with_context(|| format!("declaring stream {name}"))?;
+        Ok(())
+    }
+}
+
+/// Connects to NATS. The client keeps reconnecting in the background, so a
+/// broker outage delays publishing instead of killing the process.
+pub async fn connect(url: &str, name: &str) -> anyhow::Result<async_nats::Client> {
+    async_nats::ConnectOptions::new()
+        .name(name)
+        .connection_timeout(Duration::from_secs(3))
+        .retry_on_initial_connect()
+        .connect(url)
+        .await
+        .with_context(|| format!("connecting to NATS at {url}"))
+}
+
+/// Writes W3C trace context into NATS headers.
+pub struct HeaderInjector<'a>(pub &'a mut HeaderMap);
+
+impl opentelemetry::propagation::Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.insert(key, value.as_str());
+    }
+}
+
+/// Reads W3C trace context from NATS headers.
+pub struct HeaderExtractor<'a>(pub &'a HeaderMap);
+
+impl opentelemetry::propagation::Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(|v| v.as_str())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.iter().map(|(k, _)| k.as_ref()).collect()
+    }
+}
+
+/// Trace context as plain key/value pairs (what the outbox stores).
+pub type TraceCarrier = HashMap<String, String>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_prefix() {
+        let t = Topology::new("t123");
+        assert_eq!(t.subject(Topic::Events), "t123.events");
+        assert_eq!(t.stream(Topic::Reconsider), "T123_RECONSIDER");
+        assert_eq!(t.dead_letter_subject(Topic::Proposals), "t123.dlq.proposals");
+        for topic in Topic::ALL {
+            assert_eq!(Topic::parse(topic.as_str()), Some(topic));
+        }
+        assert_eq!(Topic::parse("nope"), None);
+    }
+
+    #[test]
+    fn consumers_redeliver_with_bounded_backoff() {
+        let c = Topology::new("tl").work_consumer(Topic::Events);
+        assert_eq!(c.max_deliver as usize, c.backoff.len() + 1);
+        assert_eq!(c.ack_policy, consumer::AckPolicy::Explicit);
+    }
+}

@@ -1,0 +1,64 @@
+//! Postgres pool and the embedded migrator. Services check that the schema is
+//! current at start and refuse to run otherwise; only `threadline migrate`
+//! changes it.
+
+use std::str::FromStr;
+
+use anyhow::Context as _;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+use crate::config::CommonConfig;
+
+/// Every migration in `migrations/`, compiled into the binaries.
+pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
+
+/// A lazily connecting pool: the process starts even while Postgres is down
+/// (readiness reports it), and each acquire waits at most the configured time.
+pub fn pool(cfg: &CommonConfig) -> anyhow::Result<PgPool> {
+    let opts = PgConnectOptions::from_str(&cfg.database_url)
+        .context("DATABASE_URL is not a valid Postgres URL")?
+        .application_name("threadline");
+    Ok(PgPoolOptions::new()
+        .max_connections(cfg.db_max_connections)
+        .acquire_timeout(cfg.db_acquire_timeout)
+        .connect_lazy_with(opts))
+}
+
+/// Applies pending migrations. Idempotent.
+pub async fn migrate(pool: &PgPool) -> anyhow::Result<usize> {
+    let before = applied_versions(pool).await.unwrap_or_default().len();
+    MIGRATOR.run(pool).await.context("applying migrations")?;
+    let after = applied_versions(pool).await?.len();
+    Ok(after.saturating_sub(before))
+}
+
+async fn applied_versions(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(pool)
+        .await
+        .context("reading migration state")?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+        .fetch_all(pool)
+        .await
+        .context("reading applied migrations")
+}
+
+/// Fails with an actionable message when the database lags the binary.
+pub async fn ensure_schema_current(pool: &PgPool) -> anyhow::Result<()> {
+    let applied = applied_versions(pool).await?;
+    let missing: Vec<i64> = MIGRATOR
+        .iter()
+        .map(|m| m.version)
+        .filter(|v| !applied.contains(v))
+        .collect();
+    if !missing.is_empty() {
+        anyhow::bail!(
+            "database schema is behind this binary (missing migrations {missing:?}); run `threadline migrate`"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! Logs, traces and metrics, set up once per process by [`init`].
+//!
+//! * Logs: `tracing` to stdout, JSON by default, level from `RUST_LOG`.
+//! * Traces: exported with OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set
+//!   (Jaeger accepts OTLP directly); W3C trace context is the propagator.
+//! * Metrics: a Prometheus recorder rendered by `/metrics`.
+//!
+//! Span and log fields hold identifiers, hashes, decisions and timings only.
+
+use std::sync::OnceLock;
+
+use anyhow::Context as _;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+use crate::bus::TraceCarrier;
+use crate::config::CommonConfig;
+
+/// Flushes and shuts the trace exporter down when dropped: keep it alive
+/// until the end of `main`.
+#[must_use = "dropping the guard stops trace export"]
+pub struct TelemetryGuard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.provider.take() {
+            let _ = p.shutdown();
+        }
+    }
+}
+
+/// Installs logging, tracing and the metrics recorder for `service`.
+pub fn init(service: &'static str, cfg: &CommonConfig) -> anyhow::Result<TelemetryGuard> {
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let (json, text) = if cfg.log_json {
+        (Some(tracing_subscriber::fmt::layer().json().flatten_event(true).with_current_span(false)), None)
+    } else {
+        (None, Some(tracing_subscriber::fmt::layer().compact()))
+    };
+    let provider = match &cfg.otlp_endpoint {
+        None => None,
+        Some(base) => {
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .with_endpoint(format!("{}/v1/traces", base.trim_end_matches('/')))
+                .build()
+                .context("building the OTLP span exporter (OTEL_EXPORTER_OTLP_ENDPOINT)")?;
+            Some(
+                SdkTracerProvider::builder()
+                    .with_batch_exporter(exporter)
+                    .with_resource(
+                        Resource::builder()
+                            .with_service_name(service)
+                            .with_attribute(opentelemetry::KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+                            .build(),
+                    )
+                    .build(),
+            )
+        }
+    };
+    let otel = provider
+        .as_ref()
+        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(service)));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(json)
+        .with(text)
+        .with(otel)
+        .try_init()
+        .context("installing the tracing subscriber")?;
+    metrics_handle();
+    Ok(TelemetryGuard { provider })
+}
+
+/// The process-wide Prometheus recorder, installed on first use.
+pub fn metrics_handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Suffix("_seconds".into()),
+                &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
+            )
+            .unwrap_or_else(|_| PrometheusBuilder::new());
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        // Another recorder may already be installed (a test harness); the
+        // handle then renders an empty registry rather than failing.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+/// The W3C trace context of the current span, to store with work that
+/// leaves this process (outbox rows, bus messages). Empty when tracing is
+/// not exported.
+pub fn current_trace_carrier() -> TraceCarrier {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let cx = tracing::Span::current().context();
+    let mut carrier = TraceCarrier::new();
+    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut carrier));
+    carrier
+}

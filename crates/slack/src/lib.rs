@@ -1,0 +1,8 @@
+//! Slack request signing (v0) and verification.
+//!
+//! `X-Slack-Signature = "v0=" + hex(HMAC-SHA256(signing_secret, "v0:" + ts + ":" + raw_body))`,
+//! valid only while `|now - ts| <= 300 s`.
+
+pub mod signature;
+
+pub use signature::{SigningSecret, SignatureError, Verifier, sign};
