@@ -1,0 +1,146 @@
+//! One database per test, created from the admin connection, migrated with
+//! the embedded migrator, and dropped when the test ends. Databases left by
+//! killed test runs are dropped once they are a few hours old.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{Connection, PgConnection};
+
+const PREFIX: &str = "tl_test_";
+const STALE_AFTER_SECS: u64 = 6 * 3600;
+
+/// Admin URL: `THREADLINE_TEST_ADMIN_URL`, else `DATABASE_URL` with its
+/// database replaced by `postgres`, else the local default.
+pub fn admin_url() -> String {
+    if let Ok(u) = std::env::var("THREADLINE_TEST_ADMIN_URL") {
+        return u;
+    }
+    let base = std::env::var("DATABASE_URL").unwrap_or_else(|_| threadline_runtime::config::DEFAULT_DATABASE_URL.to_owned());
+    with_database(&base, "postgres")
+}
+
+fn with_database(url: &str, db: &str) -> String {
+    let (head, query) = match url.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (url, None),
+    };
+    let scheme_end = head.find("://").map(|i| i + 3).unwrap_or(0);
+    let base = match head[scheme_end..].find('/') {
+        Some(i) => &head[..scheme_end + i],
+        None => head,
+    };
+    match query {
+        Some(q) => format!("{base}/{db}?{q}"),
+        None => format!("{base}/{db}"),
+    }
+}
+
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    /// A fresh, migrated database.
+    pub async fn new() -> Self {
+        let db = Self::empty().await;
+        threadline_runtime::db::migrate(&db.pool).await.expect("migrating the test database");
+        db
+    }
+
+    /// A fresh database with no schema (for testing `threadline migrate`).
+    pub async fn empty() -> Self {
+        let admin = admin_url();
+        let mut conn = PgConnection::connect(&admin)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to Postgres at {admin}: {e} (is it running? `make services`)"));
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        drop_stale(&mut conn, now).await;
+        let name = format!("{PREFIX}{now}_{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut conn)
+            .await
+            .expect("creating the test database");
+        let url = with_database(&admin, &name);
+        let pool = PgPoolOptions::new().max_connections(8).connect(&url).await.expect("connecting to the test database");
+        Self { name, url, pool }
+    }
+
+    /// Makes the database refuse connections and cuts existing ones: from
+    /// the application's point of view, Postgres is down.
+    pub async fn take_down(&self) {
+        self.set_connectable(false).await;
+    }
+
+    pub async fn bring_up(&self) {
+        self.set_connectable(true).await;
+    }
+
+    async fn set_connectable(&self, allow: bool) {
+        let mut conn = PgConnection::connect(&admin_url()).await.expect("admin connection");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("ALTER DATABASE \"{}\" ALLOW_CONNECTIONS {allow}", self.name)))
+            .execute(&mut conn)
+            .await
+            .expect("ALTER DATABASE");
+        if !allow {
+            sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()")
+                .bind(&self.name)
+                .execute(&mut conn)
+                .await
+                .expect("terminating connections");
+        }
+    }
+}
+
+async fn drop_stale(conn: &mut PgConnection, now: u64) {
+    let names: Vec<String> = sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'tl\\_test\\_%'")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap_or_default();
+    for name in names {
+        let created = name
+            .strip_prefix(PREFIX)
+            .and_then(|rest| rest.split('_').next())
+            .and_then(|s| s.parse::<u64>().ok());
+        if created.is_some_and(|t| t + STALE_AFTER_SECS < now) {
+            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
+                .execute(&mut *conn)
+                .await;
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        // Drop the database from a separate thread with its own runtime: the
+        // test's runtime may be shutting down.
+        let name = self.name.clone();
+        let pool = self.pool.clone();
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+            rt.block_on(async move {
+                pool.close().await;
+                if let Ok(mut conn) = PgConnection::connect(&admin_url()).await {
+                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_is_swapped_in_urls() {
+        assert_eq!(with_database("postgres://u@h:5432/app", "postgres"), "postgres://u@h:5432/postgres");
+        assert_eq!(with_database("postgres://u@h:5432", "x"), "postgres://u@h:5432/x");
+        assert_eq!(with_database("postgres://u@h/app?sslmode=disable", "x"), "postgres://u@h/x?sslmode=disable");
+    }
+}
