@@ -29,7 +29,9 @@ CREATE UNIQUE INDEX installations_by_enterprise ON installations (app_id, enterp
 -- deliveries. State machine: accepted -> processing -> done | ignored | failed.
 CREATE TABLE event_receipts (
     id                   uuid PRIMARY KEY,
-    installation_id      uuid NOT NULL REFERENCES installations (id),
+    -- No foreign key on the hot path: the gateway resolves the installation
+    -- before inserting, and installations are never deleted (see trigger).
+    installation_id      uuid NOT NULL,
     api_app_id           text NOT NULL,
     event_id             text NOT NULL,
     team_id              text,
@@ -54,22 +56,38 @@ CREATE TABLE event_receipts (
 CREATE INDEX event_receipts_open_by_thread ON event_receipts (installation_id, channel_id, thread_ts)
     WHERE state IN ('accepted', 'processing');
 
--- Work committed with a receipt and published to JetStream by the relay.
+CREATE FUNCTION installations_never_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'installations are disabled, never deleted (receipts and audit records refer to them)';
+END
+$$;
+CREATE TRIGGER installations_never_deleted BEFORE DELETE ON installations
+    FOR EACH ROW EXECUTE FUNCTION installations_never_deleted();
+
+-- Work committed with a receipt, waiting for the relay. A row is deleted in
+-- the same transaction that counts it in outbox_ledger, after JetStream's
+-- PubAck; so the payload (the bus message) never outlives its publication.
+-- The receipt and its row are written by one statement, which is why there
+-- is no foreign key to check on every insert.
 CREATE TABLE outbox (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    receipt_id   uuid NOT NULL UNIQUE REFERENCES event_receipts (id),
+    receipt_id   uuid NOT NULL UNIQUE,
     topic        text NOT NULL,
     msg_id       text NOT NULL,
-    payload      bytea,
+    payload      bytea NOT NULL,
     traceparent  text,
     tracestate   text,
     created_at   timestamptz NOT NULL DEFAULT now(),
-    published_at timestamptz,
     attempts     integer NOT NULL DEFAULT 0,
-    last_error   text,
-    CHECK (published_at IS NOT NULL OR payload IS NOT NULL)
+    last_error   text
 );
-CREATE INDEX outbox_unpublished ON outbox (id) WHERE published_at IS NULL;
+
+-- Totals of what relays have published (one row per topic).
+CREATE TABLE outbox_ledger (
+    topic           text PRIMARY KEY,
+    published_total bigint NOT NULL DEFAULT 0,
+    last_published_at timestamptz
+);
 
 -- Wake relays once per inserting statement (NOTIFY is delivered at commit
 -- and collapsed within a transaction).

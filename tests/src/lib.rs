@@ -1,1 +1,96 @@
+//! Helpers for end-to-end tests that run the compiled binaries as separate
+//! processes (so they can be killed like a real crash).
 
+use std::process::Stdio;
+use std::time::Duration;
+
+use threadline_testkit::{bin_path, eventually};
+use tokio::process::{Child, Command};
+
+/// A running threadline binary.
+pub struct Proc {
+    pub child: Child,
+    pub base_url: String,
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Starts `threadline-gateway` with `env` (on a fresh port) and waits for
+/// `/healthz`.
+pub async fn spawn_gateway(env: &[(&str, String)]) -> Proc {
+    let port = free_port();
+    let mut cmd = Command::new(bin_path("threadline-gateway"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("THREADLINE_GATEWAY_ADDR", format!("127.0.0.1:{port}"))
+        .env("THREADLINE_LOG_FORMAT", "text")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().expect("starting threadline-gateway");
+    let base_url = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    eventually(
+        "threadline-gateway /healthz",
+        Duration::from_secs(15),
+        || {
+            let (c, u) = (client.clone(), format!("{base_url}/healthz"));
+            async move {
+                c.get(u)
+                    .send()
+                    .await
+                    .ok()
+                    .filter(|r| r.status().is_success())
+                    .map(|_| ())
+            }
+        },
+    )
+    .await;
+    Proc { child, base_url }
+}
+
+impl Proc {
+    pub fn events_url(&self) -> String {
+        format!("{}/slack/events", self.base_url)
+    }
+
+    /// SIGKILL: no shutdown path runs.
+    pub async fn kill(mut self) {
+        self.child.kill().await.expect("SIGKILL");
+    }
+
+    /// SIGTERM and wait; returns the exit status.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .expect("process exits within 20 s of SIGTERM")
+            .expect("wait")
+    }
+}
+
+/// Runs the `threadline` CLI to completion.
+pub async fn cli(args: &[&str], env: &[(&str, String)]) -> std::process::Output {
+    let mut cmd = Command::new(bin_path("threadline"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().await.expect("running threadline")
+}

@@ -46,23 +46,47 @@ pub enum InstallCommand {
 
 pub async fn run(cmd: InstallCommand, src: &Source, pool: &PgPool) -> anyhow::Result<()> {
     match cmd {
-        InstallCommand::Add { team, enterprise, org_wide, app, bot_user, bot_id, token, scopes } => {
+        InstallCommand::Add {
+            team,
+            enterprise,
+            org_wide,
+            app,
+            bot_user,
+            bot_id,
+            token,
+            scopes,
+        } => {
             let app = AppId::parse(app).context("--app")?;
             let team = team.map(TeamId::parse).transpose().context("--team")?;
-            let enterprise = enterprise.map(EnterpriseId::parse).transpose().context("--enterprise")?;
+            let enterprise = enterprise
+                .map(EnterpriseId::parse)
+                .transpose()
+                .context("--enterprise")?;
             let bot_user = UserId::parse(bot_user).context("--bot-user")?;
             let bot_id = BotId::parse(bot_id).context("--bot-id")?;
             match (org_wide, &team, &enterprise) {
                 (true, _, None) => anyhow::bail!("--org-wide needs --enterprise"),
                 (true, Some(_), _) => anyhow::bail!("--org-wide installs have no --team"),
-                (false, None, _) => anyhow::bail!("--team is required (or --org-wide with --enterprise)"),
+                (false, None, _) => {
+                    anyhow::bail!("--team is required (or --org-wide with --enterprise)")
+                }
                 _ => {}
             }
             if !token.starts_with("xoxb-") {
                 anyhow::bail!("--token must be a bot token (xoxb-…)");
             }
             let cipher = TokenCipher::from_source(src)?;
-            let id = upsert(pool, &app, team.as_ref(), enterprise.as_ref(), org_wide, &bot_user, &bot_id, &scopes).await?;
+            let id = upsert(
+                pool,
+                &app,
+                team.as_ref(),
+                enterprise.as_ref(),
+                org_wide,
+                &bot_user,
+                &bot_id,
+                &scopes,
+            )
+            .await?;
             let sealed = cipher.seal(token.as_bytes(), &token_aad(&id, "bot"))?;
             sqlx::query("UPDATE installations SET bot_token_sealed = $2, bot_token_key_id = $3, updated_at = now() WHERE id = $1")
                 .bind(id)
@@ -71,26 +95,35 @@ pub async fn run(cmd: InstallCommand, src: &Source, pool: &PgPool) -> anyhow::Re
                 .execute(pool)
                 .await
                 .context("storing the sealed token")?;
-            println!("installation {id} active (app {app}, key {})", sealed.key_id);
+            println!(
+                "installation {id} active (app {app}, key {})",
+                sealed.key_id
+            );
         }
         InstallCommand::List => {
-            let rows: Vec<(Uuid, String, Option<String>, Option<String>, bool, String, Option<String>)> = sqlx::query_as(
-                "SELECT id, app_id, enterprise_id, team_id, is_enterprise_install, status, bot_token_key_id
+            let list: Vec<InstallationRow> = sqlx::query_as(
+                "SELECT id, app_id, enterprise_id, team_id, is_enterprise_install AS org_wide, status,
+                        bot_token_key_id AS token_key_id
                    FROM installations ORDER BY created_at",
             )
             .fetch_all(pool)
             .await?;
-            let list: Vec<_> = rows
-                .into_iter()
-                .map(|(id, app, ent, team, org, status, key)| {
-                    serde_json::json!({"id": id, "app_id": app, "enterprise_id": ent, "team_id": team,
-                        "org_wide": org, "status": status, "token_key_id": key})
-                })
-                .collect();
             println!("{}", serde_json::to_string_pretty(&list)?);
         }
     }
     Ok(())
+}
+
+/// What `install list` shows: identifiers and status, never token material.
+#[derive(sqlx::FromRow, serde::Serialize)]
+struct InstallationRow {
+    id: Uuid,
+    app_id: String,
+    enterprise_id: Option<String>,
+    team_id: Option<String>,
+    org_wide: bool,
+    status: String,
+    token_key_id: Option<String>,
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -6,7 +6,11 @@ mod install;
 mod stats;
 
 #[derive(Parser)]
-#[command(name = "threadline", version, about = "Operate threadline: schema, installations, ledger figures")]
+#[command(
+    name = "threadline",
+    version,
+    about = "Operate threadline: schema, installations, ledger figures"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -45,28 +49,37 @@ enum KeysCommand {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    threadline_runtime::exit_with("threadline", run(cli).await)
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     let src = threadline_runtime::config::Source::from_env()?;
     match cli.command {
         Command::Migrate => {
-            let pool = pool(&src)?;
+            let pool = pool(&src).await?;
             let applied = threadline_runtime::db::migrate(&pool).await?;
             println!("migrations applied: {applied} (schema is current)");
         }
-        Command::Install { command } => install::run(command, &src, &pool(&src)?).await?,
+        Command::Install { command } => install::run(command, &src, &pool(&src).await?).await?,
         Command::Stats { json: _ } => {
-            let s = stats::collect(&pool(&src)?).await?;
+            let s = stats::collect(&pool(&src).await?).await?;
             println!("{}", serde_json::to_string_pretty(&s)?);
         }
-        Command::Keys { command: KeysCommand::Generate { id } } => {
-            println!("{}", threadline_runtime::secrets::TokenCipher::generate_entry(&id));
+        Command::Keys {
+            command: KeysCommand::Generate { id },
+        } => {
+            println!(
+                "{}",
+                threadline_runtime::secrets::TokenCipher::generate_entry(&id)
+            );
         }
     }
     Ok(())
 }
 
-fn pool(src: &threadline_runtime::config::Source) -> anyhow::Result<sqlx::PgPool> {
+async fn pool(src: &threadline_runtime::config::Source) -> anyhow::Result<sqlx::PgPool> {
     let common = threadline_runtime::config::CommonConfig::from_source(src)?;
-    threadline_runtime::db::pool(&common)
+    threadline_runtime::db::connect(&common).await
 }

@@ -6,19 +6,21 @@ use serde_json::{Map, Value, json};
 use sqlx::PgPool;
 
 pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
-    let (receipts, duplicates): (i64, i64) =
-        sqlx::query_as("SELECT count(*), coalesce(sum(duplicate_deliveries), 0)::bigint FROM event_receipts")
-            .fetch_one(pool)
-            .await
-            .context("reading receipts (is the schema migrated? run `threadline migrate`)")?;
-    let (pending, published, oldest): (i64, i64, Option<f64>) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE published_at IS NULL),
-                count(*) FILTER (WHERE published_at IS NOT NULL),
-                extract(epoch FROM now() - min(created_at) FILTER (WHERE published_at IS NULL))::float8
-           FROM outbox",
+    let (receipts, duplicates): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), coalesce(sum(duplicate_deliveries), 0)::bigint FROM event_receipts",
+    )
+    .fetch_one(pool)
+    .await
+    .context("reading receipts (is the schema migrated? run `threadline migrate`)")?;
+    let (pending, oldest): (i64, Option<f64>) = sqlx::query_as(
+        "SELECT count(*), extract(epoch FROM now() - min(created_at))::float8 FROM outbox",
     )
     .fetch_one(pool)
     .await?;
+    let published: i64 =
+        sqlx::query_scalar("SELECT coalesce(sum(published_total), 0)::bigint FROM outbox_ledger")
+            .fetch_one(pool)
+            .await?;
     let by_reason: Vec<(String, i64)> =
         sqlx::query_as("SELECT reason, count(*) FROM rejections GROUP BY reason ORDER BY reason")
             .fetch_all(pool)
@@ -27,17 +29,21 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
         sqlx::query_as("SELECT state, count(*) FROM event_receipts GROUP BY state ORDER BY state")
             .fetch_all(pool)
             .await?;
-    let retried: i64 = sqlx::query_scalar("SELECT count(*) FROM event_receipts WHERE retry_num > 0")
-        .fetch_one(pool)
-        .await?;
+    let retried: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM event_receipts WHERE retry_num > 0")
+            .fetch_one(pool)
+            .await?;
     let rate_limited: i64 = sqlx::query_scalar("SELECT count(*) FROM app_rate_limit_notices")
         .fetch_one(pool)
         .await?;
-    let installs: Vec<(String, i64)> =
-        sqlx::query_as("SELECT status, count(*) FROM installations GROUP BY status ORDER BY status")
-            .fetch_all(pool)
-            .await?;
-    let to_map = |rows: Vec<(String, i64)>| -> Map<String, Value> { rows.into_iter().map(|(k, v)| (k, json!(v))).collect() };
+    let installs: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT status, count(*) FROM installations GROUP BY status ORDER BY status",
+    )
+    .fetch_all(pool)
+    .await?;
+    let to_map = |rows: Vec<(String, i64)>| -> Map<String, Value> {
+        rows.into_iter().map(|(k, v)| (k, json!(v))).collect()
+    };
     let rejections_total: i64 = by_reason.iter().map(|r| r.1).sum();
     Ok(json!({
         "receipts_total": receipts,

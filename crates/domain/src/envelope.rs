@@ -8,7 +8,9 @@ use crate::ids::{AppId, EnterpriseId, EventId, IdError, TeamId, UserId};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Envelope {
     /// Slack checking the request URL; answered by echoing `challenge`.
-    UrlVerification { challenge: String },
+    UrlVerification {
+        challenge: String,
+    },
     EventCallback(Box<EventCallback>),
     /// Slack telling us it is dropping events for this app (more than 30,000
     /// an hour for a workspace). An operator alert, never a job.
@@ -18,7 +20,9 @@ pub enum Envelope {
         minute_rate_limited: Option<i64>,
     },
     /// An envelope type threadline does not handle; kept, not rejected.
-    Other { envelope_type: String },
+    Other {
+        envelope_type: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -161,14 +165,26 @@ impl Envelope {
                         .iter()
                         .map(parse_authorization)
                         .collect::<Result<_, _>>()?,
-                    Some(_) => return Err(EnvelopeError::WrongType { field: "authorizations" }),
+                    Some(_) => {
+                        return Err(EnvelopeError::WrongType {
+                            field: "authorizations",
+                        });
+                    }
                 };
                 let event_time = match root.get("event_time") {
-                    Some(Value::Number(n)) => n
-                        .as_i64()
-                        .ok_or(EnvelopeError::WrongType { field: "event_time" })?,
-                    None | Some(Value::Null) => return Err(EnvelopeError::Missing { field: "event_time" }),
-                    Some(_) => return Err(EnvelopeError::WrongType { field: "event_time" }),
+                    Some(Value::Number(n)) => n.as_i64().ok_or(EnvelopeError::WrongType {
+                        field: "event_time",
+                    })?,
+                    None | Some(Value::Null) => {
+                        return Err(EnvelopeError::Missing {
+                            field: "event_time",
+                        });
+                    }
+                    Some(_) => {
+                        return Err(EnvelopeError::WrongType {
+                            field: "event_time",
+                        });
+                    }
                 };
                 Ok(Self::EventCallback(Box::new(EventCallback {
                     api_app_id: req_id(&root, "api_app_id", AppId::parse)?,
@@ -189,7 +205,9 @@ impl Envelope {
 
 fn parse_authorization(v: &Value) -> Result<Authorization, EnvelopeError> {
     if !v.is_object() {
-        return Err(EnvelopeError::WrongType { field: "authorizations" });
+        return Err(EnvelopeError::WrongType {
+            field: "authorizations",
+        });
     }
     Ok(Authorization {
         enterprise_id: opt_id(v, "enterprise_id", EnterpriseId::parse)?,
@@ -206,13 +224,19 @@ impl EventCallback {
             Some(a) if a.is_enterprise_install => InstallationKey {
                 app_id: self.api_app_id.clone(),
                 team_id: None,
-                enterprise_id: a.enterprise_id.clone().or_else(|| self.enterprise_id.clone()),
+                enterprise_id: a
+                    .enterprise_id
+                    .clone()
+                    .or_else(|| self.enterprise_id.clone()),
                 is_enterprise_install: true,
             },
             Some(a) => InstallationKey {
                 app_id: self.api_app_id.clone(),
                 team_id: a.team_id.clone().or_else(|| self.team_id.clone()),
-                enterprise_id: a.enterprise_id.clone().or_else(|| self.enterprise_id.clone()),
+                enterprise_id: a
+                    .enterprise_id
+                    .clone()
+                    .or_else(|| self.enterprise_id.clone()),
                 is_enterprise_install: false,
             },
             None => InstallationKey {
@@ -247,15 +271,21 @@ mod tests {
 
     #[test]
     fn every_event_fixture_parses() {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/slack/events");
+        let dir =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/slack/events");
         let mut seen = 0;
         for entry in std::fs::read_dir(dir).expect("fixtures dir") {
             let path = entry.expect("entry").path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_owned();
             if !name.ends_with(".json") || name.contains("event-only") {
                 continue;
             }
-            Envelope::parse(&std::fs::read(&path).expect("read")).unwrap_or_else(|e| panic!("{name}: {e}"));
+            Envelope::parse(&std::fs::read(&path).expect("read"))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
             seen += 1;
         }
         assert!(seen >= 15, "only {seen} fixtures parsed");
@@ -277,7 +307,10 @@ mod tests {
         assert_eq!(cb.event_id.as_str(), "Ev111");
         assert_eq!(cb.event.kind, EventKind::AppMention);
         assert_eq!(cb.event.channel.as_ref().map(|c| c.as_str()), Some("C111"));
-        assert_eq!(cb.event.root().map(|t| t.as_str()), Some("1595926230.009600"));
+        assert_eq!(
+            cb.event.root().map(|t| t.as_str()),
+            Some("1595926230.009600")
+        );
         // No `authorizations`: the envelope's team names the installation.
         let key = cb.installation_key();
         assert_eq!(key.team_id.as_ref().map(|t| t.as_str()), Some("T111"));
@@ -297,36 +330,66 @@ mod tests {
     fn authorizations_win_over_envelope_team() {
         let cb = callback("message_changed.bolt-python.json");
         assert_eq!(cb.team_id.as_ref().map(|t| t.as_str()), Some("T111"));
-        assert_eq!(cb.installation_key().team_id.as_ref().map(|t| t.as_str()), Some("T-auth"));
+        assert_eq!(
+            cb.installation_key().team_id.as_ref().map(|t| t.as_str()),
+            Some("T-auth")
+        );
     }
 
     #[test]
     fn message_changed_without_inner_ts_uses_previous_message() {
         let cb = callback("message_changed.bolt-python.json");
-        assert_eq!(cb.event.kind, EventKind::Message(MessageSubtype::MessageChanged));
-        assert_eq!(cb.event.ts.as_ref().map(|t| t.as_str()), Some("1665102338.901939"));
+        assert_eq!(
+            cb.event.kind,
+            EventKind::Message(MessageSubtype::MessageChanged)
+        );
+        assert_eq!(
+            cb.event.ts.as_ref().map(|t| t.as_str()),
+            Some("1665102338.901939")
+        );
         let cb = callback("message_changed.slack-morphism.json");
-        assert_eq!(cb.event.ts.as_ref().map(|t| t.as_str()), Some("1701735043.989889"));
+        assert_eq!(
+            cb.event.ts.as_ref().map(|t| t.as_str()),
+            Some("1701735043.989889")
+        );
     }
 
     #[test]
     fn message_deleted_points_at_the_deleted_message() {
         let cb = callback("message_deleted.bolt-python.json");
-        assert_eq!(cb.event.kind, EventKind::Message(MessageSubtype::MessageDeleted));
-        assert_eq!(cb.event.ts.as_ref().map(|t| t.as_str()), Some("1665368619.804829"));
+        assert_eq!(
+            cb.event.kind,
+            EventKind::Message(MessageSubtype::MessageDeleted)
+        );
+        assert_eq!(
+            cb.event.ts.as_ref().map(|t| t.as_str()),
+            Some("1665368619.804829")
+        );
     }
 
     #[test]
     fn thread_broadcast_belongs_to_its_thread() {
         let cb = callback("thread_broadcast.bolt-python.json");
-        assert_eq!(cb.event.kind, EventKind::Message(MessageSubtype::ThreadBroadcast));
-        assert_eq!(cb.event.root().map(|t| t.as_str()), Some("1633663824.000500"));
+        assert_eq!(
+            cb.event.kind,
+            EventKind::Message(MessageSubtype::ThreadBroadcast)
+        );
+        assert_eq!(
+            cb.event.root().map(|t| t.as_str()),
+            Some("1633663824.000500")
+        );
     }
 
     #[test]
     fn lifecycle_events_are_typed() {
-        assert_eq!(callback("app_uninstalled.bolt-python.json").event.kind, EventKind::AppUninstalled);
-        assert_eq!(callback("tokens_revoked.bolt-python.json").event.kind, EventKind::TokensRevoked);
+        assert_eq!(
+            callback("app_uninstalled.bolt-python.json").event.kind,
+            EventKind::AppUninstalled
+        );
+        assert_eq!(
+            callback("tokens_revoked.bolt-python.json").event.kind,
+            EventKind::TokensRevoked
+        );
     }
 
     #[test]
@@ -350,7 +413,9 @@ mod tests {
     fn unknown_envelope_types_are_kept() {
         assert_eq!(
             Envelope::parse(br#"{"type":"block_actions"}"#).expect("parses"),
-            Envelope::Other { envelope_type: "block_actions".into() }
+            Envelope::Other {
+                envelope_type: "block_actions".into()
+            }
         );
     }
 }

@@ -143,8 +143,11 @@ impl EventRef {
         let (ts, thread_ts, user, bot_id) = match &kind {
             EventKind::Message(MessageSubtype::MessageChanged) => (
                 parsed(inner, "ts", Ts::parse)?.or(parsed(previous, "ts", Ts::parse)?),
-                parsed(inner, "thread_ts", Ts::parse)?
-                    .or(parsed(previous, "thread_ts", Ts::parse)?),
+                parsed(inner, "thread_ts", Ts::parse)?.or(parsed(
+                    previous,
+                    "thread_ts",
+                    Ts::parse,
+                )?),
                 parsed(inner, "user", UserId::parse)?,
                 parsed(inner, "bot_id", BotId::parse)?,
             ),
@@ -188,17 +191,23 @@ mod tests {
     fn unknown_types_and_subtypes_are_kept() {
         let e = EventRef::parse(&json!({"type": "reaction_added", "user": "U1"})).expect("parses");
         assert_eq!(e.kind, EventKind::Other("reaction_added".into()));
-        let e = EventRef::parse(&json!({"type": "message", "subtype": "channel_join", "ts": "1.2"}))
-            .expect("parses");
-        assert_eq!(e.kind, EventKind::Message(MessageSubtype::Other("channel_join".into())));
+        let e =
+            EventRef::parse(&json!({"type": "message", "subtype": "channel_join", "ts": "1.2"}))
+                .expect("parses");
+        assert_eq!(
+            e.kind,
+            EventKind::Message(MessageSubtype::Other("channel_join".into()))
+        );
         assert_eq!(e.kind.subtype_str(), Some("channel_join"));
     }
 
     #[test]
     fn root_is_thread_ts_or_own_ts() {
-        let top = EventRef::parse(&json!({"type": "message", "ts": "5.1", "channel": "C1"})).expect("ok");
+        let top =
+            EventRef::parse(&json!({"type": "message", "ts": "5.1", "channel": "C1"})).expect("ok");
         assert_eq!(top.root().map(Ts::as_str), Some("5.1"));
-        let reply = EventRef::parse(&json!({"type": "message", "ts": "6.1", "thread_ts": "5.1"})).expect("ok");
+        let reply = EventRef::parse(&json!({"type": "message", "ts": "6.1", "thread_ts": "5.1"}))
+            .expect("ok");
         assert_eq!(reply.root().map(Ts::as_str), Some("5.1"));
     }
 
@@ -206,7 +215,10 @@ mod tests {
     fn malformed_fields_are_errors_not_panics() {
         assert_eq!(EventRef::parse(&json!("x")), Err(EventError::NotAnObject));
         assert_eq!(EventRef::parse(&json!({})), Err(EventError::MissingType));
-        assert_eq!(EventRef::parse(&json!({"type": 3})), Err(EventError::MissingType));
+        assert_eq!(
+            EventRef::parse(&json!({"type": 3})),
+            Err(EventError::MissingType)
+        );
         assert!(matches!(
             EventRef::parse(&json!({"type": "message", "ts": "yesterday"})),
             Err(EventError::BadField { field: "ts", .. })

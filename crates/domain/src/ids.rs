@@ -22,7 +22,10 @@ fn check_id(kind: &'static str, s: &str) -> Result<(), IdError> {
         return Err(IdError::Empty { kind });
     }
     if s.len() > MAX_ID_LEN {
-        return Err(IdError::TooLong { kind, max: MAX_ID_LEN });
+        return Err(IdError::TooLong {
+            kind,
+            max: MAX_ID_LEN,
+        });
     }
     if !s
         .bytes()
@@ -111,7 +114,8 @@ impl Ts {
         let s = s.into();
         let kind = "ts";
         let (secs, micros) = s.split_once('.').ok_or(IdError::BadTs { kind })?;
-        let digits = |p: &str| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit());
+        let digits =
+            |p: &str| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit());
         if !digits(secs) || !digits(micros) {
             return Err(IdError::BadTs { kind });
         }
@@ -136,7 +140,9 @@ impl PartialOrd for Ts {
 
 impl Ord for Ts {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.parts().cmp(&other.parts()).then_with(|| self.0.cmp(&other.0))
+        self.parts()
+            .cmp(&other.parts())
+            .then_with(|| self.0.cmp(&other.0))
     }
 }
 
@@ -152,7 +158,14 @@ mod tests {
 
     #[test]
     fn ids_accept_slack_shapes_seen_in_fixtures() {
-        for s in ["T111", "E-auth", "T_INSTALLED", "Ev111", "EXXXXXXXXXXX", "A0B1C2"] {
+        for s in [
+            "T111",
+            "E-auth",
+            "T_INSTALLED",
+            "Ev111",
+            "EXXXXXXXXXXX",
+            "A0B1C2",
+        ] {
             assert!(TeamId::parse(s).is_ok(), "{s}");
         }
     }
@@ -160,9 +173,18 @@ mod tests {
     #[test]
     fn ids_reject_empty_long_and_odd_characters() {
         assert_eq!(TeamId::parse(""), Err(IdError::Empty { kind: "team_id" }));
-        assert!(matches!(TeamId::parse("T".repeat(65)), Err(IdError::TooLong { .. })));
-        assert!(matches!(ChannelId::parse("C1 2"), Err(IdError::BadChar { .. })));
-        assert!(matches!(EventId::parse("Ev1\n"), Err(IdError::BadChar { .. })));
+        assert!(matches!(
+            TeamId::parse("T".repeat(65)),
+            Err(IdError::TooLong { .. })
+        ));
+        assert!(matches!(
+            ChannelId::parse("C1 2"),
+            Err(IdError::BadChar { .. })
+        ));
+        assert!(matches!(
+            EventId::parse("Ev1\n"),
+            Err(IdError::BadChar { .. })
+        ));
     }
 
     #[test]

@@ -49,11 +49,17 @@ impl GatewayConfig {
     pub fn from_source(src: &Source) -> Result<Self, ConfigError> {
         let mut secrets = Vec::new();
         for key in ["SLACK_SIGNING_SECRET", "SLACK_SIGNING_SECRET_PREVIOUS"] {
-            let value = if key == "SLACK_SIGNING_SECRET" { Some(src.required(key)?) } else { src.get(key) };
+            let value = if key == "SLACK_SIGNING_SECRET" {
+                Some(src.required(key)?)
+            } else {
+                src.get(key)
+            };
             if let Some(v) = value {
-                secrets.push(threadline_slack::SigningSecret::new(v).map_err(|e| ConfigError::Invalid {
-                    key: key.into(),
-                    message: e.to_string(),
+                secrets.push(threadline_slack::SigningSecret::new(v).map_err(|e| {
+                    ConfigError::Invalid {
+                        key: key.into(),
+                        message: e.to_string(),
+                    }
                 })?);
             }
         }
@@ -61,11 +67,19 @@ impl GatewayConfig {
             common: CommonConfig::from_source(src)?,
             addr: src.socket_addr("THREADLINE_GATEWAY_ADDR", "127.0.0.1:3000")?,
             signing_secrets: SigningSecrets(secrets),
-            max_body_bytes: src.bounded("THREADLINE_GATEWAY_MAX_BODY_BYTES", 1 << 20, 1024..=(64 << 20))? as usize,
+            max_body_bytes: src.bounded(
+                "THREADLINE_GATEWAY_MAX_BODY_BYTES",
+                1 << 20,
+                1024..=(64 << 20),
+            )? as usize,
             intake_timeout: src.millis("THREADLINE_INTAKE_TIMEOUT_MS", 2500, 50..=60_000)?,
             intake_writers: src.bounded("THREADLINE_INTAKE_WRITERS", 4, 1..=64)? as usize,
             intake_max_batch: src.bounded("THREADLINE_INTAKE_MAX_BATCH", 256, 1..=4096)? as usize,
-            installation_cache_ttl: src.millis("THREADLINE_INSTALLATION_CACHE_MS", 2000, 0..=600_000)?,
+            installation_cache_ttl: src.millis(
+                "THREADLINE_INSTALLATION_CACHE_MS",
+                2000,
+                0..=600_000,
+            )?,
             relay_enabled: src.flag("THREADLINE_RELAY_ENABLED", true)?,
             relay_batch: src.bounded("THREADLINE_RELAY_BATCH", 256, 1..=10_000)? as i64,
             relay_sweep: src.millis("THREADLINE_RELAY_SWEEP_MS", 1000, 10..=600_000)?,
@@ -79,11 +93,16 @@ mod tests {
 
     #[test]
     fn signing_secret_is_required_and_named() {
-        let err = GatewayConfig::from_source(&Source::default()).expect_err("missing").to_string();
-        assert!(err.contains("SLACK_SIGNING_SECRET"), "{err}");
-        let err = GatewayConfig::from_source(&Source::from_pairs([("SLACK_SIGNING_SECRET", "s"), ("THREADLINE_GATEWAY_ADDR", "3000")]))
-            .expect_err("bad addr")
+        let err = GatewayConfig::from_source(&Source::default())
+            .expect_err("missing")
             .to_string();
+        assert!(err.contains("SLACK_SIGNING_SECRET"), "{err}");
+        let err = GatewayConfig::from_source(&Source::from_pairs([
+            ("SLACK_SIGNING_SECRET", "s"),
+            ("THREADLINE_GATEWAY_ADDR", "3000"),
+        ]))
+        .expect_err("bad addr")
+        .to_string();
         assert!(err.contains("THREADLINE_GATEWAY_ADDR"), "{err}");
     }
 

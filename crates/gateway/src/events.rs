@@ -39,7 +39,11 @@ impl Answer {
     }
 }
 
-pub async fn slack_events(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn slack_events(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let started = Instant::now();
     let (answer, response) = handle(&app, &headers, &body).await;
     if let Answer::Rejected(reason) = answer {
@@ -51,7 +55,10 @@ pub async fn slack_events(State(app): State<AppState>, headers: HeaderMap, body:
 }
 
 fn now_unix() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> (Answer, Response) {
@@ -60,24 +67,34 @@ async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> (Answer, Re
         return (Answer::Ignored, StatusCode::OK.into_response());
     }
     if let Err(e) = app.verifier.verify(
-        headers.get("x-slack-request-timestamp").map(HeaderValue::as_bytes),
+        headers
+            .get("x-slack-request-timestamp")
+            .map(HeaderValue::as_bytes),
         headers.get("x-slack-signature").map(HeaderValue::as_bytes),
         body,
         now_unix(),
     ) {
         // No detail to the caller, and nothing of the body or signatures in logs.
         tracing::debug!(reason = e.reason_code(), "delivery failed signature check");
-        return (Answer::Rejected(e.reason_code()), StatusCode::UNAUTHORIZED.into_response());
+        return (
+            Answer::Rejected(e.reason_code()),
+            StatusCode::UNAUTHORIZED.into_response(),
+        );
     }
     let envelope = match Envelope::parse(body) {
         Ok(e) => e,
         Err(e) => return malformed(app, e).await,
     };
     match envelope {
-        Envelope::UrlVerification { challenge } => {
-            (Answer::Challenge, axum::Json(serde_json::json!({ "challenge": challenge })).into_response())
-        }
-        Envelope::AppRateLimited { api_app_id, team_id, minute_rate_limited } => {
+        Envelope::UrlVerification { challenge } => (
+            Answer::Challenge,
+            axum::Json(serde_json::json!({ "challenge": challenge })).into_response(),
+        ),
+        Envelope::AppRateLimited {
+            api_app_id,
+            team_id,
+            minute_rate_limited,
+        } => {
             tracing::warn!(
                 alert = "app_rate_limited",
                 api_app_id = api_app_id.as_ref().map(|a| a.as_str()),
@@ -121,18 +138,26 @@ async fn malformed(app: &AppState, e: EnvelopeError) -> (Answer, Response) {
     tracing::warn!(reason, error = %e, "signed delivery is malformed; rejected without retry");
     record_rejection(app, reason, None).await;
     let mut resp = (StatusCode::BAD_REQUEST, "malformed Events API payload").into_response();
-    resp.headers_mut().insert("x-slack-no-retry", HeaderValue::from_static("1"));
+    resp.headers_mut()
+        .insert("x-slack-no-retry", HeaderValue::from_static("1"));
     (Answer::Rejected(reason), resp)
 }
 
 fn unavailable(e: &dyn std::fmt::Display) -> (Answer, Response) {
     tracing::error!(error = %e, "could not record delivery; answering 503 so Slack retries");
-    (Answer::Unavailable, StatusCode::SERVICE_UNAVAILABLE.into_response())
+    (
+        Answer::Unavailable,
+        StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    )
 }
 
 /// A minimal, content-free rejection record. Best effort: a rejection is
 /// answered the same way whether or not it could be recorded.
-async fn record_rejection(app: &AppState, reason: &str, cb: Option<(&EventCallback, Option<Uuid>)>) {
+async fn record_rejection(
+    app: &AppState,
+    reason: &str,
+    cb: Option<(&EventCallback, Option<Uuid>)>,
+) {
     let key = cb.map(|(cb, _)| cb.installation_key());
     let r = sqlx::query(
         "INSERT INTO rejections (reason, api_app_id, team_id, enterprise_id, event_id, installation_id)
@@ -178,12 +203,18 @@ async fn accept(app: &AppState, headers: &HeaderMap, cb: EventCallback) -> (Answ
         Ok(Resolved::Active(id)) => id,
         Ok(Resolved::Disabled(id)) => {
             record_rejection(app, "installation_disabled", Some((&cb, Some(id)))).await;
-            return (Answer::Rejected("installation_disabled"), StatusCode::OK.into_response());
+            return (
+                Answer::Rejected("installation_disabled"),
+                StatusCode::OK.into_response(),
+            );
         }
         Ok(Resolved::Unknown) => {
             tracing::warn!("event for an unknown installation; acknowledged, no job");
             record_rejection(app, "unknown_installation", Some((&cb, None))).await;
-            return (Answer::Rejected("unknown_installation"), StatusCode::OK.into_response());
+            return (
+                Answer::Rejected("unknown_installation"),
+                StatusCode::OK.into_response(),
+            );
         }
         Err(e) => return unavailable(&e),
     };
@@ -204,7 +235,12 @@ async fn accept(app: &AppState, headers: &HeaderMap, cb: EventCallback) -> (Answ
     }
 }
 
-fn new_receipt(cb: &EventCallback, installation_id: Uuid, retry_num: i32, retry_reason: Option<String>) -> NewReceipt {
+fn new_receipt(
+    cb: &EventCallback,
+    installation_id: Uuid,
+    retry_num: i32,
+    retry_reason: Option<String>,
+) -> NewReceipt {
     let id = Uuid::now_v7();
     let key = cb.installation_key();
     let ev = &cb.event;
@@ -213,7 +249,11 @@ fn new_receipt(cb: &EventCallback, installation_id: Uuid, retry_num: i32, retry_
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
-    let team_id = key.team_id.as_ref().map(|t| t.to_string()).or_else(|| cb.team_id.as_ref().map(|t| t.to_string()));
+    let team_id = key
+        .team_id
+        .as_ref()
+        .map(|t| t.to_string())
+        .or_else(|| cb.team_id.as_ref().map(|t| t.to_string()));
     let enterprise_id = key.enterprise_id.as_ref().map(|e| e.to_string());
     let message = EventAccepted {
         schema_version: SCHEMA_VERSION,
@@ -225,7 +265,11 @@ fn new_receipt(cb: &EventCallback, installation_id: Uuid, retry_num: i32, retry_
         enterprise_id: enterprise_id.clone().unwrap_or_default(),
         event_type: ev.kind.type_str().to_owned(),
         event_subtype: ev.kind.subtype_str().unwrap_or_default().to_owned(),
-        channel_id: ev.channel.as_ref().map(|c| c.to_string()).unwrap_or_default(),
+        channel_id: ev
+            .channel
+            .as_ref()
+            .map(|c| c.to_string())
+            .unwrap_or_default(),
         message_ts: ev.ts.as_ref().map(|t| t.to_string()).unwrap_or_default(),
         thread_ts: ev.root().map(|t| t.to_string()).unwrap_or_default(),
         event_time: cb.event_time,
@@ -266,7 +310,10 @@ mod tests {
         let mut h = HeaderMap::new();
         assert_eq!(retry_headers(&h), (0, None));
         h.insert("x-slack-retry-num", HeaderValue::from_static("2"));
-        h.insert("x-slack-retry-reason", HeaderValue::from_static("http_timeout"));
+        h.insert(
+            "x-slack-retry-reason",
+            HeaderValue::from_static("http_timeout"),
+        );
         assert_eq!(retry_headers(&h), (2, Some("http_timeout".into())));
         h.insert("x-slack-retry-num", HeaderValue::from_static("-1"));
         h.insert("x-slack-retry-reason", HeaderValue::from_static("<script>"));
@@ -277,7 +324,10 @@ mod tests {
     fn ssl_check_needs_a_form_body() {
         let mut h = HeaderMap::new();
         assert!(!is_ssl_check(&h, b"ssl_check=1&token=x"));
-        h.insert("content-type", HeaderValue::from_static("application/x-www-form-urlencoded"));
+        h.insert(
+            "content-type",
+            HeaderValue::from_static("application/x-www-form-urlencoded"),
+        );
         assert!(is_ssl_check(&h, b"ssl_check=1&token=x"));
         assert!(!is_ssl_check(&h, b"ssl_check=0"));
     }

@@ -28,7 +28,11 @@ const MAX_CACHED: usize = 10_000;
 
 impl Resolver {
     pub fn new(pool: PgPool, ttl: Duration) -> Self {
-        Self { pool, ttl, cache: Mutex::new(HashMap::new()) }
+        Self {
+            pool,
+            ttl,
+            cache: Mutex::new(HashMap::new()),
+        }
     }
 
     pub async fn resolve(&self, key: &InstallationKey) -> Result<Resolved, sqlx::Error> {
@@ -58,7 +62,11 @@ impl Resolver {
 /// A workspace install matches on (app, team); an org-wide install on
 /// (app, enterprise). A workspace install wins when both exist.
 pub async fn lookup(pool: &PgPool, key: &InstallationKey) -> Result<Resolved, sqlx::Error> {
-    let team = if key.is_enterprise_install { None } else { key.team_id.as_ref().map(|t| t.as_str()) };
+    let team = if key.is_enterprise_install {
+        None
+    } else {
+        key.team_id.as_ref().map(|t| t.as_str())
+    };
     let row: Option<(Uuid, String)> = sqlx::query_as(
         "SELECT id, status FROM installations
           WHERE app_id = $1

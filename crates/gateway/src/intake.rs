@@ -78,7 +78,12 @@ const MAX_BATCH_ATTEMPTS: usize = 3;
 impl Intake {
     /// Starts `writers` writer tasks. They stop once every `Intake` clone is
     /// dropped and the queue is drained.
-    pub fn spawn(pool: PgPool, writers: usize, max_batch: usize, timeout: Duration) -> (Self, JoinSet<()>) {
+    pub fn spawn(
+        pool: PgPool,
+        writers: usize,
+        max_batch: usize,
+        timeout: Duration,
+    ) -> (Self, JoinSet<()>) {
         let (tx, rx) = mpsc::channel::<Pending>(writers * max_batch * 2);
         let rx = Arc::new(Mutex::new(rx));
         let mut set = JoinSet::new();
@@ -103,14 +108,19 @@ impl Intake {
     pub async fn submit(&self, receipt: NewReceipt) -> Result<Outcome, IntakeError> {
         let (reply, rx) = oneshot::channel();
         let work = async {
-            self.tx.send(Pending { receipt, reply }).await.map_err(|_| IntakeError::Closed)?;
+            self.tx
+                .send(Pending { receipt, reply })
+                .await
+                .map_err(|_| IntakeError::Closed)?;
             match rx.await {
                 Ok(Ok(outcome)) => Ok(outcome),
                 Ok(Err(e)) => Err(IntakeError::Db(clone_db_error(&e))),
                 Err(_) => Err(IntakeError::Closed),
             }
         };
-        tokio::time::timeout(self.timeout, work).await.map_err(|_| IntakeError::Timeout)?
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .map_err(|_| IntakeError::Timeout)?
     }
 }
 
@@ -134,7 +144,11 @@ async fn commit_and_reply(pool: &PgPool, batch: Vec<Pending>) {
         Ok(outcomes) => {
             let (mut new, mut dup) = (0u64, 0u64);
             for (p, outcome) in batch.into_iter().zip(outcomes) {
-                if outcome == Outcome::New { new += 1 } else { dup += 1 }
+                if outcome == Outcome::New {
+                    new += 1
+                } else {
+                    dup += 1
+                }
                 let _ = p.reply.send(Ok(outcome));
             }
             metrics::counter!("threadline_gateway_receipts_total").increment(new);
@@ -152,7 +166,10 @@ async fn commit_and_reply(pool: &PgPool, batch: Vec<Pending>) {
 }
 
 fn is_transient(e: &sqlx::Error) -> bool {
-    matches!(e.as_database_error().and_then(|d| d.code()).as_deref(), Some("40P01" | "40001"))
+    matches!(
+        e.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("40P01" | "40001")
+    )
 }
 
 /// One transaction for the whole batch. Rows are sorted by identity so

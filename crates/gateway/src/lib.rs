@@ -17,6 +17,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::routing::post;
+use axum::serve::ListenerExt as _;
 use sqlx::PgPool;
 use threadline_runtime::bus::Topology;
 use threadline_runtime::health::{self, Readiness};
@@ -56,7 +57,11 @@ pub fn router(state: AppState, readiness: Readiness, max_body_bytes: usize) -> R
 
 /// Runs the gateway on `listener` until `shutdown`: HTTP drains first, then
 /// the intake writers finish their last commits, then the relay stops.
-pub async fn run(cfg: GatewayConfig, listener: TcpListener, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    cfg: GatewayConfig,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let pool = threadline_runtime::db::pool(&cfg.common)?;
     threadline_runtime::db::ensure_schema_current(&pool)
         .await
@@ -70,21 +75,35 @@ pub async fn run(cfg: GatewayConfig, listener: TcpListener, shutdown: Cancellati
             pool.clone(),
             async_nats::jetstream::new(nats.clone()),
             Topology::new(cfg.common.bus_prefix.clone()),
-            RelayConfig { batch: cfg.relay_batch, sweep: cfg.relay_sweep },
+            RelayConfig {
+                batch: cfg.relay_batch,
+                sweep: cfg.relay_sweep,
+            },
         );
         tokio::spawn(relay.run(relay_stop.clone()))
     });
 
-    let (intake, mut writers) = Intake::spawn(pool.clone(), cfg.intake_writers, cfg.intake_max_batch, cfg.intake_timeout);
+    let (intake, mut writers) = Intake::spawn(
+        pool.clone(),
+        cfg.intake_writers,
+        cfg.intake_max_batch,
+        cfg.intake_timeout,
+    );
     let state = AppState {
         verifier: Arc::new(verifier),
         intake,
         resolver: Arc::new(Resolver::new(pool.clone(), cfg.installation_cache_ttl)),
         pool: pool.clone(),
     };
-    let readiness = Readiness::default().postgres(pool.clone()).nats(nats.clone());
+    let readiness = Readiness::default()
+        .postgres(pool.clone())
+        .nats(nats.clone());
     let app = router(state, readiness, cfg.max_body_bytes);
     tracing::info!(addr = %listener.local_addr()?, relay = cfg.relay_enabled, "gateway listening");
+    // Small request/response pairs: disable Nagle, or acks wait on delayed ACKs.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await

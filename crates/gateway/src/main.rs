@@ -1,9 +1,15 @@
+use std::process::ExitCode;
+
 use anyhow::Context as _;
 use threadline_gateway::GatewayConfig;
 use threadline_runtime::config::Source;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    threadline_runtime::exit_with("threadline-gateway", run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     let cfg = GatewayConfig::from_source(&Source::from_env()?)?;
     let _telemetry = threadline_runtime::telemetry::init("threadline-gateway", &cfg.common)?;
     let listener = tokio::net::TcpListener::bind(cfg.addr)

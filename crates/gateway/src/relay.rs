@@ -1,5 +1,6 @@
 //! The outbox relay: publishes committed outbox rows to JetStream and marks
-//! them published only after the stream's PubAck.
+//! them done only after the stream's PubAck: the row is deleted and counted
+//! in `outbox_ledger` in one transaction.
 //!
 //! Rows are claimed with `FOR UPDATE SKIP LOCKED`, so several gateway
 //! replicas relay side by side without taking the same row; each message
@@ -44,7 +45,7 @@ struct Row {
     id: i64,
     topic: String,
     msg_id: String,
-    payload: Option<Vec<u8>>,
+    payload: Vec<u8>,
     traceparent: Option<String>,
     tracestate: Option<String>,
     created_at: time::OffsetDateTime,
@@ -52,7 +53,12 @@ struct Row {
 
 impl Relay {
     pub fn new(pool: PgPool, js: jetstream::Context, topology: Topology, cfg: RelayConfig) -> Self {
-        Self { pool, js, topology, cfg }
+        Self {
+            pool,
+            js,
+            topology,
+            cfg,
+        }
     }
 
     /// Runs until `shutdown`; finishes the round in flight first.
@@ -63,7 +69,10 @@ impl Relay {
             match self.topology.declare(&self.js).await {
                 Ok(()) => break,
                 Err(e) => {
-                    tracing::warn!(error = format!("{e:#}"), "declaring bus topology failed; retrying");
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        "declaring bus topology failed; retrying"
+                    );
                     if sleep_or_shutdown(backoff, &shutdown).await {
                         return;
                     }
@@ -91,7 +100,10 @@ impl Relay {
                 }
                 Err(e) => {
                     metrics::counter!("threadline_outbox_relay_errors_total").increment(1);
-                    tracing::warn!(error = format!("{e:#}"), "outbox relay round failed; rows stay for retry");
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        "outbox relay round failed; rows stay for retry"
+                    );
                     if sleep_or_shutdown(backoff, &shutdown).await {
                         break;
                     }
@@ -119,11 +131,14 @@ impl Relay {
 
     /// Publishes one batch; returns how many rows were marked published.
     pub async fn relay_once(&self) -> anyhow::Result<usize> {
-        let mut tx = self.pool.begin().await.context("starting relay transaction")?;
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .context("starting relay transaction")?;
         let rows: Vec<Row> = sqlx::query_as(
             "SELECT id, topic, msg_id, payload, traceparent, tracestate, created_at
                FROM outbox
-              WHERE published_at IS NULL
               ORDER BY id
               LIMIT $1
               FOR UPDATE SKIP LOCKED",
@@ -164,11 +179,25 @@ impl Relay {
             }
         }
         if !published.is_empty() {
-            sqlx::query("UPDATE outbox SET published_at = now(), payload = NULL WHERE id = ANY($1)")
-                .bind(&published)
-                .execute(&mut *tx)
-                .await
-                .context("marking outbox rows published")?;
+            let done: std::collections::HashSet<i64> = published.iter().copied().collect();
+            let topics: Vec<&str> = rows
+                .iter()
+                .filter(|r| done.contains(&r.id))
+                .map(|r| r.topic.as_str())
+                .collect();
+            sqlx::query(
+                "WITH done AS (DELETE FROM outbox WHERE id = ANY($1))
+                 INSERT INTO outbox_ledger (topic, published_total, last_published_at)
+                 SELECT topic, count(*), now() FROM UNNEST($2::text[]) AS t(topic) GROUP BY topic
+                 ON CONFLICT (topic) DO UPDATE
+                    SET published_total = outbox_ledger.published_total + EXCLUDED.published_total,
+                        last_published_at = EXCLUDED.last_published_at",
+            )
+            .bind(&published)
+            .bind(&topics)
+            .execute(&mut *tx)
+            .await
+            .context("removing published outbox rows")?;
         }
         if !failed.is_empty() {
             sqlx::query(
@@ -185,15 +214,22 @@ impl Relay {
         tx.commit().await.context("committing relay round")?;
         metrics::counter!("threadline_outbox_published_total").increment(published.len() as u64);
         if !failed.is_empty() {
-            metrics::counter!("threadline_outbox_publish_failures_total").increment(failed.len() as u64);
-            anyhow::bail!("{} of {} outbox rows were not acknowledged by JetStream (first: {})", failed.len(), rows.len(), failed[0].1);
+            metrics::counter!("threadline_outbox_publish_failures_total")
+                .increment(failed.len() as u64);
+            anyhow::bail!(
+                "{} of {} outbox rows were not acknowledged by JetStream (first: {})",
+                failed.len(),
+                rows.len(),
+                failed[0].1
+            );
         }
         Ok(published.len())
     }
 
     async fn send(&self, row: &Row) -> Result<jetstream::context::PublishAckFuture, String> {
-        let topic = Topic::parse(&row.topic).ok_or_else(|| format!("unknown outbox topic {:?}", row.topic))?;
-        let payload = row.payload.clone().ok_or("unpublished row without payload")?;
+        let topic = Topic::parse(&row.topic)
+            .ok_or_else(|| format!("unknown outbox topic {:?}", row.topic))?;
+        let payload = row.payload.clone();
         let span = tracing::info_span!("outbox.publish", outbox_id = row.id, msg_id = %row.msg_id, topic = %row.topic);
         let mut headers = HeaderMap::new();
         if let Some(tp) = &row.traceparent {
@@ -211,7 +247,9 @@ impl Relay {
             let _ = span.set_parent(parent);
             let cx = span.context();
             if cx.span().span_context().is_valid() {
-                opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut HeaderInjector(&mut headers)));
+                opentelemetry::global::get_text_map_propagator(|p| {
+                    p.inject_context(&cx, &mut HeaderInjector(&mut headers))
+                });
             } else {
                 headers.insert("traceparent", tp.as_str());
                 if let Some(ts) = &row.tracestate {
@@ -233,7 +271,7 @@ impl Relay {
     async fn report_backlog(&self) {
         let r: Result<(i64, Option<f64>), _> = sqlx::query_as(
             "SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-               FROM outbox WHERE published_at IS NULL",
+               FROM outbox",
         )
         .fetch_one(&self.pool)
         .await;

@@ -28,6 +28,9 @@ mod tests {
         assert_eq!(EventAccepted::decode(bytes.as_slice()).expect("decodes"), m);
         // A newer producer's field 99 (varint 7) must not break an older consumer.
         bytes.extend_from_slice(&[0x98, 0x06, 0x07]);
-        assert_eq!(EventAccepted::decode(bytes.as_slice()).expect("decodes with unknown field"), m);
+        assert_eq!(
+            EventAccepted::decode(bytes.as_slice()).expect("decodes with unknown field"),
+            m
+        );
     }
 }

@@ -27,7 +27,12 @@ pub enum Topic {
 }
 
 impl Topic {
-    pub const ALL: [Topic; 4] = [Topic::Events, Topic::Contexts, Topic::Proposals, Topic::Reconsider];
+    pub const ALL: [Topic; 4] = [
+        Topic::Events,
+        Topic::Contexts,
+        Topic::Proposals,
+        Topic::Reconsider,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -72,7 +77,9 @@ pub struct Topology {
 
 impl Topology {
     pub fn new(prefix: impl Into<String>) -> Self {
-        Self { prefix: prefix.into() }
+        Self {
+            prefix: prefix.into(),
+        }
     }
 
     pub fn prefix(&self) -> &str {
@@ -144,7 +151,10 @@ impl Topology {
             js.create_or_update_stream(cfg)
                 .await
                 .with_context(|| format!("declaring stream {name}"))?;
-            let stream = js.get_stream(&name).await.with_context(|| format!("opening stream {name}"))?;
+            let stream = js
+                .get_stream(&name)
+                .await
+                .with_context(|| format!("opening stream {name}"))?;
             stream
                 .create_consumer(self.work_consumer(topic))
                 .await
@@ -205,7 +215,10 @@ mod tests {
         let t = Topology::new("t123");
         assert_eq!(t.subject(Topic::Events), "t123.events");
         assert_eq!(t.stream(Topic::Reconsider), "T123_RECONSIDER");
-        assert_eq!(t.dead_letter_subject(Topic::Proposals), "t123.dlq.proposals");
+        assert_eq!(
+            t.dead_letter_subject(Topic::Proposals),
+            "t123.dlq.proposals"
+        );
         for topic in Topic::ALL {
             assert_eq!(Topic::parse(topic.as_str()), Some(topic));
         }

@@ -55,8 +55,15 @@ impl Source {
         Ok(Self { values })
     }
 
-    pub fn from_pairs<K: Into<String>, V: Into<String>>(pairs: impl IntoIterator<Item = (K, V)>) -> Self {
-        Self { values: pairs.into_iter().map(|(k, v)| (k.into(), v.into())).collect() }
+    pub fn from_pairs<K: Into<String>, V: Into<String>>(
+        pairs: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        Self {
+            values: pairs
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        }
     }
 
     pub fn with(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
@@ -66,7 +73,10 @@ impl Source {
 
     /// The raw value; an empty string counts as unset.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.values.get(key).map(String::as_str).filter(|v| !v.trim().is_empty())
+        self.values
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.trim().is_empty())
     }
 
     pub fn string(&self, key: &str, default: &str) -> String {
@@ -74,7 +84,9 @@ impl Source {
     }
 
     pub fn required(&self, key: &str) -> Result<&str, ConfigError> {
-        self.get(key).ok_or_else(|| ConfigError::Missing { key: key.to_owned() })
+        self.get(key).ok_or_else(|| ConfigError::Missing {
+            key: key.to_owned(),
+        })
     }
 
     pub fn secret(&self, key: &str) -> Result<Option<SecretString>, ConfigError> {
@@ -88,15 +100,23 @@ impl Source {
     {
         match self.get(key) {
             None => Ok(default),
-            Some(raw) => raw.trim().parse().map_err(|e: T::Err| ConfigError::Invalid {
-                key: key.to_owned(),
-                message: format!("{e} (got {raw:?})"),
-            }),
+            Some(raw) => raw
+                .trim()
+                .parse()
+                .map_err(|e: T::Err| ConfigError::Invalid {
+                    key: key.to_owned(),
+                    message: format!("{e} (got {raw:?})"),
+                }),
         }
     }
 
     /// A positive integer within `range`.
-    pub fn bounded(&self, key: &str, default: u64, range: std::ops::RangeInclusive<u64>) -> Result<u64, ConfigError> {
+    pub fn bounded(
+        &self,
+        key: &str,
+        default: u64,
+        range: std::ops::RangeInclusive<u64>,
+    ) -> Result<u64, ConfigError> {
         let v = self.parse(key, default)?;
         if !range.contains(&v) {
             return Err(ConfigError::Invalid {
@@ -108,8 +128,14 @@ impl Source {
     }
 
     /// Milliseconds, as a `Duration`, within `range` (in milliseconds).
-    pub fn millis(&self, key: &str, default_ms: u64, range: std::ops::RangeInclusive<u64>) -> Result<Duration, ConfigError> {
-        self.bounded(key, default_ms, range).map(Duration::from_millis)
+    pub fn millis(
+        &self,
+        key: &str,
+        default_ms: u64,
+        range: std::ops::RangeInclusive<u64>,
+    ) -> Result<Duration, ConfigError> {
+        self.bounded(key, default_ms, range)
+            .map(Duration::from_millis)
     }
 
     pub fn flag(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
@@ -142,7 +168,11 @@ impl Source {
         Ok(v)
     }
 
-    pub fn socket_addr(&self, key: &str, default: &str) -> Result<std::net::SocketAddr, ConfigError> {
+    pub fn socket_addr(
+        &self,
+        key: &str,
+        default: &str,
+    ) -> Result<std::net::SocketAddr, ConfigError> {
         let raw = self.string(key, default);
         raw.parse().map_err(|e| ConfigError::Invalid {
             key: key.to_owned(),
@@ -165,7 +195,10 @@ fn parse_env_file(text: &str) -> Result<HashMap<String, String>, String> {
             .split_once('=')
             .ok_or_else(|| format!("line {}: expected KEY=VALUE", n + 1))?;
         let v = v.trim();
-        let v = v.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(v);
+        let v = v
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or(v);
         out.insert(k.trim().to_owned(), v.to_owned());
     }
     Ok(out)
@@ -197,7 +230,9 @@ impl CommonConfig {
         let bus_prefix = src.string("THREADLINE_BUS_PREFIX", "tl");
         if bus_prefix.is_empty()
             || bus_prefix.len() > 32
-            || !bus_prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            || !bus_prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
         {
             return Err(ConfigError::Invalid {
                 key: "THREADLINE_BUS_PREFIX".into(),
@@ -216,9 +251,17 @@ impl CommonConfig {
             }
         };
         Ok(Self {
-            database_url: src.url("DATABASE_URL", DEFAULT_DATABASE_URL, &["postgres", "postgresql"])?,
+            database_url: src.url(
+                "DATABASE_URL",
+                DEFAULT_DATABASE_URL,
+                &["postgres", "postgresql"],
+            )?,
             db_max_connections: src.bounded("THREADLINE_DB_MAX_CONNECTIONS", 16, 1..=1000)? as u32,
-            db_acquire_timeout: src.millis("THREADLINE_DB_ACQUIRE_TIMEOUT_MS", 1500, 10..=60_000)?,
+            db_acquire_timeout: src.millis(
+                "THREADLINE_DB_ACQUIRE_TIMEOUT_MS",
+                1500,
+                10..=60_000,
+            )?,
             nats_url: src.url("NATS_URL", DEFAULT_NATS_URL, &["nats", "tls", "ws", "wss"])?,
             bus_prefix,
             otlp_endpoint: src
@@ -259,7 +302,10 @@ mod tests {
                 .to_string();
             assert!(err.contains(key), "{err}");
         }
-        let err = Source::default().required("SLACK_SIGNING_SECRET").expect_err("missing").to_string();
+        let err = Source::default()
+            .required("SLACK_SIGNING_SECRET")
+            .expect_err("missing")
+            .to_string();
         assert_eq!(err, "setting SLACK_SIGNING_SECRET is required but not set");
     }
 
@@ -276,6 +322,11 @@ mod tests {
         let s = Source::from_pairs([("F", "off"), ("G", "maybe"), ("ADDR", "nope")]);
         assert!(!s.flag("F", true).expect("off"));
         assert!(s.flag("G", true).is_err());
-        assert!(s.socket_addr("ADDR", "127.0.0.1:1").expect_err("bad").to_string().contains("ADDR"));
+        assert!(
+            s.socket_addr("ADDR", "127.0.0.1:1")
+                .expect_err("bad")
+                .to_string()
+                .contains("ADDR")
+        );
     }
 }

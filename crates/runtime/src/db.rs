@@ -62,3 +62,24 @@ pub async fn ensure_schema_current(pool: &PgPool) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Connects now, so that a wrong URL or a stopped server is reported as such
+/// (for one-shot commands; services use the lazy [`pool`]).
+pub async fn connect(cfg: &CommonConfig) -> anyhow::Result<PgPool> {
+    let opts = PgConnectOptions::from_str(&cfg.database_url)
+        .context("DATABASE_URL is not a valid Postgres URL")?
+        .application_name("threadline-cli");
+    // One direct connection first: the pool would only say "timed out".
+    use sqlx::Connection as _;
+    sqlx::PgConnection::connect_with(&opts)
+        .await
+        .context("connecting to Postgres (DATABASE_URL)")?
+        .close()
+        .await
+        .ok();
+    PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(opts)
+        .await
+        .context("connecting to Postgres (DATABASE_URL)")
+}

@@ -15,7 +15,8 @@ use serde_json::json;
 
 /// One dependency check: a name and a probe that resolves to `Ok` when the
 /// dependency is usable.
-pub type Probe = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+pub type Probe =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
 #[derive(Clone, Default)]
 pub struct Readiness {
@@ -28,7 +29,8 @@ impl Readiness {
         F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), String>> + Send + 'static,
     {
-        self.checks.push((name, Arc::new(move || Box::pin(probe()))));
+        self.checks
+            .push((name, Arc::new(move || Box::pin(probe()))));
         self
     }
 
@@ -37,7 +39,11 @@ impl Readiness {
         self.check("postgres", move || {
             let pool = pool.clone();
             async move {
-                sqlx::query("SELECT 1").execute(&pool).await.map(|_| ()).map_err(|e| e.to_string())
+                sqlx::query("SELECT 1")
+                    .execute(&pool)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
             }
         })
     }
@@ -80,12 +86,19 @@ async fn ready(State(r): State<Arc<Readiness>>) -> impl IntoResponse {
             },
         );
     }
-    let status = if all_ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status = if all_ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     (status, axum::Json(serde_json::Value::Object(report)))
 }
 
 async fn metrics() -> impl IntoResponse {
     let handle = crate::telemetry::metrics_handle();
     handle.run_upkeep();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render())
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle.render(),
+    )
 }

@@ -9,3 +9,15 @@ pub mod health;
 pub mod secrets;
 pub mod shutdown;
 pub mod telemetry;
+
+/// Ends a binary: a clean exit, or one line naming what failed (with its
+/// causes) and exit code 1. No backtrace: the message is for an operator.
+pub fn exit_with(program: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{program}: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

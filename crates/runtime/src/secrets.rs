@@ -37,7 +37,12 @@ pub struct Sealed {
 
 impl fmt::Debug for Sealed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Sealed {{ key_id: {:?}, len: {} }}", self.key_id, self.bytes.len())
+        write!(
+            f,
+            "Sealed {{ key_id: {:?}, len: {} }}",
+            self.key_id,
+            self.bytes.len()
+        )
     }
 }
 
@@ -59,7 +64,10 @@ impl fmt::Debug for TokenCipher {
 }
 
 fn invalid(message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { key: TOKEN_KEYS_SETTING.into(), message: message.into() }
+    ConfigError::Invalid {
+        key: TOKEN_KEYS_SETTING.into(),
+        message: message.into(),
+    }
 }
 
 impl TokenCipher {
@@ -70,21 +78,43 @@ impl TokenCipher {
 
     pub fn parse(raw: &SecretString) -> Result<Self, ConfigError> {
         let mut keys = Vec::new();
-        for (n, entry) in raw.expose_secret().split(',').map(str::trim).filter(|e| !e.is_empty()).enumerate() {
+        for (n, entry) in raw
+            .expose_secret()
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .enumerate()
+        {
             let (id, hex_key) = entry
                 .split_once(':')
                 .ok_or_else(|| invalid(format!("entry {} is not id:hex", n + 1)))?;
-            if id.is_empty() || id.len() > 32 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-                return Err(invalid(format!("entry {}: key id must be 1-32 characters of [A-Za-z0-9_-]", n + 1)));
+            if id.is_empty()
+                || id.len() > 32
+                || !id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(invalid(format!(
+                    "entry {}: key id must be 1-32 characters of [A-Za-z0-9_-]",
+                    n + 1
+                )));
             }
             let bytes = hex::decode(hex_key)
                 .ok()
                 .filter(|b| b.len() == 32)
-                .ok_or_else(|| invalid(format!("entry {} ({id}): key must be 64 hex digits (32 bytes)", n + 1)))?;
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "entry {} ({id}): key must be 64 hex digits (32 bytes)",
+                        n + 1
+                    ))
+                })?;
             if keys.iter().any(|k: &NamedKey| k.id == id) {
                 return Err(invalid(format!("key id {id:?} is listed twice")));
             }
-            keys.push(NamedKey { id: id.to_owned(), cipher: XChaCha20Poly1305::new(Key::from_slice(&bytes)) });
+            keys.push(NamedKey {
+                id: id.to_owned(),
+                cipher: XChaCha20Poly1305::new(Key::from_slice(&bytes)),
+            });
         }
         if keys.is_empty() {
             return Err(invalid("no keys listed"));
@@ -107,12 +137,21 @@ impl TokenCipher {
         let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
         let ct = key
             .cipher
-            .encrypt(&nonce, Payload { msg: plaintext, aad })
+            .encrypt(
+                &nonce,
+                Payload {
+                    msg: plaintext,
+                    aad,
+                },
+            )
             .map_err(|_| SecretError::Encrypt)?;
         let mut bytes = Vec::with_capacity(NONCE_LEN + ct.len());
         bytes.extend_from_slice(&nonce);
         bytes.extend_from_slice(&ct);
-        Ok(Sealed { key_id: key.id.clone(), bytes })
+        Ok(Sealed {
+            key_id: key.id.clone(),
+            bytes,
+        })
     }
 
     pub fn open(&self, sealed: &Sealed, aad: &[u8]) -> Result<SecretString, SecretError> {
@@ -129,7 +168,9 @@ impl TokenCipher {
             .cipher
             .decrypt(XNonce::from_slice(nonce), Payload { msg: ct, aad })
             .map_err(|_| SecretError::Decrypt)?;
-        String::from_utf8(pt).map(SecretString::from).map_err(|_| SecretError::Decrypt)
+        String::from_utf8(pt)
+            .map(SecretString::from)
+            .map_err(|_| SecretError::Decrypt)
     }
 }
 
@@ -155,11 +196,23 @@ mod tests {
         let aad = token_aad(&id, "bot");
         let sealed = old.seal(b"xoxb-1-2-3", &aad).expect("seal");
         assert_eq!(sealed.key_id, "k1");
-        assert!(!sealed.bytes.windows(4).any(|w| w == b"xoxb"), "plaintext leaked");
+        assert!(
+            !sealed.bytes.windows(4).any(|w| w == b"xoxb"),
+            "plaintext leaked"
+        );
         let rotated = cipher(&format!("{k2},{k1}"));
-        assert_eq!(rotated.open(&sealed, &aad).expect("old key still opens").expose_secret(), "xoxb-1-2-3");
+        assert_eq!(
+            rotated
+                .open(&sealed, &aad)
+                .expect("old key still opens")
+                .expose_secret(),
+            "xoxb-1-2-3"
+        );
         assert_eq!(rotated.seal(b"t", &aad).expect("seal").key_id, "k2");
-        assert!(matches!(cipher(&k2).open(&sealed, &aad), Err(SecretError::UnknownKey(_))));
+        assert!(matches!(
+            cipher(&k2).open(&sealed, &aad),
+            Err(SecretError::UnknownKey(_))
+        ));
     }
 
     #[test]
@@ -167,18 +220,36 @@ mod tests {
         let c = cipher(&TokenCipher::generate_entry("k"));
         let a = uuid::Uuid::new_v4();
         let sealed = c.seal(b"xoxb-secret", &token_aad(&a, "bot")).expect("seal");
-        assert!(matches!(c.open(&sealed, &token_aad(&uuid::Uuid::new_v4(), "bot")), Err(SecretError::Decrypt)));
-        assert!(matches!(c.open(&sealed, &token_aad(&a, "refresh")), Err(SecretError::Decrypt)));
+        assert!(matches!(
+            c.open(&sealed, &token_aad(&uuid::Uuid::new_v4(), "bot")),
+            Err(SecretError::Decrypt)
+        ));
+        assert!(matches!(
+            c.open(&sealed, &token_aad(&a, "refresh")),
+            Err(SecretError::Decrypt)
+        ));
         let mut bad = sealed.clone();
         let last = bad.bytes.len() - 1;
         bad.bytes[last] ^= 1;
-        assert!(matches!(c.open(&bad, &token_aad(&a, "bot")), Err(SecretError::Decrypt)));
+        assert!(matches!(
+            c.open(&bad, &token_aad(&a, "bot")),
+            Err(SecretError::Decrypt)
+        ));
     }
 
     #[test]
     fn bad_key_specs_name_the_setting_and_never_echo_keys() {
-        for spec in ["", "nocolon", "k:abcd", "k:zz", &format!("a b:{}", "0".repeat(64)), &format!("k:{0},k:{0}", "1".repeat(64))] {
-            let err = TokenCipher::parse(&SecretString::from(spec.to_owned())).expect_err(spec).to_string();
+        for spec in [
+            "",
+            "nocolon",
+            "k:abcd",
+            "k:zz",
+            &format!("a b:{}", "0".repeat(64)),
+            &format!("k:{0},k:{0}", "1".repeat(64)),
+        ] {
+            let err = TokenCipher::parse(&SecretString::from(spec.to_owned()))
+                .expect_err(spec)
+                .to_string();
             assert!(err.contains(TOKEN_KEYS_SETTING), "{err}");
             assert!(!err.contains("abcd") && !err.contains("1111"), "{err}");
         }

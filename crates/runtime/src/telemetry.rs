@@ -43,7 +43,15 @@ pub fn init(service: &'static str, cfg: &CommonConfig) -> anyhow::Result<Telemet
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let (json, text) = if cfg.log_json {
-        (Some(tracing_subscriber::fmt::layer().json().flatten_event(true).with_current_span(false)), None)
+        (
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false),
+            ),
+            None,
+        )
     } else {
         (None, Some(tracing_subscriber::fmt::layer().compact()))
     };
@@ -62,7 +70,10 @@ pub fn init(service: &'static str, cfg: &CommonConfig) -> anyhow::Result<Telemet
                     .with_resource(
                         Resource::builder()
                             .with_service_name(service)
-                            .with_attribute(opentelemetry::KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+                            .with_attribute(opentelemetry::KeyValue::new(
+                                "service.version",
+                                env!("CARGO_PKG_VERSION"),
+                            ))
                             .build(),
                     )
                     .build(),
@@ -90,7 +101,10 @@ pub fn metrics_handle() -> &'static PrometheusHandle {
         let builder = PrometheusBuilder::new()
             .set_buckets_for_metric(
                 Matcher::Suffix("_seconds".into()),
-                &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
+                &[
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0,
+                ],
             )
             .unwrap_or_else(|_| PrometheusBuilder::new());
         let recorder = builder.build_recorder();

@@ -5,4 +5,4 @@
 
 pub mod signature;
 
-pub use signature::{SigningSecret, SignatureError, Verifier, sign};
+pub use signature::{SignatureError, SigningSecret, Verifier, sign};

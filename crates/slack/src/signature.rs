@@ -67,7 +67,8 @@ impl SignatureError {
 
 fn mac(secret: &[u8], timestamp: &[u8], body: &[u8]) -> HmacSha256 {
     // HMAC accepts keys of any length; this cannot fail.
-    let mut mac = <HmacSha256 as KeyInit>::new_from_slice(secret).unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+    let mut mac = <HmacSha256 as KeyInit>::new_from_slice(secret)
+        .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
     mac.update(b"v0:");
     mac.update(timestamp);
     mac.update(b":");
@@ -77,7 +78,9 @@ fn mac(secret: &[u8], timestamp: &[u8], body: &[u8]) -> HmacSha256 {
 
 /// Signs a body the way Slack does; used by the emulator and tests.
 pub fn sign(secret: &SigningSecret, timestamp: &str, body: &[u8]) -> String {
-    let tag = mac(&secret.0, timestamp.as_bytes(), body).finalize().into_bytes();
+    let tag = mac(&secret.0, timestamp.as_bytes(), body)
+        .finalize()
+        .into_bytes();
     format!("v0={}", hex::encode(tag))
 }
 
@@ -94,7 +97,10 @@ impl Verifier {
         if secrets.is_empty() {
             return Err(SignatureError::EmptySecret);
         }
-        Ok(Self { secrets, tolerance_secs: DEFAULT_TOLERANCE_SECS })
+        Ok(Self {
+            secrets,
+            tolerance_secs: DEFAULT_TOLERANCE_SECS,
+        })
     }
 
     /// Checks the headers against the raw body as received, with `now` in
@@ -126,7 +132,11 @@ impl Verifier {
             let expected = mac(&secret.0, timestamp, body).finalize().into_bytes();
             matched |= expected.as_slice().ct_eq(&received);
         }
-        if bool::from(matched) { Ok(()) } else { Err(SignatureError::Mismatch) }
+        if bool::from(matched) {
+            Ok(())
+        } else {
+            Err(SignatureError::Mismatch)
+        }
     }
 }
 
@@ -157,9 +167,21 @@ mod tests {
         let vector: serde_json::Value =
             serde_json::from_slice(&signing_fixture("vector.json")).expect("vector.json");
         assert_eq!(vector["signature"], DOCS_SIG);
-        assert_eq!(sign(&SigningSecret::new(DOCS_SECRET).expect("secret"), DOCS_TS, &body), DOCS_SIG);
+        assert_eq!(
+            sign(
+                &SigningSecret::new(DOCS_SECRET).expect("secret"),
+                DOCS_TS,
+                &body
+            ),
+            DOCS_SIG
+        );
         docs_verifier()
-            .verify(Some(DOCS_TS.as_bytes()), Some(DOCS_SIG.as_bytes()), &body, 1_531_420_618)
+            .verify(
+                Some(DOCS_TS.as_bytes()),
+                Some(DOCS_SIG.as_bytes()),
+                &body,
+                1_531_420_618,
+            )
             .expect("documented example verifies");
     }
 
@@ -171,7 +193,9 @@ mod tests {
         for v in vectors {
             let secret = SigningSecret::new(v["secret"].as_str().expect("secret")).expect("secret");
             let ts = v["timestamp"].as_str().expect("ts");
-            let now = v["verified_at_unix_time"].as_i64().unwrap_or_else(|| ts.parse().expect("ts"));
+            let now = v["verified_at_unix_time"]
+                .as_i64()
+                .unwrap_or_else(|| ts.parse().expect("ts"));
             let body = v["body"].as_str().expect("body").as_bytes();
             let sig = v["signature"].as_str().expect("sig");
             Verifier::new(vec![secret])
@@ -190,16 +214,46 @@ mod tests {
         let v = docs_verifier();
         let mut tampered = body.clone();
         tampered.extend_from_slice(b"------");
-        assert_eq!(v.verify(ts, sig, &tampered, now), Err(SignatureError::Mismatch));
-        let wrong = Verifier::new(vec![SigningSecret::new("another-secret").expect("s")]).expect("v");
-        assert_eq!(wrong.verify(ts, sig, &body, now), Err(SignatureError::Mismatch));
-        assert_eq!(v.verify(None, sig, &body, now), Err(SignatureError::MissingTimestamp));
-        assert_eq!(v.verify(ts, None, &body, now), Err(SignatureError::MissingSignature));
-        assert_eq!(v.verify(Some(b"15314x0618"), sig, &body, now), Err(SignatureError::BadTimestamp));
-        assert_eq!(v.verify(Some(b""), sig, &body, now), Err(SignatureError::BadTimestamp));
-        assert_eq!(v.verify(Some(b"-5"), sig, &body, now), Err(SignatureError::BadTimestamp));
-        for garbled in [&b"a2114d57b4"[..], b"v1=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503", b"v0=zz", b"v0="] {
-            assert_eq!(v.verify(ts, Some(garbled), &body, now), Err(SignatureError::BadSignatureFormat));
+        assert_eq!(
+            v.verify(ts, sig, &tampered, now),
+            Err(SignatureError::Mismatch)
+        );
+        let wrong =
+            Verifier::new(vec![SigningSecret::new("another-secret").expect("s")]).expect("v");
+        assert_eq!(
+            wrong.verify(ts, sig, &body, now),
+            Err(SignatureError::Mismatch)
+        );
+        assert_eq!(
+            v.verify(None, sig, &body, now),
+            Err(SignatureError::MissingTimestamp)
+        );
+        assert_eq!(
+            v.verify(ts, None, &body, now),
+            Err(SignatureError::MissingSignature)
+        );
+        assert_eq!(
+            v.verify(Some(b"15314x0618"), sig, &body, now),
+            Err(SignatureError::BadTimestamp)
+        );
+        assert_eq!(
+            v.verify(Some(b""), sig, &body, now),
+            Err(SignatureError::BadTimestamp)
+        );
+        assert_eq!(
+            v.verify(Some(b"-5"), sig, &body, now),
+            Err(SignatureError::BadTimestamp)
+        );
+        for garbled in [
+            &b"a2114d57b4"[..],
+            b"v1=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503",
+            b"v0=zz",
+            b"v0=",
+        ] {
+            assert_eq!(
+                v.verify(ts, Some(garbled), &body, now),
+                Err(SignatureError::BadSignatureFormat)
+            );
         }
     }
 
@@ -211,8 +265,14 @@ mod tests {
         let t = 1_531_420_618;
         assert!(v.verify(ts, sig, &body, t + 300).is_ok());
         assert!(v.verify(ts, sig, &body, t - 300).is_ok());
-        assert_eq!(v.verify(ts, sig, &body, t + 301), Err(SignatureError::Stale));
-        assert_eq!(v.verify(ts, sig, &body, t - 301), Err(SignatureError::Stale));
+        assert_eq!(
+            v.verify(ts, sig, &body, t + 301),
+            Err(SignatureError::Stale)
+        );
+        assert_eq!(
+            v.verify(ts, sig, &body, t - 301),
+            Err(SignatureError::Stale)
+        );
     }
 
     #[test]
@@ -223,14 +283,34 @@ mod tests {
             SigningSecret::new(DOCS_SECRET).expect("s"),
         ])
         .expect("v");
-        assert!(v.verify(Some(DOCS_TS.as_bytes()), Some(DOCS_SIG.as_bytes()), &body, 1_531_420_618).is_ok());
+        assert!(
+            v.verify(
+                Some(DOCS_TS.as_bytes()),
+                Some(DOCS_SIG.as_bytes()),
+                &body,
+                1_531_420_618
+            )
+            .is_ok()
+        );
     }
 
     #[test]
     fn blank_secrets_and_empty_sets_are_configuration_errors() {
-        assert_eq!(SigningSecret::new("").err(), Some(SignatureError::EmptySecret));
-        assert_eq!(SigningSecret::new("  ").err(), Some(SignatureError::EmptySecret));
-        assert_eq!(Verifier::new(vec![]).err(), Some(SignatureError::EmptySecret));
-        assert_eq!(format!("{:?}", SigningSecret::new("hunter2").expect("s")), "SigningSecret([redacted])");
+        assert_eq!(
+            SigningSecret::new("").err(),
+            Some(SignatureError::EmptySecret)
+        );
+        assert_eq!(
+            SigningSecret::new("  ").err(),
+            Some(SignatureError::EmptySecret)
+        );
+        assert_eq!(
+            Verifier::new(vec![]).err(),
+            Some(SignatureError::EmptySecret)
+        );
+        assert_eq!(
+            format!("{:?}", SigningSecret::new("hunter2").expect("s")),
+            "SigningSecret([redacted])"
+        );
     }
 }

@@ -16,7 +16,8 @@ pub fn admin_url() -> String {
     if let Ok(u) = std::env::var("THREADLINE_TEST_ADMIN_URL") {
         return u;
     }
-    let base = std::env::var("DATABASE_URL").unwrap_or_else(|_| threadline_runtime::config::DEFAULT_DATABASE_URL.to_owned());
+    let base = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| threadline_runtime::config::DEFAULT_DATABASE_URL.to_owned());
     with_database(&base, "postgres")
 }
 
@@ -46,25 +47,37 @@ impl TestDb {
     /// A fresh, migrated database.
     pub async fn new() -> Self {
         let db = Self::empty().await;
-        threadline_runtime::db::migrate(&db.pool).await.expect("migrating the test database");
+        threadline_runtime::db::migrate(&db.pool)
+            .await
+            .expect("migrating the test database");
         db
     }
 
     /// A fresh database with no schema (for testing `threadline migrate`).
     pub async fn empty() -> Self {
         let admin = admin_url();
-        let mut conn = PgConnection::connect(&admin)
-            .await
-            .unwrap_or_else(|e| panic!("connecting to Postgres at {admin}: {e} (is it running? `make services`)"));
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|e| {
+            panic!("connecting to Postgres at {admin}: {e} (is it running? `make services`)")
+        });
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
         drop_stale(&mut conn, now).await;
-        let name = format!("{PREFIX}{now}_{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+        let name = format!(
+            "{PREFIX}{now}_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..10]
+        );
+        sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
             .execute(&mut conn)
             .await
             .expect("creating the test database");
         let url = with_database(&admin, &name);
-        let pool = PgPoolOptions::new().max_connections(8).connect(&url).await.expect("connecting to the test database");
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&url)
+            .await
+            .expect("connecting to the test database");
         Self { name, url, pool }
     }
 
@@ -79,11 +92,16 @@ impl TestDb {
     }
 
     async fn set_connectable(&self, allow: bool) {
-        let mut conn = PgConnection::connect(&admin_url()).await.expect("admin connection");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("ALTER DATABASE \"{}\" ALLOW_CONNECTIONS {allow}", self.name)))
-            .execute(&mut conn)
+        let mut conn = PgConnection::connect(&admin_url())
             .await
-            .expect("ALTER DATABASE");
+            .expect("admin connection");
+        sqlx::raw_sql(&format!(
+            "ALTER DATABASE \"{}\" ALLOW_CONNECTIONS {allow}",
+            self.name
+        ))
+        .execute(&mut conn)
+        .await
+        .expect("ALTER DATABASE");
         if !allow {
             sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()")
                 .bind(&self.name)
@@ -95,17 +113,18 @@ impl TestDb {
 }
 
 async fn drop_stale(conn: &mut PgConnection, now: u64) {
-    let names: Vec<String> = sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'tl\\_test\\_%'")
-        .fetch_all(&mut *conn)
-        .await
-        .unwrap_or_default();
+    let names: Vec<String> =
+        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'tl\\_test\\_%'")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap_or_default();
     for name in names {
         let created = name
             .strip_prefix(PREFIX)
             .and_then(|rest| rest.split('_').next())
             .and_then(|s| s.parse::<u64>().ok());
         if created.is_some_and(|t| t + STALE_AFTER_SECS < now) {
-            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
+            let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
                 .execute(&mut *conn)
                 .await;
         }
@@ -119,13 +138,19 @@ impl Drop for TestDb {
         let name = self.name.clone();
         let pool = self.pool.clone();
         let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
             rt.block_on(async move {
                 pool.close().await;
                 if let Ok(mut conn) = PgConnection::connect(&admin_url()).await {
-                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
-                        .execute(&mut conn)
-                        .await;
+                    let _ =
+                        sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                            .execute(&mut conn)
+                            .await;
                 }
             });
         })
@@ -139,8 +164,17 @@ mod tests {
 
     #[test]
     fn database_is_swapped_in_urls() {
-        assert_eq!(with_database("postgres://u@h:5432/app", "postgres"), "postgres://u@h:5432/postgres");
-        assert_eq!(with_database("postgres://u@h:5432", "x"), "postgres://u@h:5432/x");
-        assert_eq!(with_database("postgres://u@h/app?sslmode=disable", "x"), "postgres://u@h/x?sslmode=disable");
+        assert_eq!(
+            with_database("postgres://u@h:5432/app", "postgres"),
+            "postgres://u@h:5432/postgres"
+        );
+        assert_eq!(
+            with_database("postgres://u@h:5432", "x"),
+            "postgres://u@h:5432/x"
+        );
+        assert_eq!(
+            with_database("postgres://u@h/app?sslmode=disable", "x"),
+            "postgres://u@h/x?sslmode=disable"
+        );
     }
 }

@@ -13,7 +13,8 @@ pub use db::TestDb;
 
 /// NATS for tests: `NATS_URL` or the local default.
 pub fn nats_url() -> String {
-    std::env::var("NATS_URL").unwrap_or_else(|_| threadline_runtime::config::DEFAULT_NATS_URL.to_owned())
+    std::env::var("NATS_URL")
+        .unwrap_or_else(|_| threadline_runtime::config::DEFAULT_NATS_URL.to_owned())
 }
 
 /// A bus prefix no other test (or run) uses: `t` + 12 random hex digits.
@@ -36,9 +37,16 @@ pub fn fixture(rel: &str) -> Vec<u8> {
 /// (`target/<profile>/<name>`). `make test` builds them before the tests.
 pub fn bin_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current test executable");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>");
     let path = dir.join(name);
-    assert!(path.exists(), "{} is missing: run `cargo build --workspace --bins` first (make test does)", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first (make test does)",
+        path.display()
+    );
     path
 }
 
@@ -53,7 +61,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }

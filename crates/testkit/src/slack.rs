@@ -8,21 +8,30 @@ use threadline_slack::{SigningSecret, sign};
 pub const TEST_SECRET: &str = "test-signing-secret-0123456789ab";
 
 pub fn now_unix() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 /// `(X-Slack-Request-Timestamp, X-Slack-Signature)` for `body` at `ts`.
 pub fn signature(secret: &str, ts: i64, body: &[u8]) -> (String, String) {
     let ts = ts.to_string();
-    let sig = sign(&SigningSecret::new(secret).expect("non-empty secret"), &ts, body);
+    let sig = sign(
+        &SigningSecret::new(secret).expect("non-empty secret"),
+        &ts,
+        body,
+    );
     (ts, sig)
 }
 
 /// An `app_mention` envelope shaped like Slack's (from the bolt-python
 /// fixture), with the given identity.
 pub fn app_mention(app: &str, team: &str, event_id: &str, channel: &str, ts: &str) -> Value {
-    let mut v: Value = serde_json::from_slice(&crate::fixture("events/app_mention_authorizations.bolt-python.json"))
-        .expect("fixture parses");
+    let mut v: Value = serde_json::from_slice(&crate::fixture(
+        "events/app_mention_authorizations.bolt-python.json",
+    ))
+    .expect("fixture parses");
     v["api_app_id"] = json!(app);
     v["team_id"] = json!(team);
     v["enterprise_id"] = Value::Null;
@@ -52,7 +61,9 @@ pub async fn deliver(
         .header("x-slack-signature", sig)
         .body(body.to_vec());
     if let Some((num, reason)) = retry {
-        req = req.header("x-slack-retry-num", num.to_string()).header("x-slack-retry-reason", reason);
+        req = req
+            .header("x-slack-retry-num", num.to_string())
+            .header("x-slack-retry-reason", reason);
     }
     req.send().await
 }

@@ -1,0 +1,55 @@
+# threadline — every target CI runs is here; `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+TL_PG_PORT ?= 5432
+TL_NATS_PORT ?= 4222
+export TL_PG_PORT TL_NATS_PORT
+export DATABASE_URL ?= postgres://postgres@127.0.0.1:$(TL_PG_PORT)/threadline
+export NATS_URL ?= nats://127.0.0.1:$(TL_NATS_PORT)
+export THREADLINE_TEST_ADMIN_URL ?= postgres://postgres@127.0.0.1:$(TL_PG_PORT)/postgres
+
+NEXTEST := $(shell command -v cargo-nextest >/dev/null 2>&1 && echo yes)
+RELEASE_BIN = $(or $(CARGO_TARGET_DIR),target)/release
+
+.PHONY: help
+help: ## List targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
+
+.PHONY: test
+test: ## Lint, build, and run unit, integration and end-to-end tests (starts Postgres/NATS if absent)
+	./scripts/with-services.sh $(MAKE) --no-print-directory lint test-only
+
+.PHONY: test-only
+test-only: ## Run the tests against already reachable services
+	cargo build --workspace --bins
+ifeq ($(NEXTEST),yes)
+	cargo nextest run --workspace --profile ci
+else
+	cargo test --workspace
+endif
+
+.PHONY: lint
+lint: ## rustfmt check and clippy with warnings denied
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+.PHONY: fmt
+fmt: ## Format the code
+	cargo fmt --all
+
+.PHONY: services
+services: ## Start Postgres and NATS locally if they are not reachable
+	./scripts/services.sh up
+
+.PHONY: services-down
+services-down: ## Stop what `make services` started
+	./scripts/services.sh down
+
+.PHONY: run
+run: ## Run threadline locally: services, migrations, a dev installation, the gateway
+	./scripts/run-local.sh
+
+.PHONY: bench-gateway
+bench-gateway: ## Throughput and ack latency of the release gateway (signed deliveries, concurrency 64)
+	./scripts/with-services.sh ./scripts/bench-gateway.sh

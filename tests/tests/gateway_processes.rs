@@ -1,0 +1,234 @@
+//! The gateway and the operator CLI as processes: crash recovery of the
+//! outbox, start-up checks, and the CLI's ledger.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use threadline_runtime::bus::{Topic, Topology};
+use threadline_testkit::slack::{TEST_SECRET, app_mention, deliver, seed_installation};
+use threadline_testkit::{TestDb, delete_streams, eventually, nats_url, stream_len, unique_prefix};
+use threadline_tests::{cli, free_port, spawn_gateway};
+
+fn gateway_env(db: &TestDb, prefix: &str, nats: String) -> Vec<(&'static str, String)> {
+    vec![
+        ("DATABASE_URL", db.url.clone()),
+        ("NATS_URL", nats),
+        ("THREADLINE_BUS_PREFIX", prefix.to_owned()),
+        ("SLACK_SIGNING_SECRET", TEST_SECRET.to_owned()),
+        ("THREADLINE_RELAY_SWEEP_MS", "200".to_owned()),
+    ]
+}
+
+fn event(app: &str, team: &str, id: &str) -> Vec<u8> {
+    serde_json::to_vec(&app_mention(app, team, id, "C0E2E", "1700000000.000200")).expect("json")
+}
+
+async fn pending(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&db.pool)
+        .await
+        .expect("outbox")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_rows_left_by_a_killed_gateway_are_published_after_restart() {
+    let db = TestDb::new().await;
+    seed_installation(&db.pool, "A0E2E", "T0E2E").await;
+    let prefix = unique_prefix();
+    let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
+    let stream = Topology::new(prefix.clone()).stream(Topic::Events);
+    let client = reqwest::Client::new();
+
+    // The broker is unreachable for this instance: intake still commits.
+    let dead_nats = format!("nats://127.0.0.1:{}", free_port());
+    let gw = spawn_gateway(&gateway_env(&db, &prefix, dead_nats)).await;
+    for i in 0..25 {
+        let r = deliver(
+            &client,
+            &gw.events_url(),
+            TEST_SECRET,
+            &event("A0E2E", "T0E2E", &format!("Ev0K{i:02}")),
+            None,
+        )
+        .await
+        .expect("delivery");
+        assert_eq!(r.status(), 200);
+    }
+    gw.kill().await;
+    assert_eq!(
+        pending(&db).await,
+        25,
+        "every acknowledged event is in the outbox"
+    );
+    assert_eq!(stream_len(&js, &stream).await, 0);
+
+    let gw = spawn_gateway(&gateway_env(&db, &prefix, nats_url())).await;
+    eventually("the outbox drains after restart", Duration::from_secs(20), || {
+        let (db, js, stream) = (&db, js.clone(), stream.clone());
+        async move { (pending(db).await == 0 && stream_len(&js, &stream).await == 25).then_some(()) }
+    })
+    .await;
+    assert!(
+        gw.terminate().await.success(),
+        "SIGTERM is a clean shutdown"
+    );
+    delete_streams(&js, &prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_refuses_to_start_on_bad_settings_or_an_unmigrated_database() {
+    let out = tokio::process::Command::new(threadline_testkit::bin_path("threadline-gateway"))
+        .env_clear()
+        .output()
+        .await
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("SLACK_SIGNING_SECRET"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = tokio::process::Command::new(threadline_testkit::bin_path("threadline-gateway"))
+        .env_clear()
+        .env("SLACK_SIGNING_SECRET", "x")
+        .env("THREADLINE_INTAKE_WRITERS", "lots")
+        .output()
+        .await
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("THREADLINE_INTAKE_WRITERS"));
+
+    let db = TestDb::empty().await;
+    let out = tokio::process::Command::new(threadline_testkit::bin_path("threadline-gateway"))
+        .env_clear()
+        .env("SLACK_SIGNING_SECRET", "x")
+        .env("DATABASE_URL", &db.url)
+        .env(
+            "THREADLINE_GATEWAY_ADDR",
+            format!("127.0.0.1:{}", free_port()),
+        )
+        .env("THREADLINE_LOG_FORMAT", "text")
+        .output()
+        .await
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("threadline migrate"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_cli_migrates_registers_and_reports_the_ledger() {
+    let db = TestDb::empty().await;
+    let prefix = unique_prefix();
+    let keys = "k1:".to_owned() + &"11".repeat(32);
+    let env = vec![
+        ("DATABASE_URL", db.url.clone()),
+        ("THREADLINE_TOKEN_KEYS", keys.clone()),
+    ];
+
+    for _ in 0..2 {
+        let out = cli(&["migrate"], &env).await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let token = "xoxb-0000-1111-secretpart";
+    let add = [
+        "install",
+        "add",
+        "--team",
+        "T0CLI",
+        "--app",
+        "A0CLI",
+        "--bot-user",
+        "U0BOT",
+        "--bot-id",
+        "B0BOT",
+        "--token",
+        token,
+    ];
+    for _ in 0..2 {
+        let out = cli(&add, &env).await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("secretpart"));
+    }
+    let (n, sealed, key_id): (i64, Vec<u8>, String) = sqlx::query_as(
+        "SELECT count(*) OVER (), bot_token_sealed, bot_token_key_id FROM installations",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("installation");
+    assert_eq!(
+        (n, key_id.as_str()),
+        (1, "k1"),
+        "re-adding updates in place"
+    );
+    assert!(
+        !sealed.windows(10).any(|w| w == b"secretpart"),
+        "token is stored encrypted"
+    );
+
+    // Without keys, or with a user token, registration is refused clearly.
+    let out = cli(&add, &env[..1]).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("THREADLINE_TOKEN_KEYS"));
+    let mut user_token = add.to_vec();
+    *user_token.last_mut().expect("token arg") = "xoxp-1";
+    assert!(!cli(&user_token, &env).await.status.success());
+
+    let gw = spawn_gateway(&gateway_env(&db, &prefix, nats_url())).await;
+    let client = reqwest::Client::new();
+    for id in ["Ev0C1", "Ev0C2", "Ev0C1"] {
+        let r = deliver(
+            &client,
+            &gw.events_url(),
+            TEST_SECRET,
+            &event("A0CLI", "T0CLI", id),
+            None,
+        )
+        .await
+        .expect("req");
+        assert_eq!(r.status(), 200);
+    }
+    let r = deliver(&client, &gw.events_url(), TEST_SECRET, b"[]", None)
+        .await
+        .expect("req");
+    assert_eq!(r.status(), 400);
+
+    let stats = eventually(
+        "stats show both events published",
+        Duration::from_secs(15),
+        || {
+            let env = env.clone();
+            async move {
+                let out = cli(&["stats", "--json"], &env).await;
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let v: serde_json::Value =
+                    serde_json::from_slice(&out.stdout).expect("stats is JSON");
+                (v["outbox_published_total"] == 2).then_some(v)
+            }
+        },
+    )
+    .await;
+    assert_eq!(stats["receipts_total"], 2);
+    assert_eq!(stats["duplicate_deliveries_total"], 1);
+    assert_eq!(stats["rejections_total"], 1);
+    assert_eq!(stats["outbox_pending"], 0);
+    assert!(gw.terminate().await.success());
+    let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
+    delete_streams(&js, &prefix).await;
+}
