@@ -71,7 +71,7 @@ CREATE TRIGGER installations_never_deleted BEFORE DELETE ON installations
 -- is no foreign key to check on every insert.
 CREATE TABLE outbox (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    receipt_id   uuid NOT NULL UNIQUE,
+    receipt_id   uuid NOT NULL,
     topic        text NOT NULL,
     msg_id       text NOT NULL,
     payload      bytea NOT NULL,

@@ -17,11 +17,12 @@ port="${BENCH_PORT:-3900}"
 cargo build --release -q -p threadline-gateway -p threadline-cli -p threadline-bench
 
 psql -q "$admin" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
-export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/$db"
+# Loopback Postgres without TLS: the figure is about the gateway's own work.
+export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/$db?sslmode=disable"
 "$target/threadline" migrate >/dev/null
 THREADLINE_TOKEN_KEYS="$("$target/threadline" keys generate --id bench)" \
   "$target/threadline" install add --team T0BENCH --app A0BENCH --bot-user U0BOT --bot-id B0BOT --token xoxb-bench >/dev/null
-echo "postgres: synchronous_commit=$(psql -tA "$admin" -c 'SHOW synchronous_commit'), fsync=$(psql -tA "$admin" -c 'SHOW fsync')"
+echo "cores: $(nproc); postgres: synchronous_commit=$(psql -tA "$admin" -c 'SHOW synchronous_commit'), fsync=$(psql -tA "$admin" -c 'SHOW fsync')"
 
 SLACK_SIGNING_SECRET="$secret" NATS_URL="$nats" THREADLINE_BUS_PREFIX="$prefix" \
 THREADLINE_GATEWAY_ADDR="127.0.0.1:$port" RUST_LOG=warn \

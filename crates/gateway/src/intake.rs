@@ -2,12 +2,13 @@
 //!
 //! Each accepted delivery becomes a [`NewReceipt`] handed to a small pool of
 //! writer tasks. A writer takes whatever deliveries are waiting (up to the
-//! batch size) and, in one transaction, inserts their receipts with
-//! `ON CONFLICT (api_app_id, event_id) DO NOTHING`, inserts an outbox row for
-//! each receipt that was new, counts the duplicates, and commits. Only then
-//! does each waiting request learn its outcome and answer Slack, so a 2xx
-//! always follows a commit (invariant 1) while one fsync serves many
-//! deliveries.
+//! batch size) and, in one statement (so one transaction and one commit),
+//! inserts their receipts with `ON CONFLICT (api_app_id, event_id) DO
+//! NOTHING` and an outbox row for each receipt that was new. Duplicates are
+//! then counted on their receipts by a second statement. Only after both have
+//! committed does each waiting request learn its outcome and answer Slack, so
+//! a 2xx always follows the commit of its receipt and outbox row (invariant
+//! 1) while one fsync serves many deliveries.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -172,9 +173,10 @@ fn is_transient(e: &sqlx::Error) -> bool {
     )
 }
 
-/// One transaction for the whole batch. Rows are sorted by identity so
-/// concurrent batches (other writers, other replicas) lock in the same
-/// order and cannot deadlock on each other.
+/// One statement for the whole batch (receipts and outbox rows commit
+/// together), then one for duplicate counts. Rows are sorted by identity so
+/// concurrent batches (other writers, other replicas) lock in the same order
+/// and cannot deadlock on each other.
 async fn write_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, sqlx::Error> {
     // First delivery of each identity in the batch is the candidate; later
     // ones in the same batch are duplicates of it.
@@ -196,7 +198,6 @@ async fn write_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, s
     }
 
     let rs: Vec<&NewReceipt> = candidates.iter().map(|&i| &batch[i].receipt).collect();
-    let mut tx = pool.begin().await?;
     let inserted: Vec<Uuid> = sqlx::query_scalar(
         "WITH input AS (
              SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
@@ -240,7 +241,7 @@ async fn write_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, s
     .bind(rs.iter().map(|r| r.payload.as_slice()).collect::<Vec<_>>())
     .bind(rs.iter().map(|r| r.traceparent.as_deref()).collect::<Vec<_>>())
     .bind(rs.iter().map(|r| r.tracestate.as_deref()).collect::<Vec<_>>())
-    .fetch_all(&mut *tx)
+    .fetch_all(pool)
     .await?;
 
     let inserted: std::collections::HashSet<Uuid> = inserted.into_iter().collect();
@@ -276,9 +277,8 @@ async fn write_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, s
         .bind(dups.iter().map(|d| d.0).collect::<Vec<_>>())
         .bind(dups.iter().map(|d| d.1).collect::<Vec<_>>())
         .bind(dups.iter().map(|d| d.2).collect::<Vec<_>>())
-        .execute(&mut *tx)
+        .execute(pool)
         .await?;
     }
-    tx.commit().await?;
     Ok(outcomes)
 }

@@ -4,6 +4,9 @@ use anyhow::Context as _;
 use threadline_gateway::GatewayConfig;
 use threadline_runtime::config::Source;
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     threadline_runtime::exit_with("threadline-gateway", run().await)
