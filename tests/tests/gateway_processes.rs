@@ -232,3 +232,93 @@ async fn operator_cli_migrates_registers_and_reports_the_ledger() {
     let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
     delete_streams(&js, &prefix).await;
 }
+
+/// A stand-in OTLP/HTTP receiver: answers 200 and counts POSTs to /v1/traces.
+async fn otlp_sink() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let h = h.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1 << 16];
+                while let Ok(n) = sock.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if buf[..n].starts_with(b"POST /v1/traces") {
+                        h.fetch_add(1, Ordering::SeqCst);
+                        let _ = sock
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                            .await;
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), hits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_context_travels_from_the_request_through_the_outbox_to_the_bus() {
+    let db = TestDb::new().await;
+    seed_installation(&db.pool, "A0OTL", "T0OTL").await;
+    let prefix = unique_prefix();
+    let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
+    let (endpoint, exports) = otlp_sink().await;
+    let mut env = gateway_env(&db, &prefix, nats_url());
+    env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint));
+    // Quiet logs must not switch tracing off.
+    env.push(("RUST_LOG", "error".to_owned()));
+    let gw = spawn_gateway(&env).await;
+    let client = reqwest::Client::new();
+    let r = deliver(
+        &client,
+        &gw.events_url(),
+        TEST_SECRET,
+        &event("A0OTL", "T0OTL", "Ev0OTL"),
+        None,
+    )
+    .await
+    .expect("delivery");
+    assert_eq!(r.status(), 200);
+    let stream = Topology::new(prefix.clone()).stream(Topic::Events);
+    eventually("the event on the bus", Duration::from_secs(15), || {
+        let (js, stream) = (js.clone(), stream.clone());
+        async move { (stream_len(&js, &stream).await == 1).then_some(()) }
+    })
+    .await;
+    let msg = js
+        .get_stream(&stream)
+        .await
+        .expect("stream")
+        .get_raw_message(1)
+        .await
+        .expect("message");
+    let tp = msg
+        .headers
+        .get("traceparent")
+        .map(|v| v.as_str().to_owned())
+        .expect("traceparent header");
+    let parts: Vec<&str> = tp.split('-').collect();
+    assert_eq!(parts.len(), 4, "{tp}");
+    assert_eq!(
+        (parts[0], parts[1].len(), parts[2].len()),
+        ("00", 32, 16),
+        "{tp}"
+    );
+    assert_ne!(parts[1], "0".repeat(32));
+    assert!(gw.terminate().await.success());
+    // Shutdown flushes the batch exporter.
+    assert!(
+        exports.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "spans were exported over OTLP"
+    );
+    delete_streams(&js, &prefix).await;
+}

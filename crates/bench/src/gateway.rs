@@ -59,19 +59,19 @@ async fn main() -> anyhow::Result<()> {
         return delete_streams(&args.nats_url, prefix).await;
     }
     let secret = SigningSecret::new(&args.secret)?;
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.concurrency)
-        .build()?;
+    let target = Target::parse(&args.url)?;
     let run_id = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
 
+    // One keep-alive HTTP/1.1 connection per worker, requests written as raw
+    // bytes: the load generator shares the machine's cores with the gateway,
+    // Postgres and NATS, so it must cost as little as possible.
     let mut tasks = Vec::new();
     for worker in 0..args.concurrency {
-        let (client, secret, url, app, team) = (
-            client.clone(),
+        let (secret, target, app, team) = (
             secret.clone(),
-            args.url.clone(),
+            target.clone(),
             args.app.clone(),
             args.team.clone(),
         );
@@ -79,6 +79,7 @@ async fn main() -> anyhow::Result<()> {
         tasks.push(tokio::spawn(async move {
             let mut lat_us: Vec<u32> = Vec::with_capacity(1 << 16);
             let (mut ok, mut failed) = (0u64, 0u64);
+            let mut conn: Option<Conn> = None;
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
@@ -91,15 +92,21 @@ async fn main() -> anyhow::Result<()> {
                     .to_string();
                 let sig = sign(&secret, &ts, &b);
                 let started = Instant::now();
-                let r = client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .header("x-slack-request-timestamp", ts)
-                    .header("x-slack-signature", sig)
-                    .body(b)
-                    .send()
-                    .await;
-                let good = matches!(&r, Ok(resp) if resp.status().is_success());
+                let status = match conn.as_mut() {
+                    Some(c) => c.post(&target, &ts, &sig, &b).await,
+                    None => match Conn::open(&target).await {
+                        Ok(mut c) => {
+                            let s = c.post(&target, &ts, &sig, &b).await;
+                            conn = Some(c);
+                            s
+                        }
+                        Err(e) => Err(e),
+                    },
+                };
+                let good = matches!(status, Ok(200..=299));
+                if status.is_err() {
+                    conn = None;
+                }
                 if measuring.load(Ordering::Relaxed) {
                     lat_us.push(started.elapsed().as_micros().min(u32::MAX as u128) as u32);
                     if good { ok += 1 } else { failed += 1 }
@@ -144,6 +151,86 @@ async fn main() -> anyhow::Result<()> {
         anyhow::bail!("{failed} deliveries were not answered 2xx");
     }
     Ok(())
+}
+
+#[derive(Clone)]
+struct Target {
+    addr: String,
+    host: String,
+    path: String,
+}
+
+impl Target {
+    fn parse(url: &str) -> anyhow::Result<Self> {
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| anyhow::anyhow!("--url must be http://host:port/path"))?;
+        let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+        Ok(Self {
+            addr: host.to_owned(),
+            host: host.to_owned(),
+            path: format!("/{path}"),
+        })
+    }
+}
+
+struct Conn {
+    stream: tokio::io::BufStream<tokio::net::TcpStream>,
+    line: String,
+}
+
+impl Conn {
+    async fn open(t: &Target) -> std::io::Result<Self> {
+        let tcp = tokio::net::TcpStream::connect(&t.addr).await?;
+        tcp.set_nodelay(true)?;
+        Ok(Self {
+            stream: tokio::io::BufStream::new(tcp),
+            line: String::new(),
+        })
+    }
+
+    /// Sends one signed POST and reads the response; returns its status.
+    async fn post(&mut self, t: &Target, ts: &str, sig: &str, body: &[u8]) -> std::io::Result<u16> {
+        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+        let head = format!(
+            "POST {} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+             x-slack-request-timestamp: {ts}\r\nx-slack-signature: {sig}\r\n\r\n",
+            t.path,
+            t.host,
+            body.len()
+        );
+        self.stream.write_all(head.as_bytes()).await?;
+        self.stream.write_all(body).await?;
+        self.stream.flush().await?;
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "bad HTTP response");
+        self.line.clear();
+        self.stream.read_line(&mut self.line).await?;
+        let status: u16 = self
+            .line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(bad)?;
+        let mut len = 0usize;
+        loop {
+            self.line.clear();
+            if self.stream.read_line(&mut self.line).await? == 0 {
+                return Err(bad());
+            }
+            let l = self.line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    len = v.trim().parse().map_err(|_| bad())?;
+                }
+            }
+        }
+        let mut sink = vec![0u8; len];
+        self.stream.read_exact(&mut sink).await?;
+        Ok(status)
+    }
 }
 
 async fn delete_streams(url: &str, prefix: &str) -> anyhow::Result<()> {

@@ -29,7 +29,8 @@ pub struct GatewayConfig {
     /// for its receipt to commit before the gateway answers 503 (Slack gives
     /// up at 3 s and retries).
     pub intake_timeout: Duration,
-    /// `THREADLINE_INTAKE_WRITERS`, default 4: concurrent group commits.
+    /// `THREADLINE_INTAKE_WRITERS`, default 3: concurrent group commits. More
+    /// writers mean smaller batches; raise it for a Postgres with many cores.
     pub intake_writers: usize,
     /// `THREADLINE_INTAKE_MAX_BATCH`, default 256: deliveries per group commit.
     pub intake_max_batch: usize,
@@ -73,7 +74,7 @@ impl GatewayConfig {
                 1024..=(64 << 20),
             )? as usize,
             intake_timeout: src.millis("THREADLINE_INTAKE_TIMEOUT_MS", 2500, 50..=60_000)?,
-            intake_writers: src.bounded("THREADLINE_INTAKE_WRITERS", 4, 1..=64)? as usize,
+            intake_writers: src.bounded("THREADLINE_INTAKE_WRITERS", 3, 1..=64)? as usize,
             intake_max_batch: src.bounded("THREADLINE_INTAKE_MAX_BATCH", 256, 1..=4096)? as usize,
             installation_cache_ttl: src.millis(
                 "THREADLINE_INSTALLATION_CACHE_MS",

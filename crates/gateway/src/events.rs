@@ -62,10 +62,6 @@ fn now_unix() -> i64 {
 }
 
 async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> (Answer, Response) {
-    // Slack's SSL check for slash-command URLs: a form post that only needs 200.
-    if is_ssl_check(headers, body) {
-        return (Answer::Ignored, StatusCode::OK.into_response());
-    }
     if let Err(e) = app.verifier.verify(
         headers
             .get("x-slack-request-timestamp")
@@ -80,6 +76,11 @@ async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> (Answer, Re
             Answer::Rejected(e.reason_code()),
             StatusCode::UNAUTHORIZED.into_response(),
         );
+    }
+    // Slack's SSL check (sent to slash-command URLs): a signed form post
+    // that only needs a 200.
+    if is_ssl_check(headers, body) {
+        return (Answer::Ignored, StatusCode::OK.into_response());
     }
     let envelope = match Envelope::parse(body) {
         Ok(e) => e,

@@ -169,7 +169,13 @@ impl Relay {
         let now = time::OffsetDateTime::now_utc();
         for (id, created_at, r) in acks {
             match r {
-                Ok(Ok(_ack)) => {
+                Ok(Ok(ack)) => {
+                    if ack.duplicate {
+                        // Published before by a relay that died before its
+                        // commit; the stream dropped this copy.
+                        metrics::counter!("threadline_outbox_duplicate_publishes_total")
+                            .increment(1);
+                    }
                     published.push(id);
                     metrics::histogram!("threadline_outbox_relay_lag_seconds")
                         .record((now - created_at).as_seconds_f64().max(0.0));

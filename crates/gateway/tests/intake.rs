@@ -274,6 +274,10 @@ async fn distinct_events_each_get_a_receipt_and_a_message() {
     }
     assert_eq!(env.count("SELECT count(*) FROM event_receipts").await, 200);
     assert_eq!(env.published_len(200).await, 200);
+    // Both relays ran, and no row was published by both: the ledger counts
+    // each PubAck a relay committed (the stream alone would hide a double
+    // publish behind its duplicate window).
+    assert_eq!(env.outbox_total().await, 200);
     a.stop().await;
     b.stop().await;
 }
@@ -378,16 +382,23 @@ async fn url_verification_ssl_check_rotation_and_oversized_bodies() {
     .await
     .expect("request");
     assert_eq!(r.status(), 200);
-    // ssl_check form posts get a plain 200 and record nothing.
-    let r = env
-        .client
-        .post(gw.events())
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body("ssl_check=1&token=x")
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(r.status(), 200);
+    // ssl_check form posts get a plain 200 and record nothing, once signed.
+    let form = b"ssl_check=1&token=x".to_vec();
+    let (ts, sig) = signature(TEST_SECRET, now_unix(), &form);
+    let ssl_check = |ts: &str, sig: &str| {
+        env.client
+            .post(gw.events())
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("x-slack-request-timestamp", ts)
+            .header("x-slack-signature", sig)
+            .body(form.clone())
+            .send()
+    };
+    assert_eq!(ssl_check(&ts, &sig).await.expect("request").status(), 200);
+    assert_eq!(
+        ssl_check(&ts, "v0=00").await.expect("request").status(),
+        401
+    );
     let big = vec![b' '; 8192];
     let r = deliver(&env.client, &gw.events(), TEST_SECRET, &big, None)
         .await

@@ -219,6 +219,9 @@ pub struct CommonConfig {
     /// `THREADLINE_BUS_PREFIX`, default `tl`: subject prefix and stream-name
     /// prefix, so several deployments (or tests) share one NATS server.
     pub bus_prefix: String,
+    /// `SLACK_API_URL`, default [`DEFAULT_SLACK_API_URL`]: the Web API base,
+    /// pointed at `slack-sim` in tests and demos.
+    pub slack_api_url: String,
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`: traces are exported only when set.
     pub otlp_endpoint: Option<String>,
     /// `THREADLINE_LOG_FORMAT`: `json` (default) or `text`. Level from `RUST_LOG`.
@@ -264,6 +267,7 @@ impl CommonConfig {
             )?,
             nats_url: src.url("NATS_URL", DEFAULT_NATS_URL, &["nats", "tls", "ws", "wss"])?,
             bus_prefix,
+            slack_api_url: src.url("SLACK_API_URL", DEFAULT_SLACK_API_URL, &["http", "https"])?,
             otlp_endpoint: src
                 .get("OTEL_EXPORTER_OTLP_ENDPOINT")
                 .map(|_| src.url("OTEL_EXPORTER_OTLP_ENDPOINT", "", &["http", "https"]))
@@ -296,6 +300,7 @@ mod tests {
             ("THREADLINE_DB_MAX_CONNECTIONS", "0"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4318"),
             ("THREADLINE_LOG_FORMAT", "xml"),
+            ("SLACK_API_URL", "slack.com/api"),
         ] {
             let err = CommonConfig::from_source(&Source::default().with(key, value))
                 .expect_err(key)

@@ -17,6 +17,7 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -41,19 +42,22 @@ impl Drop for TelemetryGuard {
 /// Installs logging, tracing and the metrics recorder for `service`.
 pub fn init(service: &'static str, cfg: &CommonConfig) -> anyhow::Result<TelemetryGuard> {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Logs follow RUST_LOG; traces do not, so that quieter logs never
+    // break a trace across services.
+    let log_filter =
+        || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let (json, text) = if cfg.log_json {
-        (
-            Some(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .flatten_event(true)
-                    .with_current_span(false),
-            ),
-            None,
-        )
+        let layer = tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_filter(log_filter());
+        (Some(layer), None)
     } else {
-        (None, Some(tracing_subscriber::fmt::layer().compact()))
+        let layer = tracing_subscriber::fmt::layer()
+            .compact()
+            .with_filter(log_filter());
+        (None, Some(layer))
     };
     let provider = match &cfg.otlp_endpoint {
         None => None,
@@ -80,11 +84,14 @@ pub fn init(service: &'static str, cfg: &CommonConfig) -> anyhow::Result<Telemet
             )
         }
     };
-    let otel = provider
-        .as_ref()
-        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(service)));
+    let otel = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer(service))
+            .with_filter(EnvFilter::new(
+                "info,h2=off,hyper=off,tower=off,sqlx=off,async_nats=off",
+            ))
+    });
     tracing_subscriber::registry()
-        .with(filter)
         .with(json)
         .with(text)
         .with(otel)
