@@ -221,10 +221,10 @@ impl Conn {
             if l.is_empty() {
                 break;
             }
-            if let Some((k, v)) = l.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    len = v.trim().parse().map_err(|_| bad())?;
-                }
+            if let Some((k, v)) = l.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                len = v.trim().parse().map_err(|_| bad())?;
             }
         }
         let mut sink = vec![0u8; len];
