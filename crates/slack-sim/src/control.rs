@@ -1,0 +1,837 @@
+//! The control and inspection API under `/_sim/` (a prefix Slack never
+//! uses): build a scenario, act as people, set faults and the time scale,
+//! and read the ground truth tests judge by.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::Sim;
+use crate::delivery::dispatch;
+use crate::events;
+use crate::model::{
+    App, Channel, ChannelKind, Fault, Install, Message, Team, User, World, now_unix, ts_key,
+};
+
+type ApiResult = Result<Json<Value>, (StatusCode, Json<Value>)>;
+
+fn bad(msg: impl Into<String>) -> (StatusCode, Json<Value>) {
+    (StatusCode::BAD_REQUEST, Json(json!({"error": msg.into()})))
+}
+
+fn not_found(what: &str, id: &str) -> (StatusCode, Json<Value>) {
+    (
+        StatusCode::NOT_FOUND,
+        Json(json!({"error": format!("no {what} {id:?}")})),
+    )
+}
+
+#[derive(Deserialize)]
+pub struct ResetReq {
+    #[serde(default)]
+    seed: Option<u64>,
+}
+
+pub async fn reset(State(sim): State<Sim>, Json(r): Json<ResetReq>) -> ApiResult {
+    let mut w = sim.lock();
+    *w = World::new(r.seed.unwrap_or(sim.seed));
+    Ok(Json(json!({"ok": true})))
+}
+
+#[derive(Deserialize)]
+pub struct SettingsReq {
+    time_scale: Option<f64>,
+    delivery_deadline_ms: Option<u64>,
+    posts_per_second: Option<f64>,
+    post_burst: Option<f64>,
+    tier3_per_minute: Option<u32>,
+    reorder_window: Option<usize>,
+}
+
+pub async fn settings(State(sim): State<Sim>, Json(r): Json<SettingsReq>) -> ApiResult {
+    let mut w = sim.lock();
+    let s = &mut w.settings;
+    if let Some(v) = r.time_scale {
+        if !(0.0..=100.0).contains(&v) {
+            return Err(bad("time_scale must be within 0..=100"));
+        }
+        s.time_scale = v;
+    }
+    if let Some(v) = r.delivery_deadline_ms {
+        s.delivery_deadline_ms = v.max(1);
+    }
+    if let Some(v) = r.posts_per_second {
+        s.posts_per_second = v;
+    }
+    if let Some(v) = r.post_burst {
+        s.post_burst = v;
+    }
+    if let Some(v) = r.tier3_per_minute {
+        s.tier3_per_minute = v;
+    }
+    if let Some(v) = r.reorder_window {
+        s.reorder_window = v;
+    }
+    Ok(Json(serde_json::to_value(&w.settings).unwrap_or_default()))
+}
+
+#[derive(Deserialize)]
+pub struct TeamReq {
+    id: Option<String>,
+    name: String,
+    enterprise_id: Option<String>,
+}
+
+pub async fn create_team(State(sim): State<Sim>, Json(r): Json<TeamReq>) -> ApiResult {
+    let mut w = sim.lock();
+    let id = r.id.unwrap_or_else(|| w.rng.id("T", 10));
+    let domain = r
+        .name
+        .to_ascii_lowercase()
+        .replace(|c: char| !c.is_ascii_alphanumeric(), "-");
+    let team = Team {
+        id: id.clone(),
+        name: r.name,
+        domain,
+        enterprise_id: r.enterprise_id,
+    };
+    w.teams.insert(id, team.clone());
+    Ok(Json(serde_json::to_value(team).unwrap_or_default()))
+}
+
+#[derive(Deserialize)]
+pub struct UserReq {
+    team_id: String,
+    name: String,
+    id: Option<String>,
+}
+
+pub async fn create_user(State(sim): State<Sim>, Json(r): Json<UserReq>) -> ApiResult {
+    let mut w = sim.lock();
+    if !w.teams.contains_key(&r.team_id) {
+        return Err(not_found("team", &r.team_id));
+    }
+    let id = r.id.unwrap_or_else(|| w.rng.id("U", 10));
+    let user = User {
+        id: id.clone(),
+        team_id: r.team_id,
+        name: r.name,
+        is_bot: false,
+        bot_id: None,
+        app_id: None,
+    };
+    w.users.insert(id, user.clone());
+    Ok(Json(serde_json::to_value(user).unwrap_or_default()))
+}
+
+#[derive(Deserialize)]
+pub struct BotReq {
+    team_id: String,
+    name: String,
+}
+
+/// A bot outside any installed app (posts `bot_message`s).
+pub async fn create_bot(State(sim): State<Sim>, Json(r): Json<BotReq>) -> ApiResult {
+    let mut w = sim.lock();
+    if !w.teams.contains_key(&r.team_id) {
+        return Err(not_found("team", &r.team_id));
+    }
+    let bot_id = w.rng.id("B", 10);
+    let user_id = w.rng.id("U", 10);
+    let user = User {
+        id: user_id.clone(),
+        team_id: r.team_id,
+        name: r.name,
+        is_bot: true,
+        bot_id: Some(bot_id),
+        app_id: None,
+    };
+    w.users.insert(user_id, user.clone());
+    Ok(Json(serde_json::to_value(user).unwrap_or_default()))
+}
+
+#[derive(Deserialize)]
+pub struct ChannelReq {
+    team_id: String,
+    name: String,
+    kind: ChannelKind,
+    #[serde(default)]
+    is_ext_shared: bool,
+    #[serde(default)]
+    members: Vec<String>,
+    id: Option<String>,
+}
+
+pub async fn create_channel(State(sim): State<Sim>, Json(r): Json<ChannelReq>) -> ApiResult {
+    let mut w = sim.lock();
+    if !w.teams.contains_key(&r.team_id) {
+        return Err(not_found("team", &r.team_id));
+    }
+    for m in &r.members {
+        if !w.users.contains_key(m) {
+            return Err(not_found("user", m));
+        }
+    }
+    if r.kind == ChannelKind::Im && r.members.len() != 2 {
+        return Err(bad("an im has exactly two members"));
+    }
+    let id = r.id.unwrap_or_else(|| w.rng.id(r.kind.id_prefix(), 10));
+    let channel = Channel {
+        id: id.clone(),
+        team_id: r.team_id,
+        name: r.name,
+        kind: r.kind,
+        is_ext_shared: r.is_ext_shared,
+        is_archived: false,
+        members: r.members.into_iter().collect(),
+        created: now_unix(),
+    };
+    w.channels.insert(id, channel.clone());
+    Ok(Json(serde_json::to_value(channel).unwrap_or_default()))
+}
+
+#[derive(Deserialize)]
+pub struct MemberReq {
+    user_id: String,
+}
+
+pub async fn join_channel(
+    State(sim): State<Sim>,
+    Path(id): Path<String>,
+    Json(r): Json<MemberReq>,
+) -> ApiResult {
+    let mut w = sim.lock();
+    if !w.users.contains_key(&r.user_id) {
+        return Err(not_found("user", &r.user_id));
+    }
+    let c = w
+        .channels
+        .get_mut(&id)
+        .ok_or_else(|| not_found("channel", &id))?;
+    c.members.insert(r.user_id);
+    Ok(Json(serde_json::to_value(c.clone()).unwrap_or_default()))
+}
+
+pub async fn archive_channel(State(sim): State<Sim>, Path(id): Path<String>) -> ApiResult {
+    let mut w = sim.lock();
+    let c = w
+        .channels
+        .get_mut(&id)
+        .ok_or_else(|| not_found("channel", &id))?;
+    c.is_archived = true;
+    Ok(Json(json!({"ok": true})))
+}
+
+#[derive(Deserialize)]
+pub struct AppReq {
+    id: Option<String>,
+    name: String,
+    signing_secret: Option<String>,
+    #[serde(default)]
+    request_urls: Vec<String>,
+    #[serde(default)]
+    events: Vec<String>,
+    #[serde(default)]
+    token_rotation: bool,
+    #[serde(default)]
+    non_marketplace_limits: bool,
+}
+
+pub async fn create_app(State(sim): State<Sim>, Json(r): Json<AppReq>) -> ApiResult {
+    let mut w = sim.lock();
+    let id = r.id.unwrap_or_else(|| w.rng.id("A", 10));
+    let app = App {
+        id: id.clone(),
+        name: r.name,
+        signing_secret: r.signing_secret.unwrap_or_else(|| w.rng.hex(32)),
+        client_id: format!(
+            "{}.{}",
+            w.rng.next_u64() % 10_000_000_000,
+            w.rng.next_u64() % 10_000_000_000
+        ),
+        client_secret: w.rng.hex(32),
+        verification_token: w.rng.id("", 24),
+        app_token: format!("xapp-1-{id}-{}", w.rng.hex(24)),
+        request_urls: r.request_urls,
+        events: r.events.into_iter().collect(),
+        token_rotation: r.token_rotation,
+        non_marketplace_limits: r.non_marketplace_limits,
+        installs: BTreeMap::new(),
+    };
+    w.apps.insert(id, app.clone());
+    // The control API is the one place secrets are shown: the test owns them.
+    let mut v = serde_json::to_value(&app).unwrap_or_default();
+    v["signing_secret"] = app.signing_secret.into();
+    v["client_secret"] = app.client_secret.into();
+    Ok(Json(v))
+}
+
+#[derive(Deserialize)]
+pub struct InstallReq {
+    team_id: String,
+    #[serde(default)]
+    scopes: Vec<String>,
+    /// Channels the bot joins right away.
+    #[serde(default)]
+    join_channels: Vec<String>,
+}
+
+pub async fn install_app(
+    State(sim): State<Sim>,
+    Path(app_id): Path<String>,
+    Json(r): Json<InstallReq>,
+) -> ApiResult {
+    let mut w = sim.lock();
+    if !w.teams.contains_key(&r.team_id) {
+        return Err(not_found("team", &r.team_id));
+    }
+    let app = w
+        .apps
+        .get(&app_id)
+        .cloned()
+        .ok_or_else(|| not_found("app", &app_id))?;
+    let (bot_user_id, bot_id) = match app.installs.get(&r.team_id) {
+        Some(i) => (i.bot_user_id.clone(), i.bot_id.clone()),
+        None => (w.rng.id("U", 10), w.rng.id("B", 10)),
+    };
+    let (bot_token, refresh, expires) = if app.token_rotation {
+        (
+            format!("xoxe.xoxb-1-{}", w.rng.hex(24)),
+            Some(format!("xoxe-1-{}", w.rng.hex(24))),
+            Some(now_unix() + 43_200),
+        )
+    } else {
+        (
+            format!("xoxb-{}-{}", w.rng.id("", 12), w.rng.hex(24)),
+            None,
+            None,
+        )
+    };
+    let install = Install {
+        team_id: r.team_id.clone(),
+        bot_user_id: bot_user_id.clone(),
+        bot_id: bot_id.clone(),
+        bot_token,
+        scopes: r.scopes.into_iter().collect::<BTreeSet<_>>(),
+        refresh_token: refresh,
+        expires_at: expires,
+    };
+    w.users.insert(
+        bot_user_id.clone(),
+        User {
+            id: bot_user_id.clone(),
+            team_id: r.team_id.clone(),
+            name: app.name.to_ascii_lowercase(),
+            is_bot: true,
+            bot_id: Some(bot_id),
+            app_id: Some(app_id.clone()),
+        },
+    );
+    for c in &r.join_channels {
+        let ch = w
+            .channels
+            .get_mut(c)
+            .ok_or_else(|| not_found("channel", c))?;
+        ch.members.insert(bot_user_id.clone());
+    }
+    if let Some(a) = w.apps.get_mut(&app_id) {
+        a.installs.insert(r.team_id, install.clone());
+    }
+    let mut v = serde_json::to_value(&install).unwrap_or_default();
+    v["app_id"] = app_id.into();
+    Ok(Json(v))
+}
+
+#[derive(Deserialize)]
+pub struct TeamOnly {
+    team_id: String,
+}
+
+/// The workspace removes the app: `app_uninstalled`, tokens revoked.
+pub async fn uninstall_app(
+    State(sim): State<Sim>,
+    Path(app_id): Path<String>,
+    Json(r): Json<TeamOnly>,
+) -> ApiResult {
+    let env = {
+        let mut w = sim.lock();
+        let app = w
+            .apps
+            .get(&app_id)
+            .cloned()
+            .ok_or_else(|| not_found("app", &app_id))?;
+        let install = app
+            .installs
+            .get(&r.team_id)
+            .cloned()
+            .ok_or_else(|| not_found("installation", &r.team_id))?;
+        w.revoked_tokens.insert(install.bot_token.clone());
+        let env = events::lifecycle(
+            &mut w,
+            &app,
+            &r.team_id,
+            json!({"type": "app_uninstalled"}),
+            "app_uninstalled",
+        );
+        if let Some(a) = w.apps.get_mut(&app_id) {
+            a.installs.remove(&r.team_id);
+        }
+        env
+    };
+    dispatch(&sim, vec![env]);
+    Ok(Json(json!({"ok": true})))
+}
+
+/// The workspace revokes the bot token: `tokens_revoked`.
+pub async fn revoke_tokens(
+    State(sim): State<Sim>,
+    Path(app_id): Path<String>,
+    Json(r): Json<TeamOnly>,
+) -> ApiResult {
+    let env = {
+        let mut w = sim.lock();
+        let app = w
+            .apps
+            .get(&app_id)
+            .cloned()
+            .ok_or_else(|| not_found("app", &app_id))?;
+        let install = app
+            .installs
+            .get(&r.team_id)
+            .cloned()
+            .ok_or_else(|| not_found("installation", &r.team_id))?;
+        w.revoked_tokens.insert(install.bot_token.clone());
+        events::lifecycle(
+            &mut w,
+            &app,
+            &r.team_id,
+            json!({"type": "tokens_revoked", "tokens": {"oauth": [], "bot": [install.bot_user_id]}}),
+            "tokens_revoked",
+        )
+    };
+    dispatch(&sim, vec![env]);
+    Ok(Json(json!({"ok": true})))
+}
+
+#[derive(Deserialize)]
+pub struct PostReq {
+    user: String,
+    channel: String,
+    text: String,
+    thread_ts: Option<String>,
+    #[serde(default)]
+    reply_broadcast: bool,
+    blocks: Option<Value>,
+}
+
+/// A person posts (top level, or a reply with `thread_ts`).
+pub async fn act_post(State(sim): State<Sim>, Json(r): Json<PostReq>) -> ApiResult {
+    let (ts, envs) = {
+        let mut w = sim.lock();
+        let user = w
+            .users
+            .get(&r.user)
+            .cloned()
+            .ok_or_else(|| not_found("user", &r.user))?;
+        let channel = w
+            .channels
+            .get(&r.channel)
+            .cloned()
+            .ok_or_else(|| not_found("channel", &r.channel))?;
+        if !channel.members.contains(&user.id) {
+            return Err(bad("the user is not a member of the channel"));
+        }
+        if channel.is_archived {
+            return Err(bad("the channel is archived"));
+        }
+        let thread_ts = match r.thread_ts {
+            Some(t) => {
+                let parent = w
+                    .message(&channel.id, &t)
+                    .ok_or_else(|| not_found("message", &t))?;
+                Some(parent.thread_ts.clone().unwrap_or(t))
+            }
+            None => None,
+        };
+        let ts = w.clock.next_ts();
+        let client_msg_id = format!(
+            "{}-{}-{}-{}-{}",
+            w.rng.hex(8),
+            w.rng.hex(4),
+            w.rng.hex(4),
+            w.rng.hex(4),
+            w.rng.hex(12)
+        );
+        let msg = Message {
+            channel: channel.id.clone(),
+            ts: ts.clone(),
+            user: Some(user.id.clone()),
+            bot_id: None,
+            app_id: None,
+            username: None,
+            subtype: (thread_ts.is_some() && r.reply_broadcast)
+                .then(|| "thread_broadcast".to_owned()),
+            text: r.text,
+            thread_ts,
+            blocks: r.blocks,
+            metadata: None,
+            edited: None,
+            deleted: false,
+            client_msg_id: Some(client_msg_id),
+        };
+        w.messages
+            .entry(channel.id.clone())
+            .or_default()
+            .insert(ts_key(&ts), msg.clone());
+        let envs = events::new_message(&mut w, &channel, &msg);
+        (ts, envs)
+    };
+    let ids: Vec<Value> = envs
+        .iter()
+        .map(|e| json!({"event_id": e.event_id, "app_id": e.app_id, "type": e.event_type}))
+        .collect();
+    dispatch(&sim, envs);
+    Ok(Json(json!({"ts": ts, "events": ids})))
+}
+
+#[derive(Deserialize)]
+pub struct BotPostReq {
+    bot_user: String,
+    channel: String,
+    text: String,
+    thread_ts: Option<String>,
+}
+
+/// Another (non-installed) bot posts a `bot_message`.
+pub async fn act_bot_post(State(sim): State<Sim>, Json(r): Json<BotPostReq>) -> ApiResult {
+    let (ts, envs) = {
+        let mut w = sim.lock();
+        let bot = w
+            .users
+            .get(&r.bot_user)
+            .cloned()
+            .filter(|u| u.is_bot)
+            .ok_or_else(|| not_found("bot", &r.bot_user))?;
+        let channel = w
+            .channels
+            .get(&r.channel)
+            .cloned()
+            .ok_or_else(|| not_found("channel", &r.channel))?;
+        let ts = w.clock.next_ts();
+        let msg = Message {
+            channel: channel.id.clone(),
+            ts: ts.clone(),
+            user: None,
+            bot_id: bot.bot_id.clone(),
+            app_id: None,
+            username: Some(bot.name.clone()),
+            subtype: Some("bot_message".into()),
+            text: r.text,
+            thread_ts: r.thread_ts,
+            blocks: None,
+            metadata: None,
+            edited: None,
+            deleted: false,
+            client_msg_id: None,
+        };
+        w.messages
+            .entry(channel.id.clone())
+            .or_default()
+            .insert(ts_key(&ts), msg.clone());
+        let envs = events::new_message(&mut w, &channel, &msg);
+        (ts, envs)
+    };
+    let ids: Vec<Value> = envs
+        .iter()
+        .map(|e| json!({"event_id": e.event_id, "app_id": e.app_id, "type": e.event_type}))
+        .collect();
+    dispatch(&sim, envs);
+    Ok(Json(json!({"ts": ts, "events": ids})))
+}
+
+#[derive(Deserialize)]
+pub struct EditReq {
+    user: String,
+    channel: String,
+    ts: String,
+    text: String,
+}
+
+/// A person edits their message: `message_changed`.
+pub async fn act_edit(State(sim): State<Sim>, Json(r): Json<EditReq>) -> ApiResult {
+    let envs = {
+        let mut w = sim.lock();
+        let channel = w
+            .channels
+            .get(&r.channel)
+            .cloned()
+            .ok_or_else(|| not_found("channel", &r.channel))?;
+        let before = w
+            .message(&r.channel, &r.ts)
+            .filter(|m| !m.deleted)
+            .cloned()
+            .ok_or_else(|| not_found("message", &r.ts))?;
+        if before.user.as_deref() != Some(r.user.as_str()) {
+            return Err(bad("only the author edits a message"));
+        }
+        let event_ts = w.clock.next_ts();
+        let mut after = before.clone();
+        after.text = r.text;
+        after.edited = Some((r.user.clone(), event_ts.clone()));
+        w.messages
+            .entry(r.channel.clone())
+            .or_default()
+            .insert(ts_key(&r.ts), after.clone());
+        events::edited(&mut w, &channel, &before, &after, &event_ts)
+    };
+    let ids: Vec<Value> = envs
+        .iter()
+        .map(|e| json!({"event_id": e.event_id, "app_id": e.app_id}))
+        .collect();
+    dispatch(&sim, envs);
+    Ok(Json(json!({"events": ids})))
+}
+
+#[derive(Deserialize)]
+pub struct DeleteReq {
+    channel: String,
+    ts: String,
+}
+
+/// A message is deleted: `message_deleted`.
+pub async fn act_delete(State(sim): State<Sim>, Json(r): Json<DeleteReq>) -> ApiResult {
+    let envs = {
+        let mut w = sim.lock();
+        let channel = w
+            .channels
+            .get(&r.channel)
+            .cloned()
+            .ok_or_else(|| not_found("channel", &r.channel))?;
+        let before = w
+            .message(&r.channel, &r.ts)
+            .filter(|m| !m.deleted)
+            .cloned()
+            .ok_or_else(|| not_found("message", &r.ts))?;
+        if let Some(m) = w
+            .messages
+            .get_mut(&r.channel)
+            .and_then(|m| m.get_mut(&ts_key(&r.ts)))
+        {
+            m.deleted = true;
+        }
+        let event_ts = w.clock.next_ts();
+        events::deleted(&mut w, &channel, &before, &event_ts)
+    };
+    let ids: Vec<Value> = envs
+        .iter()
+        .map(|e| json!({"event_id": e.event_id, "app_id": e.app_id}))
+        .collect();
+    dispatch(&sim, envs);
+    Ok(Json(json!({"events": ids})))
+}
+
+pub async fn add_fault(State(sim): State<Sim>, Json(f): Json<Fault>) -> ApiResult {
+    if !(0.0..=1.0).contains(&f.probability) {
+        return Err(bad("probability must be within 0..=1"));
+    }
+    let mut w = sim.lock();
+    w.faults.push(f);
+    Ok(Json(json!({"faults": w.faults})))
+}
+
+pub async fn clear_faults(State(sim): State<Sim>) -> ApiResult {
+    sim.lock().faults.clear();
+    Ok(Json(json!({"faults": []})))
+}
+
+/// Every message of a thread, deleted ones included (flagged), oldest first.
+pub async fn thread(
+    State(sim): State<Sim>,
+    Path((channel, ts)): Path<(String, String)>,
+) -> ApiResult {
+    let w = sim.lock();
+    let msgs: Vec<&Message> = w
+        .messages
+        .get(&channel)
+        .map(|m| {
+            m.values()
+                .filter(|x| x.ts == ts || x.thread_ts.as_deref() == Some(ts.as_str()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if msgs.is_empty() {
+        return Err(not_found("thread", &ts));
+    }
+    Ok(Json(json!({"messages": msgs})))
+}
+
+#[derive(Deserialize)]
+pub struct CallsQuery {
+    method: Option<String>,
+}
+
+pub async fn calls(State(sim): State<Sim>, Query(q): Query<CallsQuery>) -> ApiResult {
+    let w = sim.lock();
+    let calls: Vec<_> = w
+        .calls
+        .iter()
+        .filter(|c| q.method.as_deref().is_none_or(|m| m == c.method))
+        .collect();
+    Ok(Json(json!({"calls": calls})))
+}
+
+#[derive(Deserialize)]
+pub struct DeliveriesQuery {
+    event_id: Option<String>,
+    app_id: Option<String>,
+}
+
+pub async fn deliveries(State(sim): State<Sim>, Query(q): Query<DeliveriesQuery>) -> ApiResult {
+    let w = sim.lock();
+    let d: Vec<_> = w
+        .deliveries
+        .iter()
+        .filter(|d| {
+            q.event_id.as_deref().is_none_or(|e| e == d.event_id)
+                && q.app_id.as_deref().is_none_or(|a| a == d.app_id)
+        })
+        .collect();
+    Ok(Json(json!({"deliveries": d})))
+}
+
+#[derive(Deserialize)]
+pub struct AppPostsQuery {
+    app_id: String,
+    channel: Option<String>,
+}
+
+/// How many messages an app posted per thread and per triggering message.
+/// The trigger of a post is `metadata.event_payload.source_ts` when the app
+/// says so, else the latest message by someone else before it in the thread.
+pub async fn app_posts(State(sim): State<Sim>, Query(q): Query<AppPostsQuery>) -> ApiResult {
+    let w = sim.lock();
+    let mut per_thread: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut per_trigger: BTreeMap<(String, String, String), usize> = BTreeMap::new();
+    for (channel, msgs) in &w.messages {
+        if q.channel.as_deref().is_some_and(|c| c != channel) {
+            continue;
+        }
+        for m in msgs.values() {
+            if m.deleted || m.app_id.as_deref() != Some(q.app_id.as_str()) {
+                continue;
+            }
+            let root = m.thread_ts.clone().unwrap_or_else(|| m.ts.clone());
+            *per_thread
+                .entry((channel.clone(), root.clone()))
+                .or_default() += 1;
+            let declared = m
+                .metadata
+                .as_ref()
+                .and_then(|md| md.pointer("/event_payload/source_ts"))
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            let trigger = declared.or_else(|| {
+                msgs.values()
+                    .filter(|x| {
+                        (x.ts == root || x.thread_ts.as_deref() == Some(root.as_str()))
+                            && ts_key(&x.ts) < ts_key(&m.ts)
+                            && x.app_id.as_deref() != Some(q.app_id.as_str())
+                    })
+                    .map(|x| x.ts.clone())
+                    .next_back()
+            });
+            if let Some(t) = trigger {
+                *per_trigger.entry((channel.clone(), root, t)).or_default() += 1;
+            }
+        }
+    }
+    Ok(Json(json!({
+        "per_thread": per_thread.into_iter().map(|((c, t), n)| json!({"channel": c, "thread_ts": t, "count": n})).collect::<Vec<_>>(),
+        "per_trigger": per_trigger.into_iter().map(|((c, t, s), n)| json!({"channel": c, "thread_ts": t, "trigger_ts": s, "count": n})).collect::<Vec<_>>(),
+    })))
+}
+
+#[derive(Deserialize)]
+pub struct AuthorizeQuery {
+    client_id: String,
+    #[serde(default)]
+    scope: String,
+    state: Option<String>,
+    redirect_uri: Option<String>,
+    /// The workspace that approves (the emulator has no login page).
+    team: String,
+}
+
+/// `GET /oauth/v2/authorize`: the consent page, approved at once for `team`;
+/// redirects to `redirect_uri` with a single-use `code` and the `state`.
+pub async fn authorize(State(sim): State<Sim>, Query(q): Query<AuthorizeQuery>) -> Response {
+    let mut w = sim.lock();
+    let Some(app) = w
+        .apps
+        .values()
+        .find(|a| a.client_id == q.client_id)
+        .cloned()
+    else {
+        return (StatusCode::BAD_REQUEST, "invalid_client_id").into_response();
+    };
+    if !w.teams.contains_key(&q.team) {
+        return (StatusCode::BAD_REQUEST, "unknown team").into_response();
+    }
+    let Some(redirect) = q
+        .redirect_uri
+        .clone()
+        .or_else(|| app.request_urls.first().cloned())
+    else {
+        return (StatusCode::BAD_REQUEST, "redirect_uri is required").into_response();
+    };
+    let scopes: BTreeSet<String> = q
+        .scope
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    // Approving creates (or updates) the installation; tokens come from the code exchange.
+    let (bot_user_id, bot_id) = match app.installs.get(&q.team) {
+        Some(i) => (i.bot_user_id.clone(), i.bot_id.clone()),
+        None => (w.rng.id("U", 10), w.rng.id("B", 10)),
+    };
+    w.users.insert(
+        bot_user_id.clone(),
+        User {
+            id: bot_user_id.clone(),
+            team_id: q.team.clone(),
+            name: app.name.to_ascii_lowercase(),
+            is_bot: true,
+            bot_id: Some(bot_id.clone()),
+            app_id: Some(app.id.clone()),
+        },
+    );
+    let placeholder = format!("xoxb-pending-{}", w.rng.hex(16));
+    if let Some(a) = w.apps.get_mut(&app.id) {
+        let entry = a.installs.entry(q.team.clone()).or_insert(Install {
+            team_id: q.team.clone(),
+            bot_user_id,
+            bot_id,
+            bot_token: placeholder,
+            scopes: BTreeSet::new(),
+            refresh_token: None,
+            expires_at: None,
+        });
+        entry.scopes = scopes;
+    }
+    let code = w.rng.hex(32);
+    w.oauth_codes
+        .insert(code.clone(), (app.id.clone(), q.team.clone()));
+    let sep = if redirect.contains('?') { '&' } else { '?' };
+    let mut target = format!("{redirect}{sep}code={code}");
+    if let Some(s) = q.state {
+        target.push_str("&state=");
+        target.push_str(&serde_urlencoded::to_string([("s", s)]).unwrap_or_default()[2..]);
+    }
+    Redirect::to(&target).into_response()
+}

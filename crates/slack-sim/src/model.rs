@@ -1,0 +1,517 @@
+//! The emulator's world: workspaces, users, channels, apps and their
+//! installations, messages, and the logs tests judge by. In memory, behind
+//! one lock; every id comes from a seeded generator so a scenario replays
+//! the same way.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// SplitMix64: small, seedable, good enough for ids and fault dice.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// `len` characters of [0-9A-Z], as Slack ids use.
+    pub fn id(&mut self, prefix: &str, len: usize) -> String {
+        const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+        let mut s = String::with_capacity(prefix.len() + len);
+        s.push_str(prefix);
+        for _ in 0..len {
+            s.push(ALPHABET[(self.next_u64() % ALPHABET.len() as u64) as usize] as char);
+        }
+        s
+    }
+
+    pub fn hex(&mut self, len: usize) -> String {
+        let mut s = String::with_capacity(len);
+        while s.len() < len {
+            s.push_str(&format!("{:016x}", self.next_u64()));
+        }
+        s.truncate(len);
+        s
+    }
+
+    /// True with probability `p` (0..=1).
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() as f64 / u64::MAX as f64) < p
+    }
+}
+
+pub fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+pub fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Message timestamps: unique per workspace and strictly increasing, close
+/// to the wall clock like Slack's.
+#[derive(Debug, Default)]
+pub struct TsClock {
+    last: u64,
+}
+
+impl TsClock {
+    pub fn next_ts(&mut self) -> String {
+        let now = now_micros().max(self.last + 1);
+        self.last = now;
+        format!("{}.{:06}", now / 1_000_000, now % 1_000_000)
+    }
+}
+
+/// Compares Slack timestamps numerically.
+pub fn ts_key(ts: &str) -> (u64, u64) {
+    let (a, b) = ts.split_once('.').unwrap_or((ts, "0"));
+    (a.parse().unwrap_or(0), b.parse().unwrap_or(0))
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Team {
+    pub id: String,
+    pub name: String,
+    pub domain: String,
+    pub enterprise_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct User {
+    pub id: String,
+    pub team_id: String,
+    pub name: String,
+    pub is_bot: bool,
+    /// For bot users: the bot and app behind them.
+    pub bot_id: Option<String>,
+    pub app_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChannelKind {
+    Public,
+    Private,
+    Im,
+    Mpim,
+}
+
+impl ChannelKind {
+    /// `channel_type` in message events.
+    pub fn channel_type(self) -> &'static str {
+        match self {
+            ChannelKind::Public => "channel",
+            ChannelKind::Private => "group",
+            ChannelKind::Im => "im",
+            ChannelKind::Mpim => "mpim",
+        }
+    }
+
+    /// The `message.*` subscription that carries messages of this kind.
+    pub fn message_subscription(self) -> &'static str {
+        match self {
+            ChannelKind::Public => "message.channels",
+            ChannelKind::Private => "message.groups",
+            ChannelKind::Im => "message.im",
+            ChannelKind::Mpim => "message.mpim",
+        }
+    }
+
+    /// The scope needed to read history of this kind.
+    pub fn history_scope(self) -> &'static str {
+        match self {
+            ChannelKind::Public => "channels:history",
+            ChannelKind::Private => "groups:history",
+            ChannelKind::Im => "im:history",
+            ChannelKind::Mpim => "mpim:history",
+        }
+    }
+
+    pub fn id_prefix(self) -> &'static str {
+        match self {
+            ChannelKind::Public => "C",
+            ChannelKind::Private | ChannelKind::Mpim => "G",
+            ChannelKind::Im => "D",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Channel {
+    pub id: String,
+    pub team_id: String,
+    pub name: String,
+    pub kind: ChannelKind,
+    pub is_ext_shared: bool,
+    pub is_archived: bool,
+    pub members: BTreeSet<String>,
+    pub created: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Install {
+    pub team_id: String,
+    pub bot_user_id: String,
+    pub bot_id: String,
+    pub bot_token: String,
+    pub scopes: BTreeSet<String>,
+    pub refresh_token: Option<String>,
+    pub expires_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct App {
+    pub id: String,
+    pub name: String,
+    #[serde(skip)]
+    pub signing_secret: String,
+    pub client_id: String,
+    #[serde(skip)]
+    pub client_secret: String,
+    /// Verification token carried in envelopes (deprecated by Slack, still sent).
+    pub verification_token: String,
+    /// App-level token (`xapp-…`) for `apps.event.authorizations.list`.
+    pub app_token: String,
+    /// Events API request URLs; normally only the first is used.
+    pub request_urls: Vec<String>,
+    /// Bot event subscriptions: `app_mention`, `message.channels`, …
+    pub events: BTreeSet<String>,
+    /// Token rotation on: tokens expire and come with refresh tokens.
+    pub token_rotation: bool,
+    /// A non-Marketplace app created after May 2025: `conversations.replies`
+    /// is limited to 1 request a minute and 15 messages.
+    pub non_marketplace_limits: bool,
+    pub installs: BTreeMap<String, Install>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Message {
+    pub channel: String,
+    pub ts: String,
+    pub user: Option<String>,
+    pub bot_id: Option<String>,
+    pub app_id: Option<String>,
+    /// Legacy `bot_message` username.
+    pub username: Option<String>,
+    pub subtype: Option<String>,
+    pub text: String,
+    pub thread_ts: Option<String>,
+    pub blocks: Option<Value>,
+    pub metadata: Option<Value>,
+    pub edited: Option<(String, String)>,
+    pub deleted: bool,
+    pub client_msg_id: Option<String>,
+}
+
+impl Message {
+    /// The message as the Web API returns it.
+    pub fn to_api(
+        &self,
+        parent_user: Option<&str>,
+        reply_count: usize,
+        include_metadata: bool,
+    ) -> Value {
+        let mut m = serde_json::json!({"type": "message", "text": self.text, "ts": self.ts});
+        let o = m.as_object_mut().expect("object");
+        if let Some(u) = &self.user {
+            o.insert("user".into(), u.clone().into());
+        }
+        if let Some(b) = &self.bot_id {
+            o.insert("bot_id".into(), b.clone().into());
+        }
+        if let Some(a) = &self.app_id {
+            o.insert("app_id".into(), a.clone().into());
+        }
+        if let Some(n) = &self.username {
+            o.insert("username".into(), n.clone().into());
+        }
+        if let Some(s) = &self.subtype {
+            o.insert("subtype".into(), s.clone().into());
+        }
+        if let Some(t) = &self.thread_ts {
+            o.insert("thread_ts".into(), t.clone().into());
+            if t != &self.ts
+                && let Some(p) = parent_user
+            {
+                o.insert("parent_user_id".into(), p.into());
+            }
+        }
+        if reply_count > 0 {
+            o.insert("reply_count".into(), reply_count.into());
+            o.insert("thread_ts".into(), self.ts.clone().into());
+        }
+        if let Some(b) = &self.blocks {
+            o.insert("blocks".into(), b.clone());
+        }
+        if let Some(c) = &self.client_msg_id {
+            o.insert("client_msg_id".into(), c.clone().into());
+        }
+        if let Some((user, ts)) = &self.edited {
+            o.insert("edited".into(), serde_json::json!({"user": user, "ts": ts}));
+        }
+        if include_metadata && let Some(md) = &self.metadata {
+            o.insert("metadata".into(), md.clone());
+        }
+        m
+    }
+}
+
+/// One Web API call as received (identifiers and outcome only).
+#[derive(Debug, Clone, Serialize)]
+pub struct CallRecord {
+    pub seq: u64,
+    pub method: String,
+    pub team_id: Option<String>,
+    pub app_id: Option<String>,
+    pub channel: Option<String>,
+    pub thread_ts: Option<String>,
+    pub http_status: u16,
+    /// `ok` or Slack's error code.
+    pub outcome: String,
+    /// What the emulator did: applied, not applied, or applied and the
+    /// response was lost.
+    pub effect: String,
+    pub at_micros: u64,
+}
+
+/// One delivery attempt of an event to an app.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeliveryRecord {
+    pub event_id: String,
+    pub app_id: String,
+    pub event_type: String,
+    pub url: String,
+    pub attempt: u32,
+    pub retry_reason: Option<String>,
+    /// HTTP status, or none for a timeout / connection failure.
+    pub status: Option<u16>,
+    pub result: String,
+    pub at_micros: u64,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Fault {
+    /// A Web API method name, or `events` for Events API deliveries.
+    pub method: String,
+    pub mode: FaultMode,
+    /// How many calls it affects (default 1); `0` for every call until cleared.
+    #[serde(default = "one")]
+    pub times: u32,
+    /// Probability that a matching call is affected (default 1).
+    #[serde(default = "certain")]
+    pub probability: f64,
+    /// For `latency` and `lost_response`: milliseconds to wait.
+    #[serde(default)]
+    pub latency_ms: u64,
+    /// For `ratelimited`: the `Retry-After` seconds.
+    #[serde(default = "one")]
+    pub retry_after: u32,
+    /// For `http_error`: the status (default 503).
+    #[serde(default)]
+    pub status: Option<u16>,
+    /// For `http_error`: whether the call was applied before failing.
+    #[serde(default)]
+    pub applied: bool,
+    /// For Events API faults: only this app.
+    #[serde(default)]
+    pub app_id: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn certain() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultMode {
+    /// Added latency, then normal handling.
+    Latency,
+    /// Applied, then no answer: the client times out.
+    LostResponse,
+    /// Applied, then the connection is dropped without an answer.
+    Reset,
+    /// An HTTP error status (5xx by default), applied or not.
+    HttpError,
+    /// Applied, then `{"ok": false, "error": "fatal_error"}`.
+    FatalError,
+    /// Applied, then `{"ok": false, "error": "internal_error"}`.
+    InternalError,
+    /// HTTP 429 with `Retry-After`, not applied.
+    Ratelimited,
+    /// Events: deliver to every request URL of the app at once.
+    Duplicate,
+    /// Events: count the delivery as timed out whatever the app answered.
+    HoldPastDeadline,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Settings {
+    /// Multiplies Slack's retry delays (1 minute, 5 minutes); 0.01 makes
+    /// them 0.6 s and 3 s.
+    pub time_scale: f64,
+    /// How long an app has to answer a delivery (Slack: 3 s).
+    pub delivery_deadline_ms: u64,
+    /// Posts per second per channel before 429s (Slack: about 1).
+    pub posts_per_second: f64,
+    /// Posts a channel may burst above the rate before 429s.
+    pub post_burst: f64,
+    /// Requests per minute per app and workspace for Tier 3 read methods.
+    pub tier3_per_minute: u32,
+    /// Deliveries held back and released in reverse order, when > 1.
+    pub reorder_window: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            time_scale: 1.0,
+            delivery_deadline_ms: 3000,
+            posts_per_second: 1.0,
+            post_burst: 3.0,
+            tier3_per_minute: 50,
+            reorder_window: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Bucket {
+    pub tokens: f64,
+    pub at_micros: u64,
+}
+
+pub struct World {
+    pub rng: Rng,
+    pub clock: TsClock,
+    pub settings: Settings,
+    pub teams: BTreeMap<String, Team>,
+    pub users: BTreeMap<String, User>,
+    pub channels: BTreeMap<String, Channel>,
+    pub apps: BTreeMap<String, App>,
+    /// channel → ts → message
+    pub messages: BTreeMap<String, BTreeMap<(u64, u64), Message>>,
+    pub calls: Vec<CallRecord>,
+    pub deliveries: Vec<DeliveryRecord>,
+    pub faults: Vec<Fault>,
+    /// (team, channel) → post budget
+    pub post_buckets: HashMap<(String, String), Bucket>,
+    /// (app, team, method) → request times (micros) in the last minute
+    pub read_windows: HashMap<(String, String, String), Vec<u64>>,
+    /// OAuth codes: code → (app, team)
+    pub oauth_codes: HashMap<String, (String, String)>,
+    pub revoked_tokens: BTreeSet<String>,
+    pub call_seq: u64,
+    /// `event_context` → (app, team), for `apps.event.authorizations.list`.
+    pub event_contexts: HashMap<String, (String, String)>,
+    /// Events waiting to be released in reverse order (reorder fault).
+    pub reorder_queue: Vec<crate::delivery::Envelope>,
+}
+
+impl World {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            rng: Rng::new(seed),
+            clock: TsClock::default(),
+            settings: Settings::default(),
+            teams: BTreeMap::new(),
+            users: BTreeMap::new(),
+            channels: BTreeMap::new(),
+            apps: BTreeMap::new(),
+            messages: BTreeMap::new(),
+            calls: Vec::new(),
+            deliveries: Vec::new(),
+            faults: Vec::new(),
+            post_buckets: HashMap::new(),
+            read_windows: HashMap::new(),
+            oauth_codes: HashMap::new(),
+            revoked_tokens: BTreeSet::new(),
+            call_seq: 0,
+            event_contexts: HashMap::new(),
+            reorder_queue: Vec::new(),
+        }
+    }
+
+    pub fn message(&self, channel: &str, ts: &str) -> Option<&Message> {
+        self.messages.get(channel).and_then(|m| m.get(&ts_key(ts)))
+    }
+
+    /// Replies in a thread (not counting the root, not deleted).
+    pub fn reply_count(&self, channel: &str, root_ts: &str) -> usize {
+        self.messages
+            .get(channel)
+            .map(|m| {
+                m.values()
+                    .filter(|x| {
+                        !x.deleted && x.thread_ts.as_deref() == Some(root_ts) && x.ts != root_ts
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// The root and its replies, oldest first (deleted ones excluded).
+    pub fn thread(&self, channel: &str, root_ts: &str) -> Vec<&Message> {
+        self.messages
+            .get(channel)
+            .map(|m| {
+                m.values()
+                    .filter(|x| {
+                        !x.deleted && (x.ts == root_ts || x.thread_ts.as_deref() == Some(root_ts))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The app and installation a bot token belongs to.
+    pub fn by_bot_token(&self, token: &str) -> Option<(&App, &Install)> {
+        self.apps.values().find_map(|a| {
+            a.installs
+                .values()
+                .find(|i| i.bot_token == token)
+                .map(|i| (a, i))
+        })
+    }
+
+    /// Takes one matching fault, if any fires for this call.
+    pub fn take_fault(&mut self, method: &str, app_id: Option<&str>) -> Option<Fault> {
+        let idx = self.faults.iter().position(|f| {
+            f.method == method && f.app_id.as_deref().is_none_or(|a| Some(a) == app_id)
+        })?;
+        let p = self.faults[idx].probability;
+        if p < 1.0 && !self.rng.chance(p) {
+            return None;
+        }
+        let fault = self.faults[idx].clone();
+        if fault.times > 0 {
+            self.faults[idx].times -= 1;
+            if self.faults[idx].times == 0 {
+                self.faults.remove(idx);
+            }
+        }
+        Some(fault)
+    }
+}

@@ -1,0 +1,992 @@
+//! slack-sim against Slack's documented behaviour: event shapes, signing,
+//! the retry schedule and headers, Web API errors, rate limits and faults.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use serde_json::{Value, json};
+use threadline_domain::Envelope;
+use threadline_slack::{SigningSecret, Verifier};
+use threadline_slack_sim::Sim;
+use threadline_testkit::eventually;
+
+/// What the fake app does with the next delivery.
+#[derive(Clone, Copy)]
+enum Behave {
+    Status(u16, bool),
+    Sleep(u64),
+}
+
+#[derive(Clone, Debug)]
+struct Received {
+    headers: HeaderMap,
+    body: Value,
+    raw: Vec<u8>,
+}
+
+#[derive(Clone, Default)]
+struct AppSide {
+    got: Arc<Mutex<Vec<Received>>>,
+    script: Arc<Mutex<VecDeque<Behave>>>,
+}
+
+async fn receive(
+    State(app): State<AppSide>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> axum::response::Response {
+    let next = app.script.lock().expect("lock").pop_front();
+    app.got.lock().expect("lock").push(Received {
+        headers: headers.clone(),
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        raw: body.to_vec(),
+    });
+    match next {
+        None => StatusCode::OK.into_response(),
+        Some(Behave::Status(s, no_retry)) => {
+            let mut r = StatusCode::from_u16(s).expect("status").into_response();
+            if no_retry {
+                r.headers_mut()
+                    .insert("x-slack-no-retry", "1".parse().expect("hv"));
+            }
+            r
+        }
+        Some(Behave::Sleep(ms)) => {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            StatusCode::OK.into_response()
+        }
+    }
+}
+
+async fn serve(router: axum::Router) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(l, router).await });
+    format!("http://{addr}")
+}
+
+async fn app_side() -> (AppSide, String) {
+    let side = AppSide::default();
+    let url = serve(
+        axum::Router::new()
+            .route("/slack/events", axum::routing::post(receive))
+            .with_state(side.clone()),
+    )
+    .await;
+    (side, format!("{url}/slack/events"))
+}
+
+/// A workspace with a person, a public channel and an installed app.
+struct World {
+    base: String,
+    http: reqwest::Client,
+    team: String,
+    user: String,
+    channel: String,
+    app: String,
+    secret: String,
+    token: String,
+    bot_user: String,
+    bot_id: String,
+}
+
+impl World {
+    async fn new(seed: u64, request_urls: Vec<String>, events: &[&str], scopes: &[&str]) -> Self {
+        let base = serve(threadline_slack_sim::router(Sim::new(seed))).await;
+        let http = reqwest::Client::new();
+        let mut w = Self {
+            base,
+            http,
+            team: String::new(),
+            user: String::new(),
+            channel: String::new(),
+            app: String::new(),
+            secret: String::new(),
+            token: String::new(),
+            bot_user: String::new(),
+            bot_id: String::new(),
+        };
+        w.team = w.ctl("teams", json!({"name": "Acme"})).await["id"]
+            .as_str()
+            .expect("id")
+            .into();
+        w.user = w
+            .ctl("users", json!({"team_id": w.team, "name": "ana"}))
+            .await["id"]
+            .as_str()
+            .expect("id")
+            .into();
+        w.channel = w
+            .ctl("channels", json!({"team_id": w.team, "name": "general", "kind": "public", "members": [w.user]}))
+            .await["id"]
+            .as_str()
+            .expect("id")
+            .into();
+        let app = w
+            .ctl(
+                "apps",
+                json!({"name": "Threadline", "request_urls": request_urls, "events": events}),
+            )
+            .await;
+        w.app = app["id"].as_str().expect("id").into();
+        w.secret = app["signing_secret"].as_str().expect("secret").into();
+        let inst = w
+            .ctl(
+                &format!("apps/{}/installs", w.app),
+                json!({"team_id": w.team, "scopes": scopes, "join_channels": [w.channel]}),
+            )
+            .await;
+        w.token = inst["bot_token"].as_str().expect("token").into();
+        w.bot_user = inst["bot_user_id"].as_str().expect("bot user").into();
+        w.bot_id = inst["bot_id"].as_str().expect("bot id").into();
+        w
+    }
+
+    async fn ctl(&self, path: &str, body: Value) -> Value {
+        let r = self
+            .http
+            .post(format!("{}/_sim/{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .expect("control call");
+        assert!(r.status().is_success(), "{path}: {}", r.status());
+        r.json().await.expect("json")
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.http
+            .get(format!("{}/_sim/{path}", self.base))
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json")
+    }
+
+    async fn api(&self, method: &str, form: &[(&str, &str)]) -> (u16, HeaderMap, Value) {
+        let r = self
+            .http
+            .post(format!("{}/api/{method}", self.base))
+            .bearer_auth(&self.token)
+            .form(form)
+            .send()
+            .await
+            .expect("web api");
+        let (s, h) = (r.status().as_u16(), r.headers().clone());
+        (s, h, r.json().await.expect("json"))
+    }
+}
+
+fn verify(secret: &str, r: &Received) {
+    let v = Verifier::new(vec![SigningSecret::new(secret).expect("secret")]).expect("verifier");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    v.verify(
+        r.headers
+            .get("x-slack-request-timestamp")
+            .map(|h| h.as_bytes()),
+        r.headers.get("x-slack-signature").map(|h| h.as_bytes()),
+        &r.raw,
+        now,
+    )
+    .expect("delivery is signed like Slack signs");
+}
+
+fn keys(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    k.sort();
+    k
+}
+
+async fn received(side: &AppSide, n: usize) -> Vec<Received> {
+    eventually(&format!("{n} deliveries"), Duration::from_secs(10), || {
+        let got = side.got.lock().expect("lock").clone();
+        async move { (got.len() >= n).then_some(got) }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_mention_yields_app_mention_and_message_events_shaped_and_signed_like_slacks() {
+    let (side, url) = app_side().await;
+    let w = World::new(
+        7,
+        vec![url],
+        &["app_mention", "message.channels"],
+        &["chat:write", "channels:history"],
+    )
+    .await;
+    let posted = w
+        .ctl("act/post", json!({"user": w.user, "channel": w.channel, "text": format!("<@{}> summarise please", w.bot_user)}))
+        .await;
+    let ts = posted["ts"].as_str().expect("ts").to_owned();
+    let got = received(&side, 2).await;
+    let fixture: Value = serde_json::from_slice(&threadline_testkit::fixture(
+        "events/app_mention_authorizations.bolt-python.json",
+    ))
+    .expect("fixture");
+    let mut types = Vec::new();
+    for r in &got {
+        verify(&w.secret, r);
+        assert!(r.headers.get("x-slack-retry-num").is_none());
+        for k in [
+            "token",
+            "team_id",
+            "api_app_id",
+            "event",
+            "type",
+            "event_id",
+            "event_time",
+            "authorizations",
+            "is_ext_shared_channel",
+            "event_context",
+        ] {
+            assert!(r.body.get(k).is_some(), "envelope lacks {k}: {}", r.body);
+        }
+        assert_eq!(r.body["authorizations"][0]["user_id"], w.bot_user.as_str());
+        let parsed = Envelope::parse(&r.raw).expect("threadline parses the emulator's envelope");
+        let Envelope::EventCallback(cb) = parsed else {
+            panic!("not an event_callback")
+        };
+        assert_eq!(cb.event.ts.as_ref().map(|t| t.as_str()), Some(ts.as_str()));
+        types.push(r.body["event"]["type"].as_str().expect("type").to_owned());
+        if r.body["event"]["type"] == "app_mention" {
+            // Same keys as Slack's own app_mention example (blocks aside).
+            let mut want = keys(&fixture["event"]);
+            want.retain(|k| k != "blocks");
+            assert_eq!(keys(&r.body["event"]), want);
+        } else {
+            assert_eq!(r.body["event"]["channel_type"], "channel");
+        }
+    }
+    types.sort();
+    assert_eq!(types, ["app_mention", "message"]);
+    assert_ne!(
+        got[0].body["event_id"], got[1].body["event_id"],
+        "each event has its own id"
+    );
+}
+
+#[tokio::test]
+async fn failed_deliveries_are_retried_on_slacks_schedule_with_its_headers() {
+    let (side, url) = app_side().await;
+    let w = World::new(8, vec![url], &["message.channels"], &[]).await;
+    w.ctl(
+        "settings",
+        json!({"time_scale": 0.005, "delivery_deadline_ms": 300}),
+    )
+    .await;
+
+    // 500, then a timeout, then 200: three attempts.
+    side.script
+        .lock()
+        .expect("lock")
+        .extend([Behave::Status(500, false), Behave::Sleep(1000)]);
+    w.ctl(
+        "act/post",
+        json!({"user": w.user, "channel": w.channel, "text": "one"}),
+    )
+    .await;
+    let got = received(&side, 3).await;
+    let retry = |r: &Received| {
+        (
+            r.headers
+                .get("x-slack-retry-num")
+                .map(|v| v.to_str().expect("ascii").to_owned()),
+            r.headers
+                .get("x-slack-retry-reason")
+                .map(|v| v.to_str().expect("ascii").to_owned()),
+        )
+    };
+    assert_eq!(retry(&got[0]), (None, None));
+    assert_eq!(
+        retry(&got[1]),
+        (Some("1".into()), Some("http_error".into()))
+    );
+    assert_eq!(
+        retry(&got[2]),
+        (Some("2".into()), Some("http_timeout".into()))
+    );
+    assert!(
+        got.iter()
+            .all(|r| r.body["event_id"] == got[0].body["event_id"]),
+        "a retry re-sends the same event"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        side.got.lock().expect("lock").len(),
+        3,
+        "no attempt after a 2xx"
+    );
+
+    // X-Slack-No-Retry on a non-2xx stops retries.
+    side.got.lock().expect("lock").clear();
+    side.script
+        .lock()
+        .expect("lock")
+        .push_back(Behave::Status(400, true));
+    w.ctl(
+        "act/post",
+        json!({"user": w.user, "channel": w.channel, "text": "two"}),
+    )
+    .await;
+    received(&side, 1).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(side.got.lock().expect("lock").len(), 1);
+
+    // Always failing: the first try plus 3 retries, then Slack gives up.
+    side.got.lock().expect("lock").clear();
+    side.script
+        .lock()
+        .expect("lock")
+        .extend([Behave::Status(503, false); 6]);
+    w.ctl(
+        "act/post",
+        json!({"user": w.user, "channel": w.channel, "text": "three"}),
+    )
+    .await;
+    received(&side, 4).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let got = side.got.lock().expect("lock").clone();
+    assert_eq!(got.len(), 4);
+    assert_eq!(retry(&got[3]).0.as_deref(), Some("3"));
+}
+
+#[tokio::test]
+async fn unreachable_apps_see_connection_failed_retries() {
+    let dead = format!("http://127.0.0.1:{}/slack/events", {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    });
+    let w = World::new(9, vec![dead], &["message.channels"], &[]).await;
+    w.ctl("settings", json!({"time_scale": 0.002})).await;
+    let posted = w
+        .ctl(
+            "act/post",
+            json!({"user": w.user, "channel": w.channel, "text": "hello"}),
+        )
+        .await;
+    let event_id = posted["events"][0]["event_id"]
+        .as_str()
+        .expect("event id")
+        .to_owned();
+    let d = eventually("four failed attempts", Duration::from_secs(10), || {
+        let w = &w;
+        let event_id = event_id.clone();
+        async move {
+            let d = w.get(&format!("deliveries?event_id={event_id}")).await;
+            (d["deliveries"].as_array().map(Vec::len) == Some(4)).then_some(d)
+        }
+    })
+    .await;
+    let reasons: Vec<Value> = d["deliveries"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|x| x["retry_reason"].clone())
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            Value::Null,
+            json!("connection_failed"),
+            json!("connection_failed"),
+            json!("connection_failed")
+        ]
+    );
+}
+
+#[tokio::test]
+async fn posts_land_in_the_thread_come_back_as_events_and_are_rate_limited() {
+    let (side, url) = app_side().await;
+    let w = World::new(
+        10,
+        vec![url],
+        &["message.channels"],
+        &["chat:write", "channels:history"],
+    )
+    .await;
+    let root = w
+        .ctl(
+            "act/post",
+            json!({"user": w.user, "channel": w.channel, "text": "question"}),
+        )
+        .await["ts"]
+        .as_str()
+        .expect("ts")
+        .to_owned();
+    received(&side, 1).await;
+    let metadata = json!({"event_type": "threadline_reply", "event_payload": {"intent_id": "i-1", "source_ts": root}}).to_string();
+    let (status, _, body) = w
+        .api(
+            "chat.postMessage",
+            &[
+                ("channel", &w.channel),
+                ("thread_ts", &root),
+                ("text", "answer"),
+                ("metadata", &metadata),
+            ],
+        )
+        .await;
+    assert_eq!((status, body["ok"].clone()), (200, json!(true)), "{body}");
+    let reply_ts = body["ts"].as_str().expect("ts").to_owned();
+    assert_eq!(body["message"]["bot_id"], w.bot_id.as_str());
+    assert_eq!(body["message"]["thread_ts"], root.as_str());
+
+    // The bot's own post comes back as a message event (the loop to ignore).
+    let got = received(&side, 2).await;
+    let echo = &got[1].body["event"];
+    assert_eq!(
+        (echo["bot_id"].as_str(), echo["user"].as_str()),
+        (Some(w.bot_id.as_str()), Some(w.bot_user.as_str()))
+    );
+    assert_eq!(echo["app_id"], w.app.as_str());
+    assert_eq!(echo["thread_ts"], root.as_str());
+
+    // conversations.replies shows it, with metadata only when asked.
+    let (_, _, r) = w
+        .api(
+            "conversations.replies",
+            &[("channel", &w.channel), ("ts", &root)],
+        )
+        .await;
+    assert_eq!(r["messages"].as_array().map(Vec::len), Some(2), "{r}");
+    assert!(r["messages"][1].get("metadata").is_none());
+    let (_, _, r) = w
+        .api(
+            "conversations.replies",
+            &[
+                ("channel", &w.channel),
+                ("ts", &root),
+                ("include_all_metadata", "true"),
+            ],
+        )
+        .await;
+    assert_eq!(
+        r["messages"][1]["metadata"]["event_payload"]["intent_id"],
+        "i-1"
+    );
+    assert_eq!(r["messages"][0]["reply_count"], 1);
+
+    // Ground truth: one app post in the thread, for this trigger.
+    let posts = w.get(&format!("app_posts?app_id={}", w.app)).await;
+    assert_eq!(
+        posts["per_thread"],
+        json!([{"channel": w.channel, "thread_ts": root, "count": 1}])
+    );
+    assert_eq!(posts["per_trigger"][0]["trigger_ts"], root.as_str());
+    let thread = w
+        .get(&format!("channels/{}/threads/{root}", w.channel))
+        .await;
+    assert_eq!(thread["messages"][1]["ts"], reply_ts.as_str());
+
+    // About one post a second per channel: a burst past the allowance gets 429.
+    w.ctl(
+        "settings",
+        json!({"post_burst": 2.0, "posts_per_second": 1.0}),
+    )
+    .await;
+    let mut statuses = Vec::new();
+    let mut retry_after = None;
+    for i in 0..4 {
+        let (s, h, b) = w
+            .api(
+                "chat.postMessage",
+                &[("channel", &w.channel), ("text", &format!("burst {i}"))],
+            )
+            .await;
+        if s == 429 {
+            assert_eq!(b, json!({"ok": false, "error": "ratelimited"}));
+            retry_after = h
+                .get("retry-after")
+                .map(|v| v.to_str().expect("ascii").to_owned());
+        }
+        statuses.push(s);
+    }
+    assert!(statuses.contains(&429), "{statuses:?}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+}
+
+#[tokio::test]
+async fn web_api_errors_use_slacks_codes() {
+    let w = World::new(11, vec![], &[], &["chat:write"]).await;
+    let other = w
+        .ctl(
+            "channels",
+            json!({"team_id": w.team, "name": "random", "kind": "public", "members": [w.user]}),
+        )
+        .await;
+    let other = other["id"].as_str().expect("id").to_owned();
+    let cases: Vec<(&str, Vec<(&str, String)>, &str)> = vec![
+        (
+            "chat.postMessage",
+            vec![("channel", "C0NOPE".into()), ("text", "x".into())],
+            "channel_not_found",
+        ),
+        (
+            "chat.postMessage",
+            vec![("channel", other.clone()), ("text", "x".into())],
+            "not_in_channel",
+        ),
+        (
+            "chat.postMessage",
+            vec![("channel", w.channel.clone()), ("text", " ".into())],
+            "no_text",
+        ),
+        (
+            "chat.postMessage",
+            vec![("channel", w.channel.clone()), ("text", "x".repeat(40_001))],
+            "msg_too_long",
+        ),
+        (
+            "conversations.replies",
+            vec![("channel", w.channel.clone()), ("ts", "1.000001".into())],
+            "missing_scope",
+        ),
+        ("chat.unknownMethod", vec![], "unknown_method"),
+    ];
+    for (method, form, code) in cases {
+        let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (status, _, body) = w.api(method, &form).await;
+        assert_eq!(
+            (status, body["ok"].clone(), body["error"].as_str()),
+            (200, json!(false), Some(code)),
+            "{method}"
+        );
+    }
+    let (_, _, body) = w
+        .api(
+            "conversations.replies",
+            &[("channel", &w.channel), ("ts", "1.000001")],
+        )
+        .await;
+    assert_eq!(body["needed"], "channels:history");
+    // Token problems.
+    let r = w
+        .http
+        .post(format!("{}/api/auth.test", w.base))
+        .send()
+        .await
+        .expect("req");
+    assert_eq!(
+        r.json::<Value>().await.expect("json")["error"],
+        "not_authed"
+    );
+    let r = w
+        .http
+        .post(format!("{}/api/auth.test", w.base))
+        .bearer_auth("xoxb-forged")
+        .send()
+        .await
+        .expect("req");
+    assert_eq!(
+        r.json::<Value>().await.expect("json")["error"],
+        "invalid_auth"
+    );
+    let (_, _, me) = w.api("auth.test", &[]).await;
+    assert_eq!(
+        (me["user_id"].as_str(), me["bot_id"].as_str()),
+        (Some(w.bot_user.as_str()), Some(w.bot_id.as_str()))
+    );
+    w.ctl(
+        &format!("apps/{}/revoke", w.app),
+        json!({"team_id": w.team}),
+    )
+    .await;
+    let (_, _, body) = w.api("auth.test", &[]).await;
+    assert_eq!(body["error"], "token_revoked");
+    // Archived channels refuse posts.
+    let w = World::new(12, vec![], &[], &["chat:write"]).await;
+    w.ctl(&format!("channels/{}/archive", w.channel), json!({}))
+        .await;
+    let (_, _, body) = w
+        .api(
+            "chat.postMessage",
+            &[("channel", &w.channel), ("text", "x")],
+        )
+        .await;
+    assert_eq!(body["error"], "is_archived");
+}
+
+#[tokio::test]
+async fn replies_paginate_with_cursors_and_honour_the_non_marketplace_limits() {
+    let w = World::new(13, vec![], &[], &["chat:write", "channels:history"]).await;
+    let root = w
+        .ctl(
+            "act/post",
+            json!({"user": w.user, "channel": w.channel, "text": "root"}),
+        )
+        .await["ts"]
+        .as_str()
+        .expect("ts")
+        .to_owned();
+    for i in 0..20 {
+        w.ctl("act/post", json!({"user": w.user, "channel": w.channel, "text": format!("r{i}"), "thread_ts": root})).await;
+    }
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut form = vec![
+            ("channel", w.channel.clone()),
+            ("ts", root.clone()),
+            ("limit", "6".into()),
+        ];
+        if let Some(c) = &cursor {
+            form.push(("cursor", c.clone()));
+        }
+        let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (_, _, page) = w.api("conversations.replies", &form).await;
+        assert_eq!(page["ok"], true, "{page}");
+        seen.extend(
+            page["messages"]
+                .as_array()
+                .expect("messages")
+                .iter()
+                .map(|m| m["text"].as_str().unwrap_or_default().to_owned()),
+        );
+        match page["response_metadata"]["next_cursor"].as_str() {
+            Some(c) if page["has_more"] == true => cursor = Some(c.to_owned()),
+            _ => break,
+        }
+    }
+    let want: Vec<String> = std::iter::once("root".to_owned())
+        .chain((0..20).map(|i| format!("r{i}")))
+        .collect();
+    assert_eq!(seen, want, "every message once, in order");
+
+    // A non-Marketplace app: at most 15 messages a call, one call a minute.
+    let app = w
+        .ctl(
+            "apps",
+            json!({"name": "Limited", "non_marketplace_limits": true}),
+        )
+        .await;
+    let inst = w
+        .ctl(&format!("apps/{}/installs", app["id"].as_str().expect("id")), json!({"team_id": w.team, "scopes": ["channels:history"], "join_channels": [w.channel]}))
+        .await;
+    let call = || {
+        w.http
+            .post(format!("{}/api/conversations.replies", w.base))
+            .bearer_auth(inst["bot_token"].as_str().expect("token"))
+            .form(&[
+                ("channel", w.channel.as_str()),
+                ("ts", root.as_str()),
+                ("limit", "200"),
+            ])
+            .send()
+    };
+    let r = call().await.expect("req");
+    let page: Value = r.json().await.expect("json");
+    assert_eq!(page["messages"].as_array().map(Vec::len), Some(15));
+    assert_eq!(page["has_more"], true);
+    let r = call().await.expect("req");
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().get("retry-after").is_some());
+}
+
+#[tokio::test]
+async fn faults_leave_the_post_applied_or_not_as_slack_would() {
+    let w = World::new(14, vec![], &[], &["chat:write", "channels:history"]).await;
+    let short = reqwest::Client::builder()
+        .timeout(Duration::from_millis(400))
+        .build()
+        .expect("client");
+    let post = |text: &'static str| {
+        short
+            .post(format!("{}/api/chat.postMessage", w.base))
+            .bearer_auth(&w.token)
+            .form(&[("channel", w.channel.as_str()), ("text", text)])
+            .send()
+    };
+    let fault =
+        |mode: &str| json!({"method": "chat.postMessage", "mode": mode, "latency_ms": 5000});
+
+    w.ctl("faults", fault("lost_response")).await;
+    let err = post("lost").await.expect_err("the answer never comes");
+    assert!(err.is_timeout());
+    w.ctl("faults", fault("reset")).await;
+    assert!(
+        post("reset").await.is_err(),
+        "the connection drops without an answer"
+    );
+    w.ctl("faults", fault("fatal_error")).await;
+    let body: Value = post("fatal")
+        .await
+        .expect("answer")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(body["error"], "fatal_error");
+    w.ctl(
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "http_error", "status": 502}),
+    )
+    .await;
+    assert_eq!(post("bad gateway").await.expect("answer").status(), 502);
+    w.ctl(
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "ratelimited", "retry_after": 7, "times": 2}),
+    )
+    .await;
+    for _ in 0..2 {
+        let r = post("storm").await.expect("answer");
+        assert_eq!(
+            (
+                r.status().as_u16(),
+                r.headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().expect("ascii").to_owned())
+            ),
+            (429, Some("7".into()))
+        );
+    }
+
+    // Ground truth: lost, reset and fatal posts landed; the 502 and 429s did not.
+    let calls = w.get("calls?method=chat.postMessage").await;
+    let effects: Vec<&str> = calls["calls"]
+        .as_array()
+        .expect("calls")
+        .iter()
+        .map(|c| c["effect"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        effects,
+        [
+            "applied_response_lost",
+            "applied_connection_reset",
+            "applied",
+            "not_applied",
+            "not_applied",
+            "not_applied"
+        ]
+    );
+    let posts = w.get(&format!("app_posts?app_id={}", w.app)).await;
+    assert_eq!(
+        posts["per_thread"].as_array().map(Vec::len),
+        Some(3),
+        "{posts}"
+    );
+}
+
+#[tokio::test]
+async fn edits_and_deletions_produce_message_changed_and_message_deleted() {
+    let (side, url) = app_side().await;
+    let w = World::new(15, vec![url], &["message.channels"], &[]).await;
+    let ts = w
+        .ctl(
+            "act/post",
+            json!({"user": w.user, "channel": w.channel, "text": "draft"}),
+        )
+        .await["ts"]
+        .as_str()
+        .expect("ts")
+        .to_owned();
+    w.ctl(
+        "act/edit",
+        json!({"user": w.user, "channel": w.channel, "ts": ts, "text": "final"}),
+    )
+    .await;
+    w.ctl("act/delete", json!({"channel": w.channel, "ts": ts}))
+        .await;
+    let got = received(&side, 3).await;
+    let mut by_subtype = std::collections::BTreeMap::new();
+    for r in &got {
+        let Envelope::EventCallback(cb) = Envelope::parse(&r.raw).expect("parses") else {
+            panic!("callback")
+        };
+        by_subtype.insert(
+            r.body["event"]["subtype"]
+                .as_str()
+                .unwrap_or("plain")
+                .to_owned(),
+            (cb.event.ts.clone(), r.body["event"].clone()),
+        );
+    }
+    let (changed_ts, changed) = &by_subtype["message_changed"];
+    assert_eq!(changed_ts.as_ref().map(|t| t.as_str()), Some(ts.as_str()));
+    assert_eq!(
+        (
+            changed["message"]["text"].as_str(),
+            changed["previous_message"]["text"].as_str()
+        ),
+        (Some("final"), Some("draft"))
+    );
+    assert_eq!(changed["hidden"], true);
+    let (deleted_ts, deleted) = &by_subtype["message_deleted"];
+    assert_eq!(deleted_ts.as_ref().map(|t| t.as_str()), Some(ts.as_str()));
+    assert_eq!(deleted["deleted_ts"], ts.as_str());
+}
+
+#[tokio::test]
+async fn oauth_install_code_exchange_and_token_rotation() {
+    let w = World::new(16, vec![], &[], &[]).await;
+    let app = w
+        .ctl("apps", json!({"name": "Rotating", "token_rotation": true}))
+        .await;
+    let (client_id, client_secret) = (
+        app["client_id"].as_str().expect("id"),
+        app["client_secret"].as_str().expect("secret"),
+    );
+    let no_redirect = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let r = no_redirect
+        .get(format!("{}/oauth/v2/authorize", w.base))
+        .query(&[
+            ("client_id", client_id),
+            ("scope", "chat:write,app_mentions:read"),
+            ("state", "s-1"),
+            ("redirect_uri", "http://app.example/cb"),
+            ("team", &w.team),
+        ])
+        .send()
+        .await
+        .expect("authorize");
+    assert_eq!(r.status(), 303);
+    let location = r.headers()["location"]
+        .to_str()
+        .expect("location")
+        .to_owned();
+    assert!(
+        location.starts_with("http://app.example/cb?code=") && location.ends_with("&state=s-1"),
+        "{location}"
+    );
+    let code = location
+        .split("code=")
+        .nth(1)
+        .and_then(|s| s.split('&').next())
+        .expect("code")
+        .to_owned();
+    let exchange = |form: Vec<(&'static str, String)>| {
+        let http = w.http.clone();
+        let url = format!("{}/api/oauth.v2.access", w.base);
+        async move {
+            http.post(url)
+                .form(&form)
+                .send()
+                .await
+                .expect("req")
+                .json::<Value>()
+                .await
+                .expect("json")
+        }
+    };
+    let creds = |extra: Vec<(&'static str, String)>| {
+        let mut f = vec![
+            ("client_id", client_id.to_owned()),
+            ("client_secret", client_secret.to_owned()),
+        ];
+        f.extend(extra);
+        f
+    };
+    let first = exchange(creds(vec![("code", code.clone())])).await;
+    assert_eq!(first["ok"], true, "{first}");
+    assert_eq!(first["scope"], "app_mentions:read,chat:write");
+    assert!(
+        first["access_token"]
+            .as_str()
+            .expect("token")
+            .starts_with("xoxe.xoxb-")
+    );
+    assert_eq!(first["expires_in"], 43_200);
+    // Codes are single use.
+    assert_eq!(
+        exchange(creds(vec![("code", code)])).await["error"],
+        "invalid_code"
+    );
+    let refreshed = exchange(creds(vec![
+        ("grant_type", "refresh_token".into()),
+        (
+            "refresh_token",
+            first["refresh_token"].as_str().expect("rt").into(),
+        ),
+    ]))
+    .await;
+    assert_eq!(refreshed["ok"], true, "{refreshed}");
+    assert_ne!(refreshed["access_token"], first["access_token"]);
+    assert_ne!(refreshed["refresh_token"], first["refresh_token"]);
+    let r = w
+        .http
+        .post(format!("{}/api/auth.test", w.base))
+        .bearer_auth(refreshed["access_token"].as_str().expect("token"))
+        .send()
+        .await
+        .expect("req");
+    assert_eq!(r.json::<Value>().await.expect("json")["ok"], true);
+    let bad = exchange(vec![
+        ("client_id", client_id.into()),
+        ("client_secret", "wrong".into()),
+        ("code", "x".into()),
+    ])
+    .await;
+    assert_eq!(bad["error"], "bad_client_secret");
+}
+
+#[tokio::test]
+async fn duplicate_delivery_to_several_urls_and_holding_past_the_deadline() {
+    let (a, url_a) = app_side().await;
+    let (b, url_b) = app_side().await;
+    let w = World::new(17, vec![url_a, url_b], &["message.channels"], &[]).await;
+    w.ctl("settings", json!({"time_scale": 0.002})).await;
+    w.ctl("faults", json!({"method": "events", "mode": "duplicate"}))
+        .await;
+    w.ctl(
+        "act/post",
+        json!({"user": w.user, "channel": w.channel, "text": "fan out"}),
+    )
+    .await;
+    let (ga, gb) = (received(&a, 1).await, received(&b, 1).await);
+    assert_eq!(
+        ga[0].body["event_id"], gb[0].body["event_id"],
+        "the same event reaches both URLs"
+    );
+
+    // Held past the deadline: the app answered 200, Slack retries anyway.
+    a.got.lock().expect("lock").clear();
+    w.ctl(
+        "faults",
+        json!({"method": "events", "mode": "hold_past_deadline"}),
+    )
+    .await;
+    w.ctl(
+        "act/post",
+        json!({"user": w.user, "channel": w.channel, "text": "slow"}),
+    )
+    .await;
+    let got = received(&a, 2).await;
+    assert_eq!(
+        got[1]
+            .headers
+            .get("x-slack-retry-reason")
+            .map(|v| v.to_str().expect("ascii")),
+        Some("http_timeout")
+    );
+    assert_eq!(got[0].body["event_id"], got[1].body["event_id"]);
+}
+
+#[tokio::test]
+async fn the_same_seed_replays_the_same_ids() {
+    let a = World::new(42, vec![], &[], &[]).await;
+    let b = World::new(42, vec![], &[], &[]).await;
+    let c = World::new(43, vec![], &[], &[]).await;
+    assert_eq!(
+        (&a.team, &a.user, &a.channel, &a.app, &a.token),
+        (&b.team, &b.user, &b.channel, &b.app, &b.token)
+    );
+    assert_ne!(a.team, c.team);
+}
