@@ -531,7 +531,8 @@ async fn web_api_errors_use_slacks_codes() {
         )
         .await;
     let other = other["id"].as_str().expect("id").to_owned();
-    let cases: Vec<(&str, Vec<(&str, String)>, &str)> = vec![
+    type Case<'a> = (&'a str, Vec<(&'a str, String)>, &'a str);
+    let cases: Vec<Case<'_>> = vec![
         (
             "chat.postMessage",
             vec![("channel", "C0NOPE".into()), ("text", "x".into())],
