@@ -71,6 +71,7 @@ CREATE TRIGGER installations_never_deleted BEFORE DELETE ON installations
 -- is no foreign key to check on every insert.
 CREATE TABLE outbox (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    installation_id uuid NOT NULL,
     receipt_id   uuid NOT NULL,
     topic        text NOT NULL,
     msg_id       text NOT NULL,
@@ -79,7 +80,10 @@ CREATE TABLE outbox (
     tracestate   text,
     created_at   timestamptz NOT NULL DEFAULT now(),
     attempts     integer NOT NULL DEFAULT 0,
-    last_error   text
+    last_error   text,
+    -- A row whose publish failed waits before its next try, so it cannot
+    -- hold up the rows behind it.
+    next_attempt_at timestamptz NOT NULL DEFAULT now()
 );
 
 -- Totals of what relays have published (one row per topic).

@@ -76,8 +76,11 @@ pub async fn run(cmd: InstallCommand, src: &Source, pool: &PgPool) -> anyhow::Re
                 anyhow::bail!("--token must be a bot token (xoxb-…)");
             }
             let cipher = TokenCipher::from_source(src)?;
+            // Registration and its token commit together: never an active
+            // installation without a token.
+            let mut tx = pool.begin().await?;
             let id = upsert(
-                pool,
+                &mut tx,
                 &app,
                 team.as_ref(),
                 enterprise.as_ref(),
@@ -92,9 +95,10 @@ pub async fn run(cmd: InstallCommand, src: &Source, pool: &PgPool) -> anyhow::Re
                 .bind(id)
                 .bind(&sealed.bytes)
                 .bind(&sealed.key_id)
-                .execute(pool)
+                .execute(&mut *tx)
                 .await
                 .context("storing the sealed token")?;
+            tx.commit().await.context("committing the installation")?;
             println!(
                 "installation {id} active (app {app}, key {})",
                 sealed.key_id
@@ -128,7 +132,7 @@ struct InstallationRow {
 
 #[allow(clippy::too_many_arguments)]
 async fn upsert(
-    pool: &PgPool,
+    conn: &mut sqlx::PgConnection,
     app: &AppId,
     team: Option<&TeamId>,
     enterprise: Option<&EnterpriseId>,
@@ -164,7 +168,7 @@ async fn upsert(
         .bind(bot_user.as_str())
         .bind(bot_id.as_str())
         .bind(scopes)
-        .fetch_one(pool)
+        .fetch_one(conn)
         .await
         .context("registering the installation")
 }

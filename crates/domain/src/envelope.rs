@@ -172,9 +172,13 @@ impl Envelope {
                     }
                 };
                 let event_time = match root.get("event_time") {
-                    Some(Value::Number(n)) => n.as_i64().ok_or(EnvelopeError::WrongType {
-                        field: "event_time",
-                    })?,
+                    // Seconds since the epoch, up to the year 9999.
+                    Some(Value::Number(n)) => n
+                        .as_i64()
+                        .filter(|t| (0..=253_402_300_799).contains(t))
+                        .ok_or(EnvelopeError::WrongType {
+                            field: "event_time",
+                        })?,
                     None | Some(Value::Null) => {
                         return Err(EnvelopeError::Missing {
                             field: "event_time",
@@ -394,11 +398,12 @@ mod tests {
 
     #[test]
     fn malformed_envelopes_have_reason_codes() {
-        let cases: [(&[u8], &str); 7] = [
+        let cases: [(&[u8], &str); 8] = [
             (b"not json", "malformed_json"),
             (b"[1,2]", "malformed_envelope"),
             (br#"{"type":"event_callback","api_app_id":"A1","event_time":1,"event":{"type":"message"}}"#, "missing_field"),
             (br#"{"type":"event_callback","api_app_id":"A1","event_id":"Ev1","event_time":"x","event":{"type":"message"}}"#, "wrong_type"),
+            (br#"{"type":"event_callback","api_app_id":"A1","event_id":"Ev1","event_time":99999999999999,"event":{"type":"message"}}"#, "wrong_type"),
             (br#"{"type":"event_callback","api_app_id":"A 1","event_id":"Ev1","event_time":1,"event":{"type":"message"}}"#, "bad_identifier"),
             (br#"{"type":"event_callback","api_app_id":"A1","event_id":"Ev1","event_time":1,"event":{"type":"message","ts":"x"}}"#, "malformed_event"),
             (br#"{"type":"event_callback","api_app_id":"A1","event_id":"Ev1","event_time":1}"#, "missing_field"),

@@ -29,17 +29,34 @@ pub enum MessageSubtype {
     Other(String),
 }
 
+/// Slack's type and subtype names are short snake_case words; anything
+/// else is malformed rather than "other".
+fn check_name(field: &'static str, s: &str) -> Result<(), EventError> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(EventError::BadName { field })
+    }
+}
+
 impl MessageSubtype {
-    fn parse(s: Option<&str>) -> Self {
-        match s {
+    fn parse(s: Option<&str>) -> Result<Self, EventError> {
+        Ok(match s {
             None => Self::Plain,
             Some("bot_message") => Self::BotMessage,
             Some("message_changed") => Self::MessageChanged,
             Some("message_deleted") => Self::MessageDeleted,
             Some("thread_broadcast") => Self::ThreadBroadcast,
             Some("file_share") => Self::FileShare,
-            Some(other) => Self::Other(other.to_owned()),
-        }
+            Some(other) => {
+                check_name("subtype", other)?;
+                Self::Other(other.to_owned())
+            }
+        })
     }
 
     pub fn as_str(&self) -> Option<&str> {
@@ -102,6 +119,8 @@ pub enum EventError {
     },
     #[error("`event.{field}` is not a string")]
     NotAString { field: &'static str },
+    #[error("`event.{field}` is not a Slack type name")]
+    BadName { field: &'static str },
 }
 
 fn str_field<'a>(obj: &'a Value, field: &'static str) -> Result<Option<&'a str>, EventError> {
@@ -132,11 +151,30 @@ impl EventRef {
             .ok_or(EventError::MissingType)?
         {
             "app_mention" => EventKind::AppMention,
-            "message" => EventKind::Message(MessageSubtype::parse(str_field(event, "subtype")?)),
+            "message" => EventKind::Message(MessageSubtype::parse(str_field(event, "subtype")?)?),
             "app_uninstalled" => EventKind::AppUninstalled,
             "tokens_revoked" => EventKind::TokensRevoked,
-            other => EventKind::Other(other.to_owned()),
+            other => {
+                check_name("type", other)?;
+                EventKind::Other(other.to_owned())
+            }
         };
+        // Event types threadline does not handle carry other shapes under the
+        // same names (`channel_created` has a `channel` object, `team_join` a
+        // `user` object): keep such events, with the ids that do parse.
+        if let EventKind::Other(_) = kind {
+            let lenient =
+                |field: &'static str| str_field(event, field).ok().flatten().map(str::to_owned);
+            return Ok(Self {
+                channel: lenient("channel").and_then(|s| ChannelId::parse(s).ok()),
+                user: lenient("user").and_then(|s| UserId::parse(s).ok()),
+                bot_id: lenient("bot_id").and_then(|s| BotId::parse(s).ok()),
+                ts: lenient("ts").and_then(|s| Ts::parse(s).ok()),
+                thread_ts: lenient("thread_ts").and_then(|s| Ts::parse(s).ok()),
+                event_ts: lenient("event_ts").and_then(|s| Ts::parse(s).ok()),
+                kind,
+            });
+        }
         let null = Value::Null;
         let inner = event.get("message").unwrap_or(&null);
         let previous = event.get("previous_message").unwrap_or(&null);
@@ -199,6 +237,40 @@ mod tests {
             EventKind::Message(MessageSubtype::Other("channel_join".into()))
         );
         assert_eq!(e.kind.subtype_str(), Some("channel_join"));
+    }
+
+    #[test]
+    fn other_event_types_with_object_fields_are_kept() {
+        let e = EventRef::parse(
+            &json!({"type": "channel_created", "channel": {"id": "C1", "name": "x"}}),
+        )
+        .expect("kept");
+        assert_eq!(e.kind, EventKind::Other("channel_created".into()));
+        assert_eq!(e.channel, None);
+        let e =
+            EventRef::parse(&json!({"type": "team_join", "user": {"id": "U1"}, "event_ts": "1.2"}))
+                .expect("kept");
+        assert_eq!(e.event_ts.as_ref().map(Ts::as_str), Some("1.2"));
+    }
+
+    #[test]
+    fn type_names_must_look_like_slacks() {
+        for bad in ["", "Message", "a b", "x\u{0}", &"a".repeat(65)] {
+            assert!(
+                matches!(
+                    EventRef::parse(&json!({"type": bad})),
+                    Err(EventError::BadName { .. })
+                ),
+                "{bad:?}"
+            );
+            assert!(
+                matches!(
+                    EventRef::parse(&json!({"type": "message", "subtype": bad})),
+                    Err(EventError::BadName { .. }) | Err(EventError::NotAString { .. })
+                ),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -71,7 +71,7 @@ impl GatewayConfig {
             max_body_bytes: src.bounded(
                 "THREADLINE_GATEWAY_MAX_BODY_BYTES",
                 1 << 20,
-                1024..=(64 << 20),
+                1024..=(1 << 20),
             )? as usize,
             intake_timeout: src.millis("THREADLINE_INTAKE_TIMEOUT_MS", 2500, 50..=60_000)?,
             intake_writers: src.bounded("THREADLINE_INTAKE_WRITERS", 3, 1..=64)? as usize,

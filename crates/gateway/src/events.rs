@@ -137,7 +137,10 @@ fn is_ssl_check(headers: &HeaderMap, body: &[u8]) -> bool {
 async fn malformed(app: &AppState, e: EnvelopeError) -> (Answer, Response) {
     let reason = e.reason_code();
     tracing::warn!(reason, error = %e, "signed delivery is malformed; rejected without retry");
-    record_rejection(app, reason, None).await;
+    if let Err(e) = record_rejection(app, reason, None).await {
+        // Not recorded: let Slack retry, rather than lose the record.
+        return unavailable(&e);
+    }
     let mut resp = (StatusCode::BAD_REQUEST, "malformed Events API payload").into_response();
     resp.headers_mut()
         .insert("x-slack-no-retry", HeaderValue::from_static("1"));
@@ -152,13 +155,13 @@ fn unavailable(e: &dyn std::fmt::Display) -> (Answer, Response) {
     )
 }
 
-/// A minimal, content-free rejection record. Best effort: a rejection is
-/// answered the same way whether or not it could be recorded.
+/// A minimal, content-free rejection record. A rejection is answered only
+/// once it is recorded; otherwise the caller answers 503 and Slack retries.
 async fn record_rejection(
     app: &AppState,
     reason: &str,
     cb: Option<(&EventCallback, Option<Uuid>)>,
-) {
+) -> Result<(), sqlx::Error> {
     let key = cb.map(|(cb, _)| cb.installation_key());
     let r = sqlx::query(
         "INSERT INTO rejections (reason, api_app_id, team_id, enterprise_id, event_id, installation_id)
@@ -172,9 +175,10 @@ async fn record_rejection(
     .bind(cb.and_then(|(_, id)| id))
     .execute(&app.pool)
     .await;
-    if let Err(e) = r {
+    if let Err(e) = &r {
         tracing::warn!(reason, error = %e, "could not record rejection");
     }
+    r.map(|_| ())
 }
 
 fn retry_headers(headers: &HeaderMap) -> (i32, Option<String>) {
@@ -203,7 +207,11 @@ async fn accept(app: &AppState, headers: &HeaderMap, cb: EventCallback) -> (Answ
     let installation_id = match app.resolver.resolve(&cb.installation_key()).await {
         Ok(Resolved::Active(id)) => id,
         Ok(Resolved::Disabled(id)) => {
-            record_rejection(app, "installation_disabled", Some((&cb, Some(id)))).await;
+            if let Err(e) =
+                record_rejection(app, "installation_disabled", Some((&cb, Some(id)))).await
+            {
+                return unavailable(&e);
+            }
             return (
                 Answer::Rejected("installation_disabled"),
                 StatusCode::OK.into_response(),
@@ -211,7 +219,9 @@ async fn accept(app: &AppState, headers: &HeaderMap, cb: EventCallback) -> (Answ
         }
         Ok(Resolved::Unknown) => {
             tracing::warn!("event for an unknown installation; acknowledged, no job");
-            record_rejection(app, "unknown_installation", Some((&cb, None))).await;
+            if let Err(e) = record_rejection(app, "unknown_installation", Some((&cb, None))).await {
+                return unavailable(&e);
+            }
             return (
                 Answer::Rejected("unknown_installation"),
                 StatusCode::OK.into_response(),

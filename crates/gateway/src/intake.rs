@@ -20,8 +20,9 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 
 /// Everything the receipt and outbox rows need. Identifiers only, except
-/// `payload` (the bus message), which the relay clears once published.
-#[derive(Debug, Clone)]
+/// `payload` (the bus message, with message text), which `Debug` leaves out
+/// and the relay deletes once published.
+#[derive(Clone)]
 pub struct NewReceipt {
     pub id: Uuid,
     pub installation_id: Uuid,
@@ -41,6 +42,20 @@ pub struct NewReceipt {
     pub payload: Vec<u8>,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+}
+
+impl std::fmt::Debug for NewReceipt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewReceipt")
+            .field("id", &self.id)
+            .field("installation_id", &self.installation_id)
+            .field("api_app_id", &self.api_app_id)
+            .field("event_id", &self.event_id)
+            .field("event_type", &self.event_type)
+            .field("retry_num", &self.retry_num)
+            .field("payload_len", &self.payload.len())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,39 +145,63 @@ fn clone_db_error(e: &sqlx::Error) -> sqlx::Error {
 }
 
 async fn commit_and_reply(pool: &PgPool, batch: Vec<Pending>) {
+    match insert_with_retry(pool, &batch).await {
+        Ok(outcomes) => reply(pool, batch, outcomes).await,
+        // One delivery Postgres refuses must not fail the others with it:
+        // commit them one by one, so only the bad one gets a 503.
+        Err(e) if batch.len() > 1 && e.as_database_error().is_some() && !is_transient(&e) => {
+            tracing::warn!(error = %e, deliveries = batch.len(), "intake batch refused; committing one by one");
+            for p in batch {
+                let one = vec![p];
+                match insert_with_retry(pool, &one).await {
+                    Ok(outcomes) => reply(pool, one, outcomes).await,
+                    Err(e) => fail(one, e),
+                }
+            }
+        }
+        Err(e) => fail(batch, e),
+    }
+}
+
+async fn insert_with_retry(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, sqlx::Error> {
     let mut attempt = 0;
-    let result = loop {
+    loop {
         attempt += 1;
-        match write_batch(pool, &batch).await {
+        match insert_batch(pool, batch).await {
             Err(e) if attempt < MAX_BATCH_ATTEMPTS && is_transient(&e) => {
                 tracing::warn!(error = %e, attempt, "intake batch retried");
-                continue;
             }
-            other => break other,
+            other => return other,
         }
-    };
-    match result {
-        Ok(outcomes) => {
-            let (mut new, mut dup) = (0u64, 0u64);
-            for (p, outcome) in batch.into_iter().zip(outcomes) {
-                if outcome == Outcome::New {
-                    new += 1
-                } else {
-                    dup += 1
-                }
-                let _ = p.reply.send(Ok(outcome));
-            }
-            metrics::counter!("threadline_gateway_receipts_total").increment(new);
-            metrics::counter!("threadline_gateway_duplicate_deliveries_total").increment(dup);
-            metrics::histogram!("threadline_gateway_group_commit_size").record((new + dup) as f64);
+    }
+}
+
+/// Answers every delivery of a committed batch, after counting duplicates
+/// on their receipts. The count is bookkeeping: if it cannot be written,
+/// the deliveries are still answered from the committed outcome.
+async fn reply(pool: &PgPool, batch: Vec<Pending>, outcomes: Vec<Outcome>) {
+    if let Err(e) = count_duplicates(pool, &batch, &outcomes).await {
+        tracing::warn!(error = %e, "could not count duplicate deliveries");
+    }
+    let (mut new, mut dup) = (0u64, 0u64);
+    for (p, outcome) in batch.into_iter().zip(outcomes) {
+        if outcome == Outcome::New {
+            new += 1
+        } else {
+            dup += 1
         }
-        Err(e) => {
-            tracing::error!(error = %e, deliveries = batch.len(), "intake batch failed; answering 503");
-            let e = Arc::new(e);
-            for p in batch {
-                let _ = p.reply.send(Err(e.clone()));
-            }
-        }
+        let _ = p.reply.send(Ok(outcome));
+    }
+    metrics::counter!("threadline_gateway_receipts_total").increment(new);
+    metrics::counter!("threadline_gateway_duplicate_deliveries_total").increment(dup);
+    metrics::histogram!("threadline_gateway_group_commit_size").record((new + dup) as f64);
+}
+
+fn fail(batch: Vec<Pending>, e: sqlx::Error) {
+    tracing::error!(error = %e, deliveries = batch.len(), "intake batch failed; answering 503");
+    let e = Arc::new(e);
+    for p in batch {
+        let _ = p.reply.send(Err(e.clone()));
     }
 }
 
@@ -173,18 +212,23 @@ fn is_transient(e: &sqlx::Error) -> bool {
     )
 }
 
-/// One statement for the whole batch (receipts and outbox rows commit
-/// together), then one for duplicate counts. Rows are sorted by identity so
-/// concurrent batches (other writers, other replicas) lock in the same order
-/// and cannot deadlock on each other.
-async fn write_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, sqlx::Error> {
-    // First delivery of each identity in the batch is the candidate; later
-    // ones in the same batch are duplicates of it.
+/// The positions of `batch` sorted by identity (then arrival).
+fn sorted_order(batch: &[Pending]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..batch.len()).collect();
     order.sort_by(|&a, &b| {
         let (ra, rb) = (&batch[a].receipt, &batch[b].receipt);
         (&ra.api_app_id, &ra.event_id, a).cmp(&(&rb.api_app_id, &rb.event_id, b))
     });
+    order
+}
+
+/// One statement for the whole batch: receipts and their outbox rows commit
+/// together. Rows are sorted by identity so concurrent batches (other
+/// writers, other replicas) lock in the same order and cannot deadlock.
+async fn insert_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, sqlx::Error> {
+    // First delivery of each identity in the batch is the candidate; later
+    // ones in the same batch are duplicates of it.
+    let order = sorted_order(batch);
     let mut candidates: Vec<usize> = Vec::with_capacity(batch.len());
     for &i in &order {
         let r = &batch[i].receipt;
@@ -217,8 +261,9 @@ async fn write_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, s
              ON CONFLICT (api_app_id, event_id) DO NOTHING
              RETURNING id
          ), outbox_rows AS (
-             INSERT INTO outbox (receipt_id, topic, msg_id, payload, traceparent, tracestate)
-             SELECT input.id, 'events', input.msg_id, input.payload, input.traceparent, input.tracestate
+             INSERT INTO outbox (installation_id, receipt_id, topic, msg_id, payload, traceparent, tracestate)
+             SELECT input.installation_id, input.id, 'events', input.msg_id, input.payload, input.traceparent,
+                    input.tracestate
                FROM input JOIN ins ON ins.id = input.id
          )
          SELECT id FROM ins",
@@ -251,6 +296,17 @@ async fn write_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, s
             outcomes[i] = Outcome::New;
         }
     }
+    Ok(outcomes)
+}
+
+/// Adds each duplicate delivery to its receipt's count (sorted: the same
+/// lock order as the inserts).
+async fn count_duplicates(
+    pool: &PgPool,
+    batch: &[Pending],
+    outcomes: &[Outcome],
+) -> Result<(), sqlx::Error> {
+    let order = sorted_order(batch);
     // Count every duplicate delivery on its receipt (sorted: same lock order).
     let mut dups: Vec<(&str, &str, i32)> = Vec::new();
     let mut index: HashMap<(&str, &str), usize> = HashMap::new();
@@ -280,5 +336,5 @@ async fn write_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, s
         .execute(pool)
         .await?;
     }
-    Ok(outcomes)
+    Ok(())
 }

@@ -25,6 +25,11 @@ pub const NOTIFY_CHANNEL: &str = "threadline_outbox";
 /// How long the relay waits for a batch's PubAcks before treating the rest
 /// as failed (they stay in the outbox and are retried).
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a whole round may take (sends included); past it the round's
+/// transaction is rolled back and its rows stay for the next round.
+const ROUND_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a stopping relay keeps publishing what is left.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
@@ -91,7 +96,7 @@ impl Relay {
                 self.report_backlog().await;
                 last_gauge = Instant::now();
             }
-            match self.relay_once().await {
+            match self.round().await {
                 Ok(n) => {
                     backoff = Duration::from_millis(100);
                     if n as i64 >= self.cfg.batch {
@@ -126,7 +131,25 @@ impl Relay {
                 listener = None;
             }
         }
+        // Publish what the last deliveries committed before stopping.
+        let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            match self.round().await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
         tracing::info!("outbox relay stopped");
+    }
+
+    async fn round(&self) -> anyhow::Result<usize> {
+        tokio::time::timeout(ROUND_TIMEOUT, self.relay_once())
+            .await
+            .unwrap_or_else(|_| {
+                Err(anyhow::anyhow!(
+                    "relay round took longer than {ROUND_TIMEOUT:?}; rolled back"
+                ))
+            })
     }
 
     /// Publishes one batch; returns how many rows were marked published.
@@ -139,6 +162,7 @@ impl Relay {
         let rows: Vec<Row> = sqlx::query_as(
             "SELECT id, topic, msg_id, payload, traceparent, tracestate, created_at
                FROM outbox
+             WHERE next_attempt_at <= now()
               ORDER BY id
               LIMIT $1
               FOR UPDATE SKIP LOCKED",
@@ -206,8 +230,12 @@ impl Relay {
             .context("removing published outbox rows")?;
         }
         if !failed.is_empty() {
+            // Back off per row (2^attempts seconds, at most 5 minutes) so a
+            // row that cannot be published does not hold up the others.
             sqlx::query(
-                "UPDATE outbox o SET attempts = o.attempts + 1, last_error = f.err
+                "UPDATE outbox o
+                    SET attempts = o.attempts + 1, last_error = f.err,
+                        next_attempt_at = now() + make_interval(secs => least(power(2, o.attempts), 300))
                    FROM UNNEST($1::bigint[], $2::text[]) AS f(id, err)
                   WHERE o.id = f.id",
             )
@@ -222,12 +250,16 @@ impl Relay {
         if !failed.is_empty() {
             metrics::counter!("threadline_outbox_publish_failures_total")
                 .increment(failed.len() as u64);
-            anyhow::bail!(
+            let msg = format!(
                 "{} of {} outbox rows were not acknowledged by JetStream (first: {})",
                 failed.len(),
                 rows.len(),
                 failed[0].1
             );
+            if published.is_empty() {
+                anyhow::bail!(msg);
+            }
+            tracing::warn!(failed = failed.len(), published = published.len(), "{msg}");
         }
         Ok(published.len())
     }

@@ -648,6 +648,17 @@ async fn a_failed_publish_leaves_the_row_for_retry() {
     .expect("outbox");
     assert_eq!((pending, attempts), (3, 3));
 
+    // The failed rows wait before their next try instead of blocking others.
+    assert_eq!(
+        env.count("SELECT count(*) FROM outbox WHERE next_attempt_at > now()")
+            .await,
+        3
+    );
+    assert_eq!(relay.relay_once().await.expect("nothing is due yet"), 0);
+    sqlx::query("UPDATE outbox SET next_attempt_at = now()")
+        .execute(&env.db.pool)
+        .await
+        .expect("time passes");
     topology.declare(&env.js).await.expect("declare");
     assert_eq!(
         env.count("SELECT count(*) FROM outbox").await,
@@ -660,8 +671,9 @@ async fn a_failed_publish_leaves_the_row_for_retry() {
     // Publishing the same rows again (a crash between PubAck and commit) is
     // dropped by the stream's duplicate window.
     sqlx::query(
-        "INSERT INTO outbox (receipt_id, topic, msg_id, payload)
-         SELECT id, 'events', 'evt:' || api_app_id || ':' || event_id, '\\x00'::bytea FROM event_receipts",
+        "INSERT INTO outbox (installation_id, receipt_id, topic, msg_id, payload)
+         SELECT installation_id, id, 'events', 'evt:' || api_app_id || ':' || event_id, '\\x00'::bytea
+           FROM event_receipts",
     )
     .execute(&env.db.pool)
     .await

@@ -60,14 +60,18 @@ impl Topic {
 
 /// How long a re-publish with the same `Nats-Msg-Id` is dropped by a stream.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(10 * 60);
-/// Redelivery schedule of the work consumers; `max_deliver` is one more than
-/// its length, after which a message is dead-lettered by the consumer's owner.
+/// Redelivery schedule of the work consumers when a message is not acked in
+/// time; `max_deliver` is one more than its length, after which the
+/// consumer's owner dead-letters the message. nats-server uses the first
+/// step as the ack deadline (it replaces `ack_wait`), so it must cover the
+/// slowest handler: handlers doing long work (a model call, a backfill) also
+/// send in-progress acks. Explicit retries use `Nak(delay)` instead.
 pub const BACKOFF: [Duration; 5] = [
-    Duration::from_secs(1),
-    Duration::from_secs(5),
-    Duration::from_secs(30),
+    Duration::from_secs(60),
     Duration::from_secs(120),
+    Duration::from_secs(300),
     Duration::from_secs(600),
+    Duration::from_secs(1200),
 ];
 
 #[derive(Debug, Clone)]
@@ -134,7 +138,7 @@ impl Topology {
             durable_name: Some(topic.consumer().to_owned()),
             description: Some(format!("threadline {} worker", topic.consumer())),
             ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: Duration::from_secs(60),
+            ack_wait: BACKOFF[0],
             max_deliver: BACKOFF.len() as i64 + 1,
             backoff: BACKOFF.to_vec(),
             max_ack_pending: 1024,
@@ -178,7 +182,15 @@ pub async fn connect(url: &str, name: &str) -> anyhow::Result<async_nats::Client
         .retry_on_initial_connect()
         .connect(url)
         .await
-        .with_context(|| format!("connecting to NATS at {url}"))
+        .with_context(|| format!("connecting to NATS at {}", redact_url(url)))
+}
+
+/// A URL with any `user:password@` removed, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://[redacted]@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
 }
 
 /// Writes W3C trace context into NATS headers.
@@ -226,9 +238,23 @@ mod tests {
     }
 
     #[test]
+    fn urls_lose_their_credentials() {
+        assert_eq!(redact_url("nats://u:p@h:4222"), "nats://[redacted]@h:4222");
+        assert_eq!(
+            redact_url("postgres://postgres@127.0.0.1/x"),
+            "postgres://[redacted]@127.0.0.1/x"
+        );
+        assert_eq!(redact_url("nats://h:4222"), "nats://h:4222");
+    }
+
+    #[test]
     fn consumers_redeliver_with_bounded_backoff() {
         let c = Topology::new("tl").work_consumer(Topic::Events);
         assert_eq!(c.max_deliver as usize, c.backoff.len() + 1);
         assert_eq!(c.ack_policy, consumer::AckPolicy::Explicit);
+        // The server takes backoff[0] as the ack deadline: it must not be
+        // shorter than the documented ack_wait.
+        assert_eq!(c.ack_wait, c.backoff[0]);
+        assert!(c.backoff[0] >= Duration::from_secs(60));
     }
 }

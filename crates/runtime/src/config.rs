@@ -204,8 +204,8 @@ fn parse_env_file(text: &str) -> Result<HashMap<String, String>, String> {
     Ok(out)
 }
 
-/// Settings every service shares.
-#[derive(Debug, Clone)]
+/// Settings every service shares. `Debug` hides credentials in URLs.
+#[derive(Clone)]
 pub struct CommonConfig {
     /// `DATABASE_URL`, default [`DEFAULT_DATABASE_URL`].
     pub database_url: String,
@@ -226,6 +226,25 @@ pub struct CommonConfig {
     pub otlp_endpoint: Option<String>,
     /// `THREADLINE_LOG_FORMAT`: `json` (default) or `text`. Level from `RUST_LOG`.
     pub log_json: bool,
+}
+
+impl std::fmt::Debug for CommonConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::bus::redact_url;
+        f.debug_struct("CommonConfig")
+            .field("database_url", &redact_url(&self.database_url))
+            .field("db_max_connections", &self.db_max_connections)
+            .field("db_acquire_timeout", &self.db_acquire_timeout)
+            .field("nats_url", &redact_url(&self.nats_url))
+            .field("bus_prefix", &self.bus_prefix)
+            .field("slack_api_url", &self.slack_api_url)
+            .field(
+                "otlp_endpoint",
+                &self.otlp_endpoint.as_deref().map(redact_url),
+            )
+            .field("log_json", &self.log_json)
+            .finish()
+    }
 }
 
 impl CommonConfig {
@@ -312,6 +331,16 @@ mod tests {
             .expect_err("missing")
             .to_string();
         assert_eq!(err, "setting SLACK_SIGNING_SECRET is required but not set");
+    }
+
+    #[test]
+    fn debug_hides_url_credentials() {
+        let c = CommonConfig::from_source(&Source::from_pairs([(
+            "DATABASE_URL",
+            "postgres://app:hunter2@db/x",
+        )]))
+        .expect("valid");
+        assert!(!format!("{c:?}").contains("hunter2"));
     }
 
     #[test]
