@@ -94,3 +94,58 @@ pub async fn cli(args: &[&str], env: &[(&str, String)]) -> std::process::Output 
     }
     cmd.output().await.expect("running threadline")
 }
+
+/// Starts `threadline-slack-sim` on a fresh port and waits until it answers.
+pub async fn spawn_slack_sim(seed: u64, time_scale: f64) -> Proc {
+    let port = free_port();
+    let child = Command::new(bin_path("threadline-slack-sim"))
+        .args([
+            "--addr",
+            &format!("127.0.0.1:{port}"),
+            "--seed",
+            &seed.to_string(),
+        ])
+        .args(["--time-scale", &time_scale.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting threadline-slack-sim");
+    let base_url = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    eventually("threadline-slack-sim", Duration::from_secs(15), || {
+        let (c, u) = (client.clone(), format!("{base_url}/_sim/calls"));
+        async move {
+            c.get(u)
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())
+                .map(|_| ())
+        }
+    })
+    .await;
+    Proc { child, base_url }
+}
+
+/// POSTs to the emulator's control API and returns the JSON answer.
+pub async fn sim_ctl(sim: &Proc, path: &str, body: serde_json::Value) -> serde_json::Value {
+    let r = reqwest::Client::new()
+        .post(format!("{}/_sim/{path}", sim.base_url))
+        .json(&body)
+        .send()
+        .await
+        .expect("slack-sim control call");
+    assert!(r.status().is_success(), "slack-sim {path}: {}", r.status());
+    r.json().await.expect("slack-sim answers JSON")
+}
+
+/// GETs from the emulator's inspection API.
+pub async fn sim_get(sim: &Proc, path: &str) -> serde_json::Value {
+    reqwest::get(format!("{}/_sim/{path}", sim.base_url))
+        .await
+        .expect("slack-sim inspection call")
+        .json()
+        .await
+        .expect("slack-sim answers JSON")
+}
