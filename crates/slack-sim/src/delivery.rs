@@ -21,6 +21,13 @@ pub struct Envelope {
     pub body: Value,
 }
 
+/// `X-Slack-Request-Timestamp` and `X-Slack-Signature` for a body sent at `ts`.
+pub fn signature_headers(secret: &SigningSecret, ts: i64, body: &[u8]) -> (String, String) {
+    let ts = ts.to_string();
+    let sig = sign(secret, &ts, body);
+    (ts, sig)
+}
+
 /// Retry delays after the first attempt, in unscaled seconds.
 const RETRY_DELAYS: [f64; 3] = [0.0, 60.0, 300.0];
 
@@ -28,6 +35,7 @@ const RETRY_DELAYS: [f64; 3] = [0.0, 60.0, 300.0];
 /// them back and releases them reversed).
 pub fn dispatch(sim: &Sim, envelopes: Vec<Envelope>) {
     let mut ready = Vec::new();
+    let mut reordered = false;
     {
         let mut w = sim.lock();
         let window = w.settings.reorder_window;
@@ -36,13 +44,27 @@ pub fn dispatch(sim: &Sim, envelopes: Vec<Envelope>) {
             if w.reorder_queue.len() >= window {
                 ready = std::mem::take(&mut w.reorder_queue);
                 ready.reverse();
+                reordered = true;
             }
         } else {
             ready = envelopes;
         }
     }
-    for env in ready {
-        tokio::spawn(deliver(sim.clone(), env));
+    if reordered {
+        // Released in reverse: each first attempt finishes before the next
+        // starts, so the app sees exactly the reversed order.
+        let sim = sim.clone();
+        tokio::spawn(async move {
+            for env in ready {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                tokio::spawn(deliver(sim.clone(), env, Some(tx)));
+                let _ = rx.await;
+            }
+        });
+    } else {
+        for env in ready {
+            tokio::spawn(deliver(sim.clone(), env, None));
+        }
     }
 }
 
@@ -52,7 +74,13 @@ enum Outcome {
     ConnectionFailed,
 }
 
-async fn deliver(sim: Sim, env: Envelope) {
+/// Delivers one event with retries; `first_done` is told when the first
+/// attempt has finished.
+async fn deliver(
+    sim: Sim,
+    env: Envelope,
+    mut first_done: Option<tokio::sync::oneshot::Sender<()>>,
+) {
     let body = serde_json::to_vec(&env.body).unwrap_or_default();
     let mut retry_reason: Option<&'static str> = None;
     for attempt in 0..=RETRY_DELAYS.len() as u32 {
@@ -84,8 +112,7 @@ async fn deliver(sim: Sim, env: Envelope) {
             return;
         };
         let sends = urls.iter().map(|url| {
-            let ts = now_unix().to_string();
-            let sig = sign(&secret, &ts, &body);
+            let (ts, sig) = signature_headers(&secret, now_unix(), &body);
             let mut req = sim
                 .http
                 .post(url)
@@ -152,9 +179,34 @@ async fn deliver(sim: Sim, env: Envelope) {
                 }
             }
         }
+        if let Some(tx) = first_done.take() {
+            let _ = tx.send(());
+        }
         if done {
             return;
         }
         retry_reason = next_reason;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deliveries_are_signed_as_in_slacks_documented_example() {
+        let body = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/slack/signing/body.txt"
+        ))
+        .expect("fixture");
+        let secret = SigningSecret::new("8f742231b10e8888abcd99yyyzzz85a5").expect("secret");
+        assert_eq!(
+            signature_headers(&secret, 1_531_420_618, &body),
+            (
+                "1531420618".to_owned(),
+                "v0=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503".to_owned()
+            )
+        );
     }
 }

@@ -991,3 +991,182 @@ async fn the_same_seed_replays_the_same_ids() {
     );
     assert_ne!(a.team, c.team);
 }
+
+#[tokio::test]
+async fn json_bodies_update_delete_info_and_event_authorizations() {
+    let (side, url) = app_side().await;
+    let w = World::new(
+        18,
+        vec![url],
+        &["message.channels"],
+        &["chat:write", "channels:read"],
+    )
+    .await;
+    // JSON body, as Slack accepts with application/json.
+    let r = w
+        .http
+        .post(format!("{}/api/chat.postMessage", w.base))
+        .bearer_auth(&w.token)
+        .json(&json!({"channel": w.channel, "text": "v1", "metadata": {"event_type": "x", "event_payload": {}}}))
+        .send()
+        .await
+        .expect("req");
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["ok"], true, "{body}");
+    let ts = body["ts"].as_str().expect("ts").to_owned();
+    let (_, _, up) = w
+        .api(
+            "chat.update",
+            &[("channel", &w.channel), ("ts", &ts), ("text", "v2")],
+        )
+        .await;
+    assert_eq!(
+        (up["ok"].clone(), up["text"].clone()),
+        (json!(true), json!("v2")),
+        "{up}"
+    );
+    let (_, _, del) = w
+        .api("chat.delete", &[("channel", &w.channel), ("ts", &ts)])
+        .await;
+    assert_eq!(del["ok"], true);
+    let (_, _, gone) = w
+        .api(
+            "chat.update",
+            &[("channel", &w.channel), ("ts", &ts), ("text", "v3")],
+        )
+        .await;
+    assert_eq!(gone["error"], "message_not_found");
+    // A person's message is not the app's to change.
+    let theirs = w
+        .ctl(
+            "act/post",
+            json!({"user": w.user, "channel": w.channel, "text": "mine"}),
+        )
+        .await["ts"]
+        .as_str()
+        .expect("ts")
+        .to_owned();
+    let (_, _, nope) = w
+        .api("chat.delete", &[("channel", &w.channel), ("ts", &theirs)])
+        .await;
+    assert_eq!(nope["error"], "cant_delete_message");
+    // The app's own post, its edit and its deletion all came back as events.
+    let got = received(&side, 4).await;
+    let mut subtypes: Vec<&str> = got
+        .iter()
+        .map(|r| r.body["event"]["subtype"].as_str().unwrap_or("plain"))
+        .collect();
+    subtypes.sort_unstable();
+    assert_eq!(
+        subtypes,
+        ["message_changed", "message_deleted", "plain", "plain"]
+    );
+
+    let (_, _, info) = w
+        .api("conversations.info", &[("channel", &w.channel)])
+        .await;
+    assert_eq!(
+        (
+            info["channel"]["is_channel"].clone(),
+            info["channel"]["is_member"].clone()
+        ),
+        (json!(true), json!(true))
+    );
+
+    // apps.event.authorizations.list answers with the app-level token only.
+    let context = got[0].body["event_context"]
+        .as_str()
+        .expect("event_context")
+        .to_owned();
+    let app = w.ctl("apps", json!({"name": "unrelated"})).await;
+    let list = |token: String| {
+        let (http, url, context) = (
+            w.http.clone(),
+            format!("{}/api/apps.event.authorizations.list", w.base),
+            context.clone(),
+        );
+        async move {
+            http.post(url)
+                .bearer_auth(token)
+                .form(&[("event_context", context)])
+                .send()
+                .await
+                .expect("req")
+                .json::<Value>()
+                .await
+                .expect("json")
+        }
+    };
+    assert_eq!(list(w.token.clone()).await["error"], "invalid_auth");
+    assert_eq!(
+        list(app["app_token"].as_str().expect("token").to_owned()).await["error"],
+        "invalid_event_context"
+    );
+}
+
+#[tokio::test]
+async fn reorder_window_and_latency_and_tier3_limits() {
+    let (side, url) = app_side().await;
+    let w = World::new(
+        19,
+        vec![url],
+        &["message.channels"],
+        &["chat:write", "channels:history"],
+    )
+    .await;
+    w.ctl(
+        "settings",
+        json!({"reorder_window": 3, "tier3_per_minute": 2}),
+    )
+    .await;
+    let mut sent = Vec::new();
+    for text in ["first", "second", "third"] {
+        sent.push(
+            w.ctl(
+                "act/post",
+                json!({"user": w.user, "channel": w.channel, "text": text}),
+            )
+            .await["ts"]
+                .clone(),
+        );
+    }
+    let got = received(&side, 3).await;
+    let order: Vec<&str> = got
+        .iter()
+        .map(|r| r.body["event"]["text"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        order,
+        ["third", "second", "first"],
+        "held back, then released reversed"
+    );
+
+    w.ctl(
+        "faults",
+        json!({"method": "auth.test", "mode": "latency", "latency_ms": 300}),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let (_, _, me) = w.api("auth.test", &[]).await;
+    assert_eq!(me["ok"], true);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+
+    let root = sent[0].as_str().expect("ts").to_owned();
+    for _ in 0..2 {
+        let (s, _, _) = w
+            .api(
+                "conversations.replies",
+                &[("channel", &w.channel), ("ts", &root)],
+            )
+            .await;
+        assert_eq!(s, 200);
+    }
+    let (s, h, body) = w
+        .api(
+            "conversations.replies",
+            &[("channel", &w.channel), ("ts", &root)],
+        )
+        .await;
+    assert_eq!((s, body["error"].as_str()), (429, Some("ratelimited")));
+    assert!(h.get("retry-after").is_some());
+}
