@@ -2,6 +2,7 @@
 //! is deterministic given its inputs, so `cargo test -p threadline-domain` needs
 //! nothing running.
 
+pub mod classify;
 pub mod envelope;
 pub mod event;
 pub mod ids;

@@ -1,0 +1,661 @@
+//! Classifying an accepted event before any model work, from trusted
+//! identifiers only: `bot_id`, `app_id`, user ids, event and subtype names,
+//! mention markup and rich-text user elements. Never from text prefixes.
+//!
+//! The result says two things: what the event does to the thread store
+//! (`effect`), and whether it asks the bot for a reply (`outcome`). A
+//! message can change the thread without triggering (a reply the bot was not
+//! asked about) and be ignored as input while still being recorded (our own
+//! reply landing).
+
+use serde_json::Value;
+
+/// Who the installation's bot is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BotIdentity {
+    pub app_id: String,
+    pub bot_id: String,
+    pub bot_user_id: String,
+}
+
+/// When a message (that is not a mention) asks for a reply.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ChannelMode {
+    /// Only mentions trigger (the default).
+    #[default]
+    MentionsOnly,
+    /// A message containing one of these words (case-insensitive, whole word).
+    Keywords(Vec<String>),
+    /// Every human message in the channel.
+    EveryMessage,
+}
+
+/// The installation's policy as it applies to one event's channel.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TriggerPolicy {
+    /// Direct messages to the bot may trigger.
+    pub dms_allowed: bool,
+    /// Mode of this channel (from the channel allow-list).
+    pub channel_mode: ChannelMode,
+    /// Bots whose messages are treated as input (by `bot_id`).
+    pub approved_bots: Vec<String>,
+}
+
+/// Why a message asks for a reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TriggerSource {
+    Mention,
+    DirectMessage,
+    Keyword,
+    EveryMessage,
+}
+
+impl TriggerSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mention => "mention",
+            Self::DirectMessage => "direct_message",
+            Self::Keyword => "keyword",
+            Self::EveryMessage => "every_message",
+        }
+    }
+}
+
+/// Why an event is not a request to the bot. Stored on the receipt and used
+/// as a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IgnoreReason {
+    /// The installation's own bot (our reply landing, or our edit).
+    OwnBot,
+    /// Another bot or a `bot_message` that is not approved.
+    UnapprovedBot,
+    /// An approved bot's message: recorded as context, never a trigger.
+    BotNotTrigger,
+    /// No text and nothing else handled.
+    NoUsableText,
+    /// A human message the bot was not asked about.
+    NotAddressed,
+    /// A direct message while DMs are not allowed.
+    DmNotAllowed,
+    /// An edit that did not change the text (e.g. a link unfurl).
+    EditWithoutTextChange,
+    /// A content change (edit or deletion) of the thread.
+    StateChange,
+    /// A subtype or event type threadline does not act on.
+    UnhandledType,
+}
+
+impl IgnoreReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OwnBot => "own_bot",
+            Self::UnapprovedBot => "unapproved_bot",
+            Self::BotNotTrigger => "bot_not_trigger",
+            Self::NoUsableText => "no_usable_text",
+            Self::NotAddressed => "not_addressed",
+            Self::DmNotAllowed => "dm_not_allowed",
+            Self::EditWithoutTextChange => "edit_without_text_change",
+            Self::StateChange => "state_change",
+            Self::UnhandledType => "unhandled_type",
+        }
+    }
+}
+
+/// Who wrote a message, from the bot's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Speaker {
+    Human,
+    /// This installation's bot.
+    Assistant,
+    /// Another bot.
+    Bot,
+}
+
+impl Speaker {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Human => "user",
+            Self::Assistant => "assistant",
+            Self::Bot => "bot",
+        }
+    }
+}
+
+/// One message as the thread store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageFacts {
+    pub ts: String,
+    /// Root of the thread (`thread_ts`, or `ts` for a top-level message).
+    pub root_ts: String,
+    pub speaker: Speaker,
+    pub user_id: Option<String>,
+    pub bot_id: Option<String>,
+    pub text: String,
+    /// `edited.ts` of the version this text is, if edited.
+    pub edited_ts: Option<String>,
+}
+
+/// What an event does to the thread store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// A message came into being (new message, reply, our own post).
+    Upsert(MessageFacts),
+    /// A message's text changed.
+    Edit(MessageFacts),
+    /// A message was deleted (`ts` of the deleted message).
+    Delete { ts: String, root_ts: String },
+    /// Nothing to record.
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Trigger(TriggerSource),
+    Ignore(IgnoreReason),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Classification {
+    pub effect: Effect,
+    pub outcome: Outcome,
+}
+
+fn s<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
+    v.get(k).and_then(Value::as_str).filter(|s| !s.is_empty())
+}
+
+/// Whether the message mentions `user_id`: Slack's `<@U…>` markup (also
+/// `<@U…|name>`) or a rich-text `user` element.
+pub fn mentions(message: &Value, user_id: &str) -> bool {
+    let text = s(message, "text").unwrap_or("");
+    let markup = format!("<@{user_id}>");
+    let named = format!("<@{user_id}|");
+    if text.contains(&markup) || text.contains(&named) {
+        return true;
+    }
+    fn walk(v: &Value, user_id: &str) -> bool {
+        match v {
+            Value::Object(o) => {
+                (o.get("type").and_then(Value::as_str) == Some("user")
+                    && o.get("user_id").and_then(Value::as_str) == Some(user_id))
+                    || o.values().any(|x| walk(x, user_id))
+            }
+            Value::Array(a) => a.iter().any(|x| walk(x, user_id)),
+            _ => false,
+        }
+    }
+    message.get("blocks").is_some_and(|b| walk(b, user_id))
+}
+
+fn has_keyword(text: &str, keywords: &[String]) -> bool {
+    let words: Vec<String> = text
+        .split(|c: char| !c.is_alphanumeric() && c != '_' && c != '-')
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    keywords
+        .iter()
+        .any(|k| words.iter().any(|w| *w == k.to_lowercase()))
+}
+
+fn speaker(message: &Value, me: &BotIdentity) -> Speaker {
+    let bot_id = s(message, "bot_id");
+    let app_id = s(message, "app_id").or_else(|| {
+        message
+            .pointer("/bot_profile/app_id")
+            .and_then(Value::as_str)
+    });
+    let user = s(message, "user");
+    if bot_id == Some(me.bot_id.as_str())
+        || app_id == Some(me.app_id.as_str())
+        || user == Some(me.bot_user_id.as_str())
+    {
+        Speaker::Assistant
+    } else if bot_id.is_some() || s(message, "subtype") == Some("bot_message") {
+        Speaker::Bot
+    } else {
+        Speaker::Human
+    }
+}
+
+fn facts(message: &Value, fallback_ts: Option<&str>, me: &BotIdentity) -> Option<MessageFacts> {
+    let ts = s(message, "ts").or(fallback_ts)?.to_owned();
+    let root_ts = s(message, "thread_ts")
+        .map(str::to_owned)
+        .unwrap_or_else(|| ts.clone());
+    Some(MessageFacts {
+        speaker: speaker(message, me),
+        user_id: s(message, "user").map(str::to_owned),
+        bot_id: s(message, "bot_id").map(str::to_owned),
+        text: s(message, "text").unwrap_or("").to_owned(),
+        edited_ts: message
+            .pointer("/edited/ts")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        ts,
+        root_ts,
+    })
+}
+
+/// Text, or something else a reply could be about (files, blocks).
+fn usable(message: &Value) -> bool {
+    s(message, "text").is_some_and(|t| !t.trim().is_empty())
+        || message
+            .get("files")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty())
+}
+
+/// Classifies the inner `event` of a callback.
+pub fn classify(event: &Value, me: &BotIdentity, policy: &TriggerPolicy) -> Classification {
+    let ignore = |effect, reason| Classification {
+        effect,
+        outcome: Outcome::Ignore(reason),
+    };
+    let event_type = s(event, "type").unwrap_or("");
+    let subtype = s(event, "subtype");
+    match (event_type, subtype) {
+        ("app_mention", _)
+        | ("message", None | Some("thread_broadcast" | "file_share" | "bot_message")) => {}
+        ("message", Some("message_changed")) => {
+            let null = Value::Null;
+            let msg = event.get("message").unwrap_or(&null);
+            let prev = event.get("previous_message").unwrap_or(&null);
+            let Some(mut f) = facts(msg, s(prev, "ts"), me) else {
+                return ignore(Effect::None, IgnoreReason::UnhandledType);
+            };
+            if f.root_ts == f.ts {
+                if let Some(root) = s(prev, "thread_ts") {
+                    f.root_ts = root.to_owned();
+                }
+            }
+            if s(msg, "text") == s(prev, "text") {
+                return ignore(Effect::None, IgnoreReason::EditWithoutTextChange);
+            }
+            let reason = if f.speaker == Speaker::Assistant {
+                IgnoreReason::OwnBot
+            } else {
+                IgnoreReason::StateChange
+            };
+            return ignore(Effect::Edit(f), reason);
+        }
+        ("message", Some("message_deleted")) => {
+            let null = Value::Null;
+            let prev = event.get("previous_message").unwrap_or(&null);
+            let Some(ts) = s(event, "deleted_ts").or_else(|| s(prev, "ts")) else {
+                return ignore(Effect::None, IgnoreReason::UnhandledType);
+            };
+            let root_ts = s(prev, "thread_ts").unwrap_or(ts).to_owned();
+            return ignore(
+                Effect::Delete {
+                    ts: ts.to_owned(),
+                    root_ts,
+                },
+                IgnoreReason::StateChange,
+            );
+        }
+        _ => return ignore(Effect::None, IgnoreReason::UnhandledType),
+    }
+
+    let Some(f) = facts(event, None, me) else {
+        return ignore(Effect::None, IgnoreReason::UnhandledType);
+    };
+    match f.speaker {
+        Speaker::Assistant => return ignore(Effect::Upsert(f), IgnoreReason::OwnBot),
+        Speaker::Bot => {
+            let approved = f
+                .bot_id
+                .as_ref()
+                .is_some_and(|b| policy.approved_bots.contains(b));
+            // An approved bot's words are context for later answers; they
+            // never start an answer themselves (no bot-to-bot loops).
+            let reason = if approved {
+                IgnoreReason::BotNotTrigger
+            } else {
+                IgnoreReason::UnapprovedBot
+            };
+            let effect = if approved {
+                Effect::Upsert(f)
+            } else {
+                Effect::None
+            };
+            return ignore(effect, reason);
+        }
+        Speaker::Human => {}
+    }
+    if !usable(event) {
+        return ignore(Effect::Upsert(f), IgnoreReason::NoUsableText);
+    }
+    let is_dm = s(event, "channel_type") == Some("im")
+        || s(event, "channel").is_some_and(|c| c.starts_with('D'));
+    let trigger = if event_type == "app_mention" || mentions(event, &me.bot_user_id) {
+        Some(TriggerSource::Mention)
+    } else if is_dm {
+        if !policy.dms_allowed {
+            return ignore(Effect::Upsert(f), IgnoreReason::DmNotAllowed);
+        }
+        Some(TriggerSource::DirectMessage)
+    } else {
+        match &policy.channel_mode {
+            ChannelMode::EveryMessage => Some(TriggerSource::EveryMessage),
+            ChannelMode::Keywords(k) if has_keyword(&f.text, k) => Some(TriggerSource::Keyword),
+            _ => None,
+        }
+    };
+    match trigger {
+        Some(t) => Classification {
+            effect: Effect::Upsert(f),
+            outcome: Outcome::Trigger(t),
+        },
+        None => ignore(Effect::Upsert(f), IgnoreReason::NotAddressed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::path::PathBuf;
+
+    fn fixture_event(name: &str) -> Value {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/slack/events")
+            .join(name);
+        let v: Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("fixture")).expect("json");
+        v.get("event").cloned().unwrap_or(v)
+    }
+
+    fn me() -> BotIdentity {
+        // The bot of the bolt-python fixtures: user W111 / UB111 variants are set per test.
+        BotIdentity {
+            app_id: "A111".into(),
+            bot_id: "BZYBOTHED".into(),
+            bot_user_id: "W111".into(),
+        }
+    }
+
+    fn policy() -> TriggerPolicy {
+        TriggerPolicy::default()
+    }
+
+    #[test]
+    fn app_mention_triggers() {
+        let c = classify(
+            &fixture_event("app_mention.bolt-python.json"),
+            &me(),
+            &policy(),
+        );
+        assert_eq!(c.outcome, Outcome::Trigger(TriggerSource::Mention));
+        let Effect::Upsert(f) = c.effect else {
+            panic!("stores the message")
+        };
+        assert_eq!(
+            (f.ts.as_str(), f.root_ts.as_str(), f.speaker),
+            ("1595926230.009600", "1595926230.009600", Speaker::Human)
+        );
+    }
+
+    #[test]
+    fn mention_in_a_thread_keeps_the_thread_root() {
+        // The SDK fixture carries identifiers only; give it the mention text.
+        let mut e = fixture_event("app_mention_in_thread.event-only.bolt-python.json");
+        e["text"] = json!("<@W111> and this thread?");
+        let c = classify(&e, &me(), &policy());
+        assert_eq!(c.outcome, Outcome::Trigger(TriggerSource::Mention));
+        let Effect::Upsert(f) = c.effect else {
+            panic!("stores")
+        };
+        assert_ne!(f.ts, f.root_ts);
+    }
+
+    #[test]
+    fn a_message_event_with_the_mention_also_classifies_as_a_mention() {
+        // app_mention and message.channels for one message: both say
+        // "mention"; the thread store lets exactly one claim the turn.
+        let me = BotIdentity {
+            bot_user_id: "W222".into(),
+            ..me()
+        };
+        let c = classify(
+            &fixture_event("message_org_install_authorizations.bolt-python.json"),
+            &me,
+            &policy(),
+        );
+        assert_eq!(c.outcome, Outcome::Trigger(TriggerSource::Mention));
+        let block_only = json!({"type": "message", "text": "hey", "user": "U1", "ts": "1.1", "channel": "C1",
+            "blocks": [{"type": "rich_text", "elements": [{"type": "rich_text_section", "elements": [{"type": "user", "user_id": "W222"}]}]}]});
+        assert_eq!(
+            classify(&block_only, &me, &policy()).outcome,
+            Outcome::Trigger(TriggerSource::Mention)
+        );
+    }
+
+    #[test]
+    fn a_plain_channel_message_is_recorded_not_answered() {
+        let me = BotIdentity {
+            bot_user_id: "UNOBODY".into(),
+            ..me()
+        };
+        let c = classify(
+            &fixture_event("message_channel.bolt-python.json"),
+            &me,
+            &policy(),
+        );
+        assert_eq!(c.outcome, Outcome::Ignore(IgnoreReason::NotAddressed));
+        assert!(matches!(c.effect, Effect::Upsert(_)));
+    }
+
+    #[test]
+    fn our_own_messages_are_never_input_but_are_recorded() {
+        // bot_message from our bot_id (the bolt "ignore self" case).
+        let c = classify(
+            &fixture_event("message_bot_message_self_via_auth_test.bolt-python.json"),
+            &me(),
+            &policy(),
+        );
+        assert_eq!(c.outcome, Outcome::Ignore(IgnoreReason::OwnBot));
+        assert!(matches!(
+            c.effect,
+            Effect::Upsert(MessageFacts {
+                speaker: Speaker::Assistant,
+                ..
+            })
+        ));
+        // Our post fed back as a modern message with bot_profile.app_id,
+        // even when it mentions us.
+        let mut echo = fixture_event("message_bot_profile_bot_user.bolt-python.json");
+        echo["text"] = json!("<@W111> replying to myself");
+        let me2 = BotIdentity {
+            app_id: "A222".into(),
+            bot_id: "B999".into(),
+            bot_user_id: "UB111".into(),
+        };
+        assert_eq!(
+            classify(&echo, &me2, &policy()).outcome,
+            Outcome::Ignore(IgnoreReason::OwnBot)
+        );
+        // Our edit of our own message.
+        let me3 = BotIdentity {
+            app_id: "AXXXXXXXXXX".into(),
+            bot_id: "BXXXXXXXXXX".into(),
+            bot_user_id: "UOTHER".into(),
+        };
+        let c = classify(
+            &fixture_event("message_changed_by_bot.slack-morphism.json"),
+            &me3,
+            &policy(),
+        );
+        assert_eq!(c.outcome, Outcome::Ignore(IgnoreReason::OwnBot));
+        assert!(matches!(c.effect, Effect::Edit(_)));
+    }
+
+    #[test]
+    fn other_bots_are_ignored_unless_approved_and_never_trigger() {
+        let e = fixture_event("message_bot_message_other_app.bolt-python.json");
+        let c = classify(&e, &me(), &policy());
+        assert_eq!(
+            c,
+            Classification {
+                effect: Effect::None,
+                outcome: Outcome::Ignore(IgnoreReason::UnapprovedBot)
+            }
+        );
+        let approving = TriggerPolicy {
+            approved_bots: vec!["B_DIFFERENT_ONE".into()],
+            channel_mode: ChannelMode::EveryMessage,
+            ..policy()
+        };
+        let c = classify(&e, &me(), &approving);
+        assert_eq!(c.outcome, Outcome::Ignore(IgnoreReason::BotNotTrigger));
+        assert!(matches!(
+            c.effect,
+            Effect::Upsert(MessageFacts {
+                speaker: Speaker::Bot,
+                ..
+            })
+        ));
+        let classic = fixture_event("message_bot_message.bolt-python.json");
+        assert_eq!(
+            classify(&classic, &me(), &policy()).outcome,
+            Outcome::Ignore(IgnoreReason::UnapprovedBot)
+        );
+        let other_app = fixture_event("message_bot_profile_bot_user.bolt-python.json");
+        assert_eq!(
+            classify(&other_app, &me(), &policy()).outcome,
+            Outcome::Ignore(IgnoreReason::UnapprovedBot)
+        );
+    }
+
+    #[test]
+    fn edits_are_state_changes_and_unchanged_text_changes_nothing() {
+        let c = classify(
+            &fixture_event("message_changed.bolt-python.json"),
+            &me(),
+            &policy(),
+        );
+        assert_eq!(c.outcome, Outcome::Ignore(IgnoreReason::StateChange));
+        let Effect::Edit(f) = c.effect else {
+            panic!("an edit")
+        };
+        // The inner message has no ts (a Slack quirk): previous_message's.
+        assert_eq!(
+            (f.ts.as_str(), f.text.as_str(), f.edited_ts.as_deref()),
+            (
+                "1665102338.901939",
+                "updated message",
+                Some("1665102362.000000")
+            )
+        );
+        let mut unfurl = fixture_event("message_changed.slack-morphism.json");
+        unfurl["message"]["text"] = unfurl["previous_message"]["text"].clone();
+        let c = classify(&unfurl, &me(), &policy());
+        assert_eq!(
+            c,
+            Classification {
+                effect: Effect::None,
+                outcome: Outcome::Ignore(IgnoreReason::EditWithoutTextChange)
+            }
+        );
+    }
+
+    #[test]
+    fn deletions_are_state_changes_of_the_deleted_message() {
+        let c = classify(
+            &fixture_event("message_deleted.bolt-python.json"),
+            &me(),
+            &policy(),
+        );
+        assert_eq!(
+            c,
+            Classification {
+                effect: Effect::Delete {
+                    ts: "1665368619.804829".into(),
+                    root_ts: "1665368619.804829".into()
+                },
+                outcome: Outcome::Ignore(IgnoreReason::StateChange)
+            }
+        );
+    }
+
+    #[test]
+    fn thread_broadcast_and_file_share_are_messages() {
+        let me = BotIdentity {
+            bot_user_id: "UNOBODY".into(),
+            ..me()
+        };
+        let c = classify(
+            &fixture_event("thread_broadcast.bolt-python.json"),
+            &me,
+            &policy(),
+        );
+        assert_eq!(c.outcome, Outcome::Ignore(IgnoreReason::NotAddressed));
+        let Effect::Upsert(f) = c.effect else {
+            panic!("stored")
+        };
+        assert_eq!(f.root_ts, "1633663824.000500");
+        let mut files_only = fixture_event("file_share.bolt-python.json");
+        files_only["text"] = json!("");
+        files_only["files"] = json!([{"id": "F1"}]);
+        let every = TriggerPolicy {
+            channel_mode: ChannelMode::EveryMessage,
+            ..policy()
+        };
+        assert_eq!(
+            classify(&files_only, &me, &every).outcome,
+            Outcome::Trigger(TriggerSource::EveryMessage)
+        );
+    }
+
+    #[test]
+    fn empty_messages_dms_keywords_and_unhandled_types() {
+        let empty =
+            json!({"type": "message", "text": "  ", "user": "U1", "ts": "1.1", "channel": "C1"});
+        assert_eq!(
+            classify(&empty, &me(), &policy()).outcome,
+            Outcome::Ignore(IgnoreReason::NoUsableText)
+        );
+        let dm = json!({"type": "message", "text": "help", "user": "U1", "ts": "1.1", "channel": "D1", "channel_type": "im"});
+        assert_eq!(
+            classify(&dm, &me(), &policy()).outcome,
+            Outcome::Ignore(IgnoreReason::DmNotAllowed)
+        );
+        let dms = TriggerPolicy {
+            dms_allowed: true,
+            ..policy()
+        };
+        assert_eq!(
+            classify(&dm, &me(), &dms).outcome,
+            Outcome::Trigger(TriggerSource::DirectMessage)
+        );
+        let kw = TriggerPolicy {
+            channel_mode: ChannelMode::Keywords(vec!["Incident".into()]),
+            ..policy()
+        };
+        let hit = json!({"type": "message", "text": "new incident: db down", "user": "U1", "ts": "1.1", "channel": "C1"});
+        let miss = json!({"type": "message", "text": "incidental", "user": "U1", "ts": "1.1", "channel": "C1"});
+        assert_eq!(
+            classify(&hit, &me(), &kw).outcome,
+            Outcome::Trigger(TriggerSource::Keyword)
+        );
+        assert_eq!(
+            classify(&miss, &me(), &kw).outcome,
+            Outcome::Ignore(IgnoreReason::NotAddressed)
+        );
+        // A "prefix" in text is not an identity: "@bot" typed as plain text does nothing.
+        let fake = json!({"type": "message", "text": "@W111 please", "user": "U1", "ts": "1.1", "channel": "C1"});
+        assert_eq!(
+            classify(&fake, &me(), &policy()).outcome,
+            Outcome::Ignore(IgnoreReason::NotAddressed)
+        );
+        for e in [
+            fixture_event("app_uninstalled.bolt-python.json"),
+            json!({"type": "message", "subtype": "channel_join", "ts": "1.1"}),
+        ] {
+            assert_eq!(
+                classify(&e, &me(), &policy()).outcome,
+                Outcome::Ignore(IgnoreReason::UnhandledType)
+            );
+        }
+    }
+}
