@@ -264,10 +264,10 @@ pub fn classify(event: &Value, me: &BotIdentity, policy: &TriggerPolicy) -> Clas
             let Some(mut f) = facts(msg, s(prev, "ts"), me) else {
                 return ignore(Effect::None, IgnoreReason::UnhandledType);
             };
-            if f.root_ts == f.ts {
-                if let Some(root) = s(prev, "thread_ts") {
-                    f.root_ts = root.to_owned();
-                }
+            if f.root_ts == f.ts
+                && let Some(root) = s(prev, "thread_ts")
+            {
+                f.root_ts = root.to_owned();
             }
             if s(msg, "text") == s(prev, "text") {
                 return ignore(Effect::None, IgnoreReason::EditWithoutTextChange);
