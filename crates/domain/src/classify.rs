@@ -237,6 +237,12 @@ fn facts(message: &Value, fallback_ts: Option<&str>, me: &BotIdentity) -> Option
     })
 }
 
+/// The thread-store view of one message as the Web API returns it
+/// (`conversations.replies`), for backfills.
+pub fn message_facts(message: &Value, me: &BotIdentity) -> Option<MessageFacts> {
+    facts(message, None, me)
+}
+
 /// Text, or something else a reply could be about (files, blocks).
 fn usable(message: &Value) -> bool {
     s(message, "text").is_some_and(|t| !t.trim().is_empty())

@@ -9,6 +9,7 @@ pub mod health;
 pub mod secrets;
 pub mod shutdown;
 pub mod telemetry;
+pub mod worker;
 
 /// Ends a binary: a clean exit, or one line naming what failed (with its
 /// causes) and exit code 1. No backtrace: the message is for an operator.

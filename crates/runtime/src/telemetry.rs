@@ -133,3 +133,12 @@ pub fn current_trace_carrier() -> TraceCarrier {
     opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut carrier));
     carrier
 }
+
+/// Writes the current span's W3C trace context into NATS headers.
+pub fn inject_current(headers: &mut async_nats::HeaderMap) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let cx = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&cx, &mut crate::bus::HeaderInjector(headers))
+    });
+}

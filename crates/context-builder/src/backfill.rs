@@ -1,0 +1,126 @@
+//! Backfilling a thread the store has never seen (a mention deep in an old
+//! thread) through `conversations.replies`, page by page, within a read
+//! budget shared by all replicas through Postgres. A backfill that stops
+//! early (budget, page cap, rate limit, Slack error) is marked partial —
+//! never silently partial.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use threadline_domain::classify::{Effect, Speaker, message_facts};
+use threadline_slack::{WebClient, WebError};
+
+use crate::store::{self, Installation};
+
+#[derive(Debug, Clone, Copy)]
+pub struct BackfillLimits {
+    /// Most pages one backfill reads.
+    pub max_pages: u32,
+    /// Messages per page (Tier 3 apps; non-Marketplace apps get 15).
+    pub page_size: u32,
+    /// `conversations.replies` calls per minute per installation (Tier 3:
+    /// 50; non-Marketplace apps: 1).
+    pub per_minute: i32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completeness {
+    Complete,
+    Partial,
+}
+
+const METHOD: &str = "conversations.replies";
+
+/// Takes one call from the installation's shared budget.
+async fn take_budget(pool: &PgPool, inst: &Installation, per_minute: i32) -> sqlx::Result<bool> {
+    sqlx::query("INSERT INTO slack_read_budgets (installation_id, method) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+        .bind(inst.id)
+        .bind(METHOD)
+        .execute(pool)
+        .await?;
+    let r = sqlx::query(
+        "UPDATE slack_read_budgets
+            SET calls = CASE WHEN window_start <= now() - interval '1 minute' THEN 1 ELSE calls + 1 END,
+                window_start = CASE WHEN window_start <= now() - interval '1 minute' THEN now() ELSE window_start END
+          WHERE installation_id = $1 AND method = $2
+            AND (paused_until IS NULL OR paused_until <= now())
+            AND (window_start <= now() - interval '1 minute' OR calls < $3)",
+    )
+    .bind(inst.id)
+    .bind(METHOD)
+    .bind(per_minute)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+async fn pause(pool: &PgPool, inst: &Installation, wait: Duration) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE slack_read_budgets SET paused_until = now() + make_interval(secs => $3)
+          WHERE installation_id = $1 AND method = $2",
+    )
+    .bind(inst.id)
+    .bind(METHOD)
+    .bind(wait.as_secs_f64())
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Reads the thread from Slack into the store. `token` is the bot token,
+/// opened only for the call.
+pub async fn run(
+    pool: &PgPool,
+    web: &WebClient,
+    inst: &Installation,
+    token: &str,
+    channel: &str,
+    root: &str,
+    limits: BackfillLimits,
+) -> anyhow::Result<Completeness> {
+    let (page_size, per_minute) = if inst.non_marketplace { (limits.page_size.min(15), 1) } else { (limits.page_size, limits.per_minute) };
+    let mut cursor: Option<String> = None;
+    let mut complete = false;
+    for _ in 0..limits.max_pages.max(1) {
+        if !take_budget(pool, inst, per_minute).await? {
+            metrics::counter!("threadline_backfill_budget_exhausted_total").increment(1);
+            break;
+        }
+        let page = match web.conversations_replies(token, channel, root, cursor.as_deref(), page_size).await {
+            Ok(p) => p,
+            Err(WebError::RateLimited { retry_after }) => {
+                metrics::counter!("threadline_slack_rate_limited_total", "method" => METHOD).increment(1);
+                pause(pool, inst, retry_after).await?;
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, channel, "backfill stopped early");
+                break;
+            }
+        };
+        let mut tx = pool.begin().await?;
+        for m in &page.messages {
+            let Some(f) = message_facts(m, &inst.identity) else { continue };
+            if f.speaker == Speaker::Bot && !f.bot_id.as_ref().is_some_and(|b| inst.approved_bots.contains(b)) {
+                continue;
+            }
+            let edited = f.edited_ts.is_some();
+            store::apply(&mut tx, inst.id, channel, &Effect::Upsert(f.clone())).await?;
+            if edited {
+                store::apply(&mut tx, inst.id, channel, &Effect::Edit(f)).await?;
+            }
+        }
+        tx.commit().await?;
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => {
+                complete = true;
+                break;
+            }
+        }
+    }
+    let state = if complete { Completeness::Complete } else { Completeness::Partial };
+    store::set_backfill(pool, inst.id, channel, root, if complete { "complete" } else { "partial" }).await?;
+    metrics::counter!("threadline_backfills_total", "result" => if complete { "complete" } else { "partial" }).increment(1);
+    Ok(state)
+}

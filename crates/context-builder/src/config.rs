@@ -1,0 +1,48 @@
+//! Context-builder settings. Shared ones (database, NATS, bus prefix,
+//! `SLACK_API_URL`, telemetry) are documented in `threadline_runtime::config`.
+
+use std::time::Duration;
+
+use threadline_runtime::config::{CommonConfig, ConfigError, Source};
+use threadline_runtime::secrets::TokenCipher;
+
+use crate::backfill::BackfillLimits;
+use crate::context::Limits;
+
+#[derive(Debug)]
+pub struct ContextConfig {
+    pub common: CommonConfig,
+    /// `THREADLINE_TOKEN_KEYS` (required): opens bot tokens for backfills.
+    pub cipher: TokenCipher,
+    /// `THREADLINE_CONTEXT_CONCURRENCY`, default 8: events handled at once.
+    pub concurrency: usize,
+    /// `THREADLINE_CONTEXT_MAX_MESSAGES` (50), `…_MAX_BYTES` (32768),
+    /// `…_MAX_AGE_HOURS` (720): truncation limits.
+    pub limits: Limits,
+    /// `THREADLINE_BACKFILL_MAX_PAGES` (10), `…_PAGE_SIZE` (200),
+    /// `…_PER_MINUTE` (50, Slack's Tier 3).
+    pub backfill: BackfillLimits,
+    /// `THREADLINE_SLACK_TIMEOUT_MS`, default 10000.
+    pub slack_timeout: Duration,
+}
+
+impl ContextConfig {
+    pub fn from_source(src: &Source) -> Result<Self, ConfigError> {
+        Ok(Self {
+            common: CommonConfig::from_source(src)?,
+            cipher: TokenCipher::from_source(src)?,
+            concurrency: src.bounded("THREADLINE_CONTEXT_CONCURRENCY", 8, 1..=256)? as usize,
+            limits: Limits {
+                max_messages: src.bounded("THREADLINE_CONTEXT_MAX_MESSAGES", 50, 2..=1000)? as usize,
+                max_bytes: src.bounded("THREADLINE_CONTEXT_MAX_BYTES", 32 * 1024, 256..=(512 * 1024))? as usize,
+                max_age_secs: src.bounded("THREADLINE_CONTEXT_MAX_AGE_HOURS", 720, 1..=87_600)? * 3600,
+            },
+            backfill: BackfillLimits {
+                max_pages: src.bounded("THREADLINE_BACKFILL_MAX_PAGES", 10, 1..=100)? as u32,
+                page_size: src.bounded("THREADLINE_BACKFILL_PAGE_SIZE", 200, 1..=1000)? as u32,
+                per_minute: src.bounded("THREADLINE_BACKFILL_PER_MINUTE", 50, 1..=1000)? as i32,
+            },
+            slack_timeout: src.millis("THREADLINE_SLACK_TIMEOUT_MS", 10_000, 100..=120_000)?,
+        })
+    }
+}

@@ -1,0 +1,223 @@
+//! Handling one accepted event: classify it, apply it to the thread store,
+//! and for a trigger build the versioned context and publish it.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, message::PublishMessage};
+use bytes::Bytes;
+use prost::Message as _;
+use secrecy::ExposeSecret as _;
+use sqlx::PgPool;
+use threadline_domain::classify::{self, Effect, Outcome};
+use threadline_proto::v1::{ContextMessage, ContextReady, EventAccepted, SCHEMA_VERSION};
+use threadline_runtime::bus::{Topic, Topology};
+use threadline_runtime::secrets::{Sealed, TokenCipher, token_aad};
+use threadline_runtime::worker::Disposition;
+use threadline_slack::WebClient;
+use uuid::Uuid;
+
+use crate::backfill::{self, BackfillLimits, Completeness};
+use crate::context::{self, Limits};
+use crate::store::{self, Installation};
+
+pub struct Handler {
+    pub pool: PgPool,
+    pub js: jetstream::Context,
+    pub topology: Topology,
+    pub web: WebClient,
+    pub cipher: TokenCipher,
+    pub limits: Limits,
+    pub backfill: BackfillLimits,
+}
+
+/// How a database failure is retried.
+const DB_RETRY: Duration = Duration::from_secs(5);
+
+fn ignored(reason: &'static str) -> Result<Step, anyhow::Error> {
+    Ok(Step::Ignored(reason))
+}
+
+enum Step {
+    Ignored(&'static str),
+    Done,
+}
+
+impl Handler {
+    /// Decodes and handles one bus message.
+    pub async fn handle(&self, payload: &[u8]) -> Disposition {
+        let Ok(ev) = EventAccepted::decode(payload) else {
+            return Disposition::Poison("undecodable EventAccepted".into());
+        };
+        let Ok(receipt) = Uuid::parse_str(&ev.receipt_id) else {
+            return Disposition::Poison("EventAccepted without a receipt id".into());
+        };
+        let span = tracing::info_span!("context.build", event_id = %ev.event_id, receipt_id = %receipt, outcome = tracing::field::Empty);
+        let _g = span.enter();
+        match self.process(&ev, receipt).await {
+            Ok(Step::Done) => {
+                span.record("outcome", "context");
+                Disposition::Done
+            }
+            Ok(Step::Ignored(reason)) => {
+                span.record("outcome", reason);
+                metrics::counter!("threadline_events_ignored_total", "reason" => reason).increment(1);
+                Disposition::Done
+            }
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "event handling failed; retrying");
+                Disposition::Retry(DB_RETRY)
+            }
+        }
+    }
+
+    async fn process(&self, ev: &EventAccepted, receipt: Uuid) -> anyhow::Result<Step> {
+        let inst_id = Uuid::parse_str(&ev.installation_id)?;
+        let Some(inst) = store::installation(&self.pool, inst_id).await? else {
+            return self.end(receipt, "ignored", "unknown_installation").await;
+        };
+        if !inst.active {
+            return self.end(receipt, "ignored", "installation_disabled").await;
+        }
+        if !store::begin(&self.pool, receipt).await? {
+            // Finished before (a redelivery after the ack was lost).
+            return Ok(Step::Done);
+        }
+        let event: serde_json::Value = match serde_json::from_slice(&ev.event_json) {
+            Ok(v) => v,
+            Err(_) => return self.end(receipt, "failed", "undecodable_event").await,
+        };
+        let channel = ev.channel_id.as_str();
+        let policy = store::policy(&self.pool, &inst, channel).await?;
+        let c = classify::classify(&event, &inst.identity, &policy);
+
+        let mut tx = self.pool.begin().await?;
+        store::apply(&mut tx, inst.id, channel, &c.effect).await?;
+        match &c.effect {
+            Effect::Delete { ts, .. } => {
+                let n = store::cancel_pending(&mut tx, inst.id, channel, ts, receipt).await?;
+                if n > 0 {
+                    tracing::info!(cancelled = n, "deleted source cancelled pending work");
+                }
+            }
+            Effect::Edit(f) if store::note_answered_source_changed(&mut tx, inst.id, channel, &f.ts).await? => {
+                // Policy: record and notify; never a second automatic answer.
+                metrics::counter!("threadline_answered_source_changed_total").increment(1);
+                tracing::warn!(alert = "answered_source_changed", channel, "a message was edited after it was answered");
+            }
+            _ => {}
+        }
+        let (source_ts, root, trigger) = match (c.outcome, &c.effect) {
+            (Outcome::Trigger(t), Effect::Upsert(f)) => (f.ts.clone(), f.root_ts.clone(), t),
+            (Outcome::Trigger(_), _) => {
+                store::finish(&mut tx, receipt, "ignored", Some("unhandled_type")).await?;
+                tx.commit().await?;
+                return ignored("unhandled_type");
+            }
+            (Outcome::Ignore(reason), _) => {
+                store::finish(&mut tx, receipt, "ignored", Some(reason.as_str())).await?;
+                tx.commit().await?;
+                return ignored(reason.as_str());
+            }
+        };
+        if !store::claim_turn(&mut tx, inst.id, channel, &source_ts, receipt, trigger.as_str()).await? {
+            store::finish(&mut tx, receipt, "ignored", Some("duplicate_turn")).await?;
+            tx.commit().await?;
+            return ignored("duplicate_turn");
+        }
+        tx.commit().await?;
+
+        // A reply in a thread never seen: read the thread from Slack first
+        // (no transaction is open during the call).
+        if root != source_ts && !store::has_message(&self.pool, inst.id, channel, &root).await? {
+            self.backfill(&inst, channel, &root).await?;
+        }
+        self.build_and_publish(ev, receipt, &inst, channel, &root, &source_ts).await
+    }
+
+    async fn backfill(&self, inst: &Installation, channel: &str, root: &str) -> anyhow::Result<()> {
+        let (Some(bytes), Some(key_id)) = (&inst.token_sealed, &inst.token_key_id) else {
+            store::set_backfill(&self.pool, inst.id, channel, root, "partial").await?;
+            tracing::warn!("no bot token stored; thread context is partial");
+            return Ok(());
+        };
+        let token = self
+            .cipher
+            .open(&Sealed { key_id: key_id.clone(), bytes: bytes.clone() }, &token_aad(&inst.id, "bot"))?;
+        let done = backfill::run(&self.pool, &self.web, inst, token.expose_secret(), channel, root, self.backfill).await?;
+        if done == Completeness::Partial {
+            tracing::warn!(channel, "thread backfill is partial");
+        }
+        Ok(())
+    }
+
+    async fn build_and_publish(
+        &self,
+        ev: &EventAccepted,
+        receipt: Uuid,
+        inst: &Installation,
+        channel: &str,
+        root: &str,
+        source_ts: &str,
+    ) -> anyhow::Result<Step> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *tx).await?;
+        let snap = store::snapshot(&mut tx, inst, channel, root, source_ts).await?;
+        if snap.source_deleted {
+            store::finish(&mut tx, receipt, "ignored", Some("source_deleted")).await?;
+            tx.commit().await?;
+            return ignored("source_deleted");
+        }
+        let built = context::build(&snap.messages, source_ts, self.limits);
+        store::record_context(
+            &mut tx,
+            receipt,
+            inst.id,
+            channel,
+            root,
+            source_ts,
+            snap.version,
+            &built.content_hash,
+            built.messages.len(),
+            built.omitted > 0,
+            snap.backfill_partial,
+        )
+        .await?;
+        tx.commit().await?;
+
+        let msg = ContextReady {
+            schema_version: SCHEMA_VERSION,
+            receipt_id: receipt.to_string(),
+            installation_id: inst.id.to_string(),
+            event_id: ev.event_id.clone(),
+            channel_id: channel.to_owned(),
+            root_ts: root.to_owned(),
+            source_ts: source_ts.to_owned(),
+            thread_version: snap.version,
+            messages: built
+                .messages
+                .iter()
+                .map(|m| ContextMessage { ts: m.ts.clone(), user_id: m.user_id.clone(), role: m.speaker.clone(), text: m.text.clone() })
+                .collect(),
+            truncated: built.omitted > 0,
+            backfill_partial: snap.backfill_partial,
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        threadline_runtime::telemetry::inject_current(&mut headers);
+        let publish = PublishMessage::build()
+            .payload(Bytes::from(msg.encode_to_vec()))
+            .headers(headers)
+            .message_id(format!("ctx:{receipt}:{}", snap.version));
+        self.js.send_publish(self.topology.subject(Topic::Contexts), publish).await?.await?;
+        let mut conn = self.pool.acquire().await?;
+        store::finish(&mut conn, receipt, "done", None).await?;
+        metrics::counter!("threadline_contexts_built_total", "truncated" => if built.omitted > 0 { "true" } else { "false" })
+            .increment(1);
+        Ok(Step::Done)
+    }
+
+    async fn end(&self, receipt: Uuid, state: &str, reason: &'static str) -> anyhow::Result<Step> {
+        let mut conn = self.pool.acquire().await?;
+        store::finish(&mut conn, receipt, state, Some(reason)).await?;
+        Ok(Step::Ignored(reason))
+    }
+}

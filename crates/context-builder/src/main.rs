@@ -1,0 +1,19 @@
+use std::process::ExitCode;
+
+use threadline_context_builder::ContextConfig;
+use threadline_runtime::config::Source;
+
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    threadline_runtime::exit_with("threadline-context-builder", run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
+    let cfg = ContextConfig::from_source(&Source::from_env()?)?;
+    let _telemetry = threadline_runtime::telemetry::init("threadline-context-builder", &cfg.common)?;
+    let shutdown = threadline_runtime::shutdown::on_signal();
+    threadline_context_builder::run(cfg, shutdown).await
+}

@@ -1,0 +1,381 @@
+//! The thread store: facts, messages, threads, turns and receipts. Every
+//! content change is a fact applied at most once; each new fact bumps its
+//! thread's version in the same transaction. The final state depends only on
+//! the set of facts, not on their order or how often they arrive.
+
+use sha2::{Digest, Sha256};
+use sqlx::{PgConnection, PgPool};
+use threadline_domain::classify::{BotIdentity, ChannelMode, Effect, MessageFacts, TriggerPolicy};
+use uuid::Uuid;
+
+use crate::context::StoredMessage;
+
+/// An installation as the context-builder needs it.
+#[derive(Debug, Clone)]
+pub struct Installation {
+    pub id: Uuid,
+    pub identity: BotIdentity,
+    pub active: bool,
+    pub token_sealed: Option<Vec<u8>>,
+    pub token_key_id: Option<String>,
+    pub dms_allowed: bool,
+    pub approved_bots: Vec<String>,
+    pub non_marketplace: bool,
+}
+
+type InstallationRow = (Uuid, String, String, String, String, Option<Vec<u8>>, Option<String>, Option<bool>, Option<Vec<String>>, Option<String>);
+
+pub async fn installation(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Installation>> {
+    let row: Option<InstallationRow> = sqlx::query_as(
+        "SELECT i.id, i.app_id, i.bot_id, i.bot_user_id, i.status, i.bot_token_sealed, i.bot_token_key_id,
+                p.dms_allowed, p.approved_bots, p.read_limits
+           FROM installations i LEFT JOIN installation_policies p ON p.installation_id = i.id
+          WHERE i.id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|(id, app_id, bot_id, bot_user_id, status, sealed, key_id, dms, bots, limits)| Installation {
+        id,
+        identity: BotIdentity { app_id, bot_id, bot_user_id },
+        active: status == "active",
+        token_sealed: sealed,
+        token_key_id: key_id,
+        dms_allowed: dms.unwrap_or(false),
+        approved_bots: bots.unwrap_or_default(),
+        non_marketplace: limits.as_deref() == Some("non_marketplace"),
+    }))
+}
+
+pub async fn policy(pool: &PgPool, inst: &Installation, channel: &str) -> sqlx::Result<TriggerPolicy> {
+    let row: Option<(String, Vec<String>)> =
+        sqlx::query_as("SELECT mode, keywords FROM channel_policies WHERE installation_id = $1 AND channel_id = $2")
+            .bind(inst.id)
+            .bind(channel)
+            .fetch_optional(pool)
+            .await?;
+    let channel_mode = match row {
+        Some((mode, _)) if mode == "every_message" => ChannelMode::EveryMessage,
+        Some((mode, keywords)) if mode == "keywords" => ChannelMode::Keywords(keywords),
+        _ => ChannelMode::MentionsOnly,
+    };
+    Ok(TriggerPolicy { dms_allowed: inst.dms_allowed, channel_mode, approved_bots: inst.approved_bots.clone() })
+}
+
+/// Moves a receipt to `processing`; false when it already ended (done,
+/// ignored, failed): the delivery is a redelivery of finished work.
+pub async fn begin(pool: &PgPool, receipt: Uuid) -> sqlx::Result<bool> {
+    let r = sqlx::query(
+        "UPDATE event_receipts SET state = 'processing', updated_at = now()
+          WHERE id = $1 AND state IN ('accepted', 'processing')",
+    )
+    .bind(receipt)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Ends a receipt: `processing → done | ignored(reason)`, compare-and-set.
+pub async fn finish(conn: &mut PgConnection, receipt: Uuid, state: &str, reason: Option<&str>) -> sqlx::Result<bool> {
+    let r = sqlx::query(
+        "UPDATE event_receipts SET state = $2, state_reason = $3, updated_at = now()
+          WHERE id = $1 AND state IN ('accepted', 'processing')",
+    )
+    .bind(receipt)
+    .bind(state)
+    .bind(reason)
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+fn text_hash(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+async fn new_fact(conn: &mut PgConnection, inst: Uuid, channel: &str, ts: &str, fact: &str, key: &str) -> sqlx::Result<bool> {
+    let r = sqlx::query(
+        "INSERT INTO message_facts (installation_id, channel_id, ts, fact, fact_key) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(inst)
+    .bind(channel)
+    .bind(ts)
+    .bind(fact)
+    .bind(key)
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+async fn bump(conn: &mut PgConnection, inst: Uuid, channel: &str, root: &str) -> sqlx::Result<i64> {
+    sqlx::query_scalar(
+        "INSERT INTO threads (installation_id, channel_id, root_ts, version) VALUES ($1, $2, $3, 1)
+         ON CONFLICT (installation_id, channel_id, root_ts)
+         DO UPDATE SET version = threads.version + 1, updated_at = now()
+         RETURNING version",
+    )
+    .bind(inst)
+    .bind(channel)
+    .bind(root)
+    .fetch_one(conn)
+    .await
+}
+
+async fn stored_root(conn: &mut PgConnection, inst: Uuid, channel: &str, ts: &str) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar("SELECT root_ts FROM thread_messages WHERE installation_id = $1 AND channel_id = $2 AND ts = $3")
+        .bind(inst)
+        .bind(channel)
+        .bind(ts)
+        .fetch_optional(conn)
+        .await
+}
+
+/// Applies an effect; returns the thread it touched and its version if a
+/// new fact was recorded.
+pub async fn apply(conn: &mut PgConnection, inst: Uuid, channel: &str, effect: &Effect) -> sqlx::Result<Option<(String, i64)>> {
+    match effect {
+        Effect::None => Ok(None),
+        Effect::Upsert(f) => {
+            if !new_fact(conn, inst, channel, &f.ts, "create", "").await? {
+                return Ok(None);
+            }
+            // A later edit or a tombstone may already be here: keep it.
+            insert_message(conn, inst, channel, f, "ON CONFLICT DO NOTHING").await?;
+            let root = stored_root(conn, inst, channel, &f.ts).await?.unwrap_or_else(|| f.root_ts.clone());
+            Ok(Some((root.clone(), bump(conn, inst, channel, &root).await?)))
+        }
+        Effect::Edit(f) => {
+            let key = f.edited_ts.clone().unwrap_or_else(|| text_hash(&f.text));
+            if !new_fact(conn, inst, channel, &f.ts, "edit", &key).await? {
+                return Ok(None);
+            }
+            // The newest edit wins, whatever order edits arrive in; a
+            // deleted message stays deleted.
+            insert_message(
+                conn,
+                inst,
+                channel,
+                f,
+                "ON CONFLICT (installation_id, channel_id, ts) DO UPDATE
+                    SET text = EXCLUDED.text, text_hash = EXCLUDED.text_hash, edited_ts = EXCLUDED.edited_ts
+                  WHERE NOT thread_messages.deleted
+                    AND (thread_messages.edited_ts IS NULL OR thread_messages.edited_ts < EXCLUDED.edited_ts)",
+            )
+            .await?;
+            let root = stored_root(conn, inst, channel, &f.ts).await?.unwrap_or_else(|| f.root_ts.clone());
+            Ok(Some((root.clone(), bump(conn, inst, channel, &root).await?)))
+        }
+        Effect::Delete { ts, root_ts } => {
+            if !new_fact(conn, inst, channel, ts, "delete", "").await? {
+                return Ok(None);
+            }
+            let root = stored_root(conn, inst, channel, ts).await?.unwrap_or_else(|| root_ts.clone());
+            // A tombstone keeps the identity and drops the text.
+            sqlx::query(
+                "INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash, deleted)
+                 VALUES ($1, $2, $3, $4, 'user', '', '', true)
+                 ON CONFLICT (installation_id, channel_id, ts)
+                 DO UPDATE SET deleted = true, text = '', text_hash = ''",
+            )
+            .bind(inst)
+            .bind(channel)
+            .bind(ts)
+            .bind(&root)
+            .execute(&mut *conn)
+            .await?;
+            Ok(Some((root.clone(), bump(conn, inst, channel, &root).await?)))
+        }
+    }
+}
+
+async fn insert_message(conn: &mut PgConnection, inst: Uuid, channel: &str, f: &MessageFacts, conflict: &'static str) -> sqlx::Result<()> {
+    macro_rules! insert {
+        ($conflict:expr) => {
+            sqlx::query(&format!(
+                "INSERT INTO thread_messages
+                    (installation_id, channel_id, ts, root_ts, speaker, user_id, bot_id, text, text_hash, edited_ts)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::numeric) {}",
+                $conflict
+            ))
+        };
+    }
+    insert!(conflict)
+        .bind(inst)
+        .bind(channel)
+        .bind(&f.ts)
+        .bind(&f.root_ts)
+        .bind(f.speaker.as_str())
+        .bind(&f.user_id)
+        .bind(&f.bot_id)
+        .bind(&f.text)
+        .bind(text_hash(&f.text))
+        .bind(&f.edited_ts)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Claims the turn of a human message for `receipt`; true when this
+/// receipt owns it (first claim, or its own earlier claim).
+pub async fn claim_turn(conn: &mut PgConnection, inst: Uuid, channel: &str, ts: &str, receipt: Uuid, source: &str) -> sqlx::Result<bool> {
+    sqlx::query(
+        "INSERT INTO turns (installation_id, channel_id, ts, receipt_id, source) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(inst)
+    .bind(channel)
+    .bind(ts)
+    .bind(receipt)
+    .bind(source)
+    .execute(&mut *conn)
+    .await?;
+    let owner: Uuid = sqlx::query_scalar("SELECT receipt_id FROM turns WHERE installation_id = $1 AND channel_id = $2 AND ts = $3")
+        .bind(inst)
+        .bind(channel)
+        .bind(ts)
+        .fetch_one(conn)
+        .await?;
+    Ok(owner == receipt)
+}
+
+/// A deleted message cancels work not yet started from it.
+pub async fn cancel_pending(conn: &mut PgConnection, inst: Uuid, channel: &str, ts: &str, except: Uuid) -> sqlx::Result<u64> {
+    let r = sqlx::query(
+        "UPDATE event_receipts SET state = 'ignored', state_reason = 'source_deleted', updated_at = now()
+          WHERE installation_id = $1 AND channel_id = $2 AND message_ts = $3 AND state = 'accepted' AND id <> $4",
+    )
+    .bind(inst)
+    .bind(channel)
+    .bind(ts)
+    .bind(except)
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected())
+}
+
+/// Marks an answered turn whose source was edited afterwards.
+pub async fn note_answered_source_changed(conn: &mut PgConnection, inst: Uuid, channel: &str, ts: &str) -> sqlx::Result<bool> {
+    let r = sqlx::query(
+        "UPDATE turns SET source_changed_after_answer_at = now()
+          WHERE installation_id = $1 AND channel_id = $2 AND ts = $3 AND answered_at IS NOT NULL",
+    )
+    .bind(inst)
+    .bind(channel)
+    .bind(ts)
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Whether the store has the message (deleted or not).
+pub async fn has_message(pool: &PgPool, inst: Uuid, channel: &str, ts: &str) -> sqlx::Result<bool> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM thread_messages WHERE installation_id = $1 AND channel_id = $2 AND ts = $3",
+    )
+    .bind(inst)
+    .bind(channel)
+    .bind(ts)
+    .fetch_one(pool)
+    .await?;
+    Ok(n > 0)
+}
+
+pub async fn set_backfill(pool: &PgPool, inst: Uuid, channel: &str, root: &str, state: &str) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO threads (installation_id, channel_id, root_ts, backfill_state) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (installation_id, channel_id, root_ts) DO UPDATE
+            SET backfill_state = CASE WHEN threads.backfill_state = 'complete' THEN 'complete' ELSE EXCLUDED.backfill_state END",
+    )
+    .bind(inst)
+    .bind(channel)
+    .bind(root)
+    .bind(state)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The thread as it is now: version, whether its backfill is partial, its
+/// live messages oldest first, and whether `source_ts` is deleted.
+pub struct Snapshot {
+    pub version: i64,
+    pub backfill_partial: bool,
+    pub messages: Vec<StoredMessage>,
+    pub source_deleted: bool,
+}
+
+pub async fn snapshot(conn: &mut PgConnection, inst: &Installation, channel: &str, root: &str, source_ts: &str) -> sqlx::Result<Snapshot> {
+    let (version, backfill): (i64, String) = sqlx::query_as(
+        "SELECT version, backfill_state FROM threads WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3",
+    )
+    .bind(inst.id)
+    .bind(channel)
+    .bind(root)
+    .fetch_optional(&mut *conn)
+    .await?
+    .unwrap_or((0, "none".into()));
+    let rows: Vec<(String, String, Option<String>, Option<String>, String)> = sqlx::query_as(
+        "SELECT ts, speaker, user_id, bot_id, text FROM thread_messages
+          WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND NOT deleted
+          ORDER BY ts::numeric",
+    )
+    .bind(inst.id)
+    .bind(channel)
+    .bind(root)
+    .fetch_all(&mut *conn)
+    .await?;
+    let source_deleted: bool = sqlx::query_scalar(
+        "SELECT coalesce(bool_or(deleted), false) FROM thread_messages WHERE installation_id = $1 AND channel_id = $2 AND ts = $3",
+    )
+    .bind(inst.id)
+    .bind(channel)
+    .bind(source_ts)
+    .fetch_one(&mut *conn)
+    .await?;
+    let messages = rows
+        .into_iter()
+        // Policy: another bot's words only when that bot is approved.
+        .filter(|(_, speaker, _, bot, _)| speaker != "bot" || bot.as_ref().is_some_and(|b| inst.approved_bots.contains(b)))
+        .map(|(ts, speaker, user, bot, text)| StoredMessage { ts, speaker, user_id: user.or(bot).unwrap_or_default(), text })
+        .collect();
+    Ok(Snapshot { version, backfill_partial: backfill == "partial", messages, source_deleted })
+}
+
+#[allow(clippy::too_many_arguments)]
+pub async fn record_context(
+    conn: &mut PgConnection,
+    receipt: Uuid,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+    source_ts: &str,
+    version: i64,
+    hash: &str,
+    count: usize,
+    truncated: bool,
+    backfill_partial: bool,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO contexts (receipt_id, installation_id, channel_id, root_ts, source_ts, thread_version,
+                               content_hash, message_count, truncated, backfill_partial)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+         ON CONFLICT (receipt_id) DO UPDATE
+            SET thread_version = EXCLUDED.thread_version, content_hash = EXCLUDED.content_hash,
+                message_count = EXCLUDED.message_count, truncated = EXCLUDED.truncated,
+                backfill_partial = EXCLUDED.backfill_partial, captured_at = now()",
+    )
+    .bind(receipt)
+    .bind(inst)
+    .bind(channel)
+    .bind(root)
+    .bind(source_ts)
+    .bind(version)
+    .bind(hash)
+    .bind(count as i32)
+    .bind(truncated)
+    .bind(backfill_partial)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

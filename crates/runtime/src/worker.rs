@@ -1,0 +1,132 @@
+//! Durable pull consumers with one mapping from a handler's outcome to the
+//! broker: done → ack, retry later → nak with delay, poison → dead-letter
+//! and term. Long handlers keep their message with in-progress acks; the
+//! last allowed delivery of a retried message is dead-lettered rather than
+//! dropped silently.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_nats::jetstream::{self, AckKind, consumer::PullConsumer};
+use futures::StreamExt as _;
+use tracing::Instrument as _;
+
+use crate::bus::{BACKOFF, HeaderExtractor, Topic, Topology};
+use crate::shutdown::CancellationToken;
+
+/// What became of a message.
+#[derive(Debug)]
+pub enum Disposition {
+    Done,
+    /// Try again after the delay (a dependency was unavailable).
+    Retry(Duration),
+    /// Never going to work (undecodable, contract violation): dead-letter it.
+    Poison(String),
+}
+
+/// How often a running handler extends its ack deadline.
+const PROGRESS_EVERY: Duration = Duration::from_secs(20);
+
+/// Pulls `topic` with the topology's durable consumer and runs `handler` on
+/// up to `concurrency` messages at a time until `shutdown`; in-flight
+/// handlers finish before this returns.
+pub async fn run<H, F>(
+    js: jetstream::Context,
+    topology: Topology,
+    topic: Topic,
+    concurrency: usize,
+    shutdown: CancellationToken,
+    handler: H,
+) -> anyhow::Result<()>
+where
+    H: Fn(jetstream::Message) -> F + Send + Sync + 'static,
+    F: Future<Output = Disposition> + Send + 'static,
+{
+    let stream = js
+        .get_stream(topology.stream(topic))
+        .await
+        .with_context(|| format!("opening stream {}", topology.stream(topic)))?;
+    let consumer: PullConsumer = stream
+        .get_consumer(topic.consumer())
+        .await
+        .map_err(|e| anyhow::anyhow!("opening consumer {}: {e}", topic.consumer()))?;
+    let handler = Arc::new(handler);
+    let messages = consumer.messages().await.context("pulling messages")?;
+    let dlq = topology.dead_letter_subject(topic);
+    messages
+        .take_until(shutdown.cancelled_owned())
+        .for_each_concurrent(concurrency, |msg| {
+            let (handler, js, dlq) = (handler.clone(), js.clone(), dlq.clone());
+            async move {
+                let msg = match msg {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "pulling a message failed");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        return;
+                    }
+                };
+                handle_one(msg, &*handler, &js, &dlq).await;
+            }
+        })
+        .await;
+    Ok(())
+}
+
+async fn handle_one<H, F>(msg: jetstream::Message, handler: &H, js: &jetstream::Context, dlq: &str)
+where
+    H: Fn(jetstream::Message) -> F,
+    F: Future<Output = Disposition>,
+{
+    let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
+    let span = tracing::info_span!("bus.consume", subject = %msg.subject, delivered);
+    if let Some(headers) = &msg.headers {
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(headers)));
+        let _ = span.set_parent(parent);
+    }
+    // Keep the message ours while the handler works.
+    let (acker_msg, progress_stop) = (msg.clone(), CancellationToken::new());
+    let stop = progress_stop.clone();
+    let progress = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(PROGRESS_EVERY) => {
+                    let _ = acker_msg.ack_with(AckKind::Progress).await;
+                }
+            }
+        }
+    });
+    let outcome = handler(msg.clone()).instrument(span.clone()).await;
+    progress_stop.cancel();
+    let _ = progress.await;
+    let last_try = delivered >= BACKOFF.len() as i64 + 1;
+    let _enter = span.enter();
+    let result = match outcome {
+        Disposition::Done => msg.double_ack().await,
+        Disposition::Retry(delay) if !last_try => msg.ack_with(AckKind::Nak(Some(delay))).await,
+        Disposition::Retry(_) => dead_letter(js, dlq, &msg, "retries exhausted").await,
+        Disposition::Poison(reason) => dead_letter(js, dlq, &msg, &reason).await,
+    };
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "acknowledging a message failed; it will be redelivered");
+    }
+}
+
+async fn dead_letter(
+    js: &jetstream::Context,
+    dlq: &str,
+    msg: &jetstream::Message,
+    reason: &str,
+) -> Result<(), async_nats::Error> {
+    metrics::counter!("threadline_dead_letters_total", "subject" => msg.subject.to_string()).increment(1);
+    tracing::error!(reason, subject = %msg.subject, "message dead-lettered");
+    let mut headers = msg.headers.clone().unwrap_or_default();
+    headers.insert("Threadline-Dead-Letter-Reason", reason);
+    headers.insert("Threadline-Original-Subject", msg.subject.as_str());
+    js.publish_with_headers(dlq.to_owned(), headers, msg.payload.clone()).await?.await?;
+    msg.ack_with(AckKind::Term).await
+}

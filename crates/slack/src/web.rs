@@ -1,0 +1,107 @@
+//! A small Slack Web API client. It never retries by itself: callers decide
+//! (a post whose outcome is unknown must be reconciled, not re-sent).
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebError {
+    /// `ok: false` with Slack's error code.
+    #[error("Slack error {code}")]
+    Api { code: String },
+    /// HTTP 429: wait `retry_after`.
+    #[error("rate limited for {retry_after:?}")]
+    RateLimited { retry_after: Duration },
+    /// A non-2xx status other than 429.
+    #[error("HTTP {0}")]
+    Http(u16),
+    /// The request may or may not have reached Slack (timeout, reset).
+    #[error("transport: {0}")]
+    Transport(String),
+    /// An answer that is not Slack's JSON.
+    #[error("undecodable answer")]
+    Decode,
+}
+
+#[derive(Clone, Debug)]
+pub struct WebClient {
+    base: String,
+    http: reqwest::Client,
+}
+
+/// One page of `conversations.replies`.
+#[derive(Debug, Clone)]
+pub struct RepliesPage {
+    pub messages: Vec<Value>,
+    pub next_cursor: Option<String>,
+}
+
+impl WebClient {
+    /// `base` is `SLACK_API_URL` (e.g. `https://slack.com/api/`).
+    pub fn new(base: &str, timeout: Duration) -> Result<Self, WebError> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| WebError::Transport(e.to_string()))?;
+        Ok(Self { base: format!("{}/", base.trim_end_matches('/')), http })
+    }
+
+    /// Calls `method` with a bearer token and form arguments.
+    pub async fn call(&self, method: &str, token: &str, form: &[(&str, &str)]) -> Result<Value, WebError> {
+        let r = self
+            .http
+            .post(format!("{}{method}", self.base))
+            .bearer_auth(token)
+            .form(form)
+            .send()
+            .await
+            .map_err(|e| WebError::Transport(if e.is_timeout() { "timed out".into() } else { "connection".into() }))?;
+        let status = r.status().as_u16();
+        if status == 429 {
+            let secs = r
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(1)
+                .clamp(1, 3600);
+            return Err(WebError::RateLimited { retry_after: Duration::from_secs(secs) });
+        }
+        if !(200..300).contains(&status) {
+            return Err(WebError::Http(status));
+        }
+        let v: Value = r.json().await.map_err(|_| WebError::Decode)?;
+        match v.get("ok").and_then(Value::as_bool) {
+            Some(true) => Ok(v),
+            Some(false) => Err(WebError::Api {
+                code: v.get("error").and_then(Value::as_str).unwrap_or("unknown_error").to_owned(),
+            }),
+            None => Err(WebError::Decode),
+        }
+    }
+
+    pub async fn conversations_replies(
+        &self,
+        token: &str,
+        channel: &str,
+        ts: &str,
+        cursor: Option<&str>,
+        limit: u32,
+    ) -> Result<RepliesPage, WebError> {
+        let limit = limit.to_string();
+        let mut form = vec![("channel", channel), ("ts", ts), ("limit", limit.as_str()), ("include_all_metadata", "true")];
+        if let Some(c) = cursor {
+            form.push(("cursor", c));
+        }
+        let v = self.call("conversations.replies", token, &form).await?;
+        let messages = v.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
+        let next_cursor = v
+            .pointer("/response_metadata/next_cursor")
+            .and_then(Value::as_str)
+            .filter(|c| !c.is_empty() && v.get("has_more").and_then(Value::as_bool) == Some(true))
+            .map(str::to_owned);
+        Ok(RepliesPage { messages, next_cursor })
+    }
+}
