@@ -78,7 +78,11 @@ pub async fn run(
     root: &str,
     limits: BackfillLimits,
 ) -> anyhow::Result<Completeness> {
-    let (page_size, per_minute) = if inst.non_marketplace { (limits.page_size.min(15), 1) } else { (limits.page_size, limits.per_minute) };
+    let (page_size, per_minute) = if inst.non_marketplace {
+        (limits.page_size.min(15), 1)
+    } else {
+        (limits.page_size, limits.per_minute)
+    };
     let mut cursor: Option<String> = None;
     let mut complete = false;
     for _ in 0..limits.max_pages.max(1) {
@@ -86,10 +90,14 @@ pub async fn run(
             metrics::counter!("threadline_backfill_budget_exhausted_total").increment(1);
             break;
         }
-        let page = match web.conversations_replies(token, channel, root, cursor.as_deref(), page_size).await {
+        let page = match web
+            .conversations_replies(token, channel, root, cursor.as_deref(), page_size)
+            .await
+        {
             Ok(p) => p,
             Err(WebError::RateLimited { retry_after }) => {
-                metrics::counter!("threadline_slack_rate_limited_total", "method" => METHOD).increment(1);
+                metrics::counter!("threadline_slack_rate_limited_total", "method" => METHOD)
+                    .increment(1);
                 pause(pool, inst, retry_after).await?;
                 break;
             }
@@ -100,8 +108,15 @@ pub async fn run(
         };
         let mut tx = pool.begin().await?;
         for m in &page.messages {
-            let Some(f) = message_facts(m, &inst.identity) else { continue };
-            if f.speaker == Speaker::Bot && !f.bot_id.as_ref().is_some_and(|b| inst.approved_bots.contains(b)) {
+            let Some(f) = message_facts(m, &inst.identity) else {
+                continue;
+            };
+            if f.speaker == Speaker::Bot
+                && !f
+                    .bot_id
+                    .as_ref()
+                    .is_some_and(|b| inst.approved_bots.contains(b))
+            {
                 continue;
             }
             let edited = f.edited_ts.is_some();
@@ -119,8 +134,19 @@ pub async fn run(
             }
         }
     }
-    let state = if complete { Completeness::Complete } else { Completeness::Partial };
-    store::set_backfill(pool, inst.id, channel, root, if complete { "complete" } else { "partial" }).await?;
+    let state = if complete {
+        Completeness::Complete
+    } else {
+        Completeness::Partial
+    };
+    store::set_backfill(
+        pool,
+        inst.id,
+        channel,
+        root,
+        if complete { "complete" } else { "partial" },
+    )
+    .await?;
     metrics::counter!("threadline_backfills_total", "result" => if complete { "complete" } else { "partial" }).increment(1);
     Ok(state)
 }

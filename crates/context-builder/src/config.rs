@@ -33,9 +33,15 @@ impl ContextConfig {
             cipher: TokenCipher::from_source(src)?,
             concurrency: src.bounded("THREADLINE_CONTEXT_CONCURRENCY", 8, 1..=256)? as usize,
             limits: Limits {
-                max_messages: src.bounded("THREADLINE_CONTEXT_MAX_MESSAGES", 50, 2..=1000)? as usize,
-                max_bytes: src.bounded("THREADLINE_CONTEXT_MAX_BYTES", 32 * 1024, 256..=(512 * 1024))? as usize,
-                max_age_secs: src.bounded("THREADLINE_CONTEXT_MAX_AGE_HOURS", 720, 1..=87_600)? * 3600,
+                max_messages: src.bounded("THREADLINE_CONTEXT_MAX_MESSAGES", 50, 2..=1000)?
+                    as usize,
+                max_bytes: src.bounded(
+                    "THREADLINE_CONTEXT_MAX_BYTES",
+                    32 * 1024,
+                    256..=(512 * 1024),
+                )? as usize,
+                max_age_secs: src.bounded("THREADLINE_CONTEXT_MAX_AGE_HOURS", 720, 1..=87_600)?
+                    * 3600,
             },
             backfill: BackfillLimits {
                 max_pages: src.bounded("THREADLINE_BACKFILL_MAX_PAGES", 10, 1..=100)? as u32,

@@ -31,14 +31,21 @@ pub struct Built {
 }
 
 fn secs(ts: &str) -> u64 {
-    ts.split('.').next().and_then(|s| s.parse().ok()).unwrap_or(0)
+    ts.split('.')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 /// `thread` is oldest first with the root first. The root is always kept;
 /// then replies from the newest back while they fit.
 pub fn build(thread: &[StoredMessage], source_ts: &str, limits: Limits) -> Built {
     let Some((root, replies)) = thread.split_first() else {
-        return Built { messages: Vec::new(), omitted: 0, content_hash: hash(&[]) };
+        return Built {
+            messages: Vec::new(),
+            omitted: 0,
+            content_hash: hash(&[]),
+        };
     };
     let oldest_allowed = secs(source_ts).saturating_sub(limits.max_age_secs);
     let mut bytes = root.text.len();
@@ -59,7 +66,11 @@ pub fn build(thread: &[StoredMessage], source_ts: &str, limits: Limits) -> Built
     messages.extend(kept.into_iter().cloned());
     let omitted = thread.len() - messages.len();
     let content_hash = hash(&messages);
-    Built { messages, omitted, content_hash }
+    Built {
+        messages,
+        omitted,
+        content_hash,
+    }
 }
 
 /// SHA-256 over each message's identity and text, length-prefixed.
@@ -79,16 +90,27 @@ mod tests {
     use super::*;
 
     fn msg(ts: &str, text: &str) -> StoredMessage {
-        StoredMessage { ts: ts.into(), speaker: "user".into(), user_id: "U1".into(), text: text.into() }
+        StoredMessage {
+            ts: ts.into(),
+            speaker: "user".into(),
+            user_id: "U1".into(),
+            text: text.into(),
+        }
     }
 
     fn limits() -> Limits {
-        Limits { max_messages: 4, max_bytes: 1000, max_age_secs: 3600 }
+        Limits {
+            max_messages: 4,
+            max_bytes: 1000,
+            max_age_secs: 3600,
+        }
     }
 
     #[test]
     fn keeps_root_and_newest_replies_with_a_marker() {
-        let t: Vec<_> = (0..10).map(|i| msg(&format!("{}.000000", 1000 + i), &format!("m{i}"))).collect();
+        let t: Vec<_> = (0..10)
+            .map(|i| msg(&format!("{}.000000", 1000 + i), &format!("m{i}")))
+            .collect();
         let b = build(&t, "1009.000000", limits());
         let texts: Vec<&str> = b.messages.iter().map(|m| m.text.as_str()).collect();
         assert_eq!(texts, ["m0", "m7", "m8", "m9"]);
@@ -98,13 +120,27 @@ mod tests {
 
     #[test]
     fn byte_and_age_limits_cut_from_the_oldest_reply() {
-        let t = vec![msg("1.000000", "root"), msg("2.000000", &"x".repeat(600)), msg("3.000000", &"y".repeat(300))];
+        let t = vec![
+            msg("1.000000", "root"),
+            msg("2.000000", &"x".repeat(700)),
+            msg("3.000000", &"y".repeat(300)),
+        ];
         let b = build(&t, "3.000000", limits());
         assert_eq!(b.messages.len(), 2);
         assert_eq!(b.omitted, 1);
-        let t = vec![msg("1.000000", "root"), msg("100.000000", "old"), msg("5000.000000", "new")];
+        let t = vec![
+            msg("1.000000", "root"),
+            msg("100.000000", "old"),
+            msg("5000.000000", "new"),
+        ];
         let b = build(&t, "5000.000000", limits());
-        assert_eq!(b.messages.iter().map(|m| m.text.as_str()).collect::<Vec<_>>(), ["root", "new"]);
+        assert_eq!(
+            b.messages
+                .iter()
+                .map(|m| m.text.as_str())
+                .collect::<Vec<_>>(),
+            ["root", "new"]
+        );
     }
 
     #[test]
@@ -114,8 +150,18 @@ mod tests {
         b[1].text = "c".into();
         assert_ne!(hash(&a), hash(&b));
         // Length prefixes: moving bytes between fields changes the hash.
-        let x = vec![StoredMessage { ts: "1.0".into(), speaker: "user".into(), user_id: "U1".into(), text: "ab".into() }];
-        let y = vec![StoredMessage { ts: "1.0".into(), speaker: "user".into(), user_id: "U1a".into(), text: "b".into() }];
+        let x = vec![StoredMessage {
+            ts: "1.0".into(),
+            speaker: "user".into(),
+            user_id: "U1".into(),
+            text: "ab".into(),
+        }];
+        let y = vec![StoredMessage {
+            ts: "1.0".into(),
+            speaker: "user".into(),
+            user_id: "U1a".into(),
+            text: "b".into(),
+        }];
         assert_ne!(hash(&x), hash(&y));
     }
 }

@@ -60,7 +60,8 @@ impl Handler {
             }
             Ok(Step::Ignored(reason)) => {
                 span.record("outcome", reason);
-                metrics::counter!("threadline_events_ignored_total", "reason" => reason).increment(1);
+                metrics::counter!("threadline_events_ignored_total", "reason" => reason)
+                    .increment(1);
                 Disposition::Done
             }
             Err(e) => {
@@ -99,10 +100,17 @@ impl Handler {
                     tracing::info!(cancelled = n, "deleted source cancelled pending work");
                 }
             }
-            Effect::Edit(f) if store::note_answered_source_changed(&mut tx, inst.id, channel, &f.ts).await? => {
+            Effect::Edit(f)
+                if store::note_answered_source_changed(&mut tx, inst.id, channel, &f.ts)
+                    .await? =>
+            {
                 // Policy: record and notify; never a second automatic answer.
                 metrics::counter!("threadline_answered_source_changed_total").increment(1);
-                tracing::warn!(alert = "answered_source_changed", channel, "a message was edited after it was answered");
+                tracing::warn!(
+                    alert = "answered_source_changed",
+                    channel,
+                    "a message was edited after it was answered"
+                );
             }
             _ => {}
         }
@@ -119,7 +127,16 @@ impl Handler {
                 return ignored(reason.as_str());
             }
         };
-        if !store::claim_turn(&mut tx, inst.id, channel, &source_ts, receipt, trigger.as_str()).await? {
+        if !store::claim_turn(
+            &mut tx,
+            inst.id,
+            channel,
+            &source_ts,
+            receipt,
+            trigger.as_str(),
+        )
+        .await?
+        {
             store::finish(&mut tx, receipt, "ignored", Some("duplicate_turn")).await?;
             tx.commit().await?;
             return ignored("duplicate_turn");
@@ -131,7 +148,8 @@ impl Handler {
         if root != source_ts && !store::has_message(&self.pool, inst.id, channel, &root).await? {
             self.backfill(&inst, channel, &root).await?;
         }
-        self.build_and_publish(ev, receipt, &inst, channel, &root, &source_ts).await
+        self.build_and_publish(ev, receipt, &inst, channel, &root, &source_ts)
+            .await
     }
 
     async fn backfill(&self, inst: &Installation, channel: &str, root: &str) -> anyhow::Result<()> {
@@ -140,10 +158,23 @@ impl Handler {
             tracing::warn!("no bot token stored; thread context is partial");
             return Ok(());
         };
-        let token = self
-            .cipher
-            .open(&Sealed { key_id: key_id.clone(), bytes: bytes.clone() }, &token_aad(&inst.id, "bot"))?;
-        let done = backfill::run(&self.pool, &self.web, inst, token.expose_secret(), channel, root, self.backfill).await?;
+        let token = self.cipher.open(
+            &Sealed {
+                key_id: key_id.clone(),
+                bytes: bytes.clone(),
+            },
+            &token_aad(&inst.id, "bot"),
+        )?;
+        let done = backfill::run(
+            &self.pool,
+            &self.web,
+            inst,
+            token.expose_secret(),
+            channel,
+            root,
+            self.backfill,
+        )
+        .await?;
         if done == Completeness::Partial {
             tracing::warn!(channel, "thread backfill is partial");
         }
@@ -160,7 +191,9 @@ impl Handler {
         source_ts: &str,
     ) -> anyhow::Result<Step> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *tx).await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *tx)
+            .await?;
         let snap = store::snapshot(&mut tx, inst, channel, root, source_ts).await?;
         if snap.source_deleted {
             store::finish(&mut tx, receipt, "ignored", Some("source_deleted")).await?;
@@ -196,7 +229,12 @@ impl Handler {
             messages: built
                 .messages
                 .iter()
-                .map(|m| ContextMessage { ts: m.ts.clone(), user_id: m.user_id.clone(), role: m.speaker.clone(), text: m.text.clone() })
+                .map(|m| ContextMessage {
+                    ts: m.ts.clone(),
+                    user_id: m.user_id.clone(),
+                    role: m.speaker.clone(),
+                    text: m.text.clone(),
+                })
                 .collect(),
             truncated: built.omitted > 0,
             backfill_partial: snap.backfill_partial,
@@ -207,7 +245,10 @@ impl Handler {
             .payload(Bytes::from(msg.encode_to_vec()))
             .headers(headers)
             .message_id(format!("ctx:{receipt}:{}", snap.version));
-        self.js.send_publish(self.topology.subject(Topic::Contexts), publish).await?.await?;
+        self.js
+            .send_publish(self.topology.subject(Topic::Contexts), publish)
+            .await?
+            .await?;
         let mut conn = self.pool.acquire().await?;
         store::finish(&mut conn, receipt, "done", None).await?;
         metrics::counter!("threadline_contexts_built_total", "truncated" => if built.omitted > 0 { "true" } else { "false" })

@@ -24,12 +24,19 @@ pub use handler::Handler;
 /// Runs until `shutdown`: consumes `tl.events`, finishing in-flight work.
 pub async fn run(cfg: ContextConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let pool = threadline_runtime::db::pool(&cfg.common)?;
-    threadline_runtime::db::ensure_schema_current(&pool).await.context("checking the database schema")?;
-    let nats = threadline_runtime::bus::connect(&cfg.common.nats_url, "threadline-context-builder").await?;
+    threadline_runtime::db::ensure_schema_current(&pool)
+        .await
+        .context("checking the database schema")?;
+    let nats = threadline_runtime::bus::connect(&cfg.common.nats_url, "threadline-context-builder")
+        .await?;
     let js = async_nats::jetstream::new(nats.clone());
     let topology = Topology::new(cfg.common.bus_prefix.clone());
-    topology.declare(&js).await.context("declaring the bus topology")?;
-    let web = WebClient::new(&cfg.common.slack_api_url, cfg.slack_timeout).context("building the Slack client")?;
+    topology
+        .declare(&js)
+        .await
+        .context("declaring the bus topology")?;
+    let web = WebClient::new(&cfg.common.slack_api_url, cfg.slack_timeout)
+        .context("building the Slack client")?;
     let handler = Arc::new(Handler {
         pool: pool.clone(),
         js: js.clone(),
@@ -40,10 +47,17 @@ pub async fn run(cfg: ContextConfig, shutdown: CancellationToken) -> anyhow::Res
         backfill: cfg.backfill,
     });
     tracing::info!(concurrency = cfg.concurrency, "context-builder consuming");
-    threadline_runtime::worker::run(js, topology, Topic::Events, cfg.concurrency, shutdown, move |msg| {
-        let handler = handler.clone();
-        async move { handler.handle(&msg.payload).await }
-    })
+    threadline_runtime::worker::run(
+        js,
+        topology,
+        Topic::Events,
+        cfg.concurrency,
+        shutdown,
+        move |msg| {
+            let handler = handler.clone();
+            async move { handler.handle(&msg.payload).await }
+        },
+    )
     .await?;
     let _ = nats.flush().await;
     pool.close().await;

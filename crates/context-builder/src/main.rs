@@ -13,7 +13,8 @@ async fn main() -> ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     let cfg = ContextConfig::from_source(&Source::from_env()?)?;
-    let _telemetry = threadline_runtime::telemetry::init("threadline-context-builder", &cfg.common)?;
+    let _telemetry =
+        threadline_runtime::telemetry::init("threadline-context-builder", &cfg.common)?;
     let shutdown = threadline_runtime::shutdown::on_signal();
     threadline_context_builder::run(cfg, shutdown).await
 }

@@ -23,7 +23,18 @@ pub struct Installation {
     pub non_marketplace: bool,
 }
 
-type InstallationRow = (Uuid, String, String, String, String, Option<Vec<u8>>, Option<String>, Option<bool>, Option<Vec<String>>, Option<String>);
+type InstallationRow = (
+    Uuid,
+    String,
+    String,
+    String,
+    String,
+    Option<Vec<u8>>,
+    Option<String>,
+    Option<bool>,
+    Option<Vec<String>>,
+    Option<String>,
+);
 
 pub async fn installation(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Installation>> {
     let row: Option<InstallationRow> = sqlx::query_as(
@@ -35,19 +46,31 @@ pub async fn installation(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Instal
     .bind(id)
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|(id, app_id, bot_id, bot_user_id, status, sealed, key_id, dms, bots, limits)| Installation {
-        id,
-        identity: BotIdentity { app_id, bot_id, bot_user_id },
-        active: status == "active",
-        token_sealed: sealed,
-        token_key_id: key_id,
-        dms_allowed: dms.unwrap_or(false),
-        approved_bots: bots.unwrap_or_default(),
-        non_marketplace: limits.as_deref() == Some("non_marketplace"),
-    }))
+    Ok(row.map(
+        |(id, app_id, bot_id, bot_user_id, status, sealed, key_id, dms, bots, limits)| {
+            Installation {
+                id,
+                identity: BotIdentity {
+                    app_id,
+                    bot_id,
+                    bot_user_id,
+                },
+                active: status == "active",
+                token_sealed: sealed,
+                token_key_id: key_id,
+                dms_allowed: dms.unwrap_or(false),
+                approved_bots: bots.unwrap_or_default(),
+                non_marketplace: limits.as_deref() == Some("non_marketplace"),
+            }
+        },
+    ))
 }
 
-pub async fn policy(pool: &PgPool, inst: &Installation, channel: &str) -> sqlx::Result<TriggerPolicy> {
+pub async fn policy(
+    pool: &PgPool,
+    inst: &Installation,
+    channel: &str,
+) -> sqlx::Result<TriggerPolicy> {
     let row: Option<(String, Vec<String>)> =
         sqlx::query_as("SELECT mode, keywords FROM channel_policies WHERE installation_id = $1 AND channel_id = $2")
             .bind(inst.id)
@@ -59,7 +82,11 @@ pub async fn policy(pool: &PgPool, inst: &Installation, channel: &str) -> sqlx::
         Some((mode, keywords)) if mode == "keywords" => ChannelMode::Keywords(keywords),
         _ => ChannelMode::MentionsOnly,
     };
-    Ok(TriggerPolicy { dms_allowed: inst.dms_allowed, channel_mode, approved_bots: inst.approved_bots.clone() })
+    Ok(TriggerPolicy {
+        dms_allowed: inst.dms_allowed,
+        channel_mode,
+        approved_bots: inst.approved_bots.clone(),
+    })
 }
 
 /// Moves a receipt to `processing`; false when it already ended (done,
@@ -76,7 +103,12 @@ pub async fn begin(pool: &PgPool, receipt: Uuid) -> sqlx::Result<bool> {
 }
 
 /// Ends a receipt: `processing → done | ignored(reason)`, compare-and-set.
-pub async fn finish(conn: &mut PgConnection, receipt: Uuid, state: &str, reason: Option<&str>) -> sqlx::Result<bool> {
+pub async fn finish(
+    conn: &mut PgConnection,
+    receipt: Uuid,
+    state: &str,
+    reason: Option<&str>,
+) -> sqlx::Result<bool> {
     let r = sqlx::query(
         "UPDATE event_receipts SET state = $2, state_reason = $3, updated_at = now()
           WHERE id = $1 AND state IN ('accepted', 'processing')",
@@ -93,7 +125,14 @@ fn text_hash(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
-async fn new_fact(conn: &mut PgConnection, inst: Uuid, channel: &str, ts: &str, fact: &str, key: &str) -> sqlx::Result<bool> {
+async fn new_fact(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+    fact: &str,
+    key: &str,
+) -> sqlx::Result<bool> {
     let r = sqlx::query(
         "INSERT INTO message_facts (installation_id, channel_id, ts, fact, fact_key) VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT DO NOTHING",
@@ -122,7 +161,12 @@ async fn bump(conn: &mut PgConnection, inst: Uuid, channel: &str, root: &str) ->
     .await
 }
 
-async fn stored_root(conn: &mut PgConnection, inst: Uuid, channel: &str, ts: &str) -> sqlx::Result<Option<String>> {
+async fn stored_root(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+) -> sqlx::Result<Option<String>> {
     sqlx::query_scalar("SELECT root_ts FROM thread_messages WHERE installation_id = $1 AND channel_id = $2 AND ts = $3")
         .bind(inst)
         .bind(channel)
@@ -133,7 +177,12 @@ async fn stored_root(conn: &mut PgConnection, inst: Uuid, channel: &str, ts: &st
 
 /// Applies an effect; returns the thread it touched and its version if a
 /// new fact was recorded.
-pub async fn apply(conn: &mut PgConnection, inst: Uuid, channel: &str, effect: &Effect) -> sqlx::Result<Option<(String, i64)>> {
+pub async fn apply(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    effect: &Effect,
+) -> sqlx::Result<Option<(String, i64)>> {
     match effect {
         Effect::None => Ok(None),
         Effect::Upsert(f) => {
@@ -142,8 +191,13 @@ pub async fn apply(conn: &mut PgConnection, inst: Uuid, channel: &str, effect: &
             }
             // A later edit or a tombstone may already be here: keep it.
             insert_message(conn, inst, channel, f, "ON CONFLICT DO NOTHING").await?;
-            let root = stored_root(conn, inst, channel, &f.ts).await?.unwrap_or_else(|| f.root_ts.clone());
-            Ok(Some((root.clone(), bump(conn, inst, channel, &root).await?)))
+            let root = stored_root(conn, inst, channel, &f.ts)
+                .await?
+                .unwrap_or_else(|| f.root_ts.clone());
+            Ok(Some((
+                root.clone(),
+                bump(conn, inst, channel, &root).await?,
+            )))
         }
         Effect::Edit(f) => {
             let key = f.edited_ts.clone().unwrap_or_else(|| text_hash(&f.text));
@@ -163,14 +217,21 @@ pub async fn apply(conn: &mut PgConnection, inst: Uuid, channel: &str, effect: &
                     AND (thread_messages.edited_ts IS NULL OR thread_messages.edited_ts < EXCLUDED.edited_ts)",
             )
             .await?;
-            let root = stored_root(conn, inst, channel, &f.ts).await?.unwrap_or_else(|| f.root_ts.clone());
-            Ok(Some((root.clone(), bump(conn, inst, channel, &root).await?)))
+            let root = stored_root(conn, inst, channel, &f.ts)
+                .await?
+                .unwrap_or_else(|| f.root_ts.clone());
+            Ok(Some((
+                root.clone(),
+                bump(conn, inst, channel, &root).await?,
+            )))
         }
         Effect::Delete { ts, root_ts } => {
             if !new_fact(conn, inst, channel, ts, "delete", "").await? {
                 return Ok(None);
             }
-            let root = stored_root(conn, inst, channel, ts).await?.unwrap_or_else(|| root_ts.clone());
+            let root = stored_root(conn, inst, channel, ts)
+                .await?
+                .unwrap_or_else(|| root_ts.clone());
             // A tombstone keeps the identity and drops the text.
             sqlx::query(
                 "INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash, deleted)
@@ -184,12 +245,21 @@ pub async fn apply(conn: &mut PgConnection, inst: Uuid, channel: &str, effect: &
             .bind(&root)
             .execute(&mut *conn)
             .await?;
-            Ok(Some((root.clone(), bump(conn, inst, channel, &root).await?)))
+            Ok(Some((
+                root.clone(),
+                bump(conn, inst, channel, &root).await?,
+            )))
         }
     }
 }
 
-async fn insert_message(conn: &mut PgConnection, inst: Uuid, channel: &str, f: &MessageFacts, conflict: &'static str) -> sqlx::Result<()> {
+async fn insert_message(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    f: &MessageFacts,
+    conflict: &'static str,
+) -> sqlx::Result<()> {
     macro_rules! insert {
         ($conflict:expr) => {
             sqlx::query(&format!(
@@ -218,7 +288,14 @@ async fn insert_message(conn: &mut PgConnection, inst: Uuid, channel: &str, f: &
 
 /// Claims the turn of a human message for `receipt`; true when this
 /// receipt owns it (first claim, or its own earlier claim).
-pub async fn claim_turn(conn: &mut PgConnection, inst: Uuid, channel: &str, ts: &str, receipt: Uuid, source: &str) -> sqlx::Result<bool> {
+pub async fn claim_turn(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+    receipt: Uuid,
+    source: &str,
+) -> sqlx::Result<bool> {
     sqlx::query(
         "INSERT INTO turns (installation_id, channel_id, ts, receipt_id, source) VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT DO NOTHING",
@@ -230,17 +307,25 @@ pub async fn claim_turn(conn: &mut PgConnection, inst: Uuid, channel: &str, ts: 
     .bind(source)
     .execute(&mut *conn)
     .await?;
-    let owner: Uuid = sqlx::query_scalar("SELECT receipt_id FROM turns WHERE installation_id = $1 AND channel_id = $2 AND ts = $3")
-        .bind(inst)
-        .bind(channel)
-        .bind(ts)
-        .fetch_one(conn)
-        .await?;
+    let owner: Uuid = sqlx::query_scalar(
+        "SELECT receipt_id FROM turns WHERE installation_id = $1 AND channel_id = $2 AND ts = $3",
+    )
+    .bind(inst)
+    .bind(channel)
+    .bind(ts)
+    .fetch_one(conn)
+    .await?;
     Ok(owner == receipt)
 }
 
 /// A deleted message cancels work not yet started from it.
-pub async fn cancel_pending(conn: &mut PgConnection, inst: Uuid, channel: &str, ts: &str, except: Uuid) -> sqlx::Result<u64> {
+pub async fn cancel_pending(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+    except: Uuid,
+) -> sqlx::Result<u64> {
     let r = sqlx::query(
         "UPDATE event_receipts SET state = 'ignored', state_reason = 'source_deleted', updated_at = now()
           WHERE installation_id = $1 AND channel_id = $2 AND message_ts = $3 AND state = 'accepted' AND id <> $4",
@@ -255,7 +340,12 @@ pub async fn cancel_pending(conn: &mut PgConnection, inst: Uuid, channel: &str, 
 }
 
 /// Marks an answered turn whose source was edited afterwards.
-pub async fn note_answered_source_changed(conn: &mut PgConnection, inst: Uuid, channel: &str, ts: &str) -> sqlx::Result<bool> {
+pub async fn note_answered_source_changed(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+) -> sqlx::Result<bool> {
     let r = sqlx::query(
         "UPDATE turns SET source_changed_after_answer_at = now()
           WHERE installation_id = $1 AND channel_id = $2 AND ts = $3 AND answered_at IS NOT NULL",
@@ -281,7 +371,13 @@ pub async fn has_message(pool: &PgPool, inst: Uuid, channel: &str, ts: &str) -> 
     Ok(n > 0)
 }
 
-pub async fn set_backfill(pool: &PgPool, inst: Uuid, channel: &str, root: &str, state: &str) -> sqlx::Result<()> {
+pub async fn set_backfill(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+    state: &str,
+) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO threads (installation_id, channel_id, root_ts, backfill_state) VALUES ($1, $2, $3, $4)
          ON CONFLICT (installation_id, channel_id, root_ts) DO UPDATE
@@ -305,7 +401,13 @@ pub struct Snapshot {
     pub source_deleted: bool,
 }
 
-pub async fn snapshot(conn: &mut PgConnection, inst: &Installation, channel: &str, root: &str, source_ts: &str) -> sqlx::Result<Snapshot> {
+pub async fn snapshot(
+    conn: &mut PgConnection,
+    inst: &Installation,
+    channel: &str,
+    root: &str,
+    source_ts: &str,
+) -> sqlx::Result<Snapshot> {
     let (version, backfill): (i64, String) = sqlx::query_as(
         "SELECT version, backfill_state FROM threads WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3",
     )
@@ -315,7 +417,8 @@ pub async fn snapshot(conn: &mut PgConnection, inst: &Installation, channel: &st
     .fetch_optional(&mut *conn)
     .await?
     .unwrap_or((0, "none".into()));
-    let rows: Vec<(String, String, Option<String>, Option<String>, String)> = sqlx::query_as(
+    type Row = (String, String, Option<String>, Option<String>, String);
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT ts, speaker, user_id, bot_id, text FROM thread_messages
           WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND NOT deleted
           ORDER BY ts::numeric",
@@ -336,10 +439,22 @@ pub async fn snapshot(conn: &mut PgConnection, inst: &Installation, channel: &st
     let messages = rows
         .into_iter()
         // Policy: another bot's words only when that bot is approved.
-        .filter(|(_, speaker, _, bot, _)| speaker != "bot" || bot.as_ref().is_some_and(|b| inst.approved_bots.contains(b)))
-        .map(|(ts, speaker, user, bot, text)| StoredMessage { ts, speaker, user_id: user.or(bot).unwrap_or_default(), text })
+        .filter(|(_, speaker, _, bot, _)| {
+            speaker != "bot" || bot.as_ref().is_some_and(|b| inst.approved_bots.contains(b))
+        })
+        .map(|(ts, speaker, user, bot, text)| StoredMessage {
+            ts,
+            speaker,
+            user_id: user.or(bot).unwrap_or_default(),
+            text,
+        })
         .collect();
-    Ok(Snapshot { version, backfill_partial: backfill == "partial", messages, source_deleted })
+    Ok(Snapshot {
+        version,
+        backfill_partial: backfill == "partial",
+        messages,
+        source_deleted,
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

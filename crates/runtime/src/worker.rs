@@ -84,7 +84,9 @@ where
     let span = tracing::info_span!("bus.consume", subject = %msg.subject, delivered);
     if let Some(headers) = &msg.headers {
         use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-        let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(headers)));
+        let parent = opentelemetry::global::get_text_map_propagator(|p| {
+            p.extract(&HeaderExtractor(headers))
+        });
         let _ = span.set_parent(parent);
     }
     // Keep the message ours while the handler works.
@@ -103,7 +105,8 @@ where
     let outcome = handler(msg.clone()).instrument(span.clone()).await;
     progress_stop.cancel();
     let _ = progress.await;
-    let last_try = delivered >= BACKOFF.len() as i64 + 1;
+    // max_deliver is BACKOFF.len() + 1: this is the last delivery.
+    let last_try = delivered > BACKOFF.len() as i64;
     let _enter = span.enter();
     let result = match outcome {
         Disposition::Done => msg.double_ack().await,
@@ -122,11 +125,14 @@ async fn dead_letter(
     msg: &jetstream::Message,
     reason: &str,
 ) -> Result<(), async_nats::Error> {
-    metrics::counter!("threadline_dead_letters_total", "subject" => msg.subject.to_string()).increment(1);
+    metrics::counter!("threadline_dead_letters_total", "subject" => msg.subject.to_string())
+        .increment(1);
     tracing::error!(reason, subject = %msg.subject, "message dead-lettered");
     let mut headers = msg.headers.clone().unwrap_or_default();
     headers.insert("Threadline-Dead-Letter-Reason", reason);
     headers.insert("Threadline-Original-Subject", msg.subject.as_str());
-    js.publish_with_headers(dlq.to_owned(), headers, msg.payload.clone()).await?.await?;
+    js.publish_with_headers(dlq.to_owned(), headers, msg.payload.clone())
+        .await?
+        .await?;
     msg.ack_with(AckKind::Term).await
 }

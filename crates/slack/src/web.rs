@@ -45,11 +45,19 @@ impl WebClient {
             .connect_timeout(Duration::from_secs(5))
             .build()
             .map_err(|e| WebError::Transport(e.to_string()))?;
-        Ok(Self { base: format!("{}/", base.trim_end_matches('/')), http })
+        Ok(Self {
+            base: format!("{}/", base.trim_end_matches('/')),
+            http,
+        })
     }
 
     /// Calls `method` with a bearer token and form arguments.
-    pub async fn call(&self, method: &str, token: &str, form: &[(&str, &str)]) -> Result<Value, WebError> {
+    pub async fn call(
+        &self,
+        method: &str,
+        token: &str,
+        form: &[(&str, &str)],
+    ) -> Result<Value, WebError> {
         let r = self
             .http
             .post(format!("{}{method}", self.base))
@@ -57,7 +65,13 @@ impl WebClient {
             .form(form)
             .send()
             .await
-            .map_err(|e| WebError::Transport(if e.is_timeout() { "timed out".into() } else { "connection".into() }))?;
+            .map_err(|e| {
+                WebError::Transport(if e.is_timeout() {
+                    "timed out".into()
+                } else {
+                    "connection".into()
+                })
+            })?;
         let status = r.status().as_u16();
         if status == 429 {
             let secs = r
@@ -67,7 +81,9 @@ impl WebClient {
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .unwrap_or(1)
                 .clamp(1, 3600);
-            return Err(WebError::RateLimited { retry_after: Duration::from_secs(secs) });
+            return Err(WebError::RateLimited {
+                retry_after: Duration::from_secs(secs),
+            });
         }
         if !(200..300).contains(&status) {
             return Err(WebError::Http(status));
@@ -76,7 +92,11 @@ impl WebClient {
         match v.get("ok").and_then(Value::as_bool) {
             Some(true) => Ok(v),
             Some(false) => Err(WebError::Api {
-                code: v.get("error").and_then(Value::as_str).unwrap_or("unknown_error").to_owned(),
+                code: v
+                    .get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown_error")
+                    .to_owned(),
             }),
             None => Err(WebError::Decode),
         }
@@ -91,17 +111,29 @@ impl WebClient {
         limit: u32,
     ) -> Result<RepliesPage, WebError> {
         let limit = limit.to_string();
-        let mut form = vec![("channel", channel), ("ts", ts), ("limit", limit.as_str()), ("include_all_metadata", "true")];
+        let mut form = vec![
+            ("channel", channel),
+            ("ts", ts),
+            ("limit", limit.as_str()),
+            ("include_all_metadata", "true"),
+        ];
         if let Some(c) = cursor {
             form.push(("cursor", c));
         }
         let v = self.call("conversations.replies", token, &form).await?;
-        let messages = v.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
+        let messages = v
+            .get("messages")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         let next_cursor = v
             .pointer("/response_metadata/next_cursor")
             .and_then(Value::as_str)
             .filter(|c| !c.is_empty() && v.get("has_more").and_then(Value::as_bool) == Some(true))
             .map(str::to_owned);
-        Ok(RepliesPage { messages, next_cursor })
+        Ok(RepliesPage {
+            messages,
+            next_cursor,
+        })
     }
 }

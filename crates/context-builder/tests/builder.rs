@@ -1,0 +1,591 @@
+//! The context-builder against real Postgres, real NATS and slack-sim.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use prost::Message as _;
+use serde_json::{Value, json};
+use threadline_context_builder::backfill::BackfillLimits;
+use threadline_context_builder::context::Limits;
+use threadline_context_builder::{Handler, store};
+use threadline_domain::classify::{Effect, MessageFacts, Speaker};
+use threadline_proto::v1::{ContextReady, EventAccepted};
+use threadline_runtime::bus::{Topic, Topology};
+use threadline_runtime::secrets::{TokenCipher, token_aad};
+use threadline_runtime::worker::Disposition;
+use threadline_slack::WebClient;
+use threadline_testkit::{TestDb, delete_streams, nats_url, stream_len, unique_prefix};
+use uuid::Uuid;
+
+const BOT_USER: &str = "U0BOT";
+const BOT_ID: &str = "B0BOT";
+const APP: &str = "A0APP";
+
+struct Env {
+    db: TestDb,
+    js: jetstream::Context,
+    prefix: String,
+    inst: Uuid,
+    handler: Handler,
+}
+
+impl Env {
+    async fn new(
+        slack_api_url: &str,
+        token: &str,
+        limits: Limits,
+        backfill: BackfillLimits,
+    ) -> Self {
+        let db = TestDb::new().await;
+        let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
+        let prefix = unique_prefix();
+        let topology = Topology::new(prefix.clone());
+        topology.declare(&js).await.expect("topology");
+        let keys = TokenCipher::generate_entry("k1");
+        let cipher = TokenCipher::parse(&keys.clone().into()).expect("keys");
+        let inst = Uuid::now_v7();
+        let sealed = cipher
+            .seal(token.as_bytes(), &token_aad(&inst, "bot"))
+            .expect("seal");
+        sqlx::query(
+            "INSERT INTO installations (id, app_id, team_id, bot_user_id, bot_id, bot_token_sealed, bot_token_key_id)
+             VALUES ($1, $2, 'T0TEAM', $3, $4, $5, $6)",
+        )
+        .bind(inst)
+        .bind(APP)
+        .bind(BOT_USER)
+        .bind(BOT_ID)
+        .bind(&sealed.bytes)
+        .bind(&sealed.key_id)
+        .execute(&db.pool)
+        .await
+        .expect("installation");
+        let handler = Handler {
+            pool: db.pool.clone(),
+            js: js.clone(),
+            topology,
+            web: WebClient::new(slack_api_url, Duration::from_secs(5)).expect("client"),
+            cipher: TokenCipher::parse(&keys.into()).expect("keys"),
+            limits,
+            backfill,
+        };
+        Self {
+            db,
+            js,
+            prefix,
+            inst,
+            handler,
+        }
+    }
+
+    /// Records a receipt the way the gateway does and returns the bus message.
+    async fn receipt(&self, event_id: &str, event: Value) -> (Uuid, Vec<u8>) {
+        let id = Uuid::now_v7();
+        let ts = event["ts"]
+            .as_str()
+            .or_else(|| event.pointer("/message/ts").and_then(Value::as_str))
+            .unwrap_or("")
+            .to_owned();
+        let channel = event["channel"].as_str().unwrap_or("C0CHAN").to_owned();
+        sqlx::query(
+            "INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, channel_id, message_ts, event_time)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, now())",
+        )
+        .bind(id)
+        .bind(self.inst)
+        .bind(APP)
+        .bind(event_id)
+        .bind(event["type"].as_str().unwrap_or("message"))
+        .bind(&channel)
+        .bind(&ts)
+        .execute(&self.db.pool)
+        .await
+        .expect("receipt");
+        let msg = EventAccepted {
+            schema_version: 1,
+            receipt_id: id.to_string(),
+            installation_id: self.inst.to_string(),
+            api_app_id: APP.into(),
+            event_id: event_id.into(),
+            channel_id: channel,
+            message_ts: ts,
+            event_json: serde_json::to_vec(&event).expect("json"),
+            ..Default::default()
+        };
+        (id, msg.encode_to_vec())
+    }
+
+    async fn handle(&self, event_id: &str, event: Value) -> Uuid {
+        let (id, payload) = self.receipt(event_id, event).await;
+        assert!(matches!(
+            self.handler.handle(&payload).await,
+            Disposition::Done
+        ));
+        id
+    }
+
+    async fn state(&self, receipt: Uuid) -> (String, Option<String>) {
+        sqlx::query_as("SELECT state, state_reason FROM event_receipts WHERE id = $1")
+            .bind(receipt)
+            .fetch_one(&self.db.pool)
+            .await
+            .expect("receipt")
+    }
+
+    async fn version(&self, root: &str) -> i64 {
+        sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM threads WHERE root_ts = $1")
+            .bind(root)
+            .fetch_one(&self.db.pool)
+            .await
+            .expect("version")
+    }
+
+    async fn contexts(&self) -> Vec<ContextReady> {
+        let stream = self.handler.topology.stream(Topic::Contexts);
+        let n = stream_len(&self.js, &stream).await;
+        let s = self.js.get_stream(&stream).await.expect("stream");
+        let mut out = Vec::new();
+        for seq in 1..=n {
+            let m = s.get_raw_message(seq).await.expect("message");
+            out.push(ContextReady::decode(m.payload.as_ref()).expect("ContextReady"));
+        }
+        out
+    }
+
+    async fn cleanup(self) {
+        delete_streams(&self.js, &self.prefix).await;
+    }
+}
+
+fn limits() -> Limits {
+    Limits {
+        max_messages: 50,
+        max_bytes: 32 * 1024,
+        max_age_secs: 30 * 24 * 3600,
+    }
+}
+
+fn backfill_limits() -> BackfillLimits {
+    BackfillLimits {
+        max_pages: 10,
+        page_size: 200,
+        per_minute: 50,
+    }
+}
+
+fn human(ts: &str, text: &str, thread_ts: Option<&str>) -> Value {
+    let mut v = json!({"type": "message", "user": "U0ANA", "text": text, "ts": ts, "channel": "C0CHAN", "channel_type": "channel", "event_ts": ts});
+    if let Some(t) = thread_ts {
+        v["thread_ts"] = json!(t);
+    }
+    v
+}
+
+fn mention(ts: &str, thread_ts: Option<&str>) -> Value {
+    let mut v = human(ts, &format!("<@{BOT_USER}> what now?"), thread_ts);
+    v["type"] = json!("app_mention");
+    v.as_object_mut().expect("object").remove("channel_type");
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mention_builds_one_versioned_context_and_its_message_twin_collapses() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    env.handle("Ev1", human("100.000001", "we have a problem", None))
+        .await;
+    let m = env
+        .handle("Ev2", mention("100.000002", Some("100.000001")))
+        .await;
+    // message.channels for the same human message: the same turn.
+    let mut twin = human(
+        "100.000002",
+        &format!("<@{BOT_USER}> what now?"),
+        Some("100.000001"),
+    );
+    twin["client_msg_id"] = json!("x");
+    let t = env.handle("Ev3", twin).await;
+    assert_eq!(env.state(m).await, ("done".into(), None));
+    assert_eq!(
+        env.state(t).await,
+        ("ignored".into(), Some("duplicate_turn".into()))
+    );
+    let ctx = env.contexts().await;
+    assert_eq!(ctx.len(), 1, "one context for one turn");
+    let c = &ctx[0];
+    assert_eq!(
+        (c.root_ts.as_str(), c.source_ts.as_str(), c.thread_version),
+        ("100.000001", "100.000002", 2)
+    );
+    let texts: Vec<(&str, &str)> = c
+        .messages
+        .iter()
+        .map(|m| (m.role.as_str(), m.text.as_str()))
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            ("user", "we have a problem"),
+            ("user", "<@U0BOT> what now?")
+        ]
+    );
+    assert!(!c.truncated && !c.backfill_partial);
+    // A redelivery of finished work publishes nothing new.
+    let (_, payload) = env
+        .receipt("Ev2-again", mention("100.000002", Some("100.000001")))
+        .await;
+    assert!(matches!(
+        env.handler.handle(&payload).await,
+        Disposition::Done
+    ));
+    assert_eq!(env.contexts().await.len(), 1);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_own_reply_fed_back_is_recorded_but_produces_no_job() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    env.handle("Ev1", mention("200.000001", None)).await;
+    let before = env.contexts().await.len();
+    let echo = json!({"type": "message", "user": BOT_USER, "bot_id": BOT_ID, "app_id": APP, "text": format!("<@{BOT_USER}> answering"),
+                      "ts": "200.000009", "thread_ts": "200.000001", "channel": "C0CHAN", "channel_type": "channel"});
+    let r = env.handle("Ev2", echo).await;
+    assert_eq!(
+        env.state(r).await,
+        ("ignored".into(), Some("own_bot".into()))
+    );
+    assert_eq!(
+        env.contexts().await.len(),
+        before,
+        "the bot loop makes no job"
+    );
+    assert_eq!(
+        env.version("200.000001").await,
+        2,
+        "our reply landed: a thread change"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edits_change_the_thread_only_when_the_text_changes() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    env.handle("Ev1", human("300.000001", "draft", None)).await;
+    let edit = |text: &str, edited: &str| {
+        json!({"type": "message", "subtype": "message_changed", "channel": "C0CHAN", "hidden": true, "ts": edited, "event_ts": edited,
+               "message": {"type": "message", "user": "U0ANA", "text": text, "ts": "300.000001", "edited": {"user": "U0ANA", "ts": edited}},
+               "previous_message": {"type": "message", "user": "U0ANA", "text": "draft", "ts": "300.000001"}})
+    };
+    let same = env.handle("Ev2", edit("draft", "300.000005")).await;
+    assert_eq!(
+        env.state(same).await.1.as_deref(),
+        Some("edit_without_text_change")
+    );
+    assert_eq!(env.version("300.000001").await, 1);
+    let changed = env.handle("Ev3", edit("final", "300.000006")).await;
+    assert_eq!(env.state(changed).await.1.as_deref(), Some("state_change"));
+    assert_eq!(env.version("300.000001").await, 2);
+    let text: String =
+        sqlx::query_scalar("SELECT text FROM thread_messages WHERE ts = '300.000001'")
+            .fetch_one(&env.db.pool)
+            .await
+            .expect("text");
+    assert_eq!(text, "final");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_source_before_processing_cancels_the_work() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let (trigger, payload) = env.receipt("Ev1", mention("400.000001", None)).await;
+    let delete = json!({"type": "message", "subtype": "message_deleted", "channel": "C0CHAN", "hidden": true,
+                        "deleted_ts": "400.000001", "ts": "400.000009", "event_ts": "400.000009",
+                        "previous_message": {"type": "message", "user": "U0ANA", "text": "x", "ts": "400.000001"}});
+    env.handle("Ev2", delete).await;
+    assert_eq!(
+        env.state(trigger).await,
+        ("ignored".into(), Some("source_deleted".into()))
+    );
+    assert!(matches!(
+        env.handler.handle(&payload).await,
+        Disposition::Done
+    ));
+    assert!(
+        env.contexts().await.is_empty(),
+        "no context for a deleted request"
+    );
+    // Delivered the other way round (the mention is already being worked on): the tombstone still wins.
+    let (trigger, payload) = env.receipt("Ev3", mention("401.000001", None)).await;
+    sqlx::query("UPDATE event_receipts SET state = 'processing' WHERE id = $1")
+        .bind(trigger)
+        .execute(&env.db.pool)
+        .await
+        .expect("claim");
+    env.handle("Ev4", json!({"type": "message", "subtype": "message_deleted", "channel": "C0CHAN", "deleted_ts": "401.000001",
+                              "ts": "401.000009", "previous_message": {"ts": "401.000001", "text": "x", "user": "U0ANA"}})).await;
+    assert!(matches!(
+        env.handler.handle(&payload).await,
+        Disposition::Done
+    ));
+    assert_eq!(
+        env.state(trigger).await,
+        ("ignored".into(), Some("source_deleted".into()))
+    );
+    assert!(env.contexts().await.is_empty());
+    env.cleanup().await;
+}
+
+fn facts(ts: &str, root: &str, text: &str, edited: Option<&str>) -> MessageFacts {
+    MessageFacts {
+        ts: ts.into(),
+        root_ts: root.into(),
+        speaker: Speaker::Human,
+        user_id: Some("U0ANA".into()),
+        bot_id: None,
+        text: text.into(),
+        edited_ts: edited.map(str::to_owned),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shuffled_duplicated_concurrent_changes_converge_to_one_version_and_content() {
+    let root = "500.000001";
+    let effects = vec![
+        Effect::Upsert(facts(root, root, "root", None)),
+        Effect::Upsert(facts("500.000002", root, "a", None)),
+        Effect::Upsert(facts("500.000003", root, "b", None)),
+        Effect::Edit(facts("500.000002", root, "a1", Some("500.000010"))),
+        Effect::Edit(facts("500.000002", root, "a2", Some("500.000020"))),
+        Effect::Upsert(facts("500.000004", root, "c", None)),
+        Effect::Delete {
+            ts: "500.000003".into(),
+            root_ts: root.into(),
+        },
+        Effect::Edit(facts("500.000003", root, "b1", Some("500.000030"))),
+    ];
+    let mut results = Vec::new();
+    for order in 0..4u64 {
+        let db = TestDb::new().await;
+        let inst = Uuid::now_v7();
+        // Shuffle deterministically per order, and deliver everything twice
+        // from two concurrent "replicas".
+        let mut seq: Vec<usize> = (0..effects.len()).collect();
+        let mut x = order.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        for i in (1..seq.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            seq.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        let replica = |seq: Vec<usize>| {
+            let (pool, effects) = (db.pool.clone(), effects.clone());
+            tokio::spawn(async move {
+                for i in seq {
+                    let mut tx = pool.begin().await.expect("tx");
+                    store::apply(&mut tx, inst, "C0CHAN", &effects[i])
+                        .await
+                        .expect("apply");
+                    tx.commit().await.expect("commit");
+                }
+            })
+        };
+        let mut reversed = seq.clone();
+        reversed.reverse();
+        let (a, b) = (replica(seq), replica(reversed));
+        a.await.expect("replica a");
+        b.await.expect("replica b");
+        let version: i64 = sqlx::query_scalar("SELECT version FROM threads WHERE root_ts = $1")
+            .bind(root)
+            .fetch_one(&db.pool)
+            .await
+            .expect("v");
+        let content: Vec<(String, String, bool)> =
+            sqlx::query_as("SELECT ts, text, deleted FROM thread_messages ORDER BY ts")
+                .fetch_all(&db.pool)
+                .await
+                .expect("content");
+        results.push((version, content));
+    }
+    assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:#?}");
+    let (version, content) = &results[0];
+    assert_eq!(*version, 8, "eight distinct facts");
+    assert_eq!(
+        content,
+        &vec![
+            ("500.000001".into(), "root".into(), false),
+            ("500.000002".into(), "a2".into(), false),
+            ("500.000003".into(), String::new(), true),
+            ("500.000004".into(), "c".into(), false),
+        ]
+    );
+}
+
+/// A slack-sim with one thread of `replies` replies and the app installed.
+async fn sim_thread(
+    replies: usize,
+    non_marketplace: bool,
+) -> (String, String, String, String, String) {
+    let sim = threadline_slack_sim::Sim::new(5);
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", l.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(l, threadline_slack_sim::router(sim)).await });
+    let http = reqwest::Client::new();
+    let ctl = |path: &str, body: Value| {
+        let (http, url) = (http.clone(), format!("{base}/_sim/{path}"));
+        async move {
+            http.post(url)
+                .json(&body)
+                .send()
+                .await
+                .expect("sim")
+                .json::<Value>()
+                .await
+                .expect("json")
+        }
+    };
+    let team = ctl("teams", json!({"name": "Acme"})).await["id"]
+        .as_str()
+        .expect("team")
+        .to_owned();
+    let user = ctl("users", json!({"team_id": team, "name": "ana"})).await["id"]
+        .as_str()
+        .expect("user")
+        .to_owned();
+    let channel = ctl("channels", json!({"team_id": team, "name": "ops", "kind": "public", "members": [user], "id": "C0CHAN"}))
+        .await["id"]
+        .as_str()
+        .expect("channel")
+        .to_owned();
+    let app = ctl(
+        "apps",
+        json!({"name": "Threadline", "non_marketplace_limits": non_marketplace}),
+    )
+    .await["id"]
+        .as_str()
+        .expect("app")
+        .to_owned();
+    let inst = ctl(
+        &format!("apps/{app}/installs"),
+        json!({"team_id": team, "scopes": ["channels:history"], "join_channels": [channel]}),
+    )
+    .await;
+    let root = ctl(
+        "act/post",
+        json!({"user": user, "channel": channel, "text": "old incident"}),
+    )
+    .await["ts"]
+        .as_str()
+        .expect("ts")
+        .to_owned();
+    for i in 0..replies {
+        ctl("act/post", json!({"user": user, "channel": channel, "text": format!("note {i}"), "thread_ts": root})).await;
+    }
+    let bot_user = inst["bot_user_id"].as_str().expect("bot user").to_owned();
+    let ask = ctl("act/post", json!({"user": user, "channel": channel, "text": format!("<@{bot_user}> summary?"), "thread_ts": root}))
+        .await["ts"]
+        .as_str()
+        .expect("ts")
+        .to_owned();
+    (
+        format!("{base}/api/"),
+        inst["bot_token"].as_str().expect("token").to_owned(),
+        root,
+        ask,
+        base,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mention_in_an_unseen_thread_backfills_it_page_by_page() {
+    let (api, token, root, ask, base) = sim_thread(40, false).await;
+    let env = Env::new(
+        &api,
+        &token,
+        limits(),
+        BackfillLimits {
+            max_pages: 10,
+            page_size: 10,
+            per_minute: 50,
+        },
+    )
+    .await;
+    let r = env.handle("Ev1", mention(&ask, Some(&root))).await;
+    assert_eq!(env.state(r).await.0, "done");
+    let ctx = env.contexts().await;
+    assert_eq!(ctx.len(), 1);
+    let c = &ctx[0];
+    assert_eq!(c.messages.len(), 42, "root, 40 replies and the question");
+    assert_eq!(c.messages[0].text, "old incident");
+    assert_eq!(c.messages.last().map(|m| m.source_ts_is(&ask)), Some(true));
+    assert!(!c.backfill_partial && !c.truncated);
+    let calls: Value = reqwest::get(format!("{base}/_sim/calls?method=conversations.replies"))
+        .await
+        .expect("calls")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        calls["calls"].as_array().map(Vec::len),
+        Some(5),
+        "42 messages at 10 a page"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_marketplace_backfill_stops_at_its_budget_and_says_so() {
+    let (api, token, root, ask, _) = sim_thread(40, true).await;
+    let env = Env::new(&api, &token, limits(), backfill_limits()).await;
+    sqlx::query("INSERT INTO installation_policies (installation_id, read_limits) VALUES ($1, 'non_marketplace')")
+        .bind(env.inst)
+        .execute(&env.db.pool)
+        .await
+        .expect("policy");
+    env.handle("Ev1", mention(&ask, Some(&root))).await;
+    let c = env.contexts().await.pop().expect("a context");
+    assert!(c.backfill_partial, "a partial backfill is never silent");
+    // One call a minute, 15 messages a call: the first page, plus the question.
+    assert_eq!(c.messages.len(), 16);
+    let state: String = sqlx::query_scalar("SELECT backfill_state FROM threads WHERE root_ts = $1")
+        .bind(&root)
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("thread");
+    assert_eq!(state, "partial");
+    env.cleanup().await;
+}
+
+trait SourceIs {
+    fn source_ts_is(&self, ts: &str) -> bool;
+}
+
+impl SourceIs for threadline_proto::v1::ContextMessage {
+    fn source_ts_is(&self, ts: &str) -> bool {
+        self.ts == ts
+    }
+}
