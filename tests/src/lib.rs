@@ -24,11 +24,27 @@ pub fn free_port() -> u16 {
 /// Starts `threadline-gateway` with `env` (on a fresh port) and waits for
 /// `/healthz`.
 pub async fn spawn_gateway(env: &[(&str, String)]) -> Proc {
+    spawn_service("threadline-gateway", "THREADLINE_GATEWAY_ADDR", env).await
+}
+
+/// Starts `threadline-context-builder` and waits for its `/healthz`.
+pub async fn spawn_context_builder(env: &[(&str, String)]) -> Proc {
+    spawn_service(
+        "threadline-context-builder",
+        "THREADLINE_CONTEXT_BUILDER_ADDR",
+        env,
+    )
+    .await
+}
+
+/// Starts a service binary on a fresh port (given by `addr_setting`) with
+/// only `env` set, and waits for `/healthz`.
+pub async fn spawn_service(bin: &str, addr_setting: &str, env: &[(&str, String)]) -> Proc {
     let port = free_port();
-    let mut cmd = Command::new(bin_path("threadline-gateway"));
+    let mut cmd = Command::new(bin_path(bin));
     cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("THREADLINE_GATEWAY_ADDR", format!("127.0.0.1:{port}"))
+        .env(addr_setting, format!("127.0.0.1:{port}"))
         .env("THREADLINE_LOG_FORMAT", "text")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -37,24 +53,22 @@ pub async fn spawn_gateway(env: &[(&str, String)]) -> Proc {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let child = cmd.spawn().expect("starting threadline-gateway");
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {bin}: {e}"));
     let base_url = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
-    eventually(
-        "threadline-gateway /healthz",
-        Duration::from_secs(15),
-        || {
-            let (c, u) = (client.clone(), format!("{base_url}/healthz"));
-            async move {
-                c.get(u)
-                    .send()
-                    .await
-                    .ok()
-                    .filter(|r| r.status().is_success())
-                    .map(|_| ())
-            }
-        },
-    )
+    eventually(&format!("{bin} /healthz"), Duration::from_secs(15), || {
+        let (c, u) = (client.clone(), format!("{base_url}/healthz"));
+        async move {
+            c.get(u)
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())
+                .map(|_| ())
+        }
+    })
     .await;
     Proc { child, base_url }
 }

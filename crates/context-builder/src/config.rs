@@ -12,6 +12,9 @@ use crate::context::Limits;
 #[derive(Debug)]
 pub struct ContextConfig {
     pub common: CommonConfig,
+    /// `THREADLINE_CONTEXT_BUILDER_ADDR`, default `127.0.0.1:3001`: health,
+    /// readiness and metrics.
+    pub addr: std::net::SocketAddr,
     /// `THREADLINE_TOKEN_KEYS` (required): opens bot tokens for backfills.
     pub cipher: TokenCipher,
     /// `THREADLINE_CONTEXT_CONCURRENCY`, default 8: events handled at once.
@@ -30,6 +33,7 @@ impl ContextConfig {
     pub fn from_source(src: &Source) -> Result<Self, ConfigError> {
         Ok(Self {
             common: CommonConfig::from_source(src)?,
+            addr: src.socket_addr("THREADLINE_CONTEXT_BUILDER_ADDR", "127.0.0.1:3001")?,
             cipher: TokenCipher::from_source(src)?,
             concurrency: src.bounded("THREADLINE_CONTEXT_CONCURRENCY", 8, 1..=256)? as usize,
             limits: Limits {

@@ -21,8 +21,13 @@ use threadline_slack::WebClient;
 pub use config::ContextConfig;
 pub use handler::Handler;
 
-/// Runs until `shutdown`: consumes `tl.events`, finishing in-flight work.
-pub async fn run(cfg: ContextConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+/// Runs until `shutdown`: consumes `tl.events`, finishing in-flight work;
+/// serves `/healthz`, `/readyz` and `/metrics` on `listener`.
+pub async fn run(
+    cfg: ContextConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let pool = threadline_runtime::db::pool(&cfg.common)?;
     threadline_runtime::db::ensure_schema_current(&pool)
         .await
@@ -46,6 +51,17 @@ pub async fn run(cfg: ContextConfig, shutdown: CancellationToken) -> anyhow::Res
         limits: cfg.limits,
         backfill: cfg.backfill,
     });
+    let health = threadline_runtime::health::router(
+        threadline_runtime::health::Readiness::default()
+            .postgres(pool.clone())
+            .nats(nats.clone()),
+    );
+    let http_stop = shutdown.clone();
+    let http = tokio::spawn(async move {
+        axum::serve(listener, health)
+            .with_graceful_shutdown(http_stop.cancelled_owned())
+            .await
+    });
     tracing::info!(concurrency = cfg.concurrency, "context-builder consuming");
     threadline_runtime::worker::run(
         js,
@@ -59,6 +75,7 @@ pub async fn run(cfg: ContextConfig, shutdown: CancellationToken) -> anyhow::Res
         },
     )
     .await?;
+    let _ = http.await;
     let _ = nats.flush().await;
     pool.close().await;
     tracing::info!("context-builder stopped");

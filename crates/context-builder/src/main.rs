@@ -15,6 +15,9 @@ async fn run() -> anyhow::Result<()> {
     let cfg = ContextConfig::from_source(&Source::from_env()?)?;
     let _telemetry =
         threadline_runtime::telemetry::init("threadline-context-builder", &cfg.common)?;
+    let listener = tokio::net::TcpListener::bind(cfg.addr).await.map_err(|e| {
+        anyhow::anyhow!("binding THREADLINE_CONTEXT_BUILDER_ADDR {}: {e}", cfg.addr)
+    })?;
     let shutdown = threadline_runtime::shutdown::on_signal();
-    threadline_context_builder::run(cfg, shutdown).await
+    threadline_context_builder::run(cfg, listener, shutdown).await
 }
