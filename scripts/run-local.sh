@@ -2,7 +2,8 @@
 # make run: threadline on this machine. Starts Postgres and NATS if they are
 # not reachable, creates and migrates the `threadline` database, registers a
 # development installation (app A0DEV, team T0DEV) and runs the gateway on
-# THREADLINE_GATEWAY_ADDR (default 127.0.0.1:3000) until Ctrl-C.
+# THREADLINE_GATEWAY_ADDR (default 127.0.0.1:3000) and the context-builder
+# (health on 127.0.0.1:3001) until Ctrl-C.
 # Development secrets are generated once into .dev/ (git-ignored).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,7 +20,7 @@ mkdir -p .dev
 [ -s .dev/signing-secret ] || head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >.dev/signing-secret
 export SLACK_SIGNING_SECRET="${SLACK_SIGNING_SECRET:-$(cat .dev/signing-secret)}"
 
-cargo build -q -p threadline-cli -p threadline-gateway
+cargo build -q -p threadline-cli -p threadline-gateway -p threadline-context-builder
 bin="${CARGO_TARGET_DIR:-$root/target}/debug"
 [ -s .dev/token-keys ] || "$bin/threadline" keys generate --id dev >.dev/token-keys
 export THREADLINE_TOKEN_KEYS="${THREADLINE_TOKEN_KEYS:-$(cat .dev/token-keys)}"
@@ -32,4 +33,7 @@ psql -q "$admin" -tc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q
   --token xoxb-local-development-only --scopes app_mentions:read,channels:history,chat:write
 
 echo "signing secret for local deliveries: .dev/signing-secret (see README: 'Send a signed event')"
-exec "$bin/threadline-gateway"
+"$bin/threadline-context-builder" &
+cb=$!
+trap 'kill "$cb" 2>/dev/null; wait "$cb" 2>/dev/null; "$root/scripts/services.sh" down' EXIT
+"$bin/threadline-gateway"

@@ -238,6 +238,12 @@ impl Handler {
                 .collect(),
             truncated: built.omitted > 0,
             backfill_partial: snap.backfill_partial,
+            omitted_messages: built.omitted as u32,
+            content_hash: built.content_hash.clone(),
+            captured_at_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0),
         };
         let mut headers = async_nats::HeaderMap::new();
         threadline_runtime::telemetry::inject_current(&mut headers);

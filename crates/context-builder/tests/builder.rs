@@ -235,6 +235,8 @@ async fn a_mention_builds_one_versioned_context_and_its_message_twin_collapses()
         ]
     );
     assert!(!c.truncated && !c.backfill_partial);
+    assert_eq!((c.omitted_messages, c.content_hash.len()), (0, 64));
+    assert!(c.captured_at_unix_ms > 0);
     // A redelivery of finished work publishes nothing new.
     let (_, payload) = env
         .receipt("Ev2-again", mention("100.000002", Some("100.000001")))
@@ -588,4 +590,82 @@ impl SourceIs for threadline_proto::v1::ContextMessage {
     fn source_ts_is(&self, ts: &str) -> bool {
         self.ts == ts
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_after_the_answer_is_recorded_never_reanswered() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    env.handle("Ev1", mention("600.000001", None)).await;
+    assert_eq!(env.contexts().await.len(), 1);
+    // The publisher marks the turn answered when its reply is sent.
+    sqlx::query("UPDATE turns SET answered_at = now() WHERE ts = '600.000001'")
+        .execute(&env.db.pool)
+        .await
+        .expect("answered");
+    let edit = json!({"type": "message", "subtype": "message_changed", "channel": "C0CHAN", "ts": "600.000009",
+        "message": {"type": "message", "user": "U0ANA", "text": format!("<@{BOT_USER}> what now, really?"), "ts": "600.000001",
+                    "edited": {"user": "U0ANA", "ts": "600.000009"}},
+        "previous_message": {"type": "message", "user": "U0ANA", "text": format!("<@{BOT_USER}> what now?"), "ts": "600.000001"}});
+    let r = env.handle("Ev2", edit).await;
+    assert_eq!(env.state(r).await.1.as_deref(), Some("state_change"));
+    let changed: Option<bool> = sqlx::query_scalar(
+        "SELECT source_changed_after_answer_at IS NOT NULL FROM turns WHERE ts = '600.000001'",
+    )
+    .fetch_optional(&env.db.pool)
+    .await
+    .expect("turn");
+    assert_eq!(changed, Some(true), "recorded as 'answered source changed'");
+    assert_eq!(env.contexts().await.len(), 1, "no second automatic answer");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_threads_are_truncated_deterministically_with_a_marker() {
+    let small = Limits {
+        max_messages: 5,
+        max_bytes: 32 * 1024,
+        max_age_secs: 30 * 24 * 3600,
+    };
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        small,
+        backfill_limits(),
+    )
+    .await;
+    env.handle("Ev0", human("700.000001", "root", None)).await;
+    for i in 2..20 {
+        env.handle(
+            &format!("Ev{i}"),
+            human(
+                &format!("700.0000{i:02}"),
+                &format!("reply {i}"),
+                Some("700.000001"),
+            ),
+        )
+        .await;
+    }
+    env.handle("EvQ", mention("700.000050", Some("700.000001")))
+        .await;
+    let c = env.contexts().await.pop().expect("context");
+    assert!(c.truncated);
+    assert_eq!(c.omitted_messages, 15);
+    let texts: Vec<&str> = c.messages.iter().map(|m| m.text.as_str()).collect();
+    assert_eq!(
+        texts,
+        [
+            "root",
+            "reply 17",
+            "reply 18",
+            "reply 19",
+            "<@U0BOT> what now?"
+        ]
+    );
+    env.cleanup().await;
 }

@@ -374,7 +374,7 @@ fn call(w: &mut World, method: &str, token: Option<&str>, p: &Params) -> Outcome
     out.result = match method {
         "auth.test" => Ok(auth_test(w, &app, &install)),
         "conversations.replies" => replies(w, &app, &install, p),
-        "conversations.info" => info(w, &install, p),
+        "conversations.info" => info(w, &app, &install, p),
         "chat.postMessage" => post_message(w, &app, &install, p, &mut out.envelopes),
         "chat.update" => update(w, &install, p, &mut out.envelopes),
         "chat.delete" => delete(w, &install, p, &mut out.envelopes),
@@ -493,7 +493,7 @@ fn replies(w: &mut World, app: &App, install: &Install, p: &Params) -> Result<Va
     Ok(v)
 }
 
-fn info(w: &World, install: &Install, p: &Params) -> Result<Value, ApiError> {
+fn info(w: &mut World, app: &App, install: &Install, p: &Params) -> Result<Value, ApiError> {
     let c = channel_of(w, install, p)?;
     let scope = match c.kind {
         ChannelKind::Public => "channels:read",
@@ -502,6 +502,7 @@ fn info(w: &World, install: &Install, p: &Params) -> Result<Value, ApiError> {
         ChannelKind::Mpim => "mpim:read",
     };
     need_scope(install, scope)?;
+    read_budget(w, app, install, "conversations.info")?;
     Ok(json!({"channel": {
         "id": c.id, "name": c.name, "created": c.created, "creator": "",
         "is_channel": c.kind == ChannelKind::Public, "is_group": c.kind == ChannelKind::Private,
