@@ -6,6 +6,8 @@ pub mod classify;
 pub mod envelope;
 pub mod event;
 pub mod ids;
+pub mod output;
+pub mod prompt;
 
 pub use envelope::{Authorization, Envelope, EnvelopeError, EventCallback, InstallationKey};
 pub use event::{EventKind, EventRef, MessageSubtype};
