@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod install;
 mod stats;
+mod switches;
 
 #[derive(Parser)]
 #[command(
@@ -30,6 +31,12 @@ enum Command {
         /// Print one JSON object (the only format for now).
         #[arg(long)]
         json: bool,
+    },
+    /// Kill switches: stop model calls and posts at run time.
+    #[command(name = "kill-switch")]
+    KillSwitch {
+        #[command(subcommand)]
+        command: switches::SwitchCommand,
     },
     /// Token-encryption keys.
     Keys {
@@ -67,6 +74,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let s = stats::collect(&pool(&src).await?).await?;
             println!("{}", serde_json::to_string_pretty(&s)?);
         }
+        Command::KillSwitch { command } => switches::run(command, &pool(&src).await?).await?,
         Command::Keys {
             command: KeysCommand::Generate { id },
         } => {

@@ -70,14 +70,14 @@ fn secret_spans(text: &str) -> Vec<(usize, usize)> {
             from = end.max(start + prefix.len());
         }
     }
-    if let Some(start) = text.find("-----BEGIN ") {
-        if text[start..].contains("PRIVATE KEY-----") {
-            let end = text[start..]
-                .find("-----END ")
-                .map(|e| start + e)
-                .unwrap_or(text.len());
-            spans.push((start, end));
-        }
+    if let Some(start) = text.find("-----BEGIN ")
+        && text[start..].contains("PRIVATE KEY-----")
+    {
+        let end = text[start..]
+            .find("-----END ")
+            .map(|e| start + e)
+            .unwrap_or(text.len());
+        spans.push((start, end));
     }
     spans.sort_unstable();
     spans

@@ -1,0 +1,150 @@
+//! The decision row per (event, thread version). Claimed before the model
+//! call with a lease (so one replica calls the model for a binding), then
+//! settled by compare-and-set. No lock is held while the model runs.
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+pub enum Claim {
+    /// This worker calls the model for the decision.
+    Mine(Uuid),
+    /// Another worker holds the lease; try again after it may have expired.
+    Busy,
+    /// Already settled with this status.
+    Settled(Uuid, String),
+}
+
+#[allow(clippy::too_many_arguments)]
+pub async fn claim(
+    pool: &PgPool,
+    receipt: Uuid,
+    installation: Uuid,
+    event_id: &str,
+    channel: &str,
+    root_ts: &str,
+    source_ts: &str,
+    version: i64,
+    lease_secs: f64,
+) -> sqlx::Result<Claim> {
+    let id = Uuid::now_v7();
+    let inserted: Option<Uuid> = sqlx::query_scalar(
+        "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
+                                status, lease_until)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'calling', now() + make_interval(secs => $9))
+         ON CONFLICT ON CONSTRAINT decisions_binding DO NOTHING
+         RETURNING id",
+    )
+    .bind(id)
+    .bind(receipt)
+    .bind(installation)
+    .bind(event_id)
+    .bind(channel)
+    .bind(root_ts)
+    .bind(source_ts)
+    .bind(version)
+    .bind(lease_secs)
+    .fetch_optional(pool)
+    .await?;
+    if let Some(id) = inserted {
+        return Ok(Claim::Mine(id));
+    }
+    // Taken over only once the holder's lease has run out (it crashed).
+    let taken: Option<Uuid> = sqlx::query_scalar(
+        "UPDATE decisions SET lease_until = now() + make_interval(secs => $3), updated_at = now()
+          WHERE receipt_id = $1 AND thread_version = $2 AND status = 'calling' AND lease_until < now()
+         RETURNING id",
+    )
+    .bind(receipt)
+    .bind(version)
+    .bind(lease_secs)
+    .fetch_optional(pool)
+    .await?;
+    if let Some(id) = taken {
+        return Ok(Claim::Mine(id));
+    }
+    let (id, status): (Uuid, String) = sqlx::query_as(
+        "SELECT id, status FROM decisions WHERE receipt_id = $1 AND thread_version = $2",
+    )
+    .bind(receipt)
+    .bind(version)
+    .fetch_one(pool)
+    .await?;
+    Ok(if status == "calling" {
+        Claim::Busy
+    } else {
+        Claim::Settled(id, status)
+    })
+}
+
+pub struct Settled<'a> {
+    pub status: &'a str,
+    pub reason: Option<&'a str>,
+    pub action_kind: &'a str,
+    pub review_reasons: Vec<String>,
+    pub model_config_id: &'a str,
+    pub provider: &'a str,
+    pub fallback: bool,
+    pub prompt_tokens: Option<i32>,
+    pub completion_tokens: Option<i32>,
+    pub output_hash: Option<&'a str>,
+    pub body_text: Option<&'a str>,
+    pub body_blocks: Option<&'a serde_json::Value>,
+}
+
+/// `calling → proposed | review | suppressed`, compare-and-set.
+pub async fn settle(pool: &PgPool, id: Uuid, s: &Settled<'_>) -> sqlx::Result<bool> {
+    let r = sqlx::query(
+        "UPDATE decisions
+            SET status = $2, status_reason = $3, action_kind = $4, review_reasons = $5, model_config_id = $6,
+                provider = $7, fallback = $8, prompt_tokens = $9, completion_tokens = $10, output_hash = $11,
+                body_text = $12, body_blocks = $13, lease_until = NULL, updated_at = now()
+          WHERE id = $1 AND status = 'calling'",
+    )
+    .bind(id)
+    .bind(s.status)
+    .bind(s.reason)
+    .bind(s.action_kind)
+    .bind(&s.review_reasons)
+    .bind(s.model_config_id)
+    .bind(s.provider)
+    .bind(s.fallback)
+    .bind(s.prompt_tokens)
+    .bind(s.completion_tokens)
+    .bind(s.output_hash)
+    .bind(s.body_text)
+    .bind(s.body_blocks)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// What a settled proposal needs to be published (again).
+#[derive(sqlx::FromRow)]
+pub struct Stored {
+    pub id: Uuid,
+    pub receipt_id: Uuid,
+    pub installation_id: Uuid,
+    pub event_id: String,
+    pub channel_id: String,
+    pub root_ts: String,
+    pub source_ts: String,
+    pub thread_version: i64,
+    pub action_kind: String,
+    pub review_reasons: Vec<String>,
+    pub fallback: bool,
+    pub model_config_id: Option<String>,
+    pub output_hash: Option<String>,
+    pub body_text: Option<String>,
+    pub body_blocks: Option<serde_json::Value>,
+}
+
+pub async fn load(pool: &PgPool, id: Uuid) -> sqlx::Result<Stored> {
+    sqlx::query_as(
+        "SELECT id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version, action_kind,
+                review_reasons, fallback, model_config_id, output_hash, body_text, body_blocks
+           FROM decisions WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+}

@@ -1,0 +1,307 @@
+//! Turning one `ContextReady` into a proposal: claim the decision for the
+//! (event, version) binding, check kill switches, call the model with the
+//! thread as untrusted data, apply the output policy and the AI label, fall
+//! back deterministically when no model answers, and publish.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, message::PublishMessage};
+use bytes::Bytes;
+use prost::Message as _;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use threadline_domain::output::{self, Risk};
+use threadline_domain::prompt::{self, Quoted};
+use threadline_proto::v1::{ContextReady, ProposalReady, SCHEMA_VERSION};
+use threadline_runtime::bus::{Topic, Topology};
+use threadline_runtime::killswitch::{self, FEATURE_REPLIES};
+use threadline_runtime::worker::Disposition;
+use uuid::Uuid;
+
+use crate::decisions::{self, Claim, Settled};
+use crate::provider::{Breaker, Completion, OpenAiClient, ProviderError, builtin};
+
+/// A model endpoint with its breaker.
+pub struct Guarded {
+    pub client: OpenAiClient,
+    pub breaker: Breaker,
+}
+
+pub struct Handler {
+    pub pool: PgPool,
+    pub js: jetstream::Context,
+    pub topology: Topology,
+    /// None: the built-in model is the provider.
+    pub primary: Option<Guarded>,
+    /// Only a provider marked tested-equivalent is ever configured here.
+    pub backup: Option<Guarded>,
+    pub system_prompt: String,
+    pub label: String,
+    pub fallback_text: String,
+    pub reply_max_chars: usize,
+    pub model_timeout: Duration,
+    /// Identifies provider, model and instructions in each decision.
+    pub model_config_id: String,
+}
+
+/// A short, stable id of the model configuration (no secrets in it).
+pub fn model_config_id(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_be_bytes());
+        h.update(p.as_bytes());
+    }
+    hex::encode(&h.finalize()[..8])
+}
+
+enum Answer {
+    Model {
+        provider: String,
+        completion: Completion,
+    },
+    Fallback {
+        reason: &'static str,
+    },
+}
+
+impl Handler {
+    pub async fn handle(&self, payload: &[u8]) -> Disposition {
+        let Ok(ctx) = ContextReady::decode(payload) else {
+            return Disposition::Poison("undecodable ContextReady".into());
+        };
+        let (Ok(receipt), Ok(inst)) = (
+            Uuid::parse_str(&ctx.receipt_id),
+            Uuid::parse_str(&ctx.installation_id),
+        ) else {
+            return Disposition::Poison("ContextReady without ids".into());
+        };
+        let span = tracing::info_span!("inference.decide", event_id = %ctx.event_id, receipt_id = %receipt, version = ctx.thread_version);
+        let _g = span.enter();
+        match self.process(&ctx, receipt, inst).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "inference failed; retrying");
+                Disposition::Retry(Duration::from_secs(5))
+            }
+        }
+    }
+
+    async fn process(
+        &self,
+        ctx: &ContextReady,
+        receipt: Uuid,
+        inst: Uuid,
+    ) -> anyhow::Result<Disposition> {
+        let lease = self.model_timeout.as_secs_f64() * 2.0 + 30.0;
+        let id = match decisions::claim(
+            &self.pool,
+            receipt,
+            inst,
+            &ctx.event_id,
+            &ctx.channel_id,
+            &ctx.root_ts,
+            &ctx.source_ts,
+            ctx.thread_version,
+            lease,
+        )
+        .await?
+        {
+            Claim::Mine(id) => id,
+            Claim::Busy => return Ok(Disposition::Retry(Duration::from_secs(10))),
+            Claim::Settled(id, status) => {
+                // A redelivery: never a second model call for this binding.
+                if status == "proposed" {
+                    self.publish(id).await?;
+                }
+                return Ok(Disposition::Done);
+            }
+        };
+
+        // Kill switches, checked before the model call.
+        if let Some(switch) = killswitch::engaged(&self.pool, inst, FEATURE_REPLIES).await? {
+            metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "inference")
+                .increment(1);
+            tracing::warn!(switch = %switch, "kill switch engaged; job suppressed before the model call");
+            decisions::settle(&self.pool, id, &self.suppressed(&switch)).await?;
+            return Ok(Disposition::Done);
+        }
+
+        let answer = self.ask(ctx).await;
+        let (body, provider, fallback, tools, prompt_tokens, completion_tokens) = match &answer {
+            Answer::Model {
+                provider,
+                completion,
+            } => (
+                completion.text.clone(),
+                provider.clone(),
+                false,
+                completion.tool_calls.clone(),
+                completion.prompt_tokens,
+                completion.completion_tokens,
+            ),
+            Answer::Fallback { reason } => {
+                metrics::counter!("threadline_fallbacks_total", "reason" => *reason).increment(1);
+                (
+                    self.fallback_text.clone(),
+                    "fallback".to_owned(),
+                    true,
+                    Vec::new(),
+                    None,
+                    None,
+                )
+            }
+        };
+        let reply = output::prepare(&body, &self.label, self.reply_max_chars, !tools.is_empty());
+        let hash = hex::encode(Sha256::digest(reply.text.as_bytes()));
+        let (status, action_kind) = if reply.risks.is_empty() {
+            ("proposed", "thread_reply".to_owned())
+        } else if reply.risks.contains(&Risk::ActionBeyondReply) {
+            ("review", format!("tool:{}", tools.join(",")))
+        } else {
+            ("review", "thread_reply".to_owned())
+        };
+        let settled = Settled {
+            status,
+            reason: None,
+            action_kind: &action_kind,
+            review_reasons: reply.risks.iter().map(|r| r.as_str().to_owned()).collect(),
+            model_config_id: &self.model_config_id,
+            provider: &provider,
+            fallback,
+            prompt_tokens,
+            completion_tokens,
+            output_hash: Some(&hash),
+            body_text: Some(&reply.text),
+            body_blocks: Some(&reply.blocks),
+        };
+        if !decisions::settle(&self.pool, id, &settled).await? {
+            // Our lease ran out and another worker settled it.
+            return Ok(Disposition::Done);
+        }
+        metrics::counter!("threadline_decisions_total", "status" => status).increment(1);
+        if status == "review" {
+            tracing::info!(reasons = ?reply.risks, "proposal routed to human review");
+            return Ok(Disposition::Done);
+        }
+        self.publish(id).await?;
+        Ok(Disposition::Done)
+    }
+
+    fn suppressed<'a>(&'a self, switch: &'a str) -> Settled<'a> {
+        Settled {
+            status: "suppressed",
+            reason: Some(switch),
+            action_kind: "thread_reply",
+            review_reasons: Vec::new(),
+            model_config_id: &self.model_config_id,
+            provider: "none",
+            fallback: false,
+            prompt_tokens: None,
+            completion_tokens: None,
+            output_hash: None,
+            body_text: None,
+            body_blocks: None,
+        }
+    }
+
+    /// The model chain: primary (behind its breaker), a tested-equivalent
+    /// backup, else the deterministic fallback. The built-in model answers
+    /// when no endpoint is configured.
+    async fn ask(&self, ctx: &ContextReady) -> Answer {
+        let Some(primary) = &self.primary else {
+            let thread: Vec<(String, String)> = ctx
+                .messages
+                .iter()
+                .map(|m| (m.user_id.clone(), m.text.clone()))
+                .collect();
+            let request = ctx
+                .messages
+                .iter()
+                .find(|m| m.ts == ctx.source_ts)
+                .map(|m| m.text.as_str())
+                .unwrap_or("");
+            metrics::counter!("threadline_model_calls_total", "provider" => "builtin", "result" => "ok").increment(1);
+            return Answer::Model {
+                provider: "builtin".into(),
+                completion: builtin(&thread, request, ctx.thread_version),
+            };
+        };
+        let quoted: Vec<Quoted<'_>> = ctx
+            .messages
+            .iter()
+            .map(|m| Quoted {
+                role: &m.role,
+                speaker_id: &m.user_id,
+                ts: &m.ts,
+                text: &m.text,
+            })
+            .collect();
+        let messages = prompt::build(&self.system_prompt, &quoted, &ctx.source_ts);
+        let mut last = "provider_error";
+        for g in std::iter::once(primary).chain(self.backup.as_ref()) {
+            if !g.breaker.admit() {
+                metrics::counter!("threadline_model_calls_total", "provider" => g.client.name.clone(), "result" => "circuit_open").increment(1);
+                last = "circuit_open";
+                continue;
+            }
+            let started = std::time::Instant::now();
+            let r = tokio::time::timeout(self.model_timeout, g.client.complete(&messages))
+                .await
+                .unwrap_or(Err(ProviderError::Timeout));
+            metrics::histogram!("threadline_model_latency_seconds", "provider" => g.client.name.clone())
+                .record(started.elapsed().as_secs_f64());
+            g.breaker.record(r.is_ok());
+            match r {
+                Ok(completion) => {
+                    metrics::counter!("threadline_model_calls_total", "provider" => g.client.name.clone(), "result" => "ok").increment(1);
+                    return Answer::Model {
+                        provider: g.client.name.clone(),
+                        completion,
+                    };
+                }
+                Err(e) => {
+                    metrics::counter!("threadline_model_calls_total", "provider" => g.client.name.clone(), "result" => e.code()).increment(1);
+                    tracing::warn!(provider = %g.client.name, error = e.code(), "model call failed");
+                    last = e.code();
+                }
+            }
+        }
+        Answer::Fallback { reason: last }
+    }
+
+    /// Publishes a settled proposal; the binding fields come from the
+    /// decision row, never from model output.
+    pub async fn publish(&self, id: Uuid) -> anyhow::Result<()> {
+        let d = decisions::load(&self.pool, id).await?;
+        let msg = ProposalReady {
+            schema_version: SCHEMA_VERSION,
+            decision_id: d.id.to_string(),
+            receipt_id: d.receipt_id.to_string(),
+            installation_id: d.installation_id.to_string(),
+            event_id: d.event_id,
+            channel_id: d.channel_id,
+            root_ts: d.root_ts,
+            source_ts: d.source_ts,
+            thread_version: d.thread_version,
+            action_kind: d.action_kind,
+            needs_review: !d.review_reasons.is_empty(),
+            fallback: d.fallback,
+            text: d.body_text.unwrap_or_default(),
+            blocks_json: d.body_blocks.map(|b| b.to_string()).unwrap_or_default(),
+            body_hash: d.output_hash.unwrap_or_default(),
+            review_reasons: d.review_reasons,
+            model_config_id: d.model_config_id.unwrap_or_default(),
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        threadline_runtime::telemetry::inject_current(&mut headers);
+        let publish = PublishMessage::build()
+            .payload(Bytes::from(msg.encode_to_vec()))
+            .headers(headers)
+            .message_id(format!("prop:{id}"));
+        self.js
+            .send_publish(self.topology.subject(Topic::Proposals), publish)
+            .await?
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,116 @@
+//! threadline inference: turns a versioned context into a labelled
+//! proposal bound to that version — kill switches first, the thread as
+//! untrusted data, one model call per binding, output policy, breaker and a
+//! deterministic fallback.
+
+pub mod config;
+pub mod decisions;
+pub mod handler;
+pub mod provider;
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use threadline_runtime::bus::{Topic, Topology};
+use threadline_runtime::shutdown::CancellationToken;
+
+pub use config::InferenceConfig;
+pub use handler::{Guarded, Handler};
+use provider::{Breaker, OpenAiClient};
+
+/// Builds the handler from configuration (also used by tests).
+pub fn handler(
+    cfg: &InferenceConfig,
+    pool: sqlx::PgPool,
+    js: async_nats::jetstream::Context,
+) -> anyhow::Result<Handler> {
+    let guard = |name: &str, m: &config::ModelConfig| -> anyhow::Result<Guarded> {
+        Ok(Guarded {
+            client: OpenAiClient::new(
+                name,
+                &m.base_url,
+                &m.model,
+                m.api_key.clone(),
+                cfg.timeout,
+                cfg.max_tokens,
+            )?,
+            breaker: Breaker::new(name, cfg.breaker_failures, cfg.breaker_cooldown),
+        })
+    };
+    let primary = cfg
+        .primary
+        .as_ref()
+        .map(|m| guard("primary", m))
+        .transpose()?;
+    let backup = cfg
+        .backup
+        .as_ref()
+        .map(|m| guard("backup", m))
+        .transpose()?;
+    let described = primary
+        .as_ref()
+        .map(|g| g.client.describe())
+        .unwrap_or_else(|| "builtin".into());
+    Ok(Handler {
+        pool,
+        js,
+        topology: Topology::new(cfg.common.bus_prefix.clone()),
+        model_config_id: handler::model_config_id(&[&described, &cfg.system_prompt, &cfg.label]),
+        primary,
+        backup,
+        system_prompt: cfg.system_prompt.clone(),
+        label: cfg.label.clone(),
+        fallback_text: cfg.fallback_text.clone(),
+        reply_max_chars: cfg.reply_max_chars,
+        model_timeout: cfg.timeout,
+    })
+}
+
+/// Runs until `shutdown`, consuming `tl.contexts`; serves health and metrics.
+pub async fn run(
+    cfg: InferenceConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let pool = threadline_runtime::db::pool(&cfg.common)?;
+    threadline_runtime::db::ensure_schema_current(&pool)
+        .await
+        .context("checking the database schema")?;
+    let nats =
+        threadline_runtime::bus::connect(&cfg.common.nats_url, "threadline-inference").await?;
+    let js = async_nats::jetstream::new(nats.clone());
+    let topology = Topology::new(cfg.common.bus_prefix.clone());
+    topology
+        .declare(&js)
+        .await
+        .context("declaring the bus topology")?;
+    let handler = Arc::new(handler(&cfg, pool.clone(), js.clone())?);
+    let health = threadline_runtime::health::router(
+        threadline_runtime::health::Readiness::default()
+            .postgres(pool.clone())
+            .nats(nats.clone()),
+    );
+    let stop = shutdown.clone();
+    let http = tokio::spawn(async move {
+        axum::serve(listener, health)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+    });
+    tracing::info!(concurrency = cfg.concurrency, model_config_id = %handler.model_config_id, "inference consuming");
+    threadline_runtime::worker::run(
+        js,
+        topology,
+        Topic::Contexts,
+        cfg.concurrency,
+        shutdown,
+        move |msg| {
+            let handler = handler.clone();
+            async move { handler.handle(&msg.payload).await }
+        },
+    )
+    .await?;
+    let _ = http.await;
+    let _ = nats.flush().await;
+    pool.close().await;
+    Ok(())
+}

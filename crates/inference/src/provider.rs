@@ -1,0 +1,324 @@
+//! Model providers: an OpenAI-compatible chat-completions client (OpenAI,
+//! vLLM, Ollama, llama.cpp server, LiteLLM) and the built-in deterministic
+//! model, each behind a circuit breaker.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use secrecy::{ExposeSecret as _, SecretString};
+use serde_json::{Value, json};
+
+/// What a model said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    pub text: String,
+    /// Names of tools the model asked to run (never run: they make the
+    /// proposal risky).
+    pub tool_calls: Vec<String>,
+    pub prompt_tokens: Option<i32>,
+    pub completion_tokens: Option<i32>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProviderError {
+    #[error("timed out")]
+    Timeout,
+    #[error("circuit open")]
+    CircuitOpen,
+    #[error("HTTP {0}")]
+    Http(u16),
+    #[error("unreachable")]
+    Transport,
+    #[error("malformed answer")]
+    Malformed,
+}
+
+impl ProviderError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::CircuitOpen => "circuit_open",
+            Self::Http(_) => "http_error",
+            Self::Transport => "transport",
+            Self::Malformed => "malformed",
+        }
+    }
+}
+
+/// An OpenAI-compatible `/chat/completions` endpoint.
+#[derive(Debug)]
+pub struct OpenAiClient {
+    pub name: String,
+    base_url: String,
+    model: String,
+    api_key: Option<SecretString>,
+    max_tokens: u32,
+    http: reqwest::Client,
+}
+
+impl OpenAiClient {
+    pub fn new(
+        name: &str,
+        base_url: &str,
+        model: &str,
+        api_key: Option<SecretString>,
+        timeout: Duration,
+        max_tokens: u32,
+    ) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(Duration::from_secs(5))
+            .build()?;
+        Ok(Self {
+            name: name.to_owned(),
+            base_url: base_url.trim_end_matches('/').to_owned(),
+            model: model.to_owned(),
+            api_key,
+            max_tokens,
+            http,
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "openai-compatible {} model={} max_tokens={}",
+            self.base_url, self.model, self.max_tokens
+        )
+    }
+
+    /// One chat completion. No tools are offered: the request never carries
+    /// a `tools` field, whatever the thread asked for.
+    pub async fn complete(&self, messages: &[Value]) -> Result<Completion, ProviderError> {
+        let body = json!({"model": self.model, "messages": messages, "max_tokens": self.max_tokens, "temperature": 0.2});
+        let mut req = self
+            .http
+            .post(format!("{}/chat/completions", self.base_url))
+            .json(&body);
+        if let Some(key) = &self.api_key {
+            req = req.bearer_auth(key.expose_secret());
+        }
+        let r = req.send().await.map_err(|e| {
+            if e.is_timeout() {
+                ProviderError::Timeout
+            } else {
+                ProviderError::Transport
+            }
+        })?;
+        let status = r.status().as_u16();
+        if !(200..300).contains(&status) {
+            return Err(ProviderError::Http(status));
+        }
+        let v: Value = r.json().await.map_err(|e| {
+            if e.is_timeout() {
+                ProviderError::Timeout
+            } else {
+                ProviderError::Malformed
+            }
+        })?;
+        let msg = v
+            .pointer("/choices/0/message")
+            .ok_or(ProviderError::Malformed)?;
+        let text = msg
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let tool_calls: Vec<String> = msg
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .map(|calls| {
+                calls
+                    .iter()
+                    .map(|c| {
+                        c.pointer("/function/name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("unknown")
+                            .to_owned()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if text.trim().is_empty() && tool_calls.is_empty() {
+            return Err(ProviderError::Malformed);
+        }
+        let tokens = |k: &str| {
+            v.pointer(&format!("/usage/{k}"))
+                .and_then(Value::as_i64)
+                .map(|n| n as i32)
+        };
+        Ok(Completion {
+            text,
+            tool_calls,
+            prompt_tokens: tokens("prompt_tokens"),
+            completion_tokens: tokens("completion_tokens"),
+        })
+    }
+}
+
+/// The built-in deterministic model: its answer is derived from the
+/// context, so tests and demos can predict it, and it says what it is.
+pub fn builtin(thread: &[(String, String)], request_text: &str, version: i64) -> Completion {
+    let people: std::collections::BTreeSet<&str> =
+        thread.iter().map(|(who, _)| who.as_str()).collect();
+    let asked: String = request_text.chars().take(120).collect();
+    Completion {
+        text: format!(
+            "[threadline built-in model] I read {} message(s) from {} participant(s) in this thread (version {version}). \
+             You asked: \u{201c}{}\u{201d}. The built-in model does not answer questions; configure a model provider \
+             for real answers.",
+            thread.len(),
+            people.len(),
+            asked.trim()
+        ),
+        tool_calls: Vec::new(),
+        prompt_tokens: None,
+        completion_tokens: None,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl BreakerState {
+    fn gauge(self) -> f64 {
+        match self {
+            Self::Closed => 0.0,
+            Self::HalfOpen => 1.0,
+            Self::Open => 2.0,
+        }
+    }
+}
+
+/// Opens after `threshold` consecutive failures; after `cooldown` lets one
+/// probe through (half-open): success closes it, failure opens it again.
+#[derive(Debug)]
+pub struct Breaker {
+    name: String,
+    threshold: u32,
+    cooldown: Duration,
+    inner: Mutex<(BreakerState, u32, Option<Instant>, bool)>,
+}
+
+impl Breaker {
+    pub fn new(name: &str, threshold: u32, cooldown: Duration) -> Self {
+        Self {
+            name: name.to_owned(),
+            threshold: threshold.max(1),
+            cooldown,
+            inner: Mutex::new((BreakerState::Closed, 0, None, false)),
+        }
+    }
+
+    pub fn state(&self) -> BreakerState {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).0
+    }
+
+    /// May a call go through now? (In half-open, only one probe at a time.)
+    pub fn admit(&self) -> bool {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        match g.0 {
+            BreakerState::Closed => true,
+            BreakerState::Open => {
+                if g.2.is_some_and(|t| t.elapsed() >= self.cooldown) {
+                    g.0 = BreakerState::HalfOpen;
+                    g.3 = true;
+                    self.report(g.0);
+                    true
+                } else {
+                    false
+                }
+            }
+            BreakerState::HalfOpen => {
+                if g.3 {
+                    false
+                } else {
+                    g.3 = true;
+                    true
+                }
+            }
+        }
+    }
+
+    pub fn record(&self, ok: bool) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.3 = false;
+        if ok {
+            g.0 = BreakerState::Closed;
+            g.1 = 0;
+        } else {
+            g.1 += 1;
+            if g.0 == BreakerState::HalfOpen || g.1 >= self.threshold {
+                g.0 = BreakerState::Open;
+                g.2 = Some(Instant::now());
+            }
+        }
+        self.report(g.0);
+    }
+
+    fn report(&self, s: BreakerState) {
+        metrics::gauge!("threadline_model_breaker_state", "provider" => self.name.clone())
+            .set(s.gauge());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn breaker_opens_probes_and_closes() {
+        let b = Breaker::new("p", 3, Duration::from_millis(50));
+        for _ in 0..2 {
+            assert!(b.admit());
+            b.record(false);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert!(b.admit());
+        b.record(false);
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(!b.admit(), "open: calls are refused");
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(b.admit(), "after the cooldown one probe goes through");
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert!(!b.admit(), "only one probe at a time");
+        b.record(false);
+        assert_eq!(
+            b.state(),
+            BreakerState::Open,
+            "a failed probe opens it again"
+        );
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(b.admit());
+        b.record(true);
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert!(b.admit());
+    }
+
+    #[test]
+    fn a_success_resets_the_failure_count() {
+        let b = Breaker::new("p", 2, Duration::from_secs(60));
+        b.record(false);
+        b.record(true);
+        b.record(false);
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn the_builtin_model_is_deterministic_and_says_what_it_is() {
+        let thread = vec![
+            ("U1".to_owned(), "a".to_owned()),
+            ("U2".to_owned(), "b".to_owned()),
+            ("U1".to_owned(), "c".to_owned()),
+        ];
+        let a = builtin(&thread, "why did it fail?", 7);
+        assert_eq!(a, builtin(&thread, "why did it fail?", 7));
+        assert!(a.text.starts_with("[threadline built-in model]"));
+        assert!(a.text.contains("3 message(s) from 2 participant(s)"));
+        assert!(a.text.contains("version 7"));
+        assert!(a.text.contains("why did it fail?"));
+    }
+}
