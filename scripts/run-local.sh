@@ -20,7 +20,7 @@ mkdir -p .dev
 [ -s .dev/signing-secret ] || head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >.dev/signing-secret
 export SLACK_SIGNING_SECRET="${SLACK_SIGNING_SECRET:-$(cat .dev/signing-secret)}"
 
-cargo build -q -p threadline-cli -p threadline-gateway -p threadline-context-builder
+cargo build -q -p threadline-cli -p threadline-gateway -p threadline-context-builder -p threadline-inference
 bin="${CARGO_TARGET_DIR:-$root/target}/debug"
 [ -s .dev/token-keys ] || "$bin/threadline" keys generate --id dev >.dev/token-keys
 export THREADLINE_TOKEN_KEYS="${THREADLINE_TOKEN_KEYS:-$(cat .dev/token-keys)}"
@@ -35,5 +35,7 @@ psql -q "$admin" -tc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q
 echo "signing secret for local deliveries: .dev/signing-secret (see README: 'Send a signed event')"
 "$bin/threadline-context-builder" &
 cb=$!
-trap 'kill "$cb" 2>/dev/null; wait "$cb" 2>/dev/null; "$root/scripts/services.sh" down' EXIT
+"$bin/threadline-inference" &
+inf=$!
+trap 'kill "$cb" "$inf" 2>/dev/null; wait "$cb" "$inf" 2>/dev/null; "$root/scripts/services.sh" down' EXIT
 "$bin/threadline-gateway"

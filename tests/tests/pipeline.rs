@@ -10,7 +10,9 @@ use serde_json::{Value, json};
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_testkit::slack::TEST_SECRET;
 use threadline_testkit::{TestDb, delete_streams, eventually, nats_url, stream_len, unique_prefix};
-use threadline_tests::{cli, sim_ctl, spawn_context_builder, spawn_gateway, spawn_slack_sim};
+use threadline_tests::{
+    cli, sim_ctl, spawn_context_builder, spawn_gateway, spawn_inference, spawn_slack_sim,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mention_becomes_one_context_and_the_bots_own_reply_none() {
@@ -32,6 +34,7 @@ async fn a_mention_becomes_one_context_and_the_bots_own_reply_none() {
     let mut cb_env = common.clone();
     cb_env.push(("SLACK_API_URL", format!("{}/api/", sim.base_url)));
     let cb = spawn_context_builder(&cb_env).await;
+    let inf = spawn_inference(&common).await;
 
     let team = sim_ctl(&sim, "teams", json!({"name": "Acme"})).await["id"]
         .as_str()
@@ -112,33 +115,48 @@ async fn a_mention_becomes_one_context_and_the_bots_own_reply_none() {
         .as_str()
         .expect("ts")
         .to_owned();
-    let contexts = Topology::new(prefix.clone()).stream(Topic::Contexts);
-    eventually("a context on the bus", Duration::from_secs(20), || {
-        let (js, s) = (js.clone(), contexts.clone());
+    // The context is consumed by inference (a work queue): judge it by its record.
+    // Inference proposes a labelled answer bound to that context's version.
+    let proposals = Topology::new(prefix.clone()).stream(Topic::Proposals);
+    eventually("a proposal on the bus", Duration::from_secs(20), || {
+        let (js, s) = (js.clone(), proposals.clone());
         async move { (stream_len(&js, &s).await >= 1).then_some(()) }
     })
     .await;
     let msg = js
-        .get_stream(&contexts)
+        .get_stream(&proposals)
         .await
         .expect("stream")
         .get_raw_message(1)
         .await
         .expect("message");
-    let ctx =
-        threadline_proto::v1::ContextReady::decode(msg.payload.as_ref()).expect("ContextReady");
+    let p =
+        threadline_proto::v1::ProposalReady::decode(msg.payload.as_ref()).expect("ProposalReady");
+    let (receipt, version, source, count): (uuid::Uuid, i64, String, i32) =
+        sqlx::query_as("SELECT receipt_id, thread_version, source_ts, message_count FROM contexts")
+            .fetch_one(&db.pool)
+            .await
+            .expect("one context");
     assert_eq!(
-        (ctx.root_ts.as_str(), ctx.source_ts.as_str()),
-        (root.as_str(), ask.as_str())
+        (source.as_str(), count),
+        (ask.as_str(), 2),
+        "root and question"
     );
     assert_eq!(
-        ctx.messages
-            .iter()
-            .map(|m| m.text.as_str())
-            .collect::<Vec<_>>(),
-        ["deploy failed", format!("<@{bot_user}> why?").as_str()]
+        (
+            p.receipt_id.clone(),
+            p.thread_version,
+            p.root_ts.as_str(),
+            p.source_ts.as_str()
+        ),
+        (receipt.to_string(), version, root.as_str(), ask.as_str())
     );
     assert!(msg.headers.get("Nats-Msg-Id").is_some());
+    assert!(
+        p.text.starts_with("[threadline built-in model]")
+            && p.text
+                .ends_with("_AI-generated — verify before relying on it_")
+    );
 
     // The bot answers in the thread; Slack feeds the post back as an event.
     let r: Value = reqwest::Client::new()
@@ -189,18 +207,25 @@ async fn a_mention_becomes_one_context_and_the_bots_own_reply_none() {
         ],
         "root not addressed, one turn for the mention and its twin, our reply no job"
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let jobs: (i64, i64) =
+        sqlx::query_as("SELECT (SELECT count(*) FROM contexts), (SELECT count(*) FROM decisions)")
+            .fetch_one(&db.pool)
+            .await
+            .expect("counts");
     assert_eq!(
-        stream_len(&js, &contexts).await,
-        1,
-        "the bot loop produced no job"
+        jobs,
+        (1, 1),
+        "the bot loop produced no job and no model call"
     );
+    assert_eq!(stream_len(&js, &proposals).await, 1);
     let version: i64 = sqlx::query_scalar("SELECT version FROM threads WHERE root_ts = $1")
         .bind(&root)
         .fetch_one(&db.pool)
         .await
         .expect("thread");
     assert_eq!(version, 3, "root, question, our reply");
+    assert!(inf.terminate().await.success());
     assert!(cb.terminate().await.success());
     assert!(gw.terminate().await.success());
     delete_streams(&js, &prefix).await;
