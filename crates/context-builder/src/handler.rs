@@ -148,8 +148,55 @@ impl Handler {
         if root != source_ts && !store::has_message(&self.pool, inst.id, channel, &root).await? {
             self.backfill(&inst, channel, &root).await?;
         }
-        self.build_and_publish(ev, receipt, &inst, channel, &root, &source_ts)
+        self.build_and_publish(&ev.event_id, receipt, &inst, channel, &root, &source_ts)
             .await
+    }
+
+    /// A proposal went stale: look at the thread again and, if its latest
+    /// request still has no answer, build a fresh context for it (a new
+    /// version, so a new decision). The old answer is never posted.
+    pub async fn reconsider(&self, payload: &[u8]) -> Disposition {
+        let Ok(r) = threadline_proto::v1::Reconsider::decode(payload) else {
+            return Disposition::Poison("undecodable Reconsider".into());
+        };
+        let Ok(inst_id) = Uuid::parse_str(&r.installation_id) else {
+            return Disposition::Poison("Reconsider without an installation".into());
+        };
+        let result: anyhow::Result<()> = async {
+            let Some(inst) = store::installation(&self.pool, inst_id).await? else { return Ok(()) };
+            if !inst.active {
+                return Ok(());
+            }
+            let latest: Option<(Uuid, String, bool, String)> = sqlx::query_as(
+                "SELECT t.receipt_id, t.ts, t.answered_at IS NOT NULL, r.event_id
+                   FROM turns t
+                   JOIN thread_messages m ON m.installation_id = t.installation_id AND m.channel_id = t.channel_id AND m.ts = t.ts
+                   JOIN event_receipts r ON r.id = t.receipt_id
+                  WHERE t.installation_id = $1 AND t.channel_id = $2 AND m.root_ts = $3 AND NOT m.deleted
+                  ORDER BY t.ts::numeric DESC LIMIT 1",
+            )
+            .bind(inst.id)
+            .bind(&r.channel_id)
+            .bind(&r.root_ts)
+            .fetch_optional(&self.pool)
+            .await?;
+            match latest {
+                Some((receipt, ts, false, event_id)) => {
+                    metrics::counter!("threadline_reconsiderations_handled_total", "result" => "rebuilt").increment(1);
+                    self.build_and_publish(&event_id, receipt, &inst, &r.channel_id, &r.root_ts, &ts).await?;
+                }
+                _ => metrics::counter!("threadline_reconsiderations_handled_total", "result" => "no_reply_needed").increment(1),
+            }
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => Disposition::Done,
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "reconsideration failed; retrying");
+                Disposition::Retry(DB_RETRY)
+            }
+        }
     }
 
     async fn backfill(&self, inst: &Installation, channel: &str, root: &str) -> anyhow::Result<()> {
@@ -183,7 +230,7 @@ impl Handler {
 
     async fn build_and_publish(
         &self,
-        ev: &EventAccepted,
+        event_id: &str,
         receipt: Uuid,
         inst: &Installation,
         channel: &str,
@@ -221,7 +268,7 @@ impl Handler {
             schema_version: SCHEMA_VERSION,
             receipt_id: receipt.to_string(),
             installation_id: inst.id.to_string(),
-            event_id: ev.event_id.clone(),
+            event_id: event_id.to_owned(),
             channel_id: channel.to_owned(),
             root_ts: root.to_owned(),
             source_ts: source_ts.to_owned(),

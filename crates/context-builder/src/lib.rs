@@ -63,6 +63,25 @@ pub async fn run(
             .await
     });
     tracing::info!(concurrency = cfg.concurrency, "context-builder consuming");
+    let reconsider = {
+        let (js, topology, shutdown, handler) = (
+            js.clone(),
+            topology.clone(),
+            shutdown.clone(),
+            handler.clone(),
+        );
+        tokio::spawn(threadline_runtime::worker::run(
+            js,
+            topology,
+            Topic::Reconsider,
+            2,
+            shutdown,
+            move |msg| {
+                let handler = handler.clone();
+                async move { handler.reconsider(&msg.payload).await }
+            },
+        ))
+    };
     threadline_runtime::worker::run(
         js,
         topology,
@@ -75,6 +94,7 @@ pub async fn run(
         },
     )
     .await?;
+    reconsider.await.context("reconsider worker")??;
     let _ = http.await;
     let _ = nats.flush().await;
     pool.close().await;

@@ -66,7 +66,10 @@ impl WebClient {
             .send()
             .await
             .map_err(|e| {
-                WebError::Transport(if e.is_timeout() {
+                // `connect`: the request never left; anything else may have reached Slack.
+                WebError::Transport(if e.is_connect() {
+                    "connect".into()
+                } else if e.is_timeout() {
                     "timed out".into()
                 } else {
                     "connection".into()
@@ -100,6 +103,34 @@ impl WebClient {
             }),
             None => Err(WebError::Decode),
         }
+    }
+
+    /// `chat.postMessage` into a thread, with message metadata. Never
+    /// retried here: an unknown outcome must be reconciled first.
+    pub async fn post_reply(
+        &self,
+        token: &str,
+        channel: &str,
+        thread_ts: &str,
+        text: &str,
+        blocks_json: &str,
+        metadata_json: &str,
+    ) -> Result<String, WebError> {
+        let mut form = vec![
+            ("channel", channel),
+            ("thread_ts", thread_ts),
+            ("text", text),
+            ("metadata", metadata_json),
+        ];
+        if !blocks_json.is_empty() {
+            form.push(("blocks", blocks_json));
+        }
+        form.push(("unfurl_links", "false"));
+        let v = self.call("chat.postMessage", token, &form).await?;
+        v.get("ts")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or(WebError::Decode)
     }
 
     pub async fn conversations_replies(

@@ -1,0 +1,53 @@
+//! Publisher settings. Shared ones are documented in `threadline_runtime::config`.
+
+use std::time::Duration;
+
+use threadline_runtime::config::{CommonConfig, ConfigError, Source};
+use threadline_runtime::secrets::TokenCipher;
+
+use crate::reconcile::Evidence;
+
+#[derive(Debug)]
+pub struct PublisherConfig {
+    pub common: CommonConfig,
+    /// `THREADLINE_PUBLISHER_ADDR`, default `127.0.0.1:3003`.
+    pub addr: std::net::SocketAddr,
+    /// `THREADLINE_TOKEN_KEYS` (required): opens bot tokens for posting.
+    pub cipher: TokenCipher,
+    /// `THREADLINE_PUBLISHER_CONCURRENCY`, default 8.
+    pub concurrency: usize,
+    /// `THREADLINE_RECONCILE_READS` (3) over `THREADLINE_RECONCILE_WINDOW_MS`
+    /// (10000): evidence that an unknown post did not land; then the intent
+    /// is held, or re-posted once if `THREADLINE_RECONCILE_ALLOW_REPOST=true`.
+    pub evidence: Evidence,
+    /// `THREADLINE_POST_SPACING_MS`, default 1000: per channel, shared.
+    pub post_spacing: f64,
+    /// `THREADLINE_POST_MAX_ATTEMPTS`, default 5 (rate-limited attempts).
+    pub max_attempts: i32,
+    /// `THREADLINE_SLACK_TIMEOUT_MS`, default 10000: a post slower than
+    /// this has an unknown outcome.
+    pub slack_timeout: Duration,
+}
+
+impl PublisherConfig {
+    pub fn from_source(src: &Source) -> Result<Self, ConfigError> {
+        Ok(Self {
+            common: CommonConfig::from_source(src)?,
+            addr: src.socket_addr("THREADLINE_PUBLISHER_ADDR", "127.0.0.1:3003")?,
+            cipher: TokenCipher::from_source(src)?,
+            concurrency: src.bounded("THREADLINE_PUBLISHER_CONCURRENCY", 8, 1..=256)? as usize,
+            evidence: Evidence {
+                reads: src.bounded("THREADLINE_RECONCILE_READS", 3, 1..=100)? as i32,
+                window_secs: src
+                    .millis("THREADLINE_RECONCILE_WINDOW_MS", 10_000, 0..=3_600_000)?
+                    .as_secs_f64(),
+                allow_repost: src.flag("THREADLINE_RECONCILE_ALLOW_REPOST", false)?,
+            },
+            post_spacing: src
+                .millis("THREADLINE_POST_SPACING_MS", 1000, 0..=60_000)?
+                .as_secs_f64(),
+            max_attempts: src.bounded("THREADLINE_POST_MAX_ATTEMPTS", 5, 1..=100)? as i32,
+            slack_timeout: src.millis("THREADLINE_SLACK_TIMEOUT_MS", 10_000, 100..=120_000)?,
+        })
+    }
+}

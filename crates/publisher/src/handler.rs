@@ -1,0 +1,366 @@
+//! Publishing one proposal: re-check kill switches, run the staleness
+//! checks and claim the reply intent in one short transaction, take a post
+//! slot, post once, and map the outcome; reconcile unknown outcomes.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, message::PublishMessage};
+use bytes::Bytes;
+use prost::Message as _;
+use secrecy::ExposeSecret as _;
+use sqlx::PgPool;
+use threadline_proto::v1::{ProposalReady, Reconsider, SCHEMA_VERSION};
+use threadline_runtime::bus::{Topic, Topology};
+use threadline_runtime::killswitch::{self, FEATURE_REPLIES};
+use threadline_runtime::secrets::{Sealed, TokenCipher, token_aad};
+use threadline_runtime::worker::Disposition;
+use threadline_slack::{WebClient, WebError};
+use uuid::Uuid;
+
+use crate::intents::{self, Proposal, Verdict};
+use crate::reconcile::{self, Evidence, Found, Subject};
+
+pub struct Handler {
+    pub pool: PgPool,
+    pub js: jetstream::Context,
+    pub topology: Topology,
+    pub web: WebClient,
+    pub cipher: TokenCipher,
+    pub evidence: Evidence,
+    /// Seconds between posts in one channel.
+    pub post_spacing: f64,
+    /// Attempts before a rate-limited post fails for good.
+    pub max_attempts: i32,
+}
+
+/// Codes after which Slack certainly did not post and never will.
+const PERMANENT: &[&str] = &[
+    "channel_not_found",
+    "not_in_channel",
+    "is_archived",
+    "msg_too_long",
+    "no_text",
+    "invalid_auth",
+    "token_revoked",
+    "token_expired",
+    "account_inactive",
+    "missing_scope",
+    "not_authed",
+    "invalid_blocks",
+    "invalid_metadata_format",
+    "restricted_action",
+    "too_many_attachments",
+];
+
+fn jitter(secs: f64, seed: &Uuid) -> f64 {
+    secs + (seed.as_u128() % 1000) as f64 / 1000.0
+}
+
+struct Bot {
+    token: secrecy::SecretString,
+    bot_id: String,
+}
+
+impl Handler {
+    pub async fn handle(&self, payload: &[u8]) -> Disposition {
+        let Ok(p) = ProposalReady::decode(payload) else {
+            return Disposition::Poison("undecodable ProposalReady".into());
+        };
+        let ids = (
+            Uuid::parse_str(&p.installation_id),
+            Uuid::parse_str(&p.receipt_id),
+            Uuid::parse_str(&p.decision_id),
+        );
+        let (Ok(inst), Ok(receipt), Ok(decision)) = ids else {
+            return Disposition::Poison("ProposalReady without ids".into());
+        };
+        let span = tracing::info_span!("publisher.publish", event_id = %p.event_id, decision_id = %decision, version = p.thread_version);
+        let _g = span.enter();
+        match self.process(&p, inst, receipt, decision).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "publishing failed; retrying");
+                Disposition::Retry(Duration::from_secs(5))
+            }
+        }
+    }
+
+    async fn bot(&self, inst: Uuid) -> anyhow::Result<Option<Bot>> {
+        let row: Option<(String, String, Option<Vec<u8>>, Option<String>)> = sqlx::query_as(
+            "SELECT status, bot_id, bot_token_sealed, bot_token_key_id FROM installations WHERE id = $1",
+        )
+        .bind(inst)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some((status, bot_id, Some(bytes), Some(key_id))) = row else {
+            return Ok(None);
+        };
+        if status != "active" {
+            return Ok(None);
+        }
+        let token = self
+            .cipher
+            .open(&Sealed { key_id, bytes }, &token_aad(&inst, "bot"))?;
+        Ok(Some(Bot { token, bot_id }))
+    }
+
+    async fn process(
+        &self,
+        p: &ProposalReady,
+        inst: Uuid,
+        receipt: Uuid,
+        decision: Uuid,
+    ) -> anyhow::Result<Disposition> {
+        if p.needs_review {
+            // Only an approved decision may be posted; the queue is the decisions table.
+            let status: Option<String> =
+                sqlx::query_scalar("SELECT status FROM decisions WHERE id = $1")
+                    .bind(decision)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            if status.as_deref() != Some("approved") {
+                return Ok(Disposition::Done);
+            }
+        }
+        if let Some(switch) = killswitch::engaged(&self.pool, inst, FEATURE_REPLIES).await? {
+            metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "publisher")
+                .increment(1);
+            intents::set_decision(&self.pool, decision, "suppressed", Some(&switch)).await?;
+            tracing::warn!(switch = %switch, "kill switch engaged; nothing posted");
+            return Ok(Disposition::Done);
+        }
+        let Some(bot) = self.bot(inst).await? else {
+            intents::set_decision(
+                &self.pool,
+                decision,
+                "cancelled",
+                Some("installation_unavailable"),
+            )
+            .await?;
+            return Ok(Disposition::Done);
+        };
+        let proposal = Proposal {
+            installation: inst,
+            receipt,
+            decision,
+            event_id: &p.event_id,
+            action_kind: &p.action_kind,
+            channel: &p.channel_id,
+            root_ts: &p.root_ts,
+            source_ts: &p.source_ts,
+            version: p.thread_version,
+            body_hash: &p.body_hash,
+        };
+        // Take a post slot before claiming, so a claim is followed by a post.
+        if let Some(wait) =
+            intents::reserve_slot(&self.pool, inst, &p.channel_id, self.post_spacing).await?
+        {
+            return Ok(Disposition::Retry(Duration::from_secs_f64(
+                jitter(wait, &decision).min(900.0),
+            )));
+        }
+        let verdict = intents::check_and_claim(&self.pool, &proposal).await?;
+        let intent = match verdict {
+            Verdict::Claimed(id) => id,
+            Verdict::AlreadySent | Verdict::Closed => return Ok(Disposition::Done),
+            Verdict::NotNow(wait) => {
+                return Ok(Disposition::Retry(Duration::from_secs_f64(
+                    wait.clamp(0.5, 900.0),
+                )));
+            }
+            Verdict::Reconcile(id) => return self.reconcile(id, p, inst, &bot).await,
+            Verdict::SourceDeleted => {
+                intents::set_decision(&self.pool, decision, "cancelled", Some("source_deleted"))
+                    .await?;
+                return Ok(Disposition::Done);
+            }
+            Verdict::Superseded => {
+                metrics::counter!("threadline_superseded_proposals_total").increment(1);
+                intents::set_decision(&self.pool, decision, "superseded", Some("newer_trigger"))
+                    .await?;
+                return Ok(Disposition::Done);
+            }
+            Verdict::Stale => {
+                metrics::counter!("threadline_stale_proposals_total").increment(1);
+                intents::set_decision(&self.pool, decision, "stale", Some("thread_changed"))
+                    .await?;
+                self.reconsider(p, receipt, "version_changed").await?;
+                return Ok(Disposition::Done);
+            }
+        };
+        self.post(intent, p, inst, &bot).await
+    }
+
+    async fn post(
+        &self,
+        intent: Uuid,
+        p: &ProposalReady,
+        inst: Uuid,
+        bot: &Bot,
+    ) -> anyhow::Result<Disposition> {
+        let metadata = serde_json::json!({
+            "event_type": "threadline_reply",
+            "event_payload": {"intent_id": intent.to_string(), "body_hash": p.body_hash, "source_ts": p.source_ts}
+        })
+        .to_string();
+        let started = std::time::Instant::now();
+        let r = self
+            .web
+            .post_reply(
+                bot.token.expose_secret(),
+                &p.channel_id,
+                &p.root_ts,
+                &p.text,
+                &p.blocks_json,
+                &metadata,
+            )
+            .await;
+        metrics::histogram!("threadline_slack_post_seconds")
+            .record(started.elapsed().as_secs_f64());
+        let mut conn = self.pool.acquire().await?;
+        match r {
+            Ok(ts) => {
+                intents::mark_sent(&self.pool, intent, &ts, false).await?;
+                metrics::counter!("threadline_reply_intents_total", "state" => "sent").increment(1);
+                Ok(Disposition::Done)
+            }
+            Err(WebError::RateLimited { retry_after }) => {
+                metrics::counter!("threadline_slack_rate_limited_total", "method" => "chat.postMessage").increment(1);
+                let wait = jitter(retry_after.as_secs_f64(), &intent);
+                intents::pause_workspace(&self.pool, inst, retry_after.as_secs_f64()).await?;
+                let attempts: i32 =
+                    sqlx::query_scalar("SELECT attempts FROM reply_intents WHERE id = $1")
+                        .bind(intent)
+                        .fetch_one(&mut *conn)
+                        .await?;
+                if attempts >= self.max_attempts {
+                    intents::transition(
+                        &mut conn,
+                        intent,
+                        "failed_permanent",
+                        Some("rate_limited_too_often"),
+                        None,
+                    )
+                    .await?;
+                    return Ok(Disposition::Done);
+                }
+                intents::transition(
+                    &mut conn,
+                    intent,
+                    "failed_retryable",
+                    Some("ratelimited"),
+                    Some(wait),
+                )
+                .await?;
+                Ok(Disposition::Retry(Duration::from_secs_f64(wait)))
+            }
+            Err(WebError::Transport(kind)) if kind == "connect" => {
+                // The request never left: safe to try again.
+                intents::transition(
+                    &mut conn,
+                    intent,
+                    "failed_retryable",
+                    Some("connect"),
+                    Some(2.0),
+                )
+                .await?;
+                Ok(Disposition::Retry(Duration::from_secs(2)))
+            }
+            Err(WebError::Api { code }) if PERMANENT.contains(&code.as_str()) => {
+                let code: &'static str = PERMANENT
+                    .iter()
+                    .find(|c| **c == code)
+                    .copied()
+                    .unwrap_or("api_error");
+                intents::transition(&mut conn, intent, "failed_permanent", Some(code), None)
+                    .await?;
+                metrics::counter!("threadline_reply_intents_total", "state" => "failed_permanent")
+                    .increment(1);
+                tracing::warn!(code, "Slack refused the post");
+                Ok(Disposition::Done)
+            }
+            Err(e) => {
+                // Timeout, reset after sending, 5xx, fatal_error, internal_error,
+                // an unexpected code: it may have landed. Reconcile, never re-post.
+                let code = match &e {
+                    WebError::Api { .. } => "api_error_unknown_outcome",
+                    WebError::Http(_) => "http_5xx",
+                    WebError::Decode => "undecodable_answer",
+                    _ => "transport",
+                };
+                intents::transition(&mut conn, intent, "unknown", Some(code), None).await?;
+                metrics::counter!("threadline_reply_intents_total", "state" => "unknown")
+                    .increment(1);
+                tracing::warn!(code, "post outcome unknown; reconciling");
+                Ok(Disposition::Retry(Duration::from_secs(1)))
+            }
+        }
+    }
+
+    async fn reconcile(
+        &self,
+        intent: Uuid,
+        p: &ProposalReady,
+        inst: Uuid,
+        bot: &Bot,
+    ) -> anyhow::Result<Disposition> {
+        let subject = Subject {
+            intent,
+            installation: inst,
+            channel: &p.channel_id,
+            root_ts: &p.root_ts,
+            bot_id: &bot.bot_id,
+            text: &p.text,
+        };
+        match reconcile::run(
+            &self.pool,
+            &self.web,
+            bot.token.expose_secret(),
+            &subject,
+            self.evidence,
+        )
+        .await?
+        {
+            Found::Sent(_) | Found::Held(_) => Ok(Disposition::Done),
+            Found::Repost => Ok(Disposition::Retry(Duration::from_secs(1))),
+            Found::Again => Ok(Disposition::Retry(Duration::from_secs_f64(
+                (self.evidence.window_secs / self.evidence.reads.max(1) as f64).clamp(0.5, 60.0),
+            ))),
+        }
+    }
+
+    /// Asks the context-builder to look at the thread again. Coalesced: one
+    /// message per (thread, stale version) within the duplicate window.
+    async fn reconsider(
+        &self,
+        p: &ProposalReady,
+        receipt: Uuid,
+        reason: &str,
+    ) -> anyhow::Result<()> {
+        let msg = Reconsider {
+            schema_version: SCHEMA_VERSION,
+            installation_id: p.installation_id.clone(),
+            channel_id: p.channel_id.clone(),
+            root_ts: p.root_ts.clone(),
+            stale_version: p.thread_version,
+            receipt_id: receipt.to_string(),
+            reason: reason.to_owned(),
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        threadline_runtime::telemetry::inject_current(&mut headers);
+        let id = format!(
+            "recon:{}:{}:{}:{}",
+            p.installation_id, p.channel_id, p.root_ts, p.thread_version
+        );
+        let publish = PublishMessage::build()
+            .payload(Bytes::from(msg.encode_to_vec()))
+            .headers(headers)
+            .message_id(id);
+        self.js
+            .send_publish(self.topology.subject(Topic::Reconsider), publish)
+            .await?
+            .await?;
+        metrics::counter!("threadline_reconsiderations_total").increment(1);
+        Ok(())
+    }
+}

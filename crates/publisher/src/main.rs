@@ -1,0 +1,22 @@
+use std::process::ExitCode;
+
+use threadline_publisher::PublisherConfig;
+use threadline_runtime::config::Source;
+
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    threadline_runtime::exit_with("threadline-publisher", run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
+    let cfg = PublisherConfig::from_source(&Source::from_env()?)?;
+    let _telemetry = threadline_runtime::telemetry::init("threadline-publisher", &cfg.common)?;
+    let listener = tokio::net::TcpListener::bind(cfg.addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("binding THREADLINE_PUBLISHER_ADDR {}: {e}", cfg.addr))?;
+    let shutdown = threadline_runtime::shutdown::on_signal();
+    threadline_publisher::run(cfg, listener, shutdown).await
+}
