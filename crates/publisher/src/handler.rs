@@ -86,7 +86,8 @@ impl Handler {
     }
 
     async fn bot(&self, inst: Uuid) -> anyhow::Result<Option<Bot>> {
-        let row: Option<(String, String, Option<Vec<u8>>, Option<String>)> = sqlx::query_as(
+        type Row = (String, String, Option<Vec<u8>>, Option<String>);
+        let row: Option<Row> = sqlx::query_as(
             "SELECT status, bot_id, bot_token_sealed, bot_token_key_id FROM installations WHERE id = $1",
         )
         .bind(inst)

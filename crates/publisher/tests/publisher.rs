@@ -1,0 +1,475 @@
+//! The publisher against slack-sim, real Postgres and real NATS. Ground
+//! truth is the emulator's count of app posts, not threadline's records.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use prost::Message as _;
+use serde_json::{Value, json};
+use threadline_proto::v1::ProposalReady;
+use threadline_publisher::{Handler, PublisherConfig};
+use threadline_runtime::bus::{Topic, Topology};
+use threadline_runtime::config::Source;
+use threadline_runtime::secrets::{TokenCipher, token_aad};
+use threadline_runtime::worker::Disposition;
+use threadline_testkit::{TestDb, delete_streams, nats_url, stream_len, unique_prefix};
+use uuid::Uuid;
+
+struct Env {
+    db: TestDb,
+    js: jetstream::Context,
+    prefix: String,
+    sim: String,
+    http: reqwest::Client,
+    token: String,
+    app: String,
+    channel: String,
+    inst: Uuid,
+    keys: String,
+}
+
+impl Env {
+    async fn new() -> Self {
+        let sim = threadline_slack_sim::Sim::new(21);
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", l.local_addr().expect("addr"));
+        tokio::spawn(async move { axum_serve(l, sim).await });
+        let http = reqwest::Client::new();
+        let ctl = |path: &str, body: Value| {
+            let (http, url) = (http.clone(), format!("{base}/_sim/{path}"));
+            async move {
+                http.post(url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("sim")
+                    .json::<Value>()
+                    .await
+                    .expect("json")
+            }
+        };
+        let team = ctl("teams", json!({"name": "Acme"})).await["id"]
+            .as_str()
+            .expect("team")
+            .to_owned();
+        let user = ctl("users", json!({"team_id": team, "name": "ana"})).await["id"]
+            .as_str()
+            .expect("user")
+            .to_owned();
+        let channel = ctl(
+            "channels",
+            json!({"team_id": team, "name": "ops", "kind": "public", "members": [user]}),
+        )
+        .await["id"]
+            .as_str()
+            .expect("channel")
+            .to_owned();
+        let app = ctl("apps", json!({"name": "Threadline"})).await["id"]
+            .as_str()
+            .expect("app")
+            .to_owned();
+        let inst_sim = ctl(&format!("apps/{app}/installs"), json!({"team_id": team, "scopes": ["chat:write", "channels:history"], "join_channels": [channel]})).await;
+        let token = inst_sim["bot_token"].as_str().expect("token").to_owned();
+        let db = TestDb::new().await;
+        let keys = TokenCipher::generate_entry("k1");
+        let cipher = TokenCipher::parse(&keys.clone().into()).expect("keys");
+        let inst = Uuid::now_v7();
+        let sealed = cipher
+            .seal(token.as_bytes(), &token_aad(&inst, "bot"))
+            .expect("seal");
+        sqlx::query("INSERT INTO installations (id, app_id, team_id, bot_user_id, bot_id, bot_token_sealed, bot_token_key_id) VALUES ($1, $2, $3, $4, $5, $6, $7)")
+            .bind(inst).bind(&app).bind(&team)
+            .bind(inst_sim["bot_user_id"].as_str()).bind(inst_sim["bot_id"].as_str())
+            .bind(&sealed.bytes).bind(&sealed.key_id)
+            .execute(&db.pool).await.expect("installation");
+        let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
+        let prefix = unique_prefix();
+        Topology::new(prefix.clone())
+            .declare(&js)
+            .await
+            .expect("topology");
+        let env = Self {
+            db,
+            js,
+            prefix,
+            sim: base,
+            http,
+            token,
+            app,
+            channel,
+            inst,
+            keys,
+        };
+        env.user_post(&user).await;
+        env
+    }
+
+    async fn user_post(&self, user: &str) {
+        let root: Value = self
+            .http
+            .post(format!("{}/_sim/act/post", self.sim))
+            .json(&json!({"user": user, "channel": self.channel, "text": "is prod down?"}))
+            .send()
+            .await
+            .expect("post")
+            .json()
+            .await
+            .expect("json");
+        sqlx::query("INSERT INTO threads (installation_id, channel_id, root_ts, version) VALUES ($1, $2, $3, 1)")
+            .bind(self.inst).bind(&self.channel).bind(root["ts"].as_str().expect("ts"))
+            .execute(&self.db.pool).await.expect("thread");
+    }
+
+    async fn root(&self) -> String {
+        sqlx::query_scalar("SELECT root_ts FROM threads LIMIT 1")
+            .fetch_one(&self.db.pool)
+            .await
+            .expect("root")
+    }
+
+    fn handler(&self, extra: &[(&str, &str)]) -> Handler {
+        let api = format!("{}/api/", self.sim);
+        let mut src = Source::from_pairs([
+            ("DATABASE_URL", self.db.url.as_str()),
+            ("THREADLINE_BUS_PREFIX", self.prefix.as_str()),
+            ("SLACK_API_URL", api.as_str()),
+            ("THREADLINE_TOKEN_KEYS", self.keys.as_str()),
+            ("THREADLINE_POST_SPACING_MS", "0"),
+            ("THREADLINE_RECONCILE_READS", "2"),
+            ("THREADLINE_RECONCILE_WINDOW_MS", "200"),
+            ("THREADLINE_SLACK_TIMEOUT_MS", "500"),
+        ]);
+        for (k, v) in extra {
+            src = src.with(*k, *v);
+        }
+        threadline_publisher::handler(
+            PublisherConfig::from_source(&src).expect("config"),
+            self.db.pool.clone(),
+            self.js.clone(),
+        )
+        .expect("handler")
+    }
+
+    /// A triggering message, its receipt, turn and proposed decision.
+    async fn proposal(&self, text: &str) -> (Uuid, Vec<u8>) {
+        let root = self.root().await;
+        let source_ts = format!("{}1", &root[..root.len() - 1]);
+        let (receipt, decision, event_id) = (
+            Uuid::now_v7(),
+            Uuid::now_v7(),
+            format!("Ev{}", &Uuid::now_v7().simple().to_string()[20..]),
+        );
+        sqlx::query("INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, channel_id, message_ts, thread_ts, event_time, state) VALUES ($1, $2, $3, $4, 'app_mention', $5, $6, $7, now(), 'done')")
+            .bind(receipt).bind(self.inst).bind(&self.app).bind(&event_id).bind(&self.channel).bind(&source_ts).bind(&root)
+            .execute(&self.db.pool).await.expect("receipt");
+        sqlx::query("INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash) VALUES ($1, $2, $3, $4, 'user', 'q', 'h') ON CONFLICT DO NOTHING")
+            .bind(self.inst).bind(&self.channel).bind(&source_ts).bind(&root)
+            .execute(&self.db.pool).await.expect("message");
+        sqlx::query("INSERT INTO turns (installation_id, channel_id, ts, receipt_id, source) VALUES ($1, $2, $3, $4, 'mention') ON CONFLICT DO NOTHING")
+            .bind(self.inst).bind(&self.channel).bind(&source_ts).bind(receipt)
+            .execute(&self.db.pool).await.expect("turn");
+        let body = format!("{text}\n\n_AI-generated — verify before relying on it_");
+        sqlx::query("INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version, status, body_text, output_hash) VALUES ($1, $2, $3, $4, $5, $6, $7, 1, 'proposed', $8, 'hash')")
+            .bind(decision).bind(receipt).bind(self.inst).bind(&event_id).bind(&self.channel).bind(&root).bind(&source_ts).bind(&body)
+            .execute(&self.db.pool).await.expect("decision");
+        let p = ProposalReady {
+            schema_version: 1,
+            decision_id: decision.to_string(),
+            receipt_id: receipt.to_string(),
+            installation_id: self.inst.to_string(),
+            event_id,
+            channel_id: self.channel.clone(),
+            root_ts: root,
+            source_ts,
+            thread_version: 1,
+            action_kind: "thread_reply".into(),
+            text: body,
+            body_hash: "hash".into(),
+            ..Default::default()
+        };
+        (decision, p.encode_to_vec())
+    }
+
+    /// Runs the handler as the broker would: again after each requested delay.
+    async fn until_done(&self, h: &Handler, payload: &[u8]) -> usize {
+        for attempt in 1..=12 {
+            match h.handle(payload).await {
+                Disposition::Done => return attempt,
+                Disposition::Retry(d) => tokio::time::sleep(d.min(Duration::from_secs(3))).await,
+                Disposition::Poison(why) => panic!("poison: {why}"),
+            }
+        }
+        panic!("not done after 12 deliveries");
+    }
+
+    async fn app_posts(&self) -> i64 {
+        let v: Value = self
+            .http
+            .get(format!("{}/_sim/app_posts?app_id={}", self.sim, self.app))
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
+        v["per_thread"]
+            .as_array()
+            .map(|a| a.iter().map(|x| x["count"].as_i64().unwrap_or(0)).sum())
+            .unwrap_or(0)
+    }
+
+    async fn intent(&self) -> (String, bool, Option<String>) {
+        sqlx::query_as("SELECT state, reconciled, error_code FROM reply_intents")
+            .fetch_one(&self.db.pool)
+            .await
+            .expect("intent")
+    }
+
+    async fn decision(&self, id: Uuid) -> (String, Option<String>) {
+        sqlx::query_as("SELECT status, status_reason FROM decisions WHERE id = $1")
+            .bind(id)
+            .fetch_one(&self.db.pool)
+            .await
+            .expect("decision")
+    }
+
+    async fn fault(&self, f: Value) {
+        self.http
+            .post(format!("{}/_sim/faults", self.sim))
+            .json(&f)
+            .send()
+            .await
+            .expect("fault");
+    }
+
+    async fn cleanup(self) {
+        delete_streams(&self.js, &self.prefix).await;
+    }
+}
+
+async fn axum_serve(l: tokio::net::TcpListener, sim: threadline_slack_sim::Sim) {
+    let _ = threadline_slack_sim::run(sim, l, std::future::pending()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_publishers_on_one_proposal_post_once_into_the_root() {
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("It is up.").await;
+    let (a, b) = (env.handler(&[]), env.handler(&[]));
+    let (ra, rb) = tokio::join!(env.until_done(&a, &payload), env.until_done(&b, &payload));
+    assert!(ra >= 1 && rb >= 1);
+    assert_eq!(env.app_posts().await, 1, "one reply in Slack");
+    assert_eq!(env.intent().await, ("sent".into(), false, None));
+    assert_eq!(env.decision(decision).await.0, "published");
+    let thread: Value = env
+        .http
+        .get(format!(
+            "{}/_sim/channels/{}/threads/{}",
+            env.sim,
+            env.channel,
+            env.root().await
+        ))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    let reply = &thread["messages"][1];
+    assert_eq!(
+        reply["thread_ts"],
+        env.root().await.as_str(),
+        "posted into the thread root"
+    );
+    assert_eq!(reply["metadata"]["event_type"], "threadline_reply");
+    let answered: bool = sqlx::query_scalar("SELECT answered_at IS NOT NULL FROM turns")
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("turn");
+    assert!(answered);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_that_moved_on_is_reconsidered_not_answered() {
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Old answer.").await;
+    // A human reply lands after inference read version 1.
+    sqlx::query("UPDATE threads SET version = 2")
+        .execute(&env.db.pool)
+        .await
+        .expect("bump");
+    let h = env.handler(&[]);
+    env.until_done(&h, &payload).await;
+    env.until_done(&h, &payload).await;
+    assert_eq!(env.app_posts().await, 0, "the old answer is never posted");
+    assert_eq!(
+        env.decision(decision).await,
+        ("stale".into(), Some("thread_changed".into()))
+    );
+    let stream = Topology::new(env.prefix.clone()).stream(Topic::Reconsider);
+    assert_eq!(
+        stream_len(&env.js, &stream).await,
+        1,
+        "one coalesced reconsideration"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_source_cancels_and_a_kill_switch_stops_the_post() {
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Answer.").await;
+    sqlx::query("UPDATE thread_messages SET deleted = true")
+        .execute(&env.db.pool)
+        .await
+        .expect("delete");
+    let h = env.handler(&[]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(
+        env.decision(decision).await,
+        ("cancelled".into(), Some("source_deleted".into()))
+    );
+    sqlx::query("UPDATE thread_messages SET deleted = false")
+        .execute(&env.db.pool)
+        .await
+        .expect("undelete");
+    sqlx::query("UPDATE decisions SET status = 'proposed'")
+        .execute(&env.db.pool)
+        .await
+        .expect("reset");
+    threadline_runtime::killswitch::set(
+        &env.db.pool,
+        "feature",
+        "replies",
+        true,
+        Some("drill"),
+        "ops",
+    )
+    .await
+    .expect("engage");
+    env.until_done(&h, &payload).await;
+    assert_eq!(
+        env.decision(decision).await,
+        ("suppressed".into(), Some("feature:replies".into()))
+    );
+    assert_eq!(env.app_posts().await, 0);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_storm_delays_the_post_and_it_lands_once() {
+    let env = Env::new().await;
+    let (_, payload) = env.proposal("Later.").await;
+    env.fault(
+        json!({"method": "chat.postMessage", "mode": "ratelimited", "retry_after": 1, "times": 2}),
+    )
+    .await;
+    let h = env.handler(&[]);
+    let deliveries = env.until_done(&h, &payload).await;
+    assert!(
+        deliveries >= 3,
+        "two 429s, then the post ({deliveries} deliveries)"
+    );
+    assert_eq!(env.app_posts().await, 1);
+    assert_eq!(env.intent().await.0, "sent");
+    let calls: Value = env
+        .http
+        .get(format!("{}/_sim/calls?method=chat.postMessage", env.sim))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        calls["calls"].as_array().map(Vec::len),
+        Some(3),
+        "no extra posting attempts"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_response_is_reconciled_into_one_message() {
+    let env = Env::new().await;
+    let (_, payload) = env.proposal("Landed quietly.").await;
+    env.fault(json!({"method": "chat.postMessage", "mode": "lost_response", "latency_ms": 3000}))
+        .await;
+    let h = env.handler(&[]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(
+        env.intent().await,
+        ("sent".into(), true, None),
+        "found by its metadata"
+    );
+    assert_eq!(env.app_posts().await, 1);
+    let calls: Value = env
+        .http
+        .get(format!("{}/_sim/calls?method=chat.postMessage", env.sim))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        calls["calls"].as_array().map(Vec::len),
+        Some(1),
+        "never posted again"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_with_no_message_is_held_not_reposted() {
+    let env = Env::new().await;
+    let (_, payload) = env.proposal("Maybe.").await;
+    env.fault(json!({"method": "chat.postMessage", "mode": "http_error", "status": 503}))
+        .await;
+    let h = env.handler(&[]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(
+        env.intent().await,
+        ("held".into(), false, Some("no_evidence_of_post".into()))
+    );
+    assert_eq!(env.app_posts().await, 0, "zero extra posts");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_killed_after_slack_accepted_is_reconciled_after_restart() {
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Before the crash.").await;
+    // The dead worker's state: claimed, posted (Slack has it), never recorded.
+    let intent = Uuid::now_v7();
+    let p = ProposalReady::decode(payload.as_slice()).expect("decode");
+    sqlx::query("INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts, body_hash, state, attempts, sending_since) VALUES ($1, $2, $3, 'thread_reply', $4, $5, $6, $7, 'hash', 'sending', 1, now() - interval '5 minutes')")
+        .bind(intent).bind(env.inst).bind(&p.event_id).bind(Uuid::parse_str(&p.receipt_id).expect("id")).bind(decision).bind(&env.channel).bind(&p.root_ts)
+        .execute(&env.db.pool).await.expect("intent");
+    let metadata = json!({"event_type": "threadline_reply", "event_payload": {"intent_id": intent.to_string()}}).to_string();
+    let r: Value = env
+        .http
+        .post(format!("{}/api/chat.postMessage", env.sim))
+        .bearer_auth(&env.token)
+        .form(&[
+            ("channel", env.channel.as_str()),
+            ("thread_ts", p.root_ts.as_str()),
+            ("text", p.text.as_str()),
+            ("metadata", metadata.as_str()),
+        ])
+        .send()
+        .await
+        .expect("post")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(r["ok"], true);
+    let h = env.handler(&[]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(env.intent().await, ("sent".into(), true, None));
+    assert_eq!(env.app_posts().await, 1, "still one message");
+    env.cleanup().await;
+}
