@@ -42,6 +42,11 @@ pub async fn spawn_inference(env: &[(&str, String)]) -> Proc {
     spawn_service("threadline-inference", "THREADLINE_INFERENCE_ADDR", env).await
 }
 
+/// Starts `threadline-publisher` and waits for its `/healthz`.
+pub async fn spawn_publisher(env: &[(&str, String)]) -> Proc {
+    spawn_service("threadline-publisher", "THREADLINE_PUBLISHER_ADDR", env).await
+}
+
 /// Starts a service binary on a fresh port (given by `addr_setting`) with
 /// only `env` set, and waits for `/healthz`.
 pub async fn spawn_service(bin: &str, addr_setting: &str, env: &[(&str, String)]) -> Proc {

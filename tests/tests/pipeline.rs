@@ -1,21 +1,20 @@
-//! Slack (slack-sim) → gateway → JetStream → context-builder, all as
-//! processes: a mention becomes exactly one versioned context; the bot's own
-//! reply fed back becomes none.
+//! Slack (slack-sim) → gateway → context-builder → inference → publisher →
+//! Slack, all as processes: a mention is answered exactly once, labelled, in
+//! its thread; the answer fed back by Slack makes no new job.
 
 use std::time::Duration;
 
 use async_nats::jetstream;
-use prost::Message as _;
 use serde_json::{Value, json};
-use threadline_runtime::bus::{Topic, Topology};
 use threadline_testkit::slack::TEST_SECRET;
-use threadline_testkit::{TestDb, delete_streams, eventually, nats_url, stream_len, unique_prefix};
+use threadline_testkit::{TestDb, delete_streams, eventually, nats_url, unique_prefix};
 use threadline_tests::{
-    cli, sim_ctl, spawn_context_builder, spawn_gateway, spawn_inference, spawn_slack_sim,
+    cli, sim_ctl, sim_get, spawn_context_builder, spawn_gateway, spawn_inference, spawn_publisher,
+    spawn_slack_sim,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_mention_becomes_one_context_and_the_bots_own_reply_none() {
+async fn a_mention_is_answered_once_in_its_thread_and_the_answer_is_no_new_job() {
     let db = TestDb::new().await;
     let prefix = unique_prefix();
     let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
@@ -35,6 +34,9 @@ async fn a_mention_becomes_one_context_and_the_bots_own_reply_none() {
     cb_env.push(("SLACK_API_URL", format!("{}/api/", sim.base_url)));
     let cb = spawn_context_builder(&cb_env).await;
     let inf = spawn_inference(&common).await;
+    let mut pub_env = cb_env.clone();
+    pub_env.push(("THREADLINE_POST_SPACING_MS", "0".to_owned()));
+    let publisher = spawn_publisher(&pub_env).await;
 
     let team = sim_ctl(&sim, "teams", json!({"name": "Acme"})).await["id"]
         .as_str()
@@ -116,64 +118,50 @@ async fn a_mention_becomes_one_context_and_the_bots_own_reply_none() {
         .expect("ts")
         .to_owned();
     // The context is consumed by inference (a work queue): judge it by its record.
-    // Inference proposes a labelled answer bound to that context's version.
-    let proposals = Topology::new(prefix.clone()).stream(Topic::Proposals);
-    eventually("a proposal on the bus", Duration::from_secs(20), || {
-        let (js, s) = (js.clone(), proposals.clone());
-        async move { (stream_len(&js, &s).await >= 1).then_some(()) }
+    // The publisher posts the labelled answer once, into the thread root.
+    let thread_path = format!("channels/{channel}/threads/{root}");
+    let posts = eventually("the answer in Slack", Duration::from_secs(30), || {
+        let (sim, path) = (&sim, thread_path.clone());
+        async move {
+            let v = sim_get(sim, &path).await;
+            let msgs = v["messages"].as_array().cloned().unwrap_or_default();
+            let answers: Vec<Value> = msgs
+                .into_iter()
+                .filter(|m| m["app_id"].is_string())
+                .collect();
+            (!answers.is_empty()).then_some(answers)
+        }
     })
     .await;
-    let msg = js
-        .get_stream(&proposals)
-        .await
-        .expect("stream")
-        .get_raw_message(1)
-        .await
-        .expect("message");
-    let p =
-        threadline_proto::v1::ProposalReady::decode(msg.payload.as_ref()).expect("ProposalReady");
-    let (receipt, version, source, count): (uuid::Uuid, i64, String, i32) =
-        sqlx::query_as("SELECT receipt_id, thread_version, source_ts, message_count FROM contexts")
+    assert_eq!(posts.len(), 1);
+    let answer = &posts[0];
+    assert_eq!(
+        answer["thread_ts"],
+        root.as_str(),
+        "into the root, never a reply ts"
+    );
+    let text = answer["text"].as_str().expect("text");
+    assert!(
+        text.starts_with("[threadline built-in model]")
+            && text.ends_with("_AI-generated — verify before relying on it_"),
+        "{text}"
+    );
+    assert_eq!(answer["metadata"]["event_type"], "threadline_reply");
+    let (receipt, version, source): (uuid::Uuid, i64, String) =
+        sqlx::query_as("SELECT receipt_id, thread_version, source_ts FROM contexts")
             .fetch_one(&db.pool)
             .await
             .expect("one context");
-    assert_eq!(
-        (source.as_str(), count),
-        (ask.as_str(), 2),
-        "root and question"
-    );
-    assert_eq!(
-        (
-            p.receipt_id.clone(),
-            p.thread_version,
-            p.root_ts.as_str(),
-            p.source_ts.as_str()
-        ),
-        (receipt.to_string(), version, root.as_str(), ask.as_str())
-    );
-    assert!(msg.headers.get("Nats-Msg-Id").is_some());
-    assert!(
-        p.text.starts_with("[threadline built-in model]")
-            && p.text
-                .ends_with("_AI-generated — verify before relying on it_")
-    );
+    assert_eq!(source, ask);
+    let (intent_state, decided_version): (String, i64) = sqlx::query_as(
+        "SELECT i.state, d.thread_version FROM reply_intents i JOIN decisions d ON d.id = i.decision_id WHERE i.receipt_id = $1",
+    )
+    .bind(receipt)
+    .fetch_one(&db.pool)
+    .await
+    .expect("intent");
+    assert_eq!((intent_state.as_str(), decided_version), ("sent", version));
 
-    // The bot answers in the thread; Slack feeds the post back as an event.
-    let r: Value = reqwest::Client::new()
-        .post(format!("{}/api/chat.postMessage", sim.base_url))
-        .bearer_auth(&token)
-        .form(&[
-            ("channel", channel.as_str()),
-            ("thread_ts", root.as_str()),
-            ("text", "because of X"),
-        ])
-        .send()
-        .await
-        .expect("post")
-        .json()
-        .await
-        .expect("json");
-    assert_eq!(r["ok"], true);
     let reasons = eventually("every receipt settled", Duration::from_secs(20), || {
         let pool = db.pool.clone();
         async move {
@@ -218,13 +206,19 @@ async fn a_mention_becomes_one_context_and_the_bots_own_reply_none() {
         (1, 1),
         "the bot loop produced no job and no model call"
     );
-    assert_eq!(stream_len(&js, &proposals).await, 1);
+    let posts = sim_get(&sim, &format!("app_posts?app_id={app}")).await;
+    assert_eq!(
+        posts["per_thread"],
+        json!([{"channel": channel, "thread_ts": root, "count": 1}]),
+        "answered exactly once"
+    );
     let version: i64 = sqlx::query_scalar("SELECT version FROM threads WHERE root_ts = $1")
         .bind(&root)
         .fetch_one(&db.pool)
         .await
         .expect("thread");
     assert_eq!(version, 3, "root, question, our reply");
+    assert!(publisher.terminate().await.success());
     assert!(inf.terminate().await.success());
     assert!(cb.terminate().await.success());
     assert!(gw.terminate().await.success());
