@@ -322,3 +322,83 @@ async fn trace_context_travels_from_the_request_through_the_outbox_to_the_bus() 
     );
     delete_streams(&js, &prefix).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_approval_records_the_reviewer_and_hands_over_to_the_publisher() {
+    let db = TestDb::new().await;
+    let prefix = unique_prefix();
+    let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
+    Topology::new(prefix.clone())
+        .declare(&js)
+        .await
+        .expect("topology");
+    let (decision, other) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    for (id, ev) in [(decision, "Ev0R1"), (other, "Ev0R2")] {
+        sqlx::query(
+            "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
+                                    status, review_reasons, body_text, output_hash)
+             VALUES ($1, $2, $3, $4, 'C1', '1.1', '1.2', 3, 'review', '{secret_like}', 'body', 'h')",
+        )
+        .bind(id)
+        .bind(uuid::Uuid::now_v7())
+        .bind(uuid::Uuid::now_v7())
+        .bind(ev)
+        .execute(&db.pool)
+        .await
+        .expect("decision");
+    }
+    let env = vec![
+        ("DATABASE_URL", db.url.clone()),
+        ("NATS_URL", nats_url()),
+        ("THREADLINE_BUS_PREFIX", prefix.clone()),
+    ];
+    let out = cli(&["review", "list"], &env).await;
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(list.as_array().map(Vec::len), Some(2));
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("body"),
+        "the list shows no text"
+    );
+    let out = cli(
+        &["review", "approve", &decision.to_string(), "--by", "ana"],
+        &env,
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cli(
+        &["review", "reject", &other.to_string(), "--by", "bo"],
+        &env,
+    )
+    .await;
+    assert!(out.status.success());
+    assert!(
+        !cli(&["review", "approve", &other.to_string()], &env)
+            .await
+            .status
+            .success(),
+        "a rejected proposal stays rejected"
+    );
+    let rows: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, reviewed_by FROM decisions ORDER BY event_id")
+            .fetch_all(&db.pool)
+            .await
+            .expect("rows");
+    assert_eq!(
+        rows,
+        vec![
+            ("approved".into(), Some("ana".into())),
+            ("rejected".into(), Some("bo".into()))
+        ]
+    );
+    let stream = Topology::new(prefix.clone()).stream(Topic::Proposals);
+    assert_eq!(
+        stream_len(&js, &stream).await,
+        1,
+        "only the approved proposal goes to the publisher"
+    );
+    delete_streams(&js, &prefix).await;
+}

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod install;
+mod review;
 mod stats;
 mod switches;
 
@@ -31,6 +32,11 @@ enum Command {
         /// Print one JSON object (the only format for now).
         #[arg(long)]
         json: bool,
+    },
+    /// Proposals waiting for human review.
+    Review {
+        #[command(subcommand)]
+        command: review::ReviewCommand,
     },
     /// Kill switches: stop model calls and posts at run time.
     #[command(name = "kill-switch")]
@@ -73,6 +79,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stats { json: _ } => {
             let s = stats::collect(&pool(&src).await?).await?;
             println!("{}", serde_json::to_string_pretty(&s)?);
+        }
+        Command::Review { command } => {
+            let common = threadline_runtime::config::CommonConfig::from_source(&src)?;
+            review::run(command, &common, &pool(&src).await?).await?
         }
         Command::KillSwitch { command } => switches::run(command, &pool(&src).await?).await?,
         Command::Keys {

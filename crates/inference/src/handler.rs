@@ -273,35 +273,50 @@ impl Handler {
     /// decision row, never from model output.
     pub async fn publish(&self, id: Uuid) -> anyhow::Result<()> {
         let d = decisions::load(&self.pool, id).await?;
-        let msg = ProposalReady {
-            schema_version: SCHEMA_VERSION,
-            decision_id: d.id.to_string(),
-            receipt_id: d.receipt_id.to_string(),
-            installation_id: d.installation_id.to_string(),
-            event_id: d.event_id,
-            channel_id: d.channel_id,
-            root_ts: d.root_ts,
-            source_ts: d.source_ts,
-            thread_version: d.thread_version,
-            action_kind: d.action_kind,
-            needs_review: !d.review_reasons.is_empty(),
-            fallback: d.fallback,
-            text: d.body_text.unwrap_or_default(),
-            blocks_json: d.body_blocks.map(|b| b.to_string()).unwrap_or_default(),
-            body_hash: d.output_hash.unwrap_or_default(),
-            review_reasons: d.review_reasons,
-            model_config_id: d.model_config_id.unwrap_or_default(),
-        };
-        let mut headers = async_nats::HeaderMap::new();
-        threadline_runtime::telemetry::inject_current(&mut headers);
-        let publish = PublishMessage::build()
-            .payload(Bytes::from(msg.encode_to_vec()))
-            .headers(headers)
-            .message_id(format!("prop:{id}"));
-        self.js
-            .send_publish(self.topology.subject(Topic::Proposals), publish)
-            .await?
-            .await?;
-        Ok(())
+        publish_proposal(&self.js, &self.topology, d).await
     }
+}
+
+/// The bus message of a settled (or approved) decision; binding fields come
+/// from the row, never from model output.
+pub fn proposal_message(d: decisions::Stored) -> ProposalReady {
+    ProposalReady {
+        schema_version: SCHEMA_VERSION,
+        decision_id: d.id.to_string(),
+        receipt_id: d.receipt_id.to_string(),
+        installation_id: d.installation_id.to_string(),
+        event_id: d.event_id,
+        channel_id: d.channel_id,
+        root_ts: d.root_ts,
+        source_ts: d.source_ts,
+        thread_version: d.thread_version,
+        action_kind: d.action_kind,
+        needs_review: !d.review_reasons.is_empty(),
+        fallback: d.fallback,
+        text: d.body_text.unwrap_or_default(),
+        blocks_json: d.body_blocks.map(|b| b.to_string()).unwrap_or_default(),
+        body_hash: d.output_hash.unwrap_or_default(),
+        review_reasons: d.review_reasons,
+        model_config_id: d.model_config_id.unwrap_or_default(),
+    }
+}
+
+/// Publishes a decision as `ProposalReady` (`Nats-Msg-Id: prop:<decision>`).
+pub async fn publish_proposal(
+    js: &jetstream::Context,
+    topology: &Topology,
+    d: decisions::Stored,
+) -> anyhow::Result<()> {
+    let id = d.id;
+    let msg = proposal_message(d);
+    let mut headers = async_nats::HeaderMap::new();
+    threadline_runtime::telemetry::inject_current(&mut headers);
+    let publish = PublishMessage::build()
+        .payload(Bytes::from(msg.encode_to_vec()))
+        .headers(headers)
+        .message_id(format!("prop:{id}"));
+    js.send_publish(topology.subject(Topic::Proposals), publish)
+        .await?
+        .await?;
+    Ok(())
 }

@@ -473,3 +473,32 @@ async fn a_publisher_killed_after_slack_accepted_is_reconciled_after_restart() {
     assert_eq!(env.app_posts().await, 1, "still one message");
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reviewed_proposal_posts_only_once_approved() {
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Pinging everyone.").await;
+    sqlx::query(
+        "UPDATE decisions SET status = 'review', review_reasons = '{mass_mention}' WHERE id = $1",
+    )
+    .bind(decision)
+    .execute(&env.db.pool)
+    .await
+    .expect("review");
+    let mut p = ProposalReady::decode(payload.as_slice()).expect("decode");
+    p.needs_review = true;
+    p.review_reasons = vec!["mass_mention".into()];
+    let payload = p.encode_to_vec();
+    let h = env.handler(&[]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(env.app_posts().await, 0, "waiting for a reviewer");
+    sqlx::query("UPDATE decisions SET status = 'approved', reviewed_by = 'ana' WHERE id = $1")
+        .bind(decision)
+        .execute(&env.db.pool)
+        .await
+        .expect("approve");
+    env.until_done(&h, &payload).await;
+    assert_eq!(env.app_posts().await, 1);
+    assert_eq!(env.decision(decision).await.0, "published");
+    env.cleanup().await;
+}

@@ -1,0 +1,104 @@
+//! `threadline review …`: proposals routed to human review. Approval is
+//! recorded with the reviewer and hands the proposal to the publisher, which
+//! re-runs the staleness and kill-switch checks before it may post.
+
+use clap::Subcommand;
+use sqlx::PgPool;
+use threadline_runtime::bus::Topology;
+use threadline_runtime::config::CommonConfig;
+use uuid::Uuid;
+
+#[derive(Subcommand)]
+pub enum ReviewCommand {
+    /// Proposals waiting for a reviewer (ids and reasons, no text).
+    List,
+    /// One proposal, with the reply text a reviewer decides on.
+    Show { id: Uuid },
+    /// Approve: the publisher re-checks the thread and kill switches, then posts once.
+    Approve {
+        id: Uuid,
+        /// Reviewer identity (recorded); defaults to $USER.
+        #[arg(long, env = "USER", default_value = "operator")]
+        by: String,
+    },
+    /// Reject: never posted.
+    Reject {
+        id: Uuid,
+        #[arg(long, env = "USER", default_value = "operator")]
+        by: String,
+    },
+}
+
+#[derive(sqlx::FromRow, serde::Serialize)]
+struct Waiting {
+    id: Uuid,
+    installation_id: Uuid,
+    event_id: String,
+    channel_id: String,
+    thread_version: i64,
+    action_kind: String,
+    review_reasons: Vec<String>,
+}
+
+pub async fn run(cmd: ReviewCommand, common: &CommonConfig, pool: &PgPool) -> anyhow::Result<()> {
+    match cmd {
+        ReviewCommand::List => {
+            let rows: Vec<Waiting> = sqlx::query_as(
+                "SELECT id, installation_id, event_id, channel_id, thread_version, action_kind, review_reasons
+                   FROM decisions WHERE status = 'review' ORDER BY created_at",
+            )
+            .fetch_all(pool)
+            .await?;
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        }
+        ReviewCommand::Show { id } => {
+            let d = threadline_inference::decisions::load(pool, id).await?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "id": d.id, "event_id": d.event_id, "channel_id": d.channel_id, "thread_version": d.thread_version,
+                    "action_kind": d.action_kind, "review_reasons": d.review_reasons, "text": d.body_text,
+                }))?
+            );
+        }
+        ReviewCommand::Approve { id, by } => {
+            let r = sqlx::query(
+                "UPDATE decisions SET status = 'approved', reviewed_by = $2, reviewed_at = now(), updated_at = now()
+                  WHERE id = $1 AND status = 'review'",
+            )
+            .bind(id)
+            .bind(&by)
+            .execute(pool)
+            .await?;
+            if r.rows_affected() != 1 {
+                anyhow::bail!("decision {id} is not waiting for review");
+            }
+            let nats = threadline_runtime::bus::connect(&common.nats_url, "threadline-cli").await?;
+            let js = async_nats::jetstream::new(nats.clone());
+            let d = threadline_inference::decisions::load(pool, id).await?;
+            threadline_inference::handler::publish_proposal(
+                &js,
+                &Topology::new(common.bus_prefix.clone()),
+                d,
+            )
+            .await?;
+            nats.flush().await?;
+            println!("approved {id} by {by}; the publisher re-checks the thread before posting");
+        }
+        ReviewCommand::Reject { id, by } => {
+            let r = sqlx::query(
+                "UPDATE decisions SET status = 'rejected', reviewed_by = $2, reviewed_at = now(), updated_at = now()
+                  WHERE id = $1 AND status = 'review'",
+            )
+            .bind(id)
+            .bind(&by)
+            .execute(pool)
+            .await?;
+            if r.rows_affected() != 1 {
+                anyhow::bail!("decision {id} is not waiting for review");
+            }
+            println!("rejected {id} by {by}");
+        }
+    }
+    Ok(())
+}
