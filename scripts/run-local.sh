@@ -20,7 +20,7 @@ mkdir -p .dev
 [ -s .dev/signing-secret ] || head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >.dev/signing-secret
 export SLACK_SIGNING_SECRET="${SLACK_SIGNING_SECRET:-$(cat .dev/signing-secret)}"
 
-cargo build -q -p threadline-cli -p threadline-gateway -p threadline-context-builder -p threadline-inference
+cargo build -q -p threadline-cli -p threadline-gateway -p threadline-context-builder -p threadline-inference -p threadline-publisher
 bin="${CARGO_TARGET_DIR:-$root/target}/debug"
 [ -s .dev/token-keys ] || "$bin/threadline" keys generate --id dev >.dev/token-keys
 export THREADLINE_TOKEN_KEYS="${THREADLINE_TOKEN_KEYS:-$(cat .dev/token-keys)}"
@@ -37,5 +37,7 @@ echo "signing secret for local deliveries: .dev/signing-secret (see README: 'Sen
 cb=$!
 "$bin/threadline-inference" &
 inf=$!
-trap 'kill "$cb" "$inf" 2>/dev/null; wait "$cb" "$inf" 2>/dev/null; "$root/scripts/services.sh" down' EXIT
+"$bin/threadline-publisher" &
+pub=$!
+trap 'kill "$cb" "$inf" "$pub" 2>/dev/null; wait "$cb" "$inf" "$pub" 2>/dev/null; "$root/scripts/services.sh" down' EXIT
 "$bin/threadline-gateway"
