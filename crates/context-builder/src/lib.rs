@@ -14,63 +14,44 @@ pub mod store;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use threadline_runtime::bus::{Topic, Topology};
+use threadline_runtime::bus::Topic;
 use threadline_runtime::shutdown::CancellationToken;
+use threadline_runtime::worker;
 use threadline_slack::WebClient;
 
 pub use config::ContextConfig;
 pub use handler::Handler;
 
-/// Runs until `shutdown`: consumes `tl.events`, finishing in-flight work;
-/// serves `/healthz`, `/readyz` and `/metrics` on `listener`.
+/// Runs until `shutdown`: consumes `tl.events` and `tl.reconsider`,
+/// finishing in-flight work; serves health and metrics on `listener`.
 pub async fn run(
     cfg: ContextConfig,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let pool = threadline_runtime::db::pool(&cfg.common)?;
-    threadline_runtime::db::ensure_schema_current(&pool)
-        .await
-        .context("checking the database schema")?;
-    let nats = threadline_runtime::bus::connect(&cfg.common.nats_url, "threadline-context-builder")
-        .await?;
-    let js = async_nats::jetstream::new(nats.clone());
-    let topology = Topology::new(cfg.common.bus_prefix.clone());
-    topology
-        .declare(&js)
-        .await
-        .context("declaring the bus topology")?;
+    let deps =
+        threadline_runtime::service::start(&cfg.common, "threadline-context-builder").await?;
     let web = WebClient::new(&cfg.common.slack_api_url, cfg.slack_timeout)
         .context("building the Slack client")?;
     let handler = Arc::new(Handler {
-        pool: pool.clone(),
-        js: js.clone(),
-        topology: topology.clone(),
+        pool: deps.pool.clone(),
+        js: deps.js.clone(),
+        topology: deps.topology.clone(),
         web,
         cipher: cfg.cipher,
         limits: cfg.limits,
         backfill: cfg.backfill,
     });
-    let health = threadline_runtime::health::router(
-        threadline_runtime::health::Readiness::default()
-            .postgres(pool.clone())
-            .nats(nats.clone()),
-    );
-    let http_stop = shutdown.clone();
-    let http = tokio::spawn(async move {
-        axum::serve(listener, health)
-            .with_graceful_shutdown(http_stop.cancelled_owned())
-            .await
-    });
+    let health = deps.serve_health(listener, shutdown.clone());
     tracing::info!(concurrency = cfg.concurrency, "context-builder consuming");
     let reconsider = {
         let (js, topology, shutdown, handler) = (
-            js.clone(),
-            topology.clone(),
+            deps.js.clone(),
+            deps.topology.clone(),
             shutdown.clone(),
             handler.clone(),
         );
-        tokio::spawn(threadline_runtime::worker::run(
+        tokio::spawn(worker::run(
             js,
             topology,
             Topic::Reconsider,
@@ -82,9 +63,9 @@ pub async fn run(
             },
         ))
     };
-    threadline_runtime::worker::run(
-        js,
-        topology,
+    worker::run(
+        deps.js.clone(),
+        deps.topology.clone(),
         Topic::Events,
         cfg.concurrency,
         shutdown,
@@ -95,9 +76,7 @@ pub async fn run(
     )
     .await?;
     reconsider.await.context("reconsider worker")??;
-    let _ = http.await;
-    let _ = nats.flush().await;
-    pool.close().await;
+    deps.close(health).await;
     tracing::info!("context-builder stopped");
     Ok(())
 }

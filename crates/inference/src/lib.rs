@@ -10,7 +10,6 @@ pub mod provider;
 
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::shutdown::CancellationToken;
 
@@ -72,34 +71,13 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let pool = threadline_runtime::db::pool(&cfg.common)?;
-    threadline_runtime::db::ensure_schema_current(&pool)
-        .await
-        .context("checking the database schema")?;
-    let nats =
-        threadline_runtime::bus::connect(&cfg.common.nats_url, "threadline-inference").await?;
-    let js = async_nats::jetstream::new(nats.clone());
-    let topology = Topology::new(cfg.common.bus_prefix.clone());
-    topology
-        .declare(&js)
-        .await
-        .context("declaring the bus topology")?;
-    let handler = Arc::new(handler(&cfg, pool.clone(), js.clone())?);
-    let health = threadline_runtime::health::router(
-        threadline_runtime::health::Readiness::default()
-            .postgres(pool.clone())
-            .nats(nats.clone()),
-    );
-    let stop = shutdown.clone();
-    let http = tokio::spawn(async move {
-        axum::serve(listener, health)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-    });
+    let deps = threadline_runtime::service::start(&cfg.common, "threadline-inference").await?;
+    let handler = Arc::new(handler(&cfg, deps.pool.clone(), deps.js.clone())?);
+    let health = deps.serve_health(listener, shutdown.clone());
     tracing::info!(concurrency = cfg.concurrency, model_config_id = %handler.model_config_id, "inference consuming");
     threadline_runtime::worker::run(
-        js,
-        topology,
+        deps.js.clone(),
+        deps.topology.clone(),
         Topic::Contexts,
         cfg.concurrency,
         shutdown,
@@ -109,8 +87,6 @@ pub async fn run(
         },
     )
     .await?;
-    let _ = http.await;
-    let _ = nats.flush().await;
-    pool.close().await;
+    deps.close(health).await;
     Ok(())
 }

@@ -38,40 +38,20 @@ pub fn handler(
     })
 }
 
+/// Runs until `shutdown`, consuming `tl.proposals`; serves health and metrics.
 pub async fn run(
     cfg: PublisherConfig,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let pool = threadline_runtime::db::pool(&cfg.common)?;
-    threadline_runtime::db::ensure_schema_current(&pool)
-        .await
-        .context("checking the database schema")?;
-    let nats =
-        threadline_runtime::bus::connect(&cfg.common.nats_url, "threadline-publisher").await?;
-    let js = async_nats::jetstream::new(nats.clone());
-    let topology = Topology::new(cfg.common.bus_prefix.clone());
-    topology
-        .declare(&js)
-        .await
-        .context("declaring the bus topology")?;
+    let deps = threadline_runtime::service::start(&cfg.common, "threadline-publisher").await?;
     let concurrency = cfg.concurrency;
-    let handler = Arc::new(handler(cfg, pool.clone(), js.clone())?);
-    let health = threadline_runtime::health::router(
-        threadline_runtime::health::Readiness::default()
-            .postgres(pool.clone())
-            .nats(nats.clone()),
-    );
-    let stop = shutdown.clone();
-    let http = tokio::spawn(async move {
-        axum::serve(listener, health)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-    });
+    let handler = Arc::new(handler(cfg, deps.pool.clone(), deps.js.clone())?);
+    let health = deps.serve_health(listener, shutdown.clone());
     tracing::info!(concurrency, "publisher consuming");
     threadline_runtime::worker::run(
-        js,
-        topology,
+        deps.js.clone(),
+        deps.topology.clone(),
         Topic::Proposals,
         concurrency,
         shutdown,
@@ -81,8 +61,6 @@ pub async fn run(
         },
     )
     .await?;
-    let _ = http.await;
-    let _ = nats.flush().await;
-    pool.close().await;
+    deps.close(health).await;
     Ok(())
 }

@@ -8,6 +8,7 @@ pub mod db;
 pub mod health;
 pub mod killswitch;
 pub mod secrets;
+pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 pub mod worker;
