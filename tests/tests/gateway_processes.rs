@@ -402,3 +402,75 @@ async fn review_approval_records_the_reviewer_and_hands_over_to_the_publisher() 
     );
     delete_streams(&js, &prefix).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_intents_are_listed_and_settled_by_an_operator() {
+    let db = TestDb::new().await;
+    let (held, sent) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    for (id, state, ev) in [(held, "held", "Ev0H1"), (sent, "sent", "Ev0H2")] {
+        sqlx::query(
+            "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
+                                        body_hash, state, error_code)
+             VALUES ($1, $2, $3, 'thread_reply', $4, $5, 'C1', '1.1', 'h', $6, 'no_evidence_of_post')",
+        )
+        .bind(id)
+        .bind(uuid::Uuid::now_v7())
+        .bind(ev)
+        .bind(uuid::Uuid::now_v7())
+        .bind(uuid::Uuid::now_v7())
+        .bind(state)
+        .execute(&db.pool)
+        .await
+        .expect("intent");
+    }
+    let env = vec![("DATABASE_URL", db.url.clone())];
+    let out = cli(&["intents", "list"], &env).await;
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(list.as_array().map(Vec::len), Some(1));
+    assert_eq!(list[0]["id"], held.to_string());
+    assert!(
+        !cli(&["intents", "abandon", &sent.to_string()], &env)
+            .await
+            .status
+            .success(),
+        "only held intents are settled"
+    );
+    assert!(
+        !cli(
+            &[
+                "intents",
+                "mark-sent",
+                &held.to_string(),
+                "--ts",
+                "yesterday"
+            ],
+            &env
+        )
+        .await
+        .status
+        .success()
+    );
+    let out = cli(
+        &[
+            "intents",
+            "mark-sent",
+            &held.to_string(),
+            "--ts",
+            "1700000000.000100",
+        ],
+        &env,
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state: (String, Option<String>) =
+        sqlx::query_as("SELECT state, slack_ts FROM reply_intents WHERE id = $1")
+            .bind(held)
+            .fetch_one(&db.pool)
+            .await
+            .expect("intent");
+    assert_eq!(state, ("sent".into(), Some("1700000000.000100".into())));
+}

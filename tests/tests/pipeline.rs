@@ -218,6 +218,18 @@ async fn a_mention_is_answered_once_in_its_thread_and_the_answer_is_no_new_job()
         .await
         .expect("thread");
     assert_eq!(version, 3, "root, question, our reply");
+    let out = cli(&["stats", "--json"], &[("DATABASE_URL", db.url.clone())]).await;
+    let stats: Value = serde_json::from_slice(&out.stdout).expect("stats");
+    assert_eq!(
+        (
+            &stats["receipts_total"],
+            &stats["contexts_total"],
+            &stats["model_calls_total"],
+            &stats["duplicate_replies_total"]
+        ),
+        (&json!(4), &json!(1), &json!(1), &json!(0))
+    );
+    assert_eq!(stats["reply_intents_by_state"], json!({"sent": 1}));
     assert!(publisher.terminate().await.success());
     assert!(inf.terminate().await.success());
     assert!(cb.terminate().await.success());

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod install;
+mod intents;
 mod review;
 mod stats;
 mod switches;
@@ -32,6 +33,11 @@ enum Command {
         /// Print one JSON object (the only format for now).
         #[arg(long)]
         json: bool,
+    },
+    /// Reply intents: settle the ones held for an operator.
+    Intents {
+        #[command(subcommand)]
+        command: intents::IntentsCommand,
     },
     /// Proposals waiting for human review.
     Review {
@@ -79,6 +85,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stats { json: _ } => {
             let s = stats::collect(&pool(&src).await?).await?;
             println!("{}", serde_json::to_string_pretty(&s)?);
+        }
+        Command::Intents { command } => {
+            let common = threadline_runtime::config::CommonConfig::from_source(&src)?;
+            intents::run(command, &common, &pool(&src).await?).await?
         }
         Command::Review { command } => {
             let common = threadline_runtime::config::CommonConfig::from_source(&src)?;

@@ -41,6 +41,35 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
     )
     .fetch_all(pool)
     .await?;
+    let grouped = |sql: &'static str| async move {
+        sqlx::query_as::<_, (String, i64)>(sql)
+            .fetch_all(pool)
+            .await
+    };
+    let decisions =
+        grouped("SELECT status, count(*) FROM decisions GROUP BY status ORDER BY status").await?;
+    let intents =
+        grouped("SELECT state, count(*) FROM reply_intents GROUP BY state ORDER BY state").await?;
+    let (contexts, truncated, partial): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE truncated), count(*) FILTER (WHERE backfill_partial) FROM contexts",
+    )
+    .fetch_one(pool)
+    .await?;
+    let (model_calls, fallbacks): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE provider IS NOT NULL AND provider NOT IN ('none', 'fallback')),
+                count(*) FILTER (WHERE fallback) FROM decisions",
+    )
+    .fetch_one(pool)
+    .await?;
+    let (reconciled, duplicate_replies): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE reconciled),
+                -- more than one sent intent for one source event would be a duplicate reply
+                coalesce((SELECT sum(n - 1) FROM (SELECT count(*) AS n FROM reply_intents WHERE state = 'sent'
+                                                   GROUP BY installation_id, event_id HAVING count(*) > 1) d), 0)::bigint
+           FROM reply_intents",
+    )
+    .fetch_one(pool)
+    .await?;
     let to_map = |rows: Vec<(String, i64)>| -> Map<String, Value> {
         rows.into_iter().map(|(k, v)| (k, json!(v))).collect()
     };
@@ -57,5 +86,14 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
         "outbox_oldest_pending_age_seconds": oldest.unwrap_or(0.0),
         "app_rate_limited_notices_total": rate_limited,
         "installations_by_status": to_map(installs),
+        "contexts_total": contexts,
+        "contexts_truncated_total": truncated,
+        "contexts_backfill_partial_total": partial,
+        "decisions_by_status": to_map(decisions),
+        "model_calls_total": model_calls,
+        "fallbacks_total": fallbacks,
+        "reply_intents_by_state": to_map(intents),
+        "reconciled_total": reconciled,
+        "duplicate_replies_total": duplicate_replies,
     }))
 }
