@@ -669,3 +669,55 @@ async fn long_threads_are_truncated_deterministically_with_a_marker() {
     );
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconsideration_rebuilds_the_latest_unanswered_request_at_the_new_version() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    env.handle("Ev1", mention("800.000001", None)).await;
+    // A human reply lands while the first answer is being prepared.
+    env.handle(
+        "Ev2",
+        human("800.000002", "actually it's the cache", Some("800.000001")),
+    )
+    .await;
+    let reconsider = |version: i64| {
+        threadline_proto::v1::Reconsider {
+            schema_version: 1,
+            installation_id: env.inst.to_string(),
+            channel_id: "C0CHAN".into(),
+            root_ts: "800.000001".into(),
+            stale_version: version,
+            reason: "version_changed".into(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    assert!(matches!(
+        env.handler.reconsider(&reconsider(1)).await,
+        Disposition::Done
+    ));
+    let ctx = env.contexts().await;
+    assert_eq!(ctx.len(), 2, "a fresh context for the same request");
+    assert_eq!(
+        (ctx[1].source_ts.as_str(), ctx[1].thread_version),
+        ("800.000001", 2)
+    );
+    assert_eq!(
+        ctx[1].messages.last().map(|m| m.text.as_str()),
+        Some("actually it's the cache")
+    );
+    // Once answered, a reconsideration builds nothing.
+    sqlx::query("UPDATE turns SET answered_at = now()")
+        .execute(&env.db.pool)
+        .await
+        .expect("answered");
+    env.handler.reconsider(&reconsider(2)).await;
+    assert_eq!(env.contexts().await.len(), 2);
+    env.cleanup().await;
+}
