@@ -173,3 +173,223 @@ pub async fn sim_get(sim: &Proc, path: &str) -> serde_json::Value {
         .await
         .expect("slack-sim answers JSON")
 }
+
+/// The whole of threadline as processes, with slack-sim playing Slack and a
+/// workspace where the app is installed in one public channel.
+pub struct Stack {
+    pub db: threadline_testkit::TestDb,
+    pub prefix: String,
+    pub js: async_nats::jetstream::Context,
+    pub sim: Proc,
+    pub services: Vec<Proc>,
+    pub team: String,
+    pub user: String,
+    pub channel: String,
+    pub app: String,
+    pub bot_user: String,
+    pub token: String,
+}
+
+fn id_of(v: &serde_json::Value, what: &str) -> String {
+    v[what]
+        .as_str()
+        .unwrap_or_else(|| panic!("slack-sim answer without {what}: {v}"))
+        .to_owned()
+}
+
+impl Stack {
+    /// Starts everything; `extra` settings go to every service.
+    pub async fn start(extra: &[(&str, String)]) -> Self {
+        use serde_json::json;
+        let db = threadline_testkit::TestDb::new().await;
+        let prefix = threadline_testkit::unique_prefix();
+        let js = async_nats::jetstream::new(
+            async_nats::connect(threadline_testkit::nats_url())
+                .await
+                .expect("nats"),
+        );
+        let sim = spawn_slack_sim(11, 0.01).await;
+        let keys = "k1:".to_owned() + &"42".repeat(32);
+        let mut env: Vec<(&str, String)> = vec![
+            ("DATABASE_URL", db.url.clone()),
+            ("NATS_URL", threadline_testkit::nats_url()),
+            ("THREADLINE_BUS_PREFIX", prefix.clone()),
+            ("THREADLINE_TOKEN_KEYS", keys.clone()),
+            ("THREADLINE_RELAY_SWEEP_MS", "200".to_owned()),
+            (
+                "SLACK_SIGNING_SECRET",
+                threadline_testkit::slack::TEST_SECRET.to_owned(),
+            ),
+            ("SLACK_API_URL", format!("{}/api/", sim.base_url)),
+            ("THREADLINE_POST_SPACING_MS", "0".to_owned()),
+        ];
+        env.extend(extra.iter().cloned());
+        let gw = spawn_gateway(&env).await;
+        let events_url = gw.events_url();
+        let services = vec![
+            gw,
+            spawn_context_builder(&env).await,
+            spawn_inference(&env).await,
+            spawn_publisher(&env).await,
+        ];
+
+        let team = id_of(&sim_ctl(&sim, "teams", json!({"name": "Acme"})).await, "id");
+        let user = id_of(
+            &sim_ctl(&sim, "users", json!({"team_id": team, "name": "ana"})).await,
+            "id",
+        );
+        let channel = id_of(
+            &sim_ctl(
+                &sim,
+                "channels",
+                json!({"team_id": team, "name": "ops", "kind": "public", "members": [user]}),
+            )
+            .await,
+            "id",
+        );
+        let app = id_of(
+            &sim_ctl(
+                &sim,
+                "apps",
+                json!({"name": "Threadline", "signing_secret": threadline_testkit::slack::TEST_SECRET,
+                       "request_urls": [events_url], "events": ["app_mention", "message.channels"]}),
+            )
+            .await,
+            "id",
+        );
+        let inst = sim_ctl(
+            &sim,
+            &format!("apps/{app}/installs"),
+            json!({"team_id": team, "scopes": ["chat:write", "channels:history"], "join_channels": [channel]}),
+        )
+        .await;
+        let (bot_user, bot_id, token) = (
+            id_of(&inst, "bot_user_id"),
+            id_of(&inst, "bot_id"),
+            id_of(&inst, "bot_token"),
+        );
+        let out = cli(
+            &[
+                "install",
+                "add",
+                "--team",
+                &team,
+                "--app",
+                &app,
+                "--bot-user",
+                &bot_user,
+                "--bot-id",
+                &bot_id,
+                "--token",
+                &token,
+            ],
+            &[
+                ("DATABASE_URL", db.url.clone()),
+                ("THREADLINE_TOKEN_KEYS", keys),
+            ],
+        )
+        .await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self {
+            db,
+            prefix,
+            js,
+            sim,
+            services,
+            team,
+            user,
+            channel,
+            app,
+            bot_user,
+            token,
+        }
+    }
+
+    /// A person posts (a reply when `thread_ts` is given); returns its ts.
+    pub async fn post(&self, text: &str, thread_ts: Option<&str>) -> String {
+        let mut body =
+            serde_json::json!({"user": self.user, "channel": self.channel, "text": text});
+        if let Some(t) = thread_ts {
+            body["thread_ts"] = t.into();
+        }
+        id_of(&sim_ctl(&self.sim, "act/post", body).await, "ts")
+    }
+
+    /// The app's messages in a thread, from Slack's side.
+    pub async fn answers(&self, root: &str) -> Vec<serde_json::Value> {
+        let v = sim_get(
+            &self.sim,
+            &format!("channels/{}/threads/{root}", self.channel),
+        )
+        .await;
+        v["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| m["app_id"].is_string())
+            .collect()
+    }
+
+    /// Waits until `root` holds `n` answers, then a moment more to catch extras.
+    pub async fn wait_answers(&self, root: &str, n: usize) -> Vec<serde_json::Value> {
+        eventually(
+            &format!("{n} answer(s) in the thread"),
+            Duration::from_secs(30),
+            || async move {
+                let a = self.answers(root).await;
+                (a.len() >= n).then_some(())
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        self.answers(root).await
+    }
+
+    /// Stops every service cleanly (each must exit 0) and removes the streams.
+    pub async fn stop(self) {
+        for p in self.services.into_iter().rev() {
+            assert!(
+                p.terminate().await.success(),
+                "a service did not stop cleanly"
+            );
+        }
+        threadline_testkit::delete_streams(&self.js, &self.prefix).await;
+    }
+}
+
+/// A stand-in OTLP/HTTP receiver: answers 200 and counts POSTs to /v1/traces.
+pub async fn otlp_sink() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let h = h.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1 << 16];
+                while let Ok(n) = sock.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if buf[..n].starts_with(b"POST /v1/traces") {
+                        h.fetch_add(1, Ordering::SeqCst);
+                        let _ = sock
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                            .await;
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), hits)
+}

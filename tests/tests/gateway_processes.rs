@@ -7,7 +7,7 @@ use async_nats::jetstream;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_testkit::slack::{TEST_SECRET, app_mention, deliver, seed_installation};
 use threadline_testkit::{TestDb, delete_streams, eventually, nats_url, stream_len, unique_prefix};
-use threadline_tests::{cli, free_port, spawn_gateway};
+use threadline_tests::{cli, free_port, otlp_sink, spawn_gateway};
 
 fn gateway_env(db: &TestDb, prefix: &str, nats: String) -> Vec<(&'static str, String)> {
     vec![
@@ -231,38 +231,6 @@ async fn operator_cli_migrates_registers_and_reports_the_ledger() {
     assert!(gw.terminate().await.success());
     let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
     delete_streams(&js, &prefix).await;
-}
-
-/// A stand-in OTLP/HTTP receiver: answers 200 and counts POSTs to /v1/traces.
-async fn otlp_sink() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use std::sync::atomic::Ordering;
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let h = hits.clone();
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            let h = h.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 1 << 16];
-                while let Ok(n) = sock.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    if buf[..n].starts_with(b"POST /v1/traces") {
-                        h.fetch_add(1, Ordering::SeqCst);
-                        let _ = sock
-                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                            .await;
-                    }
-                }
-            });
-        }
-    });
-    (format!("http://{addr}"), hits)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
