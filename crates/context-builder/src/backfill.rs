@@ -106,7 +106,6 @@ pub async fn run(
                 break;
             }
         };
-        let mut tx = pool.begin().await?;
         for m in &page.messages {
             let Some(f) = message_facts(m, &inst.identity) else {
                 continue;
@@ -119,13 +118,19 @@ pub async fn run(
             {
                 continue;
             }
+            // One fact per transaction, like live events: a transaction never
+            // holds the thread's row while waiting for another fact, so
+            // backfills and live events cannot deadlock.
             let edited = f.edited_ts.is_some();
+            let mut tx = pool.begin().await?;
             store::apply(&mut tx, inst.id, channel, &Effect::Upsert(f.clone())).await?;
+            tx.commit().await?;
             if edited {
+                let mut tx = pool.begin().await?;
                 store::apply(&mut tx, inst.id, channel, &Effect::Edit(f)).await?;
+                tx.commit().await?;
             }
         }
-        tx.commit().await?;
         match page.next_cursor {
             Some(c) => cursor = Some(c),
             None => {

@@ -126,7 +126,9 @@ pub async fn check_and_claim(pool: &PgPool, p: &Proposal<'_>) -> sqlx::Result<Ve
     .fetch_one(&mut *tx)
     .await?;
     if pending_newer {
-        return Ok(Verdict::Stale);
+        // Not stale yet: wait until it is processed, then check again (it
+        // may change the thread, or be a reaction or an unchanged edit).
+        return Ok(Verdict::NotNow(2.0));
     }
     let id = match existing {
         Some((id, ..)) => id,

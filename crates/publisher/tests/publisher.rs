@@ -502,3 +502,27 @@ async fn a_reviewed_proposal_posts_only_once_approved() {
     assert_eq!(env.decision(decision).await.0, "published");
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_unprocessed_event_in_the_thread_makes_the_publisher_wait_not_give_up() {
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Wait for it.").await;
+    // Something newer in the thread, accepted but not yet processed.
+    let pending = Uuid::now_v7();
+    sqlx::query("INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, channel_id, thread_ts, event_time, received_at) VALUES ($1, $2, $3, 'EvLATER', 'message', $4, $5, now(), now() + interval '1 second')")
+        .bind(pending).bind(env.inst).bind(&env.app).bind(&env.channel).bind(env.root().await)
+        .execute(&env.db.pool).await.expect("receipt");
+    let h = env.handler(&[]);
+    assert!(
+        matches!(h.handle(&payload).await, Disposition::Retry(_)),
+        "not stale: wait"
+    );
+    assert_eq!(env.app_posts().await, 0);
+    // It turns out to change nothing (an unchanged edit): the answer goes out.
+    sqlx::query("UPDATE event_receipts SET state = 'ignored', state_reason = 'edit_without_text_change' WHERE id = $1")
+        .bind(pending).execute(&env.db.pool).await.expect("processed");
+    env.until_done(&h, &payload).await;
+    assert_eq!(env.app_posts().await, 1);
+    assert_eq!(env.decision(decision).await.0, "published");
+    env.cleanup().await;
+}
