@@ -11,6 +11,8 @@ use tokio::process::{Child, Command};
 pub struct Proc {
     pub child: Child,
     pub base_url: String,
+    /// Where the process's stdout and stderr go (services only).
+    pub log: Option<std::path::PathBuf>,
 }
 
 /// A loopback port nobody listens on right now.
@@ -57,9 +59,12 @@ pub async fn spawn_service(bin: &str, addr_setting: &str, env: &[(&str, String)]
         .env(addr_setting, format!("127.0.0.1:{port}"))
         .env("THREADLINE_LOG_FORMAT", "text")
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
         .kill_on_drop(true);
+    let dir = std::env::temp_dir().join("threadline-test-logs");
+    std::fs::create_dir_all(&dir).expect("log dir");
+    let log = dir.join(format!("{bin}-{port}.log"));
+    let file = std::fs::File::create(&log).expect("log file");
+    cmd.stdout(file.try_clone().expect("log file")).stderr(file);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -80,7 +85,11 @@ pub async fn spawn_service(bin: &str, addr_setting: &str, env: &[(&str, String)]
         }
     })
     .await;
-    Proc { child, base_url }
+    Proc {
+        child,
+        base_url,
+        log: Some(log),
+    }
 }
 
 impl Proc {
@@ -149,7 +158,11 @@ pub async fn spawn_slack_sim(seed: u64, time_scale: f64) -> Proc {
         }
     })
     .await;
-    Proc { child, base_url }
+    Proc {
+        child,
+        base_url,
+        log: None,
+    }
 }
 
 /// POSTs to the emulator's control API and returns the JSON answer.
@@ -350,15 +363,37 @@ impl Stack {
         self.answers(root).await
     }
 
-    /// Stops every service cleanly (each must exit 0) and removes the streams.
-    pub async fn stop(self) {
+    /// Every service's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        let mut all = String::new();
+        for p in &self.services {
+            let text = reqwest::get(format!("{}/metrics", p.base_url))
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .expect("text");
+            all.push_str(&text);
+        }
+        all
+    }
+
+    /// Stops every service cleanly (each must exit 0), removes the streams,
+    /// and returns everything the services logged.
+    pub async fn stop(self) -> String {
+        let mut logs = String::new();
         for p in self.services.into_iter().rev() {
+            let log = p.log.clone();
             assert!(
                 p.terminate().await.success(),
                 "a service did not stop cleanly"
             );
+            if let Some(path) = log {
+                logs.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+            }
         }
         threadline_testkit::delete_streams(&self.js, &self.prefix).await;
+        logs
     }
 }
 

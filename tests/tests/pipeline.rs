@@ -232,3 +232,45 @@ async fn slack_retries_and_a_lost_post_response_still_give_exactly_one_answer_in
     let _ = exports;
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_message_text_token_or_secret_reaches_logs_or_metrics() {
+    // Debug logging everywhere: the strictest setting an operator might use.
+    let s = Stack::start(&[
+        ("RUST_LOG", "debug".to_owned()),
+        ("THREADLINE_LOG_FORMAT", "json".to_owned()),
+    ])
+    .await;
+    let marker = "MARKER-7f3a-private-words";
+    let planted = "xoxb-4242-4242-plantedsecretvalue";
+    let root = s
+        .post(&format!("{marker} our key is {planted}"), None)
+        .await;
+    s.post(
+        &format!("<@{}> {marker} what is the key?", s.bot_user),
+        Some(&root),
+    )
+    .await;
+    assert_eq!(s.wait_answers(&root, 1).await.len(), 1);
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains("threadline_gateway_ack_seconds"),
+        "metrics are served"
+    );
+    let (bot_token, secret) = (s.token.clone(), threadline_testkit::slack::TEST_SECRET);
+    let logs = s.stop().await;
+    assert!(
+        logs.len() > 1000,
+        "debug logging produced output ({} bytes)",
+        logs.len()
+    );
+    for (what, needle) in [
+        ("message text", marker),
+        ("a secret in a message", planted),
+        ("the bot token", bot_token.as_str()),
+        ("the signing secret", secret),
+    ] {
+        assert!(!logs.contains(needle), "{what} appears in a log line");
+        assert!(!metrics.contains(needle), "{what} appears in a metric");
+    }
+}
