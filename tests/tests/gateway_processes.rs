@@ -442,3 +442,80 @@ async fn held_intents_are_listed_and_settled_by_an_operator() {
             .expect("intent");
     assert_eq!(state, ("sent".into(), Some("1700000000.000100".into())));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_rotate_reseals_every_token_with_the_new_key() {
+    let db = TestDb::new().await;
+    let (k1, k2) = (
+        "k1:".to_owned() + &"11".repeat(32),
+        "k2:".to_owned() + &"22".repeat(32),
+    );
+    let add = [
+        "install",
+        "add",
+        "--team",
+        "T0ROT",
+        "--app",
+        "A0ROT",
+        "--bot-user",
+        "U0B",
+        "--bot-id",
+        "B0B",
+        "--token",
+        "xoxb-rotate-me-123",
+    ];
+    let out = cli(
+        &add,
+        &[
+            ("DATABASE_URL", db.url.clone()),
+            ("THREADLINE_TOKEN_KEYS", k1.clone()),
+        ],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Without the old key listed, rotation refuses rather than lose the token.
+    let out = cli(
+        &["keys", "rotate"],
+        &[
+            ("DATABASE_URL", db.url.clone()),
+            ("THREADLINE_TOKEN_KEYS", k2.clone()),
+        ],
+    )
+    .await;
+    assert!(!out.status.success());
+    let out = cli(
+        &["keys", "rotate"],
+        &[
+            ("DATABASE_URL", db.url.clone()),
+            ("THREADLINE_TOKEN_KEYS", format!("{k2},{k1}")),
+        ],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (id, bytes, key): (uuid::Uuid, Vec<u8>, String) =
+        sqlx::query_as("SELECT id, bot_token_sealed, bot_token_key_id FROM installations")
+            .fetch_one(&db.pool)
+            .await
+            .expect("row");
+    assert_eq!(key, "k2");
+    // The new key alone opens it now.
+    let only_k2 = threadline_runtime::secrets::TokenCipher::parse(&k2.into()).expect("keys");
+    let token = only_k2
+        .open(
+            &threadline_runtime::secrets::Sealed { key_id: key, bytes },
+            &threadline_runtime::secrets::token_aad(&id, "bot"),
+        )
+        .expect("opens with k2");
+    assert_eq!(
+        secrecy::ExposeSecret::expose_secret(&token),
+        "xoxb-rotate-me-123"
+    );
+}

@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod install;
 mod intents;
+mod keys;
 mod review;
 mod stats;
 mod switches;
@@ -65,6 +66,9 @@ enum KeysCommand {
         #[arg(long, default_value = "k1")]
         id: String,
     },
+    /// Re-seal every stored token with the first key of THREADLINE_TOKEN_KEYS
+    /// (list the old keys after it until this has run).
+    Rotate,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -95,6 +99,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             review::run(command, &common, &pool(&src).await?).await?
         }
         Command::KillSwitch { command } => switches::run(command, &pool(&src).await?).await?,
+        Command::Keys {
+            command: KeysCommand::Rotate,
+        } => keys::rotate(&src, &pool(&src).await?).await?,
         Command::Keys {
             command: KeysCommand::Generate { id },
         } => {

@@ -33,6 +33,26 @@ pub struct Handler {
 /// How a database failure is retried.
 const DB_RETRY: Duration = Duration::from_secs(5);
 
+/// `app_uninstalled`, or `tokens_revoked` naming our bot user.
+fn lifecycle_reason(
+    event_type: &str,
+    event: &serde_json::Value,
+    inst: &Installation,
+) -> Option<&'static str> {
+    match event_type {
+        "app_uninstalled" => Some("app_uninstalled"),
+        "tokens_revoked" => {
+            let bots = event
+                .pointer("/tokens/bot")
+                .and_then(serde_json::Value::as_array)?;
+            bots.iter()
+                .any(|u| u.as_str() == Some(inst.identity.bot_user_id.as_str()))
+                .then_some("tokens_revoked")
+        }
+        _ => None,
+    }
+}
+
 fn ignored(reason: &'static str) -> Result<Step, anyhow::Error> {
     Ok(Step::Ignored(reason))
 }
@@ -87,6 +107,22 @@ impl Handler {
             Ok(v) => v,
             Err(_) => return self.end(receipt, "failed", "undecodable_event").await,
         };
+        if let Some(reason) = lifecycle_reason(
+            event
+                .get("type")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or(""),
+            &event,
+            &inst,
+        ) {
+            // The workspace removed the app or revoked its token: stop all
+            // outbound work for the installation and drop its tokens.
+            store::disable(&self.pool, inst.id, reason).await?;
+            metrics::counter!("threadline_installations_disabled_total", "reason" => reason)
+                .increment(1);
+            tracing::warn!(alert = "installation_disabled", reason, installation_id = %inst.id, "installation disabled; tokens purged");
+            return self.end(receipt, "done", reason).await;
+        }
         let channel = ev.channel_id.as_str();
         let policy = store::policy(&self.pool, &inst, channel).await?;
         let c = classify::classify(&event, &inst.identity, &policy);

@@ -89,6 +89,20 @@ pub async fn policy(
     })
 }
 
+/// Disables an installation and purges its tokens, in one statement.
+pub async fn disable(pool: &PgPool, inst: Uuid, reason: &str) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE installations
+            SET status = 'disabled', disabled_reason = $2, bot_token_sealed = NULL, bot_token_key_id = NULL, updated_at = now()
+          WHERE id = $1",
+    )
+    .bind(inst)
+    .bind(reason)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// Moves a receipt to `processing`; false when it already ended (done,
 /// ignored, failed): the delivery is a redelivery of finished work.
 pub async fn begin(pool: &PgPool, receipt: Uuid) -> sqlx::Result<bool> {

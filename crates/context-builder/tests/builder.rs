@@ -721,3 +721,52 @@ async fn a_reconsideration_rebuilds_the_latest_unanswered_request_at_the_new_ver
     assert_eq!(env.contexts().await.len(), 2);
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninstalling_or_revoking_disables_the_installation_and_purges_its_tokens() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    // A revocation of some other user's token changes nothing.
+    let other = env
+        .handle(
+            "Ev0",
+            json!({"type": "tokens_revoked", "tokens": {"oauth": ["U0SOMEONE"], "bot": []}}),
+        )
+        .await;
+    assert_eq!(
+        env.state(other).await,
+        ("ignored".into(), Some("unhandled_type".into()))
+    );
+    let r = env
+        .handle(
+            "Ev1",
+            json!({"type": "tokens_revoked", "tokens": {"oauth": [], "bot": [BOT_USER]}}),
+        )
+        .await;
+    assert_eq!(
+        env.state(r).await,
+        ("done".into(), Some("tokens_revoked".into()))
+    );
+    let row: (String, Option<Vec<u8>>, Option<String>) = sqlx::query_as(
+        "SELECT status, bot_token_sealed, bot_token_key_id FROM installations WHERE id = $1",
+    )
+    .bind(env.inst)
+    .fetch_one(&env.db.pool)
+    .await
+    .expect("installation");
+    assert_eq!(row, ("disabled".into(), None, None), "tokens purged");
+    // Work still queued for it stops without a context.
+    let (m, payload) = env.receipt("Ev2", mention("900.000001", None)).await;
+    env.handler.handle(&payload).await;
+    assert_eq!(
+        env.state(m).await,
+        ("ignored".into(), Some("installation_disabled".into()))
+    );
+    assert!(env.contexts().await.is_empty());
+    env.cleanup().await;
+}

@@ -117,6 +117,18 @@ impl Handler {
             }
         };
 
+        // A removed or revoked installation gets no more model calls.
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM installations WHERE id = $1")
+                .bind(inst)
+                .fetch_optional(&self.pool)
+                .await?;
+        if status.as_deref() != Some("active") {
+            let mut s = self.suppressed("installation_disabled");
+            s.status = "cancelled";
+            decisions::settle(&self.pool, id, &s).await?;
+            return Ok(Disposition::Done);
+        }
         // Kill switches, checked before the model call.
         if let Some(switch) = killswitch::engaged(&self.pool, inst, FEATURE_REPLIES).await? {
             metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "inference")

@@ -145,12 +145,13 @@ impl Env {
         let cfg = InferenceConfig::from_source(&src).expect("config");
         let handler =
             threadline_inference::handler(&cfg, db.pool.clone(), js.clone()).expect("handler");
+        let inst = threadline_testkit::slack::seed_installation(&db.pool, "A0INF", "T0INF").await;
         Self {
             db,
             js,
             prefix,
             handler,
-            inst: Uuid::now_v7(),
+            inst,
         }
     }
 
@@ -458,4 +459,30 @@ fn a_backup_provider_needs_to_be_marked_tested_equivalent() {
         err.to_string().contains("THREADLINE_MODEL_BASE_URL"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_installation_gets_no_model_call() {
+    let (e, url) = endpoint().await;
+    let env = Env::new(&[
+        ("THREADLINE_MODEL_PROVIDER", "openai"),
+        ("THREADLINE_MODEL_BASE_URL", &url),
+        ("THREADLINE_MODEL_NAME", "m"),
+    ])
+    .await;
+    sqlx::query("UPDATE installations SET status = 'disabled', disabled_reason = 'app_uninstalled' WHERE id = $1")
+        .bind(env.inst)
+        .execute(&env.db.pool)
+        .await
+        .expect("disable");
+    let (receipt, payload) = env.context(&["help"], 1);
+    env.handler.handle(&payload).await;
+    assert_eq!(e.requests.lock().expect("lock").len(), 0);
+    let d = env.decision(receipt).await;
+    assert_eq!(
+        (d.0.as_str(), d.1.as_deref()),
+        ("cancelled", Some("installation_disabled"))
+    );
+    assert!(env.proposals().await.is_empty());
+    env.cleanup().await;
 }
