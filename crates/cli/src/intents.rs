@@ -101,7 +101,13 @@ pub async fn run(
             let js = async_nats::jetstream::new(nats.clone());
             let d = threadline_inference::decisions::load(pool, decision).await?;
             let topology = threadline_runtime::bus::Topology::new(common.bus_prefix.clone());
-            threadline_inference::handler::publish_proposal(&js, &topology, d).await?;
+            threadline_inference::handler::publish_proposal(
+                &js,
+                &topology,
+                d,
+                Some(&format!("repost-{}", Uuid::now_v7())),
+            )
+            .await?;
             nats.flush().await?;
             println!(
                 "intent {id} may be posted once more; its proposal went back to the publisher"

@@ -80,6 +80,7 @@ pub async fn run(cmd: ReviewCommand, common: &CommonConfig, pool: &PgPool) -> an
                 &js,
                 &Topology::new(common.bus_prefix.clone()),
                 d,
+                Some("approved"),
             )
             .await?;
             nats.flush().await?;

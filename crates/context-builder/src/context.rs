@@ -37,8 +37,9 @@ fn secs(ts: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// `thread` is oldest first with the root first. The root is always kept;
-/// then replies from the newest back while they fit.
+/// `thread` is oldest first with the root first. The root and the source
+/// message are always kept; then replies from the newest back, skipping
+/// any that would break the byte or age limit, while the count allows.
 pub fn build(thread: &[StoredMessage], source_ts: &str, limits: Limits) -> Built {
     let Some((root, replies)) = thread.split_first() else {
         return Built {
@@ -48,22 +49,33 @@ pub fn build(thread: &[StoredMessage], source_ts: &str, limits: Limits) -> Built
         };
     };
     let oldest_allowed = secs(source_ts).saturating_sub(limits.max_age_secs);
-    let mut bytes = root.text.len();
-    let mut kept: Vec<&StoredMessage> = Vec::new();
-    for m in replies.iter().rev() {
-        if kept.len() + 1 >= limits.max_messages.max(1) {
+    let source = replies.iter().position(|m| m.ts == source_ts);
+    let mut bytes = root.text.len() + source.map(|i| replies[i].text.len()).unwrap_or(0);
+    let mut room = limits.max_messages.max(2) - 1 - usize::from(source.is_some());
+    let mut keep = vec![false; replies.len()];
+    if let Some(i) = source {
+        keep[i] = true;
+    }
+    for (i, m) in replies.iter().enumerate().rev() {
+        if room == 0 {
             break;
         }
-        if secs(&m.ts) < oldest_allowed || bytes + m.text.len() > limits.max_bytes {
-            break;
+        if keep[i] || secs(&m.ts) < oldest_allowed || bytes + m.text.len() > limits.max_bytes {
+            continue;
         }
         bytes += m.text.len();
-        kept.push(m);
+        keep[i] = true;
+        room -= 1;
     }
-    kept.reverse();
-    let mut messages = Vec::with_capacity(kept.len() + 1);
+    let mut messages = Vec::with_capacity(limits.max_messages);
     messages.push(root.clone());
-    messages.extend(kept.into_iter().cloned());
+    messages.extend(
+        replies
+            .iter()
+            .zip(&keep)
+            .filter(|(_, k)| **k)
+            .map(|(m, _)| m.clone()),
+    );
     let omitted = thread.len() - messages.len();
     let content_hash = hash(&messages);
     Built {
@@ -141,6 +153,24 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["root", "new"]
         );
+    }
+
+    #[test]
+    fn the_request_is_kept_even_when_a_huge_reply_follows_it() {
+        let t = vec![
+            msg("1.000000", "root"),
+            msg("2.000000", "question?"),
+            msg("3.000000", &"log ".repeat(500)),
+            msg("4.000000", "short"),
+        ];
+        let b = build(&t, "2.000000", limits());
+        let texts: Vec<&str> = b.messages.iter().map(|m| m.text.as_str()).collect();
+        assert_eq!(
+            texts,
+            ["root", "question?", "short"],
+            "the oversized paste is skipped, not a stop"
+        );
+        assert_eq!(b.omitted, 1);
     }
 
     #[test]

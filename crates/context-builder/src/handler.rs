@@ -14,6 +14,7 @@ use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::secrets::{Sealed, TokenCipher, token_aad};
 use threadline_runtime::worker::Disposition;
 use threadline_slack::WebClient;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::backfill::{self, BackfillLimits, Completeness};
@@ -72,8 +73,7 @@ impl Handler {
             return Disposition::Poison("EventAccepted without a receipt id".into());
         };
         let span = tracing::info_span!("context.build", event_id = %ev.event_id, receipt_id = %receipt, outcome = tracing::field::Empty);
-        let _g = span.enter();
-        match self.process(&ev, receipt).await {
+        match self.process(&ev, receipt).instrument(span.clone()).await {
             Ok(Step::Done) => {
                 span.record("outcome", "context");
                 Disposition::Done
@@ -85,7 +85,7 @@ impl Handler {
                 Disposition::Done
             }
             Err(e) => {
-                tracing::warn!(error = format!("{e:#}"), "event handling failed; retrying");
+                tracing::warn!(parent: &span, error = format!("{e:#}"), "event handling failed; retrying");
                 Disposition::Retry(DB_RETRY)
             }
         }

@@ -16,6 +16,7 @@ use threadline_proto::v1::{ContextReady, ProposalReady, SCHEMA_VERSION};
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::killswitch::{self, FEATURE_REPLIES};
 use threadline_runtime::worker::Disposition;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::decisions::{self, Claim, Settled};
@@ -76,11 +77,14 @@ impl Handler {
             return Disposition::Poison("ContextReady without ids".into());
         };
         let span = tracing::info_span!("inference.decide", event_id = %ctx.event_id, receipt_id = %receipt, version = ctx.thread_version);
-        let _g = span.enter();
-        match self.process(&ctx, receipt, inst).await {
+        match self
+            .process(&ctx, receipt, inst)
+            .instrument(span.clone())
+            .await
+        {
             Ok(d) => d,
             Err(e) => {
-                tracing::warn!(error = format!("{e:#}"), "inference failed; retrying");
+                tracing::warn!(parent: &span, error = format!("{e:#}"), "inference failed; retrying");
                 Disposition::Retry(Duration::from_secs(5))
             }
         }
@@ -107,7 +111,7 @@ impl Handler {
         .await?
         {
             Claim::Mine(id) => id,
-            Claim::Busy => return Ok(Disposition::Retry(Duration::from_secs(10))),
+            Claim::Busy => return Ok(Disposition::Defer(Duration::from_secs(10))),
             Claim::Settled(id, status) => {
                 // A redelivery: never a second model call for this binding.
                 if status == "proposed" {
@@ -186,7 +190,21 @@ impl Handler {
             body_text: Some(&reply.text),
             body_blocks: Some(&reply.blocks),
         };
-        if !decisions::settle(&self.pool, id, &settled).await? {
+        // The model has answered: try hard to record it, so that the lease
+        // does not run out and another worker call the model again.
+        let mut attempt = 0;
+        let stored = loop {
+            attempt += 1;
+            match decisions::settle(&self.pool, id, &settled).await {
+                Ok(stored) => break stored,
+                Err(e) if attempt < 5 => {
+                    tracing::warn!(error = %e, attempt, "recording the decision failed; trying again");
+                    tokio::time::sleep(Duration::from_millis(500 * attempt)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if !stored {
             // Our lease ran out and another worker settled it.
             return Ok(Disposition::Done);
         }
@@ -285,7 +303,7 @@ impl Handler {
     /// decision row, never from model output.
     pub async fn publish(&self, id: Uuid) -> anyhow::Result<()> {
         let d = decisions::load(&self.pool, id).await?;
-        publish_proposal(&self.js, &self.topology, d).await
+        publish_proposal(&self.js, &self.topology, d, None).await
     }
 }
 
@@ -313,11 +331,14 @@ pub fn proposal_message(d: decisions::Stored) -> ProposalReady {
     }
 }
 
-/// Publishes a decision as `ProposalReady` (`Nats-Msg-Id: prop:<decision>`).
+/// Publishes a decision as `ProposalReady` (`Nats-Msg-Id: prop:<decision>`,
+/// plus `:<resend>` when an operator hands it over again on purpose, so the
+/// stream's duplicate window does not drop it).
 pub async fn publish_proposal(
     js: &jetstream::Context,
     topology: &Topology,
     d: decisions::Stored,
+    resend: Option<&str>,
 ) -> anyhow::Result<()> {
     let id = d.id;
     let msg = proposal_message(d);
@@ -326,7 +347,10 @@ pub async fn publish_proposal(
     let publish = PublishMessage::build()
         .payload(Bytes::from(msg.encode_to_vec()))
         .headers(headers)
-        .message_id(format!("prop:{id}"));
+        .message_id(match resend {
+            Some(r) => format!("prop:{id}:{r}"),
+            None => format!("prop:{id}"),
+        });
     js.send_publish(topology.subject(Topic::Proposals), publish)
         .await?
         .await?;

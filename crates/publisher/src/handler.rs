@@ -15,6 +15,7 @@ use threadline_runtime::killswitch::{self, FEATURE_REPLIES};
 use threadline_runtime::secrets::{Sealed, TokenCipher, token_aad};
 use threadline_runtime::worker::Disposition;
 use threadline_slack::{WebClient, WebError};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::intents::{self, Proposal, Verdict};
@@ -75,11 +76,14 @@ impl Handler {
             return Disposition::Poison("ProposalReady without ids".into());
         };
         let span = tracing::info_span!("publisher.publish", event_id = %p.event_id, decision_id = %decision, version = p.thread_version);
-        let _g = span.enter();
-        match self.process(&p, inst, receipt, decision).await {
+        match self
+            .process(&p, inst, receipt, decision)
+            .instrument(span.clone())
+            .await
+        {
             Ok(d) => d,
             Err(e) => {
-                tracing::warn!(error = format!("{e:#}"), "publishing failed; retrying");
+                tracing::warn!(parent: &span, error = format!("{e:#}"), "publishing failed; retrying");
                 Disposition::Retry(Duration::from_secs(5))
             }
         }
@@ -123,6 +127,15 @@ impl Handler {
                 return Ok(Disposition::Done);
             }
         }
+        let bot = self.bot(inst).await?;
+        // An earlier attempt whose outcome is unknown is settled first, from
+        // evidence, whatever else changed since: reading is not posting.
+        if let (Some(id), Some(bot)) = (
+            intents::unsettled(&self.pool, inst, &p.event_id, &p.action_kind).await?,
+            &bot,
+        ) {
+            return self.reconcile(id, p, inst, bot).await;
+        }
         if let Some(switch) = killswitch::engaged(&self.pool, inst, FEATURE_REPLIES).await? {
             metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "publisher")
                 .increment(1);
@@ -130,7 +143,7 @@ impl Handler {
             tracing::warn!(switch = %switch, "kill switch engaged; nothing posted");
             return Ok(Disposition::Done);
         }
-        let Some(bot) = self.bot(inst).await? else {
+        let Some(bot) = bot else {
             intents::set_decision(
                 &self.pool,
                 decision,
@@ -156,7 +169,7 @@ impl Handler {
         if let Some(wait) =
             intents::reserve_slot(&self.pool, inst, &p.channel_id, self.post_spacing).await?
         {
-            return Ok(Disposition::Retry(Duration::from_secs_f64(
+            return Ok(Disposition::Defer(Duration::from_secs_f64(
                 jitter(wait, &decision).min(900.0),
             )));
         }
@@ -165,7 +178,7 @@ impl Handler {
             Verdict::Claimed(id) => id,
             Verdict::AlreadySent | Verdict::Closed => return Ok(Disposition::Done),
             Verdict::NotNow(wait) => {
-                return Ok(Disposition::Retry(Duration::from_secs_f64(
+                return Ok(Disposition::Defer(Duration::from_secs_f64(
                     wait.clamp(0.5, 900.0),
                 )));
             }
@@ -253,7 +266,7 @@ impl Handler {
                     Some(wait),
                 )
                 .await?;
-                Ok(Disposition::Retry(Duration::from_secs_f64(wait)))
+                Ok(Disposition::Defer(Duration::from_secs_f64(wait)))
             }
             Err(WebError::Transport(kind)) if kind == "connect" => {
                 // The request never left: safe to try again.
@@ -265,7 +278,7 @@ impl Handler {
                     Some(2.0),
                 )
                 .await?;
-                Ok(Disposition::Retry(Duration::from_secs(2)))
+                Ok(Disposition::Defer(Duration::from_secs(2)))
             }
             Err(WebError::Api { code }) if PERMANENT.contains(&code.as_str()) => {
                 let code: &'static str = PERMANENT
@@ -293,7 +306,7 @@ impl Handler {
                 metrics::counter!("threadline_reply_intents_total", "state" => "unknown")
                     .increment(1);
                 tracing::warn!(code, "post outcome unknown; reconciling");
-                Ok(Disposition::Retry(Duration::from_secs(1)))
+                Ok(Disposition::Defer(Duration::from_secs(1)))
             }
         }
     }
@@ -323,8 +336,8 @@ impl Handler {
         .await?
         {
             Found::Sent(_) | Found::Held(_) => Ok(Disposition::Done),
-            Found::Repost => Ok(Disposition::Retry(Duration::from_secs(1))),
-            Found::Again => Ok(Disposition::Retry(Duration::from_secs_f64(
+            Found::Repost => Ok(Disposition::Defer(Duration::from_secs(1))),
+            Found::Again => Ok(Disposition::Defer(Duration::from_secs_f64(
                 (self.evidence.window_secs / self.evidence.reads.max(1) as f64).clamp(0.5, 60.0),
             ))),
         }

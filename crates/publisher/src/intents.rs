@@ -38,8 +38,39 @@ pub struct Proposal<'a> {
 }
 
 /// A `sending` intent older than this is treated as unknown (its worker
-/// died between Slack's answer and recording it).
-pub const SENDING_STALE_SECS: f64 = 60.0;
+/// died between Slack's answer and recording it). Longer than the longest
+/// allowed Slack timeout, so a post still in flight is never taken for dead.
+pub const SENDING_STALE_SECS: f64 = 300.0;
+
+/// An earlier attempt of this intent whose outcome is not known: `unknown`,
+/// `reconciling`, or `sending` for longer than a post can take.
+pub async fn unsettled(
+    pool: &PgPool,
+    installation: Uuid,
+    event_id: &str,
+    action_kind: &str,
+) -> sqlx::Result<Option<Uuid>> {
+    let row: Option<(Uuid, String, Option<f64>)> = sqlx::query_as(
+        "SELECT id, state, extract(epoch FROM now() - sending_since)::float8
+           FROM reply_intents WHERE installation_id = $1 AND event_id = $2 AND action_kind = $3",
+    )
+    .bind(installation)
+    .bind(event_id)
+    .bind(action_kind)
+    .fetch_optional(pool)
+    .await?;
+    Ok(match row {
+        Some((id, state, _)) if state == "unknown" || state == "reconciling" => Some(id),
+        Some((id, state, Some(age))) if state == "sending" && age > SENDING_STALE_SECS => {
+            sqlx::query("UPDATE reply_intents SET state = 'unknown', unknown_since = now(), updated_at = now() WHERE id = $1 AND state = 'sending'")
+                .bind(id)
+                .execute(pool)
+                .await?;
+            Some(id)
+        }
+        _ => None,
+    })
+}
 
 /// The checks of DESIGN §5 and the claim of §6, in one short transaction.
 pub async fn check_and_claim(pool: &PgPool, p: &Proposal<'_>) -> sqlx::Result<Verdict> {
@@ -112,12 +143,15 @@ pub async fn check_and_claim(pool: &PgPool, p: &Proposal<'_>) -> sqlx::Result<Ve
     if newer_trigger {
         return Ok(Verdict::Superseded);
     }
-    // Something newer in the thread is accepted but not yet processed.
+    // Anything else in the thread accepted but not yet processed (an edit
+    // that arrived before the trigger counts too). A receipt untouched for
+    // ten minutes is not waited for: its worker is gone, and an answer must
+    // not hang on it forever.
     let pending_newer: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM event_receipts r
                          WHERE r.installation_id = $1 AND r.channel_id = $2 AND r.thread_ts = $3
                            AND r.state IN ('accepted', 'processing') AND r.id <> $4
-                           AND r.received_at > (SELECT received_at FROM event_receipts WHERE id = $4))",
+                           AND r.updated_at > now() - interval '10 minutes')",
     )
     .bind(p.installation)
     .bind(p.channel)

@@ -197,7 +197,9 @@ impl Env {
         for attempt in 1..=12 {
             match h.handle(payload).await {
                 Disposition::Done => return attempt,
-                Disposition::Retry(d) => tokio::time::sleep(d.min(Duration::from_secs(3))).await,
+                Disposition::Retry(d) | Disposition::Defer(d) => {
+                    tokio::time::sleep(d.min(Duration::from_secs(3))).await
+                }
                 Disposition::Poison(why) => panic!("poison: {why}"),
             }
         }
@@ -514,8 +516,8 @@ async fn a_newer_unprocessed_event_in_the_thread_makes_the_publisher_wait_not_gi
         .execute(&env.db.pool).await.expect("receipt");
     let h = env.handler(&[]);
     assert!(
-        matches!(h.handle(&payload).await, Disposition::Retry(_)),
-        "not stale: wait"
+        matches!(h.handle(&payload).await, Disposition::Defer(_)),
+        "not stale: wait, without spending a delivery"
     );
     assert_eq!(env.app_posts().await, 0);
     // It turns out to change nothing (an unchanged edit): the answer goes out.
@@ -524,5 +526,27 @@ async fn a_newer_unprocessed_event_in_the_thread_makes_the_publisher_wait_not_gi
     env.until_done(&h, &payload).await;
     assert_eq!(env.app_posts().await, 1);
     assert_eq!(env.decision(decision).await.0, "published");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_is_still_reconciled_after_a_kill_switch_is_engaged() {
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Landed before the switch.").await;
+    env.fault(json!({"method": "chat.postMessage", "mode": "lost_response", "latency_ms": 3000}))
+        .await;
+    let h = env.handler(&[]);
+    assert!(
+        matches!(h.handle(&payload).await, Disposition::Defer(_)),
+        "outcome unknown"
+    );
+    threadline_runtime::killswitch::set(&env.db.pool, "global", "", true, Some("incident"), "ops")
+        .await
+        .expect("engage");
+    env.until_done(&h, &payload).await;
+    // Reading is not posting: the landed reply is recorded, nothing more is posted.
+    assert_eq!(env.intent().await, ("sent".into(), true, None));
+    assert_eq!(env.decision(decision).await.0, "published");
+    assert_eq!(env.app_posts().await, 1);
     env.cleanup().await;
 }

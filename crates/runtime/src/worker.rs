@@ -20,11 +20,20 @@ use crate::shutdown::CancellationToken;
 #[derive(Debug)]
 pub enum Disposition {
     Done,
-    /// Try again after the delay (a dependency was unavailable).
+    /// Try again after the delay (a dependency was unavailable). Counts
+    /// against the consumer's delivery limit.
     Retry(Duration),
+    /// Not an error, just not yet (a post slot, another worker's lease, a
+    /// reconciliation read): the worker keeps the message (in-progress acks)
+    /// and runs the handler again after the delay, without spending a
+    /// delivery. Bounded by [`MAX_DEFER`], after which it becomes a retry.
     /// Never going to work (undecodable, contract violation): dead-letter it.
     Poison(String),
+    Defer(Duration),
 }
+
+/// Longest a message is held through `Defer`s before it is nak'ed.
+pub const MAX_DEFER: Duration = Duration::from_secs(15 * 60);
 
 /// How often a running handler extends its ack deadline.
 const PROGRESS_EVERY: Duration = Duration::from_secs(20);
@@ -102,20 +111,29 @@ where
             }
         }
     });
-    let outcome = handler(msg.clone()).instrument(span.clone()).await;
+    let started = tokio::time::Instant::now();
+    let outcome = loop {
+        match handler(msg.clone()).instrument(span.clone()).await {
+            Disposition::Defer(d) if started.elapsed() + d <= MAX_DEFER => {
+                tokio::time::sleep(d.max(Duration::from_millis(50))).await;
+            }
+            Disposition::Defer(d) => break Disposition::Retry(d),
+            other => break other,
+        }
+    };
     progress_stop.cancel();
     let _ = progress.await;
     // max_deliver is BACKOFF.len() + 1: this is the last delivery.
     let last_try = delivered > BACKOFF.len() as i64;
-    let _enter = span.enter();
     let result = match outcome {
         Disposition::Done => msg.double_ack().await,
+        Disposition::Defer(_) => unreachable!("a defer is retried or turned into a retry above"),
         Disposition::Retry(delay) if !last_try => msg.ack_with(AckKind::Nak(Some(delay))).await,
         Disposition::Retry(_) => dead_letter(js, dlq, &msg, "retries exhausted").await,
         Disposition::Poison(reason) => dead_letter(js, dlq, &msg, &reason).await,
     };
     if let Err(e) = result {
-        tracing::warn!(error = %e, "acknowledging a message failed; it will be redelivered");
+        tracing::warn!(parent: &span, error = %e, "acknowledging a message failed; it will be redelivered");
     }
 }
 
