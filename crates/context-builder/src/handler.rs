@@ -126,6 +126,11 @@ impl Handler {
         let channel = ev.channel_id.as_str();
         let policy = store::policy(&self.pool, &inst, channel).await?;
         let c = classify::classify(&event, &inst.identity, &policy);
+        let c = classify::apply_channel_policy(
+            c,
+            classify::ChannelFacts::of(&event, ev.is_ext_shared_channel),
+            &policy,
+        );
 
         let mut tx = self.pool.begin().await?;
         store::apply(&mut tx, inst.id, channel, &c.effect).await?;

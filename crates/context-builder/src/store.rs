@@ -21,6 +21,8 @@ pub struct Installation {
     pub dms_allowed: bool,
     pub approved_bots: Vec<String>,
     pub non_marketplace: bool,
+    pub private_allowed: bool,
+    pub shared_allowed: bool,
 }
 
 type InstallationRow = (
@@ -34,12 +36,14 @@ type InstallationRow = (
     Option<bool>,
     Option<Vec<String>>,
     Option<String>,
+    Option<bool>,
+    Option<bool>,
 );
 
 pub async fn installation(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Installation>> {
     let row: Option<InstallationRow> = sqlx::query_as(
         "SELECT i.id, i.app_id, i.bot_id, i.bot_user_id, i.status, i.bot_token_sealed, i.bot_token_key_id,
-                p.dms_allowed, p.approved_bots, p.read_limits
+                p.dms_allowed, p.approved_bots, p.read_limits, p.private_channels_allowed, p.shared_channels_allowed
            FROM installations i LEFT JOIN installation_policies p ON p.installation_id = i.id
           WHERE i.id = $1",
     )
@@ -47,7 +51,20 @@ pub async fn installation(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Instal
     .fetch_optional(pool)
     .await?;
     Ok(row.map(
-        |(id, app_id, bot_id, bot_user_id, status, sealed, key_id, dms, bots, limits)| {
+        |(
+            id,
+            app_id,
+            bot_id,
+            bot_user_id,
+            status,
+            sealed,
+            key_id,
+            dms,
+            bots,
+            limits,
+            private,
+            shared,
+        )| {
             Installation {
                 id,
                 identity: BotIdentity {
@@ -61,6 +78,8 @@ pub async fn installation(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Instal
                 dms_allowed: dms.unwrap_or(false),
                 approved_bots: bots.unwrap_or_default(),
                 non_marketplace: limits.as_deref() == Some("non_marketplace"),
+                private_allowed: private.unwrap_or(false),
+                shared_allowed: shared.unwrap_or(false),
             }
         },
     ))
@@ -86,6 +105,8 @@ pub async fn policy(
         dms_allowed: inst.dms_allowed,
         channel_mode,
         approved_bots: inst.approved_bots.clone(),
+        private_allowed: inst.private_allowed,
+        shared_allowed: inst.shared_allowed,
     })
 }
 

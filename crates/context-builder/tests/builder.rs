@@ -770,3 +770,44 @@ async fn uninstalling_or_revoking_disables_the_installation_and_purges_its_token
     assert!(env.contexts().await.is_empty());
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_connect_channels_are_recorded_but_never_answered_until_allowed() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let shared = |(id, payload): (Uuid, Vec<u8>)| {
+        let mut m = EventAccepted::decode(payload.as_slice()).expect("decode");
+        m.is_ext_shared_channel = true;
+        (id, m.encode_to_vec())
+    };
+    let (r, payload) = shared(env.receipt("Ev1", mention("950.000001", None)).await);
+    env.handler.handle(&payload).await;
+    assert_eq!(
+        env.state(r).await,
+        ("ignored".into(), Some("shared_channel_denied".into()))
+    );
+    assert!(env.contexts().await.is_empty());
+    assert_eq!(
+        env.version("950.000001").await,
+        1,
+        "the message is still part of the thread"
+    );
+    sqlx::query("INSERT INTO installation_policies (installation_id, shared_channels_allowed) VALUES ($1, true)")
+        .bind(env.inst)
+        .execute(&env.db.pool)
+        .await
+        .expect("allow");
+    let (r, payload) = shared(
+        env.receipt("Ev2", mention("950.000002", Some("950.000001")))
+            .await,
+    );
+    env.handler.handle(&payload).await;
+    assert_eq!(env.state(r).await.0, "done");
+    assert_eq!(env.contexts().await.len(), 1);
+    env.cleanup().await;
+}

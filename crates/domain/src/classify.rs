@@ -39,6 +39,10 @@ pub struct TriggerPolicy {
     pub channel_mode: ChannelMode,
     /// Bots whose messages are treated as input (by `bot_id`).
     pub approved_bots: Vec<String>,
+    /// Private channels (and multi-person DMs) may trigger.
+    pub private_allowed: bool,
+    /// Slack Connect channels (`is_ext_shared_channel`) may trigger.
+    pub shared_allowed: bool,
 }
 
 /// Why a message asks for a reply.
@@ -83,6 +87,10 @@ pub enum IgnoreReason {
     StateChange,
     /// A subtype or event type threadline does not act on.
     UnhandledType,
+    /// A private channel while private channels are not allowed.
+    PrivateChannelDenied,
+    /// A Slack Connect channel while shared channels are not allowed.
+    SharedChannelDenied,
 }
 
 impl IgnoreReason {
@@ -97,6 +105,8 @@ impl IgnoreReason {
             Self::EditWithoutTextChange => "edit_without_text_change",
             Self::StateChange => "state_change",
             Self::UnhandledType => "unhandled_type",
+            Self::PrivateChannelDenied => "private_channel_denied",
+            Self::SharedChannelDenied => "shared_channel_denied",
         }
     }
 }
@@ -357,6 +367,52 @@ pub fn classify(event: &Value, me: &BotIdentity, policy: &TriggerPolicy) -> Clas
     }
 }
 
+/// Where the event happened, as far as the envelope says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChannelFacts {
+    /// The envelope's `is_ext_shared_channel`.
+    pub ext_shared: bool,
+    /// A private channel or multi-person DM: `channel_type` `group`/`mpim`,
+    /// or a `G…` channel id when the event has no `channel_type`.
+    pub private: bool,
+}
+
+impl ChannelFacts {
+    pub fn of(event: &Value, ext_shared: bool) -> Self {
+        let private = match s(event, "channel_type") {
+            Some(t) => t == "group" || t == "mpim",
+            None => s(event, "channel").is_some_and(|c| c.starts_with('G')),
+        };
+        Self {
+            ext_shared,
+            private,
+        }
+    }
+}
+
+/// The channel policy on top of a classification: a trigger in a denied
+/// kind of channel is still recorded as a thread change, but never answered.
+pub fn apply_channel_policy(
+    c: Classification,
+    facts: ChannelFacts,
+    policy: &TriggerPolicy,
+) -> Classification {
+    let deny = if facts.ext_shared && !policy.shared_allowed {
+        Some(IgnoreReason::SharedChannelDenied)
+    } else if facts.private && !policy.private_allowed {
+        Some(IgnoreReason::PrivateChannelDenied)
+    } else {
+        None
+    };
+    match (c.outcome, deny) {
+        (Outcome::Trigger(_), Some(reason)) => Classification {
+            effect: c.effect,
+            outcome: Outcome::Ignore(reason),
+        },
+        _ => c,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -610,6 +666,49 @@ mod tests {
         assert_eq!(
             classify(&files_only, &me, &every).outcome,
             Outcome::Trigger(TriggerSource::EveryMessage)
+        );
+    }
+
+    #[test]
+    fn private_and_shared_channels_are_denied_until_allowed() {
+        let mention = fixture_event("app_mention.bolt-python.json");
+        let c = classify(&mention, &me(), &policy());
+        assert_eq!(c.outcome, Outcome::Trigger(TriggerSource::Mention));
+        let shared = ChannelFacts::of(&mention, true);
+        let denied = apply_channel_policy(c.clone(), shared, &policy());
+        assert_eq!(
+            denied.outcome,
+            Outcome::Ignore(IgnoreReason::SharedChannelDenied)
+        );
+        assert!(matches!(denied.effect, Effect::Upsert(_)), "still recorded");
+        let allowed = TriggerPolicy {
+            shared_allowed: true,
+            ..policy()
+        };
+        assert_eq!(
+            apply_channel_policy(c.clone(), shared, &allowed).outcome,
+            c.outcome
+        );
+        // channel_type "group" (the slack-morphism fixture) is private.
+        let private =
+            ChannelFacts::of(&fixture_event("message_changed.slack-morphism.json"), false);
+        assert!(private.private);
+        assert_eq!(
+            apply_channel_policy(c.clone(), private, &policy()).outcome,
+            Outcome::Ignore(IgnoreReason::PrivateChannelDenied)
+        );
+        let g = ChannelFacts::of(&json!({"type": "app_mention", "channel": "G123"}), false);
+        assert!(g.private);
+        assert!(!ChannelFacts::of(&mention, false).private);
+        // Ignores stay ignores.
+        let plain = classify(
+            &fixture_event("message_bot_message.bolt-python.json"),
+            &me(),
+            &policy(),
+        );
+        assert_eq!(
+            apply_channel_policy(plain.clone(), shared, &policy()),
+            plain
         );
     }
 
