@@ -7,7 +7,8 @@ use sqlx::PgPool;
 use threadline_domain::{AppId, BotId, EnterpriseId, TeamId, UserId};
 
 use threadline_runtime::config::Source;
-use threadline_runtime::secrets::{TokenCipher, token_aad};
+use threadline_runtime::installations::Registration;
+use threadline_runtime::secrets::TokenCipher;
 use uuid::Uuid;
 
 #[derive(Subcommand)]
@@ -76,33 +77,25 @@ pub async fn run(cmd: InstallCommand, src: &Source, pool: &PgPool) -> anyhow::Re
                 anyhow::bail!("--token must be a bot token (xoxb-…)");
             }
             let cipher = TokenCipher::from_source(src)?;
-            // Registration and its token commit together: never an active
-            // installation without a token.
-            let mut tx = pool.begin().await?;
-            let id = upsert(
-                &mut tx,
-                &app,
-                team.as_ref(),
-                enterprise.as_ref(),
-                org_wide,
-                &bot_user,
-                &bot_id,
-                &scopes,
+            let token = secrecy::SecretString::from(token);
+            let (id, key_id) = threadline_runtime::installations::register(
+                pool,
+                &cipher,
+                &Registration {
+                    app_id: app.as_str(),
+                    team_id: team.as_ref().map(|t| t.as_str()),
+                    enterprise_id: enterprise.as_ref().map(|e| e.as_str()),
+                    org_wide,
+                    bot_user_id: bot_user.as_str(),
+                    bot_id: bot_id.as_str(),
+                    scopes: &scopes,
+                    bot_token: &token,
+                    refresh_token: None,
+                    expires_in: None,
+                },
             )
             .await?;
-            let sealed = cipher.seal(token.as_bytes(), &token_aad(&id, "bot"))?;
-            sqlx::query("UPDATE installations SET bot_token_sealed = $2, bot_token_key_id = $3, updated_at = now() WHERE id = $1")
-                .bind(id)
-                .bind(&sealed.bytes)
-                .bind(&sealed.key_id)
-                .execute(&mut *tx)
-                .await
-                .context("storing the sealed token")?;
-            tx.commit().await.context("committing the installation")?;
-            println!(
-                "installation {id} active (app {app}, key {})",
-                sealed.key_id
-            );
+            println!("installation {id} active (app {app}, key {key_id})");
         }
         InstallCommand::List => {
             let list: Vec<InstallationRow> = sqlx::query_as(
@@ -128,47 +121,4 @@ struct InstallationRow {
     org_wide: bool,
     status: String,
     token_key_id: Option<String>,
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn upsert(
-    conn: &mut sqlx::PgConnection,
-    app: &AppId,
-    team: Option<&TeamId>,
-    enterprise: Option<&EnterpriseId>,
-    org_wide: bool,
-    bot_user: &UserId,
-    bot_id: &BotId,
-    scopes: &[String],
-) -> anyhow::Result<Uuid> {
-    macro_rules! upsert_sql {
-        ($conflict:literal) => {
-            concat!(
-                "INSERT INTO installations (id, app_id, enterprise_id, team_id, is_enterprise_install, bot_user_id, bot_id, scopes)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                 ON CONFLICT ", $conflict, " DO UPDATE
-                    SET enterprise_id = EXCLUDED.enterprise_id, bot_user_id = EXCLUDED.bot_user_id,
-                        bot_id = EXCLUDED.bot_id, scopes = EXCLUDED.scopes, status = 'active',
-                        disabled_reason = NULL, updated_at = now()
-                 RETURNING id"
-            )
-        };
-    }
-    let sql: &'static str = if org_wide {
-        upsert_sql!("(app_id, enterprise_id) WHERE is_enterprise_install")
-    } else {
-        upsert_sql!("(app_id, team_id) WHERE NOT is_enterprise_install")
-    };
-    sqlx::query_scalar(sql)
-        .bind(Uuid::now_v7())
-        .bind(app.as_str())
-        .bind(enterprise.map(|e| e.as_str()))
-        .bind(team.map(|t| t.as_str()))
-        .bind(org_wide)
-        .bind(bot_user.as_str())
-        .bind(bot_id.as_str())
-        .bind(scopes)
-        .fetch_one(conn)
-        .await
-        .context("registering the installation")
 }

@@ -44,6 +44,66 @@ pub struct GatewayConfig {
     /// `THREADLINE_RELAY_SWEEP_MS`, default 1000: periodic sweep in case a
     /// notification was missed.
     pub relay_sweep: Duration,
+    /// The OAuth install flow, on when `SLACK_CLIENT_ID` is set.
+    pub oauth: Option<std::sync::Arc<OAuthSettings>>,
+}
+
+/// `SLACK_CLIENT_ID`, `SLACK_CLIENT_SECRET`, `THREADLINE_OAUTH_REDIRECT_URL`
+/// (this gateway's public `/slack/oauth/callback`), `THREADLINE_TOKEN_KEYS`;
+/// optional `SLACK_AUTHORIZE_URL` (default Slack's consent page),
+/// `THREADLINE_BOT_SCOPES` (default least privilege) and
+/// `THREADLINE_OAUTH_STATE_TTL_MS` (default 10 minutes).
+#[derive(Debug)]
+pub struct OAuthSettings {
+    pub client_id: String,
+    pub client_secret: secrecy::SecretString,
+    pub redirect_url: String,
+    pub authorize_url: String,
+    pub scopes: String,
+    pub state_ttl: Duration,
+    pub cipher: threadline_runtime::secrets::TokenCipher,
+}
+
+impl OAuthSettings {
+    fn from_source(src: &Source) -> Result<Option<Self>, ConfigError> {
+        let Some(client_id) = src.get("SLACK_CLIENT_ID") else {
+            return Ok(None);
+        };
+        let scopes = src.string("THREADLINE_BOT_SCOPES", crate::oauth::DEFAULT_BOT_SCOPES);
+        if scopes
+            .split(',')
+            .any(|s| s.trim().is_empty() || s.contains(char::is_whitespace))
+        {
+            return Err(ConfigError::Invalid {
+                key: "THREADLINE_BOT_SCOPES".into(),
+                message: "expected comma-separated scopes".into(),
+            });
+        }
+        Ok(Some(Self {
+            client_id: client_id.to_owned(),
+            client_secret: src
+                .secret("SLACK_CLIENT_SECRET")?
+                .ok_or(ConfigError::Missing {
+                    key: "SLACK_CLIENT_SECRET".into(),
+                })?,
+            redirect_url: src
+                .url("THREADLINE_OAUTH_REDIRECT_URL", "", &["http", "https"])
+                .map_err(|_| ConfigError::Invalid {
+                    key: "THREADLINE_OAUTH_REDIRECT_URL".into(),
+                    message:
+                        "the public URL of /slack/oauth/callback is required with SLACK_CLIENT_ID"
+                            .into(),
+                })?,
+            authorize_url: src.url(
+                "SLACK_AUTHORIZE_URL",
+                "https://slack.com/oauth/v2/authorize",
+                &["http", "https"],
+            )?,
+            scopes,
+            state_ttl: src.millis("THREADLINE_OAUTH_STATE_TTL_MS", 600_000, 1_000..=3_600_000)?,
+            cipher: threadline_runtime::secrets::TokenCipher::from_source(src)?,
+        }))
+    }
 }
 
 impl GatewayConfig {
@@ -84,6 +144,7 @@ impl GatewayConfig {
             relay_enabled: src.flag("THREADLINE_RELAY_ENABLED", true)?,
             relay_batch: src.bounded("THREADLINE_RELAY_BATCH", 256, 1..=10_000)? as i64,
             relay_sweep: src.millis("THREADLINE_RELAY_SWEEP_MS", 1000, 10..=600_000)?,
+            oauth: OAuthSettings::from_source(src)?.map(std::sync::Arc::new),
         })
     }
 }

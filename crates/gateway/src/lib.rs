@@ -7,6 +7,7 @@ pub mod config;
 pub mod events;
 pub mod installations;
 pub mod intake;
+pub mod oauth;
 pub mod relay;
 
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use anyhow::Context as _;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::serve::ListenerExt as _;
 use sqlx::PgPool;
 use threadline_runtime::bus::Topology;
@@ -40,12 +41,34 @@ pub struct AppState {
     pub pool: PgPool,
 }
 
-/// The gateway's routes: Slack intake plus health, readiness and metrics.
-pub fn router(state: AppState, readiness: Readiness, max_body_bytes: usize) -> Router {
+/// The gateway's routes: Slack intake, the OAuth install flow (when
+/// configured), health, readiness and metrics.
+pub fn router(
+    state: AppState,
+    oauth: Option<oauth::OAuthState>,
+    readiness: Readiness,
+    max_body_bytes: usize,
+) -> Router {
+    let install = match oauth {
+        Some(o) => Router::new()
+            .route("/slack/install", get(oauth::install))
+            .route("/slack/oauth/callback", get(oauth::callback))
+            .with_state(o),
+        None => Router::new().route(
+            "/slack/install",
+            get(|| async {
+                (
+                    StatusCode::NOT_FOUND,
+                    "OAuth installs are not configured (set SLACK_CLIENT_ID)",
+                )
+            }),
+        ),
+    };
     Router::new()
         .route("/slack/events", post(events::slack_events))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
+        .merge(install)
         .merge(health::router(readiness))
         .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(10)))
         .layer(
@@ -98,7 +121,21 @@ pub async fn run(
     let readiness = Readiness::default()
         .postgres(pool.clone())
         .nats(nats.clone());
-    let app = router(state, readiness, cfg.max_body_bytes);
+    let oauth = match &cfg.oauth {
+        Some(o) => Some(oauth::OAuthState {
+            pool: pool.clone(),
+            oauth: Arc::new(oauth::OAuth {
+                settings: o.clone(),
+                web: threadline_slack::WebClient::new(
+                    &cfg.common.slack_api_url,
+                    Duration::from_secs(10),
+                )
+                .context("building the Slack client")?,
+            }),
+        }),
+        None => None,
+    };
+    let app = router(state, oauth, readiness, cfg.max_body_bytes);
     tracing::info!(addr = %listener.local_addr()?, relay = cfg.relay_enabled, "gateway listening");
     // Small request/response pairs: disable Nagle, or acks wait on delayed ACKs.
     let listener = listener.tap_io(|tcp| {

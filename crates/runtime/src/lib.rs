@@ -6,6 +6,7 @@ pub mod bus;
 pub mod config;
 pub mod db;
 pub mod health;
+pub mod installations;
 pub mod killswitch;
 pub mod secrets;
 pub mod service;

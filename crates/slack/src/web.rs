@@ -105,6 +105,33 @@ impl WebClient {
         }
     }
 
+    /// `oauth.v2.access`: exchanges a code (or, with `grant_type=refresh_token`,
+    /// a refresh token) using the app's client credentials.
+    pub async fn oauth_v2_access(&self, form: &[(&str, &str)]) -> Result<Value, WebError> {
+        let r = self
+            .http
+            .post(format!("{}oauth.v2.access", self.base))
+            .form(form)
+            .send()
+            .await
+            .map_err(|_| WebError::Transport("connection".into()))?;
+        let status = r.status().as_u16();
+        if !(200..300).contains(&status) {
+            return Err(WebError::Http(status));
+        }
+        let v: Value = r.json().await.map_err(|_| WebError::Decode)?;
+        match v.get("ok").and_then(Value::as_bool) {
+            Some(true) => Ok(v),
+            _ => Err(WebError::Api {
+                code: v
+                    .get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown_error")
+                    .to_owned(),
+            }),
+        }
+    }
+
     /// `chat.postMessage` into a thread, with message metadata. Never
     /// retried here: an unknown outcome must be reconciled first.
     pub async fn post_reply(

@@ -1,0 +1,272 @@
+//! Installing the app into a workspace: `GET /slack/install` starts Slack's
+//! OAuth flow with least-privilege bot scopes and a random `state` that is
+//! single use, expires, and is bound to the browser by a cookie;
+//! `GET /slack/oauth/callback` checks all of that, exchanges the code, and
+//! stores the installation with its tokens sealed.
+
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use secrecy::{ExposeSecret as _, SecretString};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use threadline_runtime::installations::{Registration, register};
+use threadline_slack::WebClient;
+
+use crate::config::OAuthSettings;
+
+/// Least privilege for what threadline does: read mentions and the threads
+/// it answers in, post replies.
+pub const DEFAULT_BOT_SCOPES: &str = "app_mentions:read,channels:history,chat:write";
+const COOKIE: &str = "tl_oauth_browser";
+
+pub struct OAuth {
+    pub settings: Arc<OAuthSettings>,
+    pub web: WebClient,
+}
+
+#[derive(Clone)]
+pub struct OAuthState {
+    pub pool: PgPool,
+    pub oauth: Arc<OAuth>,
+}
+
+fn digest(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+fn random() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+fn page(status: StatusCode, title: &str, body: &str) -> Response {
+    let html = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title></head>\
+         <body style=\"font-family: sans-serif; max-width: 40em; margin: 4em auto\"><h1>{title}</h1><p>{body}</p></body></html>"
+    );
+    (status, Html(html)).into_response()
+}
+
+pub async fn install(State(s): State<OAuthState>) -> Response {
+    let (state, browser) = (random(), random());
+    let r = sqlx::query(
+        "INSERT INTO oauth_states (state_hash, browser_hash, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3))",
+    )
+    .bind(digest(&state))
+    .bind(digest(&browser))
+    .bind(s.oauth.settings.state_ttl.as_secs_f64())
+    .execute(&s.pool)
+    .await;
+    if let Err(e) = r {
+        tracing::error!(error = %e, "could not start an installation");
+        return page(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Try again in a moment",
+            "threadline could not start the installation.",
+        );
+    }
+    let query = serde_urlencoded::to_string([
+        ("client_id", s.oauth.settings.client_id.as_str()),
+        ("scope", s.oauth.settings.scopes.as_str()),
+        ("state", state.as_str()),
+        ("redirect_uri", s.oauth.settings.redirect_url.as_str()),
+    ])
+    .unwrap_or_default();
+    let secure = if s.oauth.settings.redirect_url.starts_with("https://") {
+        "; Secure"
+    } else {
+        ""
+    };
+    let cookie = format!(
+        "{COOKIE}={browser}; HttpOnly; SameSite=Lax; Path=/slack/oauth; Max-Age={}{secure}",
+        s.oauth.settings.state_ttl.as_secs()
+    );
+    let mut resp = (StatusCode::FOUND, "").into_response();
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&format!("{}?{query}", s.oauth.settings.authorize_url)) {
+        h.insert(header::LOCATION, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        h.insert(header::SET_COOKIE, v);
+    }
+    resp
+}
+
+#[derive(Deserialize)]
+pub struct Callback {
+    code: Option<String>,
+    state: Option<String>,
+    error: Option<String>,
+}
+
+fn browser_cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v.to_owned())
+}
+
+const INVALID: &str = "This installation link is invalid, has expired or was already used. Start again from /slack/install.";
+
+pub async fn callback(
+    State(s): State<OAuthState>,
+    headers: HeaderMap,
+    Query(q): Query<Callback>,
+) -> Response {
+    if let Some(e) = q.error.filter(|e| !e.is_empty()) {
+        let e: String = e
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .take(64)
+            .collect();
+        metrics::counter!("threadline_oauth_callbacks_total", "result" => "declined").increment(1);
+        return page(
+            StatusCode::BAD_REQUEST,
+            "Installation cancelled",
+            &format!("Slack reported: {e}. Nothing was installed."),
+        );
+    }
+    let (Some(state), Some(code)) = (
+        q.state.filter(|s| !s.is_empty()),
+        q.code.filter(|c| !c.is_empty()),
+    ) else {
+        metrics::counter!("threadline_oauth_callbacks_total", "result" => "missing_state")
+            .increment(1);
+        return page(StatusCode::BAD_REQUEST, "Installation failed", INVALID);
+    };
+    let browser = browser_cookie(&headers).unwrap_or_default();
+    // Single use, unexpired, and from the browser that started it: one
+    // compare-and-set. A failure says nothing about which check failed.
+    let claimed = sqlx::query(
+        "UPDATE oauth_states SET used_at = now()
+          WHERE state_hash = $1 AND browser_hash = $2 AND used_at IS NULL AND expires_at > now()",
+    )
+    .bind(digest(&state))
+    .bind(digest(&browser))
+    .execute(&s.pool)
+    .await;
+    match claimed {
+        Ok(r) if r.rows_affected() == 1 => {}
+        Ok(_) => {
+            metrics::counter!("threadline_oauth_callbacks_total", "result" => "bad_state")
+                .increment(1);
+            tracing::warn!("OAuth callback with a missing, reused, expired or foreign state");
+            return page(StatusCode::BAD_REQUEST, "Installation failed", INVALID);
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "could not check the OAuth state");
+            return page(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Try again in a moment",
+                "threadline could not finish the installation.",
+            );
+        }
+    }
+    match finish(&s, &code).await {
+        Ok(team) => {
+            metrics::counter!("threadline_oauth_callbacks_total", "result" => "installed")
+                .increment(1);
+            page(
+                StatusCode::OK,
+                "threadline is installed",
+                &format!(
+                    "threadline can now answer in {team}. Mention it in a thread to ask for help."
+                ),
+            )
+        }
+        Err(e) => {
+            metrics::counter!("threadline_oauth_callbacks_total", "result" => "exchange_failed")
+                .increment(1);
+            tracing::warn!(error = format!("{e:#}"), "OAuth code exchange failed");
+            page(
+                StatusCode::BAD_GATEWAY,
+                "Installation failed",
+                "Slack did not confirm the installation. Start again from /slack/install.",
+            )
+        }
+    }
+}
+
+/// Exchanges the code, learns the bot id, stores the installation; returns
+/// the workspace's name for the success page.
+async fn finish(s: &OAuthState, code: &str) -> anyhow::Result<String> {
+    let o = &s.oauth;
+    let v = o
+        .web
+        .oauth_v2_access(&[
+            ("client_id", o.settings.client_id.as_str()),
+            ("client_secret", o.settings.client_secret.expose_secret()),
+            ("code", code),
+            ("redirect_uri", o.settings.redirect_url.as_str()),
+        ])
+        .await?;
+    let text = |p: &str| {
+        v.pointer(p)
+            .and_then(serde_json::Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    let token = SecretString::from(
+        text("/access_token")
+            .ok_or_else(|| anyhow::anyhow!("no access_token"))?
+            .to_owned(),
+    );
+    let org_wide = v
+        .get("is_enterprise_install")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
+    let app_id = threadline_domain::AppId::parse(text("/app_id").unwrap_or_default())?;
+    let team = text("/team/id")
+        .map(threadline_domain::TeamId::parse)
+        .transpose()?;
+    let enterprise = text("/enterprise/id")
+        .map(threadline_domain::EnterpriseId::parse)
+        .transpose()?;
+    let bot_user = threadline_domain::UserId::parse(text("/bot_user_id").unwrap_or_default())?;
+    // The exchange does not name the bot id: ask Slack who the token is.
+    let me = o.web.call("auth.test", token.expose_secret(), &[]).await?;
+    let bot_id = threadline_domain::BotId::parse(
+        me.get("bot_id")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default(),
+    )?;
+    let scopes: Vec<String> = text("/scope")
+        .unwrap_or("")
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let refresh = text("/refresh_token").map(|t| SecretString::from(t.to_owned()));
+    let (id, _) = register(
+        &s.pool,
+        &o.settings.cipher,
+        &Registration {
+            app_id: app_id.as_str(),
+            team_id: team.as_ref().map(|t| t.as_str()),
+            enterprise_id: enterprise.as_ref().map(|e| e.as_str()),
+            org_wide,
+            bot_user_id: bot_user.as_str(),
+            bot_id: bot_id.as_str(),
+            scopes: &scopes,
+            bot_token: &token,
+            refresh_token: refresh.as_ref(),
+            expires_in: v.get("expires_in").and_then(serde_json::Value::as_i64),
+        },
+    )
+    .await?;
+    tracing::info!(installation_id = %id, org_wide, "installation stored");
+    Ok(text("/team/name")
+        .or(text("/enterprise/name"))
+        .unwrap_or("your workspace")
+        .to_owned())
+}

@@ -1,0 +1,265 @@
+//! The OAuth install flow against slack-sim's consent page and
+//! `oauth.v2.access`, with a real database.
+
+use std::time::Duration;
+
+use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
+use serde_json::{Value, json};
+use threadline_gateway::GatewayConfig;
+use threadline_runtime::config::Source;
+use threadline_runtime::secrets::{Sealed, TokenCipher, token_aad};
+use threadline_runtime::shutdown::CancellationToken;
+use threadline_testkit::slack::TEST_SECRET;
+use threadline_testkit::{TestDb, eventually, nats_url, unique_prefix};
+
+struct Flow {
+    db: TestDb,
+    gw: String,
+    sim: String,
+    team: String,
+    keys: String,
+    http: reqwest::Client,
+    stop: CancellationToken,
+}
+
+impl Flow {
+    async fn new() -> Self {
+        let sim_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let sim = format!("http://{}", sim_listener.local_addr().expect("addr"));
+        tokio::spawn(threadline_slack_sim::run(
+            threadline_slack_sim::Sim::new(3),
+            sim_listener,
+            std::future::pending(),
+        ));
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("client");
+        let ctl = |path: &str, body: Value| {
+            let (http, url) = (http.clone(), format!("{sim}/_sim/{path}"));
+            async move {
+                http.post(url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("sim")
+                    .json::<Value>()
+                    .await
+                    .expect("json")
+            }
+        };
+        let team = ctl("teams", json!({"name": "Acme"})).await["id"]
+            .as_str()
+            .expect("team")
+            .to_owned();
+        let app = ctl("apps", json!({"name": "Threadline"})).await;
+        let db = TestDb::new().await;
+        let keys = TokenCipher::generate_entry("k1");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let gw = format!("http://{}", listener.local_addr().expect("addr"));
+        let src = Source::from_pairs([
+            ("DATABASE_URL", db.url.clone()),
+            ("NATS_URL", nats_url()),
+            ("THREADLINE_BUS_PREFIX", unique_prefix()),
+            ("SLACK_SIGNING_SECRET", TEST_SECRET.to_owned()),
+            ("SLACK_API_URL", format!("{sim}/api/")),
+            ("SLACK_AUTHORIZE_URL", format!("{sim}/oauth/v2/authorize")),
+            (
+                "SLACK_CLIENT_ID",
+                app["client_id"].as_str().expect("client id").to_owned(),
+            ),
+            (
+                "SLACK_CLIENT_SECRET",
+                app["client_secret"].as_str().expect("secret").to_owned(),
+            ),
+            (
+                "THREADLINE_OAUTH_REDIRECT_URL",
+                format!("{gw}/slack/oauth/callback"),
+            ),
+            ("THREADLINE_TOKEN_KEYS", keys.clone()),
+            ("THREADLINE_RELAY_ENABLED", "false".to_owned()),
+        ]);
+        let cfg = GatewayConfig::from_source(&src).expect("config");
+        let stop = CancellationToken::new();
+        tokio::spawn(threadline_gateway::run(cfg, listener, stop.clone()));
+        let f = Self {
+            db,
+            gw,
+            sim,
+            team,
+            keys,
+            http,
+            stop,
+        };
+        eventually("gateway", Duration::from_secs(10), || {
+            let (http, url) = (f.http.clone(), format!("{}/healthz", f.gw));
+            async move {
+                http.get(url)
+                    .send()
+                    .await
+                    .ok()
+                    .filter(|r| r.status().is_success())
+            }
+        })
+        .await;
+        f
+    }
+
+    /// `/slack/install` → (Slack's consent URL, the browser cookie).
+    async fn start(&self) -> (String, String) {
+        let r = self
+            .http
+            .get(format!("{}/slack/install", self.gw))
+            .send()
+            .await
+            .expect("install");
+        assert_eq!(r.status(), 302);
+        let location = r.headers()[LOCATION].to_str().expect("location").to_owned();
+        let cookie = r.headers()[SET_COOKIE]
+            .to_str()
+            .expect("cookie")
+            .split(';')
+            .next()
+            .expect("pair")
+            .to_owned();
+        assert!(
+            location.starts_with(&format!("{}/oauth/v2/authorize?", self.sim)),
+            "{location}"
+        );
+        assert!(
+            location.contains("scope=app_mentions%3Aread%2Cchannels%3Ahistory%2Cchat%3Awrite"),
+            "least privilege: {location}"
+        );
+        (location, cookie)
+    }
+
+    /// The person approves in the workspace: Slack redirects to the callback.
+    async fn approve(&self, consent: &str) -> String {
+        let r = self
+            .http
+            .get(format!("{consent}&team={}", self.team))
+            .send()
+            .await
+            .expect("consent");
+        assert_eq!(r.status(), 303);
+        r.headers()[LOCATION].to_str().expect("callback").to_owned()
+    }
+
+    async fn callback(&self, url: &str, cookie: &str) -> (u16, String) {
+        let r = self
+            .http
+            .get(url)
+            .header(COOKIE, cookie)
+            .send()
+            .await
+            .expect("callback");
+        (r.status().as_u16(), r.text().await.expect("page"))
+    }
+
+    async fn installations(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM installations")
+            .fetch_one(&self.db.pool)
+            .await
+            .expect("count")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_stores_the_workspace_with_its_token_sealed() {
+    let f = Flow::new().await;
+    let (consent, cookie) = f.start().await;
+    let callback = f.approve(&consent).await;
+    let (status, page) = f.callback(&callback, &cookie).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("threadline is installed") && page.contains("Acme"));
+    let (id, team, bot_id, scopes, sealed, key): (
+        uuid::Uuid,
+        String,
+        String,
+        Vec<String>,
+        Vec<u8>,
+        String,
+    ) = sqlx::query_as(
+        "SELECT id, team_id, bot_id, scopes, bot_token_sealed, bot_token_key_id FROM installations",
+    )
+    .fetch_one(&f.db.pool)
+    .await
+    .expect("installation");
+    assert_eq!(team, f.team);
+    assert!(bot_id.starts_with('B'));
+    assert_eq!(
+        scopes,
+        ["app_mentions:read", "channels:history", "chat:write"]
+    );
+    assert!(!sealed.windows(5).any(|w| w == b"xoxb-"), "stored sealed");
+    // The sealed token is the one Slack issued: it works.
+    let cipher = TokenCipher::parse(&f.keys.clone().into()).expect("keys");
+    let token = cipher
+        .open(
+            &Sealed {
+                key_id: key,
+                bytes: sealed,
+            },
+            &token_aad(&id, "bot"),
+        )
+        .expect("opens");
+    let me: Value = f
+        .http
+        .post(format!("{}/api/auth.test", f.sim))
+        .bearer_auth(secrecy::ExposeSecret::expose_secret(&token))
+        .send()
+        .await
+        .expect("auth.test")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(me["ok"], true);
+    // The same callback again: the state is single use.
+    let (status, page) = f.callback(&callback, &cookie).await;
+    assert_eq!(status, 400, "{page}");
+    // Reinstalling updates in place.
+    let (consent, cookie) = f.start().await;
+    let callback = f.approve(&consent).await;
+    assert_eq!(f.callback(&callback, &cookie).await.0, 200);
+    assert_eq!(f.installations().await, 1);
+    f.stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_expired_missing_and_declined_states_install_nothing() {
+    let f = Flow::new().await;
+    // Another browser's callback.
+    let (consent, _mine) = f.start().await;
+    let callback = f.approve(&consent).await;
+    let (_, other_cookie) = f.start().await;
+    assert_eq!(f.callback(&callback, &other_cookie).await.0, 400);
+    assert_eq!(f.callback(&callback, "").await.0, 400, "no cookie");
+    // Expired.
+    let (consent, cookie) = f.start().await;
+    let callback = f.approve(&consent).await;
+    sqlx::query("UPDATE oauth_states SET expires_at = now() - interval '1 second'")
+        .execute(&f.db.pool)
+        .await
+        .expect("expire");
+    assert_eq!(f.callback(&callback, &cookie).await.0, 400);
+    // Missing state, made-up state, and a person declining at Slack.
+    let base = format!("{}/slack/oauth/callback", f.gw);
+    assert_eq!(f.callback(&format!("{base}?code=x"), &cookie).await.0, 400);
+    assert_eq!(
+        f.callback(&format!("{base}?code=x&state=forged"), &cookie)
+            .await
+            .0,
+        400
+    );
+    let (status, page) = f
+        .callback(&format!("{base}?error=access_denied&state=x"), &cookie)
+        .await;
+    assert_eq!(status, 400);
+    assert!(page.contains("access_denied"));
+    assert_eq!(f.installations().await, 0);
+    f.stop.cancel();
+}
