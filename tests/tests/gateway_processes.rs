@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use serde_json::json;
+
 use async_nats::jetstream;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_testkit::slack::{TEST_SECRET, app_mention, deliver, seed_installation};
@@ -517,5 +519,139 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
     assert_eq!(
         secrecy::ExposeSecret::expose_secret(&token),
         "xoxb-rotate-me-123"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_commands_change_what_may_trigger() {
+    let db = TestDb::empty().await;
+    let env = vec![
+        ("DATABASE_URL", db.url.clone()),
+        ("THREADLINE_TOKEN_KEYS", "k1:".to_owned() + &"33".repeat(32)),
+    ];
+    assert!(cli(&["migrate"], &env).await.status.success());
+    let add = [
+        "install",
+        "add",
+        "--team",
+        "T0POL",
+        "--app",
+        "A0POL",
+        "--bot-user",
+        "U0B",
+        "--bot-id",
+        "B0B",
+        "--token",
+        "xoxb-p",
+    ];
+    assert!(cli(&add, &env).await.status.success());
+    let id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM installations")
+        .fetch_one(&db.pool)
+        .await
+        .expect("id");
+    let id = id.to_string();
+    let show = |env: Vec<(&'static str, String)>, id: String| async move {
+        let out = cli(&["policy", "show", "--installation", &id], &env).await;
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")
+    };
+    let before = show(env.clone(), id.clone()).await;
+    assert_eq!(
+        (
+            &before["dms"],
+            &before["private_channels"],
+            &before["shared_channels"]
+        ),
+        (&json!(false), &json!(false), &json!(false)),
+        "denied by default"
+    );
+    let out = cli(
+        &[
+            "policy",
+            "set",
+            "--installation",
+            &id,
+            "--dms",
+            "on",
+            "--shared-channels",
+            "on",
+            "--approved-bots",
+            "B0OTHER",
+        ],
+        &env,
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        cli(
+            &[
+                "policy",
+                "channel",
+                "--installation",
+                &id,
+                "--channel",
+                "C0OPS",
+                "--mode",
+                "keywords",
+                "--keywords",
+                "incident,outage"
+            ],
+            &env
+        )
+        .await
+        .status
+        .success()
+    );
+    assert!(
+        !cli(
+            &[
+                "policy",
+                "channel",
+                "--installation",
+                &id,
+                "--channel",
+                "C0OPS",
+                "--mode",
+                "keywords"
+            ],
+            &env
+        )
+        .await
+        .status
+        .success(),
+        "keywords mode needs words"
+    );
+    assert!(
+        !cli(
+            &[
+                "policy",
+                "set",
+                "--installation",
+                &uuid::Uuid::now_v7().to_string(),
+                "--dms",
+                "on"
+            ],
+            &env
+        )
+        .await
+        .status
+        .success()
+    );
+    let after = show(env.clone(), id).await;
+    assert_eq!(
+        (
+            &after["dms"],
+            &after["private_channels"],
+            &after["shared_channels"]
+        ),
+        (&json!(true), &json!(false), &json!(true))
+    );
+    assert_eq!(after["approved_bots"], json!(["B0OTHER"]));
+    assert_eq!(
+        after["channels"],
+        json!([{"channel": "C0OPS", "mode": "keywords", "keywords": ["incident", "outage"]}])
     );
 }

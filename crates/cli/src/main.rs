@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod install;
 mod intents;
 mod keys;
+mod policy;
 mod review;
 mod stats;
 mod switches;
@@ -39,6 +40,11 @@ enum Command {
     Intents {
         #[command(subcommand)]
         command: intents::IntentsCommand,
+    },
+    /// What may trigger an answer: DMs, private and shared channels, bots, channel modes.
+    Policy {
+        #[command(subcommand)]
+        command: policy::PolicyCommand,
     },
     /// Proposals waiting for human review.
     Review {
@@ -94,6 +100,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let common = threadline_runtime::config::CommonConfig::from_source(&src)?;
             intents::run(command, &common, &pool(&src).await?).await?
         }
+        Command::Policy { command } => policy::run(command, &pool(&src).await?).await?,
         Command::Review { command } => {
             let common = threadline_runtime::config::CommonConfig::from_source(&src)?;
             review::run(command, &common, &pool(&src).await?).await?

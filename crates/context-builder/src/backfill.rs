@@ -78,6 +78,22 @@ pub async fn run(
     root: &str,
     limits: BackfillLimits,
 ) -> anyhow::Result<Completeness> {
+    // A feature needs its scope: without the history scope for this kind of
+    // conversation the thread cannot be read, and the context says so.
+    let needed = match channel.chars().next() {
+        Some('G') => "groups:history",
+        Some('D') => "im:history",
+        _ => "channels:history",
+    };
+    if !inst.scopes.is_empty() && !inst.scopes.iter().any(|s| s == needed) {
+        tracing::warn!(
+            needed,
+            "backfill refused: the installation lacks the history scope"
+        );
+        metrics::counter!("threadline_scope_refusals_total", "feature" => "backfill", "scope" => needed).increment(1);
+        store::set_backfill(pool, inst.id, channel, root, "partial").await?;
+        return Ok(Completeness::Partial);
+    }
     let (page_size, per_minute) = if inst.non_marketplace {
         (limits.page_size.min(15), 1)
     } else {

@@ -23,6 +23,8 @@ pub struct Installation {
     pub non_marketplace: bool,
     pub private_allowed: bool,
     pub shared_allowed: bool,
+    /// Granted bot scopes; empty when never recorded (a manual install).
+    pub scopes: Vec<String>,
 }
 
 type InstallationRow = (
@@ -38,12 +40,13 @@ type InstallationRow = (
     Option<String>,
     Option<bool>,
     Option<bool>,
+    Vec<String>,
 );
 
 pub async fn installation(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Installation>> {
     let row: Option<InstallationRow> = sqlx::query_as(
         "SELECT i.id, i.app_id, i.bot_id, i.bot_user_id, i.status, i.bot_token_sealed, i.bot_token_key_id,
-                p.dms_allowed, p.approved_bots, p.read_limits, p.private_channels_allowed, p.shared_channels_allowed
+                p.dms_allowed, p.approved_bots, p.read_limits, p.private_channels_allowed, p.shared_channels_allowed, i.scopes
            FROM installations i LEFT JOIN installation_policies p ON p.installation_id = i.id
           WHERE i.id = $1",
     )
@@ -64,6 +67,7 @@ pub async fn installation(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Instal
             limits,
             private,
             shared,
+            scopes,
         )| {
             Installation {
                 id,
@@ -80,6 +84,7 @@ pub async fn installation(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Instal
                 non_marketplace: limits.as_deref() == Some("non_marketplace"),
                 private_allowed: private.unwrap_or(false),
                 shared_allowed: shared.unwrap_or(false),
+                scopes,
             }
         },
     ))

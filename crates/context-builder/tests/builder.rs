@@ -811,3 +811,34 @@ async fn slack_connect_channels_are_recorded_but_never_answered_until_allowed() 
     assert_eq!(env.contexts().await.len(), 1);
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_without_the_history_scope_is_refused_and_marked_partial() {
+    let (api, token, root, ask, base) = sim_thread(5, false).await;
+    let env = Env::new(&api, &token, limits(), backfill_limits()).await;
+    sqlx::query("UPDATE installations SET scopes = '{app_mentions:read,chat:write}' WHERE id = $1")
+        .bind(env.inst)
+        .execute(&env.db.pool)
+        .await
+        .expect("scopes");
+    env.handle("Ev1", mention(&ask, Some(&root))).await;
+    let c = env
+        .contexts()
+        .await
+        .pop()
+        .expect("a context, marked partial");
+    assert!(c.backfill_partial);
+    assert_eq!(c.messages.len(), 1, "only what the store had: the request");
+    let calls: Value = reqwest::get(format!("{base}/_sim/calls?method=conversations.replies"))
+        .await
+        .expect("calls")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        calls["calls"].as_array().map(Vec::len),
+        Some(0),
+        "Slack was not asked"
+    );
+    env.cleanup().await;
+}
