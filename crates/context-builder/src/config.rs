@@ -9,7 +9,6 @@ use threadline_runtime::secrets::TokenCipher;
 use crate::backfill::BackfillLimits;
 use crate::context::Limits;
 
-#[derive(Debug)]
 pub struct ContextConfig {
     pub common: CommonConfig,
     /// `THREADLINE_CONTEXT_BUILDER_ADDR`, default `127.0.0.1:3001`: health,
@@ -27,6 +26,8 @@ pub struct ContextConfig {
     pub backfill: BackfillLimits,
     /// `THREADLINE_SLACK_TIMEOUT_MS`, default 10000.
     pub slack_timeout: Duration,
+    /// `SLACK_CLIENT_ID` / `SLACK_CLIENT_SECRET`: refresh rotating tokens.
+    pub refresher: Option<threadline_runtime::tokens::Refresher>,
 }
 
 impl ContextConfig {
@@ -53,6 +54,10 @@ impl ContextConfig {
                 per_minute: src.bounded("THREADLINE_BACKFILL_PER_MINUTE", 50, 1..=1000)? as i32,
             },
             slack_timeout: src.millis("THREADLINE_SLACK_TIMEOUT_MS", 10_000, 100..=120_000)?,
+            refresher: threadline_runtime::tokens::Refresher::from_source(
+                src,
+                &CommonConfig::from_source(src)?.slack_api_url,
+            )?,
         })
     }
 }

@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use threadline_domain::classify::{self, Effect, Outcome};
 use threadline_proto::v1::{ContextMessage, ContextReady, EventAccepted, SCHEMA_VERSION};
 use threadline_runtime::bus::{Topic, Topology};
-use threadline_runtime::secrets::{Sealed, TokenCipher, token_aad};
+use threadline_runtime::secrets::TokenCipher;
 use threadline_runtime::worker::Disposition;
 use threadline_slack::WebClient;
 use tracing::Instrument as _;
@@ -27,6 +27,8 @@ pub struct Handler {
     pub topology: Topology,
     pub web: WebClient,
     pub cipher: TokenCipher,
+    /// Refreshes rotating tokens before they expire (when client credentials are set).
+    pub refresher: Option<threadline_runtime::tokens::Refresher>,
     pub limits: Limits,
     pub backfill: BackfillLimits,
 }
@@ -241,18 +243,18 @@ impl Handler {
     }
 
     async fn backfill(&self, inst: &Installation, channel: &str, root: &str) -> anyhow::Result<()> {
-        let (Some(bytes), Some(key_id)) = (&inst.token_sealed, &inst.token_key_id) else {
+        let Some(token) = threadline_runtime::tokens::bot_token(
+            &self.pool,
+            &self.cipher,
+            self.refresher.as_ref(),
+            inst.id,
+        )
+        .await?
+        else {
             store::set_backfill(&self.pool, inst.id, channel, root, "partial").await?;
-            tracing::warn!("no bot token stored; thread context is partial");
+            tracing::warn!("no usable bot token; thread context is partial");
             return Ok(());
         };
-        let token = self.cipher.open(
-            &Sealed {
-                key_id: key_id.clone(),
-                bytes: bytes.clone(),
-            },
-            &token_aad(&inst.id, "bot"),
-        )?;
         let done = backfill::run(
             &self.pool,
             &self.web,

@@ -39,6 +39,7 @@ pub async fn run(
         topology: deps.topology.clone(),
         web,
         cipher: cfg.cipher,
+        refresher: cfg.refresher,
         limits: cfg.limits,
         backfill: cfg.backfill,
     });

@@ -66,6 +66,7 @@ impl Env {
             topology,
             web: WebClient::new(slack_api_url, Duration::from_secs(5)).expect("client"),
             cipher: TokenCipher::parse(&keys.into()).expect("keys"),
+            refresher: None,
             limits,
             backfill,
         };

@@ -7,7 +7,6 @@ use threadline_runtime::secrets::TokenCipher;
 
 use crate::reconcile::Evidence;
 
-#[derive(Debug)]
 pub struct PublisherConfig {
     pub common: CommonConfig,
     /// `THREADLINE_PUBLISHER_ADDR`, default `127.0.0.1:3003`.
@@ -27,6 +26,8 @@ pub struct PublisherConfig {
     /// `THREADLINE_SLACK_TIMEOUT_MS`, default 10000: a post slower than
     /// this has an unknown outcome.
     pub slack_timeout: Duration,
+    /// `SLACK_CLIENT_ID` / `SLACK_CLIENT_SECRET`: refresh rotating tokens.
+    pub refresher: Option<threadline_runtime::tokens::Refresher>,
 }
 
 impl PublisherConfig {
@@ -48,6 +49,10 @@ impl PublisherConfig {
                 .as_secs_f64(),
             max_attempts: src.bounded("THREADLINE_POST_MAX_ATTEMPTS", 5, 1..=100)? as i32,
             slack_timeout: src.millis("THREADLINE_SLACK_TIMEOUT_MS", 10_000, 100..=120_000)?,
+            refresher: threadline_runtime::tokens::Refresher::from_source(
+                src,
+                &CommonConfig::from_source(src)?.slack_api_url,
+            )?,
         })
     }
 }

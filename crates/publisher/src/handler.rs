@@ -12,7 +12,7 @@ use sqlx::PgPool;
 use threadline_proto::v1::{ProposalReady, Reconsider, SCHEMA_VERSION};
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::killswitch::{self, FEATURE_REPLIES};
-use threadline_runtime::secrets::{Sealed, TokenCipher, token_aad};
+use threadline_runtime::secrets::TokenCipher;
 use threadline_runtime::worker::Disposition;
 use threadline_slack::{WebClient, WebError};
 use tracing::Instrument as _;
@@ -27,6 +27,8 @@ pub struct Handler {
     pub topology: Topology,
     pub web: WebClient,
     pub cipher: TokenCipher,
+    /// Refreshes rotating tokens before they expire (when client credentials are set).
+    pub refresher: Option<threadline_runtime::tokens::Refresher>,
     pub evidence: Evidence,
     /// Seconds between posts in one channel.
     pub post_spacing: f64,
@@ -90,22 +92,20 @@ impl Handler {
     }
 
     async fn bot(&self, inst: Uuid) -> anyhow::Result<Option<Bot>> {
-        type Row = (String, String, Option<Vec<u8>>, Option<String>);
-        let row: Option<Row> = sqlx::query_as(
-            "SELECT status, bot_id, bot_token_sealed, bot_token_key_id FROM installations WHERE id = $1",
+        let Some(token) = threadline_runtime::tokens::bot_token(
+            &self.pool,
+            &self.cipher,
+            self.refresher.as_ref(),
+            inst,
         )
-        .bind(inst)
-        .fetch_optional(&self.pool)
-        .await?;
-        let Some((status, bot_id, Some(bytes), Some(key_id))) = row else {
+        .await?
+        else {
             return Ok(None);
         };
-        if status != "active" {
-            return Ok(None);
-        }
-        let token = self
-            .cipher
-            .open(&Sealed { key_id, bytes }, &token_aad(&inst, "bot"))?;
+        let bot_id: String = sqlx::query_scalar("SELECT bot_id FROM installations WHERE id = $1")
+            .bind(inst)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(Some(Bot { token, bot_id }))
     }
 

@@ -32,6 +32,7 @@ pub fn handler(
         web: WebClient::new(&cfg.common.slack_api_url, cfg.slack_timeout)
             .context("building the Slack client")?,
         cipher: cfg.cipher,
+        refresher: cfg.refresher,
         evidence: cfg.evidence,
         post_spacing: cfg.post_spacing,
         max_attempts: cfg.max_attempts,

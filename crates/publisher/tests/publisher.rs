@@ -26,10 +26,21 @@ struct Env {
     channel: String,
     inst: Uuid,
     keys: String,
+    /// The sim app's client id and secret.
+    client: (String, String),
 }
 
 impl Env {
     async fn new() -> Self {
+        Self::build(false).await
+    }
+
+    /// With token rotation: the installation's token is about to expire.
+    async fn rotating() -> Self {
+        Self::build(true).await
+    }
+
+    async fn build(rotation: bool) -> Self {
         let sim = threadline_slack_sim::Sim::new(21);
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -66,10 +77,22 @@ impl Env {
             .as_str()
             .expect("channel")
             .to_owned();
-        let app = ctl("apps", json!({"name": "Threadline"})).await["id"]
-            .as_str()
-            .expect("app")
-            .to_owned();
+        let app_json = ctl(
+            "apps",
+            json!({"name": "Threadline", "token_rotation": rotation}),
+        )
+        .await;
+        let client = (
+            app_json["client_id"]
+                .as_str()
+                .expect("client id")
+                .to_owned(),
+            app_json["client_secret"]
+                .as_str()
+                .expect("client secret")
+                .to_owned(),
+        );
+        let app = app_json["id"].as_str().expect("app").to_owned();
         let inst_sim = ctl(&format!("apps/{app}/installs"), json!({"team_id": team, "scopes": ["chat:write", "channels:history"], "join_channels": [channel]})).await;
         let token = inst_sim["bot_token"].as_str().expect("token").to_owned();
         let db = TestDb::new().await;
@@ -84,6 +107,14 @@ impl Env {
             .bind(inst_sim["bot_user_id"].as_str()).bind(inst_sim["bot_id"].as_str())
             .bind(&sealed.bytes).bind(&sealed.key_id)
             .execute(&db.pool).await.expect("installation");
+        if let Some(refresh) = inst_sim["refresh_token"].as_str() {
+            let sealed = cipher
+                .seal(refresh.as_bytes(), &token_aad(&inst, "refresh"))
+                .expect("seal");
+            sqlx::query("UPDATE installations SET refresh_token_sealed = $2, refresh_token_key_id = $3, token_expires_at = now() + interval '60 seconds' WHERE id = $1")
+                .bind(inst).bind(&sealed.bytes).bind(&sealed.key_id)
+                .execute(&db.pool).await.expect("refresh token");
+        }
         let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
         let prefix = unique_prefix();
         Topology::new(prefix.clone())
@@ -101,6 +132,7 @@ impl Env {
             channel,
             inst,
             keys,
+            client,
         };
         env.user_post(&user).await;
         env
@@ -548,5 +580,56 @@ async fn an_unknown_outcome_is_still_reconciled_after_a_kill_switch_is_engaged()
     assert_eq!(env.intent().await, ("sent".into(), true, None));
     assert_eq!(env.decision(decision).await.0, "published");
     assert_eq!(env.app_posts().await, 1);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_about_to_expire_is_refreshed_before_posting() {
+    let env = Env::rotating().await;
+    let (_, payload) = env.proposal("Fresh token.").await;
+    let before: Vec<u8> = sqlx::query_scalar("SELECT bot_token_sealed FROM installations")
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("token");
+    let h = env.handler(&[
+        ("SLACK_CLIENT_ID", &env.client.0),
+        ("SLACK_CLIENT_SECRET", &env.client.1),
+    ]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(env.app_posts().await, 1);
+    let (after, hours): (Vec<u8>, f64) = sqlx::query_as(
+        "SELECT bot_token_sealed, extract(epoch FROM token_expires_at - now())::float8 / 3600 FROM installations",
+    )
+    .fetch_one(&env.db.pool)
+    .await
+    .expect("token");
+    assert_ne!(before, after, "a new token was stored");
+    assert!(hours > 11.0, "valid for another {hours} hours");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_refresh_disables_the_installation_instead_of_looping() {
+    let env = Env::rotating().await;
+    let (decision, payload) = env.proposal("Never sent.").await;
+    let h = env.handler(&[
+        ("SLACK_CLIENT_ID", &env.client.0),
+        ("SLACK_CLIENT_SECRET", "wrong-secret"),
+    ]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(env.app_posts().await, 0);
+    let (status, reason, sealed): (String, Option<String>, Option<Vec<u8>>) =
+        sqlx::query_as("SELECT status, disabled_reason, bot_token_sealed FROM installations")
+            .fetch_one(&env.db.pool)
+            .await
+            .expect("row");
+    assert_eq!(
+        (status.as_str(), reason.as_deref(), sealed),
+        ("disabled", Some("token_refresh_failed"), None)
+    );
+    assert_eq!(
+        env.decision(decision).await,
+        ("cancelled".into(), Some("installation_unavailable".into()))
+    );
     env.cleanup().await;
 }

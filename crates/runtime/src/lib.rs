@@ -12,6 +12,7 @@ pub mod secrets;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tokens;
 pub mod worker;
 
 /// Ends a binary: a clean exit, or one line naming what failed (with its
