@@ -31,6 +31,21 @@ fn not_found(what: &str, id: &str) -> (StatusCode, Json<Value>) {
     )
 }
 
+/// Starts delivering `envs` and answers with their ids (and the new
+/// message's `ts`).
+fn announce(sim: &Sim, ts: Option<String>, envs: Vec<crate::delivery::Envelope>) -> Json<Value> {
+    let ids: Vec<Value> = envs
+        .iter()
+        .map(|e| json!({"event_id": e.event_id, "app_id": e.app_id, "type": e.event_type}))
+        .collect();
+    dispatch(sim, envs);
+    let mut v = json!({"events": ids});
+    if let Some(ts) = ts {
+        v["ts"] = ts.into();
+    }
+    Json(v)
+}
+
 #[derive(Deserialize)]
 pub struct ResetReq {
     #[serde(default)]
@@ -484,19 +499,10 @@ pub async fn act_post(State(sim): State<Sim>, Json(r): Json<PostReq>) -> ApiResu
             deleted: false,
             client_msg_id: Some(client_msg_id),
         };
-        w.messages
-            .entry(channel.id.clone())
-            .or_default()
-            .insert(ts_key(&ts), msg.clone());
-        let envs = events::new_message(&mut w, &channel, &msg);
+        let envs = events::post(&mut w, &channel, msg);
         (ts, envs)
     };
-    let ids: Vec<Value> = envs
-        .iter()
-        .map(|e| json!({"event_id": e.event_id, "app_id": e.app_id, "type": e.event_type}))
-        .collect();
-    dispatch(&sim, envs);
-    Ok(Json(json!({"ts": ts, "events": ids})))
+    Ok(announce(&sim, Some(ts), envs))
 }
 
 #[derive(Deserialize)]
@@ -539,19 +545,10 @@ pub async fn act_bot_post(State(sim): State<Sim>, Json(r): Json<BotPostReq>) -> 
             deleted: false,
             client_msg_id: None,
         };
-        w.messages
-            .entry(channel.id.clone())
-            .or_default()
-            .insert(ts_key(&ts), msg.clone());
-        let envs = events::new_message(&mut w, &channel, &msg);
+        let envs = events::post(&mut w, &channel, msg);
         (ts, envs)
     };
-    let ids: Vec<Value> = envs
-        .iter()
-        .map(|e| json!({"event_id": e.event_id, "app_id": e.app_id, "type": e.event_type}))
-        .collect();
-    dispatch(&sim, envs);
-    Ok(Json(json!({"ts": ts, "events": ids})))
+    Ok(announce(&sim, Some(ts), envs))
 }
 
 #[derive(Deserialize)]
@@ -589,12 +586,7 @@ pub async fn act_edit(State(sim): State<Sim>, Json(r): Json<EditReq>) -> ApiResu
             .insert(ts_key(&r.ts), after.clone());
         events::edited(&mut w, &channel, &before, &after, &event_ts)
     };
-    let ids: Vec<Value> = envs
-        .iter()
-        .map(|e| json!({"event_id": e.event_id, "app_id": e.app_id}))
-        .collect();
-    dispatch(&sim, envs);
-    Ok(Json(json!({"events": ids})))
+    Ok(announce(&sim, None, envs))
 }
 
 #[derive(Deserialize)]
@@ -627,12 +619,7 @@ pub async fn act_delete(State(sim): State<Sim>, Json(r): Json<DeleteReq>) -> Api
         let event_ts = w.clock.next_ts();
         events::deleted(&mut w, &channel, &before, &event_ts)
     };
-    let ids: Vec<Value> = envs
-        .iter()
-        .map(|e| json!({"event_id": e.event_id, "app_id": e.app_id}))
-        .collect();
-    dispatch(&sim, envs);
-    Ok(Json(json!({"events": ids})))
+    Ok(announce(&sim, None, envs))
 }
 
 pub async fn add_fault(State(sim): State<Sim>, Json(f): Json<Fault>) -> ApiResult {

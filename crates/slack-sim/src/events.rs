@@ -141,6 +141,15 @@ pub fn new_message(w: &mut World, channel: &Channel, m: &Message) -> Vec<Envelop
     out
 }
 
+/// Stores a new message in its channel and returns the events it causes.
+pub fn post(w: &mut World, channel: &Channel, msg: Message) -> Vec<Envelope> {
+    w.messages
+        .entry(channel.id.clone())
+        .or_default()
+        .insert(crate::model::ts_key(&msg.ts), msg.clone());
+    new_message(w, channel, &msg)
+}
+
 /// `message_changed`: the edited message and what it was before.
 pub fn edited(
     w: &mut World,

@@ -602,11 +602,7 @@ fn post_message(
         deleted: false,
         client_msg_id: None,
     };
-    w.messages
-        .entry(channel.id.clone())
-        .or_default()
-        .insert(ts_key(&ts), msg.clone());
-    envs.extend(events::new_message(w, &channel, &msg));
+    envs.extend(events::post(w, &channel, msg.clone()));
     let parent = msg
         .thread_ts
         .as_deref()
