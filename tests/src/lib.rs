@@ -246,41 +246,21 @@ impl Stack {
             spawn_publisher(&env).await,
         ];
 
-        let team = id_of(&sim_ctl(&sim, "teams", json!({"name": "Acme"})).await, "id");
-        let user = id_of(
-            &sim_ctl(&sim, "users", json!({"team_id": team, "name": "ana"})).await,
-            "id",
-        );
-        let channel = id_of(
-            &sim_ctl(
-                &sim,
-                "channels",
-                json!({"team_id": team, "name": "ops", "kind": "public", "members": [user]}),
-            )
-            .await,
-            "id",
-        );
-        let app = id_of(
-            &sim_ctl(
-                &sim,
-                "apps",
-                json!({"name": "Threadline", "signing_secret": threadline_testkit::slack::TEST_SECRET,
-                       "request_urls": [events_url], "events": ["app_mention", "message.channels"]}),
-            )
-            .await,
-            "id",
-        );
-        let inst = sim_ctl(
-            &sim,
-            &format!("apps/{app}/installs"),
-            json!({"team_id": team, "scopes": ["chat:write", "channels:history"], "join_channels": [channel]}),
+        let ws = threadline_testkit::sim::SimWorkspace::create(
+            &sim.base_url,
+            json!({"signing_secret": threadline_testkit::slack::TEST_SECRET, "request_urls": [events_url],
+                   "events": ["app_mention", "message.channels"]}),
+            &["chat:write", "channels:history"],
+            None,
         )
         .await;
-        let (bot_user, bot_id, token) = (
-            id_of(&inst, "bot_user_id"),
-            id_of(&inst, "bot_id"),
-            id_of(&inst, "bot_token"),
+        let (team, user, channel, app) = (
+            ws.team.clone(),
+            ws.user.clone(),
+            ws.channel.clone(),
+            ws.app_id(),
         );
+        let (bot_user, bot_id, token) = (ws.bot_user(), ws.bot_id(), ws.token());
         let out = cli(
             &[
                 "install",

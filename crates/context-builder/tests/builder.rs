@@ -457,70 +457,21 @@ async fn sim_thread(
         .expect("bind");
     let base = format!("http://{}", l.local_addr().expect("addr"));
     tokio::spawn(async move { axum::serve(l, threadline_slack_sim::router(sim)).await });
-    let http = reqwest::Client::new();
-    let ctl = |path: &str, body: Value| {
-        let (http, url) = (http.clone(), format!("{base}/_sim/{path}"));
-        async move {
-            http.post(url)
-                .json(&body)
-                .send()
-                .await
-                .expect("sim")
-                .json::<Value>()
-                .await
-                .expect("json")
-        }
-    };
-    let team = ctl("teams", json!({"name": "Acme"})).await["id"]
-        .as_str()
-        .expect("team")
-        .to_owned();
-    let user = ctl("users", json!({"team_id": team, "name": "ana"})).await["id"]
-        .as_str()
-        .expect("user")
-        .to_owned();
-    let channel = ctl("channels", json!({"team_id": team, "name": "ops", "kind": "public", "members": [user], "id": "C0CHAN"}))
-        .await["id"]
-        .as_str()
-        .expect("channel")
-        .to_owned();
-    let app = ctl(
-        "apps",
-        json!({"name": "Threadline", "non_marketplace_limits": non_marketplace}),
-    )
-    .await["id"]
-        .as_str()
-        .expect("app")
-        .to_owned();
-    let inst = ctl(
-        &format!("apps/{app}/installs"),
-        json!({"team_id": team, "scopes": ["channels:history"], "join_channels": [channel]}),
+    let ws = threadline_testkit::sim::SimWorkspace::create(
+        &base,
+        json!({"non_marketplace_limits": non_marketplace}),
+        &["channels:history"],
+        Some("C0CHAN"),
     )
     .await;
-    let root = ctl(
-        "act/post",
-        json!({"user": user, "channel": channel, "text": "old incident"}),
-    )
-    .await["ts"]
-        .as_str()
-        .expect("ts")
-        .to_owned();
+    let root = ws.post("old incident", None).await;
     for i in 0..replies {
-        ctl("act/post", json!({"user": user, "channel": channel, "text": format!("note {i}"), "thread_ts": root})).await;
+        ws.post(&format!("note {i}"), Some(&root)).await;
     }
-    let bot_user = inst["bot_user_id"].as_str().expect("bot user").to_owned();
-    let ask = ctl("act/post", json!({"user": user, "channel": channel, "text": format!("<@{bot_user}> summary?"), "thread_ts": root}))
-        .await["ts"]
-        .as_str()
-        .expect("ts")
-        .to_owned();
-    (
-        format!("{base}/api/"),
-        inst["bot_token"].as_str().expect("token").to_owned(),
-        root,
-        ask,
-        base,
-    )
+    let ask = ws
+        .post(&format!("<@{}> summary?", ws.bot_user()), Some(&root))
+        .await;
+    (format!("{base}/api/"), ws.token(), root, ask, base)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

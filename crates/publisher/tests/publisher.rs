@@ -47,54 +47,29 @@ impl Env {
             .expect("bind");
         let base = format!("http://{}", l.local_addr().expect("addr"));
         tokio::spawn(async move { axum_serve(l, sim).await });
-        let http = reqwest::Client::new();
-        let ctl = |path: &str, body: Value| {
-            let (http, url) = (http.clone(), format!("{base}/_sim/{path}"));
-            async move {
-                http.post(url)
-                    .json(&body)
-                    .send()
-                    .await
-                    .expect("sim")
-                    .json::<Value>()
-                    .await
-                    .expect("json")
-            }
-        };
-        let team = ctl("teams", json!({"name": "Acme"})).await["id"]
-            .as_str()
-            .expect("team")
-            .to_owned();
-        let user = ctl("users", json!({"team_id": team, "name": "ana"})).await["id"]
-            .as_str()
-            .expect("user")
-            .to_owned();
-        let channel = ctl(
-            "channels",
-            json!({"team_id": team, "name": "ops", "kind": "public", "members": [user]}),
-        )
-        .await["id"]
-            .as_str()
-            .expect("channel")
-            .to_owned();
-        let app_json = ctl(
-            "apps",
-            json!({"name": "Threadline", "token_rotation": rotation}),
+        let ws = threadline_testkit::sim::SimWorkspace::create(
+            &base,
+            json!({"token_rotation": rotation}),
+            &["chat:write", "channels:history"],
+            None,
         )
         .await;
+        let (http, team, user, channel, app) = (
+            ws.http.clone(),
+            ws.team.clone(),
+            ws.user.clone(),
+            ws.channel.clone(),
+            ws.app_id(),
+        );
         let client = (
-            app_json["client_id"]
-                .as_str()
-                .expect("client id")
-                .to_owned(),
-            app_json["client_secret"]
+            ws.app["client_id"].as_str().expect("client id").to_owned(),
+            ws.app["client_secret"]
                 .as_str()
                 .expect("client secret")
                 .to_owned(),
         );
-        let app = app_json["id"].as_str().expect("app").to_owned();
-        let inst_sim = ctl(&format!("apps/{app}/installs"), json!({"team_id": team, "scopes": ["chat:write", "channels:history"], "join_channels": [channel]})).await;
-        let token = inst_sim["bot_token"].as_str().expect("token").to_owned();
+        let inst_sim = ws.install.clone();
+        let token = ws.token();
         let db = TestDb::new().await;
         let keys = TokenCipher::generate_entry("k1");
         let cipher = TokenCipher::parse(&keys.clone().into()).expect("keys");

@@ -367,39 +367,56 @@ pub struct TeamOnly {
     team_id: String,
 }
 
+/// What the workspace did to the app's installation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Removal {
+    /// The app was removed: `app_uninstalled`, tokens revoked.
+    Uninstall,
+    /// The bot token was revoked: `tokens_revoked`.
+    Revoke,
+}
+
+/// Revokes the installation's bot token and tells the app, as Slack does.
+fn remove(sim: &Sim, app_id: &str, team_id: &str, how: Removal) -> ApiResult {
+    let env = {
+        let mut w = sim.lock();
+        let app = w
+            .apps
+            .get(app_id)
+            .cloned()
+            .ok_or_else(|| not_found("app", app_id))?;
+        let install = app
+            .installs
+            .get(team_id)
+            .cloned()
+            .ok_or_else(|| not_found("installation", team_id))?;
+        w.revoked_tokens.insert(install.bot_token.clone());
+        let (event, kind) = match how {
+            Removal::Uninstall => (json!({"type": "app_uninstalled"}), "app_uninstalled"),
+            Removal::Revoke => (
+                json!({"type": "tokens_revoked", "tokens": {"oauth": [], "bot": [install.bot_user_id]}}),
+                "tokens_revoked",
+            ),
+        };
+        let env = events::lifecycle(&mut w, &app, team_id, event, kind);
+        if how == Removal::Uninstall
+            && let Some(a) = w.apps.get_mut(app_id)
+        {
+            a.installs.remove(team_id);
+        }
+        env
+    };
+    dispatch(sim, vec![env]);
+    Ok(Json(json!({"ok": true})))
+}
+
 /// The workspace removes the app: `app_uninstalled`, tokens revoked.
 pub async fn uninstall_app(
     State(sim): State<Sim>,
     Path(app_id): Path<String>,
     Json(r): Json<TeamOnly>,
 ) -> ApiResult {
-    let env = {
-        let mut w = sim.lock();
-        let app = w
-            .apps
-            .get(&app_id)
-            .cloned()
-            .ok_or_else(|| not_found("app", &app_id))?;
-        let install = app
-            .installs
-            .get(&r.team_id)
-            .cloned()
-            .ok_or_else(|| not_found("installation", &r.team_id))?;
-        w.revoked_tokens.insert(install.bot_token.clone());
-        let env = events::lifecycle(
-            &mut w,
-            &app,
-            &r.team_id,
-            json!({"type": "app_uninstalled"}),
-            "app_uninstalled",
-        );
-        if let Some(a) = w.apps.get_mut(&app_id) {
-            a.installs.remove(&r.team_id);
-        }
-        env
-    };
-    dispatch(&sim, vec![env]);
-    Ok(Json(json!({"ok": true})))
+    remove(&sim, &app_id, &r.team_id, Removal::Uninstall)
 }
 
 /// The workspace revokes the bot token: `tokens_revoked`.
@@ -408,29 +425,7 @@ pub async fn revoke_tokens(
     Path(app_id): Path<String>,
     Json(r): Json<TeamOnly>,
 ) -> ApiResult {
-    let env = {
-        let mut w = sim.lock();
-        let app = w
-            .apps
-            .get(&app_id)
-            .cloned()
-            .ok_or_else(|| not_found("app", &app_id))?;
-        let install = app
-            .installs
-            .get(&r.team_id)
-            .cloned()
-            .ok_or_else(|| not_found("installation", &r.team_id))?;
-        w.revoked_tokens.insert(install.bot_token.clone());
-        events::lifecycle(
-            &mut w,
-            &app,
-            &r.team_id,
-            json!({"type": "tokens_revoked", "tokens": {"oauth": [], "bot": [install.bot_user_id]}}),
-            "tokens_revoked",
-        )
-    };
-    dispatch(&sim, vec![env]);
-    Ok(Json(json!({"ok": true})))
+    remove(&sim, &app_id, &r.team_id, Removal::Revoke)
 }
 
 #[derive(Deserialize)]

@@ -1170,3 +1170,19 @@ async fn reorder_window_and_latency_and_tier3_limits() {
     assert_eq!((s, body["error"].as_str()), (429, Some("ratelimited")));
     assert!(h.get("retry-after").is_some());
 }
+
+#[tokio::test]
+async fn uninstalling_tells_the_app_and_revokes_its_token() {
+    let (side, url) = app_side().await;
+    let w = World::new(20, vec![url], &["message.channels"], &["chat:write"]).await;
+    w.ctl(
+        &format!("apps/{}/uninstall", w.app),
+        json!({"team_id": w.team}),
+    )
+    .await;
+    let got = received(&side, 1).await;
+    assert_eq!(got[0].body["event"]["type"], "app_uninstalled");
+    verify(&w.secret, &got[0]);
+    let (_, _, body) = w.api("auth.test", &[]).await;
+    assert_eq!(body["error"], "token_revoked");
+}

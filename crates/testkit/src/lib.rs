@@ -4,6 +4,7 @@
 //! (defaults: the local servers), never in-memory stand-ins.
 
 pub mod db;
+pub mod sim;
 pub mod slack;
 
 use std::path::PathBuf;
