@@ -250,7 +250,7 @@ impl Stack {
             &sim.base_url,
             json!({"signing_secret": threadline_testkit::slack::TEST_SECRET, "request_urls": [events_url],
                    "events": ["app_mention", "message.channels"]}),
-            &["chat:write", "channels:history"],
+            &["chat:write", "channels:history", "channels:read"],
             None,
         )
         .await;

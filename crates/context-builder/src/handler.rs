@@ -13,7 +13,7 @@ use threadline_proto::v1::{ContextMessage, ContextReady, EventAccepted, SCHEMA_V
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::secrets::TokenCipher;
 use threadline_runtime::worker::Disposition;
-use threadline_slack::WebClient;
+use threadline_slack::{WebClient, WebError};
 use tracing::Instrument as _;
 use uuid::Uuid;
 
@@ -128,11 +128,14 @@ impl Handler {
         let channel = ev.channel_id.as_str();
         let policy = store::policy(&self.pool, &inst, channel).await?;
         let c = classify::classify(&event, &inst.identity, &policy);
-        let c = classify::apply_channel_policy(
-            c,
-            classify::ChannelFacts::of(&event, ev.is_ext_shared_channel),
-            &policy,
-        );
+        let mut facts = classify::ChannelFacts::of(&event, ev.is_ext_shared_channel);
+        if let (Some(private), Some(_)) = (facts.private, event.get("channel_type")) {
+            store::learn_channel_kind(&self.pool, inst.id, channel, private, "event").await?;
+        }
+        if matches!(c.outcome, Outcome::Trigger(_)) && facts.needs_lookup(&policy) {
+            facts.private = self.channel_kind(&inst, channel).await?;
+        }
+        let c = classify::apply_channel_policy(c, facts, &policy);
 
         let mut tx = self.pool.begin().await?;
         store::apply(&mut tx, inst.id, channel, &c.effect).await?;
@@ -239,6 +242,66 @@ impl Handler {
                 tracing::warn!(error = format!("{e:#}"), "reconsideration failed; retrying");
                 Disposition::Retry(DB_RETRY)
             }
+        }
+    }
+
+    /// Whether `channel` is private, for a trigger whose event cannot tell:
+    /// what the installation learned within the hour, else
+    /// `conversations.info`. `None` (denied while private channels are not
+    /// allowed) when Slack will not say; an error (retried) when Slack could
+    /// not be asked.
+    async fn channel_kind(
+        &self,
+        inst: &Installation,
+        channel: &str,
+    ) -> anyhow::Result<Option<bool>> {
+        if let Some(private) = store::channel_kind(&self.pool, inst.id, channel).await? {
+            return Ok(Some(private));
+        }
+        if !inst.scopes.is_empty()
+            && !inst
+                .scopes
+                .iter()
+                .any(|s| s == "channels:read" || s == "groups:read")
+        {
+            tracing::warn!(
+                channel,
+                "channel kind unknown: the installation lacks channels:read/groups:read; denied"
+            );
+            metrics::counter!("threadline_scope_refusals_total", "feature" => "channel_kind", "scope" => "channels:read").increment(1);
+            return Ok(None);
+        }
+        let Some(token) = threadline_runtime::tokens::bot_token(
+            &self.pool,
+            &self.cipher,
+            self.refresher.as_ref(),
+            inst.id,
+        )
+        .await?
+        else {
+            return Ok(None);
+        };
+        match self
+            .web
+            .channel_is_private(token.expose_secret(), channel)
+            .await
+        {
+            Ok(private) => {
+                store::learn_channel_kind(
+                    &self.pool,
+                    inst.id,
+                    channel,
+                    private,
+                    "conversations.info",
+                )
+                .await?;
+                Ok(Some(private))
+            }
+            Err(WebError::Api { code }) => {
+                tracing::warn!(channel, error = %code, "conversations.info refused; channel kind unknown, denied");
+                Ok(None)
+            }
+            Err(e) => Err(anyhow::anyhow!("conversations.info: {e}")),
         }
     }
 

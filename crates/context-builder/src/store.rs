@@ -115,6 +115,44 @@ pub async fn policy(
     })
 }
 
+/// What the installation learned within the hour about whether `channel`
+/// is private (a channel can be converted, so nothing is kept for ever).
+pub async fn channel_kind(pool: &PgPool, inst: Uuid, channel: &str) -> sqlx::Result<Option<bool>> {
+    sqlx::query_scalar(
+        "SELECT is_private FROM channel_kinds
+          WHERE installation_id = $1 AND channel_id = $2 AND checked_at > now() - interval '1 hour'",
+    )
+    .bind(inst)
+    .bind(channel)
+    .fetch_optional(pool)
+    .await
+}
+
+/// Remembers whether `channel` is private; writes only when the answer
+/// changed or is getting old, so message traffic does not churn the row.
+pub async fn learn_channel_kind(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    private: bool,
+    from: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO channel_kinds (installation_id, channel_id, is_private, learned_from) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (installation_id, channel_id) DO UPDATE
+            SET is_private = EXCLUDED.is_private, learned_from = EXCLUDED.learned_from, checked_at = now()
+          WHERE channel_kinds.is_private IS DISTINCT FROM EXCLUDED.is_private
+             OR channel_kinds.checked_at < now() - interval '10 minutes'",
+    )
+    .bind(inst)
+    .bind(channel)
+    .bind(private)
+    .bind(from)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// Disables an installation and purges its tokens, in one statement.
 pub async fn disable(pool: &PgPool, inst: Uuid, reason: &str) -> sqlx::Result<()> {
     sqlx::query(

@@ -60,6 +60,11 @@ impl Env {
         .execute(&db.pool)
         .await
         .expect("installation");
+        // The test channel is known to be public, as a message event with
+        // channel_type would have taught (an app_mention alone cannot).
+        store::learn_channel_kind(&db.pool, inst, "C0CHAN", false, "event")
+            .await
+            .expect("channel kind");
         let handler = Handler {
             pool: db.pool.clone(),
             js: js.clone(),
@@ -792,5 +797,113 @@ async fn a_backfill_without_the_history_scope_is_refused_and_marked_partial() {
         Some(0),
         "Slack was not asked"
     );
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mention_in_a_private_channel_with_a_c_id_is_denied_until_private_channels_are_allowed() {
+    // Slack gives new private channels C… ids and an app_mention carries no
+    // channel_type: the kind is asked of Slack (conversations.info) once.
+    let sim = threadline_slack_sim::Sim::new(7);
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", l.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(l, threadline_slack_sim::router(sim)).await });
+    let ws = threadline_testkit::sim::SimWorkspace::create(
+        &base,
+        json!({}),
+        &[
+            "channels:history",
+            "groups:history",
+            "channels:read",
+            "groups:read",
+        ],
+        Some("C0PUB"),
+    )
+    .await;
+    ws.ctl(
+        "channels",
+        json!({"team_id": ws.team, "name": "secret", "kind": "private", "id": "C0PRIV",
+               "members": [ws.user, ws.bot_user()]}),
+    )
+    .await;
+    let env = Env::new(
+        &format!("{base}/api/"),
+        &ws.token(),
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let in_channel = |channel: &str, ts: &str| {
+        let mut m = mention(ts, None);
+        m["channel"] = json!(channel);
+        m
+    };
+    let info_calls = || async {
+        let v: Value = reqwest::get(format!("{base}/_sim/calls?method=conversations.info"))
+            .await
+            .expect("calls")
+            .json()
+            .await
+            .expect("json");
+        v["calls"].as_array().map(Vec::len).unwrap_or(0)
+    };
+
+    let r = env.handle("Ev1", in_channel("C0PRIV", "970.000001")).await;
+    assert_eq!(
+        env.state(r).await,
+        ("ignored".into(), Some("private_channel_denied".into()))
+    );
+    let r = env.handle("Ev2", in_channel("C0PRIV", "970.000002")).await;
+    assert_eq!(
+        env.state(r).await.1.as_deref(),
+        Some("private_channel_denied")
+    );
+    assert_eq!(info_calls().await, 1, "the answer is remembered");
+    let r = env.handle("Ev3", in_channel("C0PUB", "970.000003")).await;
+    assert_eq!(
+        env.state(r).await.0,
+        "done",
+        "a public C channel is answered"
+    );
+    assert_eq!(env.contexts().await.len(), 1);
+    let kinds: Vec<(String, bool, String)> = sqlx::query_as(
+        "SELECT channel_id, is_private, learned_from FROM channel_kinds WHERE channel_id <> 'C0CHAN' ORDER BY channel_id",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .expect("kinds");
+    assert_eq!(
+        kinds,
+        [
+            ("C0PRIV".to_owned(), true, "conversations.info".to_owned()),
+            ("C0PUB".to_owned(), false, "conversations.info".to_owned())
+        ]
+    );
+
+    // Without a scope to ask, an unknown channel is denied, and Slack is
+    // not asked at all.
+    sqlx::query("UPDATE installations SET scopes = '{channels:history,chat:write}' WHERE id = $1")
+        .bind(env.inst)
+        .execute(&env.db.pool)
+        .await
+        .expect("scopes");
+    let r = env.handle("Ev4", in_channel("C0ELSE", "970.000004")).await;
+    assert_eq!(
+        env.state(r).await,
+        ("ignored".into(), Some("channel_kind_unknown".into()))
+    );
+    assert_eq!(info_calls().await, 2);
+
+    // Allowed: no lookup needed, and the private channel is answered.
+    sqlx::query("INSERT INTO installation_policies (installation_id, private_channels_allowed) VALUES ($1, true)")
+        .bind(env.inst)
+        .execute(&env.db.pool)
+        .await
+        .expect("allow");
+    let r = env.handle("Ev5", in_channel("C0PRIV", "970.000005")).await;
+    assert_eq!(env.state(r).await.0, "done");
+    assert_eq!(env.contexts().await.len(), 2);
     env.cleanup().await;
 }

@@ -91,6 +91,10 @@ pub enum IgnoreReason {
     PrivateChannelDenied,
     /// A Slack Connect channel while shared channels are not allowed.
     SharedChannelDenied,
+    /// Whether the channel is private could not be established (an
+    /// `app_mention` carries no `channel_type`, and private channels have
+    /// `C…` ids too): denied while private channels are not allowed.
+    ChannelKindUnknown,
 }
 
 impl IgnoreReason {
@@ -107,6 +111,7 @@ impl IgnoreReason {
             Self::UnhandledType => "unhandled_type",
             Self::PrivateChannelDenied => "private_channel_denied",
             Self::SharedChannelDenied => "shared_channel_denied",
+            Self::ChannelKindUnknown => "channel_kind_unknown",
         }
     }
 }
@@ -373,20 +378,31 @@ pub struct ChannelFacts {
     /// The envelope's `is_ext_shared_channel`.
     pub ext_shared: bool,
     /// A private channel or multi-person DM: `channel_type` `group`/`mpim`,
-    /// or a `G…` channel id when the event has no `channel_type`.
-    pub private: bool,
+    /// or a `G…` channel id. `None` when the event cannot tell: an
+    /// `app_mention` has no `channel_type`, and Slack gives new private
+    /// channels `C…` ids, so a `C…` id alone proves nothing.
+    pub private: Option<bool>,
 }
 
 impl ChannelFacts {
     pub fn of(event: &Value, ext_shared: bool) -> Self {
         let private = match s(event, "channel_type") {
-            Some(t) => t == "group" || t == "mpim",
-            None => s(event, "channel").is_some_and(|c| c.starts_with('G')),
+            Some(t) => Some(t == "group" || t == "mpim"),
+            None => match s(event, "channel").and_then(|c| c.chars().next()) {
+                Some('G') => Some(true),
+                Some('D') => Some(false),
+                _ => None,
+            },
         };
         Self {
             ext_shared,
             private,
         }
+    }
+
+    /// The kind must be looked up before a trigger can pass the policy.
+    pub fn needs_lookup(&self, policy: &TriggerPolicy) -> bool {
+        self.private.is_none() && !policy.private_allowed
     }
 }
 
@@ -399,10 +415,14 @@ pub fn apply_channel_policy(
 ) -> Classification {
     let deny = if facts.ext_shared && !policy.shared_allowed {
         Some(IgnoreReason::SharedChannelDenied)
-    } else if facts.private && !policy.private_allowed {
-        Some(IgnoreReason::PrivateChannelDenied)
-    } else {
+    } else if policy.private_allowed {
         None
+    } else {
+        match facts.private {
+            Some(true) => Some(IgnoreReason::PrivateChannelDenied),
+            Some(false) => None,
+            None => Some(IgnoreReason::ChannelKindUnknown),
+        }
     };
     match (c.outcome, deny) {
         (Outcome::Trigger(_), Some(reason)) => Classification {
@@ -674,7 +694,10 @@ mod tests {
         let mention = fixture_event("app_mention.bolt-python.json");
         let c = classify(&mention, &me(), &policy());
         assert_eq!(c.outcome, Outcome::Trigger(TriggerSource::Mention));
-        let shared = ChannelFacts::of(&mention, true);
+        let shared = ChannelFacts {
+            private: Some(false),
+            ..ChannelFacts::of(&mention, true)
+        };
         let denied = apply_channel_policy(c.clone(), shared, &policy());
         assert_eq!(
             denied.outcome,
@@ -692,14 +715,44 @@ mod tests {
         // channel_type "group" (the slack-morphism fixture) is private.
         let private =
             ChannelFacts::of(&fixture_event("message_changed.slack-morphism.json"), false);
-        assert!(private.private);
+        assert_eq!(private.private, Some(true));
         assert_eq!(
             apply_channel_policy(c.clone(), private, &policy()).outcome,
             Outcome::Ignore(IgnoreReason::PrivateChannelDenied)
         );
         let g = ChannelFacts::of(&json!({"type": "app_mention", "channel": "G123"}), false);
-        assert!(g.private);
-        assert!(!ChannelFacts::of(&mention, false).private);
+        assert_eq!(g.private, Some(true));
+        // An app_mention has no channel_type and private channels get C ids
+        // too: the kind is unknown, and unknown is denied until looked up.
+        let unknown = ChannelFacts::of(&mention, false);
+        assert_eq!(unknown.private, None);
+        assert!(unknown.needs_lookup(&policy()));
+        assert_eq!(
+            apply_channel_policy(c.clone(), unknown, &policy()).outcome,
+            Outcome::Ignore(IgnoreReason::ChannelKindUnknown)
+        );
+        let private_ok = TriggerPolicy {
+            private_allowed: true,
+            ..policy()
+        };
+        assert!(!unknown.needs_lookup(&private_ok));
+        assert_eq!(
+            apply_channel_policy(c.clone(), unknown, &private_ok).outcome,
+            c.outcome
+        );
+        let public = ChannelFacts {
+            private: Some(false),
+            ..unknown
+        };
+        assert_eq!(
+            apply_channel_policy(c.clone(), public, &policy()).outcome,
+            c.outcome
+        );
+        assert_eq!(
+            ChannelFacts::of(&fixture_event("message_channel.bolt-python.json"), false).private,
+            Some(false),
+            "a message event says channel_type"
+        );
         // Ignores stay ignores.
         let plain = classify(
             &fixture_event("message_bot_message.bolt-python.json"),

@@ -20,7 +20,7 @@ use crate::config::OAuthSettings;
 
 /// Least privilege for what threadline does: read mentions and the threads
 /// it answers in, post replies.
-pub const DEFAULT_BOT_SCOPES: &str = "app_mentions:read,channels:history,chat:write";
+pub const DEFAULT_BOT_SCOPES: &str = "app_mentions:read,channels:history,channels:read,chat:write";
 const COOKIE: &str = "tl_oauth_browser";
 
 pub struct OAuth {

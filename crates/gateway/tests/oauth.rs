@@ -131,7 +131,7 @@ impl Flow {
             "{location}"
         );
         assert!(
-            location.contains("scope=app_mentions%3Aread%2Cchannels%3Ahistory%2Cchat%3Awrite"),
+            location.contains("scope=app_mentions%3Aread%2Cchannels%3Ahistory%2Cchannels%3Aread%2Cchat%3Awrite"),
             "least privilege: {location}"
         );
         (location, cookie)
@@ -193,7 +193,12 @@ async fn an_install_stores_the_workspace_with_its_token_sealed() {
     assert!(bot_id.starts_with('B'));
     assert_eq!(
         scopes,
-        ["app_mentions:read", "channels:history", "chat:write"]
+        [
+            "app_mentions:read",
+            "channels:history",
+            "channels:read",
+            "chat:write"
+        ]
     );
     assert!(!sealed.windows(5).any(|w| w == b"xoxb-"), "stored sealed");
     // The sealed token is the one Slack issued: it works.

@@ -194,4 +194,18 @@ impl WebClient {
             next_cursor,
         })
     }
+
+    /// `conversations.info`: whether `channel` is private (a private channel,
+    /// multi-person DM or DM), as Slack sees it now.
+    pub async fn channel_is_private(&self, token: &str, channel: &str) -> Result<bool, WebError> {
+        let v = self
+            .call("conversations.info", token, &[("channel", channel)])
+            .await?;
+        let c = v.get("channel").ok_or(WebError::Decode)?;
+        let flag = |k: &str| c.get(k).and_then(Value::as_bool);
+        match (flag("is_private"), flag("is_im"), flag("is_mpim")) {
+            (None, None, None) => Err(WebError::Decode),
+            (p, im, mpim) => Ok(p.unwrap_or(false) || im.unwrap_or(false) || mpim.unwrap_or(false)),
+        }
+    }
 }
