@@ -17,6 +17,7 @@ struct Flow {
     gw: String,
     sim: String,
     team: String,
+    app: String,
     keys: String,
     http: reqwest::Client,
     stop: CancellationToken,
@@ -91,6 +92,7 @@ impl Flow {
             gw,
             sim,
             team,
+            app: app["id"].as_str().expect("app id").to_owned(),
             keys,
             http,
             stop,
@@ -131,7 +133,9 @@ impl Flow {
             "{location}"
         );
         assert!(
-            location.contains("scope=app_mentions%3Aread%2Cchannels%3Ahistory%2Cchannels%3Aread%2Cchat%3Awrite"),
+            location.contains(
+                "scope=app_mentions%3Aread%2Cchannels%3Ahistory%2Cchannels%3Aread%2Cchat%3Awrite"
+            ),
             "least privilege: {location}"
         );
         (location, cookie)
@@ -139,9 +143,14 @@ impl Flow {
 
     /// The person approves in the workspace: Slack redirects to the callback.
     async fn approve(&self, consent: &str) -> String {
+        self.approve_in(consent, &self.team).await
+    }
+
+    /// Approval in workspace (or, for an org admin, enterprise) `who`.
+    async fn approve_in(&self, consent: &str, who: &str) -> String {
         let r = self
             .http
-            .get(format!("{consent}&team={}", self.team))
+            .get(format!("{consent}&team={who}"))
             .send()
             .await
             .expect("consent");
@@ -266,5 +275,123 @@ async fn foreign_expired_missing_and_declined_states_install_nothing() {
     assert_eq!(status, 400);
     assert!(page.contains("access_denied"));
     assert_eq!(f.installations().await, 0);
+    f.stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_org_wide_install_serves_every_workspace_of_the_enterprise_and_no_other() {
+    let f = Flow::new().await;
+    let team = |name: &str, enterprise: Option<&str>| {
+        let (http, url) = (f.http.clone(), format!("{}/_sim/teams", f.sim));
+        let body = json!({"name": name, "enterprise_id": enterprise});
+        async move {
+            let v: Value = http
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .expect("sim")
+                .json()
+                .await
+                .expect("json");
+            v["id"].as_str().expect("team id").to_owned()
+        }
+    };
+    let sales = team("Acme Sales", Some("E0ACME")).await;
+    let ops = team("Acme Ops", Some("E0ACME")).await;
+    // An org admin approves for the whole enterprise.
+    let (consent, cookie) = f.start().await;
+    let callback = f.approve_in(&consent, "E0ACME").await;
+    let (status, page) = f.callback(&callback, &cookie).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("E0ACME"), "{page}");
+    let (id, org_wide, enterprise, team_id, sealed, key): (
+        uuid::Uuid,
+        bool,
+        Option<String>,
+        Option<String>,
+        Vec<u8>,
+        String,
+    ) = sqlx::query_as(
+        "SELECT id, is_enterprise_install, enterprise_id, team_id, bot_token_sealed, bot_token_key_id FROM installations",
+    )
+    .fetch_one(&f.db.pool)
+    .await
+    .expect("installation");
+    assert_eq!(
+        (org_wide, enterprise.as_deref(), team_id),
+        (true, Some("E0ACME"), None),
+        "an org-wide install has no workspace"
+    );
+    let cipher = TokenCipher::parse(&f.keys.clone().into()).expect("keys");
+    let token = cipher
+        .open(
+            &Sealed {
+                key_id: key,
+                bytes: sealed,
+            },
+            &token_aad(&id, "bot"),
+        )
+        .expect("opens");
+    let me: Value = f
+        .http
+        .post(format!("{}/api/auth.test", f.sim))
+        .bearer_auth(secrecy::ExposeSecret::expose_secret(&token))
+        .send()
+        .await
+        .expect("auth.test")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        (&me["ok"], &me["is_enterprise_install"]),
+        (&json!(true), &json!(true))
+    );
+
+    // Events from either workspace of the enterprise, authorised org-wide as
+    // Slack sends them, resolve to the one installation; a workspace
+    // outside it (even claiming the enterprise inside the event) does not.
+    let org_event = |team: &str, event_id: &str, enterprise: &str| {
+        let mut v =
+            threadline_testkit::slack::app_mention(&f.app, team, event_id, "C0ORG", "1.000001");
+        v["enterprise_id"] = json!(enterprise);
+        v["authorizations"] = json!([{"enterprise_id": enterprise, "team_id": null,
+            "user_id": "U0BOT", "is_bot": true, "is_enterprise_install": true}]);
+        serde_json::to_vec(&v).expect("json")
+    };
+    let events = format!("{}/slack/events", f.gw);
+    for (team, event, enterprise) in [
+        (sales.as_str(), "EvSALES", "E0ACME"),
+        (ops.as_str(), "EvOPS", "E0ACME"),
+        ("T0ELSEWHERE", "EvELSE", "E0OTHER"),
+    ] {
+        let r = threadline_testkit::slack::deliver(
+            &f.http,
+            &events,
+            TEST_SECRET,
+            &org_event(team, event, enterprise),
+            None,
+        )
+        .await
+        .expect("deliver");
+        assert_eq!(r.status(), 200);
+    }
+    let receipts: Vec<(String, uuid::Uuid)> =
+        sqlx::query_as("SELECT event_id, installation_id FROM event_receipts ORDER BY event_id")
+            .fetch_all(&f.db.pool)
+            .await
+            .expect("receipts");
+    assert_eq!(
+        receipts,
+        [("EvOPS".to_owned(), id), ("EvSALES".to_owned(), id)]
+    );
+    let rejected: Vec<(String, String)> = sqlx::query_as("SELECT event_id, reason FROM rejections")
+        .fetch_all(&f.db.pool)
+        .await
+        .expect("rejections");
+    assert_eq!(
+        rejected,
+        [("EvELSE".to_owned(), "unknown_installation".to_owned())]
+    );
     f.stop.cancel();
 }

@@ -288,6 +288,7 @@ pub async fn create_app(State(sim): State<Sim>, Json(r): Json<AppReq>) -> ApiRes
 
 #[derive(Deserialize)]
 pub struct InstallReq {
+    /// The workspace, or an enterprise id (`E…`) for an org-wide install.
     team_id: String,
     #[serde(default)]
     scopes: Vec<String>,
@@ -302,7 +303,8 @@ pub async fn install_app(
     Json(r): Json<InstallReq>,
 ) -> ApiResult {
     let mut w = sim.lock();
-    if !w.teams.contains_key(&r.team_id) {
+    let org_wide = w.is_enterprise(&r.team_id);
+    if !w.teams.contains_key(&r.team_id) && !org_wide {
         return Err(not_found("team", &r.team_id));
     }
     let app = w
@@ -329,6 +331,7 @@ pub async fn install_app(
     };
     let install = Install {
         team_id: r.team_id.clone(),
+        is_enterprise_install: org_wide,
         bot_user_id: bot_user_id.clone(),
         bot_id: bot_id.clone(),
         bot_token,
@@ -745,7 +748,8 @@ pub struct AuthorizeQuery {
     scope: String,
     state: Option<String>,
     redirect_uri: Option<String>,
-    /// The workspace that approves (the emulator has no login page).
+    /// The workspace that approves (the emulator has no login page), or an
+    /// enterprise id (`E…`): an org admin installing the app org-wide.
     team: String,
 }
 
@@ -761,7 +765,8 @@ pub async fn authorize(State(sim): State<Sim>, Query(q): Query<AuthorizeQuery>) 
     else {
         return (StatusCode::BAD_REQUEST, "invalid_client_id").into_response();
     };
-    if !w.teams.contains_key(&q.team) {
+    let org_wide = w.is_enterprise(&q.team);
+    if !w.teams.contains_key(&q.team) && !org_wide {
         return (StatusCode::BAD_REQUEST, "unknown team").into_response();
     }
     let Some(redirect) = q
@@ -797,6 +802,7 @@ pub async fn authorize(State(sim): State<Sim>, Query(q): Query<AuthorizeQuery>) 
     if let Some(a) = w.apps.get_mut(&app.id) {
         let entry = a.installs.entry(q.team.clone()).or_insert(Install {
             team_id: q.team.clone(),
+            is_enterprise_install: org_wide,
             bot_user_id,
             bot_id,
             bot_token: placeholder,

@@ -12,8 +12,7 @@ fn watchers(w: &World, channel: &Channel) -> Vec<App> {
     w.apps
         .values()
         .filter(|a| {
-            a.installs
-                .get(&channel.team_id)
+            w.install_of(a, &channel.team_id)
                 .is_some_and(|i| channel.members.contains(&i.bot_user_id))
         })
         .cloned()
@@ -29,7 +28,10 @@ fn envelope(
 ) -> Envelope {
     let team = w.teams.get(&channel.team_id).cloned();
     let enterprise = team.as_ref().and_then(|t| t.enterprise_id.clone());
-    let install = &app.installs[&channel.team_id];
+    let install = w.install_of(app, &channel.team_id).cloned();
+    let (bot_user, org_wide) = install
+        .map(|i| (i.bot_user_id, i.is_enterprise_install))
+        .unwrap_or_default();
     let event_id = w.rng.id("Ev", 10);
     let context = format!("4-{}", w.rng.hex(40));
     w.event_contexts
@@ -44,10 +46,12 @@ fn envelope(
         "event_time": now_unix(),
         "authorizations": [{
             "enterprise_id": enterprise,
-            "team_id": channel.team_id,
-            "user_id": install.bot_user_id,
+            // An org-wide install is authorised for the enterprise, not a
+            // workspace (the bolt-python org-install fixture).
+            "team_id": if org_wide { Value::Null } else { channel.team_id.clone().into() },
+            "user_id": bot_user,
             "is_bot": true,
-            "is_enterprise_install": false
+            "is_enterprise_install": org_wide
         }],
         "is_ext_shared_channel": channel.is_ext_shared,
         "event_context": context,
@@ -114,7 +118,12 @@ fn message_event(w: &World, channel: &Channel, m: &Message) -> Value {
 pub fn new_message(w: &mut World, channel: &Channel, m: &Message) -> Vec<Envelope> {
     let mut out = Vec::new();
     for app in watchers(w, channel) {
-        let bot_user = app.installs[&channel.team_id].bot_user_id.clone();
+        let Some(bot_user) = w
+            .install_of(&app, &channel.team_id)
+            .map(|i| i.bot_user_id.clone())
+        else {
+            continue;
+        };
         let mentioned = m.text.contains(&format!("<@{bot_user}>"));
         let human = m.bot_id.is_none() && m.subtype.is_none();
         if mentioned && human && app.events.contains("app_mention") {

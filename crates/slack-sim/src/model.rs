@@ -169,7 +169,11 @@ pub struct Channel {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Install {
+    /// The workspace, or for an org-wide install the enterprise (`E…`):
+    /// the key of `App::installs`.
     pub team_id: String,
+    /// Installed org-wide: the bot sees every workspace of the enterprise.
+    pub is_enterprise_install: bool,
     pub bot_user_id: String,
     pub bot_id: String,
     pub bot_token: String,
@@ -484,6 +488,33 @@ impl World {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// The installation of `app` that covers workspace `team_id`: its own,
+    /// else an org-wide install in its enterprise.
+    pub fn install_of<'a>(&self, app: &'a App, team_id: &str) -> Option<&'a Install> {
+        app.installs.get(team_id).or_else(|| {
+            let ent = self.teams.get(team_id)?.enterprise_id.as_ref()?;
+            app.installs.get(ent).filter(|i| i.is_enterprise_install)
+        })
+    }
+
+    /// Whether `install` can see workspace `team_id`.
+    pub fn covers(&self, install: &Install, team_id: &str) -> bool {
+        install.team_id == team_id
+            || (install.is_enterprise_install
+                && self
+                    .teams
+                    .get(team_id)
+                    .and_then(|t| t.enterprise_id.as_deref())
+                    == Some(install.team_id.as_str()))
+    }
+
+    /// An enterprise some workspace belongs to.
+    pub fn is_enterprise(&self, id: &str) -> bool {
+        self.teams
+            .values()
+            .any(|t| t.enterprise_id.as_deref() == Some(id))
     }
 
     /// The app and installation a bot token belongs to.

@@ -384,6 +384,15 @@ fn call(w: &mut World, method: &str, token: Option<&str>, p: &Params) -> Outcome
 }
 
 fn auth_test(w: &World, app: &App, install: &Install) -> Value {
+    if install.is_enterprise_install {
+        return json!({
+            "url": "https://org.enterprise.slack.com/",
+            "team": null, "team_id": null,
+            "user": w.users.get(&install.bot_user_id).map(|u| u.name.clone()).unwrap_or_else(|| app.name.clone()),
+            "user_id": install.bot_user_id, "bot_id": install.bot_id,
+            "enterprise_id": install.team_id, "is_enterprise_install": true,
+        });
+    }
     let team = w.teams.get(&install.team_id);
     let mut v = json!({
         "url": format!("https://{}.slack.com/", team.map(|t| t.domain.as_str()).unwrap_or("workspace")),
@@ -405,7 +414,7 @@ fn channel_of(w: &World, install: &Install, p: &Params) -> Result<crate::model::
     let id = p.str("channel").ok_or(ApiError::new("channel_not_found"))?;
     w.channels
         .get(&id)
-        .filter(|c| c.team_id == install.team_id)
+        .filter(|c| w.covers(install, &c.team_id))
         .cloned()
         .ok_or(ApiError::new("channel_not_found"))
 }
@@ -745,11 +754,11 @@ fn oauth_access(w: &mut World, p: &Params) -> Outcome {
                 None,
             )
         };
-        let team = w
-            .teams
-            .get(&team_id)
-            .cloned()
-            .ok_or(ApiError::new("invalid_code"))?;
+        let team = w.teams.get(&team_id).cloned();
+        let org_wide = team.is_none() && w.is_enterprise(&team_id);
+        if team.is_none() && !org_wide {
+            return Err(ApiError::new("invalid_code"));
+        }
         let app_mut = w
             .apps
             .get_mut(&app.id)
@@ -765,9 +774,12 @@ fn oauth_access(w: &mut World, p: &Params) -> Outcome {
             "app_id": app.id, "token_type": "bot", "access_token": bot_token,
             "scope": install.scopes.iter().cloned().collect::<Vec<_>>().join(","),
             "bot_user_id": install.bot_user_id,
-            "team": {"id": team.id, "name": team.name},
-            "enterprise": team.enterprise_id.as_ref().map(|e| json!({"id": e, "name": e})),
-            "is_enterprise_install": false,
+            // An org-wide install has no workspace: `team` is null and the
+            // enterprise names it.
+            "team": team.as_ref().map(|t| json!({"id": t.id, "name": t.name})),
+            "enterprise": team.as_ref().map_or(Some(&team_id), |t| t.enterprise_id.as_ref())
+                .map(|e| json!({"id": e, "name": e})),
+            "is_enterprise_install": org_wide,
             "authed_user": {"id": ""},
         });
         if let (Some(r), Some(e)) = (refresh, expires) {
@@ -806,14 +818,14 @@ fn event_authorizations(w: &mut World, token: Option<&str>, p: &Params) -> Outco
     if ctx_app != app.id {
         return Outcome::err(ApiError::new("invalid_event_context"));
     }
-    let auths: Vec<Value> = app
-        .installs
-        .get(&team)
+    let auths: Vec<Value> = w
+        .install_of(&app, &team)
         .map(|i| {
             let ent = w.teams.get(&team).and_then(|t| t.enterprise_id.clone());
+            let team_id = (!i.is_enterprise_install).then(|| team.clone());
             vec![
-                json!({"enterprise_id": ent, "team_id": team, "user_id": i.bot_user_id,
-                        "is_bot": true, "is_enterprise_install": false}),
+                json!({"enterprise_id": ent, "team_id": team_id, "user_id": i.bot_user_id,
+                        "is_bot": true, "is_enterprise_install": i.is_enterprise_install}),
             ]
         })
         .unwrap_or_default();
