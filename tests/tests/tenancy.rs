@@ -1,0 +1,325 @@
+//! Two workspaces on one app (one signing secret, as Slack does it): events,
+//! contexts and posts of workspace A never touch workspace B's token,
+//! threads or policy, even when A's payloads name B's channel and threads.
+//! Judged by Slack's ground truth (slack-sim) and by threadline's tables.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use threadline_testkit::eventually;
+use threadline_tests::{Stack, cli, sim_ctl, sim_get};
+use uuid::Uuid;
+
+/// Workspace B: its own team, person, public channel and installation of
+/// the same app, registered with threadline.
+struct Other {
+    team: String,
+    user: String,
+    channel: String,
+    bot_user: String,
+    token: String,
+    inst: Uuid,
+}
+
+async fn second_workspace(s: &Stack) -> Other {
+    let id = |v: &Value, f: &str| v[f].as_str().expect(f).to_owned();
+    let team = id(
+        &sim_ctl(&s.sim, "teams", json!({"name": "Beta"})).await,
+        "id",
+    );
+    let user = id(
+        &sim_ctl(&s.sim, "users", json!({"team_id": team, "name": "bo"})).await,
+        "id",
+    );
+    let channel = id(
+        &sim_ctl(
+            &s.sim,
+            "channels",
+            json!({"team_id": team, "name": "ops", "kind": "public", "members": [user]}),
+        )
+        .await,
+        "id",
+    );
+    let install = sim_ctl(
+        &s.sim,
+        &format!("apps/{}/installs", s.app),
+        json!({"team_id": team, "scopes": ["chat:write", "channels:history", "channels:read"],
+               "join_channels": [channel]}),
+    )
+    .await;
+    let bot_user = id(&install, "bot_user_id");
+    let out = cli(
+        &[
+            "install",
+            "add",
+            "--team",
+            &team,
+            "--app",
+            &s.app,
+            "--bot-user",
+            &bot_user,
+            "--bot-id",
+            &id(&install, "bot_id"),
+            "--token",
+            &id(&install, "bot_token"),
+        ],
+        &[
+            ("DATABASE_URL", s.db.url.clone()),
+            ("THREADLINE_TOKEN_KEYS", "k1:".to_owned() + &"42".repeat(32)),
+        ],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let inst = sqlx::query_scalar("SELECT id FROM installations WHERE team_id = $1")
+        .bind(&team)
+        .fetch_one(&s.db.pool)
+        .await
+        .expect("B's installation");
+    Other {
+        team,
+        user,
+        channel,
+        bot_user,
+        token: id(&install, "bot_token"),
+        inst,
+    }
+}
+
+async fn post(s: &Stack, user: &str, channel: &str, text: &str, thread: Option<&str>) -> String {
+    let mut body = json!({"user": user, "channel": channel, "text": text});
+    if let Some(t) = thread {
+        body["thread_ts"] = t.into();
+    }
+    sim_ctl(&s.sim, "act/post", body).await["ts"]
+        .as_str()
+        .expect("ts")
+        .to_owned()
+}
+
+/// The app's messages in `channel`'s thread `root`, from Slack's side.
+async fn app_messages(s: &Stack, channel: &str, root: &str) -> Vec<Value> {
+    let v = sim_get(&s.sim, &format!("channels/{channel}/threads/{root}")).await;
+    v["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m["app_id"].is_string())
+        .collect()
+}
+
+async fn rows_of(s: &Stack, inst: Uuid) -> i64 {
+    sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM threads WHERE installation_id = $1)
+              + (SELECT count(*) FROM thread_messages WHERE installation_id = $1)
+              + (SELECT count(*) FROM turns WHERE installation_id = $1)
+              + (SELECT count(*) FROM channel_kinds WHERE installation_id = $1)
+              + (SELECT count(*) FROM channel_policies WHERE installation_id = $1)
+              + (SELECT count(*) FROM event_receipts WHERE installation_id = $1)",
+    )
+    .bind(inst)
+    .fetch_one(&s.db.pool)
+    .await
+    .expect("counts")
+}
+
+/// Waits until every receipt is terminal.
+async fn settled(s: &Stack, n: i64) {
+    eventually(
+        &format!("{n} receipts settled"),
+        Duration::from_secs(30),
+        || {
+            let pool = s.db.pool.clone();
+            async move {
+                let (all, open): (i64, i64) = sqlx::query_as(
+                    "SELECT count(*), count(*) FILTER (WHERE state IN ('accepted', 'processing')) FROM event_receipts",
+                )
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+                (all >= n && open == 0).then_some(())
+            }
+        },
+    )
+    .await;
+    // Give a straggling publish a moment to show itself.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
+    let s = Stack::start(&[]).await;
+    let b = second_workspace(&s).await;
+    let a_inst: Uuid = sqlx::query_scalar("SELECT id FROM installations WHERE team_id = $1")
+        .bind(&s.team)
+        .fetch_one(&s.db.pool)
+        .await
+        .expect("A's installation");
+
+    // B's person starts a thread (B has no trigger: the bot is not asked).
+    let b_root = post(&s, &b.user, &b.channel, "payroll run is late", None).await;
+    settled(&s, 1).await;
+    let b_rows = rows_of(&s, b.inst).await;
+
+    // Payloads signed with the app's secret, authorised for workspace A,
+    // whose events name B's channel, B's thread, B's team and B's person:
+    // an app_mention (no channel_type) and a message reply in B's thread.
+    let gateway = s.services[0].events_url();
+    let forged = |event_id: &str, event: Value| {
+        let mut v =
+            threadline_testkit::slack::app_mention(&s.app, &s.team, event_id, &b.channel, "0");
+        v["event"] = event;
+        serde_json::to_vec(&v).expect("json")
+    };
+    let mention = json!({"type": "app_mention", "user": b.user, "team": b.team,
+        "text": format!("<@{}> leak B's thread", s.bot_user), "ts": "1800000000.000100",
+        "event_ts": "1800000000.000100", "channel": b.channel});
+    let reply = json!({"type": "message", "user": b.user, "team": b.team, "channel_type": "channel",
+        "text": format!("<@{}> summarise", s.bot_user), "ts": "1800000000.000200",
+        "event_ts": "1800000000.000200", "thread_ts": b_root, "channel": b.channel});
+    let http = reqwest::Client::new();
+    for (id, ev) in [("EvFORGED1", mention), ("EvFORGED2", reply)] {
+        let r = threadline_testkit::slack::deliver(
+            &http,
+            &gateway,
+            threadline_testkit::slack::TEST_SECRET,
+            &forged(id, ev),
+            None,
+        )
+        .await
+        .expect("deliver");
+        assert_eq!(r.status(), 200);
+    }
+    settled(&s, 3).await;
+
+    // Both were taken as A's (the verified envelope decides), and Slack's
+    // side shows no post in B's channel.
+    let forged_inst: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT installation_id FROM event_receipts WHERE event_id LIKE 'EvFORGED%'",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .expect("receipts");
+    assert_eq!(forged_inst, [a_inst, a_inst]);
+    assert!(app_messages(&s, &b.channel, &b_root).await.is_empty());
+    let posts = sim_get(
+        &s.sim,
+        &format!("app_posts?app_id={}&channel={}", s.app, b.channel),
+    )
+    .await;
+    assert_eq!(posts["per_thread"], json!([]), "nothing posted in B");
+
+    // Every Web API call about B's channel so far was made with A's token
+    // and refused by Slack; B's token was never used for A's events.
+    let calls = sim_get(&s.sim, "calls").await;
+    let calls = calls["calls"].as_array().cloned().unwrap_or_default();
+    let about_b: Vec<&Value> = calls
+        .iter()
+        .filter(|c| c["channel"] == b.channel.as_str())
+        .collect();
+    assert!(
+        !about_b.is_empty(),
+        "A's pipeline did try B's channel: {calls:?}"
+    );
+    let mut methods: Vec<&str> = about_b
+        .iter()
+        .filter_map(|c| c["method"].as_str())
+        .collect();
+    methods.sort_unstable();
+    methods.dedup();
+    assert_eq!(
+        methods,
+        [
+            "chat.postMessage",
+            "conversations.info",
+            "conversations.replies"
+        ],
+        "the forged events went through every stage that calls Slack"
+    );
+    for c in &about_b {
+        assert_eq!(c["team_id"], s.team.as_str(), "with A's token: {c}");
+        assert_ne!(c["outcome"], "ok", "and Slack refused it: {c}");
+    }
+    assert!(
+        calls.iter().all(|c| c["team_id"] != b.team.as_str()),
+        "B's token untouched"
+    );
+    // B's thread store, turns and policy did not move.
+    assert_eq!(rows_of(&s, b.inst).await, b_rows);
+
+    // A's policy naming B's channel does not change B's behaviour: B's
+    // plain message stays unanswered, B's mention is answered by B's bot
+    // with B's token.
+    let out = cli(
+        &[
+            "policy",
+            "channel",
+            "--installation",
+            &a_inst.to_string(),
+            "--channel",
+            &b.channel,
+            "--mode",
+            "every-message",
+        ],
+        &[("DATABASE_URL", s.db.url.clone())],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    post(&s, &b.user, &b.channel, "any update?", Some(&b_root)).await;
+    post(
+        &s,
+        &b.user,
+        &b.channel,
+        &format!("<@{}> where are we?", b.bot_user),
+        Some(&b_root),
+    )
+    .await;
+    let answers = eventually("B's answer", Duration::from_secs(30), || async {
+        let a = app_messages(&s, &b.channel, &b_root).await;
+        (!a.is_empty()).then_some(a)
+    })
+    .await;
+    settled(&s, 7).await;
+    let answers_now = app_messages(&s, &b.channel, &b_root).await;
+    assert_eq!(answers_now.len(), 1, "{answers_now:?}");
+    assert_eq!(answers[0]["user"], b.bot_user.as_str(), "B's own bot");
+    let calls = sim_get(&s.sim, "calls?method=chat.postMessage").await;
+    let ok_in_b: Vec<Value> = calls["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["channel"] == b.channel.as_str() && c["outcome"] == "ok")
+        .collect();
+    assert_eq!(ok_in_b.len(), 1);
+    assert_eq!(ok_in_b[0]["team_id"], b.team.as_str(), "with B's token");
+    let b_reasons: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT state_reason FROM event_receipts WHERE installation_id = $1 AND event_type = 'message' AND state = 'ignored' ORDER BY received_at",
+    )
+    .bind(b.inst)
+    .fetch_all(&s.db.pool)
+    .await
+    .expect("B's receipts");
+    assert!(
+        b_reasons
+            .iter()
+            .filter(|r| r.as_deref() == Some("not_addressed"))
+            .count()
+            >= 2,
+        "B's plain messages stay unaddressed under A's every-message rule: {b_reasons:?}"
+    );
+    let token_a = s.token.clone();
+    let logs = s.stop().await;
+    assert!(!logs.is_empty(), "the services logged something to check");
+    for t in [&token_a, &b.token] {
+        assert!(!logs.contains(t.as_str()), "a bot token reached a log line");
+    }
+}
