@@ -323,3 +323,70 @@ async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
         assert!(!logs.contains(t.as_str()), "a bot token reached a log line");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninstalling_while_the_model_runs_stops_the_answer_before_it_is_posted() {
+    // The built-in model takes 3 s, like a real one; the workspace removes
+    // the app while it thinks.
+    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "3000".to_owned())]).await;
+    let root = s
+        .post(&format!("<@{}> what broke?", s.bot_user), None)
+        .await;
+    eventually("the model call started", Duration::from_secs(20), || {
+        let pool = s.db.pool.clone();
+        async move {
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM decisions")
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+            (n > 0).then_some(())
+        }
+    })
+    .await;
+    sim_ctl(
+        &s.sim,
+        &format!("apps/{}/uninstall", s.app),
+        json!({"team_id": s.team}),
+    )
+    .await;
+    // The answer the model produced is cancelled at the publisher: the
+    // installation has no token any more.
+    let settled = eventually("the decision settled", Duration::from_secs(30), || {
+        let pool = s.db.pool.clone();
+        async move {
+            let d: (String, Option<String>) =
+                sqlx::query_as("SELECT status, status_reason FROM decisions")
+                    .fetch_one(&pool)
+                    .await
+                    .ok()?;
+            (d.0 != "calling" && d.0 != "proposed").then_some(d)
+        }
+    })
+    .await;
+    assert_eq!(
+        settled,
+        (
+            "cancelled".to_owned(),
+            Some("installation_unavailable".to_owned())
+        )
+    );
+    let status: String = sqlx::query_scalar("SELECT status FROM installations")
+        .fetch_one(&s.db.pool)
+        .await
+        .expect("installation");
+    assert_eq!(status, "disabled");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(app_messages(&s, &s.channel, &root).await.is_empty());
+    let posts = sim_get(&s.sim, "calls?method=chat.postMessage").await;
+    assert_eq!(
+        posts["calls"].as_array().map(Vec::len),
+        Some(0),
+        "threadline stopped itself; Slack was not even asked"
+    );
+    let sealed: Option<Vec<u8>> = sqlx::query_scalar("SELECT bot_token_sealed FROM installations")
+        .fetch_one(&s.db.pool)
+        .await
+        .expect("installation");
+    assert!(sealed.is_none(), "the token is purged");
+    s.stop().await;
+}

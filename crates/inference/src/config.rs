@@ -35,6 +35,10 @@ pub struct InferenceConfig {
     pub backup: Option<ModelConfig>,
     /// `THREADLINE_MODEL_TIMEOUT_MS`, default 20000.
     pub timeout: Duration,
+    /// `THREADLINE_BUILTIN_LATENCY_MS`, default 0: how long the built-in
+    /// model takes to answer, to play a real model's seconds in demos and
+    /// tests (a thread can change while it "thinks").
+    pub builtin_latency: Duration,
     /// `THREADLINE_MODEL_MAX_TOKENS`, default 800.
     pub max_tokens: u32,
     /// `THREADLINE_BREAKER_FAILURES` (5) and `THREADLINE_BREAKER_COOLDOWN_MS` (30000).
@@ -94,6 +98,7 @@ impl InferenceConfig {
             primary,
             backup,
             timeout: src.millis("THREADLINE_MODEL_TIMEOUT_MS", 20_000, 100..=600_000)?,
+            builtin_latency: src.millis("THREADLINE_BUILTIN_LATENCY_MS", 0, 0..=600_000)?,
             max_tokens: src.bounded("THREADLINE_MODEL_MAX_TOKENS", 800, 1..=32_000)? as u32,
             breaker_failures: src.bounded("THREADLINE_BREAKER_FAILURES", 5, 1..=1000)? as u32,
             breaker_cooldown: src.millis(

@@ -41,6 +41,8 @@ pub struct Handler {
     pub fallback_text: String,
     pub reply_max_chars: usize,
     pub model_timeout: Duration,
+    /// How long the built-in model takes (demos and tests).
+    pub builtin_latency: Duration,
     /// Identifies provider, model and instructions in each decision.
     pub model_config_id: String,
 }
@@ -250,6 +252,9 @@ impl Handler {
                 .find(|m| m.ts == ctx.source_ts)
                 .map(|m| m.text.as_str())
                 .unwrap_or("");
+            if !self.builtin_latency.is_zero() {
+                tokio::time::sleep(self.builtin_latency).await;
+            }
             metrics::counter!("threadline_model_calls_total", "provider" => "builtin", "result" => "ok").increment(1);
             return Answer::Model {
                 provider: "builtin".into(),

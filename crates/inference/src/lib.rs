@@ -62,6 +62,7 @@ pub fn handler(
         fallback_text: cfg.fallback_text.clone(),
         reply_max_chars: cfg.reply_max_chars,
         model_timeout: cfg.timeout,
+        builtin_latency: cfg.builtin_latency,
     })
 }
 
