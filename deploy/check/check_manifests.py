@@ -1,0 +1,592 @@
+"""Offline checks of the rendered Kubernetes manifests against Kubernetes'
+schemas and against what the Rust code reads. Run by scripts/deploy-check.sh:
+
+    python check_manifests.py --root REPO NAME=rendered.yaml [NAME=rendered.yaml ...]
+
+1. Built-in kinds validate strictly (unknown fields fail) against the
+   Kubernetes schemas shipped by kubernetes-validate, for every version in
+   K8S_VERSIONS.
+2. Custom resources (KEDA, CloudNativePG, Barman Cloud, Prometheus Operator,
+   cert-manager) are checked here for the fields threadline relies on;
+   any other kind fails.
+3. Every pod runs non-root with a read-only root filesystem, no privilege
+   escalation, all capabilities dropped, RuntimeDefault seccomp, and
+   resource requests and limits.
+4. Every threadline container gets each setting its binary requires, and
+   every setting it is given is one its binary reads (rust_settings.py);
+   listen addresses, probes, ports, KEDA streams/consumers, Ingress paths
+   and alert metrics match the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+import rust_settings  # noqa: E402
+
+# Oldest Kubernetes minor version supported and the newest one known.
+K8S_VERSIONS = ["1.30.0", "1.37.0"]
+
+# Environment variables read outside the `src` config API (checked below).
+EXTRA_READS = {
+    "RUST_LOG": ("crates/runtime/src/telemetry.rs", "try_from_default_env"),
+    "THREADLINE_CONFIG_FILE": ("crates/runtime/src/config.rs", '"THREADLINE_CONFIG_FILE"'),
+}
+
+
+def is_set(p, key):
+    return p.get(key) is not None
+
+
+def equals(key, value):
+    return lambda p: p.get(key) is not None and p[key][1] == value
+
+
+def when_set(key):
+    return lambda p: is_set(p, key)
+
+
+def never(_p):
+    return False
+
+
+# Settings the code requires only in some configurations (the syntax alone
+# says "required"). (binary or "*", key) -> (condition on what is provided,
+# why). Entries that no longer match a required read fail the check.
+CONDITIONAL = {
+    ("threadline-gateway", "SLACK_SIGNING_SECRET_PREVIOUS"): (
+        never, "gateway config.rs: the loop requires only SLACK_SIGNING_SECRET"),
+    ("*", "SLACK_CLIENT_SECRET"): (
+        when_set("SLACK_CLIENT_ID"), "with SLACK_CLIENT_ID (OAuth, token refresh)"),
+    ("threadline-gateway", "THREADLINE_OAUTH_REDIRECT_URL"): (
+        when_set("SLACK_CLIENT_ID"), "with SLACK_CLIENT_ID (OAuth install flow)"),
+    ("threadline-gateway", "THREADLINE_TOKEN_KEYS"): (
+        when_set("SLACK_CLIENT_ID"), "with SLACK_CLIENT_ID (installs store sealed tokens)"),
+    ("threadline-inference", "THREADLINE_MODEL_BASE_URL"): (
+        equals("THREADLINE_MODEL_PROVIDER", "openai"), "with THREADLINE_MODEL_PROVIDER=openai"),
+    ("threadline-inference", "THREADLINE_MODEL_NAME"): (
+        equals("THREADLINE_MODEL_PROVIDER", "openai"), "with THREADLINE_MODEL_PROVIDER=openai"),
+    ("threadline-inference", "THREADLINE_MODEL_BACKUP_NAME"): (
+        when_set("THREADLINE_MODEL_BACKUP_BASE_URL"), "with THREADLINE_MODEL_BACKUP_BASE_URL"),
+    ("threadline", "THREADLINE_TOKEN_KEYS"): (
+        never, "cli: only `keys rotate` and `install add` need it, not `migrate`"),
+}
+
+# Metrics the alerts may name before the code emits them (being added).
+PENDING_METRICS = {
+    "threadline_duplicate_reply_incidents_total",
+    "threadline_reply_intents",
+    "threadline_consumer_pending_messages",
+}
+
+# Listen-address setting and health port of each service binary.
+SERVICES = {
+    "threadline-gateway": "THREADLINE_GATEWAY_ADDR",
+    "threadline-context-builder": "THREADLINE_CONTEXT_BUILDER_ADDR",
+    "threadline-inference": "THREADLINE_INFERENCE_ADDR",
+    "threadline-publisher": "THREADLINE_PUBLISHER_ADDR",
+}
+
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+
+
+class Report:
+    def __init__(self):
+        self.errors: list[str] = []
+        self.notes: list[str] = []
+
+    def error(self, where: str, msg: str):
+        self.errors.append(f"{where}: {msg}")
+
+    def note(self, msg: str):
+        self.notes.append(msg)
+
+
+def dig(obj, path: str):
+    cur = obj
+    for part in path.split("."):
+        if isinstance(cur, list):
+            try:
+                cur = cur[int(part)]
+            except (ValueError, IndexError):
+                return None
+        elif isinstance(cur, dict):
+            cur = cur.get(part)
+        else:
+            return None
+        if cur is None:
+            return None
+    return cur
+
+
+def kn(doc) -> str:
+    return f"{doc.get('kind')}/{dig(doc, 'metadata.name')}"
+
+
+# ---------------------------------------------------------------- custom resources
+
+def need(rep, where, doc, paths):
+    for p in paths:
+        v = dig(doc, p)
+        if v is None or v == "" or v == []:
+            rep.error(where, f"{kn(doc)} lacks {p}")
+
+
+def check_scaledobject(rep, where, doc, ctx):
+    need(rep, where, doc, ["spec.scaleTargetRef.name", "spec.triggers",
+                           "spec.minReplicaCount", "spec.maxReplicaCount"])
+    target = dig(doc, "spec.scaleTargetRef.name")
+    kind = dig(doc, "spec.scaleTargetRef.kind") or "Deployment"
+    dep = ctx["by_kind"].get(kind, {}).get(target)
+    if dep is None:
+        rep.error(where, f"{kn(doc)} scales {kind}/{target}, which this overlay does not have")
+        return
+    binary = ctx["binary_of"].get(target)
+    topo: rust_settings.Topology = ctx["topology"]
+    prefix = ctx["settings_of"].get(target, {}).get("THREADLINE_BUS_PREFIX", (None, topo.prefix_default))[1]
+    expected = {
+        (topo.stream(prefix, t), topo.topics[t][1]) for t in topo.consumed_by.get(binary, set())
+    }
+    seen = set()
+    for i, trig in enumerate(dig(doc, "spec.triggers") or []):
+        t = trig.get("type")
+        md = trig.get("metadata") or {}
+        if t == "nats-jetstream":
+            for k in ("natsServerMonitoringEndpoint", "account", "stream", "consumer", "lagThreshold"):
+                if not md.get(k):
+                    rep.error(where, f"{kn(doc)} trigger {i} lacks metadata.{k}")
+            pair = (md.get("stream"), md.get("consumer"))
+            if pair not in expected:
+                rep.error(where, f"{kn(doc)} trigger {i}: stream {pair[0]} / consumer {pair[1]} is not "
+                                 f"one {binary} consumes (the code: {sorted(expected)})")
+            seen.add(pair)
+            if not str(md.get("lagThreshold", "")).isdigit():
+                rep.error(where, f"{kn(doc)} trigger {i}: lagThreshold must be a quoted integer")
+        elif t == "cpu" or t == "memory":
+            if not md.get("value") or trig.get("metricType") not in ("Utilization", "AverageValue"):
+                rep.error(where, f"{kn(doc)} trigger {i}: {t} needs metricType and metadata.value")
+        else:
+            rep.error(where, f"{kn(doc)} trigger {i}: type {t!r} is not one this check knows")
+    if expected - seen:
+        rep.error(where, f"{kn(doc)} does not watch {sorted(expected - seen)}, which {binary} consumes")
+
+
+def check_servicemonitor(rep, where, doc, ctx):
+    need(rep, where, doc, ["spec.selector", "spec.endpoints"])
+    ports = {e.get("port") for e in dig(doc, "spec.endpoints") or []}
+    for e in dig(doc, "spec.endpoints") or []:
+        if e.get("path", "/metrics") != "/metrics":
+            rep.error(where, f"{kn(doc)}: the services serve /metrics, not {e.get('path')}")
+    matched = [s for s in ctx["by_kind"].get("Service", {}).values() if selects(dig(doc, "spec.selector"), s)]
+    if not matched:
+        rep.error(where, f"{kn(doc)} selects no Service")
+    for s in matched:
+        names = {p.get("name") for p in dig(s, "spec.ports") or []}
+        if not ports & names:
+            rep.error(where, f"{kn(doc)}: Service {dig(s, 'metadata.name')} has no port named {sorted(ports)}")
+
+
+def check_prometheusrule(rep, where, doc, ctx):
+    need(rep, where, doc, ["spec.groups"])
+    known = ctx["metrics"]
+    for g in dig(doc, "spec.groups") or []:
+        if not g.get("name") or not g.get("rules"):
+            rep.error(where, f"{kn(doc)}: a group without name or rules")
+        for r in g.get("rules") or []:
+            if not (r.get("alert") or r.get("record")) or not r.get("expr"):
+                rep.error(where, f"{kn(doc)}: rule {r.get('alert')} lacks alert/record or expr")
+                continue
+            for m in re.findall(r"\b(threadline_[a-z0-9_]+)", str(r["expr"])):
+                base = re.sub(r"_(bucket|count|sum)$", "", m)
+                if m in known or base in known:
+                    continue
+                if m in PENDING_METRICS:
+                    ctx["pending_used"].add(m)
+                    continue
+                rep.error(where, f"{kn(doc)} alert {r.get('alert')}: metric {m} is not emitted by the code "
+                                 f"(grep metrics:: in crates/) nor listed as pending")
+
+
+def check_cnpg_cluster(rep, where, doc, ctx):
+    need(rep, where, doc, ["spec.instances", "spec.storage.size", "spec.bootstrap.initdb.database",
+                           "spec.bootstrap.initdb.owner"])
+    if not isinstance(dig(doc, "spec.instances"), int) or dig(doc, "spec.instances") < 1:
+        rep.error(where, f"{kn(doc)}: spec.instances must be a positive integer")
+    sync = dig(doc, "spec.postgresql.synchronous")
+    if sync is not None and (sync.get("method") not in ("any", "first") or
+                             not isinstance(sync.get("number"), int) or
+                             sync["number"] >= dig(doc, "spec.instances")):
+        rep.error(where, f"{kn(doc)}: synchronous needs method any|first and number < instances")
+    for p in dig(doc, "spec.plugins") or []:
+        if not p.get("name"):
+            rep.error(where, f"{kn(doc)}: a plugin without name")
+        obj = dig(p, "parameters.barmanObjectName")
+        if obj and obj not in ctx["by_kind"].get("ObjectStore", {}):
+            rep.error(where, f"{kn(doc)}: plugin uses ObjectStore {obj}, which this overlay does not have")
+    for key, v in (dig(doc, "spec.postgresql.parameters") or {}).items():
+        if not isinstance(v, str):
+            rep.error(where, f"{kn(doc)}: postgresql parameter {key} must be a string")
+
+
+def check_scheduledbackup(rep, where, doc, ctx):
+    need(rep, where, doc, ["spec.schedule", "spec.cluster.name"])
+    if len(str(dig(doc, "spec.schedule") or "").split()) != 6:
+        rep.error(where, f"{kn(doc)}: schedule takes six fields (seconds first)")
+    if dig(doc, "spec.cluster.name") not in ctx["by_kind"].get("Cluster", {}):
+        rep.error(where, f"{kn(doc)}: cluster {dig(doc, 'spec.cluster.name')} is not in this overlay")
+    method = dig(doc, "spec.method") or "barmanObjectStore"
+    if method not in ("barmanObjectStore", "volumeSnapshot", "plugin"):
+        rep.error(where, f"{kn(doc)}: unknown method {method}")
+    if method == "plugin":
+        need(rep, where, doc, ["spec.pluginConfiguration.name"])
+
+
+def check_objectstore(rep, where, doc, ctx):
+    need(rep, where, doc, ["spec.configuration.destinationPath"])
+
+
+def check_certificate(rep, where, doc, ctx):
+    need(rep, where, doc, ["spec.secretName", "spec.issuerRef.name", "spec.dnsNames"])
+
+
+def check_issuer(rep, where, doc, ctx):
+    need(rep, where, doc, ["spec"])
+
+
+def check_podmonitor(rep, where, doc, ctx):
+    need(rep, where, doc, ["spec.selector", "spec.podMetricsEndpoints"])
+
+
+CUSTOM = {
+    ("keda.sh/v1alpha1", "ScaledObject"): check_scaledobject,
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): check_servicemonitor,
+    ("monitoring.coreos.com/v1", "PodMonitor"): check_podmonitor,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): check_prometheusrule,
+    ("postgresql.cnpg.io/v1", "Cluster"): check_cnpg_cluster,
+    ("postgresql.cnpg.io/v1", "ScheduledBackup"): check_scheduledbackup,
+    ("barmancloud.cnpg.io/v1", "ObjectStore"): check_objectstore,
+    ("cert-manager.io/v1", "Certificate"): check_certificate,
+    ("cert-manager.io/v1", "Issuer"): check_issuer,
+    ("cert-manager.io/v1", "ClusterIssuer"): check_issuer,
+}
+
+
+# ---------------------------------------------------------------- workloads
+
+def selects(selector, obj) -> bool:
+    """A Service/ServiceMonitor-style selector (matchLabels or plain map, matchExpressions In)."""
+    if not selector:
+        return False
+    labels = dig(obj, "metadata.labels") or {}
+    plain = selector.get("matchLabels", None)
+    if plain is None and "matchExpressions" not in selector:
+        plain = selector
+    for k, v in (plain or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in selector.get("matchExpressions") or []:
+        if e.get("operator") == "In" and labels.get(e["key"]) not in e.get("values", []):
+            return False
+    return True
+
+
+def pod_spec(doc):
+    if doc["kind"] == "CronJob":
+        return dig(doc, "spec.jobTemplate.spec.template.spec")
+    return dig(doc, "spec.template.spec")
+
+
+def check_pod_security(rep, where, doc):
+    spec = pod_spec(doc) or {}
+    psc = spec.get("securityContext") or {}
+    if dig(psc, "seccompProfile.type") != "RuntimeDefault":
+        rep.error(where, f"{kn(doc)}: pod securityContext.seccompProfile.type must be RuntimeDefault")
+    for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        sc = c.get("securityContext") or {}
+        name = f"{kn(doc)} container {c.get('name')}"
+        if not (sc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
+            rep.error(where, f"{name}: runAsNonRoot is not set")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            rep.error(where, f"{name}: readOnlyRootFilesystem must be true")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            rep.error(where, f"{name}: allowPrivilegeEscalation must be false")
+        if "ALL" not in (dig(sc, "capabilities.drop") or []):
+            rep.error(where, f"{name}: capabilities.drop must include ALL")
+        for part in ("requests.cpu", "requests.memory", "limits.memory"):
+            if dig(c, f"resources.{part}") is None:
+                rep.error(where, f"{name}: resources.{part} is not set")
+
+
+def provided_settings(rep, where, doc, container, docs_by_kind):
+    """key -> (source, value-or-None, definite)."""
+    out = {}
+    for ef in container.get("envFrom") or []:
+        if "configMapRef" in ef:
+            name = ef["configMapRef"]["name"]
+            cm = docs_by_kind.get("ConfigMap", {}).get(name)
+            if cm is None:
+                if not ef["configMapRef"].get("optional"):
+                    rep.error(where, f"{kn(doc)}: envFrom ConfigMap {name} is not in this overlay")
+                continue
+            for k, v in (cm.get("data") or {}).items():
+                out[k] = (f"ConfigMap {name}", str(v), str(v).strip() != "")
+        elif "secretRef" in ef:
+            name = ef["secretRef"]["name"]
+            sec = docs_by_kind.get("Secret", {}).get(name)
+            if sec is None:
+                rep.error(where, f"{kn(doc)}: envFrom Secret {name} is not in the overlay, so its keys "
+                                 f"cannot be checked; reference keys one by one with secretKeyRef")
+                continue
+            for k in list((sec.get("data") or {})) + list((sec.get("stringData") or {})):
+                out[k] = (f"Secret {name}", None, True)
+    for e in container.get("env") or []:
+        k = e["name"]
+        if "value" in e:
+            out[k] = ("env", str(e["value"]), str(e["value"]).strip() != "")
+        elif "valueFrom" in e:
+            vf = e["valueFrom"]
+            ref = vf.get("secretKeyRef") or vf.get("configMapKeyRef")
+            if ref is not None:
+                out[k] = (f"{'Secret' if 'secretKeyRef' in vf else 'ConfigMap'} {ref.get('name')}/{ref.get('key')}",
+                          None, not ref.get("optional", False))
+            else:
+                out[k] = ("fieldRef", None, True)
+    return out
+
+
+def check_settings(rep, where, doc, container, binary, provided, bins):
+    reads = bins[binary].reads
+    name = f"{kn(doc)} container {container['name']} ({binary})"
+    for k, (src, _, _) in sorted(provided.items()):
+        if k not in reads.keys and k not in EXTRA_READS:
+            rep.error(where, f"{name}: {k} (from {src}) is not a setting {binary} reads — a typo, "
+                             f"or a setting meant for another service")
+    for k in sorted(reads.required):
+        cond = CONDITIONAL.get((binary, k)) or CONDITIONAL.get(("*", k))
+        if cond is None:
+            if k not in provided:
+                rep.error(where, f"{name}: required setting {k} is provided nowhere "
+                                 f"(read in {reads.where.get(k)})")
+            elif not provided[k][2]:
+                rep.error(where, f"{name}: required setting {k} comes from {provided[k][0]}, which is "
+                                 f"optional or empty")
+        else:
+            test, why = cond
+            if test(provided) and k not in provided:
+                rep.error(where, f"{name}: {k} is required {why}, and is provided nowhere")
+
+
+def check_service_container(rep, where, doc, container, binary, provided, ctx):
+    addr_key = SERVICES[binary]
+    name = f"{kn(doc)} container {container['name']}"
+    addr = provided.get(addr_key)
+    if addr is None or addr[1] is None:
+        rep.error(where, f"{name}: {addr_key} must be set to 0.0.0.0:PORT (the default listens on 127.0.0.1)")
+        return
+    m = re.fullmatch(r"(0\.0\.0\.0|\[::\]):(\d+)", addr[1])
+    if not m:
+        rep.error(where, f"{name}: {addr_key}={addr[1]} is not reachable from outside the pod; use 0.0.0.0:PORT")
+        return
+    port = int(m.group(2))
+    ports = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
+    if port not in ports.values():
+        rep.error(where, f"{name}: no containerPort {port} ({addr_key})")
+    routes = ctx["routes"]
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        p = container.get(probe)
+        if p is None:
+            rep.error(where, f"{name}: no {probe}")
+            continue
+        got_path = dig(p, "httpGet.path")
+        got_port = dig(p, "httpGet.port")
+        got_port = ports.get(got_port, got_port)
+        if got_path != path or got_port != port:
+            rep.error(where, f"{name}: {probe} must be GET {path} on port {port}, got {got_path} on {got_port}")
+        if path not in routes:
+            rep.error(where, f"{name}: the code serves no {path}")
+    otlp = provided.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if otlp and otlp[1]:
+        if not re.match(r"https?://", otlp[1]) or otlp[1].rstrip("/").endswith("/v1/traces"):
+            rep.error(where, f"{name}: OTEL_EXPORTER_OTLP_ENDPOINT is the OTLP/HTTP base URL "
+                             f"(the code appends /v1/traces), got {otlp[1]}")
+        elif ":4317" in otlp[1]:
+            rep.error(where, f"{name}: OTEL_EXPORTER_OTLP_ENDPOINT points at 4317 (gRPC); the code speaks OTLP/HTTP (4318)")
+    grace = dig(doc, "spec.template.spec.terminationGracePeriodSeconds") or 30
+    timeout = provided.get("THREADLINE_MODEL_TIMEOUT_MS")
+    if binary == "threadline-inference":
+        ms = int(timeout[1]) if timeout and timeout[1] else 20000
+        if grace * 1000 <= ms:
+            rep.error(where, f"{name}: terminationGracePeriodSeconds {grace} does not cover a model call "
+                             f"(THREADLINE_MODEL_TIMEOUT_MS {ms})")
+
+
+def check_ingress(rep, where, doc, ctx):
+    services = ctx["by_kind"].get("Service", {})
+    for rule in dig(doc, "spec.rules") or []:
+        for p in dig(rule, "http.paths") or []:
+            svc = dig(p, "backend.service.name")
+            port = dig(p, "backend.service.port.name") or dig(p, "backend.service.port.number")
+            s = services.get(svc)
+            if s is None:
+                rep.error(where, f"{kn(doc)}: backend Service {svc} is not in this overlay")
+                continue
+            if port not in {q.get("name") for q in dig(s, "spec.ports") or []} | {q.get("port") for q in dig(s, "spec.ports") or []}:
+                rep.error(where, f"{kn(doc)}: Service {svc} has no port {port}")
+            if p.get("path") not in ctx["routes"]:
+                rep.error(where, f"{kn(doc)}: path {p.get('path')} is not a gateway route "
+                                 f"({sorted(ctx['routes'])})")
+    if not dig(doc, "spec.tls"):
+        rep.error(where, f"{kn(doc)}: no TLS")
+
+
+# ---------------------------------------------------------------- main
+
+def validate_builtin(rep, where, doc, kv):
+    """True when kubernetes-validate has a schema for the kind."""
+    for version in K8S_VERSIONS:
+        try:
+            kv.validate(doc, version, strict=True)
+        except kv.SchemaNotFoundError:
+            return False
+        except kv.ValidationError as e:
+            path = ".".join(str(p) for p in e.path)
+            rep.error(where, f"{kn(doc)} does not validate against Kubernetes {e.version}: {path}: {e.message}")
+            return True
+    return True
+
+
+def check_overlay(rep, where, docs, ctx_base, kv):
+    by_kind: dict[str, dict[str, dict]] = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], {})[dig(d, "metadata.name")] = d
+    ctx = dict(ctx_base, by_kind=by_kind, binary_of={}, settings_of={})
+    bins = ctx["bins"]
+
+    # First pass: which binary each workload runs and what it is given.
+    for d in docs:
+        if d["kind"] not in WORKLOADS:
+            continue
+        for c in (pod_spec(d) or {}).get("containers") or []:
+            if c["name"].startswith("threadline"):
+                if c["name"] not in bins:
+                    rep.error(where, f"{kn(d)}: container {c['name']} is named like a threadline binary but "
+                                     f"no crate builds one (names: {sorted(bins)})")
+                    continue
+                ctx["binary_of"][dig(d, "metadata.name")] = c["name"]
+                ctx["settings_of"][dig(d, "metadata.name")] = provided_settings(rep, where, d, c, by_kind)
+
+    for d in docs:
+        for k in ("apiVersion", "kind"):
+            if not d.get(k):
+                rep.error(where, f"a document without {k}: {str(d)[:80]}")
+        if not dig(d, "metadata.name"):
+            rep.error(where, f"{d.get('kind')} without metadata.name")
+            continue
+        if (d["apiVersion"], d["kind"]) in CUSTOM:
+            CUSTOM[(d["apiVersion"], d["kind"])](rep, where, d, ctx)
+            ctx["custom_seen"].add(f"{d['apiVersion']} {d['kind']}")
+        elif not validate_builtin(rep, where, d, kv):
+            rep.error(where, f"{kn(d)} ({d['apiVersion']}): no Kubernetes schema and not a custom "
+                             f"resource this check knows — add a check in deploy/check/check_manifests.py")
+        if d["kind"] in WORKLOADS:
+            check_pod_security(rep, where, d)
+            for c in (pod_spec(d) or {}).get("containers") or []:
+                binary = c["name"]
+                if binary not in bins:
+                    continue
+                provided = ctx["settings_of"][dig(d, "metadata.name")]
+                check_settings(rep, where, d, c, binary, provided, bins)
+                if binary in SERVICES:
+                    if d["kind"] != "Deployment":
+                        rep.error(where, f"{kn(d)}: {binary} is a long-running service: run it as a Deployment")
+                    check_service_container(rep, where, d, c, binary, provided, ctx)
+                ctx["binaries_deployed"].add(binary)
+        if d["kind"] == "Ingress":
+            check_ingress(rep, where, d, ctx)
+
+
+def check_dockerfile(rep, root: Path, bins):
+    text = (root / "deploy/Dockerfile").read_text()
+    toolchain = re.search(r'channel\s*=\s*"([^"]+)"', (root / "rust-toolchain.toml").read_text())
+    arg = re.search(r"^ARG RUST_VERSION=(\S+)", text, re.M)
+    if not toolchain or not arg or arg.group(1) != toolchain.group(1):
+        rep.error("deploy/Dockerfile", f"ARG RUST_VERSION={arg and arg.group(1)} differs from "
+                                       f"rust-toolchain.toml channel {toolchain and toolchain.group(1)}")
+    entry = set(re.findall(r'^ENTRYPOINT \["/usr/local/bin/([^"]+)"\]', text, re.M))
+    for b in ("threadline-gateway", "threadline-context-builder", "threadline-inference",
+              "threadline-publisher", "threadline", "threadline-slack-sim"):
+        if b not in bins:
+            rep.error("deploy/Dockerfile", f"{b} is built by the Dockerfile but no crate declares it")
+        if b not in entry:
+            rep.error("deploy/Dockerfile", f"no image runs {b}")
+    if not re.search(r"^USER 65532:65532", text, re.M):
+        rep.error("deploy/Dockerfile", "the runtime stage must run as USER 65532:65532")
+    for key in re.findall(r"^ENV (THREADLINE_\w+|SLACK_SIM_\w+)=", text, re.M):
+        if not any(key in b.reads.keys for b in bins.values()):
+            rep.error("deploy/Dockerfile", f"ENV {key} is read by no binary")
+    if "query!" in "".join(p.read_text() for p in (root / "crates").rglob("*.rs")):
+        rep.error("deploy/Dockerfile", "sqlx query! macros are used: the image build needs "
+                                       "offline query data (.sqlx) now; update Dockerfile and docs")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", required=True)
+    ap.add_argument("renders", nargs="+", help="NAME=rendered.yaml")
+    args = ap.parse_args()
+    root = Path(args.root)
+    rep = Report()
+
+    import kubernetes_validate.utils as kv
+
+    for key, (path, needle) in EXTRA_READS.items():
+        if needle not in (root / path).read_text():
+            rep.error("check_manifests.py", f"{key} is no longer read in {path}; update EXTRA_READS")
+
+    try:
+        bins = rust_settings.binaries(root)
+        topo = rust_settings.topology(root, bins)
+        metrics = rust_settings.metric_names(root)
+        routes = rust_settings.gateway_routes(root)
+    except rust_settings.ExtractError as e:
+        print(f"FAIL reading the Rust sources: {e}")
+        return 1
+
+    all_required = {(b, k) for b, x in bins.items() for k in x.reads.required}
+    for (b, k) in CONDITIONAL:
+        if not any(k == rk and (b == "*" or b == rb) for rb, rk in all_required):
+            rep.error("check_manifests.py", f"CONDITIONAL lists {k} for {b}, which the code no longer requires")
+
+    ctx = dict(bins=bins, topology=topo, metrics=metrics, routes=routes,
+               pending_used=set(), custom_seen=set(), binaries_deployed=set())
+    count = 0
+    for item in args.renders:
+        name, _, path = item.partition("=")
+        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+        count += len(docs)
+        check_overlay(rep, name, docs, ctx, kv)
+    check_dockerfile(rep, root, bins)
+
+    for b in SERVICES:
+        if b not in ctx["binaries_deployed"]:
+            rep.error("overlays", f"no overlay deploys {b}")
+    if ctx["pending_used"]:
+        print("notice: alerts name metrics the code does not emit yet: " + ", ".join(sorted(ctx["pending_used"])))
+    print(f"checked {count} objects in {len(args.renders)} renders "
+          f"(Kubernetes {', '.join(v.rsplit('.', 1)[0] for v in K8S_VERSIONS)}; custom: "
+          f"{', '.join(sorted(ctx['custom_seen']))})")
+    for b in sorted(ctx["binaries_deployed"]):
+        print(f"  {b}: reads {len(bins[b].reads.keys)} settings, requires {sorted(bins[b].reads.required)}")
+    for e in rep.errors:
+        print(f"FAIL {e}")
+    return 1 if rep.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""What the threadline binaries read, taken from the Rust sources.
+
+Settings are read through `threadline_runtime::config::Source` values named
+`src` (`src.string("KEY", ..)`, `src.required("KEY")`, `src.bounded(..)`,
+`src.millis(..)`, `src.flag(..)`, `src.url(..)`, `src.socket_addr(..)`,
+`src.secret(..)`, `src.get(..)`, `src.parse(..)`), and by clap arguments with
+`env = "KEY"`. A name that is not a literal must be a `const`, a `for` loop
+over literals, or a `format!("{prefix}_SUFFIX")` whose prefix is passed as a
+literal in the same file (`model(src, "THREADLINE_MODEL")`); anything else
+stops the check, so the extraction never silently misses a setting.
+
+Required settings: `src.required(..)`, `ConfigError::Missing { key: "KEY" }`,
+and `src.url(KEY, "", ..)` (empty default) unless the same file guards it with
+`src.get(KEY)`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+METHODS = "get|string|required|secret|parse|bounded|millis|flag|url|socket_addr"
+KEY_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+class ExtractError(Exception):
+    pass
+
+
+@dataclass
+class Reads:
+    keys: set[str] = field(default_factory=set)
+    required: set[str] = field(default_factory=set)
+    where: dict[str, str] = field(default_factory=dict)  # key -> first file that reads it
+
+    def add(self, key: str, path: str, required: bool = False) -> None:
+        if not KEY_RE.match(key):
+            raise ExtractError(f"{path}: {key!r} does not look like a setting name")
+        self.keys.add(key)
+        self.where.setdefault(key, path)
+        if required:
+            self.required.add(key)
+
+    def merge(self, other: "Reads") -> None:
+        self.keys |= other.keys
+        self.required |= other.required
+        for k, v in other.where.items():
+            self.where.setdefault(k, v)
+
+
+def non_test_code(text: str) -> str:
+    """The file without its `#[cfg(test)]` module (kept at the end by
+    convention) and without comments."""
+    text = text.split("#[cfg(test)]", 1)[0]
+    text = re.sub(r"(?m)^\s*//.*$", "", text)
+    text = re.sub(r"(?m)\s//\s.*$", "", text)
+    return text
+
+
+def collapse(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def file_reads(path: Path, root: Path) -> Reads:
+    rel = str(path.relative_to(root))
+    code = collapse(non_test_code(path.read_text()))
+    reads = Reads()
+
+    for name in re.findall(r"\b(\w+)\s*:\s*&(?:[\w:]*::)?Source\b", code):
+        if name != "src":
+            raise ExtractError(
+                f"{rel}: a Source named `{name}`; the check only sees reads through `src`"
+            )
+
+    consts = dict(re.findall(r'const (\w+): &str = "([^"]*)";', code))
+    loops = {
+        var: re.findall(r'"([^"]+)"', items)
+        for var, items in re.findall(r"for (\w+) in \[([^\]]*)\]", code)
+    }
+    prefixes = re.findall(r'\b\w+\(\s*src\s*,\s*"([A-Z][A-Z0-9_]*)"\s*\)', code)
+    format_lets = dict(re.findall(r'let (\w+) = format!\("\{\w+\}(_[A-Z0-9_]+)"\)', code))
+
+    def names(arg: str) -> list[str]:
+        m = re.fullmatch(r'"([^"]*)"', arg)
+        if m:
+            return [m.group(1)]
+        m = re.fullmatch(r'&?format!\("\{\w+\}(_[A-Z0-9_]+)"\)', arg)
+        suffix = m.group(1) if m else format_lets.get(arg.lstrip("&"))
+        if suffix:
+            if not prefixes:
+                raise ExtractError(f"{rel}: format!(..{suffix}) with no literal prefix in the file")
+            return [p + suffix for p in prefixes]
+        ident = arg.lstrip("&")
+        if ident in consts:
+            return [consts[ident]]
+        if ident in loops:
+            return loops[ident]
+        raise ExtractError(f"{rel}: cannot resolve the setting name in src.…({arg})")
+
+    arg_re = r'(&?format!\("[^"]*"\)|"[^"]*"|&?\w+)'
+    call_re = re.compile(rf"\bsrc\s*\.\s*({METHODS})\s*\(\s*{arg_re}\s*(,\s*\"([^\"]*)\")?")
+    guarded = set()
+    for method, arg, _, _ in call_re.findall(code):
+        if method == "get":
+            guarded.update(names(arg))
+    for method, arg, default_part, default in call_re.findall(code):
+        for key in names(arg):
+            required = method == "required" or (
+                method == "url" and default_part and default == "" and key not in guarded
+            )
+            reads.add(key, rel, required)
+    for key in re.findall(r'Missing\s*\{\s*key:\s*"([^"]+)"', code):
+        reads.add(key, rel, required=True)
+    for key in re.findall(r'\benv\s*=\s*"([^"]+)"', code):
+        reads.add(key, rel)
+    return reads
+
+
+def rust_files(crate_dir: Path) -> list[Path]:
+    return sorted((crate_dir / "src").rglob("*.rs"))
+
+
+@dataclass
+class Binary:
+    name: str
+    crate: str
+    reads: Reads
+
+
+def binaries(root: Path) -> dict[str, Binary]:
+    """Every `[[bin]]` of crates/*, with the settings its crate reads plus
+    those of the runtime types whose `from_source` the crate calls."""
+    runtime = root / "crates" / "runtime"
+    runtime_types: list[tuple[set[str], Reads]] = []
+    for f in rust_files(runtime):
+        r = file_reads(f, root)
+        if r.keys:
+            types = set(re.findall(r"pub struct (\w+)", f.read_text()))
+            runtime_types.append((types, r))
+
+    out: dict[str, Binary] = {}
+    for manifest in sorted((root / "crates").glob("*/Cargo.toml")):
+        crate_dir = manifest.parent
+        bins = re.findall(r'\[\[bin\]\]\s*name\s*=\s*"([^"]+)"', manifest.read_text())
+        if not bins:
+            continue
+        reads = Reads()
+        sources = ""
+        for f in rust_files(crate_dir):
+            reads.merge(file_reads(f, root))
+            sources += f.read_text()
+        for types, r in runtime_types:
+            if any(re.search(rf"\b{t}::from_source\b", sources) for t in types):
+                reads.merge(r)
+        for b in bins:
+            out[b] = Binary(b, crate_dir.name, reads)
+    return out
+
+
+@dataclass
+class Topology:
+    prefix_default: str
+    topics: dict[str, tuple[str, str]]  # Topic variant -> (as_str, durable consumer)
+    consumed_by: dict[str, set[str]]  # binary -> Topic variants it runs a worker on
+
+    def stream(self, prefix: str, variant: str) -> str:
+        return f"{prefix}_{self.topics[variant][0]}".upper()
+
+
+def fn_body(code: str, name: str) -> str:
+    m = re.search(rf"fn {name}\b.*?\{{(.*?)\n    \}}", code, re.S)
+    if not m:
+        raise ExtractError(f"crates/runtime/src/bus.rs: fn {name} not found")
+    return m.group(1)
+
+
+def topology(root: Path, bins: dict[str, Binary]) -> Topology:
+    bus = (root / "crates/runtime/src/bus.rs").read_text()
+    as_str = dict(re.findall(r'Topic::(\w+) => "([^"]+)"', fn_body(bus, "as_str")))
+    consumer = dict(re.findall(r'Topic::(\w+) => "([^"]+)"', fn_body(bus, "consumer")))
+    if not as_str or as_str.keys() != consumer.keys():
+        raise ExtractError("crates/runtime/src/bus.rs: Topic::as_str and Topic::consumer disagree")
+    cfg = (root / "crates/runtime/src/config.rs").read_text()
+    m = re.search(r'src\.string\("THREADLINE_BUS_PREFIX",\s*"([^"]+)"\)', cfg)
+    if not m:
+        raise ExtractError("crates/runtime/src/config.rs: THREADLINE_BUS_PREFIX default not found")
+    consumed: dict[str, set[str]] = {}
+    for b in bins.values():
+        code = "".join(
+            collapse(non_test_code(f.read_text())) for f in rust_files(root / "crates" / b.crate)
+        )
+        consumed[b.name] = set(re.findall(r"worker::run\([^;]*?Topic::(\w+)", code))
+    return Topology(m.group(1), {t: (as_str[t], consumer[t]) for t in as_str}, consumed)
+
+
+def metric_names(root: Path) -> set[str]:
+    names = set()
+    for f in sorted((root / "crates").rglob("*.rs")):
+        code = collapse(non_test_code(f.read_text()))
+        names.update(re.findall(r'metrics::(?:counter|gauge|histogram)!\(\s*"([a-z0-9_]+)"', code))
+    return names
+
+
+def gateway_routes(root: Path) -> set[str]:
+    code = collapse(non_test_code((root / "crates/gateway/src/lib.rs").read_text()))
+    code += collapse(non_test_code((root / "crates/runtime/src/health.rs").read_text()))
+    return set(re.findall(r'\.route\(\s*"([^"]+)"', code))

