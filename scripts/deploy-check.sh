@@ -68,7 +68,7 @@ done < <(find deploy/k8s/overlays -name kustomization.yaml | sort)
 say "rendered ${#renders[@]} overlays: $(printf '%s ' "${renders[@]%%=*}")"
 
 # Validate -------------------------------------------------------------------
-"$VENV/bin/python" deploy/check/check_manifests.py --root . "${renders[@]}" \
+PYTHONDONTWRITEBYTECODE=1 "$VENV/bin/python" deploy/check/check_manifests.py --root . "${renders[@]}" \
   || die "manifests do not match Kubernetes' schemas or the code (see FAIL lines above)"
 
 # Dockerfile -----------------------------------------------------------------

@@ -62,7 +62,7 @@ def collapse(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
-def file_reads(path: Path, root: Path) -> Reads:
+def file_reads(path: Path, root: Path, global_consts: dict[str, str] | None = None) -> Reads:
     rel = str(path.relative_to(root))
     code = collapse(non_test_code(path.read_text()))
     reads = Reads()
@@ -73,7 +73,8 @@ def file_reads(path: Path, root: Path) -> Reads:
                 f"{rel}: a Source named `{name}`; the check only sees reads through `src`"
             )
 
-    consts = dict(re.findall(r'const (\w+): &str = "([^"]*)";', code))
+    consts = dict(global_consts or {})
+    consts.update(re.findall(r'const (\w+): &str = "([^"]*)";', code))
     loops = {
         var: re.findall(r'"([^"]+)"', items)
         for var, items in re.findall(r"for (\w+) in \[([^\]]*)\]", code)
@@ -91,14 +92,14 @@ def file_reads(path: Path, root: Path) -> Reads:
             if not prefixes:
                 raise ExtractError(f"{rel}: format!(..{suffix}) with no literal prefix in the file")
             return [p + suffix for p in prefixes]
-        ident = arg.lstrip("&")
+        ident = arg.lstrip("&").rsplit("::", 1)[-1]  # crate::secrets::TOKEN_KEYS_SETTING
         if ident in consts:
             return [consts[ident]]
         if ident in loops:
             return loops[ident]
         raise ExtractError(f"{rel}: cannot resolve the setting name in src.…({arg})")
 
-    arg_re = r'(&?format!\("[^"]*"\)|"[^"]*"|&?\w+)'
+    arg_re = r'(&?format!\("[^"]*"\)|"[^"]*"|&?[\w:]+)'
     call_re = re.compile(rf"\bsrc\s*\.\s*({METHODS})\s*\(\s*{arg_re}\s*(,\s*\"([^\"]*)\")?")
     guarded = set()
     for method, arg, _, _ in call_re.findall(code):
@@ -128,16 +129,35 @@ class Binary:
     reads: Reads
 
 
+def all_consts(root: Path) -> dict[str, str]:
+    """`const NAME: &str = "..."` across the crates (names are unique enough)."""
+    out: dict[str, str] = {}
+    for f in sorted((root / "crates").rglob("*.rs")):
+        out.update(re.findall(r'const (\w+): &str = "([^"]*)";', non_test_code(f.read_text())))
+    return out
+
+
+def entry_points(path: Path) -> list[str]:
+    """How other crates reach the settings a runtime file reads:
+    `Type::from_source` for its public types, `module::function` for its
+    public functions that take the `Source`."""
+    text = non_test_code(path.read_text())
+    points = [rf"\b{t}::from_source\b" for t in re.findall(r"pub struct (\w+)", text)]
+    points += [rf"\b{path.stem}::{f}\b" for f in
+               re.findall(r"pub fn (\w+)\s*\(\s*src\s*:\s*&(?:[\w:]*::)?Source\b", text)]
+    return points
+
+
 def binaries(root: Path) -> dict[str, Binary]:
     """Every `[[bin]]` of crates/*, with the settings its crate reads plus
-    those of the runtime types whose `from_source` the crate calls."""
+    those of the runtime files it reaches (through `Type::from_source` or
+    `module::function(src)`, transitively)."""
+    consts = all_consts(root)
     runtime = root / "crates" / "runtime"
-    runtime_types: list[tuple[set[str], Reads]] = []
+    runtime_files: list[tuple[list[str], Reads, str]] = []
     for f in rust_files(runtime):
-        r = file_reads(f, root)
-        if r.keys:
-            types = set(re.findall(r"pub struct (\w+)", f.read_text()))
-            runtime_types.append((types, r))
+        r = file_reads(f, root, consts)
+        runtime_files.append((entry_points(f), r, non_test_code(f.read_text())))
 
     out: dict[str, Binary] = {}
     for manifest in sorted((root / "crates").glob("*/Cargo.toml")):
@@ -146,13 +166,20 @@ def binaries(root: Path) -> dict[str, Binary]:
         if not bins:
             continue
         reads = Reads()
-        sources = ""
+        corpus = ""
         for f in rust_files(crate_dir):
-            reads.merge(file_reads(f, root))
-            sources += f.read_text()
-        for types, r in runtime_types:
-            if any(re.search(rf"\b{t}::from_source\b", sources) for t in types):
-                reads.merge(r)
+            reads.merge(file_reads(f, root, consts))
+            corpus += non_test_code(f.read_text())
+        included: set[int] = set()
+        changed = True
+        while changed:  # a runtime file reached from an included one is reached too
+            changed = False
+            for i, (points, r, text) in enumerate(runtime_files):
+                if i not in included and r.keys and any(re.search(p, corpus) for p in points):
+                    included.add(i)
+                    reads.merge(r)
+                    corpus += text
+                    changed = True
         for b in bins:
             out[b] = Binary(b, crate_dir.name, reads)
     return out
