@@ -17,7 +17,7 @@ help: ## List targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: ## Lint, build, and run unit, integration and end-to-end tests (starts Postgres/NATS if absent)
+test: deploy-check ## Lint, check the deployment, build, and run unit, integration and end-to-end tests (starts Postgres/NATS if absent)
 	./scripts/with-services.sh $(MAKE) --no-print-directory lint test-only
 
 .PHONY: test-only
@@ -33,6 +33,10 @@ endif
 lint: ## rustfmt check and clippy with warnings denied
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+
+.PHONY: deploy-check
+deploy-check: ## Render every Kubernetes overlay and validate it offline against the schemas and the code; lint the Dockerfile
+	./scripts/deploy-check.sh
 
 .PHONY: fmt
 fmt: ## Format the code
