@@ -97,6 +97,17 @@ def file_reads(path: Path, root: Path, global_consts: dict[str, str] | None = No
             return [consts[ident]]
         if ident in loops:
             return loops[ident]
+        passed = param_literals(code, ident)
+        if passed:
+            resolved = []
+            for v in passed:  # a non-literal argument: a constant, or unresolvable
+                if v.startswith("?"):
+                    c = v[1:].lstrip("&").rsplit("::", 1)[-1]
+                    if c not in consts:
+                        raise ExtractError(f"{rel}: cannot resolve the setting name {v[1:]} passed as `{ident}`")
+                    v = consts[c]
+                resolved.append(v)
+            return resolved
         raise ExtractError(f"{rel}: cannot resolve the setting name in src.…({arg})")
 
     arg_re = r'(&?format!\("[^"]*"\)|"[^"]*"|&?[\w:]+)'
@@ -116,6 +127,54 @@ def file_reads(path: Path, root: Path, global_consts: dict[str, str] | None = No
     for key in re.findall(r'\benv\s*=\s*"([^"]+)"', code):
         reads.add(key, rel)
     return reads
+
+
+def call_args(code: str, start: int) -> list[str]:
+    """The top-level, comma-separated arguments of the call whose `(` is at `start`."""
+    args, depth, cur, i, in_str = [], 0, "", start + 1, False
+    while i < len(code):
+        ch = code[i]
+        if in_str:
+            cur += ch
+            if ch == "\\":
+                cur += code[i + 1]
+                i += 1
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str, cur = True, cur + ch
+        elif ch in "([{":
+            depth, cur = depth + 1, cur + ch
+        elif ch in ")]}" and depth > 0:
+            depth, cur = depth - 1, cur + ch
+        elif ch == ")":
+            args.append(cur.strip())
+            return [a for a in args if a]
+        elif ch == "," and depth == 0:
+            args.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+        i += 1
+    return args
+
+
+def param_literals(code: str, param: str) -> list[str]:
+    """Literal values passed for a `param: &str` of a function of this file
+    (`fn days(.., key: &str, ..)` called as `days(.., "KEY", ..)`)."""
+    out: list[str] = []
+    for m in re.finditer(r"\bfn (\w+)\s*(?:<[^>]*>)?\s*\(", code):
+        params = call_args(code, m.end() - 1)
+        names = [p.split(":")[0].strip() for p in params]
+        if param not in names or not re.search(rf"\b{param}\s*:\s*&(?:'\w+ )?str\b", ", ".join(params)):
+            continue
+        index = names.index(param)
+        for call in re.finditer(rf"(?<!fn )\b{m.group(1)}\s*\(", code):
+            args = call_args(code, call.end() - 1)
+            if index < len(args):
+                lit = re.fullmatch(r'"([^"]*)"', args[index])
+                out.append(lit.group(1) if lit else "?" + args[index])
+    return out
 
 
 def rust_files(crate_dir: Path) -> list[Path]:
