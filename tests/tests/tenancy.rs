@@ -195,6 +195,23 @@ async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
         assert_eq!(r.status(), 200);
     }
     settled(&s, 3).await;
+    // The forged reply went on to a proposal: wait for the publisher's try.
+    let tried = eventually("the publisher's attempt", Duration::from_secs(30), || {
+        let pool = s.db.pool.clone();
+        async move {
+            let state: String =
+                sqlx::query_scalar("SELECT state FROM reply_intents WHERE event_id = 'EvFORGED2'")
+                    .fetch_one(&pool)
+                    .await
+                    .ok()?;
+            (state != "pending" && state != "sending").then_some(state)
+        }
+    })
+    .await;
+    assert_eq!(
+        tried, "failed_permanent",
+        "Slack refused A's token in B's channel"
+    );
 
     // Both were taken as A's (the verified envelope decides), and Slack's
     // side shows no post in B's channel.

@@ -40,16 +40,25 @@ struct Row {
     reconciled: bool,
 }
 
+/// Runs one settling statement as the operator (`$USER`), whom the audit
+/// record of the change names.
 async fn settle(
     pool: &PgPool,
     sql: &'static str,
     id: Uuid,
     ts: Option<&str>,
 ) -> anyhow::Result<()> {
-    let r = sqlx::query(sql).bind(id).bind(ts).execute(pool).await?;
+    let mut tx = pool.begin().await?;
+    let actor = std::env::var("USER").unwrap_or_else(|_| "operator".into());
+    sqlx::query("SELECT set_config('threadline.actor', $1, true)")
+        .bind(format!("cli:{actor}"))
+        .execute(&mut *tx)
+        .await?;
+    let r = sqlx::query(sql).bind(id).bind(ts).execute(&mut *tx).await?;
     if r.rows_affected() != 1 {
         anyhow::bail!("intent {id} is not held");
     }
+    tx.commit().await?;
     Ok(())
 }
 

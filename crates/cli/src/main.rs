@@ -6,6 +6,7 @@ mod install;
 mod intents;
 mod keys;
 mod policy;
+mod purge;
 mod review;
 mod stats;
 mod switches;
@@ -57,6 +58,9 @@ enum Command {
         #[command(subcommand)]
         command: switches::SwitchCommand,
     },
+    /// Delete what is past its retention: audit records, finished receipts
+    /// and the text of idle threads.
+    Purge(purge::PurgeArgs),
     /// Token-encryption keys.
     Keys {
         #[command(subcommand)]
@@ -85,6 +89,7 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let src = threadline_runtime::config::Source::from_env()?;
+    threadline_runtime::audit::configure(&src)?;
     match cli.command {
         Command::Migrate => {
             let pool = pool(&src).await?;
@@ -106,6 +111,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             review::run(command, &common, &pool(&src).await?).await?
         }
         Command::KillSwitch { command } => switches::run(command, &pool(&src).await?).await?,
+        Command::Purge(args) => {
+            let report = purge::run(&args, &src, &pool(&src).await?).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        }
         Command::Keys {
             command: KeysCommand::Rotate,
         } => keys::rotate(&src, &pool(&src).await?).await?,

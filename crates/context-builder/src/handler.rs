@@ -356,6 +356,7 @@ impl Handler {
         let built = context::build(&snap.messages, source_ts, self.limits);
         store::record_context(
             &mut tx,
+            event_id,
             receipt,
             inst.id,
             channel,

@@ -6,6 +6,7 @@
 use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, PgPool};
 use threadline_domain::classify::{BotIdentity, ChannelMode, Effect, MessageFacts, TriggerPolicy};
+use threadline_runtime::audit;
 use uuid::Uuid;
 
 use crate::context::StoredMessage;
@@ -155,6 +156,7 @@ pub async fn learn_channel_kind(
 
 /// Disables an installation and purges its tokens, in one statement.
 pub async fn disable(pool: &PgPool, inst: Uuid, reason: &str) -> sqlx::Result<()> {
+    let mut tx = pool.begin().await?;
     sqlx::query(
         "UPDATE installations
             SET status = 'disabled', disabled_reason = $2, bot_token_sealed = NULL, bot_token_key_id = NULL, updated_at = now()
@@ -162,9 +164,20 @@ pub async fn disable(pool: &PgPool, inst: Uuid, reason: &str) -> sqlx::Result<()
     )
     .bind(inst)
     .bind(reason)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
-    Ok(())
+    audit::append(
+        &mut tx,
+        &audit::Record {
+            stage: "lifecycle",
+            outcome: "installation_disabled",
+            reason: Some(reason),
+            installation_id: Some(inst),
+            ..Default::default()
+        },
+    )
+    .await?;
+    tx.commit().await
 }
 
 /// Moves a receipt to `processing`; false when it already ended (done,
@@ -180,23 +193,47 @@ pub async fn begin(pool: &PgPool, receipt: Uuid) -> sqlx::Result<bool> {
     Ok(r.rows_affected() == 1)
 }
 
-/// Ends a receipt: `processing → done | ignored(reason)`, compare-and-set.
+/// Ends a receipt: `processing → done | ignored(reason)`, compare-and-set,
+/// with its audit record in the same transaction.
 pub async fn finish(
     conn: &mut PgConnection,
     receipt: Uuid,
     state: &str,
     reason: Option<&str>,
 ) -> sqlx::Result<bool> {
-    let r = sqlx::query(
+    use sqlx::Connection as _;
+    let mut tx = conn.begin().await?;
+    let row: Option<(Uuid, String, Option<String>, String, i32)> = sqlx::query_as(
         "UPDATE event_receipts SET state = $2, state_reason = $3, updated_at = now()
-          WHERE id = $1 AND state IN ('accepted', 'processing')",
+          WHERE id = $1 AND state IN ('accepted', 'processing')
+         RETURNING installation_id, event_id, channel_id, event_type, retry_num + duplicate_deliveries",
     )
     .bind(receipt)
     .bind(state)
     .bind(reason)
-    .execute(conn)
+    .fetch_optional(&mut *tx)
     .await?;
-    Ok(r.rows_affected() == 1)
+    let Some((inst, event_id, channel, event_type, retries)) = row else {
+        return Ok(false);
+    };
+    audit::append(
+        &mut tx,
+        &audit::Record {
+            stage: "context",
+            outcome: state,
+            reason,
+            installation_id: Some(inst),
+            event_id: Some(&event_id),
+            receipt_id: Some(receipt),
+            channel: channel.as_deref(),
+            event_type: Some(&event_type),
+            retry_count: Some(retries),
+            ..Default::default()
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(true)
 }
 
 fn text_hash(text: &str) -> String {
@@ -538,6 +575,7 @@ pub async fn snapshot(
 #[allow(clippy::too_many_arguments)]
 pub async fn record_context(
     conn: &mut PgConnection,
+    event_id: &str,
     receipt: Uuid,
     inst: Uuid,
     channel: &str,
@@ -568,7 +606,22 @@ pub async fn record_context(
     .bind(count as i32)
     .bind(truncated)
     .bind(backfill_partial)
-    .execute(conn)
+    .execute(&mut *conn)
+    .await?;
+    audit::append(
+        conn,
+        &audit::Record {
+            stage: "context",
+            outcome: "context_built",
+            reason: backfill_partial.then_some("backfill_partial"),
+            installation_id: Some(inst),
+            receipt_id: Some(receipt),
+            channel: Some(channel),
+            event_id: Some(event_id),
+            thread_version: Some(version),
+            ..Default::default()
+        },
+    )
     .await?;
     Ok(())
 }

@@ -54,6 +54,9 @@ struct Row {
     traceparent: Option<String>,
     tracestate: Option<String>,
     created_at: time::OffsetDateTime,
+    receipt_id: uuid::Uuid,
+    installation_id: uuid::Uuid,
+    channel_id: Option<String>,
 }
 
 impl Relay {
@@ -160,12 +163,13 @@ impl Relay {
             .await
             .context("starting relay transaction")?;
         let rows: Vec<Row> = sqlx::query_as(
-            "SELECT id, topic, msg_id, payload, traceparent, tracestate, created_at
-               FROM outbox
-             WHERE next_attempt_at <= now()
-              ORDER BY id
+            "SELECT o.id, o.topic, o.msg_id, o.payload, o.traceparent, o.tracestate, o.created_at,
+                    o.receipt_id, o.installation_id, r.channel_id
+               FROM outbox o LEFT JOIN event_receipts r ON r.id = o.receipt_id
+             WHERE o.next_attempt_at <= now()
+              ORDER BY o.id
               LIMIT $1
-              FOR UPDATE SKIP LOCKED",
+              FOR UPDATE OF o SKIP LOCKED",
         )
         .bind(self.cfg.batch)
         .fetch_all(&mut *tx)
@@ -210,21 +214,39 @@ impl Relay {
         }
         if !published.is_empty() {
             let done: std::collections::HashSet<i64> = published.iter().copied().collect();
-            let topics: Vec<&str> = rows
+            let done_rows: Vec<&Row> = rows.iter().filter(|r| done.contains(&r.id)).collect();
+            let topics: Vec<&str> = done_rows.iter().map(|r| r.topic.as_str()).collect();
+            // The intake audit record of each published receipt (received,
+            // acknowledged), with its channel pseudonymised here.
+            let refs: Vec<Option<String>> = done_rows
                 .iter()
-                .filter(|r| done.contains(&r.id))
-                .map(|r| r.topic.as_str())
+                .map(|r| {
+                    r.channel_id
+                        .as_deref()
+                        .and_then(|c| threadline_runtime::audit::channel_ref(r.installation_id, c))
+                })
                 .collect();
+            let receipts: Vec<uuid::Uuid> = done_rows.iter().map(|r| r.receipt_id).collect();
             sqlx::query(
-                "WITH done AS (DELETE FROM outbox WHERE id = ANY($1))
-                 INSERT INTO outbox_ledger (topic, published_total, last_published_at)
-                 SELECT topic, count(*), now() FROM UNNEST($2::text[]) AS t(topic) GROUP BY topic
-                 ON CONFLICT (topic) DO UPDATE
-                    SET published_total = outbox_ledger.published_total + EXCLUDED.published_total,
-                        last_published_at = EXCLUDED.last_published_at",
+                "WITH done AS (DELETE FROM outbox WHERE id = ANY($1) RETURNING receipt_id, created_at),
+                 ledger AS (
+                    INSERT INTO outbox_ledger (topic, published_total, last_published_at)
+                    SELECT topic, count(*), now() FROM UNNEST($2::text[]) AS t(topic) GROUP BY topic
+                    ON CONFLICT (topic) DO UPDATE
+                       SET published_total = outbox_ledger.published_total + EXCLUDED.published_total,
+                           last_published_at = EXCLUDED.last_published_at)
+                 INSERT INTO audit_log (stage, outcome, installation_id, event_id, receipt_id, channel_ref,
+                                        event_type, received_at, acked_at, retry_count)
+                 SELECT 'intake', 'accepted', r.installation_id, r.event_id, r.id, c.ref, r.event_type,
+                        r.received_at, d.created_at, r.retry_num
+                   FROM done d
+                   JOIN event_receipts r ON r.id = d.receipt_id
+                   LEFT JOIN UNNEST($3::uuid[], $4::text[]) AS c(receipt, ref) ON c.receipt = d.receipt_id",
             )
             .bind(&published)
             .bind(&topics)
+            .bind(&receipts)
+            .bind(&refs)
             .execute(&mut *tx)
             .await
             .context("removing published outbox rows")?;

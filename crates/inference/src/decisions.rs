@@ -29,8 +29,8 @@ pub async fn claim(
     let id = Uuid::now_v7();
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
-                                status, lease_until)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'calling', now() + make_interval(secs => $9))
+                                status, lease_until, channel_ref)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'calling', now() + make_interval(secs => $9), $10)
          ON CONFLICT ON CONSTRAINT decisions_binding DO NOTHING
          RETURNING id",
     )
@@ -43,6 +43,7 @@ pub async fn claim(
     .bind(source_ts)
     .bind(version)
     .bind(lease_secs)
+    .bind(threadline_runtime::audit::channel_ref(installation, channel))
     .fetch_optional(pool)
     .await?;
     if let Some(id) = inserted {

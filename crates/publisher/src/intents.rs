@@ -170,8 +170,8 @@ pub async fn check_and_claim(pool: &PgPool, p: &Proposal<'_>) -> sqlx::Result<Ve
             let id = Uuid::now_v7();
             sqlx::query(
                 "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id,
-                                            root_ts, body_hash, state)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending')
+                                            root_ts, body_hash, state, channel_ref)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', $10)
                  ON CONFLICT ON CONSTRAINT reply_intents_once DO NOTHING",
             )
             .bind(id)
@@ -183,6 +183,7 @@ pub async fn check_and_claim(pool: &PgPool, p: &Proposal<'_>) -> sqlx::Result<Ve
             .bind(p.channel)
             .bind(p.root_ts)
             .bind(p.body_hash)
+            .bind(threadline_runtime::audit::channel_ref(p.installation, p.channel))
             .execute(&mut *tx)
             .await?;
             id

@@ -12,7 +12,9 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> anyhow::Result<()> {
-    let cfg = PublisherConfig::from_source(&Source::from_env()?)?;
+    let src = Source::from_env()?;
+    threadline_runtime::audit::configure(&src)?;
+    let cfg = PublisherConfig::from_source(&src)?;
     let _telemetry = threadline_runtime::telemetry::init("threadline-publisher", &cfg.common)?;
     let listener = tokio::net::TcpListener::bind(cfg.addr)
         .await

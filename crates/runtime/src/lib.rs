@@ -2,6 +2,7 @@
 //! database pool and migrator, JetStream topology and publishing, token
 //! encryption, health routes and shutdown.
 
+pub mod audit;
 pub mod bus;
 pub mod config;
 pub mod db;

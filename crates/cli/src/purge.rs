@@ -1,0 +1,151 @@
+//! `threadline purge`: retention. Deletes audit records, finished receipts
+//! (kept well past Slack's retry window so a late retry is still recognised)
+//! and the stored text of threads idle past their retention, in one
+//! transaction. `--dry-run` counts without deleting.
+
+use sqlx::PgPool;
+use threadline_runtime::config::Source;
+
+#[derive(clap::Args)]
+pub struct PurgeArgs {
+    /// Audit records older than this many days
+    /// (default THREADLINE_AUDIT_RETENTION_DAYS, else 400).
+    #[arg(long)]
+    audit_days: Option<u64>,
+    /// Finished receipts, their contexts and rejections older than this
+    /// (default THREADLINE_RECEIPT_RETENTION_DAYS, else 30; at least 1, which
+    /// is far beyond Slack's retries).
+    #[arg(long)]
+    receipts_days: Option<u64>,
+    /// Threads idle this long lose their stored messages, and settled
+    /// proposals this old lose their text
+    /// (default THREADLINE_THREAD_RETENTION_DAYS, else 30).
+    #[arg(long)]
+    threads_days: Option<u64>,
+    /// Count what would go, delete nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(serde::Serialize, Default)]
+pub struct Report {
+    dry_run: bool,
+    audit_days: u64,
+    receipts_days: u64,
+    threads_days: u64,
+    audit_records: i64,
+    receipts: i64,
+    contexts: i64,
+    rejections: i64,
+    threads: i64,
+    thread_messages: i64,
+    proposal_texts: i64,
+}
+
+fn days(flag: Option<u64>, src: &Source, key: &str, default: u64) -> anyhow::Result<u64> {
+    let d = match flag {
+        Some(d) => d,
+        None => src.bounded(key, default, 1..=36_500)?,
+    };
+    anyhow::ensure!(
+        (1..=36_500).contains(&d),
+        "{key}: retention must be 1 to 36500 days, got {d}"
+    );
+    Ok(d)
+}
+
+pub async fn run(args: &PurgeArgs, src: &Source, pool: &PgPool) -> anyhow::Result<Report> {
+    let mut r = Report {
+        dry_run: args.dry_run,
+        audit_days: days(args.audit_days, src, "THREADLINE_AUDIT_RETENTION_DAYS", 400)?,
+        receipts_days: days(
+            args.receipts_days,
+            src,
+            "THREADLINE_RECEIPT_RETENTION_DAYS",
+            30,
+        )?,
+        threads_days: days(
+            args.threads_days,
+            src,
+            "THREADLINE_THREAD_RETENTION_DAYS",
+            30,
+        )?,
+        ..Default::default()
+    };
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT set_config('threadline.audit_purge', 'on', true)")
+        .execute(&mut *tx)
+        .await?;
+    r.audit_records =
+        sqlx::query("DELETE FROM audit_log WHERE at < now() - make_interval(days => $1::int)")
+            .bind(r.audit_days as i64)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected() as i64;
+
+    let cutoff = r.receipts_days as i64;
+    r.receipts = sqlx::query(
+        "DELETE FROM event_receipts
+          WHERE state IN ('done', 'ignored', 'failed') AND updated_at < now() - make_interval(days => $1::int)",
+    )
+    .bind(cutoff)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected() as i64;
+    r.contexts = sqlx::query(
+        "DELETE FROM contexts c
+          WHERE c.captured_at < now() - make_interval(days => $1::int)
+            AND NOT EXISTS (SELECT 1 FROM event_receipts r WHERE r.id = c.receipt_id)",
+    )
+    .bind(cutoff)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected() as i64;
+    r.rejections = sqlx::query_scalar(
+        "WITH a AS (DELETE FROM rejections WHERE received_at < now() - make_interval(days => $1::int) RETURNING 1),
+              b AS (DELETE FROM app_rate_limit_notices WHERE received_at < now() - make_interval(days => $1::int) RETURNING 1)
+         SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b)",
+    )
+    .bind(cutoff)
+    .fetch_one(&mut *tx)
+    .await?;
+
+    let (threads, messages): (i64, i64) = sqlx::query_as(
+        "WITH idle AS (
+             DELETE FROM threads WHERE updated_at < now() - make_interval(days => $1::int)
+             RETURNING installation_id, channel_id, root_ts),
+         msgs AS (
+             DELETE FROM thread_messages m USING idle i
+              WHERE m.installation_id = i.installation_id AND m.channel_id = i.channel_id AND m.root_ts = i.root_ts
+             RETURNING m.installation_id, m.channel_id, m.ts),
+         facts AS (
+             DELETE FROM message_facts f USING msgs m
+              WHERE f.installation_id = m.installation_id AND f.channel_id = m.channel_id AND f.ts = m.ts
+             RETURNING 1),
+         gone_turns AS (
+             DELETE FROM turns t USING msgs m
+              WHERE t.installation_id = m.installation_id AND t.channel_id = m.channel_id AND t.ts = m.ts
+             RETURNING 1)
+         SELECT (SELECT count(*) FROM idle), (SELECT count(*) FROM msgs)",
+    )
+    .bind(r.threads_days as i64)
+    .fetch_one(&mut *tx)
+    .await?;
+    (r.threads, r.thread_messages) = (threads, messages);
+    r.proposal_texts = sqlx::query(
+        "UPDATE decisions SET body_text = NULL, body_blocks = NULL
+          WHERE body_text IS NOT NULL AND updated_at < now() - make_interval(days => $1::int)
+            AND status NOT IN ('calling', 'proposed', 'review', 'approved')",
+    )
+    .bind(r.threads_days as i64)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected() as i64;
+
+    if args.dry_run {
+        tx.rollback().await?;
+    } else {
+        tx.commit().await?;
+    }
+    Ok(r)
+}
