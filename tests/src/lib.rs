@@ -377,34 +377,92 @@ impl Stack {
     }
 }
 
-/// A stand-in OTLP/HTTP receiver: answers 200 and counts POSTs to /v1/traces.
-pub async fn otlp_sink() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use std::sync::atomic::Ordering;
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+/// One span as an OTLP/HTTP receiver got it.
+#[derive(Debug, Clone)]
+pub struct CapturedSpan {
+    pub service: String,
+    pub name: String,
+    pub trace_id: String,
+    pub span_id: String,
+    /// Empty for a root span.
+    pub parent_span_id: String,
+    /// Every attribute, rendered `key=value`.
+    pub attributes: Vec<String>,
+}
+
+impl CapturedSpan {
+    pub fn attribute(&self, key: &str) -> Option<&str> {
+        self.attributes
+            .iter()
+            .find_map(|a| a.strip_prefix(key)?.strip_prefix('='))
+    }
+}
+
+pub type Spans = std::sync::Arc<std::sync::Mutex<Vec<CapturedSpan>>>;
+
+/// A local OTLP/HTTP receiver (what Jaeger or a collector would be): decodes
+/// every `POST /v1/traces` and keeps the spans. Returns its base URL.
+pub async fn otlp_collector() -> (String, Spans) {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as V;
+    use prost::Message as _;
+    fn render(v: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+        match v.and_then(|v| v.value.as_ref()) {
+            Some(V::StringValue(s)) => s.clone(),
+            Some(V::IntValue(i)) => i.to_string(),
+            Some(V::BoolValue(b)) => b.to_string(),
+            Some(V::DoubleValue(d)) => d.to_string(),
+            Some(other) => format!("{other:?}"),
+            None => String::new(),
+        }
+    }
+    let spans: Spans = Default::default();
+    let store = spans.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let store = store.clone();
+            async move {
+                let Ok(req) = ExportTraceServiceRequest::decode(body.as_ref()) else {
+                    return axum::http::StatusCode::BAD_REQUEST;
+                };
+                let mut out = store.lock().unwrap_or_else(|p| p.into_inner());
+                for rs in req.resource_spans {
+                    let service = rs
+                        .resource
+                        .as_ref()
+                        .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
+                        .map(|a| render(a.value.as_ref()))
+                        .unwrap_or_default();
+                    for ss in rs.scope_spans {
+                        for sp in ss.spans {
+                            out.push(CapturedSpan {
+                                service: service.clone(),
+                                name: sp.name.clone(),
+                                trace_id: hex(&sp.trace_id),
+                                span_id: hex(&sp.span_id),
+                                parent_span_id: hex(&sp.parent_span_id),
+                                attributes: sp
+                                    .attributes
+                                    .iter()
+                                    .map(|a| format!("{}={}", a.key, render(a.value.as_ref())))
+                                    .collect(),
+                            });
+                        }
+                    }
+                }
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let h = hits.clone();
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            let h = h.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 1 << 16];
-                while let Ok(n) = sock.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    if buf[..n].starts_with(b"POST /v1/traces") {
-                        h.fetch_add(1, Ordering::SeqCst);
-                        let _ = sock
-                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                            .await;
-                    }
-                }
-            });
-        }
-    });
-    (format!("http://{addr}"), hits)
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), spans)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -9,7 +9,7 @@ use async_nats::jetstream;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_testkit::slack::{TEST_SECRET, app_mention, deliver, seed_installation};
 use threadline_testkit::{TestDb, delete_streams, eventually, nats_url, stream_len, unique_prefix};
-use threadline_tests::{cli, free_port, otlp_sink, spawn_gateway};
+use threadline_tests::{cli, free_port, otlp_collector, spawn_gateway};
 
 fn gateway_env(db: &TestDb, prefix: &str, nats: String) -> Vec<(&'static str, String)> {
     vec![
@@ -241,7 +241,7 @@ async fn trace_context_travels_from_the_request_through_the_outbox_to_the_bus() 
     seed_installation(&db.pool, "A0OTL", "T0OTL").await;
     let prefix = unique_prefix();
     let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
-    let (endpoint, exports) = otlp_sink().await;
+    let (endpoint, spans) = otlp_collector().await;
     let mut env = gateway_env(&db, &prefix, nats_url());
     env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint));
     // Quiet logs must not switch tracing off.
@@ -285,10 +285,20 @@ async fn trace_context_travels_from_the_request_through_the_outbox_to_the_bus() 
     );
     assert_ne!(parts[1], "0".repeat(32));
     assert!(gw.terminate().await.success());
-    // Shutdown flushes the batch exporter.
+    // Shutdown flushes the batch exporter: the request's span is in the
+    // trace the bus message carries, under the gateway's service name.
+    let spans = spans.lock().expect("spans").clone();
+    let request = spans
+        .iter()
+        .find(|s| s.name == "http.request" && s.attribute("path") == Some("/slack/events"))
+        .unwrap_or_else(|| panic!("the request span was exported: {spans:?}"));
+    assert_eq!(request.service, "threadline-gateway");
+    assert_eq!(request.trace_id, parts[1], "the bus message continues it");
     assert!(
-        exports.load(std::sync::atomic::Ordering::SeqCst) > 0,
-        "spans were exported over OTLP"
+        spans
+            .iter()
+            .any(|s| s.trace_id == parts[1] && s.attribute("event_id") == Some("Ev0OTL")),
+        "the event's span names its event: {spans:?}"
     );
     delete_streams(&js, &prefix).await;
 }

@@ -73,7 +73,14 @@ pub fn router(
         .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(10)))
         .layer(
             TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
-                tracing::info_span!("http.request", method = %req.method(), path = %req.uri().path())
+                // Probes and scrapes every few seconds would bury the
+                // traces of events: they are debug spans, never exported.
+                let path = req.uri().path();
+                if matches!(path, "/healthz" | "/readyz" | "/metrics") {
+                    tracing::debug_span!("http.request", method = %req.method(), path = %path)
+                } else {
+                    tracing::info_span!("http.request", method = %req.method(), path = %path)
+                }
             }),
         )
 }

@@ -144,7 +144,22 @@ impl Handler {
             return Ok(Disposition::Done);
         }
 
-        let answer = self.ask(ctx).await;
+        let model_span = tracing::info_span!(
+            "model.call",
+            model_config_id = %self.model_config_id,
+            provider = tracing::field::Empty,
+            outcome = tracing::field::Empty
+        );
+        let answer = self.ask(ctx).instrument(model_span.clone()).await;
+        match &answer {
+            Answer::Model { provider, .. } => {
+                model_span.record("provider", provider.as_str());
+                model_span.record("outcome", "ok");
+            }
+            Answer::Fallback { reason } => {
+                model_span.record("outcome", *reason);
+            }
+        }
         let (body, provider, fallback, tools, prompt_tokens, completion_tokens) = match &answer {
             Answer::Model {
                 provider,

@@ -24,6 +24,17 @@ pub enum WebError {
     Decode,
 }
 
+/// Slack's answers that mean the credentials were refused.
+const AUTH_ERRORS: &[&str] = &[
+    "not_authed",
+    "invalid_auth",
+    "token_revoked",
+    "token_expired",
+    "account_inactive",
+    "missing_scope",
+    "not_allowed_token_type",
+];
+
 #[derive(Clone, Debug)]
 pub struct WebClient {
     base: String,
@@ -52,7 +63,50 @@ impl WebClient {
     }
 
     /// Calls `method` with a bearer token and form arguments.
+    ///
+    /// Each call is a `slack.api` span (method and outcome, never arguments)
+    /// and counts in `threadline_slack_api_calls_total`; refused credentials
+    /// also in `threadline_slack_auth_failures_total`.
     pub async fn call(
+        &self,
+        method: &str,
+        token: &str,
+        form: &[(&str, &str)],
+    ) -> Result<Value, WebError> {
+        use tracing::Instrument as _;
+        let span = tracing::info_span!("slack.api", method, outcome = tracing::field::Empty);
+        let r = self
+            .call_once(method, token, form)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &r {
+            Ok(_) => "ok",
+            Err(WebError::Api { code }) => code.as_str(),
+            Err(WebError::RateLimited { .. }) => "ratelimited",
+            Err(WebError::Http(_)) => "http_error",
+            Err(WebError::Transport(_)) => "transport",
+            Err(WebError::Decode) => "undecodable",
+        };
+        // Slack's codes are short identifiers; anything else is bucketed so
+        // a label can never carry free text.
+        let outcome = if outcome.len() <= 40
+            && outcome.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        {
+            outcome.to_owned()
+        } else {
+            "other".to_owned()
+        };
+        span.record("outcome", outcome.as_str());
+        if AUTH_ERRORS.contains(&outcome.as_str()) {
+            metrics::counter!("threadline_slack_auth_failures_total", "method" => method.to_owned(), "error" => outcome.clone())
+                .increment(1);
+        }
+        metrics::counter!("threadline_slack_api_calls_total", "method" => method.to_owned(), "outcome" => outcome)
+            .increment(1);
+        r
+    }
+
+    async fn call_once(
         &self,
         method: &str,
         token: &str,

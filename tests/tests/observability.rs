@@ -1,0 +1,292 @@
+//! One Slack event is one trace across the four services (spans exported
+//! over OTLP and decoded here), and one audit trail of content-free records;
+//! retention purges what is old and nothing else.
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde_json::Value;
+use threadline_tests::{CapturedSpan, Stack, cli, otlp_collector};
+
+const SERVICES: [&str; 4] = [
+    "threadline-gateway",
+    "threadline-context-builder",
+    "threadline-inference",
+    "threadline-publisher",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_event_is_one_unbroken_trace_and_one_content_free_audit_trail() {
+    let (otlp, spans) = otlp_collector().await;
+    let s = Stack::start(&[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)]).await;
+    let marker = "MARKER-91c2-confidential-words";
+    let planted = "xoxb-9999-9999-plantedsecretvalue";
+    let root = s
+        .post(&format!("{marker} the key is {planted}"), None)
+        .await;
+    s.post(&format!("<@{}> {marker} summary?", s.bot_user), Some(&root))
+        .await;
+    assert_eq!(s.wait_answers(&root, 1).await.len(), 1);
+    let event_id: String =
+        sqlx::query_scalar("SELECT event_id FROM reply_intents WHERE state = 'sent'")
+            .fetch_one(&s.db.pool)
+            .await
+            .expect("the sent intent");
+
+    // The audit trail of that event: every stage, one channel pseudonym,
+    // timings in order.
+    let trail: Vec<(String, String, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT stage, outcome, channel_ref, delivery_status FROM audit_log WHERE event_id = $1 ORDER BY id",
+    )
+    .bind(&event_id)
+    .fetch_all(&s.db.pool)
+    .await
+    .expect("audit records");
+    let stages: BTreeSet<&str> = trail.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(
+        stages,
+        BTreeSet::from(["context", "decision", "delivery", "intake"]),
+        "{trail:?}"
+    );
+    assert!(
+        trail
+            .iter()
+            .any(|r| r.0 == "delivery" && r.3.as_deref() == Some("sent")),
+        "{trail:?}"
+    );
+    let refs: BTreeSet<&str> = trail.iter().filter_map(|r| r.2.as_deref()).collect();
+    assert_eq!(refs.len(), 1, "one pseudonym for the channel: {trail:?}");
+    let pseudonym = refs.into_iter().next().expect("a pseudonym");
+    assert_eq!(pseudonym.len(), 32);
+    assert!(!pseudonym.contains(&s.channel));
+    let in_order: bool = sqlx::query_scalar(
+        "SELECT received_at <= acked_at AND acked_at <= processed_at AND processed_at <= sent_at
+           FROM audit_timeline WHERE event_id = $1",
+    )
+    .bind(&event_id)
+    .fetch_one(&s.db.pool)
+    .await
+    .expect("a timeline with every time set");
+    assert!(in_order);
+    let dump: String =
+        sqlx::query_scalar("SELECT coalesce(string_agg(a::text, E'\\n'), '') FROM audit_log a")
+            .fetch_one(&s.db.pool)
+            .await
+            .expect("dump");
+    for (what, needle) in [
+        ("message text", marker),
+        ("a secret from a message", planted),
+        ("the channel id", s.channel.as_str()),
+        ("the person's id", s.user.as_str()),
+        ("the bot token", s.token.as_str()),
+    ] {
+        assert!(!dump.contains(needle), "{what} is in the audit log");
+    }
+    // Append-only, whoever asks.
+    for statement in [
+        "UPDATE audit_log SET outcome = 'changed'",
+        "DELETE FROM audit_log",
+        "TRUNCATE audit_log",
+    ] {
+        let err = sqlx::query(statement)
+            .execute(&s.db.pool)
+            .await
+            .expect_err("refused");
+        assert!(
+            err.to_string().contains("append-only"),
+            "{statement}: {err}"
+        );
+    }
+
+    // The trace: stopping the services flushes their exporters.
+    let (channel, user, token) = (s.channel.clone(), s.user.clone(), s.token.clone());
+    s.stop().await;
+    let spans = spans.lock().expect("spans").clone();
+    let publish = spans
+        .iter()
+        .find(|sp| sp.name == "publisher.publish" && sp.attribute("event_id") == Some(&event_id))
+        .unwrap_or_else(|| panic!("the publisher's span for {event_id}: {spans:?}"));
+    let trace: Vec<&CapturedSpan> = spans
+        .iter()
+        .filter(|sp| sp.trace_id == publish.trace_id)
+        .collect();
+    let services: BTreeSet<&str> = trace.iter().map(|sp| sp.service.as_str()).collect();
+    assert_eq!(services, BTreeSet::from(SERVICES), "{trace:#?}");
+    let by_id: HashMap<&str, &CapturedSpan> =
+        trace.iter().map(|sp| (sp.span_id.as_str(), *sp)).collect();
+    let roots: Vec<&&CapturedSpan> = trace
+        .iter()
+        .filter(|sp| sp.parent_span_id.is_empty())
+        .collect();
+    assert_eq!(roots.len(), 1, "one root: {roots:#?}");
+    assert_eq!(
+        (roots[0].service.as_str(), roots[0].name.as_str()),
+        ("threadline-gateway", "http.request")
+    );
+    for sp in &trace {
+        if !sp.parent_span_id.is_empty() {
+            assert!(
+                by_id.contains_key(sp.parent_span_id.as_str()),
+                "{} of {} has a parent outside the trace",
+                sp.name,
+                sp.service
+            );
+        }
+    }
+    // Walk up from the Slack post to the request: the links are the right ones.
+    let post = trace
+        .iter()
+        .find(|sp| sp.name == "slack.api" && sp.attribute("method") == Some("chat.postMessage"))
+        .unwrap_or_else(|| panic!("the chat.postMessage span: {trace:#?}"));
+    assert_eq!(post.attribute("outcome"), Some("ok"));
+    let mut chain = vec![(post.service.clone(), post.name.clone())];
+    let mut at = *post;
+    while let Some(parent) = by_id.get(at.parent_span_id.as_str()) {
+        chain.push((parent.service.clone(), parent.name.clone()));
+        at = parent;
+    }
+    let chain_services: Vec<&str> = chain.iter().map(|c| c.0.as_str()).collect();
+    for service in SERVICES {
+        assert!(
+            chain_services.contains(&service),
+            "the post's ancestry passes through {service}: {chain:?}"
+        );
+    }
+    assert!(
+        trace
+            .iter()
+            .any(|sp| sp.name == "model.call" && sp.service == "threadline-inference"),
+        "the model call is a span"
+    );
+    // Ids and outcomes only.
+    let attributes: String = spans
+        .iter()
+        .flat_map(|sp| sp.attributes.iter().cloned())
+        .collect::<Vec<_>>()
+        .join("\n");
+    for needle in [marker, planted, token.as_str(), user.as_str()] {
+        assert!(
+            !attributes.contains(needle),
+            "a span attribute holds {needle}"
+        );
+    }
+    assert!(
+        !attributes.contains(&channel),
+        "span attributes name no channel"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_removes_only_what_is_past_retention() {
+    let db = threadline_testkit::TestDb::new().await;
+    let inst = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO audit_log (at, stage, outcome) VALUES (now() - interval '500 days', 'intake', 'accepted'),
+                                                           (now() - interval '10 days', 'intake', 'accepted')",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("audit");
+    for (event, age) in [("EvOLD", "40 days"), ("EvNEW", "1 hour")] {
+        sqlx::query(&format!(
+            "INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, event_time, state, updated_at)
+             VALUES ($1, $2, 'A1', $3, 'message', now(), 'done', now() - interval '{age}')"
+        ))
+        .bind(uuid::Uuid::now_v7())
+        .bind(inst)
+        .bind(event)
+        .execute(&db.pool)
+        .await
+        .expect("receipt");
+    }
+    sqlx::query(
+        "INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, event_time, state, updated_at)
+         VALUES ($1, $2, 'A1', 'EvOPEN', 'message', now(), 'processing', now() - interval '40 days')",
+    )
+    .bind(uuid::Uuid::now_v7())
+    .bind(inst)
+    .execute(&db.pool)
+    .await
+    .expect("open receipt");
+    for (root, age) in [("100.000001", "40 days"), ("200.000001", "1 day")] {
+        sqlx::query(&format!(
+            "INSERT INTO threads (installation_id, channel_id, root_ts, version, updated_at)
+             VALUES ($1, 'C1', $2, 2, now() - interval '{age}')"
+        ))
+        .bind(inst)
+        .bind(root)
+        .execute(&db.pool)
+        .await
+        .expect("thread");
+        for ts in [root.to_owned(), root.replace("000001", "000002")] {
+            sqlx::query(
+                "INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash)
+                 VALUES ($1, 'C1', $2, $3, 'user', 'words', 'h')",
+            )
+            .bind(inst)
+            .bind(&ts)
+            .bind(root)
+            .execute(&db.pool)
+            .await
+            .expect("message");
+        }
+    }
+    let env = [("DATABASE_URL", db.url.clone())];
+    let counts = |out: &std::process::Output| -> Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("a JSON report")
+    };
+    let remaining = || async {
+        sqlx::query_as::<_, (i64, i64, i64, i64)>(
+            "SELECT (SELECT count(*) FROM audit_log), (SELECT count(*) FROM event_receipts),
+                    (SELECT count(*) FROM threads), (SELECT count(*) FROM thread_messages)",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("counts")
+    };
+
+    let dry = counts(&cli(&["purge", "--dry-run"], &env).await);
+    assert_eq!(
+        (
+            &dry["audit_records"],
+            &dry["receipts"],
+            &dry["threads"],
+            &dry["thread_messages"]
+        ),
+        (
+            &Value::from(1),
+            &Value::from(1),
+            &Value::from(1),
+            &Value::from(2)
+        ),
+        "{dry}"
+    );
+    assert_eq!(remaining().await, (2, 3, 2, 4), "a dry run deletes nothing");
+
+    let done = counts(&cli(&["purge"], &env).await);
+    assert_eq!(done["audit_records"], 1, "{done}");
+    assert_eq!(
+        remaining().await,
+        (1, 2, 1, 2),
+        "only what is past retention"
+    );
+    let kept: Vec<String> =
+        sqlx::query_scalar("SELECT event_id FROM event_receipts ORDER BY event_id")
+            .fetch_all(&db.pool)
+            .await
+            .expect("kept");
+    assert_eq!(kept, ["EvNEW", "EvOPEN"], "unfinished work is never purged");
+
+    // Retention shorter than Slack's retry window is refused.
+    let out = cli(&["purge", "--receipts-days", "0"], &env).await;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("THREADLINE_RECEIPT_RETENTION_DAYS"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
