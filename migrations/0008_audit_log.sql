@@ -118,3 +118,6 @@ END
 $$;
 CREATE TRIGGER kill_switches_audit AFTER INSERT OR UPDATE ON kill_switches
     FOR EACH ROW EXECUTE FUNCTION audit_kill_switch();
+
+-- The review outcomes counted by the publisher's ledger gauges.
+CREATE INDEX decisions_reviewed ON decisions (status) WHERE reviewed_by IS NOT NULL;

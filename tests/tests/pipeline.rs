@@ -113,6 +113,34 @@ async fn a_mention_is_answered_once_in_its_thread_and_the_answer_is_no_new_job()
         (&json!(4), &json!(1), &json!(1), &json!(0))
     );
     assert_eq!(stats["reply_intents_by_state"], json!({"sent": 1}));
+
+    // The same ledger on /metrics, sampled from the database, with the
+    // consumers' backlog and the Slack calls by outcome.
+    let forged = reqwest::Client::new()
+        .post(format!("{}/slack/events", s.services[0].base_url))
+        .header("x-slack-request-timestamp", "1")
+        .header("x-slack-signature", "v0=00")
+        .body("{}")
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(forged.status(), 401);
+    let metrics = eventually("the ledger on /metrics", Duration::from_secs(30), || async {
+        let m = s.metrics().await;
+        m.contains("threadline_reply_intents{state=\"sent\"} 1").then_some(m)
+    })
+    .await;
+    for expected in [
+        "threadline_reply_intents{state=\"unknown\"} 0",
+        "threadline_consumer_pending_messages{consumer=\"publisher\"}",
+        "threadline_consumer_oldest_message_age_seconds{consumer=\"inference\"}",
+        "threadline_slack_api_calls_total{method=\"chat.postMessage\",outcome=\"ok\"} 1",
+        "threadline_auth_failures_total{source=\"slack_signature\",reason=",
+        "threadline_review_outcomes_total{outcome=\"approved\"} 0",
+        "threadline_gateway_ack_seconds_bucket",
+    ] {
+        assert!(metrics.contains(expected), "/metrics lacks {expected}");
+    }
     s.stop().await;
 }
 

@@ -72,6 +72,8 @@ async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> (Answer, Re
     ) {
         // No detail to the caller, and nothing of the body or signatures in logs.
         tracing::debug!(reason = e.reason_code(), "delivery failed signature check");
+        metrics::counter!("threadline_auth_failures_total", "source" => "slack_signature", "reason" => e.reason_code())
+            .increment(1);
         return (
             Answer::Rejected(e.reason_code()),
             StatusCode::UNAUTHORIZED.into_response(),

@@ -7,6 +7,7 @@
 pub mod config;
 pub mod handler;
 pub mod intents;
+pub mod ledger;
 pub mod reconcile;
 
 use std::sync::Arc;
@@ -49,6 +50,7 @@ pub async fn run(
     let concurrency = cfg.concurrency;
     let handler = Arc::new(handler(cfg, deps.pool.clone(), deps.js.clone())?);
     let health = deps.serve_health(listener, shutdown.clone());
+    ledger::spawn(deps.pool.clone(), shutdown.clone());
     tracing::info!(concurrency, "publisher consuming");
     threadline_runtime::worker::run(
         deps.js.clone(),

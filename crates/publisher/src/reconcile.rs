@@ -112,7 +112,20 @@ pub async fn run(
         .bind(s.intent)
         .execute(pool)
         .await?;
+    if by_meta.len() > 1 {
+        // Slack shows more than one post carrying this intent: the very
+        // thing threadline exists to prevent. Counted and raised, and held
+        // for an operator (nothing more is posted).
+        metrics::counter!("threadline_duplicate_reply_incidents_total").increment(1);
+        tracing::error!(
+            alert = "duplicate_reply",
+            intent_id = %s.intent,
+            posts = by_meta.len(),
+            "more than one reply in Slack for one intent"
+        );
+    }
     let found = match (by_meta.len(), by_identity.len()) {
+        (n, _) if n > 1 => Found::Held("duplicate_posts_found"),
         (1, _) => Found::Sent(by_meta[0].clone()),
         (0, 1) => Found::Sent(by_identity[0].clone()),
         (0, 0) => {

@@ -608,3 +608,58 @@ async fn a_refused_refresh_disables_the_installation_instead_of_looping() {
     );
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_posts_of_one_intent_in_slack_are_an_incident_held_never_a_third() {
+    let env = Env::new().await;
+    let (_, payload) = env.proposal("Exactly once.").await;
+    env.fault(json!({"method": "chat.postMessage", "mode": "lost_response", "latency_ms": 3000}))
+        .await;
+    let h = env.handler(&[]);
+    // The post lands, its response is lost: the outcome is unknown.
+    assert!(!matches!(h.handle(&payload).await, Disposition::Done));
+    assert_eq!(env.intent().await.0, "unknown");
+    // Something else (a broken replica, a replayed request) posts the same
+    // intent again: Slack now shows two replies carrying its metadata.
+    let root = env.root().await;
+    let thread: Value = env
+        .http
+        .get(format!("{}/_sim/channels/{}/threads/{root}", env.sim, env.channel))
+        .send()
+        .await
+        .expect("thread")
+        .json()
+        .await
+        .expect("json");
+    let ours = thread["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["app_id"].is_string()).cloned())
+        .expect("the landed reply");
+    let again: Value = env
+        .http
+        .post(format!("{}/api/chat.postMessage", env.sim))
+        .bearer_auth(&env.token)
+        .form(&[
+            ("channel", env.channel.as_str()),
+            ("thread_ts", root.as_str()),
+            ("text", ours["text"].as_str().expect("text")),
+            ("metadata", &ours["metadata"].to_string()),
+        ])
+        .send()
+        .await
+        .expect("second post")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(again["ok"], true, "{again}");
+    assert_eq!(env.app_posts().await, 2);
+    // Reconciliation sees both: the incident is held for an operator and
+    // nothing more is posted.
+    env.until_done(&h, &payload).await;
+    assert_eq!(
+        env.intent().await,
+        ("held".into(), false, Some("duplicate_posts_found".into()))
+    );
+    assert_eq!(env.app_posts().await, 2, "never a third");
+    env.cleanup().await;
+}

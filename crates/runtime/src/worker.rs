@@ -61,6 +61,7 @@ where
         .get_consumer(topic.consumer())
         .await
         .map_err(|e| anyhow::anyhow!("opening consumer {}: {e}", topic.consumer()))?;
+    spawn_lag_sampler(stream, consumer.clone(), topic.consumer().to_owned(), shutdown.clone());
     let handler = Arc::new(handler);
     let messages = consumer.messages().await.context("pulling messages")?;
     let dlq = topology.dead_letter_subject(topic);
@@ -82,6 +83,47 @@ where
         })
         .await;
     Ok(())
+}
+
+/// How often a worker reports its consumer's lag.
+const LAG_EVERY: Duration = Duration::from_secs(5);
+
+/// Reports the consumer's backlog as gauges until `shutdown`: messages not
+/// yet delivered, delivered but unacknowledged, redelivered, and the age of
+/// the oldest message still in the (work-queue) stream.
+fn spawn_lag_sampler(
+    stream: jetstream::stream::Stream,
+    consumer: PullConsumer,
+    name: String,
+    shutdown: CancellationToken,
+) {
+    tokio::spawn(async move {
+        loop {
+            if let Ok(info) = consumer.get_info().await {
+                metrics::gauge!("threadline_consumer_pending_messages", "consumer" => name.clone())
+                    .set(info.num_pending as f64);
+                metrics::gauge!("threadline_consumer_ack_pending_messages", "consumer" => name.clone())
+                    .set(info.num_ack_pending as f64);
+                metrics::gauge!("threadline_consumer_redelivered_messages", "consumer" => name.clone())
+                    .set(info.num_redelivered as f64);
+            }
+            if let Ok(info) = stream.get_info().await {
+                let age = if info.state.messages == 0 {
+                    0.0
+                } else {
+                    (time::OffsetDateTime::now_utc() - info.state.first_timestamp)
+                        .as_seconds_f64()
+                        .max(0.0)
+                };
+                metrics::gauge!("threadline_consumer_oldest_message_age_seconds", "consumer" => name.clone())
+                    .set(age);
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(LAG_EVERY) => {}
+            }
+        }
+    });
 }
 
 async fn handle_one<H, F>(msg: jetstream::Message, handler: &H, js: &jetstream::Context, dlq: &str)

@@ -66,7 +66,7 @@ impl WebClient {
     ///
     /// Each call is a `slack.api` span (method and outcome, never arguments)
     /// and counts in `threadline_slack_api_calls_total`; refused credentials
-    /// also in `threadline_slack_auth_failures_total`.
+    /// also in `threadline_auth_failures_total{source="slack_api"}`.
     pub async fn call(
         &self,
         method: &str,
@@ -98,7 +98,7 @@ impl WebClient {
         };
         span.record("outcome", outcome.as_str());
         if AUTH_ERRORS.contains(&outcome.as_str()) {
-            metrics::counter!("threadline_slack_auth_failures_total", "method" => method.to_owned(), "error" => outcome.clone())
+            metrics::counter!("threadline_auth_failures_total", "source" => "slack_api", "reason" => outcome.clone())
                 .increment(1);
         }
         metrics::counter!("threadline_slack_api_calls_total", "method" => method.to_owned(), "outcome" => outcome)

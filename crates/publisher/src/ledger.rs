@@ -1,0 +1,72 @@
+//! Ledger gauges sampled from Postgres (the source of truth shared by every
+//! replica): reply intents by state, the oldest unsettled outcome, and the
+//! review queue and its outcomes.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use threadline_runtime::shutdown::CancellationToken;
+
+const EVERY: Duration = Duration::from_secs(15);
+
+/// Every state of DESIGN §4's reply intent, so a gauge drops back to zero.
+const STATES: [&str; 8] = [
+    "pending",
+    "sending",
+    "sent",
+    "failed_retryable",
+    "failed_permanent",
+    "unknown",
+    "reconciling",
+    "held",
+];
+
+/// Samples once, then every 15 s until `shutdown`.
+pub fn spawn(pool: PgPool, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            if let Err(e) = sample(&pool).await {
+                tracing::debug!(error = %e, "ledger sample failed");
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(EVERY) => {}
+            }
+        }
+    });
+}
+
+pub async fn sample(pool: &PgPool) -> sqlx::Result<()> {
+    let by_state: Vec<(String, i64)> =
+        sqlx::query_as("SELECT state, count(*) FROM reply_intents GROUP BY state")
+            .fetch_all(pool)
+            .await?;
+    for state in STATES {
+        let n = by_state
+            .iter()
+            .find(|(s, _)| s == state)
+            .map_or(0, |(_, n)| *n);
+        metrics::gauge!("threadline_reply_intents", "state" => state).set(n as f64);
+    }
+    let oldest: f64 = sqlx::query_scalar(
+        "SELECT coalesce(max(extract(epoch FROM now() - coalesce(unknown_since, updated_at))), 0)::float8
+           FROM reply_intents WHERE state IN ('unknown', 'reconciling', 'held')",
+    )
+    .fetch_one(pool)
+    .await?;
+    metrics::gauge!("threadline_unknown_outcome_oldest_seconds").set(oldest);
+    let (waiting, approved, rejected): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM decisions WHERE status = 'review'),
+                count(*) FILTER (WHERE status <> 'rejected'),
+                count(*) FILTER (WHERE status = 'rejected')
+           FROM decisions WHERE reviewed_by IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await?;
+    metrics::gauge!("threadline_decisions_awaiting_review").set(waiting as f64);
+    metrics::counter!("threadline_review_outcomes_total", "outcome" => "approved")
+        .absolute(approved as u64);
+    metrics::counter!("threadline_review_outcomes_total", "outcome" => "rejected")
+        .absolute(rejected as u64);
+    Ok(())
+}
