@@ -125,10 +125,15 @@ async fn a_mention_is_answered_once_in_its_thread_and_the_answer_is_no_new_job()
         .await
         .expect("post");
     assert_eq!(forged.status(), 401);
-    let metrics = eventually("the ledger on /metrics", Duration::from_secs(30), || async {
-        let m = s.metrics().await;
-        m.contains("threadline_reply_intents{state=\"sent\"} 1").then_some(m)
-    })
+    let metrics = eventually(
+        "the ledger on /metrics",
+        Duration::from_secs(30),
+        || async {
+            let m = s.metrics().await;
+            m.contains("threadline_reply_intents{state=\"sent\"} 1")
+                .then_some(m)
+        },
+    )
     .await;
     for expected in [
         "threadline_reply_intents{state=\"unknown\"} 0",
@@ -289,6 +294,58 @@ async fn no_message_text_token_or_secret_reaches_logs_or_metrics() {
         logs.len() > 1000,
         "debug logging produced output ({} bytes)",
         logs.len()
+    );
+    // Correlation ids: every line logged while handling an event names the
+    // event and the trace, and one event's trace id is found in the logs of
+    // every service that handled it.
+    let lines: Vec<Value> = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(lines.len() > 20, "JSON log lines");
+    let field = |l: &Value, key: &str| -> Option<String> {
+        l["spans"]
+            .as_array()?
+            .iter()
+            .rev()
+            .find_map(|s| s[key].as_str().map(str::to_owned))
+    };
+    let with_event: Vec<&Value> = lines
+        .iter()
+        .filter(|l| field(l, "event_id").is_some())
+        .collect();
+    assert!(!with_event.is_empty(), "lines name their event");
+    for l in &with_event {
+        assert!(
+            field(l, "trace_id").is_some(),
+            "a line without its trace: {l}"
+        );
+    }
+    // Which service wrote a line shows in its spans' names.
+    let service_of = |l: &Value| -> Option<&'static str> {
+        l["spans"]
+            .as_array()?
+            .iter()
+            .find_map(|s| match s["name"].as_str()? {
+                "http.request" | "outbox.publish" => Some("gateway"),
+                "context.build" => Some("context-builder"),
+                "inference.decide" | "model.call" => Some("inference"),
+                "publisher.publish" => Some("publisher"),
+                _ => None,
+            })
+    };
+    let mut services_by_trace: std::collections::HashMap<
+        String,
+        std::collections::BTreeSet<&'static str>,
+    > = Default::default();
+    for l in &lines {
+        if let (Some(t), Some(service)) = (field(l, "trace_id"), service_of(l)) {
+            services_by_trace.entry(t).or_default().insert(service);
+        }
+    }
+    assert!(
+        services_by_trace.values().any(|s| s.len() == 4),
+        "one trace id in the logs of all four services: {services_by_trace:?}"
     );
     for (what, needle) in [
         ("message text", marker),

@@ -182,7 +182,9 @@ async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
         "text": format!("<@{}> summarise", s.bot_user), "ts": "1800000000.000200",
         "event_ts": "1800000000.000200", "thread_ts": b_root, "channel": b.channel});
     let http = reqwest::Client::new();
-    for (id, ev) in [("EvFORGED1", mention), ("EvFORGED2", reply)] {
+    // One after the other: the mention's channel lookup is then not
+    // answered from what the reply's channel_type taught.
+    for (n, id, ev) in [(2, "EvFORGED1", mention), (3, "EvFORGED2", reply)] {
         let r = threadline_testkit::slack::deliver(
             &http,
             &gateway,
@@ -193,8 +195,8 @@ async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
         .await
         .expect("deliver");
         assert_eq!(r.status(), 200);
+        settled(&s, n).await;
     }
-    settled(&s, 3).await;
     // The forged reply went on to a proposal: wait for the publisher's try.
     let tried = eventually("the publisher's attempt", Duration::from_secs(30), || {
         let pool = s.db.pool.clone();

@@ -79,7 +79,9 @@ pub fn router(
                 if matches!(path, "/healthz" | "/readyz" | "/metrics") {
                     tracing::debug_span!("http.request", method = %req.method(), path = %path)
                 } else {
-                    tracing::info_span!("http.request", method = %req.method(), path = %path)
+                    let span = tracing::info_span!("http.request", method = %req.method(), path = %path, trace_id = tracing::field::Empty);
+                    threadline_runtime::telemetry::record_trace_id(&span);
+                    span
                 }
             }),
         )

@@ -290,7 +290,7 @@ impl Relay {
         let topic = Topic::parse(&row.topic)
             .ok_or_else(|| format!("unknown outbox topic {:?}", row.topic))?;
         let payload = row.payload.clone();
-        let span = tracing::info_span!("outbox.publish", outbox_id = row.id, msg_id = %row.msg_id, topic = %row.topic);
+        let span = tracing::info_span!("outbox.publish", outbox_id = row.id, msg_id = %row.msg_id, topic = %row.topic, trace_id = tracing::field::Empty);
         let mut headers = HeaderMap::new();
         if let Some(tp) = &row.traceparent {
             // Continue the gateway request's trace: parent the relay span on
@@ -305,6 +305,7 @@ impl Relay {
             use opentelemetry::trace::TraceContextExt as _;
             use tracing_opentelemetry::OpenTelemetrySpanExt as _;
             let _ = span.set_parent(parent);
+            threadline_runtime::telemetry::record_trace_id(&span);
             let cx = span.context();
             if cx.span().span_context().is_valid() {
                 opentelemetry::global::get_text_map_propagator(|p| {

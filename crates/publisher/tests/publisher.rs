@@ -624,7 +624,10 @@ async fn two_posts_of_one_intent_in_slack_are_an_incident_held_never_a_third() {
     let root = env.root().await;
     let thread: Value = env
         .http
-        .get(format!("{}/_sim/channels/{}/threads/{root}", env.sim, env.channel))
+        .get(format!(
+            "{}/_sim/channels/{}/threads/{root}",
+            env.sim, env.channel
+        ))
         .send()
         .await
         .expect("thread")

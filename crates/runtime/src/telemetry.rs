@@ -1,8 +1,12 @@
 //! Logs, traces and metrics, set up once per process by [`init`].
 //!
-//! * Logs: `tracing` to stdout, JSON by default, level from `RUST_LOG`.
-//! * Traces: exported with OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set
-//!   (Jaeger accepts OTLP directly); W3C trace context is the propagator.
+//! * Logs: `tracing` to stdout, JSON by default (one object a line, with the
+//!   enclosing spans' fields, so `event_id` and `trace_id` are on every line
+//!   logged while handling an event), level from `RUST_LOG`.
+//! * Traces: W3C trace context is always created and propagated (so logs of
+//!   all services correlate by `trace_id`); spans are exported with
+//!   OTLP/HTTP only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (Jaeger accepts
+//!   OTLP directly).
 //! * Metrics: a Prometheus recorder rendered by `/metrics`.
 //!
 //! Span and log fields hold identifiers, hashes, decisions and timings only.
@@ -51,6 +55,7 @@ pub fn init(service: &'static str, cfg: &CommonConfig) -> anyhow::Result<Telemet
             .json()
             .flatten_event(true)
             .with_current_span(false)
+            .with_span_list(true)
             .with_filter(log_filter());
         (Some(layer), None)
     } else {
@@ -59,31 +64,26 @@ pub fn init(service: &'static str, cfg: &CommonConfig) -> anyhow::Result<Telemet
             .with_filter(log_filter());
         (None, Some(layer))
     };
-    let provider = match &cfg.otlp_endpoint {
-        None => None,
-        Some(base) => {
-            let exporter = opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary)
-                .with_endpoint(format!("{}/v1/traces", base.trim_end_matches('/')))
-                .build()
-                .context("building the OTLP span exporter (OTEL_EXPORTER_OTLP_ENDPOINT)")?;
-            Some(
-                SdkTracerProvider::builder()
-                    .with_batch_exporter(exporter)
-                    .with_resource(
-                        Resource::builder()
-                            .with_service_name(service)
-                            .with_attribute(opentelemetry::KeyValue::new(
-                                "service.version",
-                                env!("CARGO_PKG_VERSION"),
-                            ))
-                            .build(),
-                    )
-                    .build(),
-            )
-        }
-    };
+    let resource = Resource::builder()
+        .with_service_name(service)
+        .with_attribute(opentelemetry::KeyValue::new(
+            "service.version",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .build();
+    let mut builder = SdkTracerProvider::builder().with_resource(resource);
+    if let Some(base) = &cfg.otlp_endpoint {
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(format!("{}/v1/traces", base.trim_end_matches('/')))
+            .build()
+            .context("building the OTLP span exporter (OTEL_EXPORTER_OTLP_ENDPOINT)")?;
+        builder = builder.with_batch_exporter(exporter);
+    }
+    // Without an exporter the provider still gives every span its ids, so
+    // trace context crosses the bus and log lines correlate.
+    let provider = Some(builder.build());
     let otel = provider.as_ref().map(|p| {
         tracing_opentelemetry::layer()
             .with_tracer(p.tracer(service))
@@ -121,6 +121,18 @@ pub fn metrics_handle() -> &'static PrometheusHandle {
         let _ = metrics::set_global_recorder(recorder);
         handle
     })
+}
+
+/// Records `span`'s trace id in its `trace_id` field (declared empty), so
+/// every log line inside it names the trace.
+pub fn record_trace_id(span: &tracing::Span) {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let cx = span.context();
+    let sc = cx.span().span_context().clone();
+    if sc.is_valid() {
+        span.record("trace_id", tracing::field::display(sc.trace_id()));
+    }
 }
 
 /// The W3C trace context of the current span, to store with work that

@@ -61,7 +61,12 @@ where
         .get_consumer(topic.consumer())
         .await
         .map_err(|e| anyhow::anyhow!("opening consumer {}: {e}", topic.consumer()))?;
-    spawn_lag_sampler(stream, consumer.clone(), topic.consumer().to_owned(), shutdown.clone());
+    spawn_lag_sampler(
+        stream,
+        consumer.clone(),
+        topic.consumer().to_owned(),
+        shutdown.clone(),
+    );
     let handler = Arc::new(handler);
     let messages = consumer.messages().await.context("pulling messages")?;
     let dlq = topology.dead_letter_subject(topic);
@@ -132,7 +137,12 @@ where
     F: Future<Output = Disposition>,
 {
     let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
-    let span = tracing::info_span!("bus.consume", subject = %msg.subject, delivered);
+    let span = tracing::info_span!(
+        "bus.consume",
+        subject = %msg.subject,
+        delivered,
+        trace_id = tracing::field::Empty
+    );
     if let Some(headers) = &msg.headers {
         use tracing_opentelemetry::OpenTelemetrySpanExt as _;
         let parent = opentelemetry::global::get_text_map_propagator(|p| {
@@ -140,6 +150,7 @@ where
         });
         let _ = span.set_parent(parent);
     }
+    crate::telemetry::record_trace_id(&span);
     // Keep the message ours while the handler works.
     let (acker_msg, progress_stop) = (msg.clone(), CancellationToken::new());
     let stop = progress_stop.clone();
