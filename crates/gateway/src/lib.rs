@@ -106,7 +106,7 @@ pub async fn run(
         let relay = Relay::new(
             pool.clone(),
             async_nats::jetstream::new(nats.clone()),
-            Topology::new(cfg.common.bus_prefix.clone()),
+            Topology::from_config(&cfg.common),
             RelayConfig {
                 batch: cfg.relay_batch,
                 sweep: cfg.relay_sweep,

@@ -53,7 +53,7 @@ pub fn handler(
     Ok(Handler {
         pool,
         js,
-        topology: Topology::new(cfg.common.bus_prefix.clone()),
+        topology: Topology::from_config(&cfg.common),
         model_config_id: handler::model_config_id(&[&described, &cfg.system_prompt, &cfg.label]),
         primary,
         backup,

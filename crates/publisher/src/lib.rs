@@ -29,7 +29,7 @@ pub fn handler(
     Ok(Handler {
         pool,
         js,
-        topology: Topology::new(cfg.common.bus_prefix.clone()),
+        topology: Topology::from_config(&cfg.common),
         web: WebClient::new(&cfg.common.slack_api_url, cfg.slack_timeout)
             .context("building the Slack client")?,
         cipher: cfg.cipher,

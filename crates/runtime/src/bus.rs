@@ -77,12 +77,27 @@ pub const BACKOFF: [Duration; 5] = [
 #[derive(Debug, Clone)]
 pub struct Topology {
     prefix: String,
+    /// Stream replicas (`THREADLINE_STREAM_REPLICAS`): 3 on a 3-node cluster.
+    replicas: usize,
+    /// How long dead letters (which hold the failed message) are kept.
+    dead_letter_max_age: Duration,
 }
 
 impl Topology {
     pub fn new(prefix: impl Into<String>) -> Self {
         Self {
             prefix: prefix.into(),
+            replicas: 1,
+            dead_letter_max_age: Duration::from_secs(14 * 24 * 3600),
+        }
+    }
+
+    /// The topology a deployment configured (prefix, replicas, retention).
+    pub fn from_config(common: &crate::config::CommonConfig) -> Self {
+        Self {
+            replicas: common.stream_replicas,
+            dead_letter_max_age: common.dead_letter_max_age,
+            ..Self::new(common.bus_prefix.clone())
         }
     }
 
@@ -115,6 +130,7 @@ impl Topology {
             storage: stream::StorageType::File,
             duplicate_window: DUPLICATE_WINDOW,
             max_age: Duration::from_secs(7 * 24 * 3600),
+            num_replicas: self.replicas,
             description: Some(format!("threadline {} (work queue)", topic.as_str())),
             ..Default::default()
         }
@@ -127,7 +143,8 @@ impl Topology {
             retention: stream::RetentionPolicy::Limits,
             storage: stream::StorageType::File,
             duplicate_window: DUPLICATE_WINDOW,
-            max_age: Duration::from_secs(14 * 24 * 3600),
+            max_age: self.dead_letter_max_age,
+            num_replicas: self.replicas,
             description: Some("threadline dead letters".into()),
             ..Default::default()
         }
@@ -256,5 +273,30 @@ mod tests {
         // shorter than the documented ack_wait.
         assert_eq!(c.ack_wait, c.backoff[0]);
         assert!(c.backoff[0] >= Duration::from_secs(60));
+    }
+
+    #[test]
+    fn replicas_and_dead_letter_retention_come_from_the_settings() {
+        let src = crate::config::Source::from_pairs([
+            ("THREADLINE_STREAM_REPLICAS", "3"),
+            ("THREADLINE_DLQ_MAX_AGE_HOURS", "48"),
+        ]);
+        let common = crate::config::CommonConfig::from_source(&src).expect("config");
+        let t = Topology::from_config(&common);
+        assert_eq!(t.work_stream(Topic::Events).num_replicas, 3);
+        let dlq = t.dead_letter_stream_config();
+        assert_eq!(
+            (dlq.num_replicas, dlq.max_age),
+            (3, Duration::from_secs(48 * 3600))
+        );
+        let bad = crate::config::Source::from_pairs([("THREADLINE_STREAM_REPLICAS", "0")]);
+        let err = crate::config::CommonConfig::from_source(&bad)
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("THREADLINE_STREAM_REPLICAS"), "{err}");
+        assert_eq!(
+            Topology::new("tl").work_stream(Topic::Events).num_replicas,
+            1
+        );
     }
 }

@@ -226,6 +226,12 @@ pub struct CommonConfig {
     pub otlp_endpoint: Option<String>,
     /// `THREADLINE_LOG_FORMAT`: `json` (default) or `text`. Level from `RUST_LOG`.
     pub log_json: bool,
+    /// `THREADLINE_STREAM_REPLICAS`, default 1: JetStream replicas of every
+    /// stream (3 on a 3-node cluster, so a node loss keeps queued work).
+    pub stream_replicas: usize,
+    /// `THREADLINE_DLQ_MAX_AGE_HOURS`, default 336 (14 days): how long a
+    /// dead letter, which holds the failed message, is kept.
+    pub dead_letter_max_age: Duration,
 }
 
 impl std::fmt::Debug for CommonConfig {
@@ -243,6 +249,8 @@ impl std::fmt::Debug for CommonConfig {
                 &self.otlp_endpoint.as_deref().map(redact_url),
             )
             .field("log_json", &self.log_json)
+            .field("stream_replicas", &self.stream_replicas)
+            .field("dead_letter_max_age", &self.dead_letter_max_age)
             .finish()
     }
 }
@@ -292,6 +300,10 @@ impl CommonConfig {
                 .map(|_| src.url("OTEL_EXPORTER_OTLP_ENDPOINT", "", &["http", "https"]))
                 .transpose()?,
             log_json,
+            stream_replicas: src.bounded("THREADLINE_STREAM_REPLICAS", 1, 1..=5)? as usize,
+            dead_letter_max_age: Duration::from_secs(
+                src.bounded("THREADLINE_DLQ_MAX_AGE_HOURS", 336, 1..=8760)? * 3600,
+            ),
         })
     }
 }

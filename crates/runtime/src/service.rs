@@ -27,7 +27,7 @@ pub async fn start(common: &CommonConfig, name: &str) -> anyhow::Result<Deps> {
         .context("checking the database schema")?;
     let nats = crate::bus::connect(&common.nats_url, name).await?;
     let js = jetstream::new(nats.clone());
-    let topology = Topology::new(common.bus_prefix.clone());
+    let topology = Topology::from_config(common);
     topology
         .declare(&js)
         .await
