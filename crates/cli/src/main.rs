@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod dlq;
 mod install;
 mod intents;
 mod keys;
@@ -58,6 +59,11 @@ enum Command {
         #[command(subcommand)]
         command: switches::SwitchCommand,
     },
+    /// Dead letters: list, replay onto their subject, or drop.
+    Dlq {
+        #[command(subcommand)]
+        command: dlq::DlqCommand,
+    },
     /// Delete what is past its retention: audit records, finished receipts
     /// and the text of idle threads.
     Purge(purge::PurgeArgs),
@@ -111,6 +117,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             review::run(command, &common, &pool(&src).await?).await?
         }
         Command::KillSwitch { command } => switches::run(command, &pool(&src).await?).await?,
+        Command::Dlq { command } => {
+            let common = threadline_runtime::config::CommonConfig::from_source(&src)?;
+            dlq::run(command, &common).await?
+        }
         Command::Purge(args) => {
             let report = purge::run(&args, &src, &pool(&src).await?).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
