@@ -78,12 +78,13 @@ CONDITIONAL = {
         never, "cli: only `keys rotate` and `install add` need it, not `migrate`"),
 }
 
-# Metrics the alerts may name before the code emits them (being added).
-PENDING_METRICS = {
-    "threadline_duplicate_reply_incidents_total",
-    "threadline_reply_intents",
-    "threadline_consumer_pending_messages",
-}
+# Metrics the alerts may name before the code emits them (while being
+# added; empty now: every metric the alerts use is emitted).
+PENDING_METRICS: set[str] = set()
+
+# Labels Prometheus adds to every scraped series (ServiceMonitor, pod
+# annotations): alerts may aggregate by these besides the code's own labels.
+TARGET_LABELS = {"job", "instance", "namespace", "pod", "service", "container", "endpoint"}
 
 # Listen-address setting and health port of each service binary.
 SERVICES = {
@@ -93,7 +94,7 @@ SERVICES = {
     "threadline-publisher": "THREADLINE_PUBLISHER_ADDR",
 }
 
-WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"}
 
 
 class Report:
@@ -202,7 +203,8 @@ def check_prometheusrule(rep, where, doc, ctx):
             if not (r.get("alert") or r.get("record")) or not r.get("expr"):
                 rep.error(where, f"{kn(doc)}: rule {r.get('alert')} lacks alert/record or expr")
                 continue
-            for m in re.findall(r"\b(threadline_[a-z0-9_]+)", str(r["expr"])):
+            expr = str(r["expr"])
+            for m in re.findall(r"\b(threadline_[a-z0-9_]+)", expr):
                 base = re.sub(r"_(bucket|count|sum)$", "", m)
                 if m in known or base in known:
                     continue
@@ -211,6 +213,50 @@ def check_prometheusrule(rep, where, doc, ctx):
                     continue
                 rep.error(where, f"{kn(doc)} alert {r.get('alert')}: metric {m} is not emitted by the code "
                                  f"(grep metrics:: in crates/) nor listed as pending")
+            for msg in label_problems(expr, ctx["metric_labels"]):
+                rep.error(where, f"{kn(doc)} alert {r.get('alert')}: {msg}")
+            if r.get("alert") and not dig(r, "annotations.summary"):
+                rep.error(where, f"{kn(doc)} alert {r.get('alert')}: no annotations.summary")
+
+
+def metric_label_set(name: str, labels: dict[str, set[str]]) -> set[str] | None:
+    """The labels of a series named `name` (histogram _bucket/_sum/_count included)."""
+    if name in labels:
+        return labels[name]
+    base = re.sub(r"_(bucket|count|sum)$", "", name)
+    if base in labels:
+        return labels[base] - ({"le"} if not name.endswith("_bucket") else set())
+    return None
+
+
+def label_problems(expr: str, labels: dict[str, set[str]]) -> list[str]:
+    """Label names in `metric{...}` matchers and in `by (...)` of an
+    aggregation over threadline metrics that the code never sets: such a
+    matcher selects nothing, so the alert could never fire."""
+    out = []
+    for m in re.finditer(r"\b(threadline_[a-z0-9_]+)\s*\{([^}]*)\}", expr):
+        have = metric_label_set(m.group(1), labels)
+        if have is None:
+            continue
+        for name in re.findall(r"([a-zA-Z_]\w*)\s*(?:=~|!~|!=|=)", m.group(2)):
+            if name not in have | TARGET_LABELS | {"__name__"}:
+                out.append(f"{m.group(1)} has no label {name!r} (the code sets {sorted(have - {'le'})})")
+    for m in re.finditer(r"\bby\s*\(([^)]*)\)\s*\(", expr):
+        depth, i = 1, m.end()
+        while i < len(expr) and depth:
+            depth += {"(": 1, ")": -1}.get(expr[i], 0)
+            i += 1
+        inner = expr[m.end():i - 1]
+        sets = [metric_label_set(n, labels) for n in re.findall(r"\b(threadline_[a-z0-9_]+)", inner)]
+        sets = [s for s in sets if s is not None]
+        if not sets:
+            continue
+        have = set().union(*sets) | TARGET_LABELS
+        for name in (x.strip() for x in m.group(1).split(",")):
+            if name and name not in have:
+                out.append(f"aggregates by {name!r}, which {', '.join(sorted(set(re.findall(r'threadline_[a-z0-9_]+', inner))))} "
+                           f"does not have")
+    return out
 
 
 def check_cnpg_cluster(rep, where, doc, ctx):
@@ -367,6 +413,12 @@ def check_settings(rep, where, doc, container, binary, provided, bins):
         if k not in reads.keys and k not in EXTRA_READS:
             rep.error(where, f"{name}: {k} (from {src}) is not a setting {binary} reads — a typo, "
                              f"or a setting meant for another service")
+    for k, (src, value, _) in sorted(provided.items()):
+        if k in reads.bounds and value is not None and value.strip():
+            lo, hi = reads.bounds[k]
+            if not value.strip().isdigit() or not lo <= int(value) <= hi:
+                rep.error(where, f"{name}: {k}={value} (from {src}) is not an integer in {lo}..={hi} "
+                                 f"(read in {reads.where.get(k)}); the binary refuses to start")
     for k in sorted(reads.required):
         cond = CONDITIONAL.get((binary, k)) or CONDITIONAL.get(("*", k))
         if cond is None:
@@ -445,6 +497,101 @@ def check_ingress(rep, where, doc, ctx):
         rep.error(where, f"{kn(doc)}: no TLS")
 
 
+def nats_cluster_replicas(root: Path, rep) -> int:
+    """How many NATS servers k8s/nats/values.yaml runs (1 without a cluster)."""
+    values = yaml.safe_load((root / "deploy/k8s/nats/values.yaml").read_text()) or {}
+    cluster = dig(values, "config.cluster") or {}
+    if not cluster.get("enabled"):
+        return 1
+    n = cluster.get("replicas")
+    if not isinstance(n, int) or n < 1:
+        rep.error("deploy/k8s/nats/values.yaml", "config.cluster.replicas must be a positive integer")
+        return 1
+    return n
+
+
+# Settings every service must agree on within one overlay: each service
+# declares the streams at start with them, so differing values would make
+# the services rewrite each other's stream configuration.
+SHARED_SETTINGS = ["THREADLINE_BUS_PREFIX", "THREADLINE_STREAM_REPLICAS", "THREADLINE_DLQ_MAX_AGE_HOURS"]
+
+
+def check_shared_settings(rep, where, ctx):
+    for key in SHARED_SETTINGS:
+        values = {}
+        for workload, binary in ctx["binary_of"].items():
+            if binary in SERVICES:
+                got = ctx["settings_of"][workload].get(key)
+                values[workload] = got[1] if got and got[1] is not None else "(default)"
+        if len(set(values.values())) > 1:
+            rep.error(where, f"{key} differs between services ({values}); every service declares "
+                             f"the streams with it, so they must agree")
+        for v in set(values.values()):
+            if key == "THREADLINE_STREAM_REPLICAS" and v.isdigit() and int(v) > ctx["nats_replicas"]:
+                rep.error(where, f"THREADLINE_STREAM_REPLICAS={v} exceeds the {ctx['nats_replicas']} NATS "
+                                 f"servers of k8s/nats/values.yaml (JetStream would refuse the streams)")
+
+
+def check_cli_container(rep, where, doc, container, ctx):
+    name = f"{kn(doc)} container {container['name']}"
+    args = container.get("args") or []
+    if container.get("command") or not args:
+        rep.error(where, f"{name}: run the cli image's entrypoint with args [<subcommand>, ...]")
+    elif args[0] not in ctx["cli_commands"]:
+        rep.error(where, f"{name}: {args[0]!r} is not a threadline subcommand ({sorted(ctx['cli_commands'])})")
+    if doc["kind"] == "CronJob" and dig(doc, "spec.concurrencyPolicy") != "Forbid":
+        rep.error(where, f"{kn(doc)}: concurrencyPolicy must be Forbid (runs of a CLI command must not overlap)")
+
+
+def np_selects(selector, labels) -> bool:
+    """A NetworkPolicy podSelector ({} selects every pod)."""
+    if selector is None:
+        return False
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in selector.get("matchExpressions") or []:
+        op, val = e.get("operator"), labels.get(e.get("key"))
+        if (op == "In" and val not in e.get("values", [])) or (op == "NotIn" and val in e.get("values", [])) \
+                or (op == "Exists" and val is None) or (op == "DoesNotExist" and val is not None):
+            return False
+    return True
+
+
+def allows_port(rule, port: int) -> bool:
+    ports = rule.get("ports")
+    return not ports or any(p.get("port") in (port, None) for p in ports)
+
+
+DB_POD = {"cnpg.io/cluster": "threadline-db"}
+
+
+def check_db_reachable(rep, ctx):
+    """Every pod given DATABASE_URL may connect to Postgres under the
+    namespace's default-deny: an egress rule of its own and an ingress rule
+    of the threadline-db policy (rendered in the infra overlays)."""
+    nps = list(ctx["network_policies"].values())
+    for where, name, labels in ctx["db_clients"]:
+        egress = [
+            r for np in nps if "Egress" in (dig(np, "spec.policyTypes") or [])
+            and np_selects(dig(np, "spec.podSelector"), labels)
+            for r in dig(np, "spec.egress") or []
+        ]
+        if not any(allows_port(r, 5432) and any(np_selects(to.get("podSelector"), DB_POD) and "namespaceSelector" not in to
+                                                 for to in r.get("to") or []) for r in egress):
+            rep.error(where, f"{name}: reads DATABASE_URL but no NetworkPolicy lets its pods "
+                             f"({labels.get('app.kubernetes.io/name')}) reach Postgres on 5432")
+        ingress = [
+            r for np in nps if "Ingress" in (dig(np, "spec.policyTypes") or ["Ingress"])
+            and np_selects(dig(np, "spec.podSelector"), DB_POD)
+            for r in dig(np, "spec.ingress") or []
+        ]
+        if not any(allows_port(r, 5432) and any(np_selects(fr.get("podSelector"), labels) and "namespaceSelector" not in fr
+                                                 for fr in r.get("from") or []) for r in ingress):
+            rep.error(where, f"{name}: reads DATABASE_URL but the Postgres NetworkPolicy does not admit its pods "
+                             f"({labels.get('app.kubernetes.io/name')}) on 5432 (k8s/postgres/networkpolicy.yaml)")
+
+
 # ---------------------------------------------------------------- main
 
 def validate_builtin(rep, where, doc, kv):
@@ -480,6 +627,12 @@ def check_overlay(rep, where, docs, ctx_base, kv):
                     continue
                 ctx["binary_of"][dig(d, "metadata.name")] = c["name"]
                 ctx["settings_of"][dig(d, "metadata.name")] = provided_settings(rep, where, d, c, by_kind)
+                if "DATABASE_URL" in ctx["settings_of"][dig(d, "metadata.name")]:
+                    tmpl = dig(d, "spec.jobTemplate.spec.template") if d["kind"] == "CronJob" else dig(d, "spec.template")
+                    ctx["db_clients"].append((where, kn(d), dig(tmpl, "metadata.labels") or {}))
+    for d in by_kind.get("NetworkPolicy", {}).values():
+        ctx["network_policies"][dig(d, "metadata.name")] = d
+    check_shared_settings(rep, where, ctx)
 
     for d in docs:
         for k in ("apiVersion", "kind"):
@@ -502,6 +655,8 @@ def check_overlay(rep, where, docs, ctx_base, kv):
                     continue
                 provided = ctx["settings_of"][dig(d, "metadata.name")]
                 check_settings(rep, where, d, c, binary, provided, bins)
+                if binary == "threadline":
+                    check_cli_container(rep, where, d, c, ctx)
                 if binary in SERVICES:
                     if d["kind"] != "Deployment":
                         rep.error(where, f"{kn(d)}: {binary} is a long-running service: run it as a Deployment")
@@ -553,6 +708,8 @@ def main() -> int:
         bins = rust_settings.binaries(root)
         topo = rust_settings.topology(root, bins)
         metrics = rust_settings.metric_names(root)
+        metric_labels = rust_settings.metric_labels(root)
+        cli_commands = rust_settings.cli_commands(root)
         routes = rust_settings.gateway_routes(root)
     except rust_settings.ExtractError as e:
         print(f"FAIL reading the Rust sources: {e}")
@@ -563,8 +720,10 @@ def main() -> int:
         if not any(k == rk and (b == "*" or b == rb) for rb, rk in all_required):
             rep.error("check_manifests.py", f"CONDITIONAL lists {k} for {b}, which the code no longer requires")
 
-    ctx = dict(bins=bins, topology=topo, metrics=metrics, routes=routes,
-               pending_used=set(), custom_seen=set(), binaries_deployed=set())
+    ctx = dict(bins=bins, topology=topo, metrics=metrics, metric_labels=metric_labels, routes=routes,
+               cli_commands=cli_commands, nats_replicas=nats_cluster_replicas(root, rep),
+               pending_used=set(), custom_seen=set(), binaries_deployed=set(),
+               db_clients=[], network_policies={})
     count = 0
     for item in args.renders:
         name, _, path = item.partition("=")
@@ -572,6 +731,7 @@ def main() -> int:
         count += len(docs)
         check_overlay(rep, name, docs, ctx, kv)
     check_dockerfile(rep, root, bins)
+    check_db_reachable(rep, ctx)
 
     for b in SERVICES:
         if b not in ctx["binaries_deployed"]:

@@ -33,6 +33,7 @@ class Reads:
     keys: set[str] = field(default_factory=set)
     required: set[str] = field(default_factory=set)
     where: dict[str, str] = field(default_factory=dict)  # key -> first file that reads it
+    bounds: dict[str, tuple[int, int]] = field(default_factory=dict)  # src.bounded/millis ranges
 
     def add(self, key: str, path: str, required: bool = False) -> None:
         if not KEY_RE.match(key):
@@ -45,6 +46,7 @@ class Reads:
     def merge(self, other: "Reads") -> None:
         self.keys |= other.keys
         self.required |= other.required
+        self.bounds.update(other.bounds)
         for k, v in other.where.items():
             self.where.setdefault(k, v)
 
@@ -122,11 +124,31 @@ def file_reads(path: Path, root: Path, global_consts: dict[str, str] | None = No
                 method == "url" and default_part and default == "" and key not in guarded
             )
             reads.add(key, rel, required)
+    for m in re.finditer(r"\bsrc\s*\.\s*(?:bounded|millis)\s*\(", code):
+        args = call_args(code, m.end() - 1)
+        rng = range_bounds(args[2]) if len(args) == 3 else None
+        if rng is None:
+            raise ExtractError(f"{rel}: cannot read the range of src.…({', '.join(args)})")
+        for key in names(args[0]):
+            reads.bounds[key] = rng
     for key in re.findall(r'Missing\s*\{\s*key:\s*"([^"]+)"', code):
         reads.add(key, rel, required=True)
     for key in re.findall(r'\benv\s*=\s*"([^"]+)"', code):
         reads.add(key, rel)
     return reads
+
+
+def range_bounds(expr: str) -> tuple[int, int] | None:
+    """`1..=1000`, `1_000..=(1 << 20)` -> (lo, hi); None if not literal."""
+    lo, sep, hi = expr.partition("..=")
+    if not sep:
+        return None
+    out = []
+    for part in (lo, hi):
+        if not re.fullmatch(r"[\d_ ()<*+]+", part.strip()):
+            return None
+        out.append(int(eval(part.strip(), {"__builtins__": {}})))  # digits and << only
+    return out[0], out[1]
 
 
 def call_args(code: str, start: int) -> list[str]:
@@ -288,7 +310,51 @@ def metric_names(root: Path) -> set[str]:
     return names
 
 
+def metric_labels(root: Path) -> dict[str, set[str]]:
+    """Metric name -> the label names the code gives it (histograms: + le)."""
+    out: dict[str, set[str]] = {}
+    for f in sorted((root / "crates").rglob("*.rs")):
+        code = collapse(non_test_code(f.read_text()))
+        for m in re.finditer(r'metrics::(counter|gauge|histogram)!\(\s*"([a-z0-9_]+)"', code):
+            args = call_args(code, code.index("(", m.start()))
+            labels = out.setdefault(m.group(2), set())
+            for a in args[1:]:
+                lm = re.match(r'"([a-z_][a-z0-9_]*)"\s*=>', a)
+                if not lm:
+                    raise ExtractError(f"{f.relative_to(root)}: metric {m.group(2)}: label {a!r} is not a literal name")
+                labels.add(lm.group(1))
+            if m.group(1) == "histogram":
+                labels.add("le")
+    return out
+
+
 def gateway_routes(root: Path) -> set[str]:
     code = collapse(non_test_code((root / "crates/gateway/src/lib.rs").read_text()))
     code += collapse(non_test_code((root / "crates/runtime/src/health.rs").read_text()))
     return set(re.findall(r'\.route\(\s*"([^"]+)"', code))
+
+
+def cli_commands(root: Path) -> set[str]:
+    """The subcommands of the `threadline` CLI (`enum Command` in
+    crates/cli/src/main.rs; clap's kebab-case or an explicit name)."""
+    code = non_test_code((root / "crates/cli/src/main.rs").read_text())
+    m = re.search(r"\benum Command\s*\{", code)
+    if not m:
+        raise ExtractError("crates/cli/src/main.rs: enum Command not found")
+    depth, i, body = 1, m.end(), ""
+    while depth:
+        ch = code[i]
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        body += ch if depth == 1 and ch not in "{}" else ("\0" if ch in "{}" else " ")
+        i += 1
+    out, named = set(), None
+    for token in re.finditer(r'#\[command\(name\s*=\s*"([^"]+)"\)\]|\b([A-Z]\w*)\s*[,({\0]', body):
+        if token.group(1):
+            named = token.group(1)
+        else:
+            kebab = re.sub(r"(?<!^)(?=[A-Z])", "-", token.group(2)).lower()
+            out.add(named or kebab)
+            named = None
+    if "migrate" not in out:
+        raise ExtractError(f"crates/cli/src/main.rs: no `migrate` among the subcommands read ({sorted(out)})")
+    return out
