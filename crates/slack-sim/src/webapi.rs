@@ -177,10 +177,18 @@ pub async fn api(
 
     // Faults decided before the call: latency, 429 storms, errors that
     // happen before anything is applied.
-    let fault = {
+    let (fault, app) = {
         let mut w = sim.lock();
         let app = token.as_deref().and_then(|t| app_of_token(&w, t));
-        w.take_fault(&method, app.as_deref())
+        (w.take_fault(&method, app.as_deref()), app)
+    };
+    // A call refused before it is applied is still recorded with what it
+    // was about (ground truth for "was this post rate-limited?").
+    let refused = |e: ApiError| Outcome {
+        app_id: app.clone(),
+        channel: params.str("channel"),
+        thread_ts: params.str("thread_ts").or_else(|| params.str("ts")),
+        ..Outcome::err(e)
     };
     if let Some(f) = &fault {
         match f.mode {
@@ -189,7 +197,7 @@ pub async fn api(
                 return respond(
                     &sim,
                     &method,
-                    Outcome::err(ApiError::ratelimited(f.retry_after as u64)),
+                    refused(ApiError::ratelimited(f.retry_after as u64)),
                     "not_applied",
                 );
             }
@@ -198,7 +206,7 @@ pub async fn api(
                 record(
                     &sim,
                     &method,
-                    &Outcome::err(ApiError::new("http_error")),
+                    &refused(ApiError::new("http_error")),
                     status,
                     "not_applied",
                 );
