@@ -109,7 +109,7 @@ pub async fn run(
             let nats = threadline_runtime::bus::connect(&common.nats_url, "threadline-cli").await?;
             let js = async_nats::jetstream::new(nats.clone());
             let d = threadline_inference::decisions::load(pool, decision).await?;
-            let topology = threadline_runtime::bus::Topology::new(common.bus_prefix.clone());
+            let topology = threadline_runtime::bus::Topology::from_config(common);
             threadline_inference::handler::publish_proposal(
                 &js,
                 &topology,

@@ -78,7 +78,7 @@ pub async fn run(cmd: ReviewCommand, common: &CommonConfig, pool: &PgPool) -> an
             let d = threadline_inference::decisions::load(pool, id).await?;
             threadline_inference::handler::publish_proposal(
                 &js,
-                &Topology::new(common.bus_prefix.clone()),
+                &Topology::from_config(common),
                 d,
                 Some("approved"),
             )

@@ -30,7 +30,12 @@ pub async fn claim(
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
                                 status, lease_until, channel_ref)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'calling', now() + make_interval(secs => $9), $10)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'calling', now() + make_interval(secs => $9),
+                 -- the pseudonym the context-builder wrote for this event when
+                 -- this process holds no audit key
+                 coalesce($10, (SELECT a.channel_ref FROM audit_log a
+                                 WHERE a.installation_id = $3 AND a.event_id = $4 AND a.channel_ref IS NOT NULL
+                                 LIMIT 1)))
          ON CONFLICT ON CONSTRAINT decisions_binding DO NOTHING
          RETURNING id",
     )
