@@ -1,6 +1,8 @@
 //! Helpers for end-to-end tests that run the compiled binaries as separate
 //! processes (so they can be killed like a real crash).
 
+pub mod story;
+
 use std::process::Stdio;
 use std::time::Duration;
 

@@ -1,0 +1,545 @@
+//! The scripted Slack story of `make demo`, also run as an end-to-end test:
+//! each chapter drives slack-sim like people and Slack would, then reads
+//! what Slack shows (the emulator's ground truth) and what threadline
+//! recorded, and says whether the invariants held.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::{Stack, cli, sim_ctl, sim_get};
+
+/// How long the built-in model takes in the story: long enough for a thread
+/// to change while it "thinks", like a real model.
+pub const MODEL_LATENCY_MS: u64 = 1500;
+
+/// The settings the story needs on top of a [`Stack`]'s.
+pub fn settings() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "THREADLINE_BUILTIN_LATENCY_MS",
+            MODEL_LATENCY_MS.to_string(),
+        ),
+        ("THREADLINE_SLACK_TIMEOUT_MS", "1000".to_owned()),
+        ("THREADLINE_RECONCILE_WINDOW_MS", "2000".to_owned()),
+    ]
+}
+
+#[derive(Debug, Clone)]
+pub struct Chapter {
+    pub title: &'static str,
+    /// What Slack would show (from the emulator).
+    pub slack: String,
+    /// What threadline recorded (from its tables).
+    pub recorded: String,
+    /// Whether everything the chapter expects held; why not otherwise.
+    pub verdict: Result<(), String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Totals {
+    pub events: i64,
+    pub duplicates_absorbed: i64,
+    pub model_calls: i64,
+    pub replies: i64,
+    pub stale: i64,
+    pub reconciled: i64,
+    pub duplicate_replies: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Story {
+    pub chapters: Vec<Chapter>,
+    pub totals: Totals,
+}
+
+impl Story {
+    pub fn passed(&self) -> bool {
+        self.chapters.iter().all(|c| c.verdict.is_ok()) && self.totals.duplicate_replies == 0
+    }
+
+    /// The report `make demo` prints.
+    pub fn report(&self) -> String {
+        let mut out =
+            String::from("threadline demo — a scripted Slack story against slack-sim\n\n");
+        for (i, c) in self.chapters.iter().enumerate() {
+            let mark = if c.verdict.is_ok() { "ok  " } else { "FAIL" };
+            out.push_str(&format!("{mark} {}. {}\n", i + 1, c.title));
+            out.push_str(&format!("       Slack shows:          {}\n", c.slack));
+            out.push_str(&format!("       threadline recorded:  {}\n", c.recorded));
+            if let Err(why) = &c.verdict {
+                out.push_str(&format!("       expected otherwise:   {why}\n"));
+            }
+            out.push('\n');
+        }
+        let t = &self.totals;
+        out.push_str(&format!(
+            "totals: {} events, {} duplicate deliveries absorbed, {} model calls, {} replies, {} stale answers discarded, {} reconciled posts, {} duplicate replies\n",
+            t.events, t.duplicates_absorbed, t.model_calls, t.replies, t.stale, t.reconciled, t.duplicate_replies
+        ));
+        out.push_str(if self.passed() {
+            "every invariant held\n"
+        } else {
+            "SOMETHING BROKE — see the chapters marked FAIL\n"
+        });
+        out
+    }
+}
+
+fn check(conditions: &[(bool, String)]) -> Result<(), String> {
+    let failed: Vec<&str> = conditions
+        .iter()
+        .filter(|(ok, _)| !ok)
+        .map(|(_, why)| why.as_str())
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
+/// Polls `probe` every 100 ms until it gives a value or `limit` passes.
+async fn until<T, F, Fut>(limit: Duration, mut probe: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return Some(v);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+struct Teller<'a> {
+    s: &'a Stack,
+}
+
+impl Teller<'_> {
+    async fn scalar(&self, sql: &str, bind: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .bind(bind)
+            .fetch_one(&self.s.db.pool)
+            .await
+            .unwrap_or(-1)
+    }
+
+    /// Decision statuses of the thread `root`, oldest first.
+    async fn decisions(&self, root: &str) -> Vec<String> {
+        sqlx::query_scalar("SELECT status FROM decisions WHERE root_ts = $1 ORDER BY created_at")
+            .bind(root)
+            .fetch_all(&self.s.db.pool)
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Waits until the thread's work has settled: every decision final,
+    /// every intent sent or closed, no receipt open — and still so two
+    /// seconds later (a stale answer is followed by a reconsideration that
+    /// opens new work a moment after).
+    async fn settle(&self, root: &str) {
+        let mut quiet_since: Option<Instant> = None;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(60) {
+            let open: Option<(i64, i64)> = sqlx::query_as(
+                "SELECT (SELECT count(*) FROM decisions WHERE root_ts = $1 AND status IN ('calling', 'proposed', 'approved'))
+                      + (SELECT count(*) FROM reply_intents WHERE root_ts = $1 AND state IN ('pending', 'sending', 'unknown', 'reconciling', 'failed_retryable'))
+                      + (SELECT count(*) FROM event_receipts WHERE (message_ts = $1 OR thread_ts = $1) AND state IN ('accepted', 'processing')),
+                        (SELECT count(*) FROM decisions WHERE root_ts = $1)",
+            )
+            .bind(root)
+            .fetch_one(&self.s.db.pool)
+            .await
+            .ok();
+            match open {
+                Some((0, n)) if n > 0 => {
+                    let since = *quiet_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= Duration::from_secs(2) {
+                        return;
+                    }
+                }
+                _ => quiet_since = None,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the model is working on the thread.
+    async fn model_running(&self, root: &str) -> bool {
+        let pool = self.s.db.pool.clone();
+        let root = root.to_owned();
+        until(Duration::from_secs(20), || {
+            let (pool, root) = (pool.clone(), root.clone());
+            async move {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM decisions WHERE root_ts = $1 AND status = 'calling'",
+                )
+                .bind(&root)
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+                (n > 0).then_some(())
+            }
+        })
+        .await
+        .is_some()
+    }
+
+    async fn calls(&self, method: &str, root: &str) -> Vec<Value> {
+        sim_get(&self.s.sim, &format!("calls?method={method}")).await["calls"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c["thread_ts"] == root)
+            .collect()
+    }
+
+    async fn mention(&self, text: &str, thread: Option<&str>) -> String {
+        self.s
+            .post(&format!("<@{}> {text}", self.s.bot_user), thread)
+            .await
+    }
+}
+
+fn label_ok(answer: &Value) -> bool {
+    answer["text"]
+        .as_str()
+        .is_some_and(|t| t.ends_with("_AI-generated — verify before relying on it_"))
+}
+
+/// Plays every chapter on `s` (started with [`settings`]).
+pub async fn play(s: &Stack) -> Story {
+    let t = Teller { s };
+    let mut chapters = Vec::new();
+
+    // 1. A mention answered once.
+    let root = s.post("deploy of api-7 failed at 02:10", None).await;
+    t.mention("why did it fail?", Some(&root)).await;
+    t.settle(&root).await;
+    let answers = s.answers(&root).await;
+    let decisions = t.decisions(&root).await;
+    chapters.push(Chapter {
+        title: "A mention is answered once, in its thread, labelled",
+        slack: format!("{} reply in the thread", answers.len()),
+        recorded: format!("decisions {decisions:?}"),
+        verdict: check(&[
+            (
+                answers.len() == 1,
+                format!("one reply, not {}", answers.len()),
+            ),
+            (
+                answers.iter().all(label_ok),
+                "the AI label on the reply".into(),
+            ),
+            (decisions == ["published"], "one decision, published".into()),
+        ]),
+    });
+
+    // 2. The bot's own reply, fed back by Slack, is no new job.
+    let reply_ts = answers
+        .first()
+        .and_then(|a| a["ts"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let own: Option<(String, Option<String>)> =
+        sqlx::query_as("SELECT state, state_reason FROM event_receipts WHERE message_ts = $1")
+            .bind(&reply_ts)
+            .fetch_optional(&s.db.pool)
+            .await
+            .ok()
+            .flatten();
+    let jobs = t
+        .scalar(
+            "SELECT count(*) FROM decisions WHERE source_ts = $1",
+            &reply_ts,
+        )
+        .await;
+    chapters.push(Chapter {
+        title: "The bot's own reply is ignored (no loop)",
+        slack: "the reply came back as a message event".into(),
+        recorded: format!("receipt {own:?}, {jobs} jobs for it"),
+        verdict: check(&[
+            (
+                own == Some(("ignored".into(), Some("own_bot".into()))),
+                "the reply's receipt ignored as own_bot".into(),
+            ),
+            (jobs == 0, "no model call for it".into()),
+        ]),
+    });
+
+    // 3. A Slack retry storm is absorbed: every delivery counts as too late.
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "events", "mode": "hold_past_deadline", "times": 0}),
+    )
+    .await;
+    let root = t.mention("is the queue stuck?", None).await;
+    t.settle(&root).await;
+    let _ = reqwest::Client::new()
+        .delete(format!("{}/_sim/faults", s.sim.base_url))
+        .send()
+        .await;
+    let answers = s.answers(&root).await;
+    let (receipts, dups): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), coalesce(sum(duplicate_deliveries), 0)::bigint FROM event_receipts WHERE message_ts = $1",
+    )
+    .bind(&root)
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap_or((-1, -1));
+    let deliveries = sim_get(&s.sim, "deliveries").await["deliveries"]
+        .as_array()
+        .map(|d| d.iter().filter(|x| x["attempt"].as_u64() > Some(1)).count())
+        .unwrap_or(0);
+    let calls = t
+        .scalar("SELECT count(*) FROM decisions WHERE root_ts = $1", &root)
+        .await;
+    chapters.push(Chapter {
+        title: "A Slack retry storm is absorbed",
+        slack: format!("{deliveries} retried deliveries so far, {} reply", answers.len()),
+        recorded: format!("{receipts} receipts (mention + message twin), {dups} duplicate deliveries, {calls} model call(s)"),
+        verdict: check(&[
+            (answers.len() == 1, format!("one reply, not {}", answers.len())),
+            (receipts == 2, "one receipt per event".into()),
+            (dups >= 2, "the retries were seen as duplicates".into()),
+            (calls == 1, "one model call".into()),
+        ]),
+    });
+
+    // 4. The question is edited while the model works on it.
+    let root = s.post("the nightly job is red", None).await;
+    let ask = t.mention("what failed?", Some(&root)).await;
+    let running = t.model_running(&root).await;
+    sim_ctl(
+        &s.sim,
+        "act/edit",
+        json!({"user": s.user, "channel": s.channel, "ts": ask,
+               "text": format!("<@{}> what failed in the nightly job, and since when?", s.bot_user)}),
+    )
+    .await;
+    t.settle(&root).await;
+    let answers = s.answers(&root).await;
+    let decisions = t.decisions(&root).await;
+    chapters.push(Chapter {
+        title: "An edit during inference: the old answer is discarded, the edited question answered",
+        slack: format!("{} reply", answers.len()),
+        recorded: format!("decisions {decisions:?}"),
+        verdict: check(&[
+            (running, "the model was running when the edit came".into()),
+            (answers.len() == 1, format!("one reply, not {}", answers.len())),
+            (
+                decisions.first().map(String::as_str) == Some("stale")
+                    && decisions.last().map(String::as_str) == Some("published"),
+                "the first answer stale, the second published".into(),
+            ),
+        ]),
+    });
+
+    // 5. A person replies while the model works: the answer is stale, the
+    // thread is reconsidered.
+    let root = t.mention("is prod down?", None).await;
+    let running = t.model_running(&root).await;
+    let human = s.post("looks like it's back up", Some(&root)).await;
+    t.settle(&root).await;
+    let answers = s.answers(&root).await;
+    let decisions = t.decisions(&root).await;
+    let after = answers
+        .iter()
+        .all(|a| a["ts"].as_str().unwrap_or("0") > human.as_str());
+    let reconsidered: i64 = t
+        .scalar(
+            "SELECT count(DISTINCT thread_version) FROM decisions WHERE root_ts = $1",
+            &root,
+        )
+        .await;
+    chapters.push(Chapter {
+        title: "A human reply makes the answer stale; the thread is reconsidered",
+        slack: format!("{} reply, after the person's", answers.len()),
+        recorded: format!("decisions {decisions:?}, at {reconsidered} thread versions"),
+        verdict: check(&[
+            (running, "the model was running when the reply came".into()),
+            (answers.len() <= 1, "never two replies".into()),
+            (
+                after,
+                "no reply bound to the version before the person's".into(),
+            ),
+            (
+                decisions.first().map(String::as_str) == Some("stale"),
+                "the first answer discarded as stale".into(),
+            ),
+            (
+                reconsidered >= 2,
+                "a new context for the new version".into(),
+            ),
+        ]),
+    });
+
+    // 6. Slack accepts the post but the response is lost.
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "lost_response", "latency_ms": 5000}),
+    )
+    .await;
+    let root = t.mention("did the backup run?", None).await;
+    t.settle(&root).await;
+    let answers = s.answers(&root).await;
+    let posts = t.calls("chat.postMessage", &root).await;
+    let intent: Option<(String, bool)> =
+        sqlx::query_as("SELECT state, reconciled FROM reply_intents WHERE root_ts = $1")
+            .bind(&root)
+            .fetch_optional(&s.db.pool)
+            .await
+            .ok()
+            .flatten();
+    chapters.push(Chapter {
+        title: "A post accepted but its response lost is reconciled, not re-posted",
+        slack: format!(
+            "{} reply, {} chat.postMessage call(s)",
+            answers.len(),
+            posts.len()
+        ),
+        recorded: format!("intent {intent:?} (state, reconciled)"),
+        verdict: check(&[
+            (
+                answers.len() == 1,
+                format!("one reply, not {}", answers.len()),
+            ),
+            (posts.len() == 1, "posted once".into()),
+            (
+                intent == Some(("sent".into(), true)),
+                "sent, by reconciliation".into(),
+            ),
+        ]),
+    });
+
+    // 7. Slack rate-limits the post: threadline waits as told.
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "ratelimited", "retry_after": 2}),
+    )
+    .await;
+    let root = t.mention("how full is the disk?", None).await;
+    t.settle(&root).await;
+    let answers = s.answers(&root).await;
+    let posts = t.calls("chat.postMessage", &root).await;
+    let limited = posts
+        .iter()
+        .filter(|c| c["outcome"] == "ratelimited")
+        .count();
+    let waited = match (posts.first(), posts.last()) {
+        (Some(a), Some(b)) => {
+            (b["at_micros"].as_u64().unwrap_or(0) - a["at_micros"].as_u64().unwrap_or(0)) as f64
+                / 1e6
+        }
+        _ => 0.0,
+    };
+    chapters.push(Chapter {
+        title: "A 429 is waited out (Retry-After), then one post",
+        slack: format!("{} reply; {limited} call(s) answered 429", answers.len()),
+        recorded: format!("waited {waited:.1} s before the post that landed"),
+        verdict: check(&[
+            (
+                answers.len() == 1,
+                format!("one reply, not {}", answers.len()),
+            ),
+            (limited == 1, "one 429".into()),
+            (waited >= 1.9, "waited the Retry-After".into()),
+        ]),
+    });
+
+    // 8. A kill switch stops answers.
+    let env = [("DATABASE_URL", s.db.url.clone())];
+    let engaged = cli(
+        &[
+            "kill-switch",
+            "engage",
+            "--global",
+            "--reason",
+            "demo",
+            "--by",
+            "demo",
+        ],
+        &env,
+    )
+    .await
+    .status
+    .success();
+    let root = t.mention("restart the cluster?", None).await;
+    t.settle(&root).await;
+    let answers = s.answers(&root).await;
+    let decisions = t.decisions(&root).await;
+    let released = cli(
+        &["kill-switch", "release", "--global", "--by", "demo"],
+        &env,
+    )
+    .await
+    .status
+    .success();
+    chapters.push(Chapter {
+        title: "A kill switch suppresses answers",
+        slack: format!("{} reply", answers.len()),
+        recorded: format!("decisions {decisions:?}"),
+        verdict: check(&[
+            (
+                engaged && released,
+                "the switch engaged and released".into(),
+            ),
+            (answers.is_empty(), "no reply".into()),
+            (decisions == ["suppressed"], "the job suppressed".into()),
+        ]),
+    });
+
+    Story {
+        chapters,
+        totals: totals(s).await,
+    }
+}
+
+async fn totals(s: &Stack) -> Totals {
+    let pool = &s.db.pool;
+    let one = |sql: &'static str| async move {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(pool)
+            .await
+            .unwrap_or(-1)
+    };
+    let posts = sim_get(&s.sim, &format!("app_posts?app_id={}", s.app)).await;
+    let count = |key: &str, over: i64| {
+        posts[key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|x| x["count"].as_i64().unwrap_or(0))
+                    .filter(|n| *n > over)
+                    .count() as i64
+            })
+            .unwrap_or(-1)
+    };
+    let replies = posts["per_thread"]
+        .as_array()
+        .map(|a| a.iter().map(|x| x["count"].as_i64().unwrap_or(0)).sum())
+        .unwrap_or(-1);
+    Totals {
+        events: one("SELECT count(*) FROM event_receipts").await,
+        duplicates_absorbed: one(
+            "SELECT coalesce(sum(duplicate_deliveries), 0)::bigint FROM event_receipts",
+        )
+        .await,
+        model_calls: one("SELECT count(*) FROM decisions WHERE provider IS NOT NULL").await,
+        replies,
+        stale: one("SELECT count(*) FROM decisions WHERE status = 'stale'").await,
+        reconciled: one("SELECT count(*) FROM reply_intents WHERE reconciled").await,
+        // From Slack's side: source messages with more than one reply.
+        duplicate_replies: count("per_trigger", 1),
+    }
+}

@@ -1,0 +1,22 @@
+//! The demo's Slack story as an end-to-end test: every chapter's
+//! expectations, judged from slack-sim's ground truth and threadline's
+//! tables, and no duplicate reply anywhere.
+
+use threadline_tests::{Stack, story};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_story_holds_every_invariant() {
+    let settings = story::settings();
+    let extra: Vec<(&str, String)> = settings.iter().map(|(k, v)| (*k, v.clone())).collect();
+    let s = Stack::start(&extra).await;
+    let told = story::play(&s).await;
+    let report = told.report();
+    for c in &told.chapters {
+        assert!(c.verdict.is_ok(), "{}\n\n{report}", c.title);
+    }
+    assert_eq!(told.totals.duplicate_replies, 0, "{report}");
+    assert!(told.totals.stale >= 2, "{report}");
+    assert!(told.totals.reconciled >= 1, "{report}");
+    assert!(told.passed());
+    s.stop().await;
+}
