@@ -16,6 +16,10 @@ RELEASE_BIN = $(or $(CARGO_TARGET_DIR),target)/release
 help: ## List targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
+.PHONY: demo
+demo: ## Build, start what is missing, play a scripted Slack story and report (ARGS=--keep-running to explore)
+	./scripts/with-services.sh ./scripts/demo.sh $(ARGS)
+
 .PHONY: test
 test: deploy-check ## Lint, check the deployment, build, and run unit, integration and end-to-end tests (starts Postgres/NATS if absent)
 	./scripts/with-services.sh $(MAKE) --no-print-directory lint test-only

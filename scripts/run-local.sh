@@ -1,24 +1,54 @@
 #!/usr/bin/env bash
-# make run: threadline on this machine. Starts Postgres and NATS if they are
-# not reachable, creates and migrates the `threadline` database, registers a
-# development installation (app A0DEV, team T0DEV) and runs the gateway on
-# THREADLINE_GATEWAY_ADDR (default 127.0.0.1:3000) and the context-builder
-# (health on 127.0.0.1:3001) until Ctrl-C.
-# Development secrets are generated once into .dev/ (git-ignored).
+# make run: threadline against a real Slack app, on this machine.
+#
+#   SLACK_SIGNING_SECRET=<the app's signing secret> SLACK_BOT_TOKEN=xoxb-… SLACK_APP_ID=A… make run
+#
+# Starts Postgres and NATS if they are not reachable, creates and migrates
+# the `threadline` database, registers the installation the bot token
+# belongs to (team, bot and granted scopes asked of Slack with auth.test;
+# the app from SLACK_APP_ID, else bots.info), then runs the gateway on THREADLINE_GATEWAY_ADDR
+# (default 127.0.0.1:3000) and the three workers until Ctrl-C. Expose the
+# gateway over HTTPS and set the app's request URL to …/slack/events.
+# Without Slack at hand, `make demo ARGS=--keep-running` runs everything
+# against slack-sim instead.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-"$root/scripts/services.sh" up
-trap '"$root/scripts/services.sh" down' EXIT
+if [ -z "${SLACK_BOT_TOKEN:-}" ] || [ -z "${SLACK_SIGNING_SECRET:-}" ]; then
+  cat >&2 <<'MSG'
+make run connects threadline to a real Slack app. Set both:
+  SLACK_SIGNING_SECRET   the app's signing secret (Basic Information)
+  SLACK_BOT_TOKEN        the bot token of a workspace install (xoxb-…)
+Create the app from deploy/slack/manifest.yaml. To explore without Slack:
+  make demo ARGS=--keep-running
+MSG
+  exit 2
+fi
+api="${SLACK_API_URL:-https://slack.com/api/}"
+slack() { curl -sS -D "$2" -H "Authorization: Bearer $SLACK_BOT_TOKEN" "${api%/}/$1"; }
+headers="$(mktemp)"; trap 'rm -f "$headers"' EXIT
+me="$(slack auth.test "$headers")"
+field() { python3 -c 'import json,sys; v=json.loads(sys.argv[1]); print(v.get(sys.argv[2]) or "")' "$1" "$2"; }
+[ "$(field "$me" ok)" = "True" ] || { echo "run: auth.test refused the token: $(field "$me" error)" >&2; exit 1; }
+team="$(field "$me" team_id)"; bot_user="$(field "$me" user_id)"; bot_id="$(field "$me" bot_id)"
+scopes="$(tr -d '\r' <"$headers" | awk -F': ' 'tolower($1)=="x-oauth-scopes"{print $2}')"
+app="${SLACK_APP_ID:-}"
+if [ -z "$app" ]; then
+  # bots.info needs users:read, which threadline does not ask for.
+  bot="$(slack "bots.info?bot=$bot_id" /dev/null)"
+  app="$(python3 -c 'import json,sys; print(json.loads(sys.argv[1]).get("bot",{}).get("app_id",""))' "$bot")"
+  [ -n "$app" ] || { echo "run: set SLACK_APP_ID (the app's id, A…, on its Basic Information page); bots.info said: $(field "$bot" error)" >&2; exit 1; }
+fi
+echo "run: the token belongs to team $team, app $app, bot $bot_user ($bot_id); scopes: ${scopes:-unknown}"
 
+"$root/scripts/services.sh" up
+trap 'rm -f "$headers"; "$root/scripts/services.sh" down' EXIT
 pg_port="${TL_PG_PORT:-5432}"
 admin="postgres://postgres@127.0.0.1:$pg_port/postgres"
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:$pg_port/threadline}"
 export NATS_URL="${NATS_URL:-nats://127.0.0.1:${TL_NATS_PORT:-4222}}"
 export THREADLINE_LOG_FORMAT="${THREADLINE_LOG_FORMAT:-text}"
 mkdir -p .dev
-[ -s .dev/signing-secret ] || head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >.dev/signing-secret
-export SLACK_SIGNING_SECRET="${SLACK_SIGNING_SECRET:-$(cat .dev/signing-secret)}"
 
 cargo build -q -p threadline-cli -p threadline-gateway -p threadline-context-builder -p threadline-inference -p threadline-publisher
 bin="${CARGO_TARGET_DIR:-$root/target}/debug"
@@ -29,15 +59,14 @@ db="$(basename "${DATABASE_URL%%\?*}")"
 psql -q "$admin" -tc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1 \
   || psql -q "$admin" -c "CREATE DATABASE \"$db\""
 "$bin/threadline" migrate
-"$bin/threadline" install add --team T0DEV --app A0DEV --bot-user U0DEVBOT --bot-id B0DEVBOT \
-  --token xoxb-local-development-only --scopes app_mentions:read,channels:history,chat:write
+"$bin/threadline" install add --team "$team" --app "$app" --bot-user "$bot_user" --bot-id "$bot_id" \
+  ${scopes:+--scopes "$scopes"}
 
-echo "signing secret for local deliveries: .dev/signing-secret (see README: 'Send a signed event')"
 "$bin/threadline-context-builder" &
 cb=$!
 "$bin/threadline-inference" &
 inf=$!
 "$bin/threadline-publisher" &
 pub=$!
-trap 'kill "$cb" "$inf" "$pub" 2>/dev/null; wait "$cb" "$inf" "$pub" 2>/dev/null; "$root/scripts/services.sh" down' EXIT
+trap 'kill "$cb" "$inf" "$pub" 2>/dev/null; wait "$cb" "$inf" "$pub" 2>/dev/null; rm -f "$headers"; "$root/scripts/services.sh" down' EXIT
 "$bin/threadline-gateway"

@@ -208,6 +208,21 @@ impl Teller<'_> {
     }
 }
 
+fn replies(n: usize) -> String {
+    match n {
+        1 => "1 reply".into(),
+        n => format!("{n} replies"),
+    }
+}
+
+fn chain(decisions: &[String]) -> String {
+    if decisions.is_empty() {
+        "no decision".into()
+    } else {
+        format!("decision {}", decisions.join(" → "))
+    }
+}
+
 fn label_ok(answer: &Value) -> bool {
     answer["text"]
         .as_str()
@@ -227,8 +242,8 @@ pub async fn play(s: &Stack) -> Story {
     let decisions = t.decisions(&root).await;
     chapters.push(Chapter {
         title: "A mention is answered once, in its thread, labelled",
-        slack: format!("{} reply in the thread", answers.len()),
-        recorded: format!("decisions {decisions:?}"),
+        slack: format!("{} in the thread, labelled as AI", replies(answers.len())),
+        recorded: chain(&decisions),
         verdict: check(&[
             (
                 answers.len() == 1,
@@ -264,7 +279,12 @@ pub async fn play(s: &Stack) -> Story {
     chapters.push(Chapter {
         title: "The bot's own reply is ignored (no loop)",
         slack: "the reply came back as a message event".into(),
-        recorded: format!("receipt {own:?}, {jobs} jobs for it"),
+        recorded: format!(
+            "its receipt {}, {jobs} model calls for it",
+            own.as_ref()
+                .map(|(st, r)| format!("{st} ({})", r.as_deref().unwrap_or("-")))
+                .unwrap_or_else(|| "missing".into())
+        ),
         verdict: check(&[
             (
                 own == Some(("ignored".into(), Some("own_bot".into()))),
@@ -304,7 +324,7 @@ pub async fn play(s: &Stack) -> Story {
         .await;
     chapters.push(Chapter {
         title: "A Slack retry storm is absorbed",
-        slack: format!("{deliveries} retried deliveries so far, {} reply", answers.len()),
+        slack: format!("{deliveries} retried deliveries so far, {}", replies(answers.len())),
         recorded: format!("{receipts} receipts (mention + message twin), {dups} duplicate deliveries, {calls} model call(s)"),
         verdict: check(&[
             (answers.len() == 1, format!("one reply, not {}", answers.len())),
@@ -330,8 +350,8 @@ pub async fn play(s: &Stack) -> Story {
     let decisions = t.decisions(&root).await;
     chapters.push(Chapter {
         title: "An edit during inference: the old answer is discarded, the edited question answered",
-        slack: format!("{} reply", answers.len()),
-        recorded: format!("decisions {decisions:?}"),
+        slack: replies(answers.len()),
+        recorded: format!("{} (the edit made the first answer stale)", chain(&decisions)),
         verdict: check(&[
             (running, "the model was running when the edit came".into()),
             (answers.len() == 1, format!("one reply, not {}", answers.len())),
@@ -362,8 +382,8 @@ pub async fn play(s: &Stack) -> Story {
         .await;
     chapters.push(Chapter {
         title: "A human reply makes the answer stale; the thread is reconsidered",
-        slack: format!("{} reply, after the person's", answers.len()),
-        recorded: format!("decisions {decisions:?}, at {reconsidered} thread versions"),
+        slack: format!("{}, after the person's", replies(answers.len())),
+        recorded: format!("{}, at {reconsidered} thread versions", chain(&decisions)),
         verdict: check(&[
             (running, "the model was running when the reply came".into()),
             (answers.len() <= 1, "never two replies".into()),
@@ -403,11 +423,17 @@ pub async fn play(s: &Stack) -> Story {
     chapters.push(Chapter {
         title: "A post accepted but its response lost is reconciled, not re-posted",
         slack: format!(
-            "{} reply, {} chat.postMessage call(s)",
-            answers.len(),
+            "{}, {} chat.postMessage call(s)",
+            replies(answers.len()),
             posts.len()
         ),
-        recorded: format!("intent {intent:?} (state, reconciled)"),
+        recorded: match &intent {
+            Some((state, true)) => {
+                format!("reply intent {state}, settled by reconciliation (found by its metadata)")
+            }
+            Some((state, false)) => format!("reply intent {state}, not reconciled"),
+            None => "no reply intent".into(),
+        },
         verdict: check(&[
             (
                 answers.len() == 1,
@@ -445,7 +471,7 @@ pub async fn play(s: &Stack) -> Story {
     };
     chapters.push(Chapter {
         title: "A 429 is waited out (Retry-After), then one post",
-        slack: format!("{} reply; {limited} call(s) answered 429", answers.len()),
+        slack: format!("{}; {limited} call(s) answered 429", replies(answers.len())),
         recorded: format!("waited {waited:.1} s before the post that landed"),
         verdict: check(&[
             (
@@ -487,8 +513,8 @@ pub async fn play(s: &Stack) -> Story {
     .success();
     chapters.push(Chapter {
         title: "A kill switch suppresses answers",
-        slack: format!("{} reply", answers.len()),
-        recorded: format!("decisions {decisions:?}"),
+        slack: replies(answers.len()),
+        recorded: format!("{} before the model call", chain(&decisions)),
         verdict: check(&[
             (
                 engaged && released,

@@ -38,10 +38,14 @@ pub fn fixture(rel: &str) -> Vec<u8> {
 /// (`target/<profile>/<name>`). `make test` builds them before the tests.
 pub fn bin_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current test executable");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>");
+    // Tests run from target/<profile>/deps, binaries (the demo) from
+    // target/<profile>.
+    let parent = exe.parent().expect("the executable's directory");
+    let dir = if parent.file_name().is_some_and(|n| n == "deps") {
+        parent.parent().expect("target/<profile>")
+    } else {
+        parent
+    };
     let path = dir.join(name);
     assert!(
         path.exists(),

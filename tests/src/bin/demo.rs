@@ -1,0 +1,96 @@
+//! `make demo`: starts slack-sim, the four services and the built-in model
+//! against local Postgres and NATS, plays the scripted Slack story, prints
+//! what Slack would show beside what threadline recorded, and stops
+//! everything it started. `--keep-running` leaves the stack up to explore.
+
+use std::time::Duration;
+
+use threadline_tests::{Stack, story};
+
+const USAGE: &str = "usage: threadline-demo [--keep-running]
+
+Plays a scripted Slack story against slack-sim (Slack's stand-in) and the
+four threadline services, and prints a report. Needs Postgres and NATS
+(`make demo` starts them when absent) and the workspace binaries built.
+
+  --keep-running   leave everything running after the report, until Ctrl-C";
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let keep = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] => false,
+        ["--keep-running"] => true,
+        ["-h" | "--help"] => {
+            println!("{USAGE}");
+            return std::process::ExitCode::SUCCESS;
+        }
+        _ => {
+            eprintln!("{USAGE}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    println!("starting slack-sim, a fresh database, NATS streams and the four services…");
+    let settings = story::settings();
+    let mut extra: Vec<(&str, String)> = settings.iter().map(|(k, v)| (*k, v.clone())).collect();
+    if let Ok(endpoint) = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        extra.push(("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint));
+    }
+    let s = Stack::start(&extra).await;
+    println!(
+        "playing the story (the built-in model takes {} ms per answer, like a real one)…\n",
+        story::MODEL_LATENCY_MS
+    );
+    let told = story::play(&s).await;
+    println!("{}", told.report());
+    if keep {
+        println!("{}", explore(&s));
+        let _ = tokio::signal::ctrl_c().await;
+        println!("stopping…");
+    }
+    s.stop().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    if told.passed() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
+fn explore(s: &Stack) -> String {
+    let sim = &s.sim.base_url;
+    let [gw, cb, inf, publisher] = [0, 1, 2, 3].map(|i| s.services[i].base_url.clone());
+    format!(
+        "the stack keeps running (Ctrl-C stops it):
+
+  slack-sim          {sim}   (Web API at {sim}/api/, control and ground truth at {sim}/_sim/)
+  gateway            {gw}/slack/events   /metrics /readyz
+  context-builder    {cb}/metrics
+  inference          {inf}/metrics
+  publisher          {publisher}/metrics
+  database           {db}
+  bus prefix         {prefix}
+  logs               {logs}
+
+try:
+  curl -s -X POST {sim}/_sim/act/post -H 'content-type: application/json' \\
+       -d '{{\"user\": \"{user}\", \"channel\": \"{channel}\", \"text\": \"<@{bot}> hello?\"}}'
+  curl -s '{sim}/_sim/app_posts?app_id={app}'
+  DATABASE_URL={db} target/debug/threadline stats --json
+
+pointing a real Slack app at threadline instead (see README, 'Run it against real Slack'):
+  1. create the app from deploy/slack/manifest.yaml at https://api.slack.com/apps,
+  2. expose the gateway over HTTPS (a tunnel to port 3000 will do) and set the
+     manifest's request URL to https://<public-host>/slack/events,
+  3. run `SLACK_SIGNING_SECRET=<app signing secret> SLACK_BOT_TOKEN=xoxb-… make run`
+     (it registers the installation with the token's team, app and bot),
+  4. mention the bot in a channel it was invited to.",
+        db = s.db.url,
+        prefix = s.prefix,
+        logs = std::env::temp_dir().join("threadline-test-logs").display(),
+        user = s.user,
+        channel = s.channel,
+        bot = s.bot_user,
+        app = s.app,
+    )
+}
