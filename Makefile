@@ -20,6 +20,10 @@ help: ## List targets
 demo: ## Build, start what is missing, play a scripted Slack story and report (ARGS=--keep-running to explore)
 	./scripts/with-services.sh ./scripts/demo.sh $(ARGS)
 
+.PHONY: chaos
+chaos: ## Chaos soak: seeded random Slack activity, faults and service kills, then an invariant check (ARGS="--seed N --steps N")
+	./scripts/with-services.sh bash -c 'cargo build -q --workspace --bins && "$${CARGO_TARGET_DIR:-target}/debug/threadline-chaos" $(ARGS)'
+
 .PHONY: test
 test: deploy-check ## Lint, check the deployment, build, and run unit, integration and end-to-end tests (starts Postgres/NATS if absent)
 	./scripts/with-services.sh $(MAKE) --no-print-directory lint test-only

@@ -1,6 +1,7 @@
 //! Helpers for end-to-end tests that run the compiled binaries as separate
 //! processes (so they can be killed like a real crash).
 
+pub mod chaos;
 pub mod story;
 
 use std::process::Stdio;
@@ -13,6 +14,8 @@ use tokio::process::{Child, Command};
 pub struct Proc {
     pub child: Child,
     pub base_url: String,
+    /// For services: binary, address setting and port, to restart in place.
+    pub service: Option<(String, String, u16)>,
     /// Where the process's stdout and stderr go (services only).
     pub log: Option<std::path::PathBuf>,
 }
@@ -54,7 +57,16 @@ pub async fn spawn_publisher(env: &[(&str, String)]) -> Proc {
 /// Starts a service binary on a fresh port (given by `addr_setting`) with
 /// only `env` set, and waits for `/healthz`.
 pub async fn spawn_service(bin: &str, addr_setting: &str, env: &[(&str, String)]) -> Proc {
-    let port = free_port();
+    spawn_service_at(bin, addr_setting, free_port(), env).await
+}
+
+/// Starts a service binary on `port` (a restart keeps its address).
+pub async fn spawn_service_at(
+    bin: &str,
+    addr_setting: &str,
+    port: u16,
+    env: &[(&str, String)],
+) -> Proc {
     let mut cmd = Command::new(bin_path(bin));
     cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -65,7 +77,12 @@ pub async fn spawn_service(bin: &str, addr_setting: &str, env: &[(&str, String)]
     let dir = std::env::temp_dir().join("threadline-test-logs");
     std::fs::create_dir_all(&dir).expect("log dir");
     let log = dir.join(format!("{bin}-{port}.log"));
-    let file = std::fs::File::create(&log).expect("log file");
+    // Appended to: a restarted service keeps the log of the one killed.
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .expect("log file");
     cmd.stdout(file.try_clone().expect("log file")).stderr(file);
     for (k, v) in env {
         cmd.env(k, v);
@@ -90,6 +107,7 @@ pub async fn spawn_service(bin: &str, addr_setting: &str, env: &[(&str, String)]
     Proc {
         child,
         base_url,
+        service: Some((bin.to_owned(), addr_setting.to_owned(), port)),
         log: Some(log),
     }
 }
@@ -163,6 +181,7 @@ pub async fn spawn_slack_sim(seed: u64, time_scale: f64) -> Proc {
     Proc {
         child,
         base_url,
+        service: None,
         log: None,
     }
 }
@@ -203,6 +222,19 @@ pub struct Stack {
     pub app: String,
     pub bot_user: String,
     pub token: String,
+    /// The settings every service was started with (for restarts).
+    pub env: Vec<(String, String)>,
+}
+
+/// Another workspace of the same app on the emulator, registered with
+/// threadline: its own team, person, public channel and bot.
+pub struct Workspace {
+    pub team: String,
+    pub user: String,
+    pub channel: String,
+    pub bot_user: String,
+    pub token: String,
+    pub inst: uuid::Uuid,
 }
 
 fn id_of(v: &serde_json::Value, what: &str) -> String {
@@ -239,6 +271,10 @@ impl Stack {
             ("THREADLINE_POST_SPACING_MS", "0".to_owned()),
         ];
         env.extend(extra.iter().cloned());
+        let saved: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect();
         let gw = spawn_gateway(&env).await;
         let events_url = gw.events_url();
         let services = vec![
@@ -301,6 +337,102 @@ impl Stack {
             app,
             bot_user,
             token,
+            env: saved,
+        }
+    }
+
+    /// SIGKILLs service `i` (0 gateway, 1 context-builder, 2 inference,
+    /// 3 publisher) and starts it again on the same address.
+    pub async fn kill_and_restart(&mut self, i: usize) {
+        let old = self.services.remove(i);
+        let (bin, setting, port) = old.service.clone().expect("a service");
+        old.kill().await;
+        let env: Vec<(&str, String)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        let fresh = spawn_service_at(&bin, &setting, port, &env).await;
+        self.services.insert(i, fresh);
+    }
+
+    /// Adds a workspace `name` of the same app (public channel, a person,
+    /// the bot joined) and registers its installation.
+    pub async fn add_workspace(&self, name: &str) -> Workspace {
+        use serde_json::json;
+        let team = id_of(
+            &sim_ctl(&self.sim, "teams", json!({"name": name})).await,
+            "id",
+        );
+        let user = id_of(
+            &sim_ctl(&self.sim, "users", json!({"team_id": team, "name": "bo"})).await,
+            "id",
+        );
+        let channel = id_of(
+            &sim_ctl(
+                &self.sim,
+                "channels",
+                json!({"team_id": team, "name": "ops", "kind": "public", "members": [user]}),
+            )
+            .await,
+            "id",
+        );
+        let install = sim_ctl(
+            &self.sim,
+            &format!("apps/{}/installs", self.app),
+            json!({"team_id": team, "scopes": ["chat:write", "channels:history", "channels:read"],
+                   "join_channels": [channel]}),
+        )
+        .await;
+        let (bot_user, bot_id, token) = (
+            id_of(&install, "bot_user_id"),
+            id_of(&install, "bot_id"),
+            id_of(&install, "bot_token"),
+        );
+        let keys = self
+            .env
+            .iter()
+            .find(|(k, _)| k == "THREADLINE_TOKEN_KEYS")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
+        let out = cli(
+            &[
+                "install",
+                "add",
+                "--team",
+                &team,
+                "--app",
+                &self.app,
+                "--bot-user",
+                &bot_user,
+                "--bot-id",
+                &bot_id,
+                "--token",
+                &token,
+            ],
+            &[
+                ("DATABASE_URL", self.db.url.clone()),
+                ("THREADLINE_TOKEN_KEYS", keys),
+            ],
+        )
+        .await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let inst = sqlx::query_scalar("SELECT id FROM installations WHERE team_id = $1")
+            .bind(&team)
+            .fetch_one(&self.db.pool)
+            .await
+            .expect("the new installation");
+        Workspace {
+            team,
+            user,
+            channel,
+            bot_user,
+            token,
+            inst,
         }
     }
 

@@ -10,85 +10,6 @@ use threadline_testkit::eventually;
 use threadline_tests::{Stack, cli, sim_ctl, sim_get};
 use uuid::Uuid;
 
-/// Workspace B: its own team, person, public channel and installation of
-/// the same app, registered with threadline.
-struct Other {
-    team: String,
-    user: String,
-    channel: String,
-    bot_user: String,
-    token: String,
-    inst: Uuid,
-}
-
-async fn second_workspace(s: &Stack) -> Other {
-    let id = |v: &Value, f: &str| v[f].as_str().expect(f).to_owned();
-    let team = id(
-        &sim_ctl(&s.sim, "teams", json!({"name": "Beta"})).await,
-        "id",
-    );
-    let user = id(
-        &sim_ctl(&s.sim, "users", json!({"team_id": team, "name": "bo"})).await,
-        "id",
-    );
-    let channel = id(
-        &sim_ctl(
-            &s.sim,
-            "channels",
-            json!({"team_id": team, "name": "ops", "kind": "public", "members": [user]}),
-        )
-        .await,
-        "id",
-    );
-    let install = sim_ctl(
-        &s.sim,
-        &format!("apps/{}/installs", s.app),
-        json!({"team_id": team, "scopes": ["chat:write", "channels:history", "channels:read"],
-               "join_channels": [channel]}),
-    )
-    .await;
-    let bot_user = id(&install, "bot_user_id");
-    let out = cli(
-        &[
-            "install",
-            "add",
-            "--team",
-            &team,
-            "--app",
-            &s.app,
-            "--bot-user",
-            &bot_user,
-            "--bot-id",
-            &id(&install, "bot_id"),
-            "--token",
-            &id(&install, "bot_token"),
-        ],
-        &[
-            ("DATABASE_URL", s.db.url.clone()),
-            ("THREADLINE_TOKEN_KEYS", "k1:".to_owned() + &"42".repeat(32)),
-        ],
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let inst = sqlx::query_scalar("SELECT id FROM installations WHERE team_id = $1")
-        .bind(&team)
-        .fetch_one(&s.db.pool)
-        .await
-        .expect("B's installation");
-    Other {
-        team,
-        user,
-        channel,
-        bot_user,
-        token: id(&install, "bot_token"),
-        inst,
-    }
-}
-
 async fn post(s: &Stack, user: &str, channel: &str, text: &str, thread: Option<&str>) -> String {
     let mut body = json!({"user": user, "channel": channel, "text": text});
     if let Some(t) = thread {
@@ -153,7 +74,7 @@ async fn settled(s: &Stack, n: i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
     let s = Stack::start(&[]).await;
-    let b = second_workspace(&s).await;
+    let b = s.add_workspace("Beta").await;
     let a_inst: Uuid = sqlx::query_scalar("SELECT id FROM installations WHERE team_id = $1")
         .bind(&s.team)
         .fetch_one(&s.db.pool)

@@ -9,7 +9,7 @@ use uuid::Uuid;
 pub enum IntentsCommand {
     /// Intents, newest first (default: the held ones).
     List {
-        /// pending, sending, sent, failed_retryable, failed_permanent, unknown, reconciling or held.
+        /// pending, sending, sent, failed_retryable, failed_permanent, unknown, reconciling, held or withdrawn.
         #[arg(long, default_value = "held")]
         state: String,
     },

@@ -98,7 +98,10 @@ impl Handler {
         receipt: Uuid,
         inst: Uuid,
     ) -> anyhow::Result<Disposition> {
-        let lease = self.model_timeout.as_secs_f64() * 2.0 + 30.0;
+        // Long enough for the primary and the backup to time out and the
+        // answer to be recorded; a worker that died holding it is replaced
+        // once it runs out.
+        let lease = self.model_timeout.as_secs_f64() * 2.0 + 10.0;
         let id = match decisions::claim(
             &self.pool,
             receipt,

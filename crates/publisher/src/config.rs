@@ -26,6 +26,10 @@ pub struct PublisherConfig {
     /// `THREADLINE_SLACK_TIMEOUT_MS`, default 10000: a post slower than
     /// this has an unknown outcome.
     pub slack_timeout: Duration,
+    /// `THREADLINE_SENDING_STALE_MS`, default 300000: a post claimed this
+    /// long ago whose worker never recorded the outcome is unknown, and
+    /// reconciled. More than twice the Slack timeout.
+    pub sending_stale: Duration,
     /// `SLACK_CLIENT_ID` / `SLACK_CLIENT_SECRET`: refresh rotating tokens.
     pub refresher: Option<threadline_runtime::tokens::Refresher>,
 }
@@ -49,6 +53,21 @@ impl PublisherConfig {
                 .as_secs_f64(),
             max_attempts: src.bounded("THREADLINE_POST_MAX_ATTEMPTS", 5, 1..=100)? as i32,
             slack_timeout: src.millis("THREADLINE_SLACK_TIMEOUT_MS", 10_000, 100..=120_000)?,
+            sending_stale: {
+                let stale =
+                    src.millis("THREADLINE_SENDING_STALE_MS", 300_000, 1_000..=3_600_000)?;
+                let timeout = src.millis("THREADLINE_SLACK_TIMEOUT_MS", 10_000, 100..=120_000)?;
+                if stale <= timeout * 2 {
+                    return Err(ConfigError::Invalid {
+                        key: "THREADLINE_SENDING_STALE_MS".into(),
+                        message: format!(
+                            "must be more than twice THREADLINE_SLACK_TIMEOUT_MS ({} ms), or a post still in flight could be taken for lost",
+                            timeout.as_millis()
+                        ),
+                    });
+                }
+                stale
+            },
             refresher: threadline_runtime::tokens::Refresher::from_source(
                 src,
                 &CommonConfig::from_source(src)?.slack_api_url,

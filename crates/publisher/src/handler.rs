@@ -34,6 +34,9 @@ pub struct Handler {
     pub post_spacing: f64,
     /// Attempts before a rate-limited post fails for good.
     pub max_attempts: i32,
+    /// Seconds after which a `sending` intent whose worker is gone counts
+    /// as unknown (`THREADLINE_SENDING_STALE_MS`).
+    pub sending_stale: f64,
 }
 
 /// Codes after which Slack certainly did not post and never will.
@@ -131,7 +134,14 @@ impl Handler {
         // An earlier attempt whose outcome is unknown is settled first, from
         // evidence, whatever else changed since: reading is not posting.
         if let (Some(id), Some(bot)) = (
-            intents::unsettled(&self.pool, inst, &p.event_id, &p.action_kind).await?,
+            intents::unsettled(
+                &self.pool,
+                inst,
+                &p.event_id,
+                &p.action_kind,
+                self.sending_stale,
+            )
+            .await?,
             &bot,
         ) {
             return self.reconcile(id, p, inst, bot).await;
@@ -173,7 +183,7 @@ impl Handler {
                 jitter(wait, &decision).min(900.0),
             )));
         }
-        let verdict = intents::check_and_claim(&self.pool, &proposal).await?;
+        let verdict = intents::check_and_claim(&self.pool, &proposal, self.sending_stale).await?;
         let intent = match verdict {
             Verdict::Claimed(id) => id,
             Verdict::AlreadySent | Verdict::Closed => return Ok(Disposition::Done),

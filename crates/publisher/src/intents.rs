@@ -37,18 +37,16 @@ pub struct Proposal<'a> {
     pub body_hash: &'a str,
 }
 
-/// A `sending` intent older than this is treated as unknown (its worker
-/// died between Slack's answer and recording it). Longer than the longest
-/// allowed Slack timeout, so a post still in flight is never taken for dead.
-pub const SENDING_STALE_SECS: f64 = 300.0;
-
 /// An earlier attempt of this intent whose outcome is not known: `unknown`,
-/// `reconciling`, or `sending` for longer than a post can take.
+/// `reconciling`, or `sending` for longer than `sending_stale` seconds (its
+/// worker died between Slack's answer and recording it; configured longer
+/// than the Slack timeout, so a post still in flight is never taken for dead).
 pub async fn unsettled(
     pool: &PgPool,
     installation: Uuid,
     event_id: &str,
     action_kind: &str,
+    sending_stale: f64,
 ) -> sqlx::Result<Option<Uuid>> {
     let row: Option<(Uuid, String, Option<f64>)> = sqlx::query_as(
         "SELECT id, state, extract(epoch FROM now() - sending_since)::float8
@@ -61,7 +59,7 @@ pub async fn unsettled(
     .await?;
     Ok(match row {
         Some((id, state, _)) if state == "unknown" || state == "reconciling" => Some(id),
-        Some((id, state, Some(age))) if state == "sending" && age > SENDING_STALE_SECS => {
+        Some((id, state, Some(age))) if state == "sending" && age > sending_stale => {
             sqlx::query("UPDATE reply_intents SET state = 'unknown', unknown_since = now(), updated_at = now() WHERE id = $1 AND state = 'sending'")
                 .bind(id)
                 .execute(pool)
@@ -73,7 +71,12 @@ pub async fn unsettled(
 }
 
 /// The checks of DESIGN §5 and the claim of §6, in one short transaction.
-pub async fn check_and_claim(pool: &PgPool, p: &Proposal<'_>) -> sqlx::Result<Verdict> {
+/// A `sending` intent older than `sending_stale` seconds is taken as unknown.
+pub async fn check_and_claim(
+    pool: &PgPool,
+    p: &Proposal<'_>,
+    sending_stale: f64,
+) -> sqlx::Result<Verdict> {
     let mut tx = pool.begin().await?;
     // Lock the thread row so no content change commits between the check
     // and the claim.
@@ -100,7 +103,7 @@ pub async fn check_and_claim(pool: &PgPool, p: &Proposal<'_>) -> sqlx::Result<Ve
             "sent" => return Ok(Verdict::AlreadySent),
             "held" | "failed_permanent" => return Ok(Verdict::Closed),
             "unknown" | "reconciling" => return Ok(Verdict::Reconcile(*id)),
-            "sending" if sending_for.is_some_and(|s| s > SENDING_STALE_SECS) => {
+            "sending" if sending_for.is_some_and(|s| s > sending_stale) => {
                 sqlx::query("UPDATE reply_intents SET state = 'unknown', unknown_since = now(), updated_at = now() WHERE id = $1 AND state = 'sending'")
                     .bind(id)
                     .execute(&mut *tx)
@@ -193,7 +196,7 @@ pub async fn check_and_claim(pool: &PgPool, p: &Proposal<'_>) -> sqlx::Result<Ve
         "UPDATE reply_intents
             SET state = 'sending', sending_since = now(), attempts = attempts + 1, decision_id = $2, body_hash = $3,
                 updated_at = now()
-          WHERE id = $1 AND state IN ('pending', 'failed_retryable') AND next_attempt_at <= now()",
+          WHERE id = $1 AND state IN ('pending', 'failed_retryable', 'withdrawn') AND next_attempt_at <= now()",
     )
     .bind(id)
     .bind(p.decision)
@@ -322,6 +325,9 @@ pub async fn transition(
     Ok(r.rows_affected() == 1)
 }
 
+/// Discards a decision (`stale`, `superseded`, `cancelled`, `suppressed`);
+/// an intent of it that never reached Slack is withdrawn with it, so no
+/// post is left waiting for a decision that will never come.
 pub async fn set_decision(
     pool: &PgPool,
     decision: Uuid,
@@ -329,8 +335,12 @@ pub async fn set_decision(
     reason: Option<&str>,
 ) -> sqlx::Result<()> {
     sqlx::query(
-        "UPDATE decisions SET status = $2, status_reason = $3, updated_at = now()
-          WHERE id = $1 AND status IN ('proposed', 'approved')",
+        "WITH d AS (
+             UPDATE decisions SET status = $2, status_reason = $3, updated_at = now()
+              WHERE id = $1 AND status IN ('proposed', 'approved')
+             RETURNING id)
+         UPDATE reply_intents SET state = 'withdrawn', error_code = $2, updated_at = now()
+          WHERE decision_id IN (SELECT id FROM d) AND state IN ('pending', 'failed_retryable')",
     )
     .bind(decision)
     .bind(status)

@@ -10,7 +10,7 @@ use threadline_runtime::shutdown::CancellationToken;
 const EVERY: Duration = Duration::from_secs(15);
 
 /// Every state of DESIGN §4's reply intent, so a gauge drops back to zero.
-const STATES: [&str; 8] = [
+const STATES: [&str; 9] = [
     "pending",
     "sending",
     "sent",
@@ -19,6 +19,7 @@ const STATES: [&str; 8] = [
     "unknown",
     "reconciling",
     "held",
+    "withdrawn",
 ];
 
 /// Samples once, then every 15 s until `shutdown`.

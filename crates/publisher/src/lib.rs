@@ -37,6 +37,7 @@ pub fn handler(
         evidence: cfg.evidence,
         post_spacing: cfg.post_spacing,
         max_attempts: cfg.max_attempts,
+        sending_stale: cfg.sending_stale.as_secs_f64(),
     })
 }
 

@@ -81,6 +81,9 @@ pub struct Topology {
     replicas: usize,
     /// How long dead letters (which hold the failed message) are kept.
     dead_letter_max_age: Duration,
+    /// The ack deadline and first redelivery step (`THREADLINE_REDELIVERY_MS`);
+    /// the later steps of [`BACKOFF`] scale with it.
+    redelivery: Duration,
 }
 
 impl Topology {
@@ -89,6 +92,7 @@ impl Topology {
             prefix: prefix.into(),
             replicas: 1,
             dead_letter_max_age: Duration::from_secs(14 * 24 * 3600),
+            redelivery: BACKOFF[0],
         }
     }
 
@@ -97,6 +101,7 @@ impl Topology {
         Self {
             replicas: common.stream_replicas,
             dead_letter_max_age: common.dead_letter_max_age,
+            redelivery: common.redelivery,
             ..Self::new(common.bus_prefix.clone())
         }
     }
@@ -150,14 +155,27 @@ impl Topology {
         }
     }
 
+    /// The redelivery schedule: [`BACKOFF`] scaled so that its first step
+    /// is the configured redelivery delay.
+    pub fn backoff(&self) -> Vec<Duration> {
+        let scale = self.redelivery.as_secs_f64() / BACKOFF[0].as_secs_f64();
+        BACKOFF.iter().map(|d| d.mul_f64(scale)).collect()
+    }
+
+    /// How often a running handler extends its ack deadline: well inside it.
+    pub fn progress_every(&self) -> Duration {
+        (self.redelivery / 3).min(Duration::from_secs(20))
+    }
+
     fn work_consumer(&self, topic: Topic) -> consumer::pull::Config {
+        let backoff = self.backoff();
         consumer::pull::Config {
             durable_name: Some(topic.consumer().to_owned()),
             description: Some(format!("threadline {} worker", topic.consumer())),
             ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: BACKOFF[0],
+            ack_wait: backoff[0],
             max_deliver: BACKOFF.len() as i64 + 1,
-            backoff: BACKOFF.to_vec(),
+            backoff,
             max_ack_pending: 1024,
             ..Default::default()
         }

@@ -232,6 +232,11 @@ pub struct CommonConfig {
     /// `THREADLINE_DLQ_MAX_AGE_HOURS`, default 336 (14 days): how long a
     /// dead letter, which holds the failed message, is kept.
     pub dead_letter_max_age: Duration,
+    /// `THREADLINE_REDELIVERY_MS`, default 60000: how long a message whose
+    /// worker died (or never answered) waits before it is delivered again;
+    /// later redeliveries wait 2, 5, 10 and 20 times as long. The same in
+    /// every service.
+    pub redelivery: Duration,
 }
 
 impl std::fmt::Debug for CommonConfig {
@@ -251,6 +256,7 @@ impl std::fmt::Debug for CommonConfig {
             .field("log_json", &self.log_json)
             .field("stream_replicas", &self.stream_replicas)
             .field("dead_letter_max_age", &self.dead_letter_max_age)
+            .field("redelivery", &self.redelivery)
             .finish()
     }
 }
@@ -304,6 +310,7 @@ impl CommonConfig {
             dead_letter_max_age: Duration::from_secs(
                 src.bounded("THREADLINE_DLQ_MAX_AGE_HOURS", 336, 1..=8760)? * 3600,
             ),
+            redelivery: src.millis("THREADLINE_REDELIVERY_MS", 60_000, 1_000..=3_600_000)?,
         })
     }
 }

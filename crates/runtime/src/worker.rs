@@ -35,9 +35,6 @@ pub enum Disposition {
 /// Longest a message is held through `Defer`s before it is nak'ed.
 pub const MAX_DEFER: Duration = Duration::from_secs(15 * 60);
 
-/// How often a running handler extends its ack deadline.
-const PROGRESS_EVERY: Duration = Duration::from_secs(20);
-
 /// Pulls `topic` with the topology's durable consumer and runs `handler` on
 /// up to `concurrency` messages at a time until `shutdown`; in-flight
 /// handlers finish before this returns.
@@ -70,6 +67,7 @@ where
     let handler = Arc::new(handler);
     let messages = consumer.messages().await.context("pulling messages")?;
     let dlq = topology.dead_letter_subject(topic);
+    let progress_every = topology.progress_every();
     messages
         .take_until(shutdown.cancelled_owned())
         .for_each_concurrent(concurrency, |msg| {
@@ -83,7 +81,7 @@ where
                         return;
                     }
                 };
-                handle_one(msg, &*handler, &js, &dlq).await;
+                handle_one(msg, &*handler, &js, &dlq, progress_every).await;
             }
         })
         .await;
@@ -131,8 +129,13 @@ fn spawn_lag_sampler(
     });
 }
 
-async fn handle_one<H, F>(msg: jetstream::Message, handler: &H, js: &jetstream::Context, dlq: &str)
-where
+async fn handle_one<H, F>(
+    msg: jetstream::Message,
+    handler: &H,
+    js: &jetstream::Context,
+    dlq: &str,
+    progress_every: Duration,
+) where
     H: Fn(jetstream::Message) -> F,
     F: Future<Output = Disposition>,
 {
@@ -158,7 +161,7 @@ where
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(PROGRESS_EVERY) => {
+                _ = tokio::time::sleep(progress_every) => {
                     let _ = acker_msg.ack_with(AckKind::Progress).await;
                 }
             }
