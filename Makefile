@@ -62,6 +62,11 @@ services-down: ## Stop what `make services` started
 run: ## Run threadline locally: services, migrations, a dev installation, the gateway
 	./scripts/run-local.sh
 
+.PHONY: bench
+bench: ## Benchmarks (figures, no assertions): gateway ack throughput/latency, then pipeline mention→reply latency and peak memory
+	./scripts/with-services.sh ./scripts/bench-gateway.sh
+	./scripts/with-services.sh ./scripts/bench-pipeline.sh $(ARGS)
+
 .PHONY: bench-gateway
 bench-gateway: ## Throughput and ack latency of the release gateway (signed deliveries, concurrency 64)
 	./scripts/with-services.sh ./scripts/bench-gateway.sh

@@ -241,10 +241,21 @@ impl Handler {
             .await;
         metrics::histogram!("threadline_slack_post_seconds")
             .record(started.elapsed().as_secs_f64());
-        let mut conn = self.pool.acquire().await?;
+        // One connection at a time per handler, taken only when needed (a
+        // connection held while asking the pool for another starves the
+        // pool under load).
         match r {
             Ok(ts) => {
-                intents::mark_sent(&self.pool, intent, &ts, false).await?;
+                // Slack has the post: record it, trying hard, since a failure
+                // here leaves the intent `sending` until it is reconciled.
+                let mut tries = 0;
+                while let Err(e) = intents::mark_sent(&self.pool, intent, &ts, false).await {
+                    tries += 1;
+                    if tries >= 5 {
+                        return Err(e.into());
+                    }
+                    tokio::time::sleep(Duration::from_millis(200 * tries)).await;
+                }
                 metrics::counter!("threadline_reply_intents_total", "state" => "sent").increment(1);
                 Ok(Disposition::Done)
             }
@@ -255,11 +266,11 @@ impl Handler {
                 let attempts: i32 =
                     sqlx::query_scalar("SELECT attempts FROM reply_intents WHERE id = $1")
                         .bind(intent)
-                        .fetch_one(&mut *conn)
+                        .fetch_one(&self.pool)
                         .await?;
                 if attempts >= self.max_attempts {
                     intents::transition(
-                        &mut conn,
+                        &mut *self.pool.acquire().await?,
                         intent,
                         "failed_permanent",
                         Some("rate_limited_too_often"),
@@ -269,7 +280,7 @@ impl Handler {
                     return Ok(Disposition::Done);
                 }
                 intents::transition(
-                    &mut conn,
+                    &mut *self.pool.acquire().await?,
                     intent,
                     "failed_retryable",
                     Some("ratelimited"),
@@ -281,7 +292,7 @@ impl Handler {
             Err(WebError::Transport(kind)) if kind == "connect" => {
                 // The request never left: safe to try again.
                 intents::transition(
-                    &mut conn,
+                    &mut *self.pool.acquire().await?,
                     intent,
                     "failed_retryable",
                     Some("connect"),
@@ -296,8 +307,14 @@ impl Handler {
                     .find(|c| **c == code)
                     .copied()
                     .unwrap_or("api_error");
-                intents::transition(&mut conn, intent, "failed_permanent", Some(code), None)
-                    .await?;
+                intents::transition(
+                    &mut *self.pool.acquire().await?,
+                    intent,
+                    "failed_permanent",
+                    Some(code),
+                    None,
+                )
+                .await?;
                 metrics::counter!("threadline_reply_intents_total", "state" => "failed_permanent")
                     .increment(1);
                 tracing::warn!(code, "Slack refused the post");
@@ -312,7 +329,14 @@ impl Handler {
                     WebError::Decode => "undecodable_answer",
                     _ => "transport",
                 };
-                intents::transition(&mut conn, intent, "unknown", Some(code), None).await?;
+                intents::transition(
+                    &mut *self.pool.acquire().await?,
+                    intent,
+                    "unknown",
+                    Some(code),
+                    None,
+                )
+                .await?;
                 metrics::counter!("threadline_reply_intents_total", "state" => "unknown")
                     .increment(1);
                 tracing::warn!(code, "post outcome unknown; reconciling");

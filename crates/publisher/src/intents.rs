@@ -150,22 +150,27 @@ pub async fn check_and_claim(
     // that arrived before the trigger counts too). A receipt untouched for
     // ten minutes is not waited for: its worker is gone, and an answer must
     // not hang on it forever.
+    // The source's twin (the `message` event of an `app_mention`, or the
+    // reverse) is the same message being created: it changes nothing.
     let pending_newer: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM event_receipts r
                          WHERE r.installation_id = $1 AND r.channel_id = $2 AND r.thread_ts = $3
                            AND r.state IN ('accepted', 'processing') AND r.id <> $4
-                           AND r.updated_at > now() - interval '10 minutes')",
+                           AND r.updated_at > now() - interval '10 minutes'
+                           AND NOT coalesce(r.message_ts = $5 AND r.event_subtype IS NULL
+                                            AND r.event_type IN ('message', 'app_mention'), false))",
     )
     .bind(p.installation)
     .bind(p.channel)
     .bind(p.root_ts)
     .bind(p.receipt)
+    .bind(p.source_ts)
     .fetch_one(&mut *tx)
     .await?;
     if pending_newer {
         // Not stale yet: wait until it is processed, then check again (it
         // may change the thread, or be a reaction or an unchanged edit).
-        return Ok(Verdict::NotNow(2.0));
+        return Ok(Verdict::NotNow(0.5));
     }
     let id = match existing {
         Some((id, ..)) => id,

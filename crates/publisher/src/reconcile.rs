@@ -146,7 +146,6 @@ pub async fn run(
         }
         _ => Found::Held("ambiguous_evidence"),
     };
-    let mut conn = pool.acquire().await?;
     match &found {
         Found::Sent(ts) => {
             intents::mark_sent(pool, s.intent, ts, true).await?;
@@ -156,7 +155,7 @@ pub async fn run(
             sqlx::query("UPDATE reply_intents SET state = 'held', error_code = $2, updated_at = now() WHERE id = $1 AND state = 'reconciling'")
                 .bind(s.intent)
                 .bind(*why)
-                .execute(&mut *conn)
+                .execute(pool)
                 .await?;
             metrics::counter!("threadline_reconciliations_total", "result" => "held").increment(1);
             tracing::warn!(alert = "reply_held", reason = *why, intent_id = %s.intent, "reply held for an operator");
@@ -167,7 +166,7 @@ pub async fn run(
                   WHERE id = $1 AND state = 'reconciling'",
             )
             .bind(s.intent)
-            .execute(&mut *conn)
+            .execute(pool)
             .await?;
             metrics::counter!("threadline_reconciliations_total", "result" => "repost")
                 .increment(1);

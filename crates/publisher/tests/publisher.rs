@@ -666,3 +666,25 @@ async fn two_posts_of_one_intent_in_slack_are_an_incident_held_never_a_third() {
     assert_eq!(env.app_posts().await, 2, "never a third");
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sources_own_message_twin_still_in_flight_is_not_waited_for() {
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Right away.").await;
+    let source: String = sqlx::query_scalar(
+        "SELECT message_ts FROM event_receipts WHERE event_type = 'app_mention'",
+    )
+    .fetch_one(&env.db.pool)
+    .await
+    .expect("source");
+    // The `message` event of the same mention, not yet processed: the same
+    // message being created, no change to the thread.
+    sqlx::query("INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, channel_id, message_ts, thread_ts, event_time) VALUES ($1, $2, $3, 'EvTWIN', 'message', $4, $5, $6, now())")
+        .bind(Uuid::now_v7()).bind(env.inst).bind(&env.app).bind(&env.channel).bind(&source).bind(env.root().await)
+        .execute(&env.db.pool).await.expect("twin");
+    let h = env.handler(&[]);
+    assert!(matches!(h.handle(&payload).await, Disposition::Done));
+    assert_eq!(env.app_posts().await, 1);
+    assert_eq!(env.decision(decision).await.0, "published");
+    env.cleanup().await;
+}

@@ -69,9 +69,14 @@ where
     let dlq = topology.dead_letter_subject(topic);
     let progress_every = topology.progress_every();
     messages
-        .take_until(shutdown.cancelled_owned())
+        .take_until(shutdown.clone().cancelled_owned())
         .for_each_concurrent(concurrency, |msg| {
-            let (handler, js, dlq) = (handler.clone(), js.clone(), dlq.clone());
+            let (handler, js, dlq, stop) = (
+                handler.clone(),
+                js.clone(),
+                dlq.clone(),
+                shutdown.clone(),
+            );
             async move {
                 let msg = match msg {
                     Ok(m) => m,
@@ -81,7 +86,7 @@ where
                         return;
                     }
                 };
-                handle_one(msg, &*handler, &js, &dlq, progress_every).await;
+                handle_one(msg, &*handler, &js, &dlq, progress_every, &stop).await;
             }
         })
         .await;
@@ -135,6 +140,7 @@ async fn handle_one<H, F>(
     js: &jetstream::Context,
     dlq: &str,
     progress_every: Duration,
+    shutdown: &CancellationToken,
 ) where
     H: Fn(jetstream::Message) -> F,
     F: Future<Output = Disposition>,
@@ -171,7 +177,12 @@ async fn handle_one<H, F>(
     let outcome = loop {
         match handler(msg.clone()).instrument(span.clone()).await {
             Disposition::Defer(d) if started.elapsed() + d <= MAX_DEFER => {
-                tokio::time::sleep(d.max(Duration::from_millis(50))).await;
+                // Stopping: hand the message back (redelivered after `d`)
+                // rather than hold the shutdown up for a deferral.
+                tokio::select! {
+                    _ = shutdown.cancelled() => break Disposition::Retry(d),
+                    _ = tokio::time::sleep(d.max(Duration::from_millis(50))) => {}
+                }
             }
             Disposition::Defer(d) => break Disposition::Retry(d),
             other => break other,
