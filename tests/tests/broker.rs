@@ -1,0 +1,176 @@
+//! Mid-flight failures of the parts around the services: the broker
+//! restarted while an answer is being made, a kill switch engaged while the
+//! model runs. Judged by Slack's ground truth.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::json;
+use threadline_testkit::eventually;
+use threadline_tests::{Stack, cli, free_port, sim_get};
+use tokio::process::{Child, Command};
+
+/// A private `nats-server -js` whose store survives restarts.
+struct Broker {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: Option<Child>,
+}
+
+impl Broker {
+    async fn start() -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("threadline-broker-{port}"));
+        let mut b = Self {
+            port,
+            dir,
+            child: None,
+        };
+        b.up().await;
+        b
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    async fn up(&mut self) {
+        let child = Command::new("nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("nats-server (apt-get install nats-server)");
+        self.child = Some(child);
+        let url = self.url();
+        eventually("the broker", Duration::from_secs(10), || {
+            let url = url.clone();
+            async move { async_nats::connect(url).await.ok().map(|_| ()) }
+        })
+        .await;
+    }
+
+    async fn down(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().await.expect("kill nats-server");
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn decision_calling(s: &Stack) {
+    eventually("the model call started", Duration::from_secs(20), || {
+        let pool = s.db.pool.clone();
+        async move {
+            let n: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM decisions WHERE status = 'calling'")
+                    .fetch_one(&pool)
+                    .await
+                    .ok()?;
+            (n > 0).then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_killed_and_restarted_mid_answer_still_gives_exactly_one_reply() {
+    let mut broker = Broker::start().await;
+    let s = Stack::start(&[
+        ("NATS_URL", broker.url()),
+        ("THREADLINE_BUILTIN_LATENCY_MS", "2000".to_owned()),
+        ("THREADLINE_REDELIVERY_MS", "3000".to_owned()),
+    ])
+    .await;
+    let root = s
+        .post(&format!("<@{}> is the broker fine?", s.bot_user), None)
+        .await;
+    decision_calling(&s).await;
+    // The broker dies while the model works, and comes back a moment later
+    // with its file store: the proposal is published once it is reachable.
+    broker.down().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    broker.up().await;
+    let answers = s.wait_answers(&root, 1).await;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    // Work posted while it was down also gets through.
+    let second = s.post(&format!("<@{}> and now?", s.bot_user), None).await;
+    assert_eq!(s.wait_answers(&second, 1).await.len(), 1);
+    let posts = sim_get(&s.sim, &format!("app_posts?app_id={}", s.app)).await;
+    for t in posts["per_trigger"].as_array().cloned().unwrap_or_default() {
+        assert_eq!(t["count"], 1, "at most one reply per message: {posts}");
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_switch_engaged_while_the_model_runs_posts_nothing() {
+    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "2000".to_owned())]).await;
+    let root = s
+        .post(&format!("<@{}> drop the table?", s.bot_user), None)
+        .await;
+    decision_calling(&s).await;
+    let out = cli(
+        &[
+            "kill-switch",
+            "engage",
+            "--installation",
+            &sqlx::query_scalar::<_, uuid::Uuid>("SELECT id FROM installations")
+                .fetch_one(&s.db.pool)
+                .await
+                .expect("installation")
+                .to_string(),
+            "--reason",
+            "incident",
+            "--by",
+            "oncall",
+        ],
+        &[("DATABASE_URL", s.db.url.clone())],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The model's answer arrives after the switch: checked again before
+    // posting, it is suppressed.
+    let status = eventually("the decision settled", Duration::from_secs(20), || {
+        let pool = s.db.pool.clone();
+        async move {
+            let st: String = sqlx::query_scalar("SELECT status FROM decisions")
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+            (st != "calling" && st != "proposed").then_some(st)
+        }
+    })
+    .await;
+    assert_eq!(status, "suppressed");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(s.answers(&root).await.is_empty());
+    let posts = sim_get(&s.sim, "calls?method=chat.postMessage").await;
+    assert_eq!(posts["calls"], json!([]), "Slack was never asked to post");
+    let audit: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE stage = 'operator' AND outcome = 'kill_switch_engaged' AND reviewer = 'oncall'",
+    )
+    .fetch_one(&s.db.pool)
+    .await
+    .expect("audit");
+    assert_eq!(audit, 1, "the operator's action is in the audit log");
+    s.stop().await;
+}
