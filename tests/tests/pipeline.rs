@@ -357,3 +357,80 @@ async fn no_message_text_token_or_secret_reaches_logs_or_metrics() {
         assert!(!metrics.contains(needle), "{what} appears in a metric");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_to_two_gateways_gives_one_receipt_one_model_call_one_reply_even_after_restarting_everything()
+ {
+    let mut s = Stack::start(&[]).await;
+    // A second gateway; Slack delivers every event to both at once.
+    let owned = s.env.clone();
+    let env: Vec<(&str, String)> = owned.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let gw2 = threadline_tests::spawn_gateway(&env).await;
+    sim_ctl(
+        &s.sim,
+        &format!("apps/{}/request_urls", s.app),
+        json!({"request_urls": [s.services[0].events_url(), gw2.events_url()]}),
+    )
+    .await;
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "events", "mode": "duplicate", "times": 0}),
+    )
+    .await;
+    let first = s
+        .post(&format!("<@{}> two gateways?", s.bot_user), None)
+        .await;
+    one_receipt_one_call_one_reply(&s, &first).await;
+
+    // Restart everything (SIGKILL, like a crash), then again.
+    for i in 0..4 {
+        s.kill_and_restart(i).await;
+    }
+    gw2.kill().await;
+    let gw2 = threadline_tests::spawn_gateway(&env).await;
+    sim_ctl(
+        &s.sim,
+        &format!("apps/{}/request_urls", s.app),
+        json!({"request_urls": [s.services[0].events_url(), gw2.events_url()]}),
+    )
+    .await;
+    let second = s
+        .post(&format!("<@{}> after the restart?", s.bot_user), None)
+        .await;
+    one_receipt_one_call_one_reply(&s, &second).await;
+    assert_eq!(
+        s.answers(&first).await.len(),
+        1,
+        "nothing re-posted after the restart"
+    );
+    let posts = sim_get(&s.sim, &format!("app_posts?app_id={}", s.app)).await;
+    for t in posts["per_trigger"].as_array().cloned().unwrap_or_default() {
+        assert_eq!(t["count"], 1, "{posts}");
+    }
+    assert!(gw2.terminate().await.success());
+    s.stop().await;
+}
+
+/// The mention `root` got one reply in Slack, one receipt per event (the
+/// mention and its message twin) though each reached both gateways, and one
+/// model call.
+async fn one_receipt_one_call_one_reply(s: &Stack, root: &str) {
+    let answers = s.wait_answers(root, 1).await;
+    assert_eq!(answers.len(), 1, "one reply: {answers:?}");
+    let (receipts, dups, decisions): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), coalesce(sum(duplicate_deliveries), 0)::bigint,
+                (SELECT count(*) FROM decisions WHERE root_ts = $1)
+           FROM event_receipts WHERE message_ts = $1",
+    )
+    .bind(root)
+    .fetch_one(&s.db.pool)
+    .await
+    .expect("counts");
+    assert_eq!(receipts, 2, "one receipt per event");
+    assert!(
+        dups >= 2,
+        "each event reached both gateways ({dups} duplicates)"
+    );
+    assert_eq!(decisions, 1, "one model call");
+}

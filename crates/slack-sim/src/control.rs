@@ -414,6 +414,27 @@ fn remove(sim: &Sim, app_id: &str, team_id: &str, how: Removal) -> ApiResult {
 }
 
 /// The workspace removes the app: `app_uninstalled`, tokens revoked.
+#[derive(Deserialize)]
+pub struct RequestUrlsReq {
+    request_urls: Vec<String>,
+}
+
+/// Changes where the app's events go (Event Subscriptions' request URL;
+/// several for the `duplicate` fault, which delivers to all at once).
+pub async fn set_request_urls(
+    State(sim): State<Sim>,
+    Path(app_id): Path<String>,
+    Json(r): Json<RequestUrlsReq>,
+) -> ApiResult {
+    let mut w = sim.lock();
+    let app = w
+        .apps
+        .get_mut(&app_id)
+        .ok_or_else(|| not_found("app", &app_id))?;
+    app.request_urls = r.request_urls;
+    Ok(Json(json!({"ok": true, "request_urls": app.request_urls})))
+}
+
 pub async fn uninstall_app(
     State(sim): State<Sim>,
     Path(app_id): Path<String>,

@@ -72,6 +72,10 @@ pub fn router(sim: Sim) -> Router {
         .route("/_sim/apps", post(control::create_app))
         .route("/_sim/apps/{app}/installs", post(control::install_app))
         .route("/_sim/apps/{app}/uninstall", post(control::uninstall_app))
+        .route(
+            "/_sim/apps/{app}/request_urls",
+            post(control::set_request_urls),
+        )
         .route("/_sim/apps/{app}/revoke", post(control::revoke_tokens))
         .route("/_sim/act/post", post(control::act_post))
         .route("/_sim/act/bot_post", post(control::act_bot_post))
