@@ -114,6 +114,8 @@ pub async fn run(
             Err(WebError::RateLimited { retry_after }) => {
                 metrics::counter!("threadline_slack_rate_limited_total", "method" => METHOD)
                     .increment(1);
+                metrics::histogram!("threadline_slack_rate_limit_wait_seconds", "method" => METHOD)
+                    .record(retry_after.as_secs_f64());
                 pause(pool, inst, retry_after).await?;
                 break;
             }

@@ -262,6 +262,8 @@ impl Handler {
             Err(WebError::RateLimited { retry_after }) => {
                 metrics::counter!("threadline_slack_rate_limited_total", "method" => "chat.postMessage").increment(1);
                 let wait = jitter(retry_after.as_secs_f64(), &intent);
+                metrics::histogram!("threadline_slack_rate_limit_wait_seconds", "method" => "chat.postMessage")
+                    .record(wait);
                 intents::pause_workspace(&self.pool, inst, retry_after.as_secs_f64()).await?;
                 let attempts: i32 =
                     sqlx::query_scalar("SELECT attempts FROM reply_intents WHERE id = $1")

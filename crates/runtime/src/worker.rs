@@ -71,12 +71,8 @@ where
     messages
         .take_until(shutdown.clone().cancelled_owned())
         .for_each_concurrent(concurrency, |msg| {
-            let (handler, js, dlq, stop) = (
-                handler.clone(),
-                js.clone(),
-                dlq.clone(),
-                shutdown.clone(),
-            );
+            let (handler, js, dlq, stop) =
+                (handler.clone(), js.clone(), dlq.clone(), shutdown.clone());
             async move {
                 let msg = match msg {
                     Ok(m) => m,
