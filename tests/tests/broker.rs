@@ -174,3 +174,62 @@ async fn a_kill_switch_engaged_while_the_model_runs_posts_nothing() {
     assert_eq!(audit, 1, "the operator's action is in the audit log");
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_down_before_and_after_the_intake_commit_loses_nothing_and_answers_once() {
+    let s = Stack::start(&[
+        ("THREADLINE_BUILTIN_LATENCY_MS", "500".to_owned()),
+        ("THREADLINE_INSTALLATION_CACHE_MS", "0".to_owned()),
+    ])
+    .await;
+    // Before: Postgres is unreachable when Slack delivers. The gateway
+    // answers 503, Slack retries, and a retry lands once it is back.
+    s.db.take_down().await;
+    let first = s
+        .post(&format!("<@{}> before the commit?", s.bot_user), None)
+        .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    s.db.bring_up().await;
+    assert_eq!(s.wait_answers(&first, 1).await.len(), 1);
+    let refused = sim_get(&s.sim, "deliveries").await["deliveries"]
+        .as_array()
+        .map(|d| d.iter().filter(|x| x["status"] == 503).count())
+        .unwrap_or(0);
+    assert!(refused > 0, "the gateway refused while Postgres was down");
+
+    // After: the receipt is committed (Slack has its 200), then Postgres
+    // goes away while the work is in flight, and comes back.
+    let second = s
+        .post(&format!("<@{}> after the commit?", s.bot_user), None)
+        .await;
+    eventually("the receipt committed", Duration::from_secs(10), || {
+        let pool = s.db.pool.clone();
+        let second = second.clone();
+        async move {
+            let n: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM event_receipts WHERE message_ts = $1")
+                    .bind(&second)
+                    .fetch_one(&pool)
+                    .await
+                    .ok()?;
+            (n > 0).then_some(())
+        }
+    })
+    .await;
+    s.db.take_down().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    s.db.bring_up().await;
+    assert_eq!(s.wait_answers(&second, 1).await.len(), 1);
+    let posts = sim_get(&s.sim, &format!("app_posts?app_id={}", s.app)).await;
+    for t in posts["per_trigger"].as_array().cloned().unwrap_or_default() {
+        assert_eq!(t["count"], 1, "{posts}");
+    }
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM event_receipts WHERE state IN ('accepted', 'processing')",
+    )
+    .fetch_one(&s.db.pool)
+    .await
+    .expect("receipts");
+    assert_eq!(open, 0, "every acknowledged event finished");
+    s.stop().await;
+}
