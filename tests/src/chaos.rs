@@ -20,25 +20,31 @@ use serde_json::{Value, json};
 
 use crate::{Stack, sim_ctl, sim_get};
 
-/// SplitMix64: small, seedable, reproducible.
-pub struct Rng(u64);
+/// The emulator's seeded generator (SplitMix64), so a seed replays.
+pub use threadline_slack_sim::model::Rng;
 
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
+/// A number below `n` (0 for 0).
+fn below(rng: &mut Rng, n: u64) -> u64 {
+    if n == 0 { 0 } else { rng.next_u64() % n }
+}
 
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next_u64() % n }
-    }
+/// The settings a soak runs the stack with: a model that takes a moment
+/// (so the thread can change under it), and short recovery times, so that
+/// a killed worker's message is back in 3 s (not a minute), a post whose
+/// publisher died counts as unknown after 4 s, and a killed inference's
+/// model call is taken over after 2 × 1 s + 10 s.
+pub fn settings() -> Vec<(&'static str, String)> {
+    [
+        ("THREADLINE_BUILTIN_LATENCY_MS", "400"),
+        ("THREADLINE_SLACK_TIMEOUT_MS", "800"),
+        ("THREADLINE_RECONCILE_WINDOW_MS", "1500"),
+        ("THREADLINE_REDELIVERY_MS", "3000"),
+        ("THREADLINE_SENDING_STALE_MS", "4000"),
+        ("THREADLINE_MODEL_TIMEOUT_MS", "1000"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_owned()))
+    .collect()
 }
 
 #[derive(Debug, Clone)]
@@ -133,7 +139,7 @@ pub async fn soak(s: &mut Stack, cfg: &Config) -> Report {
     if cfg.kills && cfg.steps >= 8 {
         let quarter = cfg.steps / 4;
         for (n, service) in [1usize, 2, 3, 0].into_iter().enumerate() {
-            let at = n * quarter + 1 + rng.below((quarter - 1) as u64) as usize;
+            let at = n * quarter + 1 + below(&mut rng, (quarter - 1) as u64) as usize;
             kill_at.insert(at, service);
         }
     }
@@ -150,13 +156,13 @@ pub async fn soak(s: &mut Stack, cfg: &Config) -> Report {
                 format!("step {step}: SIGKILL {} and restart", SERVICES[i]),
             ));
         }
-        let roll = rng.below(100);
+        let roll = below(&mut rng, 100);
         let pick_thread = |rng: &mut Rng, threads: &Vec<Thread>| {
-            (!threads.is_empty()).then(|| rng.below(threads.len() as u64) as usize)
+            (!threads.is_empty()).then(|| below(rng, threads.len() as u64) as usize)
         };
         match roll {
             0..=24 => {
-                let p = rng.below(people.len() as u64) as usize;
+                let p = below(&mut rng, people.len() as u64) as usize;
                 let who = &people[p];
                 let root = post(s, who, &format!("<@{}> issue {step}?", who.bot), None).await;
                 log.push((
@@ -201,7 +207,8 @@ pub async fn soak(s: &mut Stack, cfg: &Config) -> Report {
                 if threads[t].messages.is_empty() {
                     continue;
                 }
-                let m = threads[t].messages[rng.below(threads[t].messages.len() as u64) as usize]
+                let m = threads[t].messages
+                    [below(&mut rng, threads[t].messages.len() as u64) as usize]
                     .clone();
                 let who = people[threads[t].person].clone();
                 sim_ctl(
@@ -224,7 +231,7 @@ pub async fn soak(s: &mut Stack, cfg: &Config) -> Report {
                     continue;
                 }
                 // Never the root: a deleted root leaves nothing to check.
-                let k = 1 + rng.below((threads[t].messages.len() - 1) as u64) as usize;
+                let k = 1 + below(&mut rng, (threads[t].messages.len() - 1) as u64) as usize;
                 let m = threads[t].messages.remove(k);
                 let who = people[threads[t].person].clone();
                 sim_ctl(
@@ -272,7 +279,7 @@ pub async fn soak(s: &mut Stack, cfg: &Config) -> Report {
                 log.push((None, format!("step {step}: the next post is answered 429")));
             }
         }
-        let pause = rng.below(cfg.max_pause.as_millis() as u64 + 1);
+        let pause = below(&mut rng, cfg.max_pause.as_millis() as u64 + 1);
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
     let _ = reqwest::Client::new()
@@ -308,14 +315,7 @@ pub async fn soak(s: &mut Stack, cfg: &Config) -> Report {
 }
 
 async fn post(s: &Stack, who: &Person, text: &str, thread: Option<&str>) -> String {
-    let mut body = json!({"user": who.user, "channel": who.channel, "text": text});
-    if let Some(t) = thread {
-        body["thread_ts"] = t.into();
-    }
-    sim_ctl(&s.sim, "act/post", body).await["ts"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
+    s.post_as(&who.user, &who.channel, text, thread).await
 }
 
 /// Waits until nothing is in flight (and stays so for three seconds), or

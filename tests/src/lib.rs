@@ -438,12 +438,31 @@ impl Stack {
 
     /// A person posts (a reply when `thread_ts` is given); returns its ts.
     pub async fn post(&self, text: &str, thread_ts: Option<&str>) -> String {
-        let mut body =
-            serde_json::json!({"user": self.user, "channel": self.channel, "text": text});
+        self.post_as(&self.user, &self.channel, text, thread_ts)
+            .await
+    }
+
+    /// `user` posts in `channel` (a reply when `thread_ts` is given).
+    pub async fn post_as(
+        &self,
+        user: &str,
+        channel: &str,
+        text: &str,
+        thread_ts: Option<&str>,
+    ) -> String {
+        let mut body = serde_json::json!({"user": user, "channel": channel, "text": text});
         if let Some(t) = thread_ts {
             body["thread_ts"] = t.into();
         }
         id_of(&sim_ctl(&self.sim, "act/post", body).await, "ts")
+    }
+
+    /// Slack's ground truth: no message got more than one reply of the app.
+    pub async fn assert_at_most_one_reply_per_message(&self) {
+        let posts = sim_get(&self.sim, &format!("app_posts?app_id={}", self.app)).await;
+        for t in posts["per_trigger"].as_array().cloned().unwrap_or_default() {
+            assert_eq!(t["count"], 1, "at most one reply per message: {posts}");
+        }
     }
 
     /// The app's messages in a thread, from Slack's side.

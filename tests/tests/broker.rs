@@ -110,10 +110,7 @@ async fn the_broker_killed_and_restarted_mid_answer_still_gives_exactly_one_repl
     // Work posted while it was down also gets through.
     let second = s.post(&format!("<@{}> and now?", s.bot_user), None).await;
     assert_eq!(s.wait_answers(&second, 1).await.len(), 1);
-    let posts = sim_get(&s.sim, &format!("app_posts?app_id={}", s.app)).await;
-    for t in posts["per_trigger"].as_array().cloned().unwrap_or_default() {
-        assert_eq!(t["count"], 1, "at most one reply per message: {posts}");
-    }
+    s.assert_at_most_one_reply_per_message().await;
     s.stop().await;
 }
 
@@ -220,10 +217,7 @@ async fn the_database_down_before_and_after_the_intake_commit_loses_nothing_and_
     tokio::time::sleep(Duration::from_secs(3)).await;
     s.db.bring_up().await;
     assert_eq!(s.wait_answers(&second, 1).await.len(), 1);
-    let posts = sim_get(&s.sim, &format!("app_posts?app_id={}", s.app)).await;
-    for t in posts["per_trigger"].as_array().cloned().unwrap_or_default() {
-        assert_eq!(t["count"], 1, "{posts}");
-    }
+    s.assert_at_most_one_reply_per_message().await;
     let open: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM event_receipts WHERE state IN ('accepted', 'processing')",
     )

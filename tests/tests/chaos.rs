@@ -13,18 +13,9 @@ async fn a_short_chaos_soak_with_every_service_killed_keeps_every_invariant() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(20_261_129);
-    let mut s = Stack::start(&[
-        ("THREADLINE_BUILTIN_LATENCY_MS", "400".to_owned()),
-        ("THREADLINE_SLACK_TIMEOUT_MS", "800".to_owned()),
-        ("THREADLINE_RECONCILE_WINDOW_MS", "1500".to_owned()),
-        // A killed worker's message comes back after 3 s (not a minute),
-        // and a post whose publisher died is taken as unknown after 4 s.
-        ("THREADLINE_REDELIVERY_MS", "3000".to_owned()),
-        ("THREADLINE_SENDING_STALE_MS", "4000".to_owned()),
-        // A killed inference's model call is taken over after 2 × 1 s + 10 s.
-        ("THREADLINE_MODEL_TIMEOUT_MS", "1000".to_owned()),
-    ])
-    .await;
+    let settings = chaos::settings();
+    let extra: Vec<(&str, String)> = settings.iter().map(|(k, v)| (*k, v.clone())).collect();
+    let mut s = Stack::start(&extra).await;
     let report = chaos::soak(
         &mut s,
         &chaos::Config {

@@ -10,17 +10,6 @@ use threadline_testkit::eventually;
 use threadline_tests::{Stack, cli, sim_ctl, sim_get};
 use uuid::Uuid;
 
-async fn post(s: &Stack, user: &str, channel: &str, text: &str, thread: Option<&str>) -> String {
-    let mut body = json!({"user": user, "channel": channel, "text": text});
-    if let Some(t) = thread {
-        body["thread_ts"] = t.into();
-    }
-    sim_ctl(&s.sim, "act/post", body).await["ts"]
-        .as_str()
-        .expect("ts")
-        .to_owned()
-}
-
 /// The app's messages in `channel`'s thread `root`, from Slack's side.
 async fn app_messages(s: &Stack, channel: &str, root: &str) -> Vec<Value> {
     let v = sim_get(&s.sim, &format!("channels/{channel}/threads/{root}")).await;
@@ -82,7 +71,9 @@ async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
         .expect("A's installation");
 
     // B's person starts a thread (B has no trigger: the bot is not asked).
-    let b_root = post(&s, &b.user, &b.channel, "payroll run is late", None).await;
+    let b_root = s
+        .post_as(&b.user, &b.channel, "payroll run is late", None)
+        .await;
     settled(&s, 1).await;
     let b_rows = rows_of(&s, b.inst).await;
 
@@ -213,9 +204,9 @@ async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    post(&s, &b.user, &b.channel, "any update?", Some(&b_root)).await;
-    post(
-        &s,
+    s.post_as(&b.user, &b.channel, "any update?", Some(&b_root))
+        .await;
+    s.post_as(
         &b.user,
         &b.channel,
         &format!("<@{}> where are we?", b.bot_user),

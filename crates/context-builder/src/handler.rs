@@ -271,14 +271,7 @@ impl Handler {
             metrics::counter!("threadline_scope_refusals_total", "feature" => "channel_kind", "scope" => "channels:read").increment(1);
             return Ok(None);
         }
-        let Some(token) = threadline_runtime::tokens::bot_token(
-            &self.pool,
-            &self.cipher,
-            self.refresher.as_ref(),
-            inst.id,
-        )
-        .await?
-        else {
+        let Some(token) = self.bot_token(inst).await? else {
             return Ok(None);
         };
         match self
@@ -305,15 +298,23 @@ impl Handler {
         }
     }
 
-    async fn backfill(&self, inst: &Installation, channel: &str, root: &str) -> anyhow::Result<()> {
-        let Some(token) = threadline_runtime::tokens::bot_token(
+    /// The installation's bot token (refreshed first when it is about to
+    /// expire); `None` when it has none that works.
+    async fn bot_token(
+        &self,
+        inst: &Installation,
+    ) -> anyhow::Result<Option<secrecy::SecretString>> {
+        threadline_runtime::tokens::bot_token(
             &self.pool,
             &self.cipher,
             self.refresher.as_ref(),
             inst.id,
         )
-        .await?
-        else {
+        .await
+    }
+
+    async fn backfill(&self, inst: &Installation, channel: &str, root: &str) -> anyhow::Result<()> {
+        let Some(token) = self.bot_token(inst).await? else {
             store::set_backfill(&self.pool, inst.id, channel, root, "partial").await?;
             tracing::warn!("no usable bot token; thread context is partial");
             return Ok(());

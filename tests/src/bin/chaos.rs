@@ -57,15 +57,9 @@ async fn main() -> std::process::ExitCode {
         cfg.steps,
         cfg.extra_workspaces + 1
     );
-    let mut s = Stack::start(&[
-        ("THREADLINE_BUILTIN_LATENCY_MS", "400".to_owned()),
-        ("THREADLINE_SLACK_TIMEOUT_MS", "800".to_owned()),
-        ("THREADLINE_RECONCILE_WINDOW_MS", "1500".to_owned()),
-        ("THREADLINE_REDELIVERY_MS", "3000".to_owned()),
-        ("THREADLINE_SENDING_STALE_MS", "4000".to_owned()),
-        ("THREADLINE_MODEL_TIMEOUT_MS", "1000".to_owned()),
-    ])
-    .await;
+    let settings = chaos::settings();
+    let extra: Vec<(&str, String)> = settings.iter().map(|(k, v)| (*k, v.clone())).collect();
+    let mut s = Stack::start(&extra).await;
     let report = chaos::soak(&mut s, &cfg).await;
     println!("{}", report.render());
     s.stop().await;
