@@ -467,11 +467,12 @@ impl Stack {
 
     /// The app's messages in a thread, from Slack's side.
     pub async fn answers(&self, root: &str) -> Vec<serde_json::Value> {
-        let v = sim_get(
-            &self.sim,
-            &format!("channels/{}/threads/{root}", self.channel),
-        )
-        .await;
+        self.answers_in(&self.channel, root).await
+    }
+
+    /// The app's messages in thread `root` of `channel`, from Slack's side.
+    pub async fn answers_in(&self, channel: &str, root: &str) -> Vec<serde_json::Value> {
+        let v = sim_get(&self.sim, &format!("channels/{channel}/threads/{root}")).await;
         v["messages"]
             .as_array()
             .cloned()

@@ -10,18 +10,6 @@ use threadline_testkit::eventually;
 use threadline_tests::{Stack, cli, sim_ctl, sim_get};
 use uuid::Uuid;
 
-/// The app's messages in `channel`'s thread `root`, from Slack's side.
-async fn app_messages(s: &Stack, channel: &str, root: &str) -> Vec<Value> {
-    let v = sim_get(&s.sim, &format!("channels/{channel}/threads/{root}")).await;
-    v["messages"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|m| m["app_id"].is_string())
-        .collect()
-}
-
 async fn rows_of(s: &Stack, inst: Uuid) -> i64 {
     sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM threads WHERE installation_id = $1)
@@ -136,7 +124,7 @@ async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
     .await
     .expect("receipts");
     assert_eq!(forged_inst, [a_inst, a_inst]);
-    assert!(app_messages(&s, &b.channel, &b_root).await.is_empty());
+    assert!(s.answers_in(&b.channel, &b_root).await.is_empty());
     let posts = sim_get(
         &s.sim,
         &format!("app_posts?app_id={}&channel={}", s.app, b.channel),
@@ -214,12 +202,12 @@ async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
     )
     .await;
     let answers = eventually("B's answer", Duration::from_secs(30), || async {
-        let a = app_messages(&s, &b.channel, &b_root).await;
+        let a = s.answers_in(&b.channel, &b_root).await;
         (!a.is_empty()).then_some(a)
     })
     .await;
     settled(&s, 7).await;
-    let answers_now = app_messages(&s, &b.channel, &b_root).await;
+    let answers_now = s.answers_in(&b.channel, &b_root).await;
     assert_eq!(answers_now.len(), 1, "{answers_now:?}");
     assert_eq!(answers[0]["user"], b.bot_user.as_str(), "B's own bot");
     let calls = sim_get(&s.sim, "calls?method=chat.postMessage").await;
@@ -307,7 +295,7 @@ async fn uninstalling_while_the_model_runs_stops_the_answer_before_it_is_posted(
         .expect("installation");
     assert_eq!(status, "disabled");
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(app_messages(&s, &s.channel, &root).await.is_empty());
+    assert!(s.answers_in(&s.channel, &root).await.is_empty());
     let posts = sim_get(&s.sim, "calls?method=chat.postMessage").await;
     assert_eq!(
         posts["calls"].as_array().map(Vec::len),

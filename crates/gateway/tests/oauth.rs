@@ -169,6 +169,29 @@ impl Flow {
         (r.status().as_u16(), r.text().await.expect("page"))
     }
 
+    /// Opens the stored token of installation `id` and asks Slack whose it is.
+    async fn auth_test(&self, id: uuid::Uuid, key_id: String, sealed: Vec<u8>) -> Value {
+        let cipher = TokenCipher::parse(&self.keys.clone().into()).expect("keys");
+        let token = cipher
+            .open(
+                &Sealed {
+                    key_id,
+                    bytes: sealed,
+                },
+                &token_aad(&id, "bot"),
+            )
+            .expect("the sealed token opens");
+        self.http
+            .post(format!("{}/api/auth.test", self.sim))
+            .bearer_auth(secrecy::ExposeSecret::expose_secret(&token))
+            .send()
+            .await
+            .expect("auth.test")
+            .json()
+            .await
+            .expect("json")
+    }
+
     async fn installations(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM installations")
             .fetch_one(&self.db.pool)
@@ -211,26 +234,7 @@ async fn an_install_stores_the_workspace_with_its_token_sealed() {
     );
     assert!(!sealed.windows(5).any(|w| w == b"xoxb-"), "stored sealed");
     // The sealed token is the one Slack issued: it works.
-    let cipher = TokenCipher::parse(&f.keys.clone().into()).expect("keys");
-    let token = cipher
-        .open(
-            &Sealed {
-                key_id: key,
-                bytes: sealed,
-            },
-            &token_aad(&id, "bot"),
-        )
-        .expect("opens");
-    let me: Value = f
-        .http
-        .post(format!("{}/api/auth.test", f.sim))
-        .bearer_auth(secrecy::ExposeSecret::expose_secret(&token))
-        .send()
-        .await
-        .expect("auth.test")
-        .json()
-        .await
-        .expect("json");
+    let me = f.auth_test(id, key, sealed).await;
     assert_eq!(me["ok"], true);
     // The same callback again: the state is single use.
     let (status, page) = f.callback(&callback, &cookie).await;
@@ -323,26 +327,7 @@ async fn an_org_wide_install_serves_every_workspace_of_the_enterprise_and_no_oth
         (true, Some("E0ACME"), None),
         "an org-wide install has no workspace"
     );
-    let cipher = TokenCipher::parse(&f.keys.clone().into()).expect("keys");
-    let token = cipher
-        .open(
-            &Sealed {
-                key_id: key,
-                bytes: sealed,
-            },
-            &token_aad(&id, "bot"),
-        )
-        .expect("opens");
-    let me: Value = f
-        .http
-        .post(format!("{}/api/auth.test", f.sim))
-        .bearer_auth(secrecy::ExposeSecret::expose_secret(&token))
-        .send()
-        .await
-        .expect("auth.test")
-        .json()
-        .await
-        .expect("json");
+    let me = f.auth_test(id, key, sealed).await;
     assert_eq!(
         (&me["ok"], &me["is_enterprise_install"]),
         (&json!(true), &json!(true))
