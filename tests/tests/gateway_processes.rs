@@ -132,6 +132,14 @@ async fn operator_cli_migrates_registers_and_reports_the_ledger() {
         ("THREADLINE_TOKEN_KEYS", keys.clone()),
     ];
 
+    // Before migrating, operator commands refuse the old schema.
+    let early = cli(&["stats", "--json"], &env).await;
+    assert!(!early.status.success());
+    assert!(
+        String::from_utf8_lossy(&early.stderr).contains("run `threadline migrate`"),
+        "{}",
+        String::from_utf8_lossy(&early.stderr)
+    );
     for _ in 0..2 {
         let out = cli(&["migrate"], &env).await;
         assert!(

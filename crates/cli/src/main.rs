@@ -98,7 +98,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     threadline_runtime::audit::configure(&src)?;
     match cli.command {
         Command::Migrate => {
-            let pool = pool(&src).await?;
+            let common = threadline_runtime::config::CommonConfig::from_source(&src)?;
+            let pool = threadline_runtime::db::connect(&common).await?;
             let applied = threadline_runtime::db::migrate(&pool).await?;
             println!("migrations applied: {applied} (schema is current)");
         }
@@ -140,7 +141,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A connected pool on a schema this CLI knows: like the services, every
+/// command but `migrate` refuses a database whose schema is behind it.
 async fn pool(src: &threadline_runtime::config::Source) -> anyhow::Result<sqlx::PgPool> {
     let common = threadline_runtime::config::CommonConfig::from_source(src)?;
-    threadline_runtime::db::connect(&common).await
+    let pool = threadline_runtime::db::connect(&common).await?;
+    threadline_runtime::db::ensure_schema_current(&pool).await?;
+    Ok(pool)
 }
