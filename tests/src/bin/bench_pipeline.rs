@@ -140,6 +140,7 @@ async fn main() {
     // Slack's ground truth: the reply in each mention's thread.
     let mut latencies = Vec::with_capacity(mentions.len());
     let mut duplicates = 0;
+    let (mut first_mention, mut last_reply) = (f64::MAX, 0.0f64);
     for chunk in mentions.chunks(32) {
         let fetched = futures::future::join_all(chunk.iter().map(|(c, ts)| {
             let url = format!("{}/_sim/channels/{c}/threads/{ts}", s.sim.base_url);
@@ -163,14 +164,17 @@ async fn main() {
             if replies.len() > 1 {
                 duplicates += 1;
             }
+            first_mention = first_mention.min(ts_secs(&ts));
             if let Some(first) = replies.iter().cloned().reduce(f64::min) {
                 latencies.push((first - ts_secs(&ts)) * 1000.0);
+                last_reply = last_reply.max(first);
             }
         }
     }
     latencies.sort_by(|a, b| a.total_cmp(b));
+    let sustained = latencies.len() as f64 / (last_reply - first_mention).max(0.001);
     println!(
-        "offered {offered:.0} mentions/s ({} posted), {} answered, {duplicates} with more than one reply",
+        "offered {offered:.0} mentions/s ({} posted), {} answered ({sustained:.0}/s sustained, first mention to last reply), {duplicates} with more than one reply",
         mentions.len(),
         latencies.len()
     );
