@@ -186,7 +186,20 @@ impl Handler {
         let verdict = intents::check_and_claim(&self.pool, &proposal, self.sending_stale).await?;
         let intent = match verdict {
             Verdict::Claimed(id) => id,
-            Verdict::AlreadySent | Verdict::Closed => return Ok(Disposition::Done),
+            // Another decision for this event already answered it (a
+            // reconsideration raced the post), or its intent was closed by
+            // an operator or for good: this decision is settled as such,
+            // never left `proposed`.
+            Verdict::AlreadySent => {
+                intents::set_decision(&self.pool, decision, "superseded", Some("already_answered"))
+                    .await?;
+                return Ok(Disposition::Done);
+            }
+            Verdict::Closed => {
+                intents::set_decision(&self.pool, decision, "cancelled", Some("intent_closed"))
+                    .await?;
+                return Ok(Disposition::Done);
+            }
             Verdict::NotNow(wait) => {
                 return Ok(Disposition::Defer(Duration::from_secs_f64(
                     wait.clamp(0.5, 900.0),

@@ -688,3 +688,38 @@ async fn the_sources_own_message_twin_still_in_flight_is_not_waited_for() {
     assert_eq!(env.decision(decision).await.0, "published");
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_decision_for_an_event_already_answered_is_settled_not_left_proposed() {
+    let env = Env::new().await;
+    let (first, payload) = env.proposal("The answer.").await;
+    let h = env.handler(&[]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(env.decision(first).await.0, "published");
+    // A reconsideration raced the post and made another decision for the
+    // same event (at a later version).
+    let mut p = ProposalReady::decode(payload.as_slice()).expect("decode");
+    let second = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version, status, body_text, output_hash)
+         SELECT $1, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, 2, 'proposed', body_text, output_hash
+           FROM decisions WHERE id = $2",
+    )
+    .bind(second)
+    .bind(first)
+    .execute(&env.db.pool)
+    .await
+    .expect("second decision");
+    p.decision_id = second.to_string();
+    p.thread_version = 2;
+    assert!(matches!(
+        h.handle(&p.encode_to_vec()).await,
+        Disposition::Done
+    ));
+    assert_eq!(
+        env.decision(second).await,
+        ("superseded".into(), Some("already_answered".into()))
+    );
+    assert_eq!(env.app_posts().await, 1, "answered once");
+    env.cleanup().await;
+}
