@@ -475,7 +475,12 @@ async fn check(s: &Stack, people: &[Person]) -> (Vec<String>, BTreeSet<String>, 
         violations.push(format!("{outbox} outbox rows unpublished without an error"));
     }
     let stuck: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT 'decision ' || id, status, root_ts FROM decisions WHERE status IN ('calling', 'proposed', 'approved')
+        "SELECT 'decision ' || d.id, d.status, d.root_ts FROM decisions d
+          WHERE d.status IN ('calling', 'proposed', 'approved')
+            -- waiting on an intent held for an operator is a visible reason
+            AND NOT EXISTS (SELECT 1 FROM reply_intents i
+                             WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
+                               AND i.state = 'held' AND i.error_code IS NOT NULL)
          UNION ALL
          SELECT 'reply intent ' || id || ' (' || coalesce(error_code, '-') || ', attempts ' || attempts
                 || ', due in ' || round(extract(epoch FROM next_attempt_at - now()))::text || ' s, decision '
@@ -489,6 +494,12 @@ async fn check(s: &Stack, people: &[Person]) -> (Vec<String>, BTreeSet<String>, 
     for (what, state, root) in stuck {
         violations.push(format!("{what} stuck in {state} (thread {root})"));
         offending.insert(root);
+    }
+    // Nothing in the soak is poison: a dead letter means retries ran out.
+    let dlq = threadline_runtime::bus::Topology::new(s.prefix.clone()).dead_letter_stream();
+    let dead = threadline_testkit::stream_len(&s.js, &dlq).await;
+    if dead > 0 {
+        violations.push(format!("{dead} message(s) dead-lettered (retries exhausted)"));
     }
     let _ = people;
     (violations, offending, replies)

@@ -384,7 +384,22 @@ impl Handler {
         )
         .await?
         {
-            Found::Sent(_) | Found::Held(_) => Ok(Disposition::Done),
+            Found::Sent(_) => {
+                // The event is answered. When this proposal is another
+                // decision than the one posted (a reconsideration raced the
+                // post), it is settled as superseded, not left `proposed`.
+                if let Ok(decision) = Uuid::parse_str(&p.decision_id) {
+                    intents::set_decision(
+                        &self.pool,
+                        decision,
+                        "superseded",
+                        Some("already_answered"),
+                    )
+                    .await?;
+                }
+                Ok(Disposition::Done)
+            }
+            Found::Held(_) => Ok(Disposition::Done),
             Found::Repost => Ok(Disposition::Defer(Duration::from_secs(1))),
             Found::Again => Ok(Disposition::Defer(Duration::from_secs_f64(
                 (self.evidence.window_secs / self.evidence.reads.max(1) as f64).clamp(0.5, 60.0),
