@@ -499,7 +499,9 @@ async fn check(s: &Stack, people: &[Person]) -> (Vec<String>, BTreeSet<String>, 
     let dlq = threadline_runtime::bus::Topology::new(s.prefix.clone()).dead_letter_stream();
     let dead = threadline_testkit::stream_len(&s.js, &dlq).await;
     if dead > 0 {
-        violations.push(format!("{dead} message(s) dead-lettered (retries exhausted)"));
+        violations.push(format!(
+            "{dead} message(s) dead-lettered (retries exhausted)"
+        ));
     }
     let _ = people;
     (violations, offending, replies)
