@@ -237,6 +237,45 @@ pub struct Workspace {
     pub inst: uuid::Uuid,
 }
 
+/// Registers an installation with `threadline install add`, as an operator
+/// would.
+async fn register(
+    db_url: &str,
+    keys: &str,
+    team: &str,
+    app: &str,
+    bot_user: &str,
+    bot_id: &str,
+    token: &str,
+) {
+    let out = cli(
+        &[
+            "install",
+            "add",
+            "--team",
+            team,
+            "--app",
+            app,
+            "--bot-user",
+            bot_user,
+            "--bot-id",
+            bot_id,
+            "--token",
+            token,
+        ],
+        &[
+            ("DATABASE_URL", db_url.to_owned()),
+            ("THREADLINE_TOKEN_KEYS", keys.to_owned()),
+        ],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn id_of(v: &serde_json::Value, what: &str) -> String {
     v[what]
         .as_str()
@@ -299,32 +338,7 @@ impl Stack {
             ws.app_id(),
         );
         let (bot_user, bot_id, token) = (ws.bot_user(), ws.bot_id(), ws.token());
-        let out = cli(
-            &[
-                "install",
-                "add",
-                "--team",
-                &team,
-                "--app",
-                &app,
-                "--bot-user",
-                &bot_user,
-                "--bot-id",
-                &bot_id,
-                "--token",
-                &token,
-            ],
-            &[
-                ("DATABASE_URL", db.url.clone()),
-                ("THREADLINE_TOKEN_KEYS", keys),
-            ],
-        )
-        .await;
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        register(&db.url, &keys, &team, &app, &bot_user, &bot_id, &token).await;
         Self {
             db,
             prefix,
@@ -395,32 +409,16 @@ impl Stack {
             .find(|(k, _)| k == "THREADLINE_TOKEN_KEYS")
             .map(|(_, v)| v.clone())
             .unwrap_or_default();
-        let out = cli(
-            &[
-                "install",
-                "add",
-                "--team",
-                &team,
-                "--app",
-                &self.app,
-                "--bot-user",
-                &bot_user,
-                "--bot-id",
-                &bot_id,
-                "--token",
-                &token,
-            ],
-            &[
-                ("DATABASE_URL", self.db.url.clone()),
-                ("THREADLINE_TOKEN_KEYS", keys),
-            ],
+        register(
+            &self.db.url,
+            &keys,
+            &team,
+            &self.app,
+            &bot_user,
+            &bot_id,
+            &token,
         )
         .await;
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         let inst = sqlx::query_scalar("SELECT id FROM installations WHERE team_id = $1")
             .bind(&team)
             .fetch_one(&self.db.pool)
