@@ -4,7 +4,6 @@
 pub mod chaos;
 pub mod story;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use threadline_testkit::{bin_path, eventually};
@@ -55,9 +54,20 @@ pub async fn spawn_publisher(env: &[(&str, String)]) -> Proc {
 }
 
 /// Starts a service binary on a fresh port (given by `addr_setting`) with
-/// only `env` set, and waits for `/healthz`.
+/// only `env` set, and waits for `/healthz`. A port another process took
+/// between choosing and binding it is replaced by a new one.
 pub async fn spawn_service(bin: &str, addr_setting: &str, env: &[(&str, String)]) -> Proc {
-    spawn_service_at(bin, addr_setting, free_port(), env).await
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match try_spawn_service(bin, addr_setting, free_port(), env).await {
+            Ok(p) => return p,
+            Err(Failure::PortTaken(why)) if attempt < 5 => {
+                eprintln!("{bin}: {why}; retrying on another port");
+            }
+            Err(Failure::PortTaken(why) | Failure::Other(why)) => panic!("{why}"),
+        }
+    }
 }
 
 /// Starts a service binary on `port` (a restart keeps its address).
@@ -67,13 +77,69 @@ pub async fn spawn_service_at(
     port: u16,
     env: &[(&str, String)],
 ) -> Proc {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match try_spawn_service(bin, addr_setting, port, env).await {
+            Ok(p) => return p,
+            // The killed process's port can linger for a moment.
+            Err(Failure::PortTaken(why)) if attempt < 20 => {
+                eprintln!("{bin}: {why}; retrying");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(Failure::PortTaken(why) | Failure::Other(why)) => panic!("{why}"),
+        }
+    }
+}
+
+/// Why a service did not come up.
+enum Failure {
+    /// It could not bind its address.
+    PortTaken(String),
+    Other(String),
+}
+
+/// How long a service may take to answer `/healthz` (a loaded CI machine
+/// runs several stacks at once); an exit is reported at once.
+const STARTUP_LIMIT: Duration = Duration::from_secs(90);
+
+async fn try_spawn_service(
+    bin: &str,
+    addr_setting: &str,
+    port: u16,
+    env: &[(&str, String)],
+) -> Result<Proc, Failure> {
+    let (child, log) = launch(bin, port, "/healthz", |cmd| {
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env(addr_setting, format!("127.0.0.1:{port}"))
+            .env("THREADLINE_LOG_FORMAT", "text")
+            .env("RUST_LOG", "warn");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+    })
+    .await?;
+    Ok(Proc {
+        child,
+        base_url: format!("http://127.0.0.1:{port}"),
+        service: Some((bin.to_owned(), addr_setting.to_owned(), port)),
+        log: Some(log),
+    })
+}
+
+/// Runs `bin` (set up by `configure`) with its output appended to a log
+/// file, and waits until `health_path` on `port` answers. An exit is
+/// reported at once, with what the process printed.
+async fn launch(
+    bin: &str,
+    port: u16,
+    health_path: &str,
+    configure: impl FnOnce(&mut Command),
+) -> Result<(Child, std::path::PathBuf), Failure> {
     let mut cmd = Command::new(bin_path(bin));
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env(addr_setting, format!("127.0.0.1:{port}"))
-        .env("THREADLINE_LOG_FORMAT", "text")
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true);
+    configure(&mut cmd);
+    cmd.kill_on_drop(true);
     let dir = std::env::temp_dir().join("threadline-test-logs");
     std::fs::create_dir_all(&dir).expect("log dir");
     let log = dir.join(format!("{bin}-{port}.log"));
@@ -83,33 +149,56 @@ pub async fn spawn_service_at(
         .append(true)
         .open(&log)
         .expect("log file");
+    let start_offset = file.metadata().map(|m| m.len()).unwrap_or(0);
     cmd.stdout(file.try_clone().expect("log file")).stderr(file);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let child = cmd
+    let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("starting {bin}: {e}"));
-    let base_url = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
-    eventually(&format!("{bin} /healthz"), Duration::from_secs(15), || {
-        let (c, u) = (client.clone(), format!("{base_url}/healthz"));
-        async move {
-            c.get(u)
-                .send()
-                .await
-                .ok()
-                .filter(|r| r.status().is_success())
-                .map(|_| ())
+    let url = format!("http://127.0.0.1:{port}{health_path}");
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("http client");
+    let deadline = tokio::time::Instant::now() + STARTUP_LIMIT;
+    loop {
+        let healthy = client
+            .get(&url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        // Answered by this child, not by whatever else holds the port.
+        if healthy && matches!(child.try_wait(), Ok(None)) {
+            return Ok((child, log));
         }
-    })
-    .await;
-    Proc {
-        child,
-        base_url,
-        service: Some((bin.to_owned(), addr_setting.to_owned(), port)),
-        log: Some(log),
+        if let Ok(Some(status)) = child.try_wait() {
+            let output = log_since(&log, start_offset);
+            let why = format!(
+                "{bin} on port {port} exited ({status}) before answering {health_path}; it printed:\n{output}"
+            );
+            return Err(if output.contains("binding") || output.contains("in use") {
+                Failure::PortTaken(why)
+            } else {
+                Failure::Other(why)
+            });
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let _ = child.kill().await;
+            return Err(Failure::Other(format!(
+                "{bin} on port {port} did not answer {health_path} within {} s; it printed:\n{}",
+                STARTUP_LIMIT.as_secs(),
+                log_since(&log, start_offset)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// The last lines a process wrote to `log` after `offset`.
+fn log_since(log: &std::path::Path, offset: u64) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let text = String::from_utf8_lossy(text.get(offset as usize..).unwrap_or_default());
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
 impl Proc {
@@ -150,39 +239,30 @@ pub async fn cli(args: &[&str], env: &[(&str, String)]) -> std::process::Output 
 
 /// Starts `threadline-slack-sim` on a fresh port and waits until it answers.
 pub async fn spawn_slack_sim(seed: u64, time_scale: f64) -> Proc {
-    let port = free_port();
-    let child = Command::new(bin_path("threadline-slack-sim"))
-        .args([
-            "--addr",
-            &format!("127.0.0.1:{port}"),
-            "--seed",
-            &seed.to_string(),
-        ])
-        .args(["--time-scale", &time_scale.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting threadline-slack-sim");
-    let base_url = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
-    eventually("threadline-slack-sim", Duration::from_secs(15), || {
-        let (c, u) = (client.clone(), format!("{base_url}/_sim/calls"));
-        async move {
-            c.get(u)
-                .send()
-                .await
-                .ok()
-                .filter(|r| r.status().is_success())
-                .map(|_| ())
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let port = free_port();
+        let started = launch("threadline-slack-sim", port, "/_sim/calls", |cmd| {
+            cmd.args(["--addr", &format!("127.0.0.1:{port}")])
+                .args(["--seed", &seed.to_string()])
+                .args(["--time-scale", &time_scale.to_string()]);
+        })
+        .await;
+        match started {
+            Ok((child, log)) => {
+                return Proc {
+                    child,
+                    base_url: format!("http://127.0.0.1:{port}"),
+                    service: None,
+                    log: Some(log),
+                };
+            }
+            Err(Failure::PortTaken(why)) if attempt < 5 => {
+                eprintln!("{why}; retrying on another port");
+            }
+            Err(Failure::PortTaken(why) | Failure::Other(why)) => panic!("{why}"),
         }
-    })
-    .await;
-    Proc {
-        child,
-        base_url,
-        service: None,
-        log: None,
     }
 }
 

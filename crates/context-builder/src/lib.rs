@@ -29,8 +29,12 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let deps =
-        threadline_runtime::service::start(&cfg.common, "threadline-context-builder").await?;
+    let Some(deps) =
+        threadline_runtime::service::start(&cfg.common, "threadline-context-builder", &shutdown)
+            .await?
+    else {
+        return Ok(());
+    };
     let web = WebClient::new(&cfg.common.slack_api_url, cfg.slack_timeout)
         .context("building the Slack client")?;
     let handler = Arc::new(Handler {

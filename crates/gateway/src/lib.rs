@@ -95,9 +95,15 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let pool = threadline_runtime::db::pool(&cfg.common)?;
-    threadline_runtime::db::ensure_schema_current(&pool)
-        .await
-        .context("checking the database schema")?;
+    let Some(missing) =
+        threadline_runtime::service::retrying("reading the database schema", &shutdown, || {
+            threadline_runtime::db::missing_migrations(&pool)
+        })
+        .await?
+    else {
+        return Ok(());
+    };
+    threadline_runtime::db::schema_verdict(missing)?;
     let nats = threadline_runtime::bus::connect(&cfg.common.nats_url, "threadline-gateway").await?;
     let verifier = Verifier::new(cfg.signing_secrets.0.clone()).context("SLACK_SIGNING_SECRET")?;
 

@@ -72,7 +72,11 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let deps = threadline_runtime::service::start(&cfg.common, "threadline-inference").await?;
+    let Some(deps) =
+        threadline_runtime::service::start(&cfg.common, "threadline-inference", &shutdown).await?
+    else {
+        return Ok(());
+    };
     let handler = Arc::new(handler(&cfg, deps.pool.clone(), deps.js.clone())?);
     let health = deps.serve_health(listener, shutdown.clone());
     tracing::info!(concurrency = cfg.concurrency, model_config_id = %handler.model_config_id, "inference consuming");

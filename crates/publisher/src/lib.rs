@@ -47,7 +47,11 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let deps = threadline_runtime::service::start(&cfg.common, "threadline-publisher").await?;
+    let Some(deps) =
+        threadline_runtime::service::start(&cfg.common, "threadline-publisher", &shutdown).await?
+    else {
+        return Ok(());
+    };
     let concurrency = cfg.concurrency;
     let handler = Arc::new(handler(cfg, deps.pool.clone(), deps.js.clone())?);
     let health = deps.serve_health(listener, shutdown.clone());

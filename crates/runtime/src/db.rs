@@ -49,12 +49,22 @@ async fn applied_versions(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
 
 /// Fails with an actionable message when the database lags the binary.
 pub async fn ensure_schema_current(pool: &PgPool) -> anyhow::Result<()> {
+    schema_verdict(missing_migrations(pool).await?)
+}
+
+/// The migrations this binary has that the database lacks; an error means
+/// the database could not be read (unreachable, for example).
+pub async fn missing_migrations(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
     let applied = applied_versions(pool).await?;
-    let missing: Vec<i64> = MIGRATOR
+    Ok(MIGRATOR
         .iter()
         .map(|m| m.version)
         .filter(|v| !applied.contains(v))
-        .collect();
+        .collect())
+}
+
+/// An actionable error when `missing` is not empty.
+pub fn schema_verdict(missing: Vec<i64>) -> anyhow::Result<()> {
     if !missing.is_empty() {
         anyhow::bail!(
             "database schema is behind this binary (missing migrations {missing:?}); run `threadline migrate`"

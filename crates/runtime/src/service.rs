@@ -2,10 +2,12 @@
 //! Postgres (checking the schema is current) and NATS, declare the bus
 //! topology, serve health, readiness and metrics, and close in order.
 
-use anyhow::Context as _;
+use std::time::Duration;
+
 use async_nats::jetstream;
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::bus::Topology;
 use crate::config::CommonConfig;
@@ -19,25 +21,79 @@ pub struct Deps {
     pub topology: Topology,
 }
 
-/// Connects `name` to its dependencies and declares the topology.
-pub async fn start(common: &CommonConfig, name: &str) -> anyhow::Result<Deps> {
+/// How long a starting service keeps retrying a dependency that fails
+/// (Postgres unreachable, a JetStream request timing out) before it exits
+/// with the last error.
+pub const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Connects `name` to its dependencies and declares the topology. Transient
+/// failures are retried (with a warning each) for [`STARTUP_PATIENCE`]; a
+/// schema behind the binary is reported at once. `Ok(None)` means `shutdown`
+/// came first.
+pub async fn start(
+    common: &CommonConfig,
+    name: &str,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<Deps>> {
     let pool = crate::db::pool(common)?;
-    crate::db::ensure_schema_current(&pool)
-        .await
-        .context("checking the database schema")?;
+    let Some(missing) = retrying("reading the database schema", shutdown, || {
+        crate::db::missing_migrations(&pool)
+    })
+    .await?
+    else {
+        return Ok(None);
+    };
+    crate::db::schema_verdict(missing)?;
     let nats = crate::bus::connect(&common.nats_url, name).await?;
     let js = jetstream::new(nats.clone());
     let topology = Topology::from_config(common);
-    topology
-        .declare(&js)
-        .await
-        .context("declaring the bus topology")?;
-    Ok(Deps {
+    if retrying("declaring the bus topology", shutdown, || {
+        topology.declare(&js)
+    })
+    .await?
+    .is_none()
+    {
+        return Ok(None);
+    }
+    Ok(Some(Deps {
         pool,
         nats,
         js,
         topology,
-    })
+    }))
+}
+
+/// Runs `attempt` until it succeeds, backing off from 100 ms to 5 s between
+/// failures, for at most [`STARTUP_PATIENCE`]; `Ok(None)` on shutdown.
+pub async fn retrying<T, F, Fut>(
+    what: &str,
+    shutdown: &CancellationToken,
+    mut attempt: F,
+) -> anyhow::Result<Option<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let give_up = Instant::now() + STARTUP_PATIENCE;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let err = match attempt().await {
+            Ok(v) => return Ok(Some(v)),
+            Err(e) => e,
+        };
+        if Instant::now() + backoff >= give_up {
+            return Err(err.context(format!(
+                "{what} (still failing after {} s)",
+                STARTUP_PATIENCE.as_secs()
+            )));
+        }
+        tracing::warn!(error = format!("{err:#}"), "{what} failed; retrying");
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = shutdown.cancelled() => return Ok(None),
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
 }
 
 impl Deps {
