@@ -122,6 +122,61 @@ async fn gateway_refuses_to_start_on_bad_settings_or_an_unmigrated_database() {
     );
 }
 
+/// A pod scheduled before Postgres accepts connections waits for it (and
+/// says so) instead of exiting; once Postgres is back it serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_started_while_postgres_is_down_waits_for_it_and_then_serves() {
+    let db = TestDb::new().await;
+    let prefix = unique_prefix();
+    db.take_down().await;
+    let env = vec![
+        ("DATABASE_URL", db.url.clone()),
+        ("NATS_URL", nats_url()),
+        ("THREADLINE_BUS_PREFIX", prefix.clone()),
+        ("THREADLINE_TOKEN_KEYS", format!("k1:{}", "42".repeat(32))),
+    ];
+    let starting = tokio::spawn(async move { threadline_tests::spawn_context_builder(&env).await });
+    // It is still waiting, and its log says on what.
+    let log_dir = std::env::temp_dir().join("threadline-test-logs");
+    let name = db.name.clone();
+    eventually(
+        "a warning that Postgres is retried",
+        Duration::from_secs(30),
+        || {
+            let (dir, name) = (log_dir.clone(), name.clone());
+            async move {
+                let entries = std::fs::read_dir(&dir).ok()?;
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .starts_with("threadline-context-builder-")
+                    })
+                    .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                    .any(|t| {
+                        t.contains(&name)
+                            && t.contains("reading the database schema failed; retrying")
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    assert!(
+        !starting.is_finished(),
+        "it answered /healthz without a database"
+    );
+    db.bring_up().await;
+    let cb = tokio::time::timeout(Duration::from_secs(60), starting)
+        .await
+        .expect("it comes up once Postgres is back")
+        .expect("started");
+    assert!(cb.terminate().await.success(), "it stops cleanly");
+    let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
+    delete_streams(&js, &prefix).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_cli_migrates_registers_and_reports_the_ledger() {
     let db = TestDb::empty().await;
