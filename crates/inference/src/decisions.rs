@@ -25,12 +25,14 @@ pub async fn claim(
     source_ts: &str,
     version: i64,
     lease_secs: f64,
+    message_seq: Option<u64>,
 ) -> sqlx::Result<Claim> {
+    let seq = message_seq.and_then(|s| i64::try_from(s).ok());
     let id = Uuid::now_v7();
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
-                                status, lease_until, channel_ref)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'calling', now() + make_interval(secs => $9),
+                                status, lease_until, lease_message_seq, channel_ref)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'calling', now() + make_interval(secs => $9), $11,
                  -- the pseudonym the context-builder wrote for this event when
                  -- this process holds no audit key
                  coalesce($10, (SELECT a.channel_ref FROM audit_log a
@@ -49,20 +51,26 @@ pub async fn claim(
     .bind(version)
     .bind(lease_secs)
     .bind(threadline_runtime::audit::channel_ref(installation, channel))
+    .bind(seq)
     .fetch_optional(pool)
     .await?;
     if let Some(id) = inserted {
         return Ok(Claim::Mine(id));
     }
-    // Taken over only once the holder's lease has run out (it crashed).
+    // Taken over once the holder's lease has run out (it crashed), or by a
+    // redelivery of the very message whose earlier delivery holds it (that
+    // delivery gave up: JetStream does not redeliver a message in hand).
     let taken: Option<Uuid> = sqlx::query_scalar(
-        "UPDATE decisions SET lease_until = now() + make_interval(secs => $3), updated_at = now()
-          WHERE receipt_id = $1 AND thread_version = $2 AND status = 'calling' AND lease_until < now()
+        "UPDATE decisions SET lease_until = now() + make_interval(secs => $3), lease_message_seq = $4,
+                              updated_at = now()
+          WHERE receipt_id = $1 AND thread_version = $2 AND status = 'calling'
+            AND (lease_until < now() OR lease_message_seq = $4)
          RETURNING id",
     )
     .bind(receipt)
     .bind(version)
     .bind(lease_secs)
+    .bind(seq)
     .fetch_optional(pool)
     .await?;
     if let Some(id) = taken {

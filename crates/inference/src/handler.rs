@@ -68,7 +68,15 @@ enum Answer {
 }
 
 impl Handler {
+    /// Handles one ContextReady payload that is not tied to a bus delivery.
     pub async fn handle(&self, payload: &[u8]) -> Disposition {
+        self.handle_delivery(payload, None).await
+    }
+
+    /// Handles one delivery of a ContextReady message; `message_seq` (its
+    /// stream sequence) lets a redelivery take over the lease its earlier
+    /// delivery left behind.
+    pub async fn handle_delivery(&self, payload: &[u8], message_seq: Option<u64>) -> Disposition {
         let Ok(ctx) = ContextReady::decode(payload) else {
             return Disposition::Poison("undecodable ContextReady".into());
         };
@@ -80,7 +88,7 @@ impl Handler {
         };
         let span = tracing::info_span!("inference.decide", event_id = %ctx.event_id, receipt_id = %receipt, version = ctx.thread_version);
         match self
-            .process(&ctx, receipt, inst)
+            .process(&ctx, receipt, inst, message_seq)
             .instrument(span.clone())
             .await
         {
@@ -97,6 +105,7 @@ impl Handler {
         ctx: &ContextReady,
         receipt: Uuid,
         inst: Uuid,
+        message_seq: Option<u64>,
     ) -> anyhow::Result<Disposition> {
         // Long enough for the primary and the backup to time out and the
         // answer to be recorded; a worker that died holding it is replaced
@@ -112,6 +121,7 @@ impl Handler {
             &ctx.source_ts,
             ctx.thread_version,
             lease,
+            message_seq,
         )
         .await?
         {

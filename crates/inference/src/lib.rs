@@ -88,7 +88,10 @@ pub async fn run(
         shutdown,
         move |msg| {
             let handler = handler.clone();
-            async move { handler.handle(&msg.payload).await }
+            async move {
+                let seq = msg.info().ok().map(|i| i.stream_sequence);
+                handler.handle_delivery(&msg.payload, seq).await
+            }
         },
     )
     .await?;

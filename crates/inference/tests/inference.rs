@@ -486,3 +486,63 @@ async fn a_removed_installation_gets_no_model_call() {
     assert!(env.proposals().await.is_empty());
     env.cleanup().await;
 }
+
+/// A delivery that claimed the decision and then failed (Postgres went away
+/// before the answer was recorded) leaves its lease behind. A redelivery of
+/// that same message takes it over at once; any other message for the
+/// binding still waits for the lease, so the model is called once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivery_takes_over_the_lease_its_failed_delivery_left_and_no_one_else_does() {
+    let env = Env::new(&[]).await;
+    let (receipt, payload) = env.context(&["the deploy failed", "why?"], 2);
+    let ctx = ContextReady::decode(payload.as_slice()).expect("decode");
+    // Delivery 41 claimed, then failed before settling.
+    let first = threadline_inference::decisions::claim(
+        &env.db.pool,
+        receipt,
+        env.inst,
+        &ctx.event_id,
+        &ctx.channel_id,
+        &ctx.root_ts,
+        &ctx.source_ts,
+        ctx.thread_version,
+        50.0,
+        Some(41),
+    )
+    .await
+    .expect("claim");
+    assert!(matches!(
+        first,
+        threadline_inference::decisions::Claim::Mine(_)
+    ));
+
+    // Another message for the same binding waits; no model call, no proposal.
+    assert!(
+        matches!(
+            env.handler.handle_delivery(&payload, Some(42)).await,
+            Disposition::Defer(_)
+        ),
+        "a different message must wait for the lease"
+    );
+    assert!(matches!(
+        env.handler.handle(&payload).await,
+        Disposition::Defer(_)
+    ));
+    assert_eq!(env.decision(receipt).await.0, "calling");
+    assert!(env.proposals().await.is_empty());
+
+    // The redelivery of message 41 goes on without waiting 50 s.
+    assert!(matches!(
+        env.handler.handle_delivery(&payload, Some(41)).await,
+        Disposition::Done
+    ));
+    assert_eq!(env.decision(receipt).await.0, "proposed");
+    assert_eq!(env.proposals().await.len(), 1);
+    // And once settled, nothing calls the model again.
+    assert!(matches!(
+        env.handler.handle_delivery(&payload, Some(41)).await,
+        Disposition::Done
+    ));
+    assert_eq!(env.proposals().await.len(), 1);
+    env.cleanup().await;
+}
