@@ -53,6 +53,13 @@ async fn one_event_is_one_unbroken_trace_and_one_content_free_audit_trail() {
             .any(|r| r.0 == "delivery" && r.3.as_deref() == Some("sent")),
         "{trail:?}"
     );
+    assert!(
+        trail
+            .iter()
+            .filter(|r| r.0 == "context" || r.0 == "intake")
+            .all(|r| r.2.is_some()),
+        "intake and context records name the channel by its pseudonym: {trail:?}"
+    );
     let refs: BTreeSet<&str> = trail.iter().filter_map(|r| r.2.as_deref()).collect();
     assert_eq!(refs.len(), 1, "one pseudonym for the channel: {trail:?}");
     let pseudonym = refs.into_iter().next().expect("a pseudonym");

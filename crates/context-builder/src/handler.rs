@@ -95,19 +95,24 @@ impl Handler {
 
     async fn process(&self, ev: &EventAccepted, receipt: Uuid) -> anyhow::Result<Step> {
         let inst_id = Uuid::parse_str(&ev.installation_id)?;
-        let Some(inst) = store::installation(&self.pool, inst_id).await? else {
-            return self.end(receipt, "ignored", "unknown_installation").await;
+        let opened = store::open(&self.pool, inst_id, receipt, &ev.channel_id).await?;
+        let (Some(inst), Some(policy)) = (opened.installation, opened.policy) else {
+            return self
+                .end(ev, receipt, "ignored", "unknown_installation")
+                .await;
         };
         if !inst.active {
-            return self.end(receipt, "ignored", "installation_disabled").await;
+            return self
+                .end(ev, receipt, "ignored", "installation_disabled")
+                .await;
         }
-        if !store::begin(&self.pool, receipt).await? {
+        if !opened.begun {
             // Finished before (a redelivery after the ack was lost).
             return Ok(Step::Done);
         }
         let event: serde_json::Value = match serde_json::from_slice(&ev.event_json) {
             Ok(v) => v,
-            Err(_) => return self.end(receipt, "failed", "undecodable_event").await,
+            Err(_) => return self.end(ev, receipt, "failed", "undecodable_event").await,
         };
         if let Some(reason) = lifecycle_reason(
             event
@@ -123,17 +128,19 @@ impl Handler {
             metrics::counter!("threadline_installations_disabled_total", "reason" => reason)
                 .increment(1);
             tracing::warn!(alert = "installation_disabled", reason, installation_id = %inst.id, "installation disabled; tokens purged");
-            return self.end(receipt, "done", reason).await;
+            return self.end(ev, receipt, "done", reason).await;
         }
         let channel = ev.channel_id.as_str();
-        let policy = store::policy(&self.pool, &inst, channel).await?;
         let c = classify::classify(&event, &inst.identity, &policy);
         let mut facts = classify::ChannelFacts::of(&event, ev.is_ext_shared_channel);
         if let (Some(private), Some(_)) = (facts.private, event.get("channel_type")) {
             store::learn_channel_kind(&self.pool, inst.id, channel, private, "event").await?;
         }
         if matches!(c.outcome, Outcome::Trigger(_)) && facts.needs_lookup(&policy) {
-            facts.private = self.channel_kind(&inst, channel).await?;
+            facts.private = match opened.channel_private {
+                Some(known) => Some(known),
+                None => self.channel_kind(&inst, channel).await?,
+            };
         }
         let c = classify::apply_channel_policy(c, facts, &policy);
 
@@ -163,12 +170,26 @@ impl Handler {
         let (source_ts, root, trigger) = match (c.outcome, &c.effect) {
             (Outcome::Trigger(t), Effect::Upsert(f)) => (f.ts.clone(), f.root_ts.clone(), t),
             (Outcome::Trigger(_), _) => {
-                store::finish(&mut tx, receipt, "ignored", Some("unhandled_type")).await?;
+                store::finish(
+                    &mut tx,
+                    receipt,
+                    "ignored",
+                    Some("unhandled_type"),
+                    (inst.id, channel),
+                )
+                .await?;
                 tx.commit().await?;
                 return ignored("unhandled_type");
             }
             (Outcome::Ignore(reason), _) => {
-                store::finish(&mut tx, receipt, "ignored", Some(reason.as_str())).await?;
+                store::finish(
+                    &mut tx,
+                    receipt,
+                    "ignored",
+                    Some(reason.as_str()),
+                    (inst.id, channel),
+                )
+                .await?;
                 tx.commit().await?;
                 return ignored(reason.as_str());
             }
@@ -183,7 +204,14 @@ impl Handler {
         )
         .await?
         {
-            store::finish(&mut tx, receipt, "ignored", Some("duplicate_turn")).await?;
+            store::finish(
+                &mut tx,
+                receipt,
+                "ignored",
+                Some("duplicate_turn"),
+                (inst.id, channel),
+            )
+            .await?;
             tx.commit().await?;
             return ignored("duplicate_turn");
         }
@@ -245,9 +273,10 @@ impl Handler {
         }
     }
 
-    /// Whether `channel` is private, for a trigger whose event cannot tell:
-    /// what the installation learned within the hour, else
-    /// `conversations.info`. `None` (denied while private channels are not
+    /// Whether `channel` is private, for a trigger whose event cannot tell
+    /// and whose kind was not known when the event was opened: what the
+    /// installation learned within the hour (another worker may have just
+    /// learned it), else `conversations.info`. `None` (denied while private channels are not
     /// allowed) when Slack will not say; an error (retried) when Slack could
     /// not be asked.
     async fn channel_kind(
@@ -350,7 +379,14 @@ impl Handler {
             .await?;
         let snap = store::snapshot(&mut tx, inst, channel, root, source_ts).await?;
         if snap.source_deleted {
-            store::finish(&mut tx, receipt, "ignored", Some("source_deleted")).await?;
+            store::finish(
+                &mut tx,
+                receipt,
+                "ignored",
+                Some("source_deleted"),
+                (inst.id, channel),
+            )
+            .await?;
             tx.commit().await?;
             return ignored("source_deleted");
         }
@@ -411,15 +447,29 @@ impl Handler {
             .await?
             .await?;
         let mut conn = self.pool.acquire().await?;
-        store::finish(&mut conn, receipt, "done", None).await?;
+        store::finish(&mut conn, receipt, "done", None, (inst.id, channel)).await?;
         metrics::counter!("threadline_contexts_built_total", "truncated" => if built.omitted > 0 { "true" } else { "false" })
             .increment(1);
         Ok(Step::Done)
     }
 
-    async fn end(&self, receipt: Uuid, state: &str, reason: &'static str) -> anyhow::Result<Step> {
+    async fn end(
+        &self,
+        ev: &EventAccepted,
+        receipt: Uuid,
+        state: &str,
+        reason: &'static str,
+    ) -> anyhow::Result<Step> {
+        let at = Uuid::parse_str(&ev.installation_id).unwrap_or_default();
         let mut conn = self.pool.acquire().await?;
-        store::finish(&mut conn, receipt, state, Some(reason)).await?;
+        store::finish(
+            &mut conn,
+            receipt,
+            state,
+            Some(reason),
+            (at, &ev.channel_id),
+        )
+        .await?;
         Ok(Step::Ignored(reason))
     }
 }

@@ -44,76 +44,165 @@ type InstallationRow = (
     Vec<String>,
 );
 
+const INSTALLATION_COLUMNS: &str = "i.id, i.app_id, i.bot_id, i.bot_user_id, i.status, i.bot_token_sealed, i.bot_token_key_id,
+     p.dms_allowed, p.approved_bots, p.read_limits, p.private_channels_allowed, p.shared_channels_allowed, i.scopes";
+
 pub async fn installation(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Installation>> {
-    let row: Option<InstallationRow> = sqlx::query_as(
-        "SELECT i.id, i.app_id, i.bot_id, i.bot_user_id, i.status, i.bot_token_sealed, i.bot_token_key_id,
-                p.dms_allowed, p.approved_bots, p.read_limits, p.private_channels_allowed, p.shared_channels_allowed, i.scopes
+    let row: Option<InstallationRow> = sqlx::query_as(&format!(
+        "SELECT {INSTALLATION_COLUMNS}
            FROM installations i LEFT JOIN installation_policies p ON p.installation_id = i.id
-          WHERE i.id = $1",
-    )
+          WHERE i.id = $1"
+    ))
     .bind(id)
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(
-        |(
-            id,
+    Ok(row.map(into_installation))
+}
+
+fn into_installation(
+    (
+        id,
+        app_id,
+        bot_id,
+        bot_user_id,
+        status,
+        sealed,
+        key_id,
+        dms,
+        bots,
+        limits,
+        private,
+        shared,
+        scopes,
+    ): InstallationRow,
+) -> Installation {
+    Installation {
+        id,
+        identity: BotIdentity {
             app_id,
             bot_id,
             bot_user_id,
-            status,
-            sealed,
-            key_id,
-            dms,
-            bots,
-            limits,
-            private,
-            shared,
-            scopes,
-        )| {
-            Installation {
-                id,
-                identity: BotIdentity {
-                    app_id,
-                    bot_id,
-                    bot_user_id,
-                },
-                active: status == "active",
-                token_sealed: sealed,
-                token_key_id: key_id,
-                dms_allowed: dms.unwrap_or(false),
-                approved_bots: bots.unwrap_or_default(),
-                non_marketplace: limits.as_deref() == Some("non_marketplace"),
-                private_allowed: private.unwrap_or(false),
-                shared_allowed: shared.unwrap_or(false),
-                scopes,
-            }
         },
-    ))
+        active: status == "active",
+        token_sealed: sealed,
+        token_key_id: key_id,
+        dms_allowed: dms.unwrap_or(false),
+        approved_bots: bots.unwrap_or_default(),
+        non_marketplace: limits.as_deref() == Some("non_marketplace"),
+        private_allowed: private.unwrap_or(false),
+        shared_allowed: shared.unwrap_or(false),
+        scopes,
+    }
 }
 
-pub async fn policy(
-    pool: &PgPool,
+/// What handling an event starts from, read (and the receipt moved to
+/// `processing`) in one statement.
+pub struct Opened {
+    /// `None`: no such installation.
+    pub installation: Option<Installation>,
+    /// The trigger policy for the event's channel (when the installation exists).
+    pub policy: Option<TriggerPolicy>,
+    /// Whether the channel is private, as learned within the hour.
+    pub channel_private: Option<bool>,
+    /// The receipt moved to `processing`; false when the installation is
+    /// missing or inactive (it was not touched) or the receipt had already
+    /// ended (a redelivery of finished work).
+    pub begun: bool,
+}
+
+/// Reads the installation, its policy for `channel` and the channel's
+/// known kind, and moves the receipt to `processing` when the installation
+/// is active: one round trip.
+pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sqlx::Result<Opened> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        id: Uuid,
+        app_id: String,
+        bot_id: String,
+        bot_user_id: String,
+        status: String,
+        bot_token_sealed: Option<Vec<u8>>,
+        bot_token_key_id: Option<String>,
+        dms_allowed: Option<bool>,
+        approved_bots: Option<Vec<String>>,
+        read_limits: Option<String>,
+        private_channels_allowed: Option<bool>,
+        shared_channels_allowed: Option<bool>,
+        scopes: Vec<String>,
+        mode: Option<String>,
+        keywords: Option<Vec<String>>,
+        is_private: Option<bool>,
+        begun: bool,
+    }
+    let row: Option<Row> = sqlx::query_as(&format!(
+        "WITH inst AS (
+            SELECT {INSTALLATION_COLUMNS}
+              FROM installations i LEFT JOIN installation_policies p ON p.installation_id = i.id
+             WHERE i.id = $1),
+         begun AS (
+            UPDATE event_receipts SET state = 'processing', updated_at = now()
+             WHERE id = $2 AND state IN ('accepted', 'processing')
+               AND EXISTS (SELECT 1 FROM inst WHERE status = 'active')
+            RETURNING id)
+         SELECT inst.*, cp.mode, cp.keywords, ck.is_private, EXISTS (SELECT 1 FROM begun) AS begun
+           FROM inst
+           LEFT JOIN channel_policies cp ON cp.installation_id = inst.id AND cp.channel_id = $3
+           LEFT JOIN channel_kinds ck ON ck.installation_id = inst.id AND ck.channel_id = $3
+                                     AND ck.checked_at > now() - interval '1 hour'"
+    ))
+    .bind(inst)
+    .bind(receipt)
+    .bind(channel)
+    .fetch_optional(pool)
+    .await?;
+    let Some(r) = row else {
+        return Ok(Opened {
+            installation: None,
+            policy: None,
+            channel_private: None,
+            begun: false,
+        });
+    };
+    let installation = into_installation((
+        r.id,
+        r.app_id,
+        r.bot_id,
+        r.bot_user_id,
+        r.status,
+        r.bot_token_sealed,
+        r.bot_token_key_id,
+        r.dms_allowed,
+        r.approved_bots,
+        r.read_limits,
+        r.private_channels_allowed,
+        r.shared_channels_allowed,
+        r.scopes,
+    ));
+    let policy = trigger_policy(&installation, r.mode.zip(r.keywords));
+    Ok(Opened {
+        installation: Some(installation),
+        policy: Some(policy),
+        channel_private: r.is_private,
+        begun: r.begun,
+    })
+}
+
+fn trigger_policy(
     inst: &Installation,
-    channel: &str,
-) -> sqlx::Result<TriggerPolicy> {
-    let row: Option<(String, Vec<String>)> =
-        sqlx::query_as("SELECT mode, keywords FROM channel_policies WHERE installation_id = $1 AND channel_id = $2")
-            .bind(inst.id)
-            .bind(channel)
-            .fetch_optional(pool)
-            .await?;
-    let channel_mode = match row {
+    channel_row: Option<(String, Vec<String>)>,
+) -> TriggerPolicy {
+    let channel_mode = match channel_row {
         Some((mode, _)) if mode == "every_message" => ChannelMode::EveryMessage,
         Some((mode, keywords)) if mode == "keywords" => ChannelMode::Keywords(keywords),
         _ => ChannelMode::MentionsOnly,
     };
-    Ok(TriggerPolicy {
+    TriggerPolicy {
         dms_allowed: inst.dms_allowed,
         channel_mode,
         approved_bots: inst.approved_bots.clone(),
         private_allowed: inst.private_allowed,
         shared_allowed: inst.shared_allowed,
-    })
+    }
 }
 
 /// What the installation learned within the hour about whether `channel`
@@ -138,8 +227,15 @@ pub async fn learn_channel_kind(
     private: bool,
     from: &str,
 ) -> sqlx::Result<()> {
+    // The NOT EXISTS keeps the common case (nothing new) a plain read: an
+    // ON CONFLICT that updates nothing still locks the row and commits a
+    // write, and every message of a channel would queue on it.
     sqlx::query(
-        "INSERT INTO channel_kinds (installation_id, channel_id, is_private, learned_from) VALUES ($1, $2, $3, $4)
+        "INSERT INTO channel_kinds (installation_id, channel_id, is_private, learned_from)
+         SELECT $1, $2, $3, $4
+          WHERE NOT EXISTS (SELECT 1 FROM channel_kinds
+                             WHERE installation_id = $1 AND channel_id = $2 AND is_private = $3
+                               AND checked_at >= now() - interval '10 minutes')
          ON CONFLICT (installation_id, channel_id) DO UPDATE
             SET is_private = EXCLUDED.is_private, learned_from = EXCLUDED.learned_from, checked_at = now()
           WHERE channel_kinds.is_private IS DISTINCT FROM EXCLUDED.is_private
@@ -180,60 +276,42 @@ pub async fn disable(pool: &PgPool, inst: Uuid, reason: &str) -> sqlx::Result<()
     tx.commit().await
 }
 
-/// Moves a receipt to `processing`; false when it already ended (done,
-/// ignored, failed): the delivery is a redelivery of finished work.
-pub async fn begin(pool: &PgPool, receipt: Uuid) -> sqlx::Result<bool> {
-    let r = sqlx::query(
-        "UPDATE event_receipts SET state = 'processing', updated_at = now()
-          WHERE id = $1 AND state IN ('accepted', 'processing')",
-    )
-    .bind(receipt)
-    .execute(pool)
-    .await?;
-    Ok(r.rows_affected() == 1)
-}
-
 /// Ends a receipt: `processing → done | ignored(reason)`, compare-and-set,
-/// with its audit record in the same transaction.
+/// with its audit record written by the same statement. `at` is the
+/// installation and channel the event named, for the channel's pseudonym
+/// (used only when the receipt agrees).
 pub async fn finish(
     conn: &mut PgConnection,
     receipt: Uuid,
     state: &str,
     reason: Option<&str>,
+    at: (Uuid, &str),
 ) -> sqlx::Result<bool> {
-    use sqlx::Connection as _;
-    let mut tx = conn.begin().await?;
-    let row: Option<(Uuid, String, Option<String>, String, i32)> = sqlx::query_as(
-        "UPDATE event_receipts SET state = $2, state_reason = $3, updated_at = now()
-          WHERE id = $1 AND state IN ('accepted', 'processing')
-         RETURNING installation_id, event_id, channel_id, event_type, retry_num + duplicate_deliveries",
+    let ended: Option<Uuid> = sqlx::query_scalar(
+        "WITH r AS (
+            UPDATE event_receipts SET state = $2, state_reason = $3, updated_at = now()
+             WHERE id = $1 AND state IN ('accepted', 'processing')
+            RETURNING id, installation_id, event_id, channel_id, event_type, retry_num + duplicate_deliveries AS retries)
+         INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
+                                event_type, retry_count)
+         SELECT 'context', $4, $5, r.installation_id, r.event_id, r.id,
+                CASE WHEN r.installation_id = $6 AND r.channel_id = $7 THEN $8 END,
+                coalesce(nullif(left(regexp_replace(lower(r.event_type), '[^a-z0-9_.:-]', '_', 'g'), 64), ''), 'unknown'),
+                r.retries
+           FROM r
+         RETURNING receipt_id",
     )
     .bind(receipt)
     .bind(state)
     .bind(reason)
-    .fetch_optional(&mut *tx)
+    .bind(audit::sanitise_code(state))
+    .bind(reason.map(audit::sanitise_code))
+    .bind(at.0)
+    .bind(at.1)
+    .bind(audit::channel_ref(at.0, at.1))
+    .fetch_optional(conn)
     .await?;
-    let Some((inst, event_id, channel, event_type, retries)) = row else {
-        return Ok(false);
-    };
-    audit::append(
-        &mut tx,
-        &audit::Record {
-            stage: "context",
-            outcome: state,
-            reason,
-            installation_id: Some(inst),
-            event_id: Some(&event_id),
-            receipt_id: Some(receipt),
-            channel: channel.as_deref(),
-            event_type: Some(&event_type),
-            retry_count: Some(retries),
-            ..Default::default()
-        },
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(true)
+    Ok(ended.is_some())
 }
 
 fn text_hash(text: &str) -> String {

@@ -274,35 +274,32 @@ pub async fn pause_workspace(pool: &PgPool, installation: Uuid, secs: f64) -> sq
     Ok(())
 }
 
-/// `sending`/`reconciling` → `sent`, and the turn and decision follow.
+/// `sending`/`reconciling` → `sent`, and the turn and decision follow, in
+/// one statement (the audit triggers record both changes with it).
 pub async fn mark_sent(pool: &PgPool, id: Uuid, ts: &str, reconciled: bool) -> sqlx::Result<bool> {
-    let mut tx = pool.begin().await?;
-    let row: Option<(Uuid, Uuid, String)> = sqlx::query_as(
-        "UPDATE reply_intents SET state = 'sent', slack_ts = $2, reconciled = $3, error_code = NULL, updated_at = now()
-          WHERE id = $1 AND state IN ('sending', 'unknown', 'reconciling')
-         RETURNING decision_id, installation_id, channel_id",
+    let sent: i64 = sqlx::query_scalar(
+        "WITH i AS (
+            UPDATE reply_intents SET state = 'sent', slack_ts = $2, reconciled = $3, error_code = NULL, updated_at = now()
+             WHERE id = $1 AND state IN ('sending', 'unknown', 'reconciling')
+            RETURNING decision_id),
+         d AS (
+            UPDATE decisions SET status = 'published', updated_at = now()
+             WHERE id IN (SELECT decision_id FROM i) AND status IN ('proposed', 'approved')
+            RETURNING id),
+         t AS (
+            UPDATE turns t SET answered_at = now()
+              FROM decisions dd JOIN i ON i.decision_id = dd.id
+             WHERE t.installation_id = dd.installation_id AND t.channel_id = dd.channel_id AND t.ts = dd.source_ts
+            RETURNING 1)
+         -- (d and t run to completion whether read or not)
+         SELECT count(*) FROM i",
     )
     .bind(id)
     .bind(ts)
     .bind(reconciled)
-    .fetch_optional(&mut *tx)
+    .fetch_one(pool)
     .await?;
-    let Some((decision, _inst, _channel)) = row else {
-        return Ok(false);
-    };
-    sqlx::query("UPDATE decisions SET status = 'published', updated_at = now() WHERE id = $1 AND status IN ('proposed', 'approved')")
-        .bind(decision)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query(
-        "UPDATE turns t SET answered_at = now() FROM decisions d
-          WHERE d.id = $1 AND t.installation_id = d.installation_id AND t.channel_id = d.channel_id AND t.ts = d.source_ts",
-    )
-    .bind(decision)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(true)
+    Ok(sent == 1)
 }
 
 /// Moves an intent from `sending` to another state.
