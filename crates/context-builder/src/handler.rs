@@ -373,9 +373,10 @@ impl Handler {
         root: &str,
         source_ts: &str,
     ) -> anyhow::Result<Step> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            .execute(&mut *tx)
+        // One snapshot for the version and the messages it numbers.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
             .await?;
         let snap = store::snapshot(&mut tx, inst, channel, root, source_ts).await?;
         if snap.source_deleted {
