@@ -123,7 +123,12 @@ impl Relay {
             let lost = match listener.as_mut() {
                 Some(l) => tokio::select! {
                     _ = shutdown.cancelled() => break,
-                    r = tokio::time::timeout(self.cfg.sweep, l.recv()) => matches!(r, Ok(Err(_))),
+                    r = tokio::time::timeout(self.cfg.sweep, l.recv()) => {
+                        // One round serves every notification already here:
+                        // under load many arrive for rows a round has taken.
+                        while l.next_buffered().is_some() {}
+                        matches!(r, Ok(Err(_)))
+                    }
                 },
                 None => tokio::select! {
                     _ = shutdown.cancelled() => break,
