@@ -552,6 +552,27 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A rotating (OAuth) installation also holds a refresh token, sealed
+    // with the same key.
+    let inst: uuid::Uuid = sqlx::query_scalar("SELECT id FROM installations")
+        .fetch_one(&db.pool)
+        .await
+        .expect("installation");
+    let only_k1 =
+        threadline_runtime::secrets::TokenCipher::parse(&k1.clone().into()).expect("keys");
+    let refresh = only_k1
+        .seal(
+            b"xoxe-1-refresh-me",
+            &threadline_runtime::secrets::token_aad(&inst, "refresh"),
+        )
+        .expect("seal");
+    sqlx::query("UPDATE installations SET refresh_token_sealed = $2, refresh_token_key_id = $3 WHERE id = $1")
+        .bind(inst)
+        .bind(&refresh.bytes)
+        .bind(&refresh.key_id)
+        .execute(&db.pool)
+        .await
+        .expect("refresh token");
     // Without the old key listed, rotation refuses rather than lose the token.
     let out = cli(
         &["keys", "rotate"],
@@ -592,6 +613,30 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
     assert_eq!(
         secrecy::ExposeSecret::expose_secret(&token),
         "xoxb-rotate-me-123"
+    );
+    // The refresh token too: once k1 is dropped, it must still open.
+    let (bytes, key): (Vec<u8>, String) = sqlx::query_as(
+        "SELECT refresh_token_sealed, refresh_token_key_id FROM installations WHERE id = $1",
+    )
+    .bind(inst)
+    .fetch_one(&db.pool)
+    .await
+    .expect("row");
+    assert_eq!(key, "k2", "the refresh token is re-sealed as well");
+    let refresh = only_k2
+        .open(
+            &threadline_runtime::secrets::Sealed { key_id: key, bytes },
+            &threadline_runtime::secrets::token_aad(&inst, "refresh"),
+        )
+        .expect("the refresh token opens with k2");
+    assert_eq!(
+        secrecy::ExposeSecret::expose_secret(&refresh),
+        "xoxe-1-refresh-me"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 refresh token"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
     );
 }
 

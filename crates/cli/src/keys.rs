@@ -10,16 +10,41 @@ use uuid::Uuid;
 pub async fn rotate(src: &Source, pool: &PgPool) -> anyhow::Result<()> {
     let cipher = TokenCipher::from_source(src)?;
     let active = cipher.active_key_id().to_owned();
-    let rows: Vec<(Uuid, Vec<u8>, String)> = sqlx::query_as(
-        "SELECT id, bot_token_sealed, bot_token_key_id FROM installations
-          WHERE bot_token_sealed IS NOT NULL AND bot_token_key_id <> $1",
-    )
-    .bind(&active)
+    let bot = reseal(&cipher, pool, Kind::Bot).await?;
+    let refresh = reseal(&cipher, pool, Kind::Refresh).await?;
+    println!("re-sealed {bot} bot token(s) and {refresh} refresh token(s) with key {active}");
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Bot,
+    Refresh,
+}
+
+impl Kind {
+    /// The token's column, its key-id column, and its AAD purpose.
+    fn columns(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Kind::Bot => ("bot_token_sealed", "bot_token_key_id", "bot"),
+            Kind::Refresh => ("refresh_token_sealed", "refresh_token_key_id", "refresh"),
+        }
+    }
+}
+
+/// Re-seals every token of `kind` not yet under the active key.
+async fn reseal(cipher: &TokenCipher, pool: &PgPool, kind: Kind) -> anyhow::Result<u64> {
+    let (sealed_col, key_col, purpose) = kind.columns();
+    let rows: Vec<(Uuid, Vec<u8>, String)> = sqlx::query_as(&format!(
+        "SELECT id, {sealed_col}, {key_col} FROM installations
+          WHERE {sealed_col} IS NOT NULL AND {key_col} <> $1"
+    ))
+    .bind(cipher.active_key_id())
     .fetch_all(pool)
     .await?;
     let mut done = 0;
     for (id, bytes, key_id) in rows {
-        let aad = token_aad(&id, "bot");
+        let aad = token_aad(&id, purpose);
         let token = cipher
             .open(
                 &Sealed {
@@ -28,14 +53,16 @@ pub async fn rotate(src: &Source, pool: &PgPool) -> anyhow::Result<()> {
                 },
                 &aad,
             )
-            .with_context(|| format!("installation {id}: opening its token with key {key_id:?}"))?;
+            .with_context(|| {
+                format!("installation {id}: opening its {purpose} token with key {key_id:?}")
+            })?;
         use secrecy::ExposeSecret as _;
         let sealed = cipher.seal(token.expose_secret().as_bytes(), &aad)?;
         // Compare-and-set on the old key: a concurrent re-seal is not undone.
-        let r = sqlx::query(
-            "UPDATE installations SET bot_token_sealed = $2, bot_token_key_id = $3, updated_at = now()
-              WHERE id = $1 AND bot_token_key_id = $4",
-        )
+        let r = sqlx::query(&format!(
+            "UPDATE installations SET {sealed_col} = $2, {key_col} = $3, updated_at = now()
+              WHERE id = $1 AND {key_col} = $4"
+        ))
         .bind(id)
         .bind(&sealed.bytes)
         .bind(&sealed.key_id)
@@ -44,6 +71,5 @@ pub async fn rotate(src: &Source, pool: &PgPool) -> anyhow::Result<()> {
         .await?;
         done += r.rows_affected();
     }
-    println!("re-sealed {done} token(s) with key {active}");
-    Ok(())
+    Ok(done)
 }

@@ -250,12 +250,14 @@ pub async fn learn_channel_kind(
     Ok(())
 }
 
-/// Disables an installation and purges its tokens, in one statement.
+/// Disables an installation and purges its tokens (bot and refresh), with
+/// its audit record.
 pub async fn disable(pool: &PgPool, inst: Uuid, reason: &str) -> sqlx::Result<()> {
     let mut tx = pool.begin().await?;
     sqlx::query(
         "UPDATE installations
-            SET status = 'disabled', disabled_reason = $2, bot_token_sealed = NULL, bot_token_key_id = NULL, updated_at = now()
+            SET status = 'disabled', disabled_reason = $2, bot_token_sealed = NULL, bot_token_key_id = NULL,
+                refresh_token_sealed = NULL, refresh_token_key_id = NULL, updated_at = now()
           WHERE id = $1",
     )
     .bind(inst)

@@ -688,6 +688,14 @@ async fn uninstalling_or_revoking_disables_the_installation_and_purges_its_token
         backfill_limits(),
     )
     .await;
+    // An OAuth installation with token rotation also holds a refresh token.
+    sqlx::query(
+        "UPDATE installations SET refresh_token_sealed = '\\x0102'::bytea, refresh_token_key_id = 'k1' WHERE id = $1",
+    )
+    .bind(env.inst)
+    .execute(&env.db.pool)
+    .await
+    .expect("refresh token");
     // A revocation of some other user's token changes nothing.
     let other = env
         .handle(
@@ -709,14 +717,19 @@ async fn uninstalling_or_revoking_disables_the_installation_and_purges_its_token
         env.state(r).await,
         ("done".into(), Some("tokens_revoked".into()))
     );
-    let row: (String, Option<Vec<u8>>, Option<String>) = sqlx::query_as(
-        "SELECT status, bot_token_sealed, bot_token_key_id FROM installations WHERE id = $1",
+    let row: (String, bool) = sqlx::query_as(
+        "SELECT status, num_nonnulls(bot_token_sealed, bot_token_key_id, refresh_token_sealed, refresh_token_key_id) = 0
+           FROM installations WHERE id = $1",
     )
     .bind(env.inst)
     .fetch_one(&env.db.pool)
     .await
     .expect("installation");
-    assert_eq!(row, ("disabled".into(), None, None), "tokens purged");
+    assert_eq!(
+        row,
+        ("disabled".into(), true),
+        "bot and refresh tokens purged"
+    );
     // Work still queued for it stops without a context.
     let (m, payload) = env.receipt("Ev2", mention("900.000001", None)).await;
     env.handler.handle(&payload).await;

@@ -349,12 +349,13 @@ pub fn classify(event: &Value, me: &BotIdentity, policy: &TriggerPolicy) -> Clas
     }
     let is_dm = s(event, "channel_type") == Some("im")
         || s(event, "channel").is_some_and(|c| c.starts_with('D'));
+    // Denied DMs stay denied when the message also @-mentions the bot.
+    if is_dm && !policy.dms_allowed {
+        return ignore(Effect::Upsert(f), IgnoreReason::DmNotAllowed);
+    }
     let trigger = if event_type == "app_mention" || mentions(event, &me.bot_user_id) {
         Some(TriggerSource::Mention)
     } else if is_dm {
-        if !policy.dms_allowed {
-            return ignore(Effect::Upsert(f), IgnoreReason::DmNotAllowed);
-        }
         Some(TriggerSource::DirectMessage)
     } else {
         match &policy.channel_mode {
@@ -778,6 +779,19 @@ mod tests {
             classify(&dm, &me(), &policy()).outcome,
             Outcome::Ignore(IgnoreReason::DmNotAllowed)
         );
+        // Mentioning the bot in a DM does not get round the DM denial.
+        let dm_mention = json!({"type": "message", "text": format!("<@{}> help", me().bot_user_id),
+                                "user": "U1", "ts": "1.2", "channel": "D1", "channel_type": "im"});
+        assert_eq!(
+            classify(&dm_mention, &me(), &policy()).outcome,
+            Outcome::Ignore(IgnoreReason::DmNotAllowed)
+        );
+        let dm_app_mention = json!({"type": "app_mention", "text": format!("<@{}> help", me().bot_user_id),
+                                    "user": "U1", "ts": "1.3", "channel": "D1"});
+        assert_eq!(
+            classify(&dm_app_mention, &me(), &policy()).outcome,
+            Outcome::Ignore(IgnoreReason::DmNotAllowed)
+        );
         let dms = TriggerPolicy {
             dms_allowed: true,
             ..policy()
@@ -785,6 +799,10 @@ mod tests {
         assert_eq!(
             classify(&dm, &me(), &dms).outcome,
             Outcome::Trigger(TriggerSource::DirectMessage)
+        );
+        assert_eq!(
+            classify(&dm_mention, &me(), &dms).outcome,
+            Outcome::Trigger(TriggerSource::Mention)
         );
         let kw = TriggerPolicy {
             channel_mode: ChannelMode::Keywords(vec!["Incident".into()]),
