@@ -431,3 +431,75 @@ async fn one_receipt_one_call_one_reply(s: &Stack, root: &str) {
     );
     assert_eq!(decisions, 1, "one model call");
 }
+
+/// The model takes longer than Slack's 3 s window and every delivery is
+/// answered too late, so Slack retries the mention (and its message twin)
+/// while the answer is being made: one model call, one intent, one reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_delayed_past_three_seconds_while_slack_retries_gives_one_call_one_intent_one_reply()
+ {
+    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "3500".to_owned())]).await;
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "events", "mode": "hold_past_deadline", "times": 0}),
+    )
+    .await;
+    let root = s
+        .post(&format!("<@{}> why is the deploy slow?", s.bot_user), None)
+        .await;
+    // Slack's retries (1 and 5 minutes, scaled) land while the model runs.
+    let retried_during_the_call = eventually(
+        "Slack's retries while the model runs",
+        Duration::from_secs(30),
+        || {
+            let pool = s.db.pool.clone();
+            async move {
+                let (calling, dups): (i64, i64) = sqlx::query_as(
+                    "SELECT (SELECT count(*) FROM decisions WHERE status = 'calling'),
+                            (SELECT coalesce(sum(duplicate_deliveries), 0)::bigint FROM event_receipts)",
+                )
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+                (calling == 1 && dups >= 1).then_some(dups)
+            }
+        },
+    )
+    .await;
+    assert!(retried_during_the_call >= 1);
+    let answers = s.wait_answers(&root, 1).await;
+    assert_eq!(answers.len(), 1, "one reply: {answers:?}");
+    // Every retry Slack makes has arrived (three attempts per event).
+    eventually("every retry delivered", Duration::from_secs(30), || async {
+        let d = sim_get(&s.sim, "deliveries").await;
+        let third = d["deliveries"]
+            .as_array()
+            .map(|d| {
+                d.iter()
+                    .filter(|x| x["attempt"].as_u64() == Some(3))
+                    .count()
+            })
+            .unwrap_or(0);
+        (third >= 2).then_some(())
+    })
+    .await;
+    let (receipts, dups, decisions, intents): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM event_receipts WHERE message_ts = $1),
+                (SELECT coalesce(sum(duplicate_deliveries), 0)::bigint FROM event_receipts WHERE message_ts = $1),
+                (SELECT count(*) FROM decisions WHERE root_ts = $1),
+                (SELECT count(*) FROM reply_intents WHERE root_ts = $1)",
+    )
+    .bind(&root)
+    .fetch_one(&s.db.pool)
+    .await
+    .expect("ledger");
+    assert_eq!(receipts, 2, "one receipt per event (mention and its twin)");
+    assert!(dups >= 4, "every retry absorbed as a duplicate: {dups}");
+    assert_eq!(decisions, 1, "one model call");
+    assert_eq!(intents, 1, "one reply intent");
+    let posts = sim_get(&s.sim, "calls?method=chat.postMessage").await;
+    assert_eq!(posts["calls"].as_array().map(Vec::len), Some(1), "one post");
+    s.assert_at_most_one_reply_per_message().await;
+    s.stop().await;
+}
