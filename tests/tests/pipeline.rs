@@ -503,3 +503,116 @@ async fn a_worker_delayed_past_three_seconds_while_slack_retries_gives_one_call_
     s.assert_at_most_one_reply_per_message().await;
     s.stop().await;
 }
+
+/// Slack answers the post with a 503 and never applied it: the outcome is
+/// unknown, the thread shows no such post, so the intent is held for an
+/// operator; nothing is posted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_that_never_landed_is_held_and_never_posted_again() {
+    let s = Stack::start(&[]).await;
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "http_error", "status": 503, "applied": false}),
+    )
+    .await;
+    let root = s
+        .post(&format!("<@{}> is the cache warm?", s.bot_user), None)
+        .await;
+    let held = eventually("the intent held", Duration::from_secs(30), || {
+        let pool = s.db.pool.clone();
+        async move {
+            let r: (String, Option<String>) =
+                sqlx::query_as("SELECT state, error_code FROM reply_intents")
+                    .fetch_one(&pool)
+                    .await
+                    .ok()?;
+            (r.0 == "held").then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(held.1.as_deref(), Some("no_evidence_of_post"), "{held:?}");
+    // Give a re-post every chance to happen (none may).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(s.answers(&root).await.is_empty(), "nothing in Slack");
+    let posts = sim_get(&s.sim, "calls?method=chat.postMessage").await;
+    assert_eq!(
+        posts["calls"].as_array().map(Vec::len),
+        Some(1),
+        "one attempt, never repeated: {posts}"
+    );
+    let reads = sim_get(&s.sim, "calls?method=conversations.replies").await;
+    assert!(
+        reads["calls"].as_array().is_some_and(|c| !c.is_empty()),
+        "the thread was read for evidence before holding"
+    );
+    s.stop().await;
+}
+
+/// An edit that leaves the text as it was (Slack sends `message_changed`
+/// for unfurls and the like) changes nothing: the answer being made is
+/// posted, with no second model call and nothing stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_with_unchanged_text_changes_nothing() {
+    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "1500".to_owned())]).await;
+    let text = format!("<@{}> what changed in the release?", s.bot_user);
+    let root = s.post(&text, None).await;
+    eventually("the model running", Duration::from_secs(20), || {
+        let pool = s.db.pool.clone();
+        async move {
+            let n: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM decisions WHERE status = 'calling'")
+                    .fetch_one(&pool)
+                    .await
+                    .ok()?;
+            (n == 1).then_some(())
+        }
+    })
+    .await;
+    let version_before: i64 = sqlx::query_scalar("SELECT version FROM threads WHERE root_ts = $1")
+        .bind(&root)
+        .fetch_one(&s.db.pool)
+        .await
+        .expect("thread");
+    sim_ctl(
+        &s.sim,
+        "act/edit",
+        json!({"user": s.user, "channel": s.channel, "ts": root, "text": text}),
+    )
+    .await;
+    let answers = s.wait_answers(&root, 1).await;
+    assert_eq!(answers.len(), 1, "the answer is posted once: {answers:?}");
+    // The edit was received, and recorded as no change.
+    let reason = eventually("the edit processed", Duration::from_secs(20), || {
+        let pool = s.db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT state_reason FROM event_receipts
+                  WHERE event_subtype = 'message_changed' AND state NOT IN ('accepted', 'processing')",
+            )
+            .fetch_optional(&pool)
+            .await
+            .ok()
+            .flatten()
+        }
+    })
+    .await;
+    assert_eq!(reason.as_deref(), Some("edit_without_text_change"));
+    let (version_after, decisions, stale): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT version FROM threads WHERE root_ts = $1),
+                (SELECT count(*) FROM decisions WHERE root_ts = $1),
+                (SELECT count(*) FROM decisions WHERE root_ts = $1 AND status = 'stale')",
+    )
+    .bind(&root)
+    .fetch_one(&s.db.pool)
+    .await
+    .expect("ledger");
+    assert_eq!(
+        version_after,
+        version_before + 1,
+        "the only change to the thread is our reply"
+    );
+    assert_eq!((decisions, stale), (1, 0), "one model call, nothing stale");
+    s.assert_at_most_one_reply_per_message().await;
+    s.stop().await;
+}
