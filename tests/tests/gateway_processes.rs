@@ -758,7 +758,7 @@ async fn policy_commands_change_what_may_trigger() {
         .status
         .success()
     );
-    let after = show(env.clone(), id).await;
+    let after = show(env.clone(), id.clone()).await;
     assert_eq!(
         (
             &after["dms"],
@@ -770,6 +770,60 @@ async fn policy_commands_change_what_may_trigger() {
     assert_eq!(after["approved_bots"], json!(["B0OTHER"]));
     assert_eq!(
         after["channels"],
-        json!([{"channel": "C0OPS", "mode": "keywords", "keywords": ["incident", "outage"]}])
+        json!([{"channel": "C0OPS", "mode": "keywords", "keywords": ["incident", "outage"], "allowed": false}])
+    );
+    // The allow-list: one private channel admitted by name, the keywords
+    // channel listed without losing its mode, and answers only there.
+    for args in [
+        vec!["--channel", "G0PRIV", "--allow", "on"],
+        vec!["--channel", "C0OPS", "--allow", "on"],
+    ] {
+        let mut full = vec!["policy", "channel", "--installation", id.as_str()];
+        full.extend(args);
+        let out = cli(&full, &env).await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = cli(
+        &[
+            "policy",
+            "set",
+            "--installation",
+            &id,
+            "--allowlist-only",
+            "on",
+        ],
+        &env,
+    )
+    .await;
+    assert!(out.status.success());
+    assert!(
+        !cli(
+            &[
+                "policy",
+                "channel",
+                "--installation",
+                &id,
+                "--channel",
+                "C0X"
+            ],
+            &env
+        )
+        .await
+        .status
+        .success(),
+        "a channel rule needs --mode or --allow"
+    );
+    let listed = show(env.clone(), id).await;
+    assert_eq!(listed["allowlist_only"], json!(true));
+    assert_eq!(
+        listed["channels"],
+        json!([
+            {"channel": "C0OPS", "mode": "keywords", "keywords": ["incident", "outage"], "allowed": true},
+            {"channel": "G0PRIV", "mode": "mentions", "keywords": [], "allowed": true},
+        ])
     );
 }

@@ -48,15 +48,23 @@ pub enum PolicyCommand {
         /// `non_marketplace` for apps under Slack's 1-per-minute replies limit.
         #[arg(long, value_parser = ["tier3", "non_marketplace"])]
         read_limits: Option<String>,
+        /// Answer only in allow-listed channels (`policy channel --allow on`);
+        /// DMs stay governed by `--dms`.
+        #[arg(long, value_enum)]
+        allowlist_only: Option<Toggle>,
     },
-    /// How one channel triggers answers (default: mentions only).
+    /// How one channel triggers answers (default: mentions only), and
+    /// whether it is on the allow-list (which also admits it when it is
+    /// private or a Slack Connect channel).
     Channel {
         #[arg(long)]
         installation: Uuid,
         #[arg(long)]
         channel: String,
+        #[arg(long, value_enum, required_unless_present = "allow")]
+        mode: Option<Mode>,
         #[arg(long, value_enum)]
-        mode: Mode,
+        allow: Option<Toggle>,
         /// Words that trigger in `keywords` mode.
         #[arg(long, value_delimiter = ',')]
         keywords: Vec<String>,
@@ -66,17 +74,18 @@ pub enum PolicyCommand {
 pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
     match cmd {
         PolicyCommand::Show { installation } => {
-            let p: Option<(bool, bool, bool, Vec<String>, String)> = sqlx::query_as(
-                "SELECT dms_allowed, private_channels_allowed, shared_channels_allowed, approved_bots, read_limits
+            let p: Option<(bool, bool, bool, Vec<String>, String, bool)> = sqlx::query_as(
+                "SELECT dms_allowed, private_channels_allowed, shared_channels_allowed, approved_bots, read_limits,
+                        allowlist_only
                    FROM installation_policies WHERE installation_id = $1",
             )
             .bind(installation)
             .fetch_optional(pool)
             .await?;
-            let (dms, private, shared, bots, limits) =
-                p.unwrap_or((false, false, false, Vec::new(), "tier3".into()));
-            let channels: Vec<(String, String, Vec<String>)> =
-                sqlx::query_as("SELECT channel_id, mode, keywords FROM channel_policies WHERE installation_id = $1 ORDER BY channel_id")
+            let (dms, private, shared, bots, limits, allowlist_only) =
+                p.unwrap_or((false, false, false, Vec::new(), "tier3".into(), false));
+            let channels: Vec<(String, String, Vec<String>, bool)> =
+                sqlx::query_as("SELECT channel_id, mode, keywords, allowed FROM channel_policies WHERE installation_id = $1 ORDER BY channel_id")
                     .bind(installation)
                     .fetch_all(pool)
                     .await?;
@@ -84,8 +93,8 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                 "{}",
                 serde_json::to_string_pretty(&serde_json::json!({
                     "installation_id": installation, "dms": dms, "private_channels": private, "shared_channels": shared,
-                    "approved_bots": bots, "read_limits": limits,
-                    "channels": channels.into_iter().map(|(c, m, k)| serde_json::json!({"channel": c, "mode": m, "keywords": k})).collect::<Vec<_>>(),
+                    "approved_bots": bots, "read_limits": limits, "allowlist_only": allowlist_only,
+                    "channels": channels.into_iter().map(|(c, m, k, a)| serde_json::json!({"channel": c, "mode": m, "keywords": k, "allowed": a})).collect::<Vec<_>>(),
                 }))?
             );
         }
@@ -96,6 +105,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
             shared_channels,
             approved_bots,
             read_limits,
+            allowlist_only,
         } => {
             let exists: bool =
                 sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM installations WHERE id = $1)")
@@ -124,6 +134,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                         shared_channels_allowed = coalesce($4, shared_channels_allowed),
                         approved_bots = coalesce($5, approved_bots),
                         read_limits = coalesce($6, read_limits),
+                        allowlist_only = coalesce($7, allowlist_only),
                         updated_at = now()
                   WHERE installation_id = $1",
             )
@@ -133,6 +144,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
             .bind(shared_channels.map(Toggle::on))
             .bind(approved_bots)
             .bind(read_limits)
+            .bind(allowlist_only.map(Toggle::on))
             .execute(pool)
             .await?;
             println!("policy of {installation} updated");
@@ -141,30 +153,51 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
             installation,
             channel,
             mode,
+            allow,
             keywords,
         } => {
             threadline_domain::ChannelId::parse(channel.clone())
                 .map_err(|e| anyhow::anyhow!("--channel: {e}"))?;
             let mode = match mode {
-                Mode::Mentions => "mentions",
-                Mode::Keywords if keywords.is_empty() => {
+                None => None,
+                Some(Mode::Mentions) => Some("mentions"),
+                Some(Mode::Keywords) if keywords.is_empty() => {
                     anyhow::bail!("keywords mode needs --keywords")
                 }
-                Mode::Keywords => "keywords",
-                Mode::EveryMessage => "every_message",
+                Some(Mode::Keywords) => Some("keywords"),
+                Some(Mode::EveryMessage) => Some("every_message"),
             };
-            sqlx::query(
-                "INSERT INTO channel_policies (installation_id, channel_id, mode, keywords) VALUES ($1, $2, $3, $4)
+            let exists: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM installations WHERE id = $1)")
+                    .bind(installation)
+                    .fetch_one(pool)
+                    .await?;
+            if !exists {
+                anyhow::bail!("no installation {installation} (see `threadline install list`)");
+            }
+            // Only what is given changes; a new row starts as mentions only,
+            // not allow-listed.
+            let (mode, allowed): (String, bool) = sqlx::query_as(
+                "INSERT INTO channel_policies (installation_id, channel_id, mode, keywords, allowed)
+                 VALUES ($1, $2, coalesce($3, 'mentions'), $4, coalesce($5, false))
                  ON CONFLICT (installation_id, channel_id) DO UPDATE
-                    SET mode = EXCLUDED.mode, keywords = EXCLUDED.keywords, updated_at = now()",
+                    SET mode = coalesce($3, channel_policies.mode),
+                        keywords = CASE WHEN $3 IS NULL THEN channel_policies.keywords ELSE EXCLUDED.keywords END,
+                        allowed = coalesce($5, channel_policies.allowed),
+                        updated_at = now()
+                 RETURNING mode, allowed",
             )
             .bind(installation)
             .bind(&channel)
             .bind(mode)
             .bind(&keywords)
-            .execute(pool)
+            .bind(allow.map(Toggle::on))
+            .fetch_one(pool)
             .await?;
-            println!("channel {channel}: {mode}");
+            println!(
+                "channel {channel}: {mode}{}",
+                if allowed { ", allow-listed" } else { "" }
+            );
         }
     }
     Ok(())

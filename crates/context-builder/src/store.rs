@@ -24,6 +24,8 @@ pub struct Installation {
     pub non_marketplace: bool,
     pub private_allowed: bool,
     pub shared_allowed: bool,
+    /// Answers only in allow-listed channels.
+    pub allowlist_only: bool,
     /// Granted bot scopes; empty when never recorded (a manual install).
     pub scopes: Vec<String>,
 }
@@ -42,10 +44,12 @@ type InstallationRow = (
     Option<bool>,
     Option<bool>,
     Vec<String>,
+    Option<bool>,
 );
 
 const INSTALLATION_COLUMNS: &str = "i.id, i.app_id, i.bot_id, i.bot_user_id, i.status, i.bot_token_sealed, i.bot_token_key_id,
-     p.dms_allowed, p.approved_bots, p.read_limits, p.private_channels_allowed, p.shared_channels_allowed, i.scopes";
+     p.dms_allowed, p.approved_bots, p.read_limits, p.private_channels_allowed, p.shared_channels_allowed, i.scopes,
+     p.allowlist_only";
 
 pub async fn installation(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Installation>> {
     let row: Option<InstallationRow> = sqlx::query_as(&format!(
@@ -74,6 +78,7 @@ fn into_installation(
         private,
         shared,
         scopes,
+        allowlist_only,
     ): InstallationRow,
 ) -> Installation {
     Installation {
@@ -91,6 +96,7 @@ fn into_installation(
         non_marketplace: limits.as_deref() == Some("non_marketplace"),
         private_allowed: private.unwrap_or(false),
         shared_allowed: shared.unwrap_or(false),
+        allowlist_only: allowlist_only.unwrap_or(false),
         scopes,
     }
 }
@@ -129,8 +135,10 @@ pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sq
         private_channels_allowed: Option<bool>,
         shared_channels_allowed: Option<bool>,
         scopes: Vec<String>,
+        allowlist_only: Option<bool>,
         mode: Option<String>,
         keywords: Option<Vec<String>>,
+        allowed: Option<bool>,
         is_private: Option<bool>,
         begun: bool,
     }
@@ -144,7 +152,7 @@ pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sq
              WHERE id = $2 AND state IN ('accepted', 'processing')
                AND EXISTS (SELECT 1 FROM inst WHERE status = 'active')
             RETURNING id)
-         SELECT inst.*, cp.mode, cp.keywords, ck.is_private, EXISTS (SELECT 1 FROM begun) AS begun
+         SELECT inst.*, cp.mode, cp.keywords, cp.allowed, ck.is_private, EXISTS (SELECT 1 FROM begun) AS begun
            FROM inst
            LEFT JOIN channel_policies cp ON cp.installation_id = inst.id AND cp.channel_id = $3
            LEFT JOIN channel_kinds ck ON ck.installation_id = inst.id AND ck.channel_id = $3
@@ -177,8 +185,13 @@ pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sq
         r.private_channels_allowed,
         r.shared_channels_allowed,
         r.scopes,
+        r.allowlist_only,
     ));
-    let policy = trigger_policy(&installation, r.mode.zip(r.keywords));
+    let allowed = r.allowed.unwrap_or(false);
+    let policy = trigger_policy(
+        &installation,
+        r.mode.zip(r.keywords).map(|(m, k)| (m, k, allowed)),
+    );
     Ok(Opened {
         installation: Some(installation),
         policy: Some(policy),
@@ -187,13 +200,16 @@ pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sq
     })
 }
 
+/// The policy for one channel: the installation's switches and the
+/// channel's row (mode, keywords, allow-listed), if it has one.
 fn trigger_policy(
     inst: &Installation,
-    channel_row: Option<(String, Vec<String>)>,
+    channel_row: Option<(String, Vec<String>, bool)>,
 ) -> TriggerPolicy {
+    let channel_allowed = channel_row.as_ref().is_some_and(|r| r.2);
     let channel_mode = match channel_row {
-        Some((mode, _)) if mode == "every_message" => ChannelMode::EveryMessage,
-        Some((mode, keywords)) if mode == "keywords" => ChannelMode::Keywords(keywords),
+        Some((mode, _, _)) if mode == "every_message" => ChannelMode::EveryMessage,
+        Some((mode, keywords, _)) if mode == "keywords" => ChannelMode::Keywords(keywords),
         _ => ChannelMode::MentionsOnly,
     };
     TriggerPolicy {
@@ -202,6 +218,8 @@ fn trigger_policy(
         approved_bots: inst.approved_bots.clone(),
         private_allowed: inst.private_allowed,
         shared_allowed: inst.shared_allowed,
+        channel_allowed,
+        allowlist_only: inst.allowlist_only,
     }
 }
 

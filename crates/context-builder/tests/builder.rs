@@ -782,6 +782,57 @@ async fn slack_connect_channels_are_recorded_but_never_answered_until_allowed() 
     env.cleanup().await;
 }
 
+/// An installation that answers only in allow-listed channels ignores a
+/// mention anywhere else (recorded, with its reason); a listed channel is
+/// answered even when Slack Connect and of unknown kind, with no lookup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_allow_list_only_listed_channels_are_answered() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    sqlx::query(
+        "INSERT INTO installation_policies (installation_id, allowlist_only) VALUES ($1, true)",
+    )
+    .bind(env.inst)
+    .execute(&env.db.pool)
+    .await
+    .expect("allow-list only");
+    let (r, payload) = env.receipt("Ev1", mention("960.000001", None)).await;
+    env.handler.handle(&payload).await;
+    assert_eq!(
+        env.state(r).await,
+        ("ignored".into(), Some("channel_not_allowed".into()))
+    );
+    assert!(env.contexts().await.is_empty());
+    assert_eq!(env.version("960.000001").await, 1, "still recorded");
+    let channel: String = sqlx::query_scalar("SELECT channel_id FROM event_receipts WHERE id = $1")
+        .bind(r)
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("channel");
+    sqlx::query(
+        "INSERT INTO channel_policies (installation_id, channel_id, allowed) VALUES ($1, $2, true)",
+    )
+    .bind(env.inst)
+    .bind(&channel)
+    .execute(&env.db.pool)
+    .await
+    .expect("allow the channel");
+    let (r, payload) = env
+        .receipt("Ev2", mention("960.000002", Some("960.000001")))
+        .await;
+    let mut m = EventAccepted::decode(payload.as_slice()).expect("decode");
+    m.is_ext_shared_channel = true;
+    env.handler.handle(&m.encode_to_vec()).await;
+    assert_eq!(env.state(r).await.0, "done");
+    assert_eq!(env.contexts().await.len(), 1);
+    env.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backfill_without_the_history_scope_is_refused_and_marked_partial() {
     let (api, token, root, ask, base) = sim_thread(5, false).await;

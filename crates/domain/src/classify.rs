@@ -43,6 +43,12 @@ pub struct TriggerPolicy {
     pub private_allowed: bool,
     /// Slack Connect channels (`is_ext_shared_channel`) may trigger.
     pub shared_allowed: bool,
+    /// This channel is on the installation's allow-list: it may trigger
+    /// even when it is private or a Slack Connect channel.
+    pub channel_allowed: bool,
+    /// The installation answers only in allow-listed channels (DMs are
+    /// governed by `dms_allowed` alone).
+    pub allowlist_only: bool,
 }
 
 /// Why a message asks for a reply.
@@ -95,6 +101,9 @@ pub enum IgnoreReason {
     /// `app_mention` carries no `channel_type`, and private channels have
     /// `C…` ids too): denied while private channels are not allowed.
     ChannelKindUnknown,
+    /// The installation answers only in allow-listed channels, and this
+    /// one is not on the list.
+    ChannelNotAllowed,
 }
 
 impl IgnoreReason {
@@ -112,6 +121,7 @@ impl IgnoreReason {
             Self::PrivateChannelDenied => "private_channel_denied",
             Self::SharedChannelDenied => "shared_channel_denied",
             Self::ChannelKindUnknown => "channel_kind_unknown",
+            Self::ChannelNotAllowed => "channel_not_allowed",
         }
     }
 }
@@ -383,6 +393,8 @@ pub struct ChannelFacts {
     /// `app_mention` has no `channel_type`, and Slack gives new private
     /// channels `C…` ids, so a `C…` id alone proves nothing.
     pub private: Option<bool>,
+    /// A direct message (`channel_type` `im`, or a `D…` channel id).
+    pub dm: bool,
 }
 
 impl ChannelFacts {
@@ -395,15 +407,22 @@ impl ChannelFacts {
                 _ => None,
             },
         };
+        let dm = s(event, "channel_type") == Some("im")
+            || s(event, "channel").is_some_and(|c| c.starts_with('D'));
         Self {
             ext_shared,
             private,
+            dm,
         }
     }
 
     /// The kind must be looked up before a trigger can pass the policy.
     pub fn needs_lookup(&self, policy: &TriggerPolicy) -> bool {
-        self.private.is_none() && !policy.private_allowed
+        self.private.is_none()
+            && !self.dm
+            && !policy.private_allowed
+            && !policy.channel_allowed
+            && !policy.allowlist_only
     }
 }
 
@@ -414,8 +433,16 @@ pub fn apply_channel_policy(
     facts: ChannelFacts,
     policy: &TriggerPolicy,
 ) -> Classification {
-    let deny = if facts.ext_shared && !policy.shared_allowed {
+    let deny = if policy.channel_allowed {
+        // Allow-listed by name: private and Slack Connect included.
+        None
+    } else if facts.ext_shared && !policy.shared_allowed {
         Some(IgnoreReason::SharedChannelDenied)
+    } else if facts.dm {
+        // Whether DMs may trigger was decided by `dms_allowed`.
+        None
+    } else if policy.allowlist_only {
+        Some(IgnoreReason::ChannelNotAllowed)
     } else if policy.private_allowed {
         None
     } else {
@@ -753,6 +780,54 @@ mod tests {
             ChannelFacts::of(&fixture_event("message_channel.bolt-python.json"), false).private,
             Some(false),
             "a message event says channel_type"
+        );
+        // The allow-list: a listed channel may trigger even when private,
+        // Slack Connect or of unknown kind; with "allow-listed channels
+        // only", every other channel is denied (DMs follow dms_allowed).
+        let listed = TriggerPolicy {
+            channel_allowed: true,
+            ..policy()
+        };
+        assert!(!unknown.needs_lookup(&listed));
+        for facts in [private, shared, unknown] {
+            assert_eq!(
+                apply_channel_policy(c.clone(), facts, &listed).outcome,
+                c.outcome
+            );
+        }
+        let only_listed = TriggerPolicy {
+            allowlist_only: true,
+            ..policy()
+        };
+        assert!(!unknown.needs_lookup(&only_listed));
+        for facts in [public, unknown, private] {
+            assert_eq!(
+                apply_channel_policy(c.clone(), facts, &only_listed).outcome,
+                Outcome::Ignore(IgnoreReason::ChannelNotAllowed)
+            );
+        }
+        let dm = ChannelFacts::of(
+            &json!({"type": "message", "channel": "D123", "channel_type": "im"}),
+            false,
+        );
+        assert!(dm.dm && !dm.needs_lookup(&policy()));
+        assert_eq!(
+            apply_channel_policy(c.clone(), dm, &only_listed).outcome,
+            c.outcome,
+            "a DM is not a channel of the allow-list"
+        );
+        assert_eq!(
+            apply_channel_policy(
+                c.clone(),
+                ChannelFacts {
+                    ext_shared: true,
+                    ..dm
+                },
+                &policy()
+            )
+            .outcome,
+            Outcome::Ignore(IgnoreReason::SharedChannelDenied),
+            "a Slack Connect DM is still denied until shared channels are allowed"
         );
         // Ignores stay ignores.
         let plain = classify(
