@@ -16,6 +16,9 @@ schemas and against what the Rust code reads. Run by scripts/deploy-check.sh:
    every setting it is given is one its binary reads (rust_settings.py);
    listen addresses, probes, ports, KEDA streams/consumers, Ingress paths
    and alert metrics match the code.
+5. The OpenTelemetry Collector's OTLP exporters send to a Service the same
+   overlay deploys (name, namespace, port, pods behind it), and the
+   NetworkPolicies of both ends let the traffic through.
 """
 
 from __future__ import annotations
@@ -592,6 +595,139 @@ def check_db_reachable(rep, ctx):
                              f"({labels.get('app.kubernetes.io/name')}) on 5432 (k8s/postgres/networkpolicy.yaml)")
 
 
+# ---------------------------------------------------------------- trace pipeline
+
+def ns_of(doc):
+    return dig(doc, "metadata.namespace")
+
+
+def pod_labels(doc):
+    tmpl = dig(doc, "spec.jobTemplate.spec.template") if doc["kind"] == "CronJob" else dig(doc, "spec.template")
+    return dig(tmpl, "metadata.labels") or {}
+
+
+def policy_types(np):
+    return dig(np, "spec.policyTypes") or (["Ingress"] + (["Egress"] if dig(np, "spec.egress") else []))
+
+
+def peer_matches(peer, policy_ns, pod_ns, labels) -> bool:
+    """A NetworkPolicy peer (an entry of `to`/`from`) of a policy in
+    namespace policy_ns matches pods with `labels` in namespace pod_ns
+    (namespaces carry only their kubernetes.io/metadata.name label here)."""
+    if "ipBlock" in peer:
+        return False
+    if "namespaceSelector" in peer:
+        if not np_selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": pod_ns}):
+            return False
+    elif pod_ns != policy_ns:
+        return False
+    return np_selects(peer.get("podSelector", {}), labels)
+
+
+def np_allows(policies, direction, ns, labels, peer_ns, peer_labels, port) -> bool:
+    """Whether the policies let pods (`labels`, namespace ns) send to
+    (Egress) / receive from (Ingress) the peer pods on `port`. Pods that no
+    policy of that direction selects are not isolated."""
+    key, side = ("egress", "to") if direction == "Egress" else ("ingress", "from")
+    selecting = [np for np in policies if ns_of(np) == ns and direction in policy_types(np)
+                 and np_selects(dig(np, "spec.podSelector"), labels)]
+    if not selecting:
+        return True
+    return any(allows_port(r, port) and (not r.get(side) or
+                                         any(peer_matches(p, ns, peer_ns, peer_labels) for p in r[side]))
+               for np in selecting for r in dig(np, f"spec.{key}") or [])
+
+
+def collector_config(rep, where, doc, container, docs):
+    """The collector's configuration: the file named by --config, read from
+    the ConfigMap mounted there."""
+    args = container.get("args") or []
+    path = None
+    for i, a in enumerate(args):
+        if a.startswith("--config="):
+            path = a.split("=", 1)[1]
+        elif a == "--config" and i + 1 < len(args):
+            path = args[i + 1]
+    if not path or ":" in path.split("/")[0]:
+        rep.error(where, f"{kn(doc)}: the collector's --config is not a file from a ConfigMap ({args})")
+        return None
+    volumes = {v.get("name"): v for v in (pod_spec(doc) or {}).get("volumes") or []}
+    for m in container.get("volumeMounts") or []:
+        mount = m.get("mountPath", "").rstrip("/") + "/"
+        if not path.startswith(mount):
+            continue
+        cm_name = dig(volumes.get(m.get("name"), {}), "configMap.name")
+        cm = next((d for d in docs if d["kind"] == "ConfigMap" and dig(d, "metadata.name") == cm_name
+                   and ns_of(d) == ns_of(doc)), None)
+        key = path[len(mount):]
+        if cm is None or key not in (cm.get("data") or {}):
+            rep.error(where, f"{kn(doc)}: --config={path}: no key {key} in ConfigMap {cm_name} of this overlay")
+            return None
+        return yaml.safe_load(cm["data"][key]) or {}
+    rep.error(where, f"{kn(doc)}: --config={path} is on no ConfigMap volume")
+    return None
+
+
+def check_trace_pipeline(rep, where, docs, ctx):
+    """Every OTLP exporter of an OpenTelemetry Collector names a Service of
+    this overlay (svc, svc.ns, svc.ns.svc[.cluster.local]) with that port and
+    pods behind it, and both ends' NetworkPolicies allow the connection."""
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    workloads = [d for d in docs if d["kind"] in WORKLOADS]
+    for doc in workloads:
+        for c in (pod_spec(doc) or {}).get("containers") or []:
+            if "opentelemetry-collector" not in str(c.get("image")):
+                continue
+            cfg = collector_config(rep, where, doc, c, docs)
+            if cfg is None:
+                continue
+            used = {e for p in (dig(cfg, "service.pipelines") or {}).values() for e in p.get("exporters") or []}
+            for name in sorted(used):
+                if name.split("/")[0] not in ("otlp", "otlphttp"):
+                    continue
+                endpoint = str(dig(cfg, f"exporters.{name}.endpoint") or "")
+                m = re.fullmatch(r"(?:https?://)?([A-Za-z0-9.-]+):(\d+)(?:/.*)?", endpoint)
+                if not m:
+                    rep.error(where, f"{kn(doc)}: exporter {name}: endpoint {endpoint!r} is not host:port")
+                    continue
+                host, port = m.group(1).split("."), int(m.group(2))
+                if len(host) > 2 and host[2:] not in (["svc"], ["svc", "cluster", "local"]):
+                    rep.error(where, f"{kn(doc)}: exporter {name} sends outside the cluster ({endpoint}); "
+                                     f"this check only knows in-cluster Services")
+                    continue
+                svc_name, svc_ns = host[0], host[1] if len(host) > 1 else ns_of(doc)
+                label = f"{kn(doc)} exporter {name} ({endpoint})"
+                svc = next((d for d in docs if d["kind"] == "Service" and dig(d, "metadata.name") == svc_name
+                            and ns_of(d) == svc_ns), None)
+                if svc is None:
+                    rep.error(where, f"{label}: this overlay deploys no Service {svc_ns}/{svc_name}")
+                    continue
+                sp = next((p for p in dig(svc, "spec.ports") or [] if p.get("port") == port), None)
+                if sp is None:
+                    rep.error(where, f"{label}: Service {svc_ns}/{svc_name} has no port {port}")
+                    continue
+                backends = [w for w in workloads if ns_of(w) == svc_ns
+                            and selects(dig(svc, "spec.selector"), {"metadata": {"labels": pod_labels(w)}})]
+                if not backends:
+                    rep.error(where, f"{label}: Service {svc_ns}/{svc_name} selects no pods of this overlay")
+                    continue
+                for b in backends:
+                    target = sp.get("targetPort", port)
+                    if isinstance(target, str):
+                        target = next((p.get("containerPort") for bc in (pod_spec(b) or {}).get("containers") or []
+                                       for p in bc.get("ports") or [] if p.get("name") == target), None)
+                        if target is None:
+                            rep.error(where, f"{label}: {kn(b)} has no container port {sp.get('targetPort')}")
+                            continue
+                    if not np_allows(policies, "Egress", ns_of(doc), pod_labels(doc), svc_ns, pod_labels(b), target):
+                        rep.error(where, f"{label}: no NetworkPolicy in {ns_of(doc)} lets the collector reach "
+                                         f"{kn(b)} ({svc_ns}) on {target}")
+                    if not np_allows(policies, "Ingress", svc_ns, pod_labels(b), ns_of(doc), pod_labels(doc), target):
+                        rep.error(where, f"{label}: the NetworkPolicies in {svc_ns} do not admit the collector "
+                                         f"({ns_of(doc)}) to {kn(b)} on {target}")
+                    ctx["trace_routes"].append(f"{where}: {kn(doc)} -> Service {svc_ns}/{svc_name}:{port} -> {kn(b)}")
+
+
 # ---------------------------------------------------------------- main
 
 def validate_builtin(rep, where, doc, kv):
@@ -664,6 +800,7 @@ def check_overlay(rep, where, docs, ctx_base, kv):
                 ctx["binaries_deployed"].add(binary)
         if d["kind"] == "Ingress":
             check_ingress(rep, where, d, ctx)
+    check_trace_pipeline(rep, where, docs, ctx)
 
 
 def check_dockerfile(rep, root: Path, bins):
@@ -723,7 +860,7 @@ def main() -> int:
     ctx = dict(bins=bins, topology=topo, metrics=metrics, metric_labels=metric_labels, routes=routes,
                cli_commands=cli_commands, nats_replicas=nats_cluster_replicas(root, rep),
                pending_used=set(), custom_seen=set(), binaries_deployed=set(),
-               db_clients=[], network_policies={})
+               db_clients=[], network_policies={}, trace_routes=[])
     count = 0
     for item in args.renders:
         name, _, path = item.partition("=")
@@ -743,6 +880,8 @@ def main() -> int:
           f"{', '.join(sorted(ctx['custom_seen']))})")
     for b in sorted(ctx["binaries_deployed"]):
         print(f"  {b}: reads {len(bins[b].reads.keys)} settings, requires {sorted(bins[b].reads.required)}")
+    for route in ctx["trace_routes"]:
+        print(f"  traces: {route}")
     for e in rep.errors:
         print(f"FAIL {e}")
     return 1 if rep.errors else 0

@@ -372,16 +372,12 @@ async fn every_event_to_two_gateways_gives_one_receipt_one_model_call_one_reply_
         json!({"request_urls": [s.services[0].events_url(), gw2.events_url()]}),
     )
     .await;
-    sim_ctl(
-        &s.sim,
-        "faults",
-        json!({"method": "events", "mode": "duplicate", "times": 0}),
-    )
-    .await;
+    retried_then_duplicated(&s).await;
     let first = s
         .post(&format!("<@{}> two gateways?", s.bot_user), None)
         .await;
     one_receipt_one_call_one_reply(&s, &first).await;
+    retries_reached_both(&s, &gw2.events_url()).await;
 
     // Restart everything (SIGKILL, like a crash), then again.
     for i in 0..4 {
@@ -395,10 +391,12 @@ async fn every_event_to_two_gateways_gives_one_receipt_one_model_call_one_reply_
         json!({"request_urls": [s.services[0].events_url(), gw2.events_url()]}),
     )
     .await;
+    retried_then_duplicated(&s).await;
     let second = s
         .post(&format!("<@{}> after the restart?", s.bot_user), None)
         .await;
     one_receipt_one_call_one_reply(&s, &second).await;
+    retries_reached_both(&s, &gw2.events_url()).await;
     assert_eq!(
         s.answers(&first).await.len(),
         1,
@@ -412,6 +410,46 @@ async fn every_event_to_two_gateways_gives_one_receipt_one_model_call_one_reply_
 /// The mention `root` got one reply in Slack, one receipt per event (the
 /// mention and its message twin) though each reached both gateways, and one
 /// model call.
+/// Slack counts the first two deliveries as too late (so the mention and
+/// its twin are retried), and delivers every later attempt to both
+/// gateways at once.
+async fn retried_then_duplicated(s: &Stack) {
+    reqwest::Client::new()
+        .delete(format!("{}/_sim/faults", s.sim.base_url))
+        .send()
+        .await
+        .expect("clear faults");
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "events", "mode": "hold_past_deadline", "times": 2}),
+    )
+    .await;
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "events", "mode": "duplicate", "times": 0}),
+    )
+    .await;
+}
+
+/// Slack's own log shows retries, delivered to the second gateway too.
+async fn retries_reached_both(s: &Stack, second_gateway: &str) {
+    let d = sim_get(&s.sim, "deliveries").await;
+    let retried_to_second = d["deliveries"]
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .filter(|x| x["attempt"].as_u64() > Some(0) && x["url"] == second_gateway)
+                .count()
+        })
+        .unwrap_or(0);
+    assert!(
+        retried_to_second >= 1,
+        "Slack retried, and a retry reached the second gateway: {d}"
+    );
+}
+
 async fn one_receipt_one_call_one_reply(s: &Stack, root: &str) {
     let answers = s.wait_answers(root, 1).await;
     assert_eq!(answers.len(), 1, "one reply: {answers:?}");
@@ -470,7 +508,7 @@ async fn a_worker_delayed_past_three_seconds_while_slack_retries_gives_one_call_
     assert!(retried_during_the_call >= 1);
     let answers = s.wait_answers(&root, 1).await;
     assert_eq!(answers.len(), 1, "one reply: {answers:?}");
-    // Every retry Slack makes has arrived (three attempts per event).
+    // Every retry Slack makes has arrived (attempts 0 to 3 per event).
     eventually("every retry delivered", Duration::from_secs(30), || async {
         let d = sim_get(&s.sim, "deliveries").await;
         let third = d["deliveries"]

@@ -192,8 +192,17 @@ async fn handle_one<H, F>(
         Disposition::Done => msg.double_ack().await,
         Disposition::Defer(_) => unreachable!("a defer is retried or turned into a retry above"),
         Disposition::Retry(delay) if !last_try => msg.ack_with(AckKind::Nak(Some(delay))).await,
-        Disposition::Retry(_) => dead_letter(js, dlq, &msg, "retries exhausted").await,
-        Disposition::Poison(reason) => dead_letter(js, dlq, &msg, &reason).await,
+        // Inside the consume span: the error line carries its trace id.
+        Disposition::Retry(_) => {
+            dead_letter(js, dlq, &msg, "retries exhausted")
+                .instrument(span.clone())
+                .await
+        }
+        Disposition::Poison(reason) => {
+            dead_letter(js, dlq, &msg, &reason)
+                .instrument(span.clone())
+                .await
+        }
     };
     if let Err(e) = result {
         tracing::warn!(parent: &span, error = %e, "acknowledging a message failed; it will be redelivered");
