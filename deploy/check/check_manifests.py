@@ -719,13 +719,17 @@ def check_trace_pipeline(rep, where, docs, ctx):
                         if target is None:
                             rep.error(where, f"{label}: {kn(b)} has no container port {sp.get('targetPort')}")
                             continue
-                    if not np_allows(policies, "Egress", ns_of(doc), pod_labels(doc), svc_ns, pod_labels(b), target):
+                    egress = np_allows(policies, "Egress", ns_of(doc), pod_labels(doc), svc_ns, pod_labels(b), target)
+                    ingress = np_allows(policies, "Ingress", svc_ns, pod_labels(b), ns_of(doc), pod_labels(doc), target)
+                    if not egress:
                         rep.error(where, f"{label}: no NetworkPolicy in {ns_of(doc)} lets the collector reach "
                                          f"{kn(b)} ({svc_ns}) on {target}")
-                    if not np_allows(policies, "Ingress", svc_ns, pod_labels(b), ns_of(doc), pod_labels(doc), target):
+                    if not ingress:
                         rep.error(where, f"{label}: the NetworkPolicies in {svc_ns} do not admit the collector "
                                          f"({ns_of(doc)}) to {kn(b)} on {target}")
-                    ctx["trace_routes"].append(f"{where}: {kn(doc)} -> Service {svc_ns}/{svc_name}:{port} -> {kn(b)}")
+                    if egress and ingress:
+                        ctx["trace_routes"].append(f"{where}: {kn(doc)} -> Service {svc_ns}/{svc_name}:{port} "
+                                                   f"-> {kn(b)}")
 
 
 # ---------------------------------------------------------------- main

@@ -65,6 +65,8 @@ fn jitter(secs: f64, seed: &Uuid) -> f64 {
 struct Bot {
     token: secrecy::SecretString,
     bot_id: String,
+    /// Granted bot scopes; empty when never recorded (a manual install).
+    scopes: Vec<String>,
 }
 
 impl Handler {
@@ -105,11 +107,16 @@ impl Handler {
         else {
             return Ok(None);
         };
-        let bot_id: String = sqlx::query_scalar("SELECT bot_id FROM installations WHERE id = $1")
-            .bind(inst)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(Some(Bot { token, bot_id }))
+        let (bot_id, scopes): (String, Vec<String>) =
+            sqlx::query_as("SELECT bot_id, scopes FROM installations WHERE id = $1")
+                .bind(inst)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(Some(Bot {
+            token,
+            bot_id,
+            scopes,
+        }))
     }
 
     async fn process(
@@ -163,6 +170,25 @@ impl Handler {
             .await?;
             return Ok(Disposition::Done);
         };
+        // Posting needs chat:write: without it the answer is refused here,
+        // with its reason, rather than sent to fail at Slack.
+        if !bot.scopes.is_empty() && !bot.scopes.iter().any(|s| s == "chat:write") {
+            metrics::counter!("threadline_scope_refusals_total", "feature" => "reply", "scope" => "chat:write")
+                .increment(1);
+            tracing::warn!(
+                alert = "missing_scope",
+                installation_id = %inst,
+                "the installation lacks chat:write; answer refused (reinstall with the scope)"
+            );
+            intents::set_decision(
+                &self.pool,
+                decision,
+                "cancelled",
+                Some("missing_scope:chat:write"),
+            )
+            .await?;
+            return Ok(Disposition::Done);
+        }
         let proposal = Proposal {
             installation: inst,
             receipt,

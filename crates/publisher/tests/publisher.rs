@@ -723,3 +723,37 @@ async fn a_second_decision_for_an_event_already_answered_is_settled_not_left_pro
     assert_eq!(env.app_posts().await, 1, "answered once");
     env.cleanup().await;
 }
+
+/// An installation whose granted scopes lack chat:write gets no post: the
+/// decision is cancelled with the missing scope as its reason, and Slack is
+/// never asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_chat_write_the_answer_is_refused_with_its_reason_and_never_posted() {
+    let env = Env::new().await;
+    sqlx::query("UPDATE installations SET scopes = '{app_mentions:read,channels:history}'")
+        .execute(&env.db.pool)
+        .await
+        .expect("scopes");
+    let (decision, payload) = env.proposal("Here is the answer.").await;
+    let h = env.handler(&[]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(
+        env.decision(decision).await,
+        ("cancelled".into(), Some("missing_scope:chat:write".into()))
+    );
+    assert_eq!(env.app_posts().await, 0, "Slack was not asked to post");
+    let reason: Option<String> = sqlx::query_scalar(
+        "SELECT reason FROM audit_log WHERE decision_id = $1 AND outcome = 'cancelled'",
+    )
+    .bind(decision)
+    .fetch_optional(&env.db.pool)
+    .await
+    .expect("audit")
+    .flatten();
+    assert_eq!(
+        reason.as_deref(),
+        Some("missing_scope:chat:write"),
+        "audited"
+    );
+    env.cleanup().await;
+}
