@@ -113,6 +113,20 @@ async fn a_mention_is_answered_once_in_its_thread_and_the_answer_is_no_new_job()
         (&json!(4), &json!(1), &json!(1), &json!(0))
     );
     assert_eq!(stats["reply_intents_by_state"], json!({"sent": 1}));
+    assert_eq!(
+        stats["ignored_by_reason"],
+        json!({"duplicate_turn": 1, "not_addressed": 1, "own_bot": 1}),
+        "root not addressed, the twin a duplicate turn, our answer our own"
+    );
+    assert_eq!(
+        (
+            &stats["stale_proposals_total"],
+            &stats["reconsidered_decisions_total"],
+            &stats["kill_switch_suppressions_total"],
+            &stats["reconciliations_by_result"]["post_found"]
+        ),
+        (&json!(0), &json!(0), &json!(0), &json!(0))
+    );
 
     // The same ledger on /metrics, sampled from the database, with the
     // consumers' backlog and the Slack calls by outcome.

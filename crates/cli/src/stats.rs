@@ -70,6 +70,32 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
     )
     .fetch_one(pool)
     .await?;
+    let ignored = grouped(
+        "SELECT coalesce(state_reason, 'unknown'), count(*) FROM event_receipts
+          WHERE state = 'ignored' GROUP BY 1 ORDER BY 1",
+    )
+    .await?;
+    let reviews = grouped(
+        "SELECT outcome, count(*) FROM audit_log WHERE stage = 'review' GROUP BY 1 ORDER BY 1",
+    )
+    .await?;
+    let (stale, suppressed, reconsidered): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'stale'),
+                count(*) FILTER (WHERE status = 'suppressed'),
+                -- decisions beyond an event's first: a new version of its thread was decided again
+                count(*) - count(DISTINCT (installation_id, event_id))
+           FROM decisions",
+    )
+    .fetch_one(pool)
+    .await?;
+    let (found, held_no_evidence, duplicate_incidents): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE reconciled AND state = 'sent'),
+                count(*) FILTER (WHERE state = 'held' AND error_code = 'no_evidence_of_post'),
+                count(*) FILTER (WHERE error_code = 'duplicate_posts_found')
+           FROM reply_intents",
+    )
+    .fetch_one(pool)
+    .await?;
     let to_map = |rows: Vec<(String, i64)>| -> Map<String, Value> {
         rows.into_iter().map(|(k, v)| (k, json!(v))).collect()
     };
@@ -94,6 +120,18 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
         "fallbacks_total": fallbacks,
         "reply_intents_by_state": to_map(intents),
         "reconciled_total": reconciled,
-        "duplicate_replies_total": duplicate_replies,
+        "reconciliations_by_result": {
+            "post_found": found,
+            "held_no_evidence": held_no_evidence,
+            "held_duplicate_posts": duplicate_incidents,
+        },
+        "ignored_by_reason": to_map(ignored),
+        "stale_proposals_total": stale,
+        "reconsidered_decisions_total": reconsidered,
+        "kill_switch_suppressions_total": suppressed,
+        "review_outcomes": to_map(reviews),
+        // A second sent intent for one event, or two posts of one intent
+        // found in Slack (held as an incident).
+        "duplicate_replies_total": duplicate_replies + duplicate_incidents,
     }))
 }
