@@ -402,6 +402,24 @@ async fn review_approval_records_the_reviewer_and_hands_over_to_the_publisher() 
         !String::from_utf8_lossy(&out.stdout).contains("body"),
         "the list shows no text"
     );
+    // The audit log records a handle, never an email address.
+    let out = cli(
+        &[
+            "review",
+            "approve",
+            &decision.to_string(),
+            "--by",
+            "ana@example.com",
+        ],
+        &env,
+    )
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not an operator id"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = cli(
         &["review", "approve", &decision.to_string(), "--by", "ana"],
         &env,

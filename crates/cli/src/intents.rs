@@ -49,7 +49,7 @@ async fn settle(
     ts: Option<&str>,
 ) -> anyhow::Result<()> {
     let mut tx = pool.begin().await?;
-    let actor = std::env::var("USER").unwrap_or_else(|_| "operator".into());
+    let actor = crate::operator::current_user();
     sqlx::query("SELECT set_config('threadline.actor', $1, true)")
         .bind(format!("cli:{actor}"))
         .execute(&mut *tx)

@@ -6,6 +6,7 @@ mod dlq;
 mod install;
 mod intents;
 mod keys;
+mod operator;
 mod policy;
 mod purge;
 mod review;

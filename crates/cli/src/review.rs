@@ -18,13 +18,13 @@ pub enum ReviewCommand {
     Approve {
         id: Uuid,
         /// Reviewer identity (recorded); defaults to $USER.
-        #[arg(long, env = "USER", default_value = "operator")]
+        #[arg(long, env = "USER", default_value = "operator", value_parser = crate::operator::operator_id)]
         by: String,
     },
     /// Reject: never posted.
     Reject {
         id: Uuid,
-        #[arg(long, env = "USER", default_value = "operator")]
+        #[arg(long, env = "USER", default_value = "operator", value_parser = crate::operator::operator_id)]
         by: String,
     },
 }

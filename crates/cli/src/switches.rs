@@ -28,14 +28,14 @@ pub enum SwitchCommand {
         #[arg(long)]
         reason: String,
         /// Who (recorded); defaults to $USER.
-        #[arg(long, env = "USER", default_value = "operator")]
+        #[arg(long, env = "USER", default_value = "operator", value_parser = crate::operator::operator_id)]
         by: String,
     },
     /// Release a switch.
     Release {
         #[command(flatten)]
         target: Target,
-        #[arg(long, env = "USER", default_value = "operator")]
+        #[arg(long, env = "USER", default_value = "operator", value_parser = crate::operator::operator_id)]
         by: String,
     },
     /// Show every switch.
