@@ -276,9 +276,23 @@ pub async fn play(s: &Stack) -> Story {
             &reply_ts,
         )
         .await;
+    // Slack's side: what it delivered back for the reply, and whether the
+    // app said anything more in the thread.
+    let delivered_back = sim_get(&s.sim, "deliveries").await["deliveries"]
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .filter(|x| x["event_type"] == "message" && x["status"] == 200)
+                .count()
+        })
+        .unwrap_or(0);
+    let app_messages = s.answers(&root).await.len();
     chapters.push(Chapter {
         title: "The bot's own reply is ignored (no loop)",
-        slack: "the reply came back as a message event".into(),
+        slack: format!(
+            "{delivered_back} message event(s) delivered so far, the reply's among them; {} in the thread",
+            replies(app_messages)
+        ),
         recorded: format!(
             "its receipt {}, {jobs} model calls for it",
             own.as_ref()
@@ -291,6 +305,10 @@ pub async fn play(s: &Stack) -> Story {
                 "the reply's receipt ignored as own_bot".into(),
             ),
             (jobs == 0, "no model call for it".into()),
+            (
+                app_messages == 1,
+                format!("still one reply in Slack, not {app_messages}"),
+            ),
         ]),
     });
 
@@ -317,7 +335,7 @@ pub async fn play(s: &Stack) -> Story {
     .unwrap_or((-1, -1));
     let deliveries = sim_get(&s.sim, "deliveries").await["deliveries"]
         .as_array()
-        .map(|d| d.iter().filter(|x| x["attempt"].as_u64() > Some(1)).count())
+        .map(|d| d.iter().filter(|x| x["attempt"].as_u64() > Some(0)).count())
         .unwrap_or(0);
     let calls = t
         .scalar("SELECT count(*) FROM decisions WHERE root_ts = $1", &root)
