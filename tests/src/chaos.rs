@@ -126,13 +126,30 @@ pub async fn soak(s: &mut Stack, cfg: &Config) -> Report {
         channel: s.channel.clone(),
         bot: s.bot_user.clone(),
     }];
+    let mut teams = vec![s.team.clone()];
     for i in 0..cfg.extra_workspaces {
         let w = s.add_workspace(&format!("Chaos {i}")).await;
+        teams.push(w.team.clone());
         people.push(Person {
             user: w.user,
             channel: w.channel,
             bot: w.bot_user,
         });
+    }
+    // A second channel in every workspace, the bot a member: threads run
+    // in several channels of each workspace at once.
+    for (p, team) in people.clone().into_iter().zip(teams) {
+        let channel = sim_ctl(
+            &s.sim,
+            "channels",
+            json!({"team_id": team, "name": "incidents", "kind": "public",
+                   "members": [p.user, p.bot]}),
+        )
+        .await["id"]
+            .as_str()
+            .expect("a channel id")
+            .to_owned();
+        people.push(Person { channel, ..p });
     }
     // Kill each service once, at a random step of its own quarter.
     let mut kill_at: BTreeMap<usize, usize> = BTreeMap::new();

@@ -52,7 +52,7 @@ async fn main() -> std::process::ExitCode {
         }
     };
     println!(
-        "chaos soak: seed {}, {} actions, {} workspaces",
+        "chaos soak: seed {}, {} actions, {} workspaces with 2 channels each",
         cfg.seed,
         cfg.steps,
         cfg.extra_workspaces + 1
