@@ -245,6 +245,18 @@ async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uninstalling_while_the_model_runs_stops_the_answer_before_it_is_posted() {
+    removed_while_the_model_runs("uninstall", "app_uninstalled").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_the_token_while_the_model_runs_stops_the_answer_before_it_is_posted() {
+    removed_while_the_model_runs("revoke", "tokens_revoked").await;
+}
+
+/// The workspace removes the app (`uninstall`) or revokes its token
+/// (`revoke`) while the model thinks: the installation is disabled with
+/// `reason`, its tokens purged, and the answer never reaches Slack.
+async fn removed_while_the_model_runs(how: &str, reason: &str) {
     // The built-in model takes 3 s, like a real one; the workspace removes
     // the app while it thinks.
     let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "3000".to_owned())]).await;
@@ -264,7 +276,7 @@ async fn uninstalling_while_the_model_runs_stops_the_answer_before_it_is_posted(
     .await;
     sim_ctl(
         &s.sim,
-        &format!("apps/{}/uninstall", s.app),
+        &format!("apps/{}/{how}", s.app),
         json!({"team_id": s.team}),
     )
     .await;
@@ -289,11 +301,12 @@ async fn uninstalling_while_the_model_runs_stops_the_answer_before_it_is_posted(
             Some("installation_unavailable".to_owned())
         )
     );
-    let status: String = sqlx::query_scalar("SELECT status FROM installations")
-        .fetch_one(&s.db.pool)
-        .await
-        .expect("installation");
-    assert_eq!(status, "disabled");
+    let status: (String, Option<String>) =
+        sqlx::query_as("SELECT status, disabled_reason FROM installations")
+            .fetch_one(&s.db.pool)
+            .await
+            .expect("installation");
+    assert_eq!(status, ("disabled".to_owned(), Some(reason.to_owned())));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(s.answers_in(&s.channel, &root).await.is_empty());
     let posts = sim_get(&s.sim, "calls?method=chat.postMessage").await;
