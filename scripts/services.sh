@@ -44,8 +44,26 @@ as_pg_user() {
   if [ "$(id -u)" = 0 ]; then runuser -u "${TL_PG_OS_USER:-postgres}" -- "$@"; else "$@"; fi
 }
 
+# A server that is up but refuses the project's password-less `postgres`
+# user (a distribution's own cluster with peer/password auth, say) would
+# fail every test with an authentication error: say what to do instead.
+pg_auth_ok() {
+  command -v psql >/dev/null || return 0
+  local url="${THREADLINE_TEST_ADMIN_URL:-postgres://postgres@127.0.0.1:$pg_port/postgres}" out
+  if out="$(PGCONNECT_TIMEOUT=5 psql "$url" -Atqc 'select 1' 2>&1)"; then return 0; fi
+  local shown; shown="$(printf '%s' "${url%%\?*}" | sed -E 's#//([^:/@]+):[^@]*@#//\1:[redacted]@#')"
+  say "postgres on 127.0.0.1:$pg_port is up but refuses $shown: $out"
+  say "either allow it (trust or a password in THREADLINE_TEST_ADMIN_URL and DATABASE_URL),"
+  say "or let this script start its own: TL_PG_PORT=25432 (any free port below 32768)"
+  return 1
+}
+
 pg_up() {
-  if pg_ready; then say "postgres reachable on 127.0.0.1:$pg_port (using it)"; return; fi
+  if pg_ready; then
+    pg_auth_ok || exit 1
+    say "postgres reachable on 127.0.0.1:$pg_port (using it)"
+    return
+  fi
   local initdb pg_ctl data="$dev/pg-$pg_port"
   initdb="$(find_pg_bin initdb)"; pg_ctl="$(find_pg_bin pg_ctl)"
   mkdir -p "$dev"
