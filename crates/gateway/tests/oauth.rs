@@ -380,3 +380,37 @@ async fn an_org_wide_install_serves_every_workspace_of_the_enterprise_and_no_oth
     );
     f.stop.cancel();
 }
+
+/// The Slack app manifest asks for exactly the scopes the install link
+/// requests by default (least privilege, and nothing the code then lacks).
+#[test]
+fn the_app_manifest_requests_exactly_the_default_bot_scopes() {
+    let manifest =
+        std::fs::read_to_string(threadline_testkit::repo_root().join("deploy/slack/manifest.yaml"))
+            .expect("deploy/slack/manifest.yaml");
+    // The uncommented list items under oauth_config.scopes.bot.
+    let mut in_bot = false;
+    let mut listed = Vec::new();
+    for line in manifest.lines() {
+        let trimmed = line.trim();
+        if trimmed == "bot:" {
+            in_bot = true;
+            continue;
+        }
+        if in_bot {
+            if let Some(scope) = trimmed.strip_prefix("- ") {
+                listed.push(scope.to_owned());
+            } else if !trimmed.starts_with('#') && !trimmed.is_empty() {
+                break;
+            }
+        }
+    }
+    let mut default: Vec<String> = threadline_gateway::oauth::DEFAULT_BOT_SCOPES
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    listed.sort();
+    default.sort();
+    assert!(!listed.is_empty(), "no bot scopes found in the manifest");
+    assert_eq!(listed, default);
+}
