@@ -65,6 +65,8 @@ pub struct Report {
     pub actions: usize,
     pub replies: usize,
     pub kills: usize,
+    /// Kills that found acknowledged work not yet finished.
+    pub kills_mid_flight: usize,
     /// How long the actions took, and then the settling.
     pub acting: Duration,
     pub settling: Duration,
@@ -76,11 +78,12 @@ pub struct Report {
 impl Report {
     pub fn render(&self) -> String {
         let mut out = format!(
-            "chaos soak, seed {}: {} actions in {:.0} s, {} service kills, {} replies in Slack; settled {:.0} s later\n",
+            "chaos soak, seed {}: {} actions in {:.0} s, {} service kills ({} with work in flight), {} replies in Slack; settled {:.0} s later\n",
             self.seed,
             self.actions,
             self.acting.as_secs_f64(),
             self.kills,
+            self.kills_mid_flight,
             self.replies,
             self.settling.as_secs_f64()
         );
@@ -163,14 +166,31 @@ pub async fn soak(s: &mut Stack, cfg: &Config) -> Report {
     let mut threads: Vec<Thread> = Vec::new();
     let mut log: Vec<(Option<String>, String)> = Vec::new();
     let mut kills = 0;
+    let mut kills_mid_flight = 0;
     let started = Instant::now();
     for step in 0..cfg.steps {
         if let Some(&i) = kill_at.get(&step) {
+            // What was in flight when the process died (for the log).
+            let in_flight: i64 = sqlx::query_scalar(
+                "SELECT (SELECT count(*) FROM event_receipts WHERE state IN ('accepted', 'processing'))
+                      + (SELECT count(*) FROM outbox)
+                      + (SELECT count(*) FROM decisions WHERE status IN ('calling', 'proposed'))
+                      + (SELECT count(*) FROM reply_intents WHERE state IN ('pending', 'sending'))",
+            )
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap_or(-1);
             s.kill_and_restart(i).await;
             kills += 1;
+            if in_flight > 0 {
+                kills_mid_flight += 1;
+            }
             log.push((
                 None,
-                format!("step {step}: SIGKILL {} and restart", SERVICES[i]),
+                format!(
+                    "step {step}: SIGKILL {} and restart ({in_flight} items in flight)",
+                    SERVICES[i]
+                ),
             ));
         }
         let roll = below(&mut rng, 100);
@@ -324,6 +344,7 @@ pub async fn soak(s: &mut Stack, cfg: &Config) -> Report {
         actions: cfg.steps,
         replies,
         kills,
+        kills_mid_flight,
         acting,
         settling,
         violations,
