@@ -455,6 +455,22 @@ async fn review_approval_records_the_reviewer_and_hands_over_to_the_publisher() 
             ("rejected".into(), Some("bo".into()))
         ]
     );
+    // Each review is an audit record with its reviewer, in the same
+    // transaction as the decision it changed.
+    let reviews: Vec<(String, Option<String>, bool)> = sqlx::query_as(
+        "SELECT outcome, reviewer, decision_id = $1 FROM audit_log WHERE stage = 'review' ORDER BY id",
+    )
+    .bind(decision)
+    .fetch_all(&db.pool)
+    .await
+    .expect("audit");
+    assert_eq!(
+        reviews,
+        vec![
+            ("approved".into(), Some("ana".into()), true),
+            ("rejected".into(), Some("bo".into()), false)
+        ]
+    );
     let stream = Topology::new(prefix.clone()).stream(Topic::Proposals);
     assert_eq!(
         stream_len(&js, &stream).await,

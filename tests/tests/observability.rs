@@ -60,6 +60,21 @@ async fn one_event_is_one_unbroken_trace_and_one_content_free_audit_trail() {
             .all(|r| r.2.is_some()),
         "intake and context records name the channel by its pseudonym: {trail:?}"
     );
+    // The decision record names the model configuration and the output's
+    // hash (never the output).
+    let (config, hash): (Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT model_config_id, output_hash FROM audit_log
+          WHERE event_id = $1 AND stage = 'decision' AND outcome = 'proposed'",
+    )
+    .bind(&event_id)
+    .fetch_one(&s.db.pool)
+    .await
+    .expect("the proposed decision's record");
+    assert!(
+        config.is_some_and(|c| !c.is_empty()),
+        "model configuration id"
+    );
+    assert!(hash.is_some_and(|h| h.len() == 64), "output hash");
     let refs: BTreeSet<&str> = trail.iter().filter_map(|r| r.2.as_deref()).collect();
     assert_eq!(refs.len(), 1, "one pseudonym for the channel: {trail:?}");
     let pseudonym = refs.into_iter().next().expect("a pseudonym");
