@@ -3,8 +3,11 @@
 # overlay with `kubectl kustomize`, validates the result against Kubernetes'
 # schemas (kubernetes-validate, strict) and threadline's own rules
 # (deploy/check/check_manifests.py: custom resources, pod security, settings
-# each binary reads vs. settings the manifests give it), and lints the
-# Dockerfile with hadolint. Needs no cluster and no Docker engine.
+# each binary reads vs. settings the manifests give it, NetworkPolicies,
+# the NATS Helm values), proves those checks can fail (a self-test,
+# deploy/check/selftest.py: deliberate breakages of the same input, each of
+# which must be caught), and lints the Dockerfile with hadolint. Needs no
+# cluster and no Docker engine. DEPLOY_CHECK_VERBOSE=1 lists each breakage.
 #
 # Tools: kubectl (for kustomize) from the PATH or $KUBECTL; Python 3 with
 # venv; the Python packages are installed once into a virtualenv under
@@ -68,8 +71,9 @@ done < <(find deploy/k8s/overlays -name kustomization.yaml | sort)
 say "rendered ${#renders[@]} overlays: $(printf '%s ' "${renders[@]%%=*}")"
 
 # Validate -------------------------------------------------------------------
-PYTHONDONTWRITEBYTECODE=1 "$VENV/bin/python" deploy/check/check_manifests.py --root . "${renders[@]}" \
-  || die "manifests do not match Kubernetes' schemas or the code (see FAIL lines above)"
+PYTHONDONTWRITEBYTECODE=1 "$VENV/bin/python" deploy/check/check_manifests.py --root . --self-test \
+  ${DEPLOY_CHECK_VERBOSE:+--verbose} "${renders[@]}" \
+  || die "manifests do not match Kubernetes' schemas or the code, or the self-test failed (see FAIL lines above)"
 
 # Dockerfile -----------------------------------------------------------------
 hadolint="$(command -v hadolint || true)"

@@ -1,7 +1,11 @@
 """Offline checks of the rendered Kubernetes manifests against Kubernetes'
 schemas and against what the Rust code reads. Run by scripts/deploy-check.sh:
 
-    python check_manifests.py --root REPO NAME=rendered.yaml [NAME=rendered.yaml ...]
+    python check_manifests.py --root REPO [--self-test] NAME=rendered.yaml [NAME=rendered.yaml ...]
+
+NAME is the overlay's path under deploy/k8s/overlays (dev/app,
+production/infra, ...); its first part is the environment: checks that span
+overlays (NetworkPolicies, NATS, traces) look at one environment at a time.
 
 1. Built-in kinds validate strictly (unknown fields fail) against the
    Kubernetes schemas shipped by kubernetes-validate, for every version in
@@ -16,15 +20,29 @@ schemas and against what the Rust code reads. Run by scripts/deploy-check.sh:
    every setting it is given is one its binary reads (rust_settings.py);
    listen addresses, probes, ports, KEDA streams/consumers, Ingress paths
    and alert metrics match the code.
-5. The OpenTelemetry Collector's OTLP exporters send to a Service the same
-   overlay deploys (name, namespace, port, pods behind it), and the
-   NetworkPolicies of both ends let the traffic through.
+5. The OpenTelemetry Collector's OTLP exporters, and the services' own
+   OTEL_EXPORTER_OTLP_ENDPOINT, send to a Service the environment deploys
+   (name, namespace, port, pods behind it), and the NetworkPolicies of both
+   ends let the traffic through; so do the services' connections to
+   Postgres and NATS.
+6. The NATS Helm values (k8s/nats/values.yaml, with the --set flags of the
+   environment's `helm upgrade --install nats` in deploy/README.md) run
+   JetStream on file storage on PVCs, as a cluster of 3+ servers in
+   production, with at least as many servers as THREADLINE_STREAM_REPLICAS,
+   a max_payload above the largest Slack event, and the client and
+   monitoring ports NATS_URL and KEDA use.
+7. With --self-test (selftest.py), the checks above run again on copies of
+   the same input with deliberate breakages, each of which must be caught.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import itertools
+import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -99,6 +117,16 @@ SERVICES = {
 
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"}
 
+# Kinds without a namespace; every other object of an overlay names one
+# (without, `kubectl apply -k` puts it in the current context's namespace).
+CLUSTER_SCOPED = {"Namespace", "ClusterIssuer", "ClusterRole", "ClusterRoleBinding",
+                  "CustomResourceDefinition", "PriorityClass", "StorageClass", "IngressClass"}
+
+# Known defects of the manifests, reported as notices until fixed: (overlay,
+# how the error's text after "overlay: " begins) -> the fix. An entry that
+# no longer matches an error fails the check (remove it).
+KNOWN_DEFECTS: dict[tuple[str, str], str] = {}
+
 
 class Report:
     def __init__(self):
@@ -106,7 +134,9 @@ class Report:
         self.notes: list[str] = []
 
     def error(self, where: str, msg: str):
-        self.errors.append(f"{where}: {msg}")
+        line = f"{where}: {msg}"
+        if line not in self.errors:
+            self.errors.append(line)
 
     def note(self, msg: str):
         self.notes.append(msg)
@@ -244,18 +274,26 @@ def label_problems(expr: str, labels: dict[str, set[str]]) -> list[str]:
         for name in re.findall(r"([a-zA-Z_]\w*)\s*(?:=~|!~|!=|=)", m.group(2)):
             if name not in have | TARGET_LABELS | {"__name__"}:
                 out.append(f"{m.group(1)} has no label {name!r} (the code sets {sorted(have - {'le'})})")
-    for m in re.finditer(r"\bby\s*\(([^)]*)\)\s*\(", expr):
+    groups = []  # (labels of `by (…)`, the expression aggregated)
+    for m in re.finditer(r"\bby\s*\(([^)]*)\)\s*\(", expr):  # sum by (x) (expr)
         depth, i = 1, m.end()
         while i < len(expr) and depth:
             depth += {"(": 1, ")": -1}.get(expr[i], 0)
             i += 1
-        inner = expr[m.end():i - 1]
+        groups.append((m.group(1), expr[m.end():i - 1]))
+    for m in re.finditer(r"\)\s*by\s*\(([^)]*)\)", expr):  # sum(expr) by (x)
+        depth, i = 1, m.start() - 1
+        while i >= 0 and depth:
+            depth += {")": 1, "(": -1}.get(expr[i], 0)
+            i -= 1
+        groups.append((m.group(1), expr[i + 2:m.start()]))
+    for by, inner in groups:
         sets = [metric_label_set(n, labels) for n in re.findall(r"\b(threadline_[a-z0-9_]+)", inner)]
         sets = [s for s in sets if s is not None]
         if not sets:
             continue
         have = set().union(*sets) | TARGET_LABELS
-        for name in (x.strip() for x in m.group(1).split(",")):
+        for name in (x.strip() for x in by.split(",")):
             if name and name not in have:
                 out.append(f"aggregates by {name!r}, which {', '.join(sorted(set(re.findall(r'threadline_[a-z0-9_]+', inner))))} "
                            f"does not have")
@@ -481,8 +519,21 @@ def check_service_container(rep, where, doc, container, binary, provided, ctx):
                              f"(THREADLINE_MODEL_TIMEOUT_MS {ms})")
 
 
+# Routes Slack calls, which every overlay deploying the gateway must route
+# to it through an Ingress: route -> the setting that turns it on (None:
+# always; the OAuth install flow when the gateway is given SLACK_CLIENT_ID).
+SLACK_ROUTES = {
+    "/slack/events": None,  # the Events API Request URL
+    "/slack/install": "SLACK_CLIENT_ID",
+    "/slack/oauth/callback": "SLACK_CLIENT_ID",
+}
+
+
 def check_ingress(rep, where, doc, ctx):
+    """Paths are public gateway routes (never /healthz, /readyz, /metrics)
+    on a Service port; records which ones reach the gateway's pods."""
     services = ctx["by_kind"].get("Service", {})
+    public = ctx["public_routes"]
     for rule in dig(doc, "spec.rules") or []:
         for p in dig(rule, "http.paths") or []:
             svc = dig(p, "backend.service.name")
@@ -493,24 +544,31 @@ def check_ingress(rep, where, doc, ctx):
                 continue
             if port not in {q.get("name") for q in dig(s, "spec.ports") or []} | {q.get("port") for q in dig(s, "spec.ports") or []}:
                 rep.error(where, f"{kn(doc)}: Service {svc} has no port {port}")
-            if p.get("path") not in ctx["routes"]:
-                rep.error(where, f"{kn(doc)}: path {p.get('path')} is not a gateway route "
-                                 f"({sorted(ctx['routes'])})")
+            if p.get("path") not in public:
+                rep.error(where, f"{kn(doc)}: path {p.get('path')} is not a public gateway route "
+                                 f"({sorted(public)}; health and metrics stay inside the cluster)")
+                continue
+            if any(ctx["binary_of"].get(dig(w, "metadata.name")) == "threadline-gateway"
+                   and selects(dig(s, "spec.selector"), {"metadata": {"labels": pod_labels(w)}})
+                   for w in ctx["by_kind"].get("Deployment", {}).values()):
+                ctx["ingress_routes"].add(p.get("path"))
     if not dig(doc, "spec.tls"):
         rep.error(where, f"{kn(doc)}: no TLS")
 
 
-def nats_cluster_replicas(root: Path, rep) -> int:
-    """How many NATS servers k8s/nats/values.yaml runs (1 without a cluster)."""
-    values = yaml.safe_load((root / "deploy/k8s/nats/values.yaml").read_text()) or {}
-    cluster = dig(values, "config.cluster") or {}
-    if not cluster.get("enabled"):
-        return 1
-    n = cluster.get("replicas")
-    if not isinstance(n, int) or n < 1:
-        rep.error("deploy/k8s/nats/values.yaml", "config.cluster.replicas must be a positive integer")
-        return 1
-    return n
+def check_slack_routes(rep, where, ctx):
+    """An overlay that deploys the gateway routes Slack's calls to it."""
+    gateways = [w for w, b in ctx["binary_of"].items() if b == "threadline-gateway"]
+    for route, setting in SLACK_ROUTES.items():
+        if route not in ctx["public_routes"]:
+            rep.error("check_manifests.py", f"SLACK_ROUTES lists {route}, which the gateway no longer serves")
+            continue
+        for w in gateways:
+            if setting is not None and setting not in ctx["settings_of"][w]:
+                continue
+            if route not in ctx["ingress_routes"]:
+                rep.error(where, f"Deployment/{w}: no Ingress of this overlay routes {route} to its pods"
+                                 + (f" (it is given {setting})" if setting else " (Slack's Request URL)"))
 
 
 # Settings every service must agree on within one overlay: each service
@@ -529,10 +587,6 @@ def check_shared_settings(rep, where, ctx):
         if len(set(values.values())) > 1:
             rep.error(where, f"{key} differs between services ({values}); every service declares "
                              f"the streams with it, so they must agree")
-        for v in set(values.values()):
-            if key == "THREADLINE_STREAM_REPLICAS" and v.isdigit() and int(v) > ctx["nats_replicas"]:
-                rep.error(where, f"THREADLINE_STREAM_REPLICAS={v} exceeds the {ctx['nats_replicas']} NATS "
-                                 f"servers of k8s/nats/values.yaml (JetStream would refuse the streams)")
 
 
 def check_cli_container(rep, where, doc, container, ctx):
@@ -569,30 +623,311 @@ def allows_port(rule, port: int) -> bool:
 DB_POD = {"cnpg.io/cluster": "threadline-db"}
 
 
+def env_of(where: str) -> str:
+    """The environment of an overlay (dev/app -> dev)."""
+    return where.split("/", 1)[0]
+
+
+def env_policy_sets(ctx, where):
+    """The NetworkPolicies in force next to the pods of overlay `where`: its
+    own and those of the other overlays of its environment that it does not
+    redefine. Overlays that define one policy differently are alternatives
+    (production/app or app-without-keda): one set per combination."""
+    own = {(ns_of(np), dig(np, "metadata.name")): np for w, np in ctx["policies"] if w == where}
+    others: dict[tuple, list] = {}
+    for w, np in ctx["policies"]:
+        key = (ns_of(np), dig(np, "metadata.name"))
+        if w != where and env_of(w) == env_of(where) and key not in own:
+            variants = others.setdefault(key, [])
+            if np not in variants:
+                variants.append(np)
+    return [list(own.values()) + list(combo) for combo in itertools.product(*others.values())]
+
+
+def reachable(ctx, where, ns, labels, peer_ns, peer_labels, port, default_deny=True):
+    """(egress allowed, ingress allowed) for pods (ns, labels) of overlay
+    `where` connecting to pods (peer_ns, peer_labels) on `port`, under every
+    set of policies of the environment. default_deny: judge as under the
+    namespace's default-deny (the infra overlays deploy it), so that the
+    connection needs a rule of its own on both sides."""
+    egress = ingress = True
+    for policies in env_policy_sets(ctx, where):
+        egress &= np_allows(policies, "Egress", ns, labels, peer_ns, peer_labels, port, default_deny)
+        ingress &= np_allows(policies, "Ingress", peer_ns, peer_labels, ns, labels, port, default_deny)
+    return egress, ingress
+
+
 def check_db_reachable(rep, ctx):
     """Every pod given DATABASE_URL may connect to Postgres under the
     namespace's default-deny: an egress rule of its own and an ingress rule
     of the threadline-db policy (rendered in the infra overlays)."""
-    nps = list(ctx["network_policies"].values())
-    for where, name, labels in ctx["db_clients"]:
-        egress = [
-            r for np in nps if "Egress" in (dig(np, "spec.policyTypes") or [])
-            and np_selects(dig(np, "spec.podSelector"), labels)
-            for r in dig(np, "spec.egress") or []
-        ]
-        if not any(allows_port(r, 5432) and any(np_selects(to.get("podSelector"), DB_POD) and "namespaceSelector" not in to
-                                                 for to in r.get("to") or []) for r in egress):
-            rep.error(where, f"{name}: reads DATABASE_URL but no NetworkPolicy lets its pods "
+    seen = set()
+    for where, doc, _binary, provided in ctx["workloads"]:
+        if "DATABASE_URL" not in provided or (where, kn(doc)) in seen:
+            continue
+        seen.add((where, kn(doc)))
+        labels = pod_labels(doc)
+        egress, ingress = reachable(ctx, where, ns_of(doc), labels, ns_of(doc), DB_POD, 5432)
+        if not egress:
+            rep.error(where, f"{kn(doc)}: reads DATABASE_URL but no NetworkPolicy lets its pods "
                              f"({labels.get('app.kubernetes.io/name')}) reach Postgres on 5432")
-        ingress = [
-            r for np in nps if "Ingress" in (dig(np, "spec.policyTypes") or ["Ingress"])
-            and np_selects(dig(np, "spec.podSelector"), DB_POD)
-            for r in dig(np, "spec.ingress") or []
-        ]
-        if not any(allows_port(r, 5432) and any(np_selects(fr.get("podSelector"), labels) and "namespaceSelector" not in fr
-                                                 for fr in r.get("from") or []) for r in ingress):
-            rep.error(where, f"{name}: reads DATABASE_URL but the Postgres NetworkPolicy does not admit its pods "
+        if not ingress:
+            rep.error(where, f"{kn(doc)}: reads DATABASE_URL but the Postgres NetworkPolicy does not admit its pods "
                              f"({labels.get('app.kubernetes.io/name')}) on 5432 (k8s/postgres/networkpolicy.yaml)")
+
+
+# ---------------------------------------------------------------- NATS
+
+NATS_VALUES = "deploy/k8s/nats/values.yaml"
+# Where deploy/README.md gives each environment's `helm upgrade --install`
+# of the NATS chart: its release name, namespace and --set flags apply on
+# top of values.yaml (dev: --set config.cluster.enabled=false, one server).
+NATS_INSTALLS = {"production": "## Step by step (production)", "dev": "### Dev cluster"}
+# Environments that must survive losing a NATS server or its volume: a
+# cluster of 3+ servers, and every stream on 3 of them (values.yaml: "3 in
+# the production overlay, which needs the 3 servers below").
+HA_ENVS = {"production"}
+NATS_CLIENT_PORT = 4222      # the chart's config.nats.port
+NATS_MONITOR_PORT = 8222     # the chart's config.monitor.port
+KEDA_NAMESPACE = "keda"      # deploy/README.md, "Prerequisites in the cluster"
+# nats-server refuses a max_payload above max_pending (default 64 MiB).
+NATS_MAX_PENDING = 64 * 1024 * 1024
+# What an EventAccepted adds to the Slack body it carries (ids, team,
+# channel, timestamps, trace context): generously.
+ENVELOPE_ALLOWANCE = 64 * 1024
+# Size suffixes of nats-server's configuration parser (conf/parse.go).
+NATS_UNITS = {"": 1, "k": 1000, "kb": 1024, "m": 1000 ** 2, "mb": 1024 ** 2, "g": 1000 ** 3, "gb": 1024 ** 3}
+
+
+def nats_installs(rep, readme: str) -> dict[str, dict]:
+    """env -> {release, namespace, sets, command} of the NATS chart, from
+    the `helm upgrade --install` commands of deploy/README.md."""
+    out = {}
+    for env, heading in NATS_INSTALLS.items():
+        where = f"deploy/README.md ({heading.lstrip('# ')})"
+        if "\n" + heading not in readme:
+            rep.error(where, "section not found: update NATS_INSTALLS in deploy/check/check_manifests.py")
+            continue
+        section = re.split(r"\n#{2,3} ", readme.split("\n" + heading, 1)[1], maxsplit=1)[0]
+        m = re.search(r"helm upgrade --install ((?:[^\n\\]|\\\n)*)", section)
+        if not m:
+            rep.error(where, "no `helm upgrade --install` of the NATS chart")
+            continue
+        args = shlex.split(m.group(1).replace("\\\n", " "))
+        inst = {"namespace": "default", "sets": {}, "set_args": [], "values": [], "positional": [],
+                "command": "helm upgrade --install " + " ".join(args)}
+        i = 0
+        while i < len(args):
+            a = args[i]
+            if a in ("-n", "--namespace", "-f", "--values", "--set", "--version") and i + 1 < len(args):
+                v = args[i + 1]
+                if a in ("-n", "--namespace"):
+                    inst["namespace"] = v
+                elif a in ("-f", "--values"):
+                    inst["values"].append(v)
+                elif a == "--set":
+                    inst["set_args"].append(f"--set {v}")
+                    for kv_ in v.split(","):
+                        k, _, val = kv_.partition("=")
+                        inst["sets"][k] = (True if val == "true" else False if val == "false"
+                                           else int(val) if val.isdigit() else val)
+                i += 2
+            else:
+                if not a.startswith("-"):
+                    inst["positional"].append(a)
+                i += 1
+        if len(inst["positional"]) < 2 or inst["positional"][1].rsplit("/", 1)[-1] != "nats":
+            rep.error(where, f"`{inst['command']}` does not install the nats chart (release chart)")
+            continue
+        if NATS_VALUES not in inst["values"]:
+            rep.error(where, f"`{inst['command']}` does not use -f {NATS_VALUES}")
+        inst["release"] = inst["positional"][0]
+        out[env] = inst
+    return out
+
+
+def nats_effective_values(values: dict, sets: dict) -> dict:
+    out = copy.deepcopy(values)
+    for key, val in sets.items():
+        cur = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(cur.get(part), dict):
+                cur[part] = {}
+            cur = cur[part]
+        cur[parts[-1]] = val
+    return out
+
+
+def nats_size(value) -> int | None:
+    """A size as nats-server reads it ("<< 4MB >>": the chart passes it unquoted)."""
+    m = re.fullmatch(r"\s*(?:<<)?\s*(\d+)\s*([A-Za-z]*)\s*(?:>>)?\s*", str(value))
+    if not m or m.group(2).lower() not in NATS_UNITS:
+        return None
+    return int(m.group(1)) * NATS_UNITS[m.group(2).lower()]
+
+
+def check_nats(rep, ctx, values: dict, installs: dict):
+    """For every environment that deploys the services: the NATS release
+    it installs (values.yaml + README's --set flags) against what the
+    services and the KEDA triggers of that environment need."""
+    envs = sorted({env_of(w) for w, _, b, _ in ctx["workloads"] if b in SERVICES})
+    for env in envs:
+        if env not in installs:
+            rep.error(f"{env}/*", f"deploys the services, but deploy/README.md does not say how NATS is installed "
+                                  f"for {env} (NATS_INSTALLS in deploy/check/check_manifests.py)")
+            continue
+        inst = installs[env]
+        v = nats_effective_values(values, inst["sets"])
+        sets = " ".join(inst["set_args"])
+        vwhere = f"{NATS_VALUES} ({env}{': ' + sets if sets else ''})"
+        servers = check_nats_values(rep, vwhere, env, v, ctx)
+        ctx["nats_summary"].append(
+            f"{env}: release {inst['release']} in {inst['namespace']}, {servers} server(s), JetStream "
+            f"{'on' if dig(v, 'config.jetstream.enabled') is True else 'OFF'}, file store "
+            f"{dig(v, 'config.jetstream.fileStore.pvc.size') or '?'} PVC, max_payload "
+            f"{str(dig(v, 'config.merge.max_payload') or '1MB (default)').strip('<> ')}")
+        services = [(w, d, b, p) for w, d, b, p in ctx["workloads"] if env_of(w) == env]
+
+        # Stream replicas: every service declares the streams with them.
+        by_overlay: dict[str, set[int]] = {}
+        for w, d, b, p in services:
+            if b not in SERVICES:
+                continue
+            got = p.get("THREADLINE_STREAM_REPLICAS")
+            val = got[1] if got and got[1] is not None else "1"  # the code's default
+            if val.strip().isdigit():
+                by_overlay.setdefault(w, set()).add(int(val))
+        ctx["nats_summary"][-1] += ", stream replicas " + ", ".join(
+            f"{w.split('/', 1)[-1]} {'/'.join(map(str, sorted(r)))}" for w, r in sorted(by_overlay.items()))
+        for w, reps in sorted(by_overlay.items()):
+            for r in sorted(reps):
+                if r > servers:
+                    rep.error(w, f"THREADLINE_STREAM_REPLICAS={r} exceeds the {servers} NATS server(s) of {vwhere}: "
+                                 f"JetStream would refuse to create the streams")
+                if env in HA_ENVS and r < min(3, servers):
+                    rep.error(w, f"THREADLINE_STREAM_REPLICAS={r}: {env} keeps every stream on 3 NATS servers "
+                                 f"(with fewer, losing one server or its volume loses queued messages)")
+
+        # max_payload: an EventAccepted carries a whole Slack body.
+        raw = dig(v, "config.merge.max_payload")
+        payload = 1024 * 1024 if raw is None else nats_size(raw)
+        if payload is None:
+            rep.error(vwhere, f"config.merge.max_payload {raw!r} is not a size nats-server reads "
+                              f"(<< N[k|kb|m|mb|g|gb] >>)")
+        else:
+            if payload > NATS_MAX_PENDING:
+                rep.error(vwhere, f"config.merge.max_payload {raw} exceeds nats-server's max_pending (64 MiB)")
+            gateway = ctx["bins"].get("threadline-gateway")
+            bounds = gateway.reads.bounds.get("THREADLINE_GATEWAY_MAX_BODY_BYTES") if gateway else None
+            if bounds is None:
+                rep.error("check_manifests.py", "THREADLINE_GATEWAY_MAX_BODY_BYTES is no longer a bounded setting "
+                                                "of the gateway: update check_nats")
+            for w, d, b, p in services:
+                if b != "threadline-gateway" or bounds is None:
+                    continue
+                got = p.get("THREADLINE_GATEWAY_MAX_BODY_BYTES")
+                body = int(got[1]) if got and got[1] and got[1].strip().isdigit() else bounds[1]
+                if payload < body + ENVELOPE_ALLOWANCE:
+                    rep.error(vwhere, f"config.merge.max_payload {'(default 1 MiB)' if raw is None else raw} = "
+                                      f"{payload} bytes cannot carry an EventAccepted of {kn(d)} in {w} "
+                                      f"(a Slack body of up to {body} bytes, THREADLINE_GATEWAY_MAX_BODY_BYTES, "
+                                      f"plus its envelope)")
+
+        # NATS_URL: the release's client Service, reachable through the policies.
+        release, nats_ns = inst["release"], inst["namespace"]
+        client_port = dig(v, "config.nats.port") or NATS_CLIENT_PORT
+        nats_pod = {"app.kubernetes.io/name": "nats", "app.kubernetes.io/instance": release}
+        for w, d, b, p in services:
+            if "NATS_URL" not in ctx["bins"][b].reads.keys or (b not in SERVICES and "NATS_URL" not in p):
+                continue
+            got = p.get("NATS_URL")
+            if got is None:
+                rep.error(w, f"{kn(d)}: NATS_URL is not set (the default nats://127.0.0.1:4222 is the pod "
+                             f"itself); point it at the client Service {release} of the NATS release")
+                continue
+            for url in (got[1] or "").split(","):
+                if not url.strip():
+                    continue
+                m = re.fullmatch(r"(?:nats|tls)://(?:[^@/]*@)?([A-Za-z0-9.-]+):(\d+)", url.strip())
+                host = m.group(1).split(".") if m else []
+                ok_host = m and host[0] == release and (
+                    (len(host) == 1 and ns_of(d) == nats_ns) or
+                    (len(host) > 1 and host[1] == nats_ns and host[2:] in ([], ["svc"], ["svc", "cluster", "local"])))
+                if not ok_host or int(m.group(2)) != client_port:
+                    rep.error(w, f"{kn(d)}: NATS_URL={url} (from {got[0]}) is not the client Service of the NATS "
+                                 f"release: nats://{release}{'' if ns_of(d) == nats_ns else '.' + nats_ns}:{client_port} "
+                                 f"({inst['command']})")
+            labels = pod_labels(d)
+            egress, ingress = reachable(ctx, w, ns_of(d), labels, nats_ns, nats_pod, client_port)
+            if not egress:
+                rep.error(w, f"{kn(d)}: reads NATS_URL but no NetworkPolicy lets its pods "
+                             f"({labels.get('app.kubernetes.io/name')}) reach NATS on {client_port}")
+            if not ingress:
+                rep.error(w, f"{kn(d)}: reads NATS_URL but the NATS NetworkPolicy does not admit its pods "
+                             f"({labels.get('app.kubernetes.io/name')}) on {client_port} (k8s/nats/networkpolicy.yaml)")
+
+        # KEDA reads consumer lag from every server's monitoring port,
+        # through the release's headless Service.
+        monitor_port = dig(v, "config.monitor.port") or NATS_MONITOR_PORT
+        for w, docs in ctx["renders"]:
+            if env_of(w) != env:
+                continue
+            for so in docs:
+                if so["kind"] != "ScaledObject":
+                    continue
+                for i, trig in enumerate(dig(so, "spec.triggers") or []):
+                    if trig.get("type") != "nats-jetstream":
+                        continue
+                    if dig(v, "config.monitor.enabled") is not True:
+                        rep.error(vwhere, f"config.monitor.enabled must be true: {kn(so)} in {w} reads consumer "
+                                          f"lag from the monitoring port")
+                    ep = str(dig(trig, "metadata.natsServerMonitoringEndpoint") or "")
+                    m = re.fullmatch(r"([A-Za-z0-9.-]+):(\d+)", ep)
+                    host = m.group(1).split(".") if m else []
+                    if not m or host[:2] != [f"{release}-headless", nats_ns] or \
+                            host[2:] not in ([], ["svc"], ["svc", "cluster", "local"]) or int(m.group(2)) != monitor_port:
+                        rep.error(w, f"{kn(so)} trigger {i}: natsServerMonitoringEndpoint {ep} is not the monitoring "
+                                     f"port of the NATS release's headless Service: "
+                                     f"{release}-headless.{nats_ns}.svc.cluster.local:{monitor_port}")
+                    elif not reachable(ctx, w, KEDA_NAMESPACE, {}, nats_ns, nats_pod, monitor_port)[1]:
+                        rep.error(w, f"{kn(so)} trigger {i}: the NATS NetworkPolicy does not admit KEDA "
+                                     f"(namespace {KEDA_NAMESPACE}) on the monitoring port {monitor_port}")
+
+
+def check_nats_values(rep, where, env, v, ctx) -> int:
+    """JetStream on the storage the code declares its streams with, on
+    volumes that outlive the pods; returns the number of NATS servers."""
+    js = dig(v, "config.jetstream") or {}
+    if js.get("enabled") is not True:
+        rep.error(where, "config.jetstream.enabled must be true: every service declares JetStream streams "
+                         "and consumers at start (crates/runtime/src/bus.rs)")
+    storage = ctx["stream_storage"]
+    if "File" in storage:
+        if dig(js, "fileStore.enabled") is not True:
+            rep.error(where, "config.jetstream.fileStore.enabled must be true: bus.rs declares the streams with "
+                             "file storage (StorageType::File)")
+        elif dig(js, "fileStore.pvc.enabled") is not True:
+            rep.error(where, "config.jetstream.fileStore.pvc.enabled must be true: without a PersistentVolumeClaim "
+                             "the streams live on the pod's ephemeral disk, and a restart loses queued messages")
+        elif not dig(js, "fileStore.pvc.size"):
+            rep.error(where, "config.jetstream.fileStore.pvc.size is not set")
+    if "Memory" in storage and dig(js, "memoryStore.enabled") is not True:
+        rep.error(where, "config.jetstream.memoryStore.enabled must be true: bus.rs declares memory-storage streams")
+    cluster = dig(v, "config.cluster") or {}
+    servers = 1
+    if cluster.get("enabled") is True:
+        n = cluster.get("replicas")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 3:
+            rep.error(where, f"config.cluster.replicas {n!r}: a JetStream cluster needs at least 3 servers "
+                             f"(a majority that survives losing one)")
+            servers = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+        else:
+            servers = n
+    if env in HA_ENVS and servers < 3:
+        rep.error(where, f"{env} runs {servers} NATS server(s): it needs a JetStream cluster of at least 3 "
+                         f"(config.cluster.enabled: true, replicas: 3)")
+    return servers
 
 
 # ---------------------------------------------------------------- trace pipeline
@@ -624,15 +959,16 @@ def peer_matches(peer, policy_ns, pod_ns, labels) -> bool:
     return np_selects(peer.get("podSelector", {}), labels)
 
 
-def np_allows(policies, direction, ns, labels, peer_ns, peer_labels, port) -> bool:
+def np_allows(policies, direction, ns, labels, peer_ns, peer_labels, port, default_deny=False) -> bool:
     """Whether the policies let pods (`labels`, namespace ns) send to
     (Egress) / receive from (Ingress) the peer pods on `port`. Pods that no
-    policy of that direction selects are not isolated."""
+    policy of that direction selects are not isolated, unless default_deny
+    (then only a rule that selects them lets the traffic through)."""
     key, side = ("egress", "to") if direction == "Egress" else ("ingress", "from")
     selecting = [np for np in policies if ns_of(np) == ns and direction in policy_types(np)
                  and np_selects(dig(np, "spec.podSelector"), labels)]
     if not selecting:
-        return True
+        return not default_deny
     return any(allows_port(r, port) and (not r.get(side) or
                                          any(peer_matches(p, ns, peer_ns, peer_labels) for p in r[side]))
                for np in selecting for r in dig(np, f"spec.{key}") or [])
@@ -668,6 +1004,46 @@ def collector_config(rep, where, doc, container, docs):
     return None
 
 
+def service_backends(rep, where, label, endpoint, client_ns, docs, scope="this overlay"):
+    """The pods behind an in-cluster endpoint `[scheme://]svc[.ns[.svc[.cluster.local]]]:port[/path]`
+    among `docs`: [(workload, container port)], or None after reporting why
+    it does not resolve."""
+    m = re.fullmatch(r"(?:https?://)?([A-Za-z0-9.-]+):(\d+)(?:/.*)?", endpoint)
+    if not m:
+        rep.error(where, f"{label}: endpoint {endpoint!r} is not host:port")
+        return None
+    host, port = m.group(1).split("."), int(m.group(2))
+    if len(host) > 2 and host[2:] not in (["svc"], ["svc", "cluster", "local"]):
+        rep.error(where, f"{label} sends outside the cluster; this check only knows in-cluster Services")
+        return None
+    svc_name, svc_ns = host[0], host[1] if len(host) > 1 else client_ns
+    svc = next((d for d in docs if d["kind"] == "Service" and dig(d, "metadata.name") == svc_name
+                and ns_of(d) == svc_ns), None)
+    if svc is None:
+        rep.error(where, f"{label}: {scope} deploys no Service {svc_ns}/{svc_name}")
+        return None
+    sp = next((p for p in dig(svc, "spec.ports") or [] if p.get("port") == port), None)
+    if sp is None:
+        rep.error(where, f"{label}: Service {svc_ns}/{svc_name} has no port {port}")
+        return None
+    backends = [w for w in docs if w["kind"] in WORKLOADS and ns_of(w) == svc_ns
+                and selects(dig(svc, "spec.selector"), {"metadata": {"labels": pod_labels(w)}})]
+    if not backends:
+        rep.error(where, f"{label}: Service {svc_ns}/{svc_name} selects no pods of {scope}")
+        return None
+    out = []
+    for b in backends:
+        target = sp.get("targetPort", port)
+        if isinstance(target, str):
+            target = next((p.get("containerPort") for bc in (pod_spec(b) or {}).get("containers") or []
+                           for p in bc.get("ports") or [] if p.get("name") == target), None)
+            if target is None:
+                rep.error(where, f"{label}: {kn(b)} has no container port {sp.get('targetPort')}")
+                continue
+        out.append((b, target))
+    return out
+
+
 def check_trace_pipeline(rep, where, docs, ctx):
     """Every OTLP exporter of an OpenTelemetry Collector names a Service of
     this overlay (svc, svc.ns, svc.ns.svc[.cluster.local]) with that port and
@@ -686,65 +1062,84 @@ def check_trace_pipeline(rep, where, docs, ctx):
                 if name.split("/")[0] not in ("otlp", "otlphttp"):
                     continue
                 endpoint = str(dig(cfg, f"exporters.{name}.endpoint") or "")
-                m = re.fullmatch(r"(?:https?://)?([A-Za-z0-9.-]+):(\d+)(?:/.*)?", endpoint)
-                if not m:
-                    rep.error(where, f"{kn(doc)}: exporter {name}: endpoint {endpoint!r} is not host:port")
-                    continue
-                host, port = m.group(1).split("."), int(m.group(2))
-                if len(host) > 2 and host[2:] not in (["svc"], ["svc", "cluster", "local"]):
-                    rep.error(where, f"{kn(doc)}: exporter {name} sends outside the cluster ({endpoint}); "
-                                     f"this check only knows in-cluster Services")
-                    continue
-                svc_name, svc_ns = host[0], host[1] if len(host) > 1 else ns_of(doc)
                 label = f"{kn(doc)} exporter {name} ({endpoint})"
-                svc = next((d for d in docs if d["kind"] == "Service" and dig(d, "metadata.name") == svc_name
-                            and ns_of(d) == svc_ns), None)
-                if svc is None:
-                    rep.error(where, f"{label}: this overlay deploys no Service {svc_ns}/{svc_name}")
-                    continue
-                sp = next((p for p in dig(svc, "spec.ports") or [] if p.get("port") == port), None)
-                if sp is None:
-                    rep.error(where, f"{label}: Service {svc_ns}/{svc_name} has no port {port}")
-                    continue
-                backends = [w for w in workloads if ns_of(w) == svc_ns
-                            and selects(dig(svc, "spec.selector"), {"metadata": {"labels": pod_labels(w)}})]
-                if not backends:
-                    rep.error(where, f"{label}: Service {svc_ns}/{svc_name} selects no pods of this overlay")
-                    continue
-                for b in backends:
-                    target = sp.get("targetPort", port)
-                    if isinstance(target, str):
-                        target = next((p.get("containerPort") for bc in (pod_spec(b) or {}).get("containers") or []
-                                       for p in bc.get("ports") or [] if p.get("name") == target), None)
-                        if target is None:
-                            rep.error(where, f"{label}: {kn(b)} has no container port {sp.get('targetPort')}")
-                            continue
-                    egress = np_allows(policies, "Egress", ns_of(doc), pod_labels(doc), svc_ns, pod_labels(b), target)
-                    ingress = np_allows(policies, "Ingress", svc_ns, pod_labels(b), ns_of(doc), pod_labels(doc), target)
+                for b, target in service_backends(rep, where, label, endpoint, ns_of(doc), docs) or []:
+                    b_ns = ns_of(b)
+                    egress = np_allows(policies, "Egress", ns_of(doc), pod_labels(doc), b_ns, pod_labels(b), target)
+                    ingress = np_allows(policies, "Ingress", b_ns, pod_labels(b), ns_of(doc), pod_labels(doc), target)
                     if not egress:
                         rep.error(where, f"{label}: no NetworkPolicy in {ns_of(doc)} lets the collector reach "
-                                         f"{kn(b)} ({svc_ns}) on {target}")
+                                         f"{kn(b)} ({b_ns}) on {target}")
                     if not ingress:
-                        rep.error(where, f"{label}: the NetworkPolicies in {svc_ns} do not admit the collector "
+                        rep.error(where, f"{label}: the NetworkPolicies in {b_ns} do not admit the collector "
                                          f"({ns_of(doc)}) to {kn(b)} on {target}")
                     if egress and ingress:
-                        ctx["trace_routes"].append(f"{where}: {kn(doc)} -> Service {svc_ns}/{svc_name}:{port} "
-                                                   f"-> {kn(b)}")
+                        ctx["trace_routes"].append(f"{where}: {kn(doc)} -> {endpoint} -> {kn(b)}")
+
+
+def check_service_traces(rep, ctx):
+    """Each service's OTEL_EXPORTER_OTLP_ENDPOINT names a Service that its
+    environment deploys (the collector or Jaeger, in the infra overlay),
+    with pods behind it that the NetworkPolicies let the service reach."""
+    resolved = {}
+    for where, doc, binary, provided in ctx["workloads"]:
+        got = provided.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if binary not in SERVICES or not got or not got[1]:
+            continue
+        label = f"OTEL_EXPORTER_OTLP_ENDPOINT={got[1]} (from {got[0]})"
+        if (where, got[1]) not in resolved:
+            env_docs = [d for w, docs in ctx["renders"] if env_of(w) == env_of(where) for d in docs]
+            resolved[(where, got[1])] = service_backends(rep, where, label, got[1], ns_of(doc), env_docs,
+                                                         scope=f"the {env_of(where)} environment")
+        for b, target in resolved[(where, got[1])] or []:
+            egress, ingress = reachable(ctx, where, ns_of(doc), pod_labels(doc), ns_of(b), pod_labels(b), target,
+                                        default_deny=False)
+            if not egress:
+                rep.error(where, f"{label}: no NetworkPolicy lets {kn(doc)} reach {kn(b)} on {target}")
+            if not ingress:
+                rep.error(where, f"{label}: the NetworkPolicies of {kn(b)} do not admit {kn(doc)} on {target}")
+            route = f"{where}: services -> {got[1]} -> {kn(b)}"
+            if egress and ingress and route not in ctx["trace_routes"]:
+                ctx["trace_routes"].append(route)
 
 
 # ---------------------------------------------------------------- main
 
-def validate_builtin(rep, where, doc, kv):
-    """True when kubernetes-validate has a schema for the kind."""
+# Schema validation results (the slow part), by document: the self-test
+# checks mostly unchanged documents again. id -> (doc, result) for the very
+# same object, JSON text -> result for an equal copy.
+_VALIDATED_BY_ID: dict[int, tuple[dict, str | None]] = {}
+_VALIDATED_BY_TEXT: dict[str, str | None] = {}
+_NO_SCHEMA = "\0no schema"
+
+
+def _validate(doc, kv) -> str | None:
     for version in K8S_VERSIONS:
         try:
             kv.validate(doc, version, strict=True)
         except kv.SchemaNotFoundError:
-            return False
+            return _NO_SCHEMA
         except kv.ValidationError as e:
             path = ".".join(str(p) for p in e.path)
-            rep.error(where, f"{kn(doc)} does not validate against Kubernetes {e.version}: {path}: {e.message}")
-            return True
+            return f"{kn(doc)} does not validate against Kubernetes {e.version}: {path}: {e.message}"
+    return None
+
+
+def validate_builtin(rep, where, doc, kv):
+    """True when kubernetes-validate has a schema for the kind."""
+    hit = _VALIDATED_BY_ID.get(id(doc))
+    if hit is not None and hit[0] is doc:
+        result = hit[1]
+    else:
+        text = json.dumps(doc, sort_keys=True, default=str)
+        if text not in _VALIDATED_BY_TEXT:
+            _VALIDATED_BY_TEXT[text] = _validate(doc, kv)
+        result = _VALIDATED_BY_TEXT[text]
+        _VALIDATED_BY_ID[id(doc)] = (doc, result)
+    if result == _NO_SCHEMA:
+        return False
+    if result is not None:
+        rep.error(where, result)
     return True
 
 
@@ -752,7 +1147,7 @@ def check_overlay(rep, where, docs, ctx_base, kv):
     by_kind: dict[str, dict[str, dict]] = {}
     for d in docs:
         by_kind.setdefault(d["kind"], {})[dig(d, "metadata.name")] = d
-    ctx = dict(ctx_base, by_kind=by_kind, binary_of={}, settings_of={})
+    ctx = dict(ctx_base, by_kind=by_kind, binary_of={}, settings_of={}, ingress_routes=set())
     bins = ctx["bins"]
 
     # First pass: which binary each workload runs and what it is given.
@@ -767,11 +1162,8 @@ def check_overlay(rep, where, docs, ctx_base, kv):
                     continue
                 ctx["binary_of"][dig(d, "metadata.name")] = c["name"]
                 ctx["settings_of"][dig(d, "metadata.name")] = provided_settings(rep, where, d, c, by_kind)
-                if "DATABASE_URL" in ctx["settings_of"][dig(d, "metadata.name")]:
-                    tmpl = dig(d, "spec.jobTemplate.spec.template") if d["kind"] == "CronJob" else dig(d, "spec.template")
-                    ctx["db_clients"].append((where, kn(d), dig(tmpl, "metadata.labels") or {}))
-    for d in by_kind.get("NetworkPolicy", {}).values():
-        ctx["network_policies"][dig(d, "metadata.name")] = d
+                ctx["workloads"].append((where, d, c["name"], ctx["settings_of"][dig(d, "metadata.name")]))
+    ctx["policies"].extend((where, d) for d in docs if d["kind"] == "NetworkPolicy")
     check_shared_settings(rep, where, ctx)
 
     for d in docs:
@@ -781,6 +1173,9 @@ def check_overlay(rep, where, docs, ctx_base, kv):
         if not dig(d, "metadata.name"):
             rep.error(where, f"{d.get('kind')} without metadata.name")
             continue
+        if d["kind"] not in CLUSTER_SCOPED and not ns_of(d):
+            rep.error(where, f"{kn(d)}: no metadata.namespace (kubectl apply would put it in the current "
+                             f"context's namespace, away from the objects it belongs with)")
         if (d["apiVersion"], d["kind"]) in CUSTOM:
             CUSTOM[(d["apiVersion"], d["kind"])](rep, where, d, ctx)
             ctx["custom_seen"].add(f"{d['apiVersion']} {d['kind']}")
@@ -804,6 +1199,7 @@ def check_overlay(rep, where, docs, ctx_base, kv):
                 ctx["binaries_deployed"].add(binary)
         if d["kind"] == "Ingress":
             check_ingress(rep, where, d, ctx)
+    check_slack_routes(rep, where, ctx)
     check_trace_pipeline(rep, where, docs, ctx)
 
 
@@ -831,9 +1227,54 @@ def check_dockerfile(rep, root: Path, bins):
                                        "offline query data (.sqlx) now; update Dockerfile and docs")
 
 
+def load_code(root: Path) -> dict:
+    """What the Rust sources say (raises rust_settings.ExtractError)."""
+    bins = rust_settings.binaries(root)
+    return dict(
+        bins=bins,
+        topology=rust_settings.topology(root, bins),
+        metrics=rust_settings.metric_names(root),
+        metric_labels=rust_settings.metric_labels(root),
+        cli_commands=rust_settings.cli_commands(root),
+        routes=rust_settings.gateway_routes(root),
+        public_routes=rust_settings.public_routes(root),
+        stream_storage=rust_settings.stream_storage(root),
+    )
+
+
+def check_all(rep, renders: list[tuple[str, list[dict]]], code: dict, nats_values: dict,
+              nats_install: dict, kv) -> dict:
+    """Every check of the rendered overlays [(name, documents)] and of the
+    NATS values; returns the context (what was seen, for the summary). Reads
+    no file: the self-test calls it again on altered copies."""
+    ctx = dict(code, renders=renders, pending_used=set(), custom_seen=set(), binaries_deployed=set(),
+               workloads=[], policies=[], trace_routes=[], nats_summary=[])
+    for name, docs in renders:
+        check_overlay(rep, name, docs, ctx, kv)
+    check_db_reachable(rep, ctx)
+    check_service_traces(rep, ctx)
+    check_nats(rep, ctx, nats_values, nats_install)
+    for b in SERVICES:
+        if b not in ctx["binaries_deployed"]:
+            rep.error("overlays", f"no overlay deploys {b}")
+    ctx["known_defects"] = []
+    for (where, msg), why in KNOWN_DEFECTS.items():
+        line = f"{where}: {msg}"
+        found = [e for e in rep.errors if e.startswith(line)]
+        if found:
+            rep.errors.remove(found[0])
+            ctx["known_defects"].append(f"{line} ({why})")
+        else:
+            rep.error("check_manifests.py", f"KNOWN_DEFECTS lists {line!r}, which is no longer found: remove it")
+    return ctx
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", required=True)
+    ap.add_argument("--self-test", action="store_true",
+                    help="then check altered copies of the input (selftest.py): every breakage must be caught")
+    ap.add_argument("--verbose", action="store_true", help="list each self-test breakage and the error it gave")
     ap.add_argument("renders", nargs="+", help="NAME=rendered.yaml")
     args = ap.parse_args()
     root = Path(args.root)
@@ -846,46 +1287,46 @@ def main() -> int:
             rep.error("check_manifests.py", f"{key} is no longer read in {path}; update EXTRA_READS")
 
     try:
-        bins = rust_settings.binaries(root)
-        topo = rust_settings.topology(root, bins)
-        metrics = rust_settings.metric_names(root)
-        metric_labels = rust_settings.metric_labels(root)
-        cli_commands = rust_settings.cli_commands(root)
-        routes = rust_settings.gateway_routes(root)
+        code = load_code(root)
     except rust_settings.ExtractError as e:
         print(f"FAIL reading the Rust sources: {e}")
         return 1
+    bins = code["bins"]
 
     all_required = {(b, k) for b, x in bins.items() for k in x.reads.required}
     for (b, k) in CONDITIONAL:
         if not any(k == rk and (b == "*" or b == rb) for rb, rk in all_required):
             rep.error("check_manifests.py", f"CONDITIONAL lists {k} for {b}, which the code no longer requires")
 
-    ctx = dict(bins=bins, topology=topo, metrics=metrics, metric_labels=metric_labels, routes=routes,
-               cli_commands=cli_commands, nats_replicas=nats_cluster_replicas(root, rep),
-               pending_used=set(), custom_seen=set(), binaries_deployed=set(),
-               db_clients=[], network_policies={}, trace_routes=[])
-    count = 0
+    nats_values = yaml.safe_load((root / NATS_VALUES).read_text()) or {}
+    nats_install = nats_installs(rep, (root / "deploy/README.md").read_text())
+    renders = []
     for item in args.renders:
         name, _, path = item.partition("=")
-        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
-        count += len(docs)
-        check_overlay(rep, name, docs, ctx, kv)
+        renders.append((name, [d for d in yaml.safe_load_all(Path(path).read_text()) if d]))
+    ctx = check_all(rep, renders, code, nats_values, nats_install, kv)
     check_dockerfile(rep, root, bins)
-    check_db_reachable(rep, ctx)
 
-    for b in SERVICES:
-        if b not in ctx["binaries_deployed"]:
-            rep.error("overlays", f"no overlay deploys {b}")
+    for line in ctx["known_defects"]:
+        print(f"notice: known defect, not failing the check: {line}")
     if ctx["pending_used"]:
         print("notice: alerts name metrics the code does not emit yet: " + ", ".join(sorted(ctx["pending_used"])))
-    print(f"checked {count} objects in {len(args.renders)} renders "
+    print(f"checked {sum(len(d) for _, d in renders)} objects in {len(renders)} renders "
           f"(Kubernetes {', '.join(v.rsplit('.', 1)[0] for v in K8S_VERSIONS)}; custom: "
           f"{', '.join(sorted(ctx['custom_seen']))})")
     for b in sorted(ctx["binaries_deployed"]):
         print(f"  {b}: reads {len(bins[b].reads.keys)} settings, requires {sorted(bins[b].reads.required)}")
     for route in ctx["trace_routes"]:
         print(f"  traces: {route}")
+    for line in ctx["nats_summary"]:
+        print(f"  nats: {line}")
+
+    if args.self_test:
+        sys.modules.setdefault("check_manifests", sys.modules[__name__])  # one copy of this module
+        import selftest
+        summary, failures = selftest.run(renders, code, nats_values, nats_install, kv, rep.errors, args.verbose)
+        print(summary)
+        rep.errors.extend(failures)
     for e in rep.errors:
         print(f"FAIL {e}")
     return 1 if rep.errors else 0

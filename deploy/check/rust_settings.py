@@ -334,6 +334,22 @@ def gateway_routes(root: Path) -> set[str]:
     return set(re.findall(r'\.route\(\s*"([^"]+)"', code))
 
 
+def public_routes(root: Path) -> set[str]:
+    """The gateway's own routes (Slack intake, OAuth), without the health
+    and metrics routes every service serves (runtime/src/health.rs)."""
+    code = collapse(non_test_code((root / "crates/gateway/src/lib.rs").read_text()))
+    return set(re.findall(r'\.route\(\s*"([^"]+)"', code))
+
+
+def stream_storage(root: Path) -> set[str]:
+    """The JetStream storage types the streams are declared with (bus.rs)."""
+    code = collapse(non_test_code((root / "crates/runtime/src/bus.rs").read_text()))
+    found = set(re.findall(r"\bStorageType::(\w+)", code))
+    if not found:
+        raise ExtractError("crates/runtime/src/bus.rs: no StorageType:: in the stream declarations")
+    return found
+
+
 def cli_commands(root: Path) -> set[str]:
     """The subcommands of the `threadline` CLI (`enum Command` in
     crates/cli/src/main.rs; clap's kebab-case or an explicit name)."""
