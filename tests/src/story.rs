@@ -290,7 +290,7 @@ pub async fn play(s: &Stack) -> Story {
     chapters.push(Chapter {
         title: "The bot's own reply is ignored (no loop)",
         slack: format!(
-            "{delivered_back} message event(s) delivered so far, the reply's among them; {} in the thread",
+            "{delivered_back} message event(s) delivered so far; {} in the thread",
             replies(app_messages)
         ),
         recorded: format!(
