@@ -319,10 +319,7 @@ pub async fn soak(s: &mut Stack, cfg: &Config) -> Report {
         let pause = below(&mut rng, cfg.max_pause.as_millis() as u64 + 1);
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
-    let _ = reqwest::Client::new()
-        .delete(format!("{}/_sim/faults", s.sim.base_url))
-        .send()
-        .await;
+    crate::sim_clear_faults(&s.sim).await;
     let acting = started.elapsed();
     quiesce(s).await;
     let settling = started.elapsed() - acting;

@@ -266,6 +266,15 @@ pub async fn spawn_slack_sim(seed: u64, time_scale: f64) -> Proc {
     }
 }
 
+/// Clears every fault the emulator has been told to inject.
+pub async fn sim_clear_faults(sim: &Proc) {
+    reqwest::Client::new()
+        .delete(format!("{}/_sim/faults", sim.base_url))
+        .send()
+        .await
+        .expect("clearing slack-sim's faults");
+}
+
 /// POSTs to the emulator's control API and returns the JSON answer.
 pub async fn sim_ctl(sim: &Proc, path: &str, body: serde_json::Value) -> serde_json::Value {
     let r = reqwest::Client::new()

@@ -321,10 +321,7 @@ pub async fn play(s: &Stack) -> Story {
     .await;
     let root = t.mention("is the queue stuck?", None).await;
     t.settle(&root).await;
-    let _ = reqwest::Client::new()
-        .delete(format!("{}/_sim/faults", s.sim.base_url))
-        .send()
-        .await;
+    crate::sim_clear_faults(&s.sim).await;
     let answers = s.answers(&root).await;
     let (receipts, dups): (i64, i64) = sqlx::query_as(
         "SELECT count(*), coalesce(sum(duplicate_deliveries), 0)::bigint FROM event_receipts WHERE message_ts = $1",

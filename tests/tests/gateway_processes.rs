@@ -630,43 +630,36 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (id, bytes, key): (uuid::Uuid, Vec<u8>, String) =
-        sqlx::query_as("SELECT id, bot_token_sealed, bot_token_key_id FROM installations")
-            .fetch_one(&db.pool)
-            .await
-            .expect("row");
-    assert_eq!(key, "k2");
-    // The new key alone opens it now.
+    // Both tokens are under k2 now, and k2 alone opens them.
     let only_k2 = threadline_runtime::secrets::TokenCipher::parse(&k2.into()).expect("keys");
-    let token = only_k2
-        .open(
-            &threadline_runtime::secrets::Sealed { key_id: key, bytes },
-            &threadline_runtime::secrets::token_aad(&id, "bot"),
-        )
-        .expect("opens with k2");
-    assert_eq!(
-        secrecy::ExposeSecret::expose_secret(&token),
-        "xoxb-rotate-me-123"
-    );
-    // The refresh token too: once k1 is dropped, it must still open.
-    let (bytes, key): (Vec<u8>, String) = sqlx::query_as(
-        "SELECT refresh_token_sealed, refresh_token_key_id FROM installations WHERE id = $1",
-    )
-    .bind(inst)
-    .fetch_one(&db.pool)
-    .await
-    .expect("row");
-    assert_eq!(key, "k2", "the refresh token is re-sealed as well");
-    let refresh = only_k2
-        .open(
-            &threadline_runtime::secrets::Sealed { key_id: key, bytes },
-            &threadline_runtime::secrets::token_aad(&inst, "refresh"),
-        )
-        .expect("the refresh token opens with k2");
-    assert_eq!(
-        secrecy::ExposeSecret::expose_secret(&refresh),
-        "xoxe-1-refresh-me"
-    );
+    for (columns, purpose, expected) in [
+        (
+            "bot_token_sealed, bot_token_key_id",
+            "bot",
+            "xoxb-rotate-me-123",
+        ),
+        (
+            "refresh_token_sealed, refresh_token_key_id",
+            "refresh",
+            "xoxe-1-refresh-me",
+        ),
+    ] {
+        let (bytes, key): (Vec<u8>, String) = sqlx::query_as(&format!(
+            "SELECT {columns} FROM installations WHERE id = $1"
+        ))
+        .bind(inst)
+        .fetch_one(&db.pool)
+        .await
+        .expect("row");
+        assert_eq!(key, "k2", "the {purpose} token is re-sealed");
+        let token = only_k2
+            .open(
+                &threadline_runtime::secrets::Sealed { key_id: key, bytes },
+                &threadline_runtime::secrets::token_aad(&inst, purpose),
+            )
+            .unwrap_or_else(|e| panic!("the {purpose} token opens with k2: {e}"));
+        assert_eq!(secrecy::ExposeSecret::expose_secret(&token), expected);
+    }
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("1 refresh token"),
         "{}",

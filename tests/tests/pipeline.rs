@@ -428,11 +428,7 @@ async fn every_event_to_two_gateways_gives_one_receipt_one_model_call_one_reply_
 /// its twin are retried), and delivers every later attempt to both
 /// gateways at once.
 async fn retried_then_duplicated(s: &Stack) {
-    reqwest::Client::new()
-        .delete(format!("{}/_sim/faults", s.sim.base_url))
-        .send()
-        .await
-        .expect("clear faults");
+    threadline_tests::sim_clear_faults(&s.sim).await;
     sim_ctl(
         &s.sim,
         "faults",

@@ -96,7 +96,7 @@ impl Handler {
     async fn process(&self, ev: &EventAccepted, receipt: Uuid) -> anyhow::Result<Step> {
         let inst_id = Uuid::parse_str(&ev.installation_id)?;
         let opened = store::open(&self.pool, inst_id, receipt, &ev.channel_id).await?;
-        let (Some(inst), Some(policy)) = (opened.installation, opened.policy) else {
+        let Some((inst, policy)) = opened.installation else {
             return self
                 .end(ev, receipt, "ignored", "unknown_installation")
                 .await;

@@ -104,10 +104,9 @@ fn into_installation(
 /// What handling an event starts from, read (and the receipt moved to
 /// `processing`) in one statement.
 pub struct Opened {
+    /// The installation and its trigger policy for the event's channel;
     /// `None`: no such installation.
-    pub installation: Option<Installation>,
-    /// The trigger policy for the event's channel (when the installation exists).
-    pub policy: Option<TriggerPolicy>,
+    pub installation: Option<(Installation, TriggerPolicy)>,
     /// Whether the channel is private, as learned within the hour.
     pub channel_private: Option<bool>,
     /// The receipt moved to `processing`; false when the installation is
@@ -166,7 +165,6 @@ pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sq
     let Some(r) = row else {
         return Ok(Opened {
             installation: None,
-            policy: None,
             channel_private: None,
             begun: false,
         });
@@ -193,8 +191,7 @@ pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sq
         r.mode.zip(r.keywords).map(|(m, k)| (m, k, allowed)),
     );
     Ok(Opened {
-        installation: Some(installation),
-        policy: Some(policy),
+        installation: Some((installation, policy)),
         channel_private: r.is_private,
         begun: r.begun,
     })

@@ -95,15 +95,9 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let pool = threadline_runtime::db::pool(&cfg.common)?;
-    let Some(missing) =
-        threadline_runtime::service::retrying("reading the database schema", &shutdown, || {
-            threadline_runtime::db::missing_migrations(&pool)
-        })
-        .await?
-    else {
+    if !threadline_runtime::service::schema_checked(&pool, &shutdown).await? {
         return Ok(());
-    };
-    threadline_runtime::db::schema_verdict(missing)?;
+    }
     let nats = threadline_runtime::bus::connect(&cfg.common.nats_url, "threadline-gateway").await?;
     let verifier = Verifier::new(cfg.signing_secrets.0.clone()).context("SLACK_SIGNING_SECRET")?;
 

@@ -36,14 +36,9 @@ pub async fn start(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<Deps>> {
     let pool = crate::db::pool(common)?;
-    let Some(missing) = retrying("reading the database schema", shutdown, || {
-        crate::db::missing_migrations(&pool)
-    })
-    .await?
-    else {
+    if !schema_checked(&pool, shutdown).await? {
         return Ok(None);
-    };
-    crate::db::schema_verdict(missing)?;
+    }
     let nats = crate::bus::connect(&common.nats_url, name).await?;
     let js = jetstream::new(nats.clone());
     let topology = Topology::from_config(common);
@@ -63,9 +58,23 @@ pub async fn start(
     }))
 }
 
+/// Waits (as [`retrying`]) until the database can be read, then refuses a
+/// schema behind the binary at once. `Ok(false)` means `shutdown` came first.
+pub async fn schema_checked(pool: &PgPool, shutdown: &CancellationToken) -> anyhow::Result<bool> {
+    let Some(missing) = retrying("reading the database schema", shutdown, || {
+        crate::db::missing_migrations(pool)
+    })
+    .await?
+    else {
+        return Ok(false);
+    };
+    crate::db::schema_verdict(missing)?;
+    Ok(true)
+}
+
 /// Runs `attempt` until it succeeds, backing off from 100 ms to 5 s between
 /// failures, for at most [`STARTUP_PATIENCE`]; `Ok(None)` on shutdown.
-pub async fn retrying<T, F, Fut>(
+async fn retrying<T, F, Fut>(
     what: &str,
     shutdown: &CancellationToken,
     mut attempt: F,
