@@ -12,19 +12,24 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::Sim;
+use crate::delivery::Envelope;
 use crate::delivery::dispatch;
 use crate::events;
 use crate::model::{
-    App, Channel, ChannelKind, Fault, Install, Message, Team, User, World, now_unix, ts_key,
+    App, Channel, ChannelKind, Edit, Fault, FaultMode, Install, Message, Team, TsKey, User, World,
+    now_micros, now_unix, ts_key,
 };
 
-type ApiResult = Result<Json<Value>, (StatusCode, Json<Value>)>;
+/// A refusal of the control API: status and `{"error": …}`.
+type Refusal = (StatusCode, Json<Value>);
 
-fn bad(msg: impl Into<String>) -> (StatusCode, Json<Value>) {
+type ApiResult = Result<Json<Value>, Refusal>;
+
+fn bad(msg: impl Into<String>) -> Refusal {
     (StatusCode::BAD_REQUEST, Json(json!({"error": msg.into()})))
 }
 
-fn not_found(what: &str, id: &str) -> (StatusCode, Json<Value>) {
+fn not_found(what: &str, id: &str) -> Refusal {
     (
         StatusCode::NOT_FOUND,
         Json(json!({"error": format!("no {what} {id:?}")})),
@@ -454,73 +459,91 @@ pub async fn revoke_tokens(
 
 #[derive(Deserialize)]
 pub struct PostReq {
-    user: String,
-    channel: String,
-    text: String,
-    thread_ts: Option<String>,
+    pub(crate) user: String,
+    pub(crate) channel: String,
+    pub(crate) text: String,
+    pub(crate) thread_ts: Option<String>,
     #[serde(default)]
-    reply_broadcast: bool,
-    blocks: Option<Value>,
+    pub(crate) reply_broadcast: bool,
+    pub(crate) blocks: Option<Value>,
+}
+
+/// Where a person's post goes: the author, the channel and the thread
+/// root (`thread_ts` resolved to its root, as Slack does). Refuses what
+/// Slack's client would not let the person do.
+pub(crate) fn human_post_target(
+    w: &World,
+    user: &str,
+    channel: &str,
+    thread_ts: Option<&str>,
+) -> Result<(User, Channel, Option<String>), Refusal> {
+    let user = w
+        .users
+        .get(user)
+        .cloned()
+        .ok_or_else(|| not_found("user", user))?;
+    let channel = w
+        .channels
+        .get(channel)
+        .ok_or_else(|| not_found("channel", channel))?;
+    if !channel.members.contains(&user.id) {
+        return Err(bad("the user is not a member of the channel"));
+    }
+    if channel.is_archived {
+        return Err(bad("the channel is archived"));
+    }
+    let thread_ts = match thread_ts {
+        Some(t) => {
+            let parent = w
+                .message(&channel.id, t)
+                .ok_or_else(|| not_found("message", t))?;
+            Some(parent.thread_ts.clone().unwrap_or_else(|| t.to_owned()))
+        }
+        None => None,
+    };
+    Ok((user, channel.clone(), thread_ts))
+}
+
+/// A person's message, as `/_sim/act/post` and the `inject_reply` fault
+/// post it: stored, with the events it causes (not yet dispatched).
+pub(crate) fn human_post(w: &mut World, r: PostReq) -> Result<(String, Vec<Envelope>), Refusal> {
+    let (user, channel, thread_ts) =
+        human_post_target(w, &r.user, &r.channel, r.thread_ts.as_deref())?;
+    let ts = w.clock.next_ts();
+    let client_msg_id = format!(
+        "{}-{}-{}-{}-{}",
+        w.rng.hex(8),
+        w.rng.hex(4),
+        w.rng.hex(4),
+        w.rng.hex(4),
+        w.rng.hex(12)
+    );
+    let msg = Message {
+        channel: channel.id.clone(),
+        ts: ts.clone(),
+        user: Some(user.id.clone()),
+        bot_id: None,
+        app_id: None,
+        username: None,
+        subtype: (thread_ts.is_some() && r.reply_broadcast).then(|| "thread_broadcast".to_owned()),
+        text: r.text,
+        thread_ts,
+        blocks: r.blocks,
+        metadata: None,
+        edited: None,
+        deleted: false,
+        client_msg_id: Some(client_msg_id),
+        created_at_micros: now_micros(),
+        deleted_at_micros: None,
+        edits: Vec::new(),
+    };
+    let envs = events::post(w, &channel, msg);
+    Ok((ts, envs))
 }
 
 /// A person posts (top level, or a reply with `thread_ts`).
 pub async fn act_post(State(sim): State<Sim>, Json(r): Json<PostReq>) -> ApiResult {
-    let (ts, envs) = {
-        let mut w = sim.lock();
-        let user = w
-            .users
-            .get(&r.user)
-            .cloned()
-            .ok_or_else(|| not_found("user", &r.user))?;
-        let channel = w
-            .channels
-            .get(&r.channel)
-            .cloned()
-            .ok_or_else(|| not_found("channel", &r.channel))?;
-        if !channel.members.contains(&user.id) {
-            return Err(bad("the user is not a member of the channel"));
-        }
-        if channel.is_archived {
-            return Err(bad("the channel is archived"));
-        }
-        let thread_ts = match r.thread_ts {
-            Some(t) => {
-                let parent = w
-                    .message(&channel.id, &t)
-                    .ok_or_else(|| not_found("message", &t))?;
-                Some(parent.thread_ts.clone().unwrap_or(t))
-            }
-            None => None,
-        };
-        let ts = w.clock.next_ts();
-        let client_msg_id = format!(
-            "{}-{}-{}-{}-{}",
-            w.rng.hex(8),
-            w.rng.hex(4),
-            w.rng.hex(4),
-            w.rng.hex(4),
-            w.rng.hex(12)
-        );
-        let msg = Message {
-            channel: channel.id.clone(),
-            ts: ts.clone(),
-            user: Some(user.id.clone()),
-            bot_id: None,
-            app_id: None,
-            username: None,
-            subtype: (thread_ts.is_some() && r.reply_broadcast)
-                .then(|| "thread_broadcast".to_owned()),
-            text: r.text,
-            thread_ts,
-            blocks: r.blocks,
-            metadata: None,
-            edited: None,
-            deleted: false,
-            client_msg_id: Some(client_msg_id),
-        };
-        let envs = events::post(&mut w, &channel, msg);
-        (ts, envs)
-    };
+    let (ts, envs) = human_post(&mut sim.lock(), r)?;
     Ok(announce(&sim, Some(ts), envs))
 }
 
@@ -563,6 +586,9 @@ pub async fn act_bot_post(State(sim): State<Sim>, Json(r): Json<BotPostReq>) -> 
             edited: None,
             deleted: false,
             client_msg_id: None,
+            created_at_micros: now_micros(),
+            deleted_at_micros: None,
+            edits: Vec::new(),
         };
         let envs = events::post(&mut w, &channel, msg);
         (ts, envs)
@@ -599,10 +625,12 @@ pub async fn act_edit(State(sim): State<Sim>, Json(r): Json<EditReq>) -> ApiResu
         let mut after = before.clone();
         after.text = r.text;
         after.edited = Some((r.user.clone(), event_ts.clone()));
-        w.messages
-            .entry(r.channel.clone())
-            .or_default()
-            .insert(ts_key(&r.ts), after.clone());
+        after.edits.push(Edit {
+            text: after.text.clone(),
+            edit_ts: event_ts.clone(),
+            at_micros: now_micros(),
+        });
+        w.insert_message(after.clone());
         events::edited(&mut w, &channel, &before, &after, &event_ts)
     };
     Ok(announce(&sim, None, envs))
@@ -628,13 +656,7 @@ pub async fn act_delete(State(sim): State<Sim>, Json(r): Json<DeleteReq>) -> Api
             .filter(|m| !m.deleted)
             .cloned()
             .ok_or_else(|| not_found("message", &r.ts))?;
-        if let Some(m) = w
-            .messages
-            .get_mut(&r.channel)
-            .and_then(|m| m.get_mut(&ts_key(&r.ts)))
-        {
-            m.deleted = true;
-        }
+        w.mark_deleted(&r.channel, &r.ts);
         let event_ts = w.clock.next_ts();
         events::deleted(&mut w, &channel, &before, &event_ts)
     };
@@ -646,8 +668,41 @@ pub async fn add_fault(State(sim): State<Sim>, Json(f): Json<Fault>) -> ApiResul
         return Err(bad("probability must be within 0..=1"));
     }
     let mut w = sim.lock();
+    if f.mode == FaultMode::InjectReply {
+        check_inject_reply(&w, &f)?;
+    }
     w.faults.push(f);
     Ok(Json(json!({"faults": w.faults})))
+}
+
+/// `inject_reply` needs a person who can reply where the fault may fire:
+/// a member of the fault's `channel`, or of some channel when it names none.
+fn check_inject_reply(w: &World, f: &Fault) -> Result<(), Refusal> {
+    if f.method != "chat.postMessage" {
+        return Err(bad("inject_reply is a chat.postMessage fault"));
+    }
+    let user = f
+        .user
+        .as_deref()
+        .ok_or_else(|| bad("inject_reply needs a user"))?;
+    match w.users.get(user) {
+        Some(u) if !u.is_bot => {}
+        Some(_) => return Err(bad("inject_reply's user must be a person, not a bot")),
+        None => return Err(not_found("user", user)),
+    }
+    let member = match f.channel.as_deref() {
+        Some(c) => w
+            .channels
+            .get(c)
+            .ok_or_else(|| not_found("channel", c))?
+            .members
+            .contains(user),
+        None => w.channels.values().any(|c| c.members.contains(user)),
+    };
+    if !member {
+        return Err(bad("inject_reply's user is not a member of the channel"));
+    }
+    Ok(())
 }
 
 pub async fn clear_faults(State(sim): State<Sim>) -> ApiResult {
@@ -661,15 +716,7 @@ pub async fn thread(
     Path((channel, ts)): Path<(String, String)>,
 ) -> ApiResult {
     let w = sim.lock();
-    let msgs: Vec<&Message> = w
-        .messages
-        .get(&channel)
-        .map(|m| {
-            m.values()
-                .filter(|x| x.ts == ts || x.thread_ts.as_deref() == Some(ts.as_str()))
-                .collect()
-        })
-        .unwrap_or_default();
+    let msgs = w.thread_with_deleted(&channel, &ts);
     if msgs.is_empty() {
         return Err(not_found("thread", &ts));
     }
@@ -679,6 +726,7 @@ pub async fn thread(
 #[derive(Deserialize)]
 pub struct CallsQuery {
     method: Option<String>,
+    channel: Option<String>,
 }
 
 pub async fn calls(State(sim): State<Sim>, Query(q): Query<CallsQuery>) -> ApiResult {
@@ -686,7 +734,12 @@ pub async fn calls(State(sim): State<Sim>, Query(q): Query<CallsQuery>) -> ApiRe
     let calls: Vec<_> = w
         .calls
         .iter()
-        .filter(|c| q.method.as_deref().is_none_or(|m| m == c.method))
+        .filter(|c| {
+            q.method.as_deref().is_none_or(|m| m == c.method)
+                && q.channel
+                    .as_deref()
+                    .is_none_or(|ch| Some(ch) == c.channel.as_deref())
+        })
         .collect();
     Ok(Json(json!({"calls": calls})))
 }
@@ -695,6 +748,7 @@ pub async fn calls(State(sim): State<Sim>, Query(q): Query<CallsQuery>) -> ApiRe
 pub struct DeliveriesQuery {
     event_id: Option<String>,
     app_id: Option<String>,
+    channel: Option<String>,
 }
 
 pub async fn deliveries(State(sim): State<Sim>, Query(q): Query<DeliveriesQuery>) -> ApiResult {
@@ -705,6 +759,9 @@ pub async fn deliveries(State(sim): State<Sim>, Query(q): Query<DeliveriesQuery>
         .filter(|d| {
             q.event_id.as_deref().is_none_or(|e| e == d.event_id)
                 && q.app_id.as_deref().is_none_or(|a| a == d.app_id)
+                && q.channel
+                    .as_deref()
+                    .is_none_or(|c| Some(c) == d.channel.as_deref())
         })
         .collect();
     Ok(Json(json!({"deliveries": d})))
@@ -742,14 +799,23 @@ pub async fn app_posts(State(sim): State<Sim>, Query(q): Query<AppPostsQuery>) -
                 .and_then(Value::as_str)
                 .map(str::to_owned);
             let trigger = declared.or_else(|| {
-                msgs.values()
-                    .filter(|x| {
-                        (x.ts == root || x.thread_ts.as_deref() == Some(root.as_str()))
-                            && ts_key(&x.ts) < ts_key(&m.ts)
-                            && x.app_id.as_deref() != Some(q.app_id.as_str())
-                    })
+                // The thread's index, newest first from just before the post.
+                let (key, root_key) = (ts_key(&m.ts), ts_key(&root));
+                let by_other = |k: &TsKey| {
+                    msgs.get(k)
+                        .filter(|x| x.app_id.as_deref() != Some(q.app_id.as_str()))
+                        .map(|_| *k)
+                };
+                let reply = w
+                    .replies
+                    .get(channel)
+                    .and_then(|t| t.get(&root_key))
+                    .and_then(|r| r.range(..key).rev().find_map(by_other));
+                let parent = (root_key < key).then(|| by_other(&root_key)).flatten();
+                reply
+                    .max(parent)
+                    .and_then(|k| msgs.get(&k))
                     .map(|x| x.ts.clone())
-                    .next_back()
             });
             if let Some(t) = trigger {
                 *per_trigger.entry((channel.clone(), root, t)).or_default() += 1;

@@ -19,6 +19,10 @@ pub struct Envelope {
     pub event_id: String,
     pub event_type: String,
     pub body: Value,
+    /// What the event is about, for the delivery log (never sent).
+    pub channel: Option<String>,
+    pub message_ts: Option<String>,
+    pub subtype: Option<String>,
 }
 
 /// `X-Slack-Request-Timestamp` and `X-Slack-Signature` for a body sent at `ts`.
@@ -94,7 +98,7 @@ async fn deliver(
             let Some(app) = w.apps.get(&env.app_id).cloned() else {
                 return;
             };
-            let fault = w.take_fault("events", Some(&env.app_id));
+            let fault = w.take_fault("events", Some(&env.app_id), env.channel.as_deref());
             (
                 app,
                 fault,
@@ -140,6 +144,7 @@ async fn deliver(
                 }
             }
         });
+        let sent_at = now_micros();
         let outcomes = futures::future::join_all(sends).await;
         let held = matches!(
             fault.as_ref().map(|f| f.mode),
@@ -168,6 +173,10 @@ async fn deliver(
                     status,
                     result: result.to_owned(),
                     at_micros: now_micros(),
+                    sent_at_micros: sent_at,
+                    channel: env.channel.clone(),
+                    message_ts: env.message_ts.clone(),
+                    subtype: env.subtype.clone(),
                 });
                 if i == 0 {
                     match result {

@@ -59,11 +59,41 @@ fn envelope(
     if let Some(e) = enterprise {
         body["enterprise_id"] = e.into();
     }
+    let about = About::of(&body["event"]);
     Envelope {
         app_id: app.id.clone(),
         event_id,
         event_type: event_type.to_owned(),
         body,
+        channel: about.channel,
+        message_ts: about.message_ts,
+        subtype: about.subtype,
+    }
+}
+
+/// What an event is about, for the delivery log.
+struct About {
+    channel: Option<String>,
+    message_ts: Option<String>,
+    subtype: Option<String>,
+}
+
+impl About {
+    fn of(event: &Value) -> Self {
+        let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
+        let subtype = text(&event["subtype"]);
+        let is_message = matches!(event["type"].as_str(), Some("message" | "app_mention"));
+        let message_ts = match subtype.as_deref() {
+            _ if !is_message => None,
+            Some("message_changed") => text(&event["message"]["ts"]),
+            Some("message_deleted") => text(&event["deleted_ts"]),
+            _ => text(&event["ts"]),
+        };
+        Self {
+            channel: text(&event["channel"]),
+            message_ts,
+            subtype,
+        }
     }
 }
 
@@ -152,10 +182,7 @@ pub fn new_message(w: &mut World, channel: &Channel, m: &Message) -> Vec<Envelop
 
 /// Stores a new message in its channel and returns the events it causes.
 pub fn post(w: &mut World, channel: &Channel, msg: Message) -> Vec<Envelope> {
-    w.messages
-        .entry(channel.id.clone())
-        .or_default()
-        .insert(crate::model::ts_key(&msg.ts), msg.clone());
+    w.insert_message(msg.clone());
     new_message(w, channel, &msg)
 }
 

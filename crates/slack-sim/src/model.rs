@@ -3,7 +3,7 @@
 //! one lock; every id comes from a seeded generator so a scenario replays
 //! the same way.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -81,8 +81,11 @@ impl TsClock {
     }
 }
 
+/// A Slack timestamp as (seconds, microseconds), ordered numerically.
+pub type TsKey = (u64, u64);
+
 /// Compares Slack timestamps numerically.
-pub fn ts_key(ts: &str) -> (u64, u64) {
+pub fn ts_key(ts: &str) -> TsKey {
     let (a, b) = ts.split_once('.').unwrap_or((ts, "0"));
     (a.parse().unwrap_or(0), b.parse().unwrap_or(0))
 }
@@ -224,6 +227,22 @@ pub struct Message {
     pub edited: Option<(String, String)>,
     pub deleted: bool,
     pub client_msg_id: Option<String>,
+    /// Inspection only (never in Web API answers or events): when the
+    /// message was created, when it was deleted, and every edit in order
+    /// (`text` above is the current text).
+    pub created_at_micros: u64,
+    pub deleted_at_micros: Option<u64>,
+    pub edits: Vec<Edit>,
+}
+
+/// One edit of a message, for inspection.
+#[derive(Debug, Clone, Serialize)]
+pub struct Edit {
+    /// The text after the edit.
+    pub text: String,
+    /// The `ts` of the edit's `message_changed` event.
+    pub edit_ts: String,
+    pub at_micros: u64,
 }
 
 impl Message {
@@ -291,10 +310,20 @@ pub struct CallRecord {
     pub http_status: u16,
     /// `ok` or Slack's error code.
     pub outcome: String,
-    /// What the emulator did: applied, not applied, or applied and the
-    /// response was lost.
+    /// What the emulator did: `applied`, `not_applied`,
+    /// `applied_response_lost`, `applied_connection_reset`, or
+    /// `applied_client_gone` (applied after the client had hung up).
     pub effect: String,
+    /// When the call was answered (or given up on) and recorded.
     pub at_micros: u64,
+    /// When the request arrived, before any fault latency.
+    pub received_at_micros: u64,
+    /// For an applied `chat.postMessage` / `chat.update` / `chat.delete`:
+    /// the message it created or touched.
+    pub ts: Option<String>,
+    /// For an `inject_reply` fault: the human reply posted when the call
+    /// arrived.
+    pub injected_ts: Option<String>,
 }
 
 /// One delivery attempt of an event to an app.
@@ -309,9 +338,27 @@ pub struct DeliveryRecord {
     /// HTTP status, or none for a timeout / connection failure.
     pub status: Option<u16>,
     pub result: String,
+    /// When the attempt's outcome was known.
     pub at_micros: u64,
+    /// When the attempt was sent.
+    pub sent_at_micros: u64,
+    /// The conversation the event is about (none for lifecycle events).
+    pub channel: Option<String>,
+    /// The message the event is about: `ts` of a new message or
+    /// `app_mention`, `message.ts` of `message_changed`, `deleted_ts` of
+    /// `message_deleted`.
+    pub message_ts: Option<String>,
+    /// The event's `subtype`, if any.
+    pub subtype: Option<String>,
 }
 
+/// A fault armed by `POST /_sim/faults`. Each matching call takes at most
+/// one fault (the first armed that matches).
+///
+/// `latency` always applies the call: the wait and the call run to
+/// completion even when the client gives up and closes the connection
+/// meanwhile (Slack keeps processing a request whose client went away);
+/// such a call is recorded with effect `applied_client_gone`.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Fault {
     /// A Web API method name, or `events` for Events API deliveries.
@@ -323,7 +370,8 @@ pub struct Fault {
     /// Probability that a matching call is affected (default 1).
     #[serde(default = "certain")]
     pub probability: f64,
-    /// For `latency` and `lost_response`: milliseconds to wait.
+    /// For `latency`, `lost_response` and `inject_reply`: milliseconds to
+    /// wait.
     #[serde(default)]
     pub latency_ms: u64,
     /// For `ratelimited`: the `Retry-After` seconds.
@@ -338,7 +386,20 @@ pub struct Fault {
     /// For Events API faults: only this app.
     #[serde(default)]
     pub app_id: Option<String>,
+    /// Only calls (or event deliveries) about this conversation.
+    #[serde(default)]
+    pub channel: Option<String>,
+    /// For `inject_reply` (required): the person who replies.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// For `inject_reply`: the reply's text (default
+    /// "a reply that crossed the answer").
+    #[serde(default)]
+    pub text: Option<String>,
 }
+
+/// The text of an `inject_reply` reply when the fault names none.
+pub const DEFAULT_INJECTED_TEXT: &str = "a reply that crossed the answer";
 
 fn one() -> u32 {
     1
@@ -351,7 +412,8 @@ fn certain() -> f64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FaultMode {
-    /// Added latency, then normal handling.
+    /// Added latency, then normal handling; applied even if the client
+    /// gives up meanwhile.
     Latency,
     /// Applied, then no answer: the client times out.
     LostResponse,
@@ -369,6 +431,12 @@ pub enum FaultMode {
     Duplicate,
     /// Events: count the delivery as timed out whatever the app answered.
     HoldPastDeadline,
+    /// `chat.postMessage`: when the call arrives, `user` replies in the
+    /// thread it targets (or top level), with all its events; then, after
+    /// `latency_ms`, the post is applied (even if the client gives up).
+    /// It fires only on a call that authenticates and targets a
+    /// conversation where `user` can reply; otherwise it stays armed.
+    InjectReply,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -415,15 +483,20 @@ pub struct World {
     pub users: BTreeMap<String, User>,
     pub channels: BTreeMap<String, Channel>,
     pub apps: BTreeMap<String, App>,
-    /// channel → ts → message
-    pub messages: BTreeMap<String, BTreeMap<(u64, u64), Message>>,
+    /// channel → ts → message (every message is added with
+    /// [`World::insert_message`], which keeps `replies` current)
+    pub messages: BTreeMap<String, BTreeMap<TsKey, Message>>,
+    /// channel → thread root ts → its replies' ts (deleted ones too), so
+    /// that a thread is read without scanning its channel.
+    pub replies: HashMap<String, HashMap<TsKey, BTreeSet<TsKey>>>,
     pub calls: Vec<CallRecord>,
     pub deliveries: Vec<DeliveryRecord>,
     pub faults: Vec<Fault>,
     /// (team, channel) → post budget
     pub post_buckets: HashMap<(String, String), Bucket>,
-    /// (app, team, method) → request times (micros) in the last minute
-    pub read_windows: HashMap<(String, String, String), Vec<u64>>,
+    /// (app, team, method) → request times (micros) in the last minute,
+    /// oldest first
+    pub read_windows: HashMap<(String, String, String), VecDeque<u64>>,
     /// OAuth codes: code → (app, team)
     pub oauth_codes: HashMap<String, (String, String)>,
     pub revoked_tokens: BTreeSet<String>,
@@ -445,6 +518,7 @@ impl World {
             channels: BTreeMap::new(),
             apps: BTreeMap::new(),
             messages: BTreeMap::new(),
+            replies: HashMap::new(),
             calls: Vec::new(),
             deliveries: Vec::new(),
             faults: Vec::new(),
@@ -462,32 +536,80 @@ impl World {
         self.messages.get(channel).and_then(|m| m.get(&ts_key(ts)))
     }
 
+    /// Adds (or replaces, for an edit or deletion) a message and indexes
+    /// it under its thread.
+    pub fn insert_message(&mut self, msg: Message) {
+        let key = ts_key(&msg.ts);
+        if let Some(root) = msg.thread_ts.as_deref().map(ts_key)
+            && root != key
+        {
+            self.replies
+                .entry(msg.channel.clone())
+                .or_default()
+                .entry(root)
+                .or_default()
+                .insert(key);
+        }
+        self.messages
+            .entry(msg.channel.clone())
+            .or_default()
+            .insert(key, msg);
+    }
+
+    /// Marks a message deleted (it stays for inspection).
+    pub fn mark_deleted(&mut self, channel: &str, ts: &str) {
+        if let Some(m) = self
+            .messages
+            .get_mut(channel)
+            .and_then(|m| m.get_mut(&ts_key(ts)))
+        {
+            m.deleted = true;
+            m.deleted_at_micros = Some(now_micros());
+        }
+    }
+
+    /// The root and its replies, oldest first, deleted ones included.
+    pub fn thread_with_deleted(&self, channel: &str, root_ts: &str) -> Vec<&Message> {
+        let Some(msgs) = self.messages.get(channel) else {
+            return Vec::new();
+        };
+        let root = ts_key(root_ts);
+        let mut keys: Vec<TsKey> = self
+            .replies
+            .get(channel)
+            .and_then(|t| t.get(&root))
+            .map(|r| r.iter().copied().collect())
+            .unwrap_or_default();
+        if msgs.contains_key(&root) {
+            // Replies are younger than their root, but a `bot_post` may name
+            // any `thread_ts`: keep the order by ts whatever happens.
+            let at = keys.partition_point(|k| *k < root);
+            keys.insert(at, root);
+        }
+        keys.iter().filter_map(|k| msgs.get(k)).collect()
+    }
+
     /// Replies in a thread (not counting the root, not deleted).
     pub fn reply_count(&self, channel: &str, root_ts: &str) -> usize {
-        self.messages
-            .get(channel)
-            .map(|m| {
-                m.values()
-                    .filter(|x| {
-                        !x.deleted && x.thread_ts.as_deref() == Some(root_ts) && x.ts != root_ts
-                    })
-                    .count()
-            })
-            .unwrap_or(0)
+        let (Some(msgs), Some(replies)) = (
+            self.messages.get(channel),
+            self.replies
+                .get(channel)
+                .and_then(|t| t.get(&ts_key(root_ts))),
+        ) else {
+            return 0;
+        };
+        replies
+            .iter()
+            .filter(|k| msgs.get(k).is_some_and(|m| !m.deleted))
+            .count()
     }
 
     /// The root and its replies, oldest first (deleted ones excluded).
     pub fn thread(&self, channel: &str, root_ts: &str) -> Vec<&Message> {
-        self.messages
-            .get(channel)
-            .map(|m| {
-                m.values()
-                    .filter(|x| {
-                        !x.deleted && (x.ts == root_ts || x.thread_ts.as_deref() == Some(root_ts))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        let mut t = self.thread_with_deleted(channel, root_ts);
+        t.retain(|m| !m.deleted);
+        t
     }
 
     /// The installation of `app` that covers workspace `team_id`: its own,
@@ -528,9 +650,30 @@ impl World {
     }
 
     /// Takes one matching fault, if any fires for this call.
-    pub fn take_fault(&mut self, method: &str, app_id: Option<&str>) -> Option<Fault> {
-        let idx = self.faults.iter().position(|f| {
-            f.method == method && f.app_id.as_deref().is_none_or(|a| Some(a) == app_id)
+    pub fn take_fault(
+        &mut self,
+        method: &str,
+        app_id: Option<&str>,
+        channel: Option<&str>,
+    ) -> Option<Fault> {
+        self.take_fault_if(method, app_id, channel, |_, _| true)
+    }
+
+    /// Takes the first fault that matches this call and `fits` it, if it
+    /// fires (a fault that does not fit stays armed).
+    pub fn take_fault_if(
+        &mut self,
+        method: &str,
+        app_id: Option<&str>,
+        channel: Option<&str>,
+        fits: impl Fn(&World, &Fault) -> bool,
+    ) -> Option<Fault> {
+        let this: &World = self;
+        let idx = this.faults.iter().position(|f| {
+            f.method == method
+                && f.app_id.as_deref().is_none_or(|a| Some(a) == app_id)
+                && f.channel.as_deref().is_none_or(|c| Some(c) == channel)
+                && fits(this, f)
         })?;
         let p = self.faults[idx].probability;
         if p < 1.0 && !self.rng.chance(p) {

@@ -16,8 +16,8 @@ use crate::Sim;
 use crate::delivery::{Envelope, dispatch};
 use crate::events;
 use crate::model::{
-    App, Bucket, CallRecord, ChannelKind, FaultMode, Install, Message, World, now_micros, now_unix,
-    ts_key,
+    App, Bucket, CallRecord, ChannelKind, DEFAULT_INJECTED_TEXT, Edit, Fault, FaultMode, Install,
+    Message, World, now_micros, now_unix, ts_key,
 };
 
 /// Longest text `chat.postMessage` accepts (Slack truncates display at 4,000
@@ -147,6 +147,8 @@ struct Outcome {
     team_id: Option<String>,
     channel: Option<String>,
     thread_ts: Option<String>,
+    /// The message an applied post, update or delete created or touched.
+    ts: Option<String>,
 }
 
 impl Outcome {
@@ -158,8 +160,17 @@ impl Outcome {
             team_id: None,
             channel: None,
             thread_ts: None,
+            ts: None,
         }
     }
+}
+
+/// What is known about a call from its arrival, for the call log.
+#[derive(Debug)]
+struct Arrival {
+    received_at: u64,
+    /// The human reply an `inject_reply` fault posted when the call arrived.
+    injected_ts: Option<String>,
 }
 
 pub async fn api(
@@ -169,19 +180,35 @@ pub async fn api(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let mut arrival = Arrival {
+        received_at: now_micros(),
+        injected_ts: None,
+    };
     let params = match Params::parse(query.as_deref(), &headers, &body) {
         Ok(p) => p,
-        Err(e) => return respond(&sim, &method, Outcome::err(e), "not_applied"),
+        Err(e) => return respond(&sim, &method, &arrival, Outcome::err(e), "not_applied"),
     };
     let token = bearer(&headers, &params);
 
-    // Faults decided before the call: latency, 429 storms, errors that
-    // happen before anything is applied.
-    let (fault, app) = {
+    // Faults decided when the call arrives: latency, 429 storms, errors
+    // that happen before anything is applied, a reply that crosses the post.
+    let (fault, app, injected) = {
         let mut w = sim.lock();
         let app = token.as_deref().and_then(|t| app_of_token(&w, t));
-        (w.take_fault(&method, app.as_deref()), app)
+        let channel = params.str("channel");
+        let fault = w.take_fault_if(&method, app.as_deref(), channel.as_deref(), |w, f| {
+            f.mode != FaultMode::InjectReply || can_inject(w, f, token.as_deref(), &params)
+        });
+        let injected = match &fault {
+            Some(f) if f.mode == FaultMode::InjectReply => inject_reply(&mut w, f, &params),
+            _ => None,
+        };
+        (fault, app, injected)
     };
+    if let Some((ts, envs)) = injected {
+        arrival.injected_ts = Some(ts);
+        dispatch(&sim, envs);
+    }
     // A call refused before it is applied is still recorded with what it
     // was about (ground truth for "was this post rate-limited?").
     let refused = |e: ApiError| Outcome {
@@ -192,11 +219,11 @@ pub async fn api(
     };
     if let Some(f) = &fault {
         match f.mode {
-            FaultMode::Latency => tokio::time::sleep(Duration::from_millis(f.latency_ms)).await,
             FaultMode::Ratelimited => {
                 return respond(
                     &sim,
                     &method,
+                    &arrival,
                     refused(ApiError::ratelimited(f.retry_after as u64)),
                     "not_applied",
                 );
@@ -206,27 +233,34 @@ pub async fn api(
                 record(
                     &sim,
                     &method,
+                    &arrival,
                     &refused(ApiError::new("http_error")),
                     status,
                     "not_applied",
                 );
                 return http_error(status);
             }
+            FaultMode::Latency | FaultMode::InjectReply => {
+                let wait = Duration::from_millis(f.latency_ms);
+                return slow(sim, method, token, params, arrival, wait).await;
+            }
             _ => {}
         }
     }
 
-    let outcome = {
-        let mut w = sim.lock();
-        call(&mut w, &method, token.as_deref(), &params)
-    };
+    let outcome = apply(&sim, &method, token.as_deref(), &params);
     let applied = outcome.result.is_ok();
-    let envelopes = outcome.envelopes.clone();
-    dispatch(&sim, envelopes);
 
     match fault.map(|f| (f.mode, f)) {
         Some((FaultMode::LostResponse, f)) if applied => {
-            record(&sim, &method, &outcome, 200, "applied_response_lost");
+            record(
+                &sim,
+                &method,
+                &arrival,
+                &outcome,
+                200,
+                "applied_response_lost",
+            );
             // The client gives up first; whatever is sent later is never read.
             tokio::time::sleep(Duration::from_millis(if f.latency_ms > 0 {
                 f.latency_ms
@@ -237,7 +271,14 @@ pub async fn api(
             json_response(StatusCode::OK, ok_body(outcome.result))
         }
         Some((FaultMode::Reset, _)) if applied => {
-            record(&sim, &method, &outcome, 0, "applied_connection_reset");
+            record(
+                &sim,
+                &method,
+                &arrival,
+                &outcome,
+                0,
+                "applied_connection_reset",
+            );
             // Unwinding the connection's task drops the socket without an answer.
             std::panic::resume_unwind(Box::new("slack-sim: simulated connection reset"));
         }
@@ -251,18 +292,85 @@ pub async fn api(
                 result: Err(ApiError::new(code)),
                 ..outcome
             };
-            respond(&sim, &method, o, "applied")
+            respond(&sim, &method, &arrival, o, "applied")
         }
         Some((FaultMode::HttpError, f)) if applied => {
             let status = f.status.unwrap_or(503);
-            record(&sim, &method, &outcome, status, "applied");
+            record(&sim, &method, &arrival, &outcome, status, "applied");
             http_error(status)
         }
         _ => {
             let effect = if applied { "applied" } else { "not_applied" };
-            respond(&sim, &method, outcome, effect)
+            respond(&sim, &method, &arrival, outcome, effect)
         }
     }
+}
+
+/// Applies a call and starts delivering the events it causes.
+fn apply(sim: &Sim, method: &str, token: Option<&str>, params: &Params) -> Outcome {
+    let outcome = {
+        let mut w = sim.lock();
+        call(&mut w, method, token, params)
+    };
+    dispatch(sim, outcome.envelopes.clone());
+    outcome
+}
+
+/// Waits, then applies and answers the call in a task of its own: Slack
+/// keeps processing a request whose client went away, so the call is
+/// applied and recorded (`applied_client_gone`) even if the client gives
+/// up and the connection's handler is dropped meanwhile.
+async fn slow(
+    sim: Sim,
+    method: String,
+    token: Option<String>,
+    params: Params,
+    arrival: Arrival,
+    wait: Duration,
+) -> Response {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        let outcome = apply(&sim, &method, token.as_deref(), &params);
+        let effect = match (outcome.result.is_ok(), tx.is_closed()) {
+            (true, false) => "applied",
+            (true, true) => "applied_client_gone",
+            (false, _) => "not_applied",
+        };
+        let _ = tx.send(respond(&sim, &method, &arrival, outcome, effect));
+    });
+    match rx.await {
+        Ok(r) => r,
+        Err(_) => http_error(500),
+    }
+}
+
+/// Whether an `inject_reply` fault can fire on this `chat.postMessage`:
+/// the call authenticates, and the fault's person can reply where it posts.
+fn can_inject(w: &World, f: &Fault, token: Option<&str>, p: &Params) -> bool {
+    let (Some(user), Some(channel)) = (f.user.as_deref(), p.str("channel")) else {
+        return false;
+    };
+    bot_auth(w, token).is_ok()
+        && crate::control::human_post_target(w, user, &channel, p.str("thread_ts").as_deref())
+            .is_ok()
+}
+
+/// Posts the `inject_reply` fault's human reply where the call targets:
+/// its thread (resolved to the root), else the channel's top level.
+fn inject_reply(w: &mut World, f: &Fault, p: &Params) -> Option<(String, Vec<Envelope>)> {
+    let req = crate::control::PostReq {
+        user: f.user.clone()?,
+        channel: p.str("channel")?,
+        text: f
+            .text
+            .clone()
+            .unwrap_or_else(|| DEFAULT_INJECTED_TEXT.to_owned()),
+        thread_ts: p.str("thread_ts"),
+        reply_broadcast: false,
+        blocks: None,
+    };
+    crate::control::human_post(w, req).ok()
 }
 
 fn http_error(status: u16) -> Response {
@@ -296,10 +404,10 @@ fn json_response(status: StatusCode, body: Value) -> Response {
     r
 }
 
-fn respond(sim: &Sim, method: &str, outcome: Outcome, effect: &str) -> Response {
+fn respond(sim: &Sim, method: &str, arrival: &Arrival, outcome: Outcome, effect: &str) -> Response {
     let retry_after = outcome.result.as_ref().err().and_then(|e| e.retry_after);
     let status = if retry_after.is_some() { 429 } else { 200 };
-    record(sim, method, &outcome, status, effect);
+    record(sim, method, arrival, &outcome, status, effect);
     let body = ok_body(outcome.result);
     let mut r = json_response(StatusCode::from_u16(status).unwrap_or(StatusCode::OK), body);
     if let Some(secs) = retry_after {
@@ -309,7 +417,7 @@ fn respond(sim: &Sim, method: &str, outcome: Outcome, effect: &str) -> Response 
     r
 }
 
-fn record(sim: &Sim, method: &str, o: &Outcome, http_status: u16, effect: &str) {
+fn record(sim: &Sim, method: &str, arrival: &Arrival, o: &Outcome, http_status: u16, effect: &str) {
     let mut w = sim.lock();
     w.call_seq += 1;
     let seq = w.call_seq;
@@ -328,6 +436,9 @@ fn record(sim: &Sim, method: &str, o: &Outcome, http_status: u16, effect: &str) 
         outcome,
         effect: effect.to_owned(),
         at_micros: now_micros(),
+        received_at_micros: arrival.received_at,
+        ts: o.ts.clone(),
+        injected_ts: arrival.injected_ts.clone(),
     });
 }
 
@@ -378,6 +489,7 @@ fn call(w: &mut World, method: &str, token: Option<&str>, p: &Params) -> Outcome
         team_id: Some(install.team_id.clone()),
         channel: p.str("channel"),
         thread_ts: p.str("thread_ts").or_else(|| p.str("ts")),
+        ts: None,
     };
     out.result = match method {
         "auth.test" => Ok(auth_test(w, &app, &install)),
@@ -388,6 +500,14 @@ fn call(w: &mut World, method: &str, token: Option<&str>, p: &Params) -> Outcome
         "chat.delete" => delete(w, &install, p, &mut out.envelopes),
         _ => Err(ApiError::new("unknown_method")),
     };
+    if matches!(method, "chat.postMessage" | "chat.update" | "chat.delete") {
+        out.ts = out
+            .result
+            .as_ref()
+            .ok()
+            .and_then(|v| v["ts"].as_str())
+            .map(str::to_owned);
+    }
     out
 }
 
@@ -439,13 +559,19 @@ fn read_budget(w: &mut World, app: &App, install: &Install, method: &str) -> Res
         .read_windows
         .entry((app.id.clone(), install.team_id.clone(), method.to_owned()))
         .or_default();
-    window.retain(|t| now - t < 60_000_000);
+    // Oldest first: dropping what left the minute costs only what left.
+    while window
+        .front()
+        .is_some_and(|t| now.saturating_sub(*t) >= 60_000_000)
+    {
+        window.pop_front();
+    }
     if window.len() >= per_minute {
-        let oldest = window.first().copied().unwrap_or(now);
-        let wait = (60_000_000 - (now - oldest)).div_ceil(1_000_000);
+        let oldest = window.front().copied().unwrap_or(now);
+        let wait = (60_000_000 - now.saturating_sub(oldest)).div_ceil(1_000_000);
         return Err(ApiError::ratelimited(wait));
     }
-    window.push(now);
+    window.push_back(now);
     Ok(())
 }
 
@@ -618,6 +744,9 @@ fn post_message(
         edited: None,
         deleted: false,
         client_msg_id: None,
+        created_at_micros: now_micros(),
+        deleted_at_micros: None,
+        edits: Vec::new(),
     };
     envs.extend(events::post(w, &channel, msg.clone()));
     let parent = msg
@@ -674,10 +803,12 @@ fn update(
     }
     let event_ts = w.clock.next_ts();
     after.edited = Some((install.bot_user_id.clone(), event_ts.clone()));
-    w.messages
-        .entry(channel.id.clone())
-        .or_default()
-        .insert(ts_key(&ts), after.clone());
+    after.edits.push(Edit {
+        text: after.text.clone(),
+        edit_ts: event_ts.clone(),
+        at_micros: now_micros(),
+    });
+    w.insert_message(after.clone());
     envs.extend(events::edited(w, &channel, &before, &after, &event_ts));
     Ok(
         json!({"channel": channel.id, "ts": ts, "text": after.text, "message": after.to_api(None, 0, true)}),
@@ -694,13 +825,7 @@ fn delete(
     let channel = channel_of(w, install, p)?;
     let ts = p.str("ts").ok_or(ApiError::new("message_not_found"))?;
     let before = own_message(w, install, &channel.id, &ts, "cant_delete_message")?;
-    if let Some(m) = w
-        .messages
-        .get_mut(&channel.id)
-        .and_then(|m| m.get_mut(&ts_key(&ts)))
-    {
-        m.deleted = true;
-    }
+    w.mark_deleted(&channel.id, &ts);
     let event_ts = w.clock.next_ts();
     envs.extend(events::deleted(w, &channel, &before, &event_ts));
     Ok(json!({"channel": channel.id, "ts": ts}))
@@ -804,6 +929,7 @@ fn oauth_access(w: &mut World, p: &Params) -> Outcome {
             team_id: Some(team),
             channel: None,
             thread_ts: None,
+            ts: None,
         },
         Err(e) => Outcome::err(e),
     }
@@ -844,6 +970,7 @@ fn event_authorizations(w: &mut World, token: Option<&str>, p: &Params) -> Outco
         team_id: Some(team),
         channel: None,
         thread_ts: None,
+        ts: None,
     }
 }
 

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use threadline_domain::Envelope;
 use threadline_slack::{SigningSecret, Verifier};
 use threadline_slack_sim::Sim;
+use threadline_slack_sim::model::ts_key;
 use threadline_testkit::eventually;
 
 /// What the fake app does with the next delivery.
@@ -1185,4 +1186,675 @@ async fn uninstalling_tells_the_app_and_revokes_its_token() {
     verify(&w.secret, &got[0]);
     let (_, _, body) = w.api("auth.test", &[]).await;
     assert_eq!(body["error"], "token_revoked");
+}
+
+impl World {
+    /// The status of a control call expected to be refused.
+    async fn ctl_status(&self, path: &str, body: Value) -> u16 {
+        self.http
+            .post(format!("{}/_sim/{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .expect("control call")
+            .status()
+            .as_u16()
+    }
+
+    /// Another public channel with the person and the app's bot in it.
+    async fn second_channel(&self, name: &str) -> String {
+        self.ctl(
+            "channels",
+            json!({"team_id": self.team, "name": name, "kind": "public", "members": [self.user, self.bot_user]}),
+        )
+        .await["id"]
+            .as_str()
+            .expect("id")
+            .to_owned()
+    }
+
+    async fn person_posts(&self, text: &str, thread_ts: Option<&str>) -> String {
+        self.ctl(
+            "act/post",
+            json!({"user": self.user, "channel": self.channel, "text": text, "thread_ts": thread_ts}),
+        )
+        .await["ts"]
+            .as_str()
+            .expect("ts")
+            .to_owned()
+    }
+
+    async fn list(&self, path: &str, key: &str) -> Vec<Value> {
+        self.get(path).await[key]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+fn micros(v: &Value) -> u64 {
+    v.as_u64()
+        .unwrap_or_else(|| panic!("not a micros count: {v}"))
+}
+
+#[tokio::test]
+async fn the_call_log_tells_arrival_answer_and_the_message_each_call_touched() {
+    let w = World::new(21, vec![], &[], &["chat:write", "channels:history"]).await;
+    let other = w.second_channel("random").await;
+    w.ctl(
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "latency", "latency_ms": 250}),
+    )
+    .await;
+    let (_, _, posted) = w
+        .api(
+            "chat.postMessage",
+            &[("channel", &w.channel), ("text", "first")],
+        )
+        .await;
+    let ts = posted["ts"].as_str().expect("ts").to_owned();
+    let (_, _, up) = w
+        .api(
+            "chat.update",
+            &[("channel", &w.channel), ("ts", &ts), ("text", "second")],
+        )
+        .await;
+    assert_eq!(up["ok"], true, "{up}");
+    let (_, _, del) = w
+        .api("chat.delete", &[("channel", &w.channel), ("ts", &ts)])
+        .await;
+    assert_eq!(del["ok"], true, "{del}");
+    let (_, _, refused) = w
+        .api(
+            "chat.postMessage",
+            &[("channel", &w.channel), ("text", " ")],
+        )
+        .await;
+    assert_eq!(refused["error"], "no_text");
+    let (_, _, elsewhere) = w
+        .api(
+            "chat.postMessage",
+            &[("channel", &other), ("text", "there")],
+        )
+        .await;
+    let other_ts = elsewhere["ts"].as_str().expect("ts").to_owned();
+
+    let here = w
+        .list(&format!("calls?channel={}", w.channel), "calls")
+        .await;
+    let summary: Vec<(&str, Value, &str)> = here
+        .iter()
+        .map(|c| {
+            (
+                c["method"].as_str().unwrap_or_default(),
+                c["ts"].clone(),
+                c["effect"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("chat.postMessage", json!(ts), "applied"),
+            ("chat.update", json!(ts), "applied"),
+            ("chat.delete", json!(ts), "applied"),
+            ("chat.postMessage", Value::Null, "not_applied"),
+        ]
+    );
+    // Arrival is before the fault's latency; the answer after it.
+    let slow = &here[0];
+    assert!(
+        micros(&slow["at_micros"]) >= micros(&slow["received_at_micros"]) + 250_000,
+        "{slow}"
+    );
+    for c in &here {
+        assert!(micros(&c["received_at_micros"]) <= micros(&c["at_micros"]));
+        assert_eq!(c["injected_ts"], Value::Null);
+    }
+    let there = w
+        .list(
+            &format!("calls?method=chat.postMessage&channel={other}"),
+            "calls",
+        )
+        .await;
+    assert_eq!(there.len(), 1, "{there:?}");
+    assert_eq!(there[0]["ts"], other_ts.as_str());
+    assert_eq!(
+        w.list("calls?channel=C0NOWHERE", "calls").await,
+        Vec::<Value>::new()
+    );
+}
+
+#[tokio::test]
+async fn the_delivery_log_names_the_conversation_message_and_subtype_of_every_attempt() {
+    let (side, url) = app_side().await;
+    let w = World::new(22, vec![url], &["message.channels"], &[]).await;
+    w.ctl("settings", json!({"time_scale": 0.002})).await;
+    side.script
+        .lock()
+        .expect("lock")
+        .push_back(Behave::Status(500, false));
+    let ts = w.person_posts("hello", None).await;
+    // The first attempt fails; its retry succeeds.
+    received(&side, 2).await;
+    w.ctl(
+        "act/edit",
+        json!({"user": w.user, "channel": w.channel, "ts": ts, "text": "hello!"}),
+    )
+    .await;
+    w.ctl("act/delete", json!({"channel": w.channel, "ts": ts}))
+        .await;
+    let other = w.second_channel("random").await;
+    let other_ts = w
+        .ctl(
+            "act/post",
+            json!({"user": w.user, "channel": other, "text": "elsewhere"}),
+        )
+        .await["ts"]
+        .as_str()
+        .expect("ts")
+        .to_owned();
+    received(&side, 5).await;
+
+    let here = eventually("four attempts logged", Duration::from_secs(10), || {
+        let w = &w;
+        async move {
+            let d = w
+                .list(&format!("deliveries?channel={}", w.channel), "deliveries")
+                .await;
+            (d.len() == 4).then_some(d)
+        }
+    })
+    .await;
+    let summary: Vec<(u64, Value, Value, Value)> = here
+        .iter()
+        .map(|d| {
+            (
+                d["attempt"].as_u64().expect("attempt"),
+                d["channel"].clone(),
+                d["message_ts"].clone(),
+                d["subtype"].clone(),
+            )
+        })
+        .collect();
+    let (c, t) = (json!(w.channel), json!(ts));
+    assert_eq!(
+        summary,
+        [
+            (0, c.clone(), t.clone(), Value::Null),
+            (1, c.clone(), t.clone(), Value::Null),
+            (0, c.clone(), t.clone(), json!("message_changed")),
+            (0, c.clone(), t.clone(), json!("message_deleted")),
+        ]
+    );
+    assert_eq!(here[0]["event_id"], here[1]["event_id"]);
+    assert_eq!(here[1]["retry_reason"], "http_error");
+    for d in &here {
+        assert!(
+            micros(&d["sent_at_micros"]) <= micros(&d["at_micros"]),
+            "{d}"
+        );
+    }
+    assert!(micros(&here[0]["at_micros"]) <= micros(&here[1]["sent_at_micros"]));
+    let there = w
+        .list(&format!("deliveries?channel={other}"), "deliveries")
+        .await;
+    assert_eq!(there.len(), 1, "{there:?}");
+    assert_eq!(there[0]["message_ts"], other_ts.as_str());
+}
+
+#[tokio::test]
+async fn thread_inspection_shows_when_messages_were_created_edited_and_deleted() {
+    let w = World::new(23, vec![], &[], &["chat:write", "channels:history"]).await;
+    let root = w.person_posts("question", None).await;
+    let (_, _, posted) = w
+        .api(
+            "chat.postMessage",
+            &[
+                ("channel", &w.channel),
+                ("thread_ts", &root),
+                ("text", "v1"),
+            ],
+        )
+        .await;
+    let bot_ts = posted["ts"].as_str().expect("ts").to_owned();
+    for text in ["v2", "v3"] {
+        let (_, _, up) = w
+            .api(
+                "chat.update",
+                &[("channel", &w.channel), ("ts", &bot_ts), ("text", text)],
+            )
+            .await;
+        assert_eq!(up["ok"], true, "{up}");
+    }
+    let oops = w.person_posts("oops", Some(&root)).await;
+    w.ctl(
+        "act/edit",
+        json!({"user": w.user, "channel": w.channel, "ts": oops, "text": "fixed"}),
+    )
+    .await;
+    w.ctl("act/delete", json!({"channel": w.channel, "ts": oops}))
+        .await;
+
+    let thread = w
+        .list(
+            &format!("channels/{}/threads/{root}", w.channel),
+            "messages",
+        )
+        .await;
+    let tss: Vec<&str> = thread.iter().filter_map(|m| m["ts"].as_str()).collect();
+    assert_eq!(tss, [root.as_str(), bot_ts.as_str(), oops.as_str()]);
+    let (q, bot, human) = (&thread[0], &thread[1], &thread[2]);
+    assert!(micros(&q["created_at_micros"]) > 0);
+    assert_eq!(
+        (q["deleted_at_micros"].clone(), q["edits"].clone()),
+        (Value::Null, json!([]))
+    );
+    assert!(micros(&bot["created_at_micros"]) >= micros(&q["created_at_micros"]));
+    assert_eq!(bot["text"], "v3", "the current text stays in text");
+    let edits = bot["edits"].as_array().expect("edits");
+    let texts: Vec<&str> = edits.iter().filter_map(|e| e["text"].as_str()).collect();
+    assert_eq!(texts, ["v2", "v3"]);
+    let edit_ts: Vec<&str> = edits.iter().filter_map(|e| e["edit_ts"].as_str()).collect();
+    assert!(
+        bot_ts.as_str() < edit_ts[0] && edit_ts[0] < edit_ts[1],
+        "{edit_ts:?}"
+    );
+    assert!(micros(&edits[0]["at_micros"]) >= micros(&bot["created_at_micros"]));
+    assert!(micros(&edits[1]["at_micros"]) >= micros(&edits[0]["at_micros"]));
+    assert_eq!(bot["deleted_at_micros"], Value::Null);
+    assert_eq!(human["deleted"], true);
+    assert!(micros(&human["deleted_at_micros"]) >= micros(&human["created_at_micros"]));
+    assert_eq!(human["edits"][0]["text"], "fixed");
+    assert_eq!(human["edits"][0]["edit_ts"], human["edited"][1]);
+
+    // Slack's own answer is unchanged: no inspection fields, no deleted message.
+    let (_, _, replies) = w
+        .api(
+            "conversations.replies",
+            &[("channel", &w.channel), ("ts", &root)],
+        )
+        .await;
+    let msgs = replies["messages"].as_array().expect("messages");
+    assert_eq!(msgs.len(), 2, "{replies}");
+    assert_eq!(msgs[1]["text"], "v3");
+    for m in msgs {
+        for k in ["created_at_micros", "deleted_at_micros", "edits", "deleted"] {
+            assert!(m.get(k).is_none(), "replies carry {k}: {m}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn inject_reply_lands_a_human_reply_before_the_bots_answer() {
+    let (side, url) = app_side().await;
+    let w = World::new(
+        24,
+        vec![url.clone()],
+        &["app_mention", "message.channels"],
+        &["chat:write", "channels:history"],
+    )
+    .await;
+    w.ctl(
+        "settings",
+        json!({"posts_per_second": 100.0, "post_burst": 100.0}),
+    )
+    .await;
+    let outsider = w
+        .ctl("users", json!({"team_id": w.team, "name": "bo"}))
+        .await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let inject = |extra: Value| {
+        let mut f = json!({"method": "chat.postMessage", "mode": "inject_reply"});
+        f.as_object_mut()
+            .expect("object")
+            .extend(extra.as_object().expect("object").clone());
+        f
+    };
+    assert_eq!(w.ctl_status("faults", inject(json!({}))).await, 400);
+    assert_eq!(
+        w.ctl_status("faults", inject(json!({"user": outsider})))
+            .await,
+        400,
+        "not a member of any channel"
+    );
+    assert_eq!(
+        w.ctl_status(
+            "faults",
+            inject(json!({"user": w.user, "channel": w.channel, "method": "chat.update"}))
+        )
+        .await,
+        400
+    );
+    assert_eq!(
+        w.get("calls").await["calls"],
+        json!([]),
+        "refused faults were never armed"
+    );
+
+    let root = w.person_posts("question", None).await;
+    received(&side, 1).await;
+    let crossing = format!("<@{}> wait, one more thing", w.bot_user);
+    w.ctl(
+        "faults",
+        inject(json!({"user": w.user, "text": crossing, "latency_ms": 200})),
+    )
+    .await;
+    // A call that does not authenticate does not set it off.
+    let forged = w
+        .http
+        .post(format!("{}/api/chat.postMessage", w.base))
+        .bearer_auth("xoxb-forged")
+        .form(&[("channel", w.channel.as_str()), ("text", "x")])
+        .send()
+        .await
+        .expect("req")
+        .json::<Value>()
+        .await
+        .expect("json");
+    assert_eq!(forged["error"], "invalid_auth");
+
+    let (status, _, posted) = w
+        .api(
+            "chat.postMessage",
+            &[
+                ("channel", &w.channel),
+                ("thread_ts", &root),
+                ("text", "answer"),
+            ],
+        )
+        .await;
+    assert_eq!(
+        (status, posted["ok"].clone()),
+        (200, json!(true)),
+        "{posted}"
+    );
+    let answer_ts = posted["ts"].as_str().expect("ts").to_owned();
+
+    let thread = w
+        .list(
+            &format!("channels/{}/threads/{root}", w.channel),
+            "messages",
+        )
+        .await;
+    assert_eq!(thread.len(), 3, "{thread:?}");
+    let injected = &thread[1];
+    let injected_ts = injected["ts"].as_str().expect("ts").to_owned();
+    assert_eq!(
+        (
+            injected["user"].as_str(),
+            injected["text"].as_str(),
+            injected["thread_ts"].as_str(),
+            injected["bot_id"].as_str()
+        ),
+        (
+            Some(w.user.as_str()),
+            Some(crossing.as_str()),
+            Some(root.as_str()),
+            None
+        )
+    );
+    assert_eq!(thread[2]["ts"], answer_ts.as_str());
+    assert!(
+        ts_key(&injected_ts) < ts_key(&answer_ts),
+        "the reply is older than the answer"
+    );
+
+    let calls = w.list("calls?method=chat.postMessage", "calls").await;
+    let call = calls.last().expect("the answer's call");
+    assert_eq!(
+        (
+            call["injected_ts"].as_str(),
+            call["ts"].as_str(),
+            call["effect"].as_str()
+        ),
+        (
+            Some(injected_ts.as_str()),
+            Some(answer_ts.as_str()),
+            Some("applied")
+        )
+    );
+    assert!(micros(&call["at_micros"]) >= micros(&call["received_at_micros"]) + 200_000);
+    assert_eq!(calls[0]["injected_ts"], Value::Null, "the forged call");
+
+    // Its events went to the app like any person's message.
+    let got = received(&side, 4).await;
+    let mut kinds: Vec<&str> = got
+        .iter()
+        .filter(|r| r.body["event"]["ts"] == injected_ts.as_str())
+        .filter_map(|r| r.body["event"]["type"].as_str())
+        .collect();
+    kinds.sort_unstable();
+    assert_eq!(kinds, ["app_mention", "message"]);
+    let attempts = eventually("the reply's deliveries", Duration::from_secs(10), || {
+        let w = &w;
+        let injected_ts = injected_ts.clone();
+        async move {
+            let d: Vec<Value> = w
+                .list("deliveries", "deliveries")
+                .await
+                .into_iter()
+                .filter(|d| d["message_ts"] == injected_ts.as_str())
+                .collect();
+            (d.len() == 2).then_some(d)
+        }
+    })
+    .await;
+    for d in &attempts {
+        assert_eq!(
+            (d["url"].as_str(), d["channel"].as_str()),
+            (Some(url.as_str()), Some(w.channel.as_str()))
+        );
+    }
+
+    // A reply's ts resolves to its root; no thread_ts means top level; the
+    // default text; a fault taken once is gone.
+    w.ctl(
+        "faults",
+        inject(json!({"user": w.user, "channel": w.channel})),
+    )
+    .await;
+    let (_, _, second) = w
+        .api(
+            "chat.postMessage",
+            &[
+                ("channel", &w.channel),
+                ("thread_ts", &injected_ts),
+                ("text", "answer 2"),
+            ],
+        )
+        .await;
+    assert_eq!(second["message"]["thread_ts"], root.as_str());
+    w.ctl("faults", inject(json!({"user": w.user}))).await;
+    w.api(
+        "chat.postMessage",
+        &[("channel", &w.channel), ("text", "top level")],
+    )
+    .await;
+    w.api(
+        "chat.postMessage",
+        &[("channel", &w.channel), ("text", "no fault left")],
+    )
+    .await;
+    let calls = w.list("calls?method=chat.postMessage", "calls").await;
+    let injected: Vec<Option<&str>> = calls[2..]
+        .iter()
+        .map(|c| c["injected_ts"].as_str())
+        .collect();
+    assert!(
+        injected[0].is_some() && injected[1].is_some() && injected[2].is_none(),
+        "{calls:?}"
+    );
+    let thread = w
+        .list(
+            &format!("channels/{}/threads/{root}", w.channel),
+            "messages",
+        )
+        .await;
+    assert_eq!(
+        thread
+            .iter()
+            .find(|m| m["ts"] == injected[0].expect("ts"))
+            .map(|m| m["text"].clone()),
+        Some(json!("a reply that crossed the answer"))
+    );
+    let top = w
+        .list(
+            &format!(
+                "channels/{}/threads/{}",
+                w.channel,
+                injected[1].expect("ts")
+            ),
+            "messages",
+        )
+        .await;
+    assert_eq!(
+        (top.len(), top[0]["thread_ts"].clone()),
+        (1, Value::Null),
+        "{top:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_post_is_applied_even_when_the_client_gives_up() {
+    let w = World::new(25, vec![], &[], &["chat:write", "channels:history"]).await;
+    let root = w.person_posts("question", None).await;
+    w.ctl(
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "latency", "latency_ms": 1200}),
+    )
+    .await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .expect("client");
+    let err = impatient
+        .post(format!("{}/api/chat.postMessage", w.base))
+        .bearer_auth(&w.token)
+        .form(&[
+            ("channel", w.channel.as_str()),
+            ("thread_ts", root.as_str()),
+            ("text", "late answer"),
+        ])
+        .send()
+        .await
+        .expect_err("the client gives up first");
+    assert!(err.is_timeout(), "{err}");
+
+    let call = eventually(
+        "the post applied after all",
+        Duration::from_secs(10),
+        || {
+            let w = &w;
+            async move { w.list("calls?method=chat.postMessage", "calls").await.pop() }
+        },
+    )
+    .await;
+    assert_eq!(call["effect"], "applied_client_gone", "{call}");
+    assert_eq!(call["http_status"], 200);
+    assert!(micros(&call["at_micros"]) >= micros(&call["received_at_micros"]) + 1_200_000);
+    let thread = w
+        .list(
+            &format!("channels/{}/threads/{root}", w.channel),
+            "messages",
+        )
+        .await;
+    assert_eq!(thread.len(), 2, "{thread:?}");
+    assert_eq!(
+        (thread[1]["text"].as_str(), thread[1]["ts"].clone()),
+        (Some("late answer"), call["ts"].clone())
+    );
+}
+
+/// A soak's worth of traffic (10,000 people's messages, 2,000 bot answers,
+/// each after reading its thread) in one channel: every call stays cheap
+/// and the inspection endpoints still answer.
+#[tokio::test]
+async fn a_soak_of_ten_thousand_messages_keeps_every_call_cheap() {
+    use futures::StreamExt;
+    let (side, url) = app_side().await;
+    let w = World::new(
+        26,
+        vec![url],
+        &["message.channels"],
+        &["chat:write", "channels:history"],
+    )
+    .await;
+    w.ctl(
+        "settings",
+        json!({"posts_per_second": 1e6, "post_burst": 1e6, "tier3_per_minute": 1_000_000}),
+    )
+    .await;
+    const THREADS: usize = 100;
+    const HUMAN: usize = 10_000;
+    const ANSWERS: usize = 2_000;
+    let started = std::time::Instant::now();
+    let mut roots = Vec::new();
+    for i in 0..THREADS {
+        roots.push(w.person_posts(&format!("question {i}"), None).await);
+    }
+    let w = &w;
+    let roots = &roots;
+    futures::stream::iter(THREADS..HUMAN)
+        .map(|i| async move {
+            w.person_posts(&format!("reply {i}"), Some(&roots[i % THREADS]))
+                .await
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    futures::stream::iter(0..ANSWERS)
+        .map(|i| async move {
+            let root = &roots[i % THREADS];
+            let (s, _, r) = w
+                .api(
+                    "conversations.replies",
+                    &[("channel", &w.channel), ("ts", root), ("limit", "200")],
+                )
+                .await;
+            assert_eq!((s, r["ok"].clone()), (200, json!(true)), "{r}");
+            let (s, _, p) = w
+                .api(
+                    "chat.postMessage",
+                    &[
+                        ("channel", &w.channel),
+                        ("thread_ts", root),
+                        ("text", "answer"),
+                    ],
+                )
+                .await;
+            assert_eq!((s, p["ok"].clone()), (200, json!(true)), "{p}");
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    let drove = started.elapsed();
+
+    let posts = w.get(&format!("app_posts?app_id={}", w.app)).await;
+    let per_thread = posts["per_thread"].as_array().expect("per thread");
+    assert_eq!(per_thread.len(), THREADS);
+    assert!(per_thread.iter().all(|t| t["count"] == ANSWERS / THREADS));
+    let thread = w
+        .list(
+            &format!("channels/{}/threads/{}", w.channel, roots[0]),
+            "messages",
+        )
+        .await;
+    assert_eq!(thread.len(), HUMAN / THREADS + ANSWERS / THREADS);
+    assert_eq!(
+        w.list(&format!("calls?channel={}", w.channel), "calls")
+            .await
+            .len(),
+        2 * ANSWERS
+    );
+    received(&side, HUMAN + ANSWERS).await;
+    // Generous for a debug build on two busy cores; a cost per call that
+    // grew with the channel would take far longer.
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "driving took {drove:?}, all told {:?}",
+        started.elapsed()
+    );
 }
