@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod dlq;
+mod events;
 mod install;
 mod intents;
 mod keys;
@@ -59,6 +60,11 @@ enum Command {
     KillSwitch {
         #[command(subcommand)]
         command: switches::SwitchCommand,
+    },
+    /// Deliveries held as `unparsed`: list them, replay them after an upgrade.
+    Events {
+        #[command(subcommand)]
+        command: events::EventsCommand,
     },
     /// Dead letters: list, replay onto their subject, or drop.
     Dlq {
@@ -119,6 +125,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             review::run(command, &common, &pool(&src).await?).await?
         }
         Command::KillSwitch { command } => switches::run(command, &pool(&src).await?).await?,
+        Command::Events { command } => events::run(command, &pool(&src).await?).await?,
         Command::Dlq { command } => {
             let common = threadline_runtime::config::CommonConfig::from_source(&src)?;
             dlq::run(command, &common).await?

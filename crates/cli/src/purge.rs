@@ -1,7 +1,9 @@
 //! `threadline purge`: retention. Deletes audit records, finished receipts
-//! (kept well past Slack's retry window so a late retry is still recognised)
-//! and the stored text of threads idle past their retention, in one
-//! transaction. `--dry-run` counts without deleting.
+//! (kept well past Slack's retry window so a late retry is still recognised),
+//! the raw bodies of unparsed deliveries never replayed (their receipts are
+//! closed as `failed`, reason `unparsed_expired`) and the stored text of
+//! threads idle past their retention, in one transaction. `--dry-run` counts
+//! without deleting.
 
 use sqlx::PgPool;
 use threadline_runtime::config::Source;
@@ -12,7 +14,8 @@ pub struct PurgeArgs {
     /// (default THREADLINE_AUDIT_RETENTION_DAYS, else 400).
     #[arg(long)]
     audit_days: Option<u64>,
-    /// Finished receipts, their contexts and rejections older than this
+    /// Finished receipts, their contexts and rejections, and the bodies of
+    /// unparsed deliveries, older than this
     /// (default THREADLINE_RECEIPT_RETENTION_DAYS, else 30; at least 1, which
     /// is far beyond Slack's retries).
     #[arg(long)]
@@ -37,6 +40,10 @@ pub struct Report {
     receipts: i64,
     contexts: i64,
     rejections: i64,
+    /// Stored bodies of unparsed deliveries deleted.
+    unparsed_bodies: i64,
+    /// Unparsed receipts closed as `failed` (`unparsed_expired`).
+    unparsed_expired: i64,
     threads: i64,
     thread_messages: i64,
     proposal_texts: i64,
@@ -84,6 +91,30 @@ pub async fn run(args: &PurgeArgs, src: &Source, pool: &PgPool) -> anyhow::Resul
             .rows_affected() as i64;
 
     let cutoff = r.receipts_days as i64;
+    // Unparsed deliveries nobody replayed within the retention: the body
+    // (message text) goes, the receipt is closed as failed and is deleted
+    // like any finished receipt one retention later. A body whose receipt
+    // is no longer unparsed has no use and goes too.
+    (r.unparsed_bodies, r.unparsed_expired) = sqlx::query_as(
+        "WITH old AS (
+             SELECT receipt_id FROM unparsed_events
+              WHERE received_at < now() - make_interval(days => $1::int)),
+         expired AS (
+             UPDATE event_receipts r
+                SET state = 'failed', state_reason = 'unparsed_expired', updated_at = now()
+               FROM old WHERE r.id = old.receipt_id AND r.state = 'unparsed'
+             RETURNING 1),
+         bodies AS (
+             DELETE FROM unparsed_events u
+              WHERE u.receipt_id IN (SELECT receipt_id FROM old)
+                 OR NOT EXISTS (SELECT 1 FROM event_receipts r
+                                 WHERE r.id = u.receipt_id AND r.state = 'unparsed')
+             RETURNING 1)
+         SELECT (SELECT count(*) FROM bodies), (SELECT count(*) FROM expired)",
+    )
+    .bind(cutoff)
+    .fetch_one(&mut *tx)
+    .await?;
     r.receipts = sqlx::query(
         "DELETE FROM event_receipts
           WHERE state IN ('done', 'ignored', 'failed') AND updated_at < now() - make_interval(days => $1::int)",

@@ -29,6 +29,9 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
         sqlx::query_as("SELECT state, count(*) FROM event_receipts GROUP BY state ORDER BY state")
             .fetch_all(pool)
             .await?;
+    // Deliveries held because they did not parse (invariant 10), by reason
+    // code: what `threadline events unparsed` lists and `events replay` takes.
+    let unparsed = grouped_unparsed(pool).await?;
     let retried: i64 =
         sqlx::query_scalar("SELECT count(*) FROM event_receipts WHERE retry_num > 0")
             .fetch_one(pool)
@@ -100,9 +103,14 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
         rows.into_iter().map(|(k, v)| (k, json!(v))).collect()
     };
     let rejections_total: i64 = by_reason.iter().map(|r| r.1).sum();
+    let unparsed_pending: i64 = unparsed.iter().map(|r| r.1).sum();
+    let mut by_state = to_map(by_state);
+    by_state.entry("unparsed").or_insert(json!(0));
     Ok(json!({
         "receipts_total": receipts,
-        "receipts_by_state": to_map(by_state),
+        "receipts_by_state": by_state,
+        "unparsed_pending_total": unparsed_pending,
+        "unparsed_by_reason": to_map(unparsed),
         "receipts_first_seen_on_retry_total": retried,
         "duplicate_deliveries_total": duplicates,
         "rejections_total": rejections_total,
@@ -134,4 +142,15 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
         // found in Slack (held as an incident).
         "duplicate_replies_total": duplicate_replies + duplicate_incidents,
     }))
+}
+
+/// Unparsed receipts by reason code (the part of `parse_error` before its
+/// first colon).
+async fn grouped_unparsed(pool: &PgPool) -> sqlx::Result<Vec<(String, i64)>> {
+    sqlx::query_as(
+        "SELECT coalesce(nullif(split_part(parse_error, ':', 1), ''), 'unknown'), count(*)
+           FROM event_receipts WHERE state = 'unparsed' GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
 }

@@ -31,7 +31,7 @@ pub enum MessageSubtype {
 
 /// Slack's type and subtype names are short snake_case words; anything
 /// else is malformed rather than "other".
-fn check_name(field: &'static str, s: &str) -> Result<(), EventError> {
+pub(crate) fn check_name(field: &'static str, s: &str) -> Result<(), EventError> {
     let ok = !s.is_empty()
         && s.len() <= 64
         && s.bytes()
@@ -141,6 +141,24 @@ fn parsed<T>(
         .transpose()
 }
 
+/// `event_ts`, which nothing routes on (routing uses `ts`), read leniently:
+/// a well-formed timestamp is kept; Slack's own `app_mention` example writes
+/// it without the dot (`"1515449522000016"`), which is normalised when it
+/// can only mean microseconds (15 to 17 digits: 1973 to the year 5138);
+/// anything else is dropped rather than failing the event.
+fn event_ts(event: &Value) -> Option<Ts> {
+    let s = event.get("event_ts")?.as_str()?;
+    if let Ok(ts) = Ts::parse(s) {
+        return Some(ts);
+    }
+    let micros = (15..=17).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit());
+    if !micros {
+        return None;
+    }
+    let (secs, frac) = s.split_at(s.len() - 6);
+    Ts::parse(format!("{secs}.{frac}")).ok()
+}
+
 impl EventRef {
     pub fn parse(event: &Value) -> Result<Self, EventError> {
         if !event.is_object() {
@@ -171,7 +189,7 @@ impl EventRef {
                 bot_id: lenient("bot_id").and_then(|s| BotId::parse(s).ok()),
                 ts: lenient("ts").and_then(|s| Ts::parse(s).ok()),
                 thread_ts: lenient("thread_ts").and_then(|s| Ts::parse(s).ok()),
-                event_ts: lenient("event_ts").and_then(|s| Ts::parse(s).ok()),
+                event_ts: event_ts(event),
                 kind,
             });
         }
@@ -209,7 +227,7 @@ impl EventRef {
             bot_id,
             ts,
             thread_ts,
-            event_ts: parsed(event, "event_ts", Ts::parse)?,
+            event_ts: event_ts(event),
         })
     }
 
@@ -281,6 +299,39 @@ mod tests {
         let reply = EventRef::parse(&json!({"type": "message", "ts": "6.1", "thread_ts": "5.1"}))
             .expect("ok");
         assert_eq!(reply.root().map(Ts::as_str), Some("5.1"));
+    }
+
+    #[test]
+    fn event_ts_without_a_dot_is_normalised_or_dropped_never_an_error() {
+        // Slack's documented `app_mention` example.
+        let e = EventRef::parse(&json!({"type": "app_mention", "ts": "1515449522.000016",
+                                        "channel": "C1", "event_ts": "1515449522000016"}))
+        .expect("parses");
+        assert_eq!(
+            e.event_ts.as_ref().map(Ts::as_str),
+            Some("1515449522.000016")
+        );
+        assert_eq!(e.ts.as_ref().map(Ts::as_str), Some("1515449522.000016"));
+        // Ambiguous or malformed: dropped, and the event still parses on `ts`.
+        for odd in [
+            json!("1515449522"),
+            json!("x"),
+            json!(""),
+            json!(15),
+            json!("1.2.3"),
+            json!("123456789012345678"),
+        ] {
+            let e = EventRef::parse(&json!({"type": "message", "ts": "5.1", "event_ts": odd}))
+                .expect("parses");
+            assert_eq!(e.event_ts, None, "{odd}");
+            assert_eq!(e.root().map(Ts::as_str), Some("5.1"));
+        }
+        let e = EventRef::parse(&json!({"type": "team_join", "event_ts": "1515449522000016"}))
+            .expect("kept");
+        assert_eq!(
+            e.event_ts.as_ref().map(Ts::as_str),
+            Some("1515449522.000016")
+        );
     }
 
     #[test]

@@ -9,6 +9,8 @@ pub mod ids;
 pub mod output;
 pub mod prompt;
 
-pub use envelope::{Authorization, Envelope, EnvelopeError, EventCallback, InstallationKey};
+pub use envelope::{
+    Authorization, DeliveryIdentity, Envelope, EnvelopeError, EventCallback, InstallationKey,
+};
 pub use event::{EventKind, EventRef, MessageSubtype};
 pub use ids::{AppId, BotId, ChannelId, EnterpriseId, EventId, IdError, TeamId, Ts, UserId};

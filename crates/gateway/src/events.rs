@@ -7,18 +7,20 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use prost::Message as _;
-use threadline_domain::{Envelope, EnvelopeError, EventCallback};
+use threadline_domain::{DeliveryIdentity, Envelope, EnvelopeError, EventCallback};
 use threadline_proto::v1::{EventAccepted, SCHEMA_VERSION};
 use uuid::Uuid;
 
 use crate::AppState;
 use crate::installations::Resolved;
-use crate::intake::{NewReceipt, Outcome};
+use crate::intake::{NewReceipt, Outcome, Unparsed};
 
 /// What a delivery came to; the label of the ack-latency histogram.
 #[derive(Debug, Clone, Copy)]
 enum Answer {
     Accepted,
+    /// Held as an `unparsed` receipt: signed, identified, not parseable.
+    Unparsed,
     Duplicate,
     Challenge,
     Ignored,
@@ -30,6 +32,7 @@ impl Answer {
     fn label(self) -> &'static str {
         match self {
             Answer::Accepted => "accepted",
+            Answer::Unparsed => "unparsed",
             Answer::Duplicate => "duplicate",
             Answer::Challenge => "url_verification",
             Answer::Ignored => "ignored",
@@ -86,7 +89,13 @@ async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> (Answer, Re
     }
     let envelope = match Envelope::parse(body) {
         Ok(e) => e,
-        Err(e) => return malformed(app, e).await,
+        // Invariant 10: what carries an identity is kept, parsed or not.
+        Err(e) => {
+            return match DeliveryIdentity::from_body(body) {
+                Some(identity) => accept_unparsed(app, headers, identity, e, body).await,
+                None => malformed(app, e).await,
+            };
+        }
     };
     match envelope {
         Envelope::UrlVerification { challenge } => (
@@ -138,7 +147,7 @@ fn is_ssl_check(headers: &HeaderMap, body: &[u8]) -> bool {
 
 async fn malformed(app: &AppState, e: EnvelopeError) -> (Answer, Response) {
     let reason = e.reason_code();
-    tracing::warn!(reason, error = %e, "signed delivery is malformed; rejected without retry");
+    tracing::warn!(reason, error = %e, "signed delivery is malformed and has no identity; rejected without retry");
     if let Err(e) = record_rejection(app, reason, None).await {
         // Not recorded: let Slack retry, rather than lose the record.
         return unavailable(&e);
@@ -233,14 +242,17 @@ async fn accept(app: &AppState, headers: &HeaderMap, cb: EventCallback) -> (Answ
     };
     tracing::Span::current().record("installation_id", tracing::field::display(installation_id));
     let (retry_num, retry_reason) = retry_headers(headers);
-    if retry_num > 0 {
-        metrics::counter!(
-            "threadline_gateway_slack_retries_total",
-            "reason" => retry_reason.clone().unwrap_or_else(|| "unspecified".into())
-        )
-        .increment(1);
-    }
-    let receipt = new_receipt(&cb, installation_id, retry_num, retry_reason);
+    count_retry(retry_num, retry_reason.as_deref());
+    let receipt = build_receipt(
+        &cb,
+        ReceiptMeta {
+            id: Uuid::now_v7(),
+            installation_id,
+            retry_num,
+            retry_reason,
+            received_at_unix_ms: now_unix_ms(),
+        },
+    );
     match app.intake.submit(receipt).await {
         Ok(Outcome::New) => (Answer::Accepted, StatusCode::OK.into_response()),
         Ok(Outcome::Duplicate) => (Answer::Duplicate, StatusCode::OK.into_response()),
@@ -248,20 +260,122 @@ async fn accept(app: &AppState, headers: &HeaderMap, cb: EventCallback) -> (Answ
     }
 }
 
-fn new_receipt(
-    cb: &EventCallback,
-    installation_id: Uuid,
-    retry_num: i32,
-    retry_reason: Option<String>,
-) -> NewReceipt {
-    let id = Uuid::now_v7();
+fn count_retry(retry_num: i32, retry_reason: Option<&str>) {
+    if retry_num > 0 {
+        metrics::counter!(
+            "threadline_gateway_slack_retries_total",
+            "reason" => retry_reason.unwrap_or("unspecified").to_owned()
+        )
+        .increment(1);
+    }
+}
+
+/// A signed delivery whose identity reads but whose envelope or event does
+/// not parse: recorded as an `unparsed` receipt with its body (for replay
+/// after an upgrade) and answered 200 only once committed; a retry of it is
+/// a duplicate. Its installation is resolved when it can be (a disabled one
+/// is recorded too: the receipt is held, not processed), else left unknown.
+#[tracing::instrument(skip_all, fields(event_id = %identity.event_id, api_app_id = %identity.api_app_id, installation_id, reason = error.reason_code()))]
+async fn accept_unparsed(
+    app: &AppState,
+    headers: &HeaderMap,
+    identity: DeliveryIdentity,
+    error: EnvelopeError,
+    body: &[u8],
+) -> (Answer, Response) {
+    let reason = error.reason_code();
+    let installation_id = match app.resolver.resolve(&identity.installation_key()).await {
+        Ok(Resolved::Active(id) | Resolved::Disabled(id)) => Some(id),
+        Ok(Resolved::Unknown) => None,
+        Err(e) => return unavailable(&e),
+    };
+    if let Some(id) = installation_id {
+        tracing::Span::current().record("installation_id", tracing::field::display(id));
+    }
+    // The parser's message names fields, never values.
+    tracing::warn!(reason, error = %error, "signed delivery does not parse; held as unparsed");
+    let (retry_num, retry_reason) = retry_headers(headers);
+    count_retry(retry_num, retry_reason.as_deref());
+    let key = identity.installation_key();
+    let receipt = NewReceipt {
+        id: Uuid::now_v7(),
+        installation_id,
+        api_app_id: identity.api_app_id.to_string(),
+        event_id: identity.event_id.to_string(),
+        team_id: key
+            .team_id
+            .as_ref()
+            .or(identity.team_id.as_ref())
+            .map(|t| t.to_string()),
+        enterprise_id: key.enterprise_id.as_ref().map(|e| e.to_string()),
+        event_type: identity
+            .event_type
+            .clone()
+            .unwrap_or_else(|| "unknown".to_owned()),
+        event_subtype: None,
+        channel_id: None,
+        message_ts: None,
+        thread_ts: None,
+        event_time: identity.event_time,
+        retry_num,
+        retry_reason,
+        msg_id: String::new(),
+        payload: Vec::new(),
+        traceparent: None,
+        tracestate: None,
+        unparsed: Some(Unparsed {
+            parse_error: parse_error_text(&error),
+            body: body.to_vec(),
+        }),
+    };
+    match app.intake.submit(receipt).await {
+        Ok(Outcome::New) => {
+            metrics::counter!("threadline_gateway_unparsed_total", "reason" => reason).increment(1);
+            (Answer::Unparsed, StatusCode::OK.into_response())
+        }
+        Ok(Outcome::Duplicate) => (Answer::Duplicate, StatusCode::OK.into_response()),
+        Err(e) => unavailable(&e),
+    }
+}
+
+/// What is stored as an unparsed receipt's `parse_error`: the reason code,
+/// then the parser's message (field names and fixed wording, never values).
+pub fn parse_error_text(e: &EnvelopeError) -> String {
+    format!("{}: {e}", e.reason_code())
+}
+
+fn now_unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// What a receipt has besides the parsed event: its id, installation,
+/// Slack's retry headers and when it was received.
+#[derive(Debug, Clone)]
+pub struct ReceiptMeta {
+    pub id: Uuid,
+    pub installation_id: Uuid,
+    pub retry_num: i32,
+    pub retry_reason: Option<String>,
+    pub received_at_unix_ms: i64,
+}
+
+/// The receipt and its `EventAccepted` bus message for a parsed event: what
+/// the gateway commits for a new delivery, and what a replay of an unparsed
+/// receipt commits in its place.
+pub fn build_receipt(cb: &EventCallback, meta: ReceiptMeta) -> NewReceipt {
+    let ReceiptMeta {
+        id,
+        installation_id,
+        retry_num,
+        retry_reason,
+        received_at_unix_ms,
+    } = meta;
     let key = cb.installation_key();
     let ev = &cb.event;
     let s = |v: Option<&str>| v.map(str::to_owned);
-    let received_at_unix_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0);
     let team_id = key
         .team_id
         .as_ref()
@@ -287,14 +401,14 @@ fn new_receipt(
         thread_ts: ev.root().map(|t| t.to_string()).unwrap_or_default(),
         event_time: cb.event_time,
         received_at_unix_ms,
-        retry_num: retry_num as u32,
+        retry_num: retry_num.max(0) as u32,
         is_ext_shared_channel: cb.is_ext_shared_channel,
         event_json: serde_json::to_vec(&cb.event_json).unwrap_or_default(),
     };
     let carrier = threadline_runtime::telemetry::current_trace_carrier();
     NewReceipt {
         id,
-        installation_id,
+        installation_id: Some(installation_id),
         api_app_id: cb.api_app_id.to_string(),
         event_id: cb.event_id.to_string(),
         team_id,
@@ -304,13 +418,14 @@ fn new_receipt(
         channel_id: ev.channel.as_ref().map(|c| c.to_string()),
         message_ts: ev.ts.as_ref().map(|t| t.to_string()),
         thread_ts: ev.root().map(|t| t.to_string()),
-        event_time: cb.event_time,
+        event_time: Some(cb.event_time),
         retry_num,
         retry_reason,
         msg_id: format!("evt:{}:{}", cb.api_app_id, cb.event_id),
         payload: message.encode_to_vec(),
         traceparent: carrier.get("traceparent").cloned(),
         tracestate: carrier.get("tracestate").cloned().filter(|s| !s.is_empty()),
+        unparsed: None,
     }
 }
 

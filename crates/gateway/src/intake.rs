@@ -4,7 +4,9 @@
 //! writer tasks. A writer takes whatever deliveries are waiting (up to the
 //! batch size) and, in one statement (so one transaction and one commit),
 //! inserts their receipts with `ON CONFLICT (api_app_id, event_id) DO
-//! NOTHING` and an outbox row for each receipt that was new. Duplicates are
+//! NOTHING` and an outbox row for each receipt that was new — or, for a
+//! delivery that did not parse, its raw body in `unparsed_events` and no
+//! outbox row (nothing goes downstream until it is replayed). Duplicates are
 //! then counted on their receipts by a second statement. Only after both have
 //! committed does each waiting request learn its outcome and answer Slack, so
 //! a 2xx always follows the commit of its receipt and outbox row (invariant
@@ -21,11 +23,12 @@ use uuid::Uuid;
 
 /// Everything the receipt and outbox rows need. Identifiers only, except
 /// `payload` (the bus message, with message text), which `Debug` leaves out
-/// and the relay deletes once published.
+/// and the relay deletes once published, and an unparsed delivery's body.
 #[derive(Clone)]
 pub struct NewReceipt {
     pub id: Uuid,
-    pub installation_id: Uuid,
+    /// `None` only for an unparsed delivery of an unknown installation.
+    pub installation_id: Option<Uuid>,
     pub api_app_id: String,
     pub event_id: String,
     pub team_id: Option<String>,
@@ -35,13 +38,26 @@ pub struct NewReceipt {
     pub channel_id: Option<String>,
     pub message_ts: Option<String>,
     pub thread_ts: Option<String>,
-    pub event_time: i64,
+    /// Seconds since the epoch; `None` only for an unparsed delivery.
+    pub event_time: Option<i64>,
     pub retry_num: i32,
     pub retry_reason: Option<String>,
     pub msg_id: String,
     pub payload: Vec<u8>,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    /// Set for a delivery that did not parse: the receipt is stored as
+    /// `unparsed`, with its body and no outbox row.
+    pub unparsed: Option<Unparsed>,
+}
+
+/// A signed delivery with an identity that the parser refused.
+#[derive(Clone)]
+pub struct Unparsed {
+    /// Content-free: a reason code and the parser's message (field names only).
+    pub parse_error: String,
+    /// The raw body, kept for replay (holds message text).
+    pub body: Vec<u8>,
 }
 
 impl std::fmt::Debug for NewReceipt {
@@ -54,13 +70,18 @@ impl std::fmt::Debug for NewReceipt {
             .field("event_type", &self.event_type)
             .field("retry_num", &self.retry_num)
             .field("payload_len", &self.payload.len())
+            .field(
+                "parse_error",
+                &self.unparsed.as_ref().map(|u| u.parse_error.as_str()),
+            )
             .finish_non_exhaustive()
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// The receipt and its outbox row were committed by this delivery.
+    /// The receipt and its outbox row (or, unparsed, its body) were
+    /// committed by this delivery.
     New,
     /// The event already had a receipt; nothing new was created.
     Duplicate,
@@ -222,9 +243,10 @@ fn sorted_order(batch: &[Pending]) -> Vec<usize> {
     order
 }
 
-/// One statement for the whole batch: receipts and their outbox rows commit
-/// together. Rows are sorted by identity so concurrent batches (other
-/// writers, other replicas) lock in the same order and cannot deadlock.
+/// One statement for the whole batch: receipts and their outbox rows (or
+/// unparsed bodies) commit together. Rows are sorted by identity so
+/// concurrent batches (other writers, other replicas) lock in the same order
+/// and cannot deadlock.
 async fn insert_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, sqlx::Error> {
     // First delivery of each identity in the batch is the candidate; later
     // ones in the same batch are duplicates of it.
@@ -246,17 +268,20 @@ async fn insert_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, 
         "WITH input AS (
              SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
                                   $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[],
-                                  $13::int[], $14::text[], $15::text[], $16::bytea[], $17::text[], $18::text[])
+                                  $13::int[], $14::text[], $15::text[], $16::bytea[], $17::text[], $18::text[],
+                                  $19::text[], $20::bytea[])
                  AS t(id, installation_id, api_app_id, event_id, team_id, enterprise_id,
                       event_type, event_subtype, channel_id, message_ts, thread_ts, event_time,
-                      retry_num, retry_reason, msg_id, payload, traceparent, tracestate)
+                      retry_num, retry_reason, msg_id, payload, traceparent, tracestate,
+                      parse_error, unparsed_body)
          ), ins AS (
              INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, team_id, enterprise_id,
                                          event_type, event_subtype, channel_id, message_ts, thread_ts,
-                                         event_time, retry_num, retry_reason)
+                                         event_time, retry_num, retry_reason, state, parse_error)
              SELECT id, installation_id, api_app_id, event_id, team_id, enterprise_id,
                     event_type, event_subtype, channel_id, message_ts, thread_ts,
-                    to_timestamp(event_time), retry_num, retry_reason
+                    to_timestamp(event_time), retry_num, retry_reason,
+                    CASE WHEN parse_error IS NULL THEN 'accepted' ELSE 'unparsed' END, parse_error
                FROM input
              ON CONFLICT (api_app_id, event_id) DO NOTHING
              RETURNING id
@@ -265,6 +290,12 @@ async fn insert_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, 
              SELECT input.installation_id, input.id, 'events', input.msg_id, input.payload, input.traceparent,
                     input.tracestate
                FROM input JOIN ins ON ins.id = input.id
+              WHERE input.parse_error IS NULL
+         ), unparsed_rows AS (
+             INSERT INTO unparsed_events (receipt_id, body)
+             SELECT input.id, input.unparsed_body
+               FROM input JOIN ins ON ins.id = input.id
+              WHERE input.parse_error IS NOT NULL
          )
          SELECT id FROM ins",
     )
@@ -286,6 +317,16 @@ async fn insert_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, 
     .bind(rs.iter().map(|r| r.payload.as_slice()).collect::<Vec<_>>())
     .bind(rs.iter().map(|r| r.traceparent.as_deref()).collect::<Vec<_>>())
     .bind(rs.iter().map(|r| r.tracestate.as_deref()).collect::<Vec<_>>())
+    .bind(
+        rs.iter()
+            .map(|r| r.unparsed.as_ref().map(|u| u.parse_error.as_str()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rs.iter()
+            .map(|r| r.unparsed.as_ref().map(|u| u.body.as_slice()))
+            .collect::<Vec<_>>(),
+    )
     .fetch_all(pool)
     .await?;
 

@@ -9,6 +9,7 @@ pub mod installations;
 pub mod intake;
 pub mod oauth;
 pub mod relay;
+pub mod unparsed;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -682,3 +682,461 @@ async fn a_failed_publish_leaves_the_row_for_retry() {
     assert_eq!(stream_len(&env.js, &env.events_stream()).await, 3);
     gw.stop().await;
 }
+
+// ---- Invariant 10: a signed delivery with an identity is never dropped ----
+
+/// A signed delivery's answer: status and whether it says "do not retry".
+async fn post(env: &Env, gw: &Gateway, body: &[u8], retry: Option<(u32, &str)>) -> (u16, bool) {
+    let r = deliver(&env.client, &gw.events(), TEST_SECRET, body, retry)
+        .await
+        .expect("request");
+    let no_retry = r.headers().get("x-slack-no-retry").map(|v| v.as_bytes()) == Some(b"1");
+    (r.status().as_u16(), no_retry)
+}
+
+/// `(state, parse_error, installation_id, duplicate_deliveries)` of a receipt.
+async fn receipt(env: &Env, event_id: &str) -> (String, Option<String>, Option<uuid::Uuid>, i32) {
+    sqlx::query_as(
+        "SELECT state, parse_error, installation_id, duplicate_deliveries FROM event_receipts WHERE event_id = $1",
+    )
+    .bind(event_id)
+    .fetch_one(&env.db.pool)
+    .await
+    .expect(event_id)
+}
+
+async fn installation(env: &Env, team: &str) -> uuid::Uuid {
+    sqlx::query_scalar("SELECT id FROM installations WHERE app_id = $1 AND team_id = $2")
+        .bind(APP)
+        .bind(team)
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("installation")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slacks_documented_app_mention_is_accepted_with_its_outbox_row() {
+    let env = Env::new().await;
+    // The documentation example's own app and team.
+    let inst = seed_installation(&env.db.pool, "A0MDYCDME", "T061EG9R6").await;
+    let gw = Gateway::start(
+        &env.db,
+        &env.prefix,
+        &[("THREADLINE_RELAY_ENABLED", "false")],
+    )
+    .await;
+    // `event_time` in microseconds, `event_ts` without its dot,
+    // `authed_users` and no `authorizations`: refused and lost before.
+    let doc = threadline_testkit::fixture("events/app_mention.slack-docs.json");
+    assert_eq!(post(&env, &gw, &doc, None).await, (200, false));
+
+    let (state, parse_error, installation_id, _) = receipt(&env, "Ev0LAN670R").await;
+    assert_eq!(
+        (state.as_str(), parse_error, installation_id),
+        ("accepted", None, Some(inst))
+    );
+    let (event_type, channel, thread_ts, event_time): (String, String, String, i64) =
+        sqlx::query_as(
+            "SELECT event_type, channel_id, thread_ts, extract(epoch FROM event_time)::bigint
+               FROM event_receipts WHERE event_id = 'Ev0LAN670R'",
+        )
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("receipt");
+    assert_eq!(
+        (
+            event_type.as_str(),
+            channel.as_str(),
+            thread_ts.as_str(),
+            event_time
+        ),
+        (
+            "app_mention",
+            "C0LAN2Q65",
+            "1515449522.000016",
+            1_515_449_522
+        )
+    );
+    let payload: Vec<u8> = sqlx::query_scalar("SELECT payload FROM outbox")
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("exactly one outbox row");
+    let ev = EventAccepted::decode(payload.as_slice()).expect("EventAccepted");
+    assert_eq!(
+        (ev.event_id.as_str(), ev.event_time, ev.team_id.as_str()),
+        ("Ev0LAN670R", 1_515_449_522, "T061EG9R6")
+    );
+    assert_eq!(env.count("SELECT count(*) FROM rejections").await, 0);
+    assert_eq!(env.count("SELECT count(*) FROM unparsed_events").await, 0);
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_with_an_identity_that_do_not_parse_are_held_as_unparsed() {
+    let env = Env::new().await;
+    let inst = installation(&env, TEAM).await;
+    let gw = Gateway::start(
+        &env.db,
+        &env.prefix,
+        &[("THREADLINE_RELAY_ENABLED", "false")],
+    )
+    .await;
+    let with = |id: &str, team: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = app_mention(APP, team, id, "C0TEST", "1700000000.000400");
+        edit(&mut v);
+        serde_json::to_vec(&v).expect("json")
+    };
+    let cases = [
+        // an `event` that is a string
+        (
+            "Ev0STR",
+            TEAM,
+            with("Ev0STR", TEAM, &|v| v["event"] = json!("hello")),
+            "malformed_event",
+            Some(inst),
+        ),
+        // a `ts` that is not a timestamp
+        (
+            "Ev0TS",
+            TEAM,
+            with("Ev0TS", TEAM, &|v| v["event"]["ts"] = json!("yesterday")),
+            "malformed_event",
+            Some(inst),
+        ),
+        // a type threadline cannot even name
+        (
+            "Ev0TYP",
+            TEAM,
+            with("Ev0TYP", TEAM, &|v| {
+                v["event"]["type"] = json!("App Mention")
+            }),
+            "malformed_event",
+            Some(inst),
+        ),
+        // an envelope field of the wrong type
+        (
+            "Ev0TIM",
+            TEAM,
+            with("Ev0TIM", TEAM, &|v| v["event_time"] = json!("soon")),
+            "wrong_type",
+            Some(inst),
+        ),
+        // no `event` at all
+        (
+            "Ev0NOE",
+            TEAM,
+            with("Ev0NOE", TEAM, &|v| {
+                v.as_object_mut().map(|o| o.remove("event"));
+            }),
+            "missing_field",
+            Some(inst),
+        ),
+        // an installation threadline does not know: held, installation unknown
+        (
+            "Ev0UNK",
+            "T0OTHER",
+            with("Ev0UNK", "T0OTHER", &|v| v["event"]["ts"] = json!("x")),
+            "malformed_event",
+            None,
+        ),
+    ];
+    for (id, _, body, code, inst) in &cases {
+        assert_eq!(post(&env, &gw, body, None).await, (200, false), "{id}");
+        let (state, parse_error, installation_id, dups) = receipt(&env, id).await;
+        assert_eq!(
+            (state.as_str(), installation_id, dups),
+            ("unparsed", *inst, 0),
+            "{id}"
+        );
+        let parse_error = parse_error.expect("a reason");
+        assert!(
+            parse_error.starts_with(&format!("{code}: ")),
+            "{id}: {parse_error}"
+        );
+        // The stored body is the delivery exactly, for replay.
+        let stored: Vec<u8> = sqlx::query_scalar(
+            "SELECT u.body FROM unparsed_events u JOIN event_receipts r ON r.id = u.receipt_id WHERE r.event_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("stored body");
+        assert_eq!(&stored, body, "{id}");
+    }
+    // The reason names fields, never the values that were sent.
+    let reasons: Vec<String> =
+        sqlx::query_scalar("SELECT parse_error FROM event_receipts ORDER BY event_id")
+            .fetch_all(&env.db.pool)
+            .await
+            .expect("reasons");
+    assert!(
+        reasons
+            .iter()
+            .all(|r| !r.contains("yesterday") && !r.contains("hello") && !r.contains("soon")),
+        "{reasons:?}"
+    );
+
+    // Slack's retry of an unparsed delivery is a duplicate, counted.
+    let (_, _, body, _, _) = &cases[1];
+    for n in 1..=2 {
+        assert_eq!(
+            post(&env, &gw, body, Some((n, "http_timeout"))).await,
+            (200, false)
+        );
+    }
+    assert_eq!(receipt(&env, "Ev0TS").await.3, 2);
+    assert_eq!(
+        env.count("SELECT count(*) FROM event_receipts").await,
+        cases.len() as i64
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM unparsed_events").await,
+        cases.len() as i64
+    );
+    // Nothing goes downstream, and nothing was rejected.
+    assert_eq!(env.count("SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(env.count("SELECT count(*) FROM rejections").await, 0);
+
+    // What the parser tolerates is a normal receipt: an unknown block type
+    // (blocks are not parsed at intake) and an unknown, well-named event type.
+    let blocks =
+        with(
+            "Ev0BLK",
+            TEAM,
+            &|v| {
+                v["event"]["blocks"] =
+                    json!([{"type": "hologram_v9", "elements": [{"type": "sparkle"}]}])
+            },
+        );
+    let other = with(
+        "Ev0NEW",
+        TEAM,
+        &|v| v["event"] = json!({"type": "reaction_added", "user": "U1", "item": {"type": "message", "channel": "C1", "ts": "1.2"}, "event_ts": "1700000000000500"}),
+    );
+    for body in [&blocks, &other] {
+        assert_eq!(post(&env, &gw, body, None).await, (200, false));
+    }
+    assert_eq!(receipt(&env, "Ev0BLK").await.0, "accepted");
+    assert_eq!(receipt(&env, "Ev0NEW").await.0, "accepted");
+    assert_eq!(env.count("SELECT count(*) FROM outbox").await, 2);
+    assert_eq!(
+        env.count("SELECT count(*) FROM unparsed_events").await,
+        cases.len() as i64
+    );
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_without_an_identity_are_refused_without_retry_and_recorded() {
+    let env = Env::new().await;
+    let gw = Gateway::start(&env.db, &env.prefix, &[]).await;
+    let bodies: [&[u8]; 7] = [
+        b"{not json",
+        b"[1, 2]",
+        br#""event_callback""#,
+        br#"{"type":"event_callback","api_app_id":"A0TEST","team_id":"T0TEST","event_time":1,"event":{"type":"message","ts":"x"}}"#,
+        br#"{"type":"event_callback","api_app_id":"A0TEST","event_id":12,"team_id":"T0TEST","event_time":1,"event":{"type":"message","ts":"x"}}"#,
+        br#"{"type":"event_callback","api_app_id":"A0TEST","event_id":"Ev0NOT","event_time":1,"event":{"type":"message","ts":"x"}}"#,
+        br#"{"type":"event_callback","event_id":"Ev0NOA","team_id":"T0TEST","event_time":1,"event":{"type":"message","ts":"x"}}"#,
+    ];
+    for body in bodies {
+        assert_eq!(
+            post(&env, &gw, body, None).await,
+            (400, true),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+    }
+    assert_eq!(
+        env.count("SELECT count(*) FROM rejections").await,
+        bodies.len() as i64
+    );
+    assert_eq!(env.count("SELECT count(*) FROM event_receipts").await, 0);
+    assert_eq!(env.count("SELECT count(*) FROM unparsed_events").await, 0);
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unparsed_delivery_gets_503_while_postgres_is_down_then_is_held_once() {
+    let env = Env::new().await;
+    let gw = Gateway::start(
+        &env.db,
+        &env.prefix,
+        &[("THREADLINE_INSTALLATION_CACHE_MS", "0")],
+    )
+    .await;
+    let mut v = app_mention(APP, TEAM, "Ev0UDN", "C0TEST", "1700000000.000500");
+    v["event"]["ts"] = json!("not-a-ts");
+    let body = serde_json::to_vec(&v).expect("json");
+    env.db.take_down().await;
+    assert_eq!(post(&env, &gw, &body, None).await, (503, false));
+    env.db.bring_up().await;
+    eventually(
+        "a 200 after Postgres returns",
+        Duration::from_secs(10),
+        || {
+            let (env, gw, body) = (&env, &gw, &body);
+            async move {
+                (post(env, gw, body, Some((1, "http_error"))).await == (200, false)).then_some(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(receipt(&env, "Ev0UDN").await.0, "unparsed");
+    assert_eq!(env.count("SELECT count(*) FROM event_receipts").await, 1);
+    assert_eq!(env.count("SELECT count(*) FROM unparsed_events").await, 1);
+    assert_eq!(env.count("SELECT count(*) FROM rejections").await, 0);
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_an_unparsed_receipt_after_an_upgrade_accepts_it_once_and_deletes_its_body() {
+    use threadline_gateway::unparsed::{Replay, replay};
+    let env = Env::new().await;
+    let inst = installation(&env, TEAM).await;
+    let gw = Gateway::start(&env.db, &env.prefix, &[]).await;
+
+    // Held by an older gateway whose parser refused `event_time` in
+    // microseconds; this version reads it.
+    let hold = |id: &'static str, team: &'static str, installation: Option<uuid::Uuid>| {
+        let mut v = app_mention(APP, team, id, "C0TEST", "1700000000.000600");
+        v["event_time"] = json!(1_700_000_000_000_600_i64);
+        let pool = env.db.pool.clone();
+        async move {
+            let rid = uuid::Uuid::now_v7();
+            sqlx::query(
+                "WITH r AS (INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, team_id, event_type,
+                                                        state, parse_error, retry_num)
+                            VALUES ($1, $2, $3, $4, $5, 'app_mention', 'unparsed',
+                                    'wrong_type: `event_time` has the wrong JSON type', 1))
+                 INSERT INTO unparsed_events (receipt_id, body) VALUES ($1, $6)",
+            )
+            .bind(rid)
+            .bind(installation)
+            .bind(APP)
+            .bind(id)
+            .bind(team)
+            .bind(serde_json::to_vec(&v).expect("json"))
+            .execute(&pool)
+            .await
+            .expect("an unparsed receipt");
+            rid
+        }
+    };
+    let old = hold("Ev0OLD", TEAM, Some(inst)).await;
+    let stranger = hold("Ev0STR", "T0NONE", None).await;
+    // Still unparseable today.
+    let mut v = app_mention(APP, TEAM, "Ev0BAD", "C0TEST", "1.2");
+    v["event"]["ts"] = json!("yesterday");
+    assert_eq!(
+        post(&env, &gw, &serde_json::to_vec(&v).expect("json"), None).await,
+        (200, false)
+    );
+    let bad: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM event_receipts WHERE event_id = 'Ev0BAD'")
+            .fetch_one(&env.db.pool)
+            .await
+            .expect("id");
+
+    assert_eq!(
+        replay(&env.db.pool, old).await.expect("replay"),
+        Replay::Accepted {
+            installation_id: inst,
+            event_type: "app_mention".into()
+        }
+    );
+    let row: (String, Option<uuid::Uuid>, Option<String>, Option<String>, i64) = sqlx::query_as(
+        "SELECT state, installation_id, channel_id, thread_ts, extract(epoch FROM event_time)::bigint
+           FROM event_receipts WHERE id = $1",
+    )
+    .bind(old)
+    .fetch_one(&env.db.pool)
+    .await
+    .expect("receipt");
+    assert_eq!(
+        row,
+        (
+            "accepted".into(),
+            Some(inst),
+            Some("C0TEST".into()),
+            Some("1700000000.000600".into()),
+            1_700_000_000
+        )
+    );
+    // The body (message text) is gone with the replay; the relay publishes
+    // the event like any other, under the receipt's id.
+    assert_eq!(
+        env.count("SELECT count(*) FROM unparsed_events WHERE receipt_id IN (SELECT id FROM event_receipts WHERE event_id = 'Ev0OLD')")
+            .await,
+        0
+    );
+    assert_eq!(env.published_len(1).await, 1);
+    let stream = env
+        .js
+        .get_stream(env.events_stream())
+        .await
+        .expect("stream");
+    let msg = stream.get_raw_message(1).await.expect("the message");
+    assert_eq!(
+        msg.headers.get("Nats-Msg-Id").map(|v| v.as_str()),
+        Some(format!("evt:{APP}:Ev0OLD").as_str())
+    );
+    let ev = EventAccepted::decode(msg.payload.as_ref()).expect("EventAccepted");
+    assert_eq!(
+        (ev.receipt_id, ev.event_time, ev.retry_num),
+        (old.to_string(), 1_700_000_000, 1)
+    );
+
+    // Once only: a second replay, and Slack's late retry, change nothing.
+    assert!(matches!(
+        replay(&env.db.pool, old).await.expect("replay"),
+        Replay::NotUnparsed { .. }
+    ));
+    let mut again = app_mention(APP, TEAM, "Ev0OLD", "C0TEST", "1700000000.000600");
+    again["event_time"] = json!(1_700_000_000_i64);
+    assert_eq!(
+        post(
+            &env,
+            &gw,
+            &serde_json::to_vec(&again).expect("json"),
+            Some((2, "http_timeout"))
+        )
+        .await,
+        (200, false)
+    );
+    assert_eq!(env.outbox_total().await, 1);
+
+    // What still does not parse, or has no active installation, stays held
+    // with its body; an unknown id says so.
+    match replay(&env.db.pool, bad).await.expect("replay") {
+        Replay::StillUnparsed { parse_error } => {
+            assert!(
+                parse_error.starts_with("malformed_event: "),
+                "{parse_error}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        replay(&env.db.pool, stranger).await.expect("replay"),
+        Replay::InstallationNotActive {
+            installation: "unknown"
+        }
+    );
+    assert_eq!(
+        replay(&env.db.pool, uuid::Uuid::now_v7())
+            .await
+            .expect("replay"),
+        Replay::NotFound
+    );
+    let held: Vec<String> = sqlx::query_scalar(
+        "SELECT r.event_id FROM event_receipts r JOIN unparsed_events u ON u.receipt_id = r.id
+          WHERE r.state = 'unparsed' ORDER BY r.event_id",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .expect("held");
+    assert_eq!(held, ["Ev0BAD", "Ev0STR"]);
+    assert_eq!(env.outbox_total().await, 1);
+    gw.stop().await;
+}
