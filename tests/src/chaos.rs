@@ -435,6 +435,8 @@ async fn check(s: &Stack, people: &[Person]) -> (Vec<String>, BTreeSet<String>, 
                                                   AND tm.channel_id = f.channel_id AND tm.ts = f.ts
                           WHERE f.installation_id = i.installation_id AND f.channel_id = i.channel_id
                             AND tm.root_ts = i.root_ts
+                            -- our own replies are kept without a new version
+                            AND NOT (f.fact = 'create' AND tm.speaker = 'assistant')
                             AND f.recorded_at < i.sending_since - interval '1 second')
                    FROM reply_intents i JOIN decisions d ON d.id = i.decision_id
                   WHERE i.id = $1",

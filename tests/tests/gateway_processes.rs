@@ -390,9 +390,11 @@ async fn review_approval_records_the_reviewer_and_hands_over_to_the_publisher() 
         .await
         .expect("decision");
     }
+    // The broker is unreachable for the operator: approving needs only the
+    // database.
     let env = vec![
         ("DATABASE_URL", db.url.clone()),
-        ("NATS_URL", nats_url()),
+        ("NATS_URL", "nats://127.0.0.1:9".to_owned()),
         ("THREADLINE_BUS_PREFIX", prefix.clone()),
     ];
     let out = cli(&["review", "list"], &env).await;
@@ -471,11 +473,35 @@ async fn review_approval_records_the_reviewer_and_hands_over_to_the_publisher() 
             ("rejected".into(), Some("bo".into()), false)
         ]
     );
+    // Only the approved proposal goes to the publisher, queued in the
+    // outbox by the approval's own commit (the gateway's relay publishes
+    // it), so a broker that is away cannot leave it approved but unsent.
+    let queued: Vec<(String, String)> =
+        sqlx::query_as("SELECT topic, msg_id FROM outbox ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .expect("outbox");
+    assert_eq!(
+        queued,
+        vec![("proposals".to_owned(), format!("prop:{decision}:approved"))]
+    );
+    // A second approval is refused, and says the first one was queued.
+    let again = cli(
+        &["review", "approve", &decision.to_string(), "--by", "ana"],
+        &env,
+    )
+    .await;
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already approved"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
     let stream = Topology::new(prefix.clone()).stream(Topic::Proposals);
     assert_eq!(
         stream_len(&js, &stream).await,
-        1,
-        "only the approved proposal goes to the publisher"
+        0,
+        "nothing published directly"
     );
     delete_streams(&js, &prefix).await;
 }
@@ -853,4 +879,161 @@ async fn policy_commands_change_what_may_trigger() {
             {"channel": "G0PRIV", "mode": "mentions", "keywords": [], "allowed": true},
         ])
     );
+}
+
+/// Invariant 10 from the operator's side: deliveries held as `unparsed` are
+/// listed without their bodies, replayed after an upgrade (the one this
+/// version parses goes downstream once), counted in the ledger, and purged
+/// past retention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_cli_lists_replays_and_purges_unparsed_events() {
+    let db = TestDb::new().await;
+    let inst = seed_installation(&db.pool, "A0UNP", "T0UNP").await;
+    let prefix = unique_prefix();
+    let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
+    let gw = spawn_gateway(&gateway_env(&db, &prefix, nats_url())).await;
+    let client = reqwest::Client::new();
+    let env = vec![("DATABASE_URL", db.url.clone())];
+
+    // Today's parser refuses a `ts` that is not a timestamp: held.
+    let mut broken = app_mention("A0UNP", "T0UNP", "Ev0UNB", "C0UNP", "1700000000.000700");
+    broken["event"]["ts"] = json!("yesterday");
+    let text = broken["event"]["text"]
+        .as_str()
+        .expect("the fixture has text")
+        .to_owned();
+    let r = deliver(
+        &client,
+        &gw.events_url(),
+        TEST_SECRET,
+        &serde_json::to_vec(&broken).expect("json"),
+        None,
+    )
+    .await
+    .expect("delivery");
+    assert_eq!(r.status(), 200);
+    // Held by an older gateway that refused `event_time` in microseconds,
+    // and one held 40 days ago that nobody replayed.
+    let hold = |event_id: &'static str, body: serde_json::Value, age: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            let id = uuid::Uuid::now_v7();
+            sqlx::query(&format!(
+                "WITH r AS (INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, team_id, event_type,
+                                                        state, parse_error, received_at)
+                            VALUES ($1, $2, 'A0UNP', $3, 'T0UNP', 'app_mention', 'unparsed',
+                                    'wrong_type: `event_time` has the wrong JSON type', now() - interval '{age}'))
+                 INSERT INTO unparsed_events (receipt_id, body, received_at) VALUES ($1, $4, now() - interval '{age}')"
+            ))
+            .bind(id)
+            .bind(inst)
+            .bind(event_id)
+            .bind(serde_json::to_vec(&body).expect("json"))
+            .execute(&pool)
+            .await
+            .expect("an unparsed receipt");
+            id
+        }
+    };
+    let mut upgraded = app_mention("A0UNP", "T0UNP", "Ev0UNU", "C0UNP", "1700000000.000800");
+    upgraded["event_time"] = json!(1_700_000_000_000_800_i64);
+    let upgraded = hold("Ev0UNU", upgraded, "1 hour").await;
+    let mut old = broken.clone();
+    old["event_id"] = json!("Ev0UNO");
+    let old = hold("Ev0UNO", old, "40 days").await;
+
+    let ok = |out: &std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let listed = ok(&cli(&["events", "unparsed"], &env).await);
+    assert!(!listed.contains(&text), "the listing never shows the body");
+    let listed: serde_json::Value = serde_json::from_str(&listed).expect("a JSON listing");
+    let ids: Vec<&str> = listed
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|r| r["event_id"].as_str().expect("event_id"))
+        .collect();
+    assert_eq!(ids, ["Ev0UNO", "Ev0UNU", "Ev0UNB"], "oldest first");
+    let first = &listed[2];
+    assert_eq!(first["installation_id"], json!(inst.to_string()));
+    assert_eq!(first["api_app_id"], "A0UNP");
+    assert!(
+        first["parse_error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("malformed_event: ")),
+        "{first}"
+    );
+    assert!(
+        first["body_bytes"].as_i64().is_some_and(|n| n > 100),
+        "{first}"
+    );
+    assert!(first["received_at"].is_string());
+
+    // An unknown id is an error, and nothing is replayed.
+    let stranger = uuid::Uuid::now_v7().to_string();
+    let out = cli(
+        &["events", "replay", &upgraded.to_string(), &stranger],
+        &env,
+    )
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&stranger),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(pending(&db).await, 0);
+
+    let out = ok(&cli(&["events", "replay", "--all"], &env).await);
+    assert!(out.contains(&format!("{upgraded}: accepted")), "{out}");
+    assert!(out.contains("still does not parse"), "{out}");
+    assert!(out.contains("replayed 1 of 3, 2 left unparsed"), "{out}");
+    let stream = Topology::new(prefix.clone()).stream(Topic::Events);
+    eventually("the replayed event on the bus", Duration::from_secs(15), || {
+        let (js, stream, db) = (js.clone(), stream.clone(), &db);
+        async move { (pending(db).await == 0 && stream_len(&js, &stream).await == 1).then_some(()) }
+    })
+    .await;
+
+    let stats: serde_json::Value =
+        serde_json::from_str(&ok(&cli(&["stats", "--json"], &env).await)).expect("stats");
+    assert_eq!(stats["receipts_by_state"]["unparsed"], 2, "{stats}");
+    assert_eq!(stats["unparsed_pending_total"], 2, "{stats}");
+    assert_eq!(stats["unparsed_by_reason"]["malformed_event"], 2, "{stats}");
+
+    // Past the receipts' retention, the body goes and the receipt closes.
+    let dry: serde_json::Value =
+        serde_json::from_str(&ok(&cli(&["purge", "--dry-run"], &env).await)).expect("report");
+    assert_eq!(
+        (&dry["unparsed_bodies"], &dry["unparsed_expired"]),
+        (&json!(1), &json!(1)),
+        "{dry}"
+    );
+    ok(&cli(&["purge"], &env).await);
+    let closed: (String, Option<String>) =
+        sqlx::query_as("SELECT state, state_reason FROM event_receipts WHERE id = $1")
+            .bind(old)
+            .fetch_one(&db.pool)
+            .await
+            .expect("receipt");
+    assert_eq!(closed, ("failed".into(), Some("unparsed_expired".into())));
+    let bodies: Vec<String> = sqlx::query_scalar(
+        "SELECT r.event_id FROM unparsed_events u JOIN event_receipts r ON r.id = u.receipt_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("bodies");
+    assert_eq!(bodies, ["Ev0UNB"]);
+    let stats: serde_json::Value =
+        serde_json::from_str(&ok(&cli(&["stats", "--json"], &env).await)).expect("stats");
+    assert_eq!(stats["unparsed_pending_total"], 1, "{stats}");
+
+    assert!(gw.terminate().await.success());
+    delete_streams(&js, &prefix).await;
 }

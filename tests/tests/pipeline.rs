@@ -100,7 +100,9 @@ async fn a_mention_is_answered_once_in_its_thread_and_the_answer_is_no_new_job()
         .fetch_one(&s.db.pool)
         .await
         .expect("thread");
-    assert_eq!(version, 3, "root, question, our reply");
+    // The question's message and its mention; our reply is kept but is no
+    // change to what a person asked.
+    assert_eq!(version, 2, "root and question; our reply bumps nothing");
     let out = cli(&["stats", "--json"], &[("DATABASE_URL", s.db.url.clone())]).await;
     let stats: Value = serde_json::from_slice(&out.stdout).expect("stats");
     assert_eq!(
@@ -656,9 +658,8 @@ async fn an_edit_with_unchanged_text_changes_nothing() {
     .await
     .expect("ledger");
     assert_eq!(
-        version_after,
-        version_before + 1,
-        "the only change to the thread is our reply"
+        version_after, version_before,
+        "neither the unchanged edit nor our own reply changed the thread"
     );
     assert_eq!((decisions, stale), (1, 0), "one model call, nothing stale");
     s.assert_at_most_one_reply_per_message().await;

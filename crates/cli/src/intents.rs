@@ -40,35 +40,56 @@ struct Row {
     reconciled: bool,
 }
 
-/// Runs one settling statement as the operator (`$USER`), whom the audit
-/// record of the change names.
-async fn settle(
-    pool: &PgPool,
-    sql: &'static str,
-    id: Uuid,
-    ts: Option<&str>,
-) -> anyhow::Result<()> {
+/// A transaction acting as the operator (`$USER`), whom the audit records
+/// of its changes name.
+async fn as_operator(pool: &PgPool) -> anyhow::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
     let mut tx = pool.begin().await?;
     let actor = crate::operator::current_user();
     sqlx::query("SELECT set_config('threadline.actor', $1, true)")
         .bind(format!("cli:{actor}"))
         .execute(&mut *tx)
         .await?;
-    let r = sqlx::query(sql).bind(id).bind(ts).execute(&mut *tx).await?;
-    if r.rows_affected() != 1 {
-        anyhow::bail!("intent {id} is not held");
+    Ok(tx)
+}
+
+/// The held intent `id` (locked) and its decision, or a clear error.
+async fn held(tx: &mut sqlx::PgConnection, id: Uuid) -> anyhow::Result<Uuid> {
+    let row: Option<(String, Uuid)> =
+        sqlx::query_as("SELECT state, decision_id FROM reply_intents WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    match row {
+        None => anyhow::bail!("no reply intent {id}"),
+        Some((state, decision)) if state == "held" => Ok(decision),
+        Some((state, _)) => anyhow::bail!("intent {id} is not held (it is {state})"),
     }
-    tx.commit().await?;
-    Ok(())
 }
 
 pub async fn run(
     cmd: IntentsCommand,
-    common: &threadline_runtime::config::CommonConfig,
+    _common: &threadline_runtime::config::CommonConfig,
     pool: &PgPool,
 ) -> anyhow::Result<()> {
     match cmd {
         IntentsCommand::List { state } => {
+            const STATES: [&str; 9] = [
+                "pending",
+                "sending",
+                "sent",
+                "failed_retryable",
+                "failed_permanent",
+                "unknown",
+                "reconciling",
+                "held",
+                "withdrawn",
+            ];
+            if !STATES.contains(&state.as_str()) {
+                anyhow::bail!(
+                    "--state: unknown state {state:?}; one of {}",
+                    STATES.join(", ")
+                );
+            }
             let rows: Vec<Row> = sqlx::query_as(
                 "SELECT id, installation_id, event_id, channel_id, root_ts, state, attempts, error_code, slack_ts, reconciled
                    FROM reply_intents WHERE state = $1 ORDER BY updated_at DESC LIMIT 500",
@@ -80,57 +101,60 @@ pub async fn run(
         }
         IntentsCommand::MarkSent { id, ts } => {
             threadline_domain::Ts::parse(ts.clone()).map_err(|e| anyhow::anyhow!("--ts: {e}"))?;
-            settle(
-                pool,
-                "UPDATE reply_intents SET state = 'sent', slack_ts = $2, reconciled = true, updated_at = now()
-                  WHERE id = $1 AND state = 'held'",
-                id,
-                Some(&ts),
-            )
-            .await?;
-            println!("intent {id} marked sent ({ts})");
+            let mut tx = as_operator(pool).await?;
+            let decision = held(&mut tx, id).await?;
+            // Settled the way the publisher settles a post: the intent sent,
+            // its decision published, its turn answered (and a human message
+            // that crossed it recorded, its thread reconsidered).
+            threadline_publisher::intents::record_post_in(&mut tx, id, decision, &ts, true).await?;
+            tx.commit().await?;
+            println!(
+                "intent {id} marked sent ({ts}); its decision is published and its turn answered"
+            );
         }
         IntentsCommand::Repost { id } => {
-            settle(
-                pool,
-                "UPDATE reply_intents SET state = 'pending', reconcile_reads = 0, unknown_since = NULL, updated_at = now()
-                  WHERE id = $1 AND state = 'held' AND $2::text IS NULL",
-                id,
-                None,
+            let mut tx = as_operator(pool).await?;
+            let decision = held(&mut tx, id).await?;
+            let d = threadline_publisher::proposals::load(pool, decision)
+                .await?
+                .ok_or_else(|| {
+                    anyhow::anyhow!("intent {id} names decision {decision}, which does not exist")
+                })?;
+            sqlx::query(
+                "UPDATE reply_intents SET state = 'pending', reconcile_reads = 0, unknown_since = NULL, next_check_at = NULL,
+                        next_attempt_at = now(), updated_at = now()
+                  WHERE id = $1 AND state = 'held'",
+            )
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+            // Hand the proposal to the publisher again, in the same commit
+            // (the gateway's relay publishes it): it reads the thread once
+            // more for the earlier post, re-checks the thread, then claims
+            // the pending intent and posts once.
+            threadline_publisher::proposals::enqueue(
+                &mut tx,
+                &d,
+                &format!("repost-{}", Uuid::now_v7()),
             )
             .await?;
-            // Hand the proposal to the publisher again: it re-checks the
-            // thread, then claims the pending intent and posts once.
-            let decision: Uuid =
-                sqlx::query_scalar("SELECT decision_id FROM reply_intents WHERE id = $1")
-                    .bind(id)
-                    .fetch_one(pool)
-                    .await?;
-            let nats = threadline_runtime::bus::connect(&common.nats_url, "threadline-cli").await?;
-            let js = async_nats::jetstream::new(nats.clone());
-            let d = threadline_inference::decisions::load(pool, decision).await?;
-            let topology = threadline_runtime::bus::Topology::from_config(common);
-            threadline_inference::handler::publish_proposal(
-                &js,
-                &topology,
-                d,
-                Some(&format!("repost-{}", Uuid::now_v7())),
-            )
-            .await?;
-            nats.flush().await?;
+            tx.commit().await?;
             println!(
-                "intent {id} may be posted once more; its proposal went back to the publisher"
+                "intent {id} may be posted once more; its proposal is queued for the publisher, which reads the thread for the earlier post first"
             );
         }
         IntentsCommand::Abandon { id } => {
-            settle(
-                pool,
-                "UPDATE reply_intents SET state = 'failed_permanent', error_code = 'abandoned_by_operator', updated_at = now()
-                  WHERE id = $1 AND state = 'held' AND $2::text IS NULL",
-                id,
-                None,
+            let mut tx = as_operator(pool).await?;
+            held(&mut tx, id).await?;
+            sqlx::query(
+                "UPDATE reply_intents SET state = 'failed_permanent', error_code = 'abandoned_by_operator', next_check_at = NULL,
+                        updated_at = now()
+                  WHERE id = $1 AND state = 'held'",
             )
+            .bind(id)
+            .execute(&mut *tx)
             .await?;
+            tx.commit().await?;
             println!("intent {id} abandoned");
         }
     }

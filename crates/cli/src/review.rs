@@ -4,7 +4,6 @@
 
 use clap::Subcommand;
 use sqlx::PgPool;
-use threadline_runtime::bus::Topology;
 use threadline_runtime::config::CommonConfig;
 use uuid::Uuid;
 
@@ -40,7 +39,7 @@ struct Waiting {
     review_reasons: Vec<String>,
 }
 
-pub async fn run(cmd: ReviewCommand, common: &CommonConfig, pool: &PgPool) -> anyhow::Result<()> {
+pub async fn run(cmd: ReviewCommand, _common: &CommonConfig, pool: &PgPool) -> anyhow::Result<()> {
     match cmd {
         ReviewCommand::List => {
             let rows: Vec<Waiting> = sqlx::query_as(
@@ -62,28 +61,38 @@ pub async fn run(cmd: ReviewCommand, common: &CommonConfig, pool: &PgPool) -> an
             );
         }
         ReviewCommand::Approve { id, by } => {
-            let r = sqlx::query(
+            // The approval and the request to post commit together (the
+            // gateway's relay publishes it): a failure between them cannot
+            // leave an approved answer that nobody posts.
+            let mut tx = pool.begin().await?;
+            let status: Option<String> =
+                sqlx::query_scalar("SELECT status FROM decisions WHERE id = $1 FOR UPDATE")
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            match status.as_deref() {
+                None => anyhow::bail!("no decision {id}"),
+                Some("review") => {}
+                Some("approved") => anyhow::bail!(
+                    "decision {id} is already approved; its proposal was queued for the publisher with the approval"
+                ),
+                Some(other) => {
+                    anyhow::bail!("decision {id} is not waiting for review (it is {other})")
+                }
+            }
+            sqlx::query(
                 "UPDATE decisions SET status = 'approved', reviewed_by = $2, reviewed_at = now(), updated_at = now()
                   WHERE id = $1 AND status = 'review'",
             )
             .bind(id)
             .bind(&by)
-            .execute(pool)
+            .execute(&mut *tx)
             .await?;
-            if r.rows_affected() != 1 {
-                anyhow::bail!("decision {id} is not waiting for review");
-            }
-            let nats = threadline_runtime::bus::connect(&common.nats_url, "threadline-cli").await?;
-            let js = async_nats::jetstream::new(nats.clone());
-            let d = threadline_inference::decisions::load(pool, id).await?;
-            threadline_inference::handler::publish_proposal(
-                &js,
-                &Topology::from_config(common),
-                d,
-                Some("approved"),
-            )
-            .await?;
-            nats.flush().await?;
+            let d = threadline_publisher::proposals::load(pool, id)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no decision {id}"))?;
+            threadline_publisher::proposals::enqueue(&mut tx, &d, "approved").await?;
+            tx.commit().await?;
             println!("approved {id} by {by}; the publisher re-checks the thread before posting");
         }
         ReviewCommand::Reject { id, by } => {

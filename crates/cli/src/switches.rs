@@ -13,7 +13,9 @@ pub struct Target {
     /// One installation (its id, from `threadline install list`).
     #[arg(long)]
     installation: Option<uuid::Uuid>,
-    /// One feature (e.g. `replies`).
+    /// One feature: `replies` (thread replies) or `tools` (actions beyond a
+    /// reply). Any other name is refused when engaging; a switch of an old,
+    /// unknown name can still be released.
     #[arg(long)]
     feature: Option<String>,
 }
@@ -42,10 +44,18 @@ pub enum SwitchCommand {
     List,
 }
 
-fn scope(t: &Target) -> anyhow::Result<(&'static str, String)> {
+/// The switch a target names; an engaged feature switch must name a
+/// feature threadline consults, so a typo never governs nothing.
+fn scope(t: &Target, engaging: bool) -> anyhow::Result<(&'static str, String)> {
     match (t.global, &t.installation, &t.feature) {
         (true, None, None) => Ok(("global", String::new())),
         (false, Some(i), None) => Ok(("installation", i.to_string())),
+        (false, None, Some(f)) if engaging => Ok((
+            "feature",
+            killswitch::parse_feature(f)
+                .map_err(|e| anyhow::anyhow!("--feature: {e}"))?
+                .to_owned(),
+        )),
         (false, None, Some(f)) if !f.trim().is_empty() => Ok(("feature", f.trim().to_owned())),
         _ => anyhow::bail!("name exactly one scope: --global, --installation ID or --feature NAME"),
     }
@@ -54,7 +64,7 @@ fn scope(t: &Target) -> anyhow::Result<(&'static str, String)> {
 pub async fn run(cmd: SwitchCommand, pool: &PgPool) -> anyhow::Result<()> {
     match cmd {
         SwitchCommand::Engage { target, reason, by } => {
-            let (s, t) = scope(&target)?;
+            let (s, t) = scope(&target, true)?;
             killswitch::set(pool, s, &t, true, Some(&reason), &by).await?;
             println!(
                 "kill switch engaged: {s}{}{t}",
@@ -62,7 +72,7 @@ pub async fn run(cmd: SwitchCommand, pool: &PgPool) -> anyhow::Result<()> {
             );
         }
         SwitchCommand::Release { target, by } => {
-            let (s, t) = scope(&target)?;
+            let (s, t) = scope(&target, false)?;
             killswitch::set(pool, s, &t, false, None, &by).await?;
             println!(
                 "kill switch released: {s}{}{t}",

@@ -1,8 +1,6 @@
 //! Handling one accepted event: classify it, apply it to the thread store,
 //! and for a trigger build the versioned context and publish it.
 
-use std::time::Duration;
-
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use prost::Message as _;
@@ -32,9 +30,6 @@ pub struct Handler {
     pub limits: Limits,
     pub backfill: BackfillLimits,
 }
-
-/// How a database failure is retried.
-const DB_RETRY: Duration = Duration::from_secs(5);
 
 /// `app_uninstalled`, or `tokens_revoked` naming our bot user.
 fn lifecycle_reason(
@@ -88,7 +83,7 @@ impl Handler {
             }
             Err(e) => {
                 tracing::warn!(parent: &span, error = format!("{e:#}"), "event handling failed; retrying");
-                Disposition::Retry(DB_RETRY)
+                Disposition::of_error(&e)
             }
         }
     }
@@ -145,7 +140,19 @@ impl Handler {
         let c = classify::apply_channel_policy(c, facts, &policy);
 
         let mut tx = self.pool.begin().await?;
-        store::apply(&mut tx, inst.id, channel, &c.effect).await?;
+        let applied = store::apply(&mut tx, inst.id, channel, &c.effect).await?;
+        // A human message older than a reply already sent in its thread that
+        // the reply did not read crossed that answer in flight.
+        let crossed = match (&c.effect, &applied) {
+            (Effect::Upsert(f), Some((root, _))) if f.speaker == classify::Speaker::Human => {
+                store::crossed_answers(&mut tx, inst.id, channel, root, &f.ts).await?
+            }
+            _ => Vec::new(),
+        };
+        if !crossed.is_empty() {
+            // (its reconsideration is queued in this transaction)
+            threadline_runtime::outbox::crossed_in_flight(crossed.len(), "context-builder");
+        }
         match &c.effect {
             Effect::Delete { ts, .. } => {
                 let n = store::cancel_pending(&mut tx, inst.id, channel, ts, receipt).await?;
@@ -254,13 +261,16 @@ impl Handler {
             .bind(&r.root_ts)
             .fetch_optional(&self.pool)
             .await?;
-            match latest {
+            let result = match latest {
                 Some((receipt, ts, false, event_id)) => {
-                    metrics::counter!("threadline_reconsiderations_handled_total", "result" => "rebuilt").increment(1);
                     self.build_and_publish(&event_id, receipt, &inst, &r.channel_id, &r.root_ts, &ts).await?;
+                    "rebuilt"
                 }
-                _ => metrics::counter!("threadline_reconsiderations_handled_total", "result" => "no_reply_needed").increment(1),
-            }
+                _ => "no_reply_needed",
+            };
+            metrics::counter!("threadline_reconsiderations_handled_total", "result" => result).increment(1);
+            // Answers crossed in flight in this thread: what was decided.
+            store::crossed_reconsidered(&self.pool, inst.id, &r.channel_id, &r.root_ts, result).await?;
             Ok(())
         }
         .await;
@@ -268,7 +278,7 @@ impl Handler {
             Ok(()) => Disposition::Done,
             Err(e) => {
                 tracing::warn!(error = format!("{e:#}"), "reconsideration failed; retrying");
-                Disposition::Retry(DB_RETRY)
+                Disposition::of_error(&e)
             }
         }
     }
@@ -323,7 +333,7 @@ impl Handler {
                 tracing::warn!(channel, error = %code, "conversations.info refused; channel kind unknown, denied");
                 Ok(None)
             }
-            Err(e) => Err(anyhow::anyhow!("conversations.info: {e}")),
+            Err(e) => Err(anyhow::Error::new(e).context("conversations.info")),
         }
     }
 

@@ -3,10 +3,14 @@
 //! thread's version in the same transaction. The final state depends only on
 //! the set of facts, not on their order or how often they arrive.
 
+use prost::Message as _;
 use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, PgPool};
-use threadline_domain::classify::{BotIdentity, ChannelMode, Effect, MessageFacts, TriggerPolicy};
-use threadline_runtime::audit;
+use threadline_domain::classify::{
+    BotIdentity, ChannelMode, Effect, MessageFacts, Speaker, TriggerPolicy,
+};
+use threadline_runtime::bus::Topic;
+use threadline_runtime::{audit, outbox};
 use uuid::Uuid;
 
 use crate::context::StoredMessage;
@@ -371,6 +375,100 @@ async fn bump(conn: &mut PgConnection, inst: Uuid, channel: &str, root: &str) ->
     .await
 }
 
+/// The thread's version, creating the thread row (version 1) if needed,
+/// without bumping it.
+async fn touch(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar(
+        "WITH ins AS (
+            INSERT INTO threads (installation_id, channel_id, root_ts, version) VALUES ($1, $2, $3, 1)
+            ON CONFLICT (installation_id, channel_id, root_ts) DO NOTHING
+            RETURNING version)
+         SELECT version FROM ins
+         UNION ALL
+         SELECT version FROM threads WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3
+         LIMIT 1",
+    )
+    .bind(inst)
+    .bind(channel)
+    .bind(root)
+    .fetch_one(conn)
+    .await
+}
+
+/// Records the answers of thread `root` that the human message `ts`
+/// crossed in flight: replies already sent, newer than `ts`, whose context
+/// did not read it though it falls inside the window the context covered.
+/// Runs after the message's insert bumped (and so locked) the thread row,
+/// so a reply being recorded concurrently sees the message or is seen here.
+/// Each crossed answer's thread is reconsidered through the outbox, in
+/// this transaction. Returns the crossed intents.
+pub async fn crossed_answers(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+    ts: &str,
+) -> sqlx::Result<Vec<Uuid>> {
+    let crossed: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by)
+         SELECT i.id, i.installation_id, i.channel_id, i.root_ts, i.slack_ts, $4, 'context-builder'
+           FROM reply_intents i JOIN decisions d ON d.id = i.decision_id
+          WHERE i.installation_id = $1 AND i.channel_id = $2 AND i.root_ts = $3
+            AND i.state = 'sent' AND i.slack_ts IS NOT NULL
+            AND $4::numeric < i.slack_ts::numeric
+            AND d.context_ts IS NOT NULL AND NOT ($4 = ANY(d.context_ts))
+            AND $4::numeric > coalesce(d.context_floor_ts, '0')::numeric
+         ON CONFLICT DO NOTHING
+         RETURNING intent_id, (SELECT receipt_id FROM reply_intents WHERE id = intent_id)",
+    )
+    .bind(inst)
+    .bind(channel)
+    .bind(root)
+    .bind(ts)
+    .fetch_all(&mut *conn)
+    .await?;
+    for (intent, receipt) in &crossed {
+        let msg = outbox::crossed_reconsider(inst, channel, root, *receipt);
+        outbox::enqueue(
+            conn,
+            inst,
+            *receipt,
+            Topic::Reconsider,
+            &format!("recon:crossed:{intent}"),
+            msg.encode_to_vec(),
+        )
+        .await?;
+    }
+    Ok(crossed.into_iter().map(|(i, _)| i).collect())
+}
+
+/// Records what the reconsideration of a thread decided for the answers
+/// crossed in flight there that were waiting for it.
+pub async fn crossed_reconsidered(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+    result: &str,
+) -> sqlx::Result<u64> {
+    let r = sqlx::query(
+        "UPDATE crossed_answers SET reconsidered_at = now(), reconsideration = $4
+          WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND reconsidered_at IS NULL",
+    )
+    .bind(inst)
+    .bind(channel)
+    .bind(root)
+    .bind(result)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected())
+}
+
 async fn stored_root(
     conn: &mut PgConnection,
     inst: Uuid,
@@ -404,6 +502,16 @@ pub async fn apply(
             let root = stored_root(conn, inst, channel, &f.ts)
                 .await?
                 .unwrap_or_else(|| f.root_ts.clone());
+            if f.speaker == Speaker::Assistant {
+                // Our own reply changes nothing a person asked: it is kept
+                // (later answers read it) without a new version, so the
+                // answers in flight to other requests of the thread stay
+                // current instead of going stale and costing a model call.
+                return Ok(Some((
+                    root.clone(),
+                    touch(conn, inst, channel, &root).await?,
+                )));
+            }
             Ok(Some((
                 root.clone(),
                 bump(conn, inst, channel, &root).await?,

@@ -278,11 +278,20 @@ async fn our_own_reply_fed_back_is_recorded_but_produces_no_job() {
         before,
         "the bot loop makes no job"
     );
+    // Our reply is kept (later answers read it) but is no thread change:
+    // an answer in flight to another request of the thread stays current.
     assert_eq!(
         env.version("200.000001").await,
-        2,
-        "our reply landed: a thread change"
+        1,
+        "our own reply does not bump the version"
     );
+    let kept: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM thread_messages WHERE ts = '200.000009' AND speaker = 'assistant'",
+    )
+    .fetch_one(&env.db.pool)
+    .await
+    .expect("message");
+    assert_eq!(kept, 1, "our reply is in the thread store");
     env.cleanup().await;
 }
 

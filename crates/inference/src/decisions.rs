@@ -14,25 +14,81 @@ pub enum Claim {
     Settled(Uuid, String),
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What a decision is bound to: the event and the thread version its
+/// context read, and what that context held.
+pub struct Binding<'a> {
+    pub receipt: Uuid,
+    pub installation: Uuid,
+    pub event_id: &'a str,
+    pub channel: &'a str,
+    pub root_ts: &'a str,
+    pub source_ts: &'a str,
+    pub version: i64,
+    /// The Slack ts of every message of the context.
+    pub context_ts: Vec<String>,
+    /// The oldest reply a truncated context kept (None: not truncated).
+    pub context_floor_ts: Option<String>,
+}
+
+impl<'a> Binding<'a> {
+    pub fn of(
+        ctx: &'a threadline_proto::v1::ContextReady,
+        receipt: Uuid,
+        installation: Uuid,
+    ) -> Self {
+        let context_ts: Vec<String> = ctx.messages.iter().map(|m| m.ts.clone()).collect();
+        let context_floor_ts = ctx.truncated.then(|| {
+            ctx.messages
+                .iter()
+                .filter(|m| m.ts != ctx.root_ts)
+                .map(|m| m.ts.clone())
+                .min_by(|a, b| ts_order(a, b))
+                .unwrap_or_else(|| ctx.source_ts.clone())
+        });
+        Self {
+            receipt,
+            installation,
+            event_id: &ctx.event_id,
+            channel: &ctx.channel_id,
+            root_ts: &ctx.root_ts,
+            source_ts: &ctx.source_ts,
+            version: ctx.thread_version,
+            context_ts,
+            context_floor_ts,
+        }
+    }
+}
+
+/// Slack timestamps in time order (`secs.micros`).
+fn ts_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let key = |t: &str| {
+        let (s, f) = t.split_once('.').unwrap_or((t, "0"));
+        (s.parse::<u64>().unwrap_or(0), f.parse::<u64>().unwrap_or(0))
+    };
+    key(a).cmp(&key(b))
+}
+
 pub async fn claim(
     pool: &PgPool,
-    receipt: Uuid,
-    installation: Uuid,
-    event_id: &str,
-    channel: &str,
-    root_ts: &str,
-    source_ts: &str,
-    version: i64,
+    b: &Binding<'_>,
     lease_secs: f64,
     message_seq: Option<u64>,
 ) -> sqlx::Result<Claim> {
+    let (receipt, installation, event_id, channel, root_ts, source_ts, version) = (
+        b.receipt,
+        b.installation,
+        b.event_id,
+        b.channel,
+        b.root_ts,
+        b.source_ts,
+        b.version,
+    );
     let seq = message_seq.and_then(|s| i64::try_from(s).ok());
     let id = Uuid::now_v7();
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
-                                status, lease_until, lease_message_seq, channel_ref)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'calling', now() + make_interval(secs => $9), $11,
+                                status, lease_until, lease_message_seq, context_ts, context_floor_ts, channel_ref)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'calling', now() + make_interval(secs => $9), $11, $12, $13,
                  -- the pseudonym the context-builder wrote for this event when
                  -- this process holds no audit key
                  coalesce($10, (SELECT a.channel_ref FROM audit_log a
@@ -52,6 +108,8 @@ pub async fn claim(
     .bind(lease_secs)
     .bind(threadline_runtime::audit::channel_ref(installation, channel))
     .bind(seq)
+    .bind(&b.context_ts)
+    .bind(&b.context_floor_ts)
     .fetch_optional(pool)
     .await?;
     if let Some(id) = inserted {

@@ -20,7 +20,7 @@ use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::decisions::{self, Claim, Settled};
-use crate::provider::{Breaker, Completion, OpenAiClient, ProviderError, builtin};
+use crate::provider::{Breaker, Completion, OpenAiClient, ProviderError, Read, builtin};
 
 /// A model endpoint with its breaker.
 pub struct Guarded {
@@ -95,7 +95,7 @@ impl Handler {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(parent: &span, error = format!("{e:#}"), "inference failed; retrying");
-                Disposition::Retry(Duration::from_secs(5))
+                Disposition::of_error(&e)
             }
         }
     }
@@ -111,21 +111,11 @@ impl Handler {
         // answer to be recorded; a worker that died holding it is replaced
         // once it runs out.
         let lease = self.model_timeout.as_secs_f64() * 2.0 + 10.0;
-        let id = match decisions::claim(
-            &self.pool,
-            receipt,
-            inst,
-            &ctx.event_id,
-            &ctx.channel_id,
-            &ctx.root_ts,
-            &ctx.source_ts,
-            ctx.thread_version,
-            lease,
-            message_seq,
-        )
-        .await?
-        {
+        let binding = decisions::Binding::of(ctx, receipt, inst);
+        let id = match decisions::claim(&self.pool, &binding, lease, message_seq).await? {
             Claim::Mine(id) => id,
+            // Another delivery holds the lease: look again once it may
+            // have run out (the message waits in the broker, not here).
             Claim::Busy => return Ok(Disposition::Defer(Duration::from_secs(10))),
             Claim::Settled(id, status) => {
                 // A redelivery: never a second model call for this binding.
@@ -206,6 +196,20 @@ impl Handler {
         } else {
             ("review", "thread_reply".to_owned())
         };
+        // An action beyond a reply is governed by its own feature switch,
+        // checked once the model has said what it wants to do.
+        let feature = killswitch::feature_of(&action_kind);
+        if feature != FEATURE_REPLIES
+            && let Some(switch) = killswitch::engaged(&self.pool, inst, feature).await?
+        {
+            metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "inference")
+                .increment(1);
+            tracing::warn!(switch = %switch, feature, "kill switch engaged; proposed action suppressed");
+            let mut s = self.suppressed(&switch);
+            s.action_kind = &action_kind;
+            decisions::settle(&self.pool, id, &s).await?;
+            return Ok(Disposition::Done);
+        }
         let settled = Settled {
             status,
             reason: None,
@@ -269,24 +273,22 @@ impl Handler {
     /// when no endpoint is configured.
     async fn ask(&self, ctx: &ContextReady) -> Answer {
         let Some(primary) = &self.primary else {
-            let thread: Vec<(String, String)> = ctx
+            let thread: Vec<Read<'_>> = ctx
                 .messages
                 .iter()
-                .map(|m| (m.user_id.clone(), m.text.clone()))
+                .map(|m| Read {
+                    ts: &m.ts,
+                    user: &m.user_id,
+                    text: &m.text,
+                })
                 .collect();
-            let request = ctx
-                .messages
-                .iter()
-                .find(|m| m.ts == ctx.source_ts)
-                .map(|m| m.text.as_str())
-                .unwrap_or("");
             if !self.builtin_latency.is_zero() {
                 tokio::time::sleep(self.builtin_latency).await;
             }
             metrics::counter!("threadline_model_calls_total", "provider" => "builtin", "result" => "ok").increment(1);
             return Answer::Model {
                 provider: "builtin".into(),
-                completion: builtin(&thread, request, ctx.thread_version),
+                completion: builtin(&thread, &ctx.source_ts, ctx.thread_version),
             };
         };
         let quoted: Vec<Quoted<'_>> = ctx

@@ -155,20 +155,49 @@ impl OpenAiClient {
     }
 }
 
+/// One message of the thread as the built-in model reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read<'a> {
+    pub ts: &'a str,
+    pub user: &'a str,
+    pub text: &'a str,
+}
+
+/// The short digest of a message's text that the built-in model states
+/// for each message it read: the first 8 hex digits of its SHA-256.
+pub fn text_digest(text: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    hex::encode(&Sha256::digest(text.as_bytes())[..4])
+}
+
 /// The built-in deterministic model: its answer is derived from the
 /// context, so tests and demos can predict it, and it says what it is.
-pub fn builtin(thread: &[(String, String)], request_text: &str, version: i64) -> Completion {
-    let people: std::collections::BTreeSet<&str> =
-        thread.iter().map(|(who, _)| who.as_str()).collect();
-    let asked: String = request_text.chars().take(120).collect();
+/// It states the question it answers (its text and Slack ts) and every
+/// message it read (`ts/digest`), so that a checker reading only Slack can
+/// tell which question a reply answers and whether it missed a message.
+pub fn builtin(thread: &[Read<'_>], source_ts: &str, version: i64) -> Completion {
+    let people: std::collections::BTreeSet<&str> = thread.iter().map(|m| m.user).collect();
+    let asked: String = thread
+        .iter()
+        .find(|m| m.ts == source_ts)
+        .map(|m| m.text)
+        .unwrap_or("")
+        .chars()
+        .take(120)
+        .collect();
+    let read: Vec<String> = thread
+        .iter()
+        .map(|m| format!("{}/{}", m.ts, text_digest(m.text)))
+        .collect();
     Completion {
         text: format!(
             "[threadline built-in model] I read {} message(s) from {} participant(s) in this thread (version {version}). \
              You asked: \u{201c}{}\u{201d}. The built-in model does not answer questions; configure a model provider \
-             for real answers.",
+             for real answers.\nAnswering {source_ts}; read {}",
             thread.len(),
             people.len(),
-            asked.trim()
+            asked.trim(),
+            read.join(" ")
         ),
         tool_calls: Vec::new(),
         prompt_tokens: None,
@@ -309,16 +338,29 @@ mod tests {
 
     #[test]
     fn the_builtin_model_is_deterministic_and_says_what_it_is() {
+        let read = |ts, user, text| Read { ts, user, text };
         let thread = vec![
-            ("U1".to_owned(), "a".to_owned()),
-            ("U2".to_owned(), "b".to_owned()),
-            ("U1".to_owned(), "c".to_owned()),
+            read("1.000001", "U1", "a"),
+            read("1.000002", "U2", "why did it fail?"),
+            read("1.000003", "U1", "c"),
         ];
-        let a = builtin(&thread, "why did it fail?", 7);
-        assert_eq!(a, builtin(&thread, "why did it fail?", 7));
+        let a = builtin(&thread, "1.000002", 7);
+        assert_eq!(a, builtin(&thread, "1.000002", 7));
         assert!(a.text.starts_with("[threadline built-in model]"));
         assert!(a.text.contains("3 message(s) from 2 participant(s)"));
         assert!(a.text.contains("version 7"));
         assert!(a.text.contains("why did it fail?"));
+        // The question and every message read, each with its text digest.
+        assert!(
+            a.text.ends_with(&format!(
+                "Answering 1.000002; read 1.000001/{} 1.000002/{} 1.000003/{}",
+                text_digest("a"),
+                text_digest("why did it fail?"),
+                text_digest("c")
+            )),
+            "{}",
+            a.text
+        );
+        assert_eq!(text_digest("a"), "ca978112");
     }
 }

@@ -499,13 +499,7 @@ async fn a_redelivery_takes_over_the_lease_its_failed_delivery_left_and_no_one_e
     // Delivery 41 claimed, then failed before settling.
     let first = threadline_inference::decisions::claim(
         &env.db.pool,
-        receipt,
-        env.inst,
-        &ctx.event_id,
-        &ctx.channel_id,
-        &ctx.root_ts,
-        &ctx.source_ts,
-        ctx.thread_version,
+        &threadline_inference::decisions::Binding::of(&ctx, receipt, env.inst),
         50.0,
         Some(41),
     )

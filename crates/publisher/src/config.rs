@@ -32,6 +32,10 @@ pub struct PublisherConfig {
     pub sending_stale: Duration,
     /// `SLACK_CLIENT_ID` / `SLACK_CLIENT_SECRET`: refresh rotating tokens.
     pub refresher: Option<threadline_runtime::tokens::Refresher>,
+    /// `THREADLINE_SWEEP_MS` (5000) / `THREADLINE_SWEEP_IDLE_MS` (60000):
+    /// how often the sweeper looks for reply intents no delivery is driving,
+    /// and how long past due (or without progress) an intent must be to count.
+    pub sweep: crate::sweeper::Sweep,
 }
 
 impl PublisherConfig {
@@ -67,6 +71,10 @@ impl PublisherConfig {
                     });
                 }
                 stale
+            },
+            sweep: crate::sweeper::Sweep {
+                every: src.millis("THREADLINE_SWEEP_MS", 5_000, 100..=600_000)?,
+                idle: src.millis("THREADLINE_SWEEP_IDLE_MS", 60_000, 1_000..=3_600_000)?,
             },
             refresher: threadline_runtime::tokens::Refresher::from_source(
                 src,

@@ -1,6 +1,11 @@
-//! Publishing one proposal: re-check kill switches, run the staleness
-//! checks and claim the reply intent in one short transaction, take a post
-//! slot, post once, and map the outcome; reconcile unknown outcomes.
+//! Publishing one proposal: settle an earlier unknown outcome first, run the
+//! staleness checks, kill switches and the claim of the reply intent in one
+//! short transaction, take a post slot, re-check right before the HTTP
+//! call, post once what the decision row holds, and map the outcome. A post
+//! Slack accepted is recorded whatever became of its intent meanwhile; a
+//! human message that crossed it in flight is recorded and the thread
+//! reconsidered. Waiting (a slot, `Retry-After`, a reconciliation read) is
+//! handed back to the broker, never slept on in a worker slot.
 
 use std::time::Duration;
 
@@ -11,14 +16,14 @@ use secrecy::ExposeSecret as _;
 use sqlx::PgPool;
 use threadline_proto::v1::{ProposalReady, Reconsider, SCHEMA_VERSION};
 use threadline_runtime::bus::{Topic, Topology};
-use threadline_runtime::killswitch::{self, FEATURE_REPLIES};
 use threadline_runtime::secrets::TokenCipher;
 use threadline_runtime::worker::Disposition;
 use threadline_slack::{WebClient, WebError};
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-use crate::intents::{self, Proposal, Verdict};
+use crate::intents::{self, Claimed, Fence, PostRecord, Proposal, Recorded, Verdict};
+use crate::proposals::{self, Decision};
 use crate::reconcile::{self, Evidence, Found, Subject};
 
 pub struct Handler {
@@ -37,6 +42,10 @@ pub struct Handler {
     /// Seconds after which a `sending` intent whose worker is gone counts
     /// as unknown (`THREADLINE_SENDING_STALE_MS`).
     pub sending_stale: f64,
+    /// The Slack request timeout in seconds: a claim older than
+    /// `sending_stale - slack_timeout` is too old to start a post (another
+    /// worker may take it for lost before the post could finish).
+    pub slack_timeout: f64,
 }
 
 /// Codes after which Slack certainly did not post and never will.
@@ -62,11 +71,22 @@ fn jitter(secs: f64, seed: &Uuid) -> f64 {
     secs + (seed.as_u128() % 1000) as f64 / 1000.0
 }
 
-struct Bot {
-    token: secrecy::SecretString,
-    bot_id: String,
+fn defer(secs: f64) -> Disposition {
+    Disposition::Defer(Duration::from_secs_f64(secs.clamp(0.05, 900.0)))
+}
+
+pub(crate) struct Bot {
+    pub(crate) token: secrecy::SecretString,
+    pub(crate) bot_id: String,
     /// Granted bot scopes; empty when never recorded (a manual install).
     scopes: Vec<String>,
+}
+
+/// What is being posted: the ids from the bus message, everything else
+/// from the decision row.
+struct Job<'a> {
+    proposal: Proposal<'a>,
+    decision: &'a Decision,
 }
 
 impl Handler {
@@ -74,29 +94,23 @@ impl Handler {
         let Ok(p) = ProposalReady::decode(payload) else {
             return Disposition::Poison("undecodable ProposalReady".into());
         };
-        let ids = (
+        let (Ok(inst), Ok(decision)) = (
             Uuid::parse_str(&p.installation_id),
-            Uuid::parse_str(&p.receipt_id),
             Uuid::parse_str(&p.decision_id),
-        );
-        let (Ok(inst), Ok(receipt), Ok(decision)) = ids else {
+        ) else {
             return Disposition::Poison("ProposalReady without ids".into());
         };
         let span = tracing::info_span!("publisher.publish", event_id = %p.event_id, decision_id = %decision, version = p.thread_version);
-        match self
-            .process(&p, inst, receipt, decision)
-            .instrument(span.clone())
-            .await
-        {
+        match self.process(inst, decision).instrument(span.clone()).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(parent: &span, error = format!("{e:#}"), "publishing failed; retrying");
-                Disposition::Retry(Duration::from_secs(5))
+                Disposition::of_error(&e)
             }
         }
     }
 
-    async fn bot(&self, inst: Uuid) -> anyhow::Result<Option<Bot>> {
+    pub(crate) async fn bot(&self, inst: Uuid) -> anyhow::Result<Option<Bot>> {
         let Some(token) = threadline_runtime::tokens::bot_token(
             &self.pool,
             &self.cipher,
@@ -119,24 +133,30 @@ impl Handler {
         }))
     }
 
-    async fn process(
-        &self,
-        p: &ProposalReady,
-        inst: Uuid,
-        receipt: Uuid,
-        decision: Uuid,
-    ) -> anyhow::Result<Disposition> {
-        if p.needs_review {
-            // Only an approved decision may be posted; the queue is the decisions table.
-            let status: Option<String> =
-                sqlx::query_scalar("SELECT status FROM decisions WHERE id = $1")
-                    .bind(decision)
-                    .fetch_optional(&self.pool)
-                    .await?;
-            if status.as_deref() != Some("approved") {
-                return Ok(Disposition::Done);
-            }
+    async fn process(&self, inst: Uuid, decision: Uuid) -> anyhow::Result<Disposition> {
+        let Some(d) = proposals::load(&self.pool, decision).await? else {
+            return Ok(Disposition::Poison("ProposalReady for no decision".into()));
+        };
+        if d.installation_id != inst {
+            return Ok(Disposition::Poison(
+                "ProposalReady names another installation than its decision".into(),
+            ));
         }
+        let job = Job {
+            proposal: Proposal {
+                installation: inst,
+                receipt: d.receipt_id,
+                decision,
+                event_id: &d.event_id,
+                action_kind: &d.action_kind,
+                channel: &d.channel_id,
+                root_ts: &d.root_ts,
+                source_ts: &d.source_ts,
+                version: d.thread_version,
+                body_hash: d.output_hash.as_deref().unwrap_or_default(),
+            },
+            decision: &d,
+        };
         let bot = self.bot(inst).await?;
         // An earlier attempt whose outcome is unknown is settled first, from
         // evidence, whatever else changed since: reading is not posting.
@@ -144,21 +164,21 @@ impl Handler {
             intents::unsettled(
                 &self.pool,
                 inst,
-                &p.event_id,
-                &p.action_kind,
+                &d.event_id,
+                &d.action_kind,
                 self.sending_stale,
             )
             .await?,
             &bot,
         ) {
-            return self.reconcile(id, p, inst, bot).await;
+            return self.reconcile(id, &job, bot).await;
         }
-        if let Some(switch) = killswitch::engaged(&self.pool, inst, FEATURE_REPLIES).await? {
-            metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "publisher")
-                .increment(1);
-            intents::set_decision(&self.pool, decision, "suppressed", Some(&switch)).await?;
-            tracing::warn!(switch = %switch, "kill switch engaged; nothing posted");
-            return Ok(Disposition::Done);
+        // Only a decision that stands may be posted, and one that needs a
+        // reviewer only once approved (the queue is the decisions table).
+        match d.status.as_str() {
+            "proposed" if d.review_reasons.is_empty() => {}
+            "approved" => {}
+            _ => return Ok(Disposition::Done),
         }
         let Some(bot) = bot else {
             intents::set_decision(
@@ -189,33 +209,20 @@ impl Handler {
             .await?;
             return Ok(Disposition::Done);
         }
-        let proposal = Proposal {
-            installation: inst,
-            receipt,
-            decision,
-            event_id: &p.event_id,
-            action_kind: &p.action_kind,
-            channel: &p.channel_id,
-            root_ts: &p.root_ts,
-            source_ts: &p.source_ts,
-            version: p.thread_version,
-            body_hash: &p.body_hash,
-        };
         // Take a post slot before claiming, so a claim is followed by a post.
         if let Some(wait) =
-            intents::reserve_slot(&self.pool, inst, &p.channel_id, self.post_spacing).await?
+            intents::reserve_slot(&self.pool, inst, &d.channel_id, self.post_spacing).await?
         {
-            return Ok(Disposition::Defer(Duration::from_secs_f64(
-                jitter(wait, &decision).min(900.0),
-            )));
+            return Ok(defer(jitter(wait, &decision)));
         }
-        let verdict = intents::check_and_claim(&self.pool, &proposal, self.sending_stale).await?;
-        let intent = match verdict {
-            Verdict::Claimed(id) => id,
+        let verdict =
+            intents::check_and_claim(&self.pool, &job.proposal, self.sending_stale).await?;
+        let claim = match verdict {
+            Verdict::Claimed(c) => c,
             // Another decision for this event already answered it (a
-            // reconsideration raced the post), or its intent was closed by
-            // an operator or for good: this decision is settled as such,
-            // never left `proposed`.
+            // reconsideration raced the post, or another action kind), or
+            // its intent was closed by an operator or for good: this
+            // decision is settled as such, never left `proposed`.
             Verdict::AlreadySent => {
                 intents::set_decision(&self.pool, decision, "superseded", Some("already_answered"))
                     .await?;
@@ -226,12 +233,9 @@ impl Handler {
                     .await?;
                 return Ok(Disposition::Done);
             }
-            Verdict::NotNow(wait) => {
-                return Ok(Disposition::Defer(Duration::from_secs_f64(
-                    wait.clamp(0.5, 900.0),
-                )));
-            }
-            Verdict::Reconcile(id) => return self.reconcile(id, p, inst, &bot).await,
+            Verdict::NotNow(wait) => return Ok(defer(wait.max(0.5))),
+            Verdict::Reconcile(id) => return self.reconcile(id, &job, &bot).await,
+            Verdict::Suppressed(switch) => return self.suppressed(decision, &switch).await,
             Verdict::SourceDeleted => {
                 intents::set_decision(&self.pool, decision, "cancelled", Some("source_deleted"))
                     .await?;
@@ -243,59 +247,171 @@ impl Handler {
                     .await?;
                 return Ok(Disposition::Done);
             }
-            Verdict::Stale => {
-                metrics::counter!("threadline_stale_proposals_total").increment(1);
-                intents::set_decision(&self.pool, decision, "stale", Some("thread_changed"))
-                    .await?;
-                self.reconsider(p, receipt, "version_changed").await?;
-                return Ok(Disposition::Done);
-            }
+            Verdict::Stale => return self.stale(&job).await,
         };
-        self.post(intent, p, inst, &bot).await
+        self.post_claimed(&claim, &job, &bot).await
     }
 
-    async fn post(
+    async fn suppressed(&self, decision: Uuid, switch: &str) -> anyhow::Result<Disposition> {
+        metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "publisher")
+            .increment(1);
+        intents::set_decision(&self.pool, decision, "suppressed", Some(switch)).await?;
+        tracing::warn!(switch = %switch, "kill switch engaged; nothing posted");
+        Ok(Disposition::Done)
+    }
+
+    async fn stale(&self, job: &Job<'_>) -> anyhow::Result<Disposition> {
+        metrics::counter!("threadline_stale_proposals_total").increment(1);
+        intents::set_decision(
+            &self.pool,
+            job.proposal.decision,
+            "stale",
+            Some("thread_changed"),
+        )
+        .await?;
+        self.reconsider(&job.proposal, "version_changed").await?;
+        Ok(Disposition::Done)
+    }
+
+    /// A claimed intent: read Slack first when an earlier attempt's outcome
+    /// was unknown, re-check right before the HTTP call, then post.
+    async fn post_claimed(
         &self,
-        intent: Uuid,
-        p: &ProposalReady,
-        inst: Uuid,
+        claim: &Claimed,
+        job: &Job<'_>,
         bot: &Bot,
     ) -> anyhow::Result<Disposition> {
+        let p = &job.proposal;
+        if claim.ever_unknown {
+            // An earlier attempt may have landed after all (its intent was
+            // held, then re-posted): one more read before a second post.
+            let subject = self.subject(claim.id, p, &bot.bot_id).await?;
+            match reconcile::read(&self.pool, &self.web, bot.token.expose_secret(), &subject).await
+            {
+                Ok(seen) => {
+                    if let Some(ts) = seen.post() {
+                        let r = intents::record_post(&self.pool, claim.id, p.decision, ts, true)
+                            .await?;
+                        metrics::counter!("threadline_reconciliations_total", "result" => "sent_before_repost").increment(1);
+                        self.after_record(&r, claim.id);
+                        return Ok(Disposition::Done);
+                    }
+                    if seen.by_metadata.len() + seen.by_body.len() > 1 {
+                        intents::transition(
+                            &self.pool,
+                            claim.id,
+                            "held",
+                            Some("ambiguous_evidence"),
+                            None,
+                        )
+                        .await?;
+                        return Ok(Disposition::Done);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "evidence read before a re-post failed; trying later");
+                    intents::release(&self.pool, claim, "evidence_read_failed", 2.0).await?;
+                    return Ok(defer(2.0));
+                }
+            }
+        }
+        let max_age = (self.sending_stale - self.slack_timeout).max(self.slack_timeout);
+        match intents::fence(&self.pool, p, claim, max_age).await? {
+            Fence::Go => {}
+            Fence::Lost => {
+                // Another delivery took the intent over while this one
+                // stalled: it drives the intent now.
+                tracing::warn!(intent_id = %claim.id, "claim lost before posting; nothing posted");
+                return Ok(Disposition::Done);
+            }
+            Fence::Expired => {
+                tracing::warn!(intent_id = %claim.id, "claim too old to post (this worker stalled); released unposted");
+                intents::release(&self.pool, claim, "claim_expired_unposted", 0.0).await?;
+                return Ok(defer(0.5));
+            }
+            Fence::Waiting(wait) => {
+                intents::release(&self.pool, claim, "thread_event_pending", wait).await?;
+                return Ok(defer(wait));
+            }
+            Fence::Suppressed(switch) => {
+                intents::release(&self.pool, claim, "kill_switch", 0.0).await?;
+                return self.suppressed(p.decision, &switch).await;
+            }
+            Fence::SourceDeleted => {
+                intents::release(&self.pool, claim, "source_deleted", 0.0).await?;
+                intents::set_decision(&self.pool, p.decision, "cancelled", Some("source_deleted"))
+                    .await?;
+                return Ok(Disposition::Done);
+            }
+            Fence::Discarded(status) => {
+                intents::release(&self.pool, claim, "decision_discarded", 0.0).await?;
+                tracing::info!(status = %status, "decision discarded before posting; nothing posted");
+                // Withdraws the released intent with its decision.
+                sqlx::query(
+                    "UPDATE reply_intents SET state = 'withdrawn', updated_at = now()
+                      WHERE id = $1 AND state = 'pending' AND decision_id = $2",
+                )
+                .bind(claim.id)
+                .bind(p.decision)
+                .execute(&self.pool)
+                .await?;
+                return Ok(Disposition::Done);
+            }
+            Fence::Stale => {
+                intents::release(&self.pool, claim, "thread_changed", 0.0).await?;
+                return self.stale(job).await;
+            }
+        }
+        self.post(claim, job, bot).await
+    }
+
+    async fn post(&self, claim: &Claimed, job: &Job<'_>, bot: &Bot) -> anyhow::Result<Disposition> {
+        let p = &job.proposal;
+        let intent = claim.id;
         let metadata = serde_json::json!({
             "event_type": "threadline_reply",
             "event_payload": {"intent_id": intent.to_string(), "body_hash": p.body_hash, "source_ts": p.source_ts}
         })
         .to_string();
+        let blocks = job
+            .decision
+            .body_blocks
+            .as_ref()
+            .map(|b| b.to_string())
+            .unwrap_or_default();
         let started = std::time::Instant::now();
         let r = self
             .web
             .post_reply(
                 bot.token.expose_secret(),
-                &p.channel_id,
-                &p.root_ts,
-                &p.text,
-                &p.blocks_json,
+                p.channel,
+                p.root_ts,
+                job.decision.body_text.as_deref().unwrap_or_default(),
+                &blocks,
                 &metadata,
             )
             .await;
         metrics::histogram!("threadline_slack_post_seconds")
             .record(started.elapsed().as_secs_f64());
-        // One connection at a time per handler, taken only when needed (a
-        // connection held while asking the pool for another starves the
-        // pool under load).
         match r {
             Ok(ts) => {
-                // Slack has the post: record it, trying hard, since a failure
-                // here leaves the intent `sending` until it is reconciled.
-                let mut tries = 0;
-                while let Err(e) = intents::mark_sent(&self.pool, intent, &ts, false).await {
-                    tries += 1;
-                    if tries >= 5 {
-                        return Err(e.into());
+                // Slack has the post: record it, trying for as long as the
+                // database is away (a worker killed meanwhile leaves the
+                // intent `sending`, and reconciliation finds the post).
+                let mut tries = 0u32;
+                let recorded = loop {
+                    match intents::record_post(&self.pool, intent, p.decision, &ts, false).await {
+                        Ok(r) => break r,
+                        Err(e) if threadline_runtime::transient::sql_is_transient(&e) => {
+                            tries += 1;
+                            tracing::warn!(error = %e, tries, "recording a post Slack accepted failed; trying again");
+                            tokio::time::sleep(threadline_runtime::worker::backoff(tries)).await;
+                        }
+                        Err(e) => return Err(e.into()),
                     }
-                    tokio::time::sleep(Duration::from_millis(200 * tries)).await;
-                }
+                };
                 metrics::counter!("threadline_reply_intents_total", "state" => "sent").increment(1);
+                self.after_record(&recorded, intent);
                 Ok(Disposition::Done)
             }
             Err(WebError::RateLimited { retry_after }) => {
@@ -303,44 +419,37 @@ impl Handler {
                 let wait = jitter(retry_after.as_secs_f64(), &intent);
                 metrics::histogram!("threadline_slack_rate_limit_wait_seconds", "method" => "chat.postMessage")
                     .record(wait);
-                intents::pause_workspace(&self.pool, inst, retry_after.as_secs_f64()).await?;
-                let attempts: i32 =
-                    sqlx::query_scalar("SELECT attempts FROM reply_intents WHERE id = $1")
-                        .bind(intent)
-                        .fetch_one(&self.pool)
-                        .await?;
-                if attempts >= self.max_attempts {
-                    intents::transition(
-                        &mut *self.pool.acquire().await?,
-                        intent,
-                        "failed_permanent",
-                        Some("rate_limited_too_often"),
-                        None,
-                    )
-                    .await?;
-                    return Ok(Disposition::Done);
+                intents::pause_channel(
+                    &self.pool,
+                    p.installation,
+                    p.channel,
+                    retry_after.as_secs_f64(),
+                )
+                .await?;
+                if claim.attempt >= self.max_attempts {
+                    return self.give_up_rate_limited(intent, p).await;
                 }
                 intents::transition(
-                    &mut *self.pool.acquire().await?,
+                    &self.pool,
                     intent,
                     "failed_retryable",
                     Some("ratelimited"),
                     Some(wait),
                 )
                 .await?;
-                Ok(Disposition::Defer(Duration::from_secs_f64(wait)))
+                Ok(defer(wait))
             }
             Err(WebError::Transport(kind)) if kind == "connect" => {
                 // The request never left: safe to try again.
                 intents::transition(
-                    &mut *self.pool.acquire().await?,
+                    &self.pool,
                     intent,
                     "failed_retryable",
                     Some("connect"),
                     Some(2.0),
                 )
                 .await?;
-                Ok(Disposition::Defer(Duration::from_secs(2)))
+                Ok(defer(2.0))
             }
             Err(WebError::Api { code }) if PERMANENT.contains(&code.as_str()) => {
                 let code: &'static str = PERMANENT
@@ -348,17 +457,12 @@ impl Handler {
                     .find(|c| **c == code)
                     .copied()
                     .unwrap_or("api_error");
-                intents::transition(
-                    &mut *self.pool.acquire().await?,
-                    intent,
-                    "failed_permanent",
-                    Some(code),
-                    None,
-                )
-                .await?;
+                intents::transition(&self.pool, intent, "failed_permanent", Some(code), None)
+                    .await?;
+                intents::set_decision(&self.pool, p.decision, "cancelled", Some(code)).await?;
                 metrics::counter!("threadline_reply_intents_total", "state" => "failed_permanent")
                     .increment(1);
-                tracing::warn!(code, "Slack refused the post");
+                tracing::warn!(alert = "reply_refused", code, "Slack refused the post");
                 Ok(Disposition::Done)
             }
             Err(e) => {
@@ -370,37 +474,111 @@ impl Handler {
                     WebError::Decode => "undecodable_answer",
                     _ => "transport",
                 };
-                intents::transition(
-                    &mut *self.pool.acquire().await?,
-                    intent,
-                    "unknown",
-                    Some(code),
-                    None,
-                )
-                .await?;
+                intents::transition(&self.pool, intent, "unknown", Some(code), None).await?;
                 metrics::counter!("threadline_reply_intents_total", "state" => "unknown")
                     .increment(1);
                 tracing::warn!(code, "post outcome unknown; reconciling");
-                Ok(Disposition::Defer(Duration::from_secs(1)))
+                Ok(defer(1.0))
             }
         }
+    }
+
+    /// Slack kept answering 429 past the attempt limit: the answer is given
+    /// up, and said so (decision cancelled with the reason, an alert, a
+    /// count), never left `proposed` with nothing said to anyone.
+    async fn give_up_rate_limited(
+        &self,
+        intent: Uuid,
+        p: &Proposal<'_>,
+    ) -> anyhow::Result<Disposition> {
+        intents::transition(
+            &self.pool,
+            intent,
+            "failed_permanent",
+            Some("rate_limited_too_often"),
+            None,
+        )
+        .await?;
+        intents::set_decision(
+            &self.pool,
+            p.decision,
+            "cancelled",
+            Some("rate_limited_too_often"),
+        )
+        .await?;
+        metrics::counter!("threadline_replies_abandoned_total", "reason" => "rate_limited_too_often")
+            .increment(1);
+        tracing::error!(
+            alert = "reply_abandoned",
+            reason = "rate_limited_too_often",
+            intent_id = %intent,
+            attempts = self.max_attempts,
+            "Slack refused every attempt with 429; the answer is given up"
+        );
+        Ok(Disposition::Done)
+    }
+
+    /// After a post is recorded: a late or duplicate post is raised, and a
+    /// human message that crossed the answer in flight is counted and its
+    /// thread reconsidered.
+    fn after_record(&self, r: &Recorded, intent: Uuid) {
+        match r.outcome {
+            PostRecord::Late => {
+                metrics::counter!("threadline_reconciliations_total", "result" => "late_post_recorded").increment(1);
+                tracing::warn!(
+                    alert = "late_post_recorded",
+                    intent_id = %intent,
+                    "a post landed after its intent was given up on; recorded as sent"
+                );
+            }
+            PostRecord::Duplicate => {
+                metrics::counter!("threadline_duplicate_reply_incidents_total").increment(1);
+                tracing::error!(
+                    alert = "duplicate_reply",
+                    intent_id = %intent,
+                    "a second post of one intent landed in Slack; recorded as an incident"
+                );
+            }
+            _ => {}
+        }
+        if !r.crossed.is_empty() {
+            // (the reconsideration was queued with the record)
+            threadline_runtime::outbox::crossed_in_flight(r.crossed.len(), "publisher");
+        }
+    }
+
+    async fn subject<'a>(
+        &self,
+        intent: Uuid,
+        p: &'a Proposal<'a>,
+        bot_id: &'a str,
+    ) -> anyhow::Result<Subject<'a>> {
+        let since: Option<f64> = sqlx::query_scalar(
+            "SELECT extract(epoch FROM sending_since)::float8 FROM reply_intents WHERE id = $1",
+        )
+        .bind(intent)
+        .fetch_one(&self.pool)
+        .await?;
+        let since = since.unwrap_or(0.0);
+        Ok(Subject {
+            intent,
+            installation: p.installation,
+            channel: p.channel,
+            root_ts: p.root_ts,
+            bot_id,
+            body_hash: p.body_hash,
+            window: (since - 2.0, since + self.sending_stale + 2.0),
+        })
     }
 
     async fn reconcile(
         &self,
         intent: Uuid,
-        p: &ProposalReady,
-        inst: Uuid,
+        job: &Job<'_>,
         bot: &Bot,
     ) -> anyhow::Result<Disposition> {
-        let subject = Subject {
-            intent,
-            installation: inst,
-            channel: &p.channel_id,
-            root_ts: &p.root_ts,
-            bot_id: &bot.bot_id,
-            text: &p.text,
-        };
+        let p = &job.proposal;
+        let subject = self.subject(intent, p, &bot.bot_id).await?;
         match reconcile::run(
             &self.pool,
             &self.web,
@@ -414,47 +592,40 @@ impl Handler {
                 // The event is answered. When this proposal is another
                 // decision than the one posted (a reconsideration raced the
                 // post), it is settled as superseded, not left `proposed`.
-                if let Ok(decision) = Uuid::parse_str(&p.decision_id) {
-                    intents::set_decision(
-                        &self.pool,
-                        decision,
-                        "superseded",
-                        Some("already_answered"),
-                    )
-                    .await?;
-                }
+                intents::set_decision(
+                    &self.pool,
+                    p.decision,
+                    "superseded",
+                    Some("already_answered"),
+                )
+                .await?;
                 Ok(Disposition::Done)
             }
             Found::Held(_) => Ok(Disposition::Done),
-            Found::Repost => Ok(Disposition::Defer(Duration::from_secs(1))),
-            Found::Again => Ok(Disposition::Defer(Duration::from_secs_f64(
+            Found::Repost => Ok(defer(1.0)),
+            Found::Again => Ok(defer(
                 (self.evidence.window_secs / self.evidence.reads.max(1) as f64).clamp(0.5, 60.0),
-            ))),
+            )),
         }
     }
 
     /// Asks the context-builder to look at the thread again. Coalesced: one
     /// message per (thread, stale version) within the duplicate window.
-    async fn reconsider(
-        &self,
-        p: &ProposalReady,
-        receipt: Uuid,
-        reason: &str,
-    ) -> anyhow::Result<()> {
+    async fn reconsider(&self, p: &Proposal<'_>, reason: &str) -> anyhow::Result<()> {
         let msg = Reconsider {
             schema_version: SCHEMA_VERSION,
-            installation_id: p.installation_id.clone(),
-            channel_id: p.channel_id.clone(),
-            root_ts: p.root_ts.clone(),
-            stale_version: p.thread_version,
-            receipt_id: receipt.to_string(),
+            installation_id: p.installation.to_string(),
+            channel_id: p.channel.to_owned(),
+            root_ts: p.root_ts.to_owned(),
+            stale_version: p.version,
+            receipt_id: p.receipt.to_string(),
             reason: reason.to_owned(),
         };
         let mut headers = async_nats::HeaderMap::new();
         threadline_runtime::telemetry::inject_current(&mut headers);
         let id = format!(
             "recon:{}:{}:{}:{}",
-            p.installation_id, p.channel_id, p.root_ts, p.thread_version
+            p.installation, p.channel, p.root_ts, p.version
         );
         let publish = PublishMessage::build()
             .payload(Bytes::from(msg.encode_to_vec()))

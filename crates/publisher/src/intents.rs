@@ -1,27 +1,47 @@
-//! Reply intents and the checks before a claim, in short transactions.
+//! Reply intents and the checks around a post, in short transactions: the
+//! checks of DESIGN §5 and the claim of §6 in one transaction, the same
+//! checks again right before the HTTP call (the fence), and the record of a
+//! post Slack accepted, whatever became of its intent in the meantime.
 
+use prost::Message as _;
 use sqlx::{PgConnection, PgPool};
+use threadline_runtime::bus::Topic;
+use threadline_runtime::{killswitch, outbox};
 use uuid::Uuid;
 
 /// What the pre-post checks found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
     /// This worker owns the post: `sending` by compare-and-set.
-    Claimed(Uuid),
+    Claimed(Claimed),
     /// The thread changed since the proposal's version.
     Stale,
     /// A newer trigger in the same thread will be answered instead.
     Superseded,
     /// The source message was deleted.
     SourceDeleted,
-    /// Already sent for this source event.
+    /// Already sent for this source event (any action kind).
     AlreadySent,
-    /// Another worker is posting, or a retry is not due yet (seconds).
+    /// Another worker is posting, a retry is not due yet, or something in
+    /// the thread is accepted but not yet processed (seconds to wait).
     NotNow(f64),
     /// The intent's outcome is unknown: reconcile it before anything else.
     Reconcile(Uuid),
     /// Held for an operator, or failed for good: nothing to do.
     Closed,
+    /// A kill switch covering the installation and the action's feature is
+    /// engaged (`scope[:target]`), seen inside the claim transaction.
+    Suppressed(String),
+}
+
+/// A claim: the intent, the attempt this worker owns, and whether some
+/// earlier attempt's outcome was unknown (then Slack is read for evidence
+/// before posting again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    pub id: Uuid,
+    pub attempt: i32,
+    pub ever_unknown: bool,
 }
 
 pub struct Proposal<'a> {
@@ -39,8 +59,9 @@ pub struct Proposal<'a> {
 
 /// An earlier attempt of this intent whose outcome is not known: `unknown`,
 /// `reconciling`, or `sending` for longer than `sending_stale` seconds (its
-/// worker died between Slack's answer and recording it; configured longer
-/// than the Slack timeout, so a post still in flight is never taken for dead).
+/// worker died or froze between the claim and recording the outcome;
+/// configured longer than twice the Slack timeout, so a post still in
+/// flight is never taken for dead).
 pub async fn unsettled(
     pool: &PgPool,
     installation: Uuid,
@@ -48,35 +69,69 @@ pub async fn unsettled(
     action_kind: &str,
     sending_stale: f64,
 ) -> sqlx::Result<Option<Uuid>> {
-    let row: Option<(Uuid, String, Option<f64>)> = sqlx::query_as(
-        "SELECT id, state, extract(epoch FROM now() - sending_since)::float8
-           FROM reply_intents WHERE installation_id = $1 AND event_id = $2 AND action_kind = $3",
+    sqlx::query_scalar(
+        "WITH i AS (
+            SELECT id, state, extract(epoch FROM now() - sending_since)::float8 AS sending_for
+              FROM reply_intents WHERE installation_id = $1 AND event_id = $2 AND action_kind = $3),
+         gone AS (
+            UPDATE reply_intents r SET state = 'unknown', unknown_since = now(), ever_unknown = true, updated_at = now()
+              FROM i WHERE r.id = i.id AND r.state = 'sending' AND i.sending_for > $4
+            RETURNING r.id)
+         SELECT id FROM i WHERE state IN ('unknown', 'reconciling') UNION SELECT id FROM gone",
     )
     .bind(installation)
     .bind(event_id)
     .bind(action_kind)
+    .bind(sending_stale)
     .fetch_optional(pool)
-    .await?;
-    Ok(match row {
-        Some((id, state, _)) if state == "unknown" || state == "reconciling" => Some(id),
-        Some((id, state, Some(age))) if state == "sending" && age > sending_stale => {
-            sqlx::query("UPDATE reply_intents SET state = 'unknown', unknown_since = now(), updated_at = now() WHERE id = $1 AND state = 'sending'")
-                .bind(id)
-                .execute(pool)
-                .await?;
-            Some(id)
-        }
-        _ => None,
-    })
+    .await
 }
 
-/// The checks of DESIGN §5 and the claim of §6, in one short transaction.
-/// A `sending` intent older than `sending_stale` seconds is taken as unknown.
+/// Something in the thread accepted by the gateway but not processed yet
+/// (an edit that arrived before the trigger counts too), however old: a
+/// context-builder backlog must not let an answer miss it. The source's
+/// twin (the `message` event of an `app_mention`, or the reverse) is the
+/// same message being created: it changes nothing. Parameters: $1
+/// installation, $2 channel, $3 root, $4 the proposal's receipt, $5 the
+/// source ts. Yields the age in seconds of the oldest such receipt.
+const PENDING_RECEIPTS: &str = "(SELECT extract(epoch FROM now() - min(r.received_at))::float8 FROM event_receipts r
+                         WHERE r.installation_id = $1 AND r.channel_id = $2 AND r.thread_ts = $3
+                           AND r.state IN ('accepted', 'processing') AND r.id <> $4
+                           AND NOT coalesce(r.message_ts = $5 AND r.event_subtype IS NULL
+                                            AND r.event_type IN ('message', 'app_mention'), false))";
+
+/// How long to wait for an unprocessed event of the thread that has been
+/// waiting `age` seconds: soon at first, then less often.
+fn pending_wait(age: f64) -> f64 {
+    if age > 600.0 {
+        tracing::warn!(
+            alert = "answer_waiting_on_unprocessed_event",
+            waiting_seconds = age as i64,
+            "an answer is waiting for an event of its thread that has not been processed for over ten minutes (context-builder backlog, or a dead-lettered event)"
+        );
+    }
+    (age / 10.0).clamp(0.5, 10.0)
+}
+
+/// The checks of DESIGN §5 and the claim of §6, in one short transaction
+/// (the thread row is locked against content changes while it runs).
 pub async fn check_and_claim(
     pool: &PgPool,
     p: &Proposal<'_>,
     sending_stale: f64,
 ) -> sqlx::Result<Verdict> {
+    #[derive(sqlx::FromRow)]
+    struct Checks {
+        intent: Option<Uuid>,
+        state: Option<String>,
+        due_in: Option<f64>,
+        sending_for: Option<f64>,
+        answered: bool,
+        switch: Option<String>,
+        deleted: bool,
+        newer_trigger: bool,
+        pending_age: Option<f64>,
+    }
     let mut tx = pool.begin().await?;
     // Lock the thread row so no content change commits between the check
     // and the claim.
@@ -88,92 +143,77 @@ pub async fn check_and_claim(
     .bind(p.root_ts)
     .fetch_optional(&mut *tx)
     .await?;
-    let existing: Option<(Uuid, String, f64, Option<f64>)> = sqlx::query_as(
-        "SELECT id, state, extract(epoch FROM next_attempt_at - now())::float8,
-                extract(epoch FROM now() - sending_since)::float8
-           FROM reply_intents WHERE installation_id = $1 AND event_id = $2 AND action_kind = $3",
-    )
-    .bind(p.installation)
-    .bind(p.event_id)
-    .bind(p.action_kind)
-    .fetch_optional(&mut *tx)
-    .await?;
-    if let Some((id, state, due_in, sending_for)) = &existing {
-        match state.as_str() {
-            "sent" => return Ok(Verdict::AlreadySent),
-            "held" | "failed_permanent" => return Ok(Verdict::Closed),
-            "unknown" | "reconciling" => return Ok(Verdict::Reconcile(*id)),
-            "sending" if sending_for.is_some_and(|s| s > sending_stale) => {
-                sqlx::query("UPDATE reply_intents SET state = 'unknown', unknown_since = now(), updated_at = now() WHERE id = $1 AND state = 'sending'")
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                return Ok(Verdict::Reconcile(*id));
-            }
-            "sending" => return Ok(Verdict::NotNow(5.0)),
-            "failed_retryable" | "pending" if *due_in > 0.0 => return Ok(Verdict::NotNow(*due_in)),
-            _ => {}
-        }
-    }
-    if version != Some(p.version) {
-        return Ok(Verdict::Stale);
-    }
-    let deleted: bool = sqlx::query_scalar(
-        "SELECT coalesce(bool_or(deleted), false) FROM thread_messages WHERE installation_id = $1 AND channel_id = $2 AND ts = $3",
-    )
-    .bind(p.installation)
-    .bind(p.channel)
-    .bind(p.source_ts)
-    .fetch_one(&mut *tx)
-    .await?;
-    if deleted {
-        return Ok(Verdict::SourceDeleted);
-    }
-    // A newer trigger in this thread answers instead of this one.
-    let newer_trigger: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM turns t JOIN thread_messages m
+    let c: Checks = sqlx::query_as(&format!(
+        "SELECT i.id AS intent, i.state, extract(epoch FROM i.next_attempt_at - now())::float8 AS due_in,
+                extract(epoch FROM now() - i.sending_since)::float8 AS sending_for,
+                EXISTS (SELECT 1 FROM reply_intents s
+                         WHERE s.installation_id = $1 AND s.event_id = $6 AND s.state = 'sent') AS answered,
+                {switch} AS switch,
+                (SELECT coalesce(bool_or(deleted), false) FROM thread_messages
+                  WHERE installation_id = $1 AND channel_id = $2 AND ts = $5) AS deleted,
+                EXISTS (SELECT 1 FROM turns t JOIN thread_messages m
                           ON m.installation_id = t.installation_id AND m.channel_id = t.channel_id AND m.ts = t.ts
                          WHERE t.installation_id = $1 AND t.channel_id = $2 AND m.root_ts = $3
-                           AND t.ts::numeric > $4::numeric AND NOT m.deleted)",
-    )
-    .bind(p.installation)
-    .bind(p.channel)
-    .bind(p.root_ts)
-    .bind(p.source_ts)
-    .fetch_one(&mut *tx)
-    .await?;
-    if newer_trigger {
-        return Ok(Verdict::Superseded);
-    }
-    // Anything else in the thread accepted but not yet processed (an edit
-    // that arrived before the trigger counts too). A receipt untouched for
-    // ten minutes is not waited for: its worker is gone, and an answer must
-    // not hang on it forever.
-    // The source's twin (the `message` event of an `app_mention`, or the
-    // reverse) is the same message being created: it changes nothing.
-    let pending_newer: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM event_receipts r
-                         WHERE r.installation_id = $1 AND r.channel_id = $2 AND r.thread_ts = $3
-                           AND r.state IN ('accepted', 'processing') AND r.id <> $4
-                           AND r.updated_at > now() - interval '10 minutes'
-                           AND NOT coalesce(r.message_ts = $5 AND r.event_subtype IS NULL
-                                            AND r.event_type IN ('message', 'app_mention'), false))",
-    )
+                           AND t.ts::numeric > $5::numeric AND NOT m.deleted) AS newer_trigger,
+                {PENDING_RECEIPTS} AS pending_age
+           FROM (SELECT 1) one
+           LEFT JOIN reply_intents i ON i.installation_id = $1 AND i.event_id = $6 AND i.action_kind = $7",
+        switch = killswitch::engaged_subquery("$1::text", "$8"),
+    ))
     .bind(p.installation)
     .bind(p.channel)
     .bind(p.root_ts)
     .bind(p.receipt)
     .bind(p.source_ts)
+    .bind(p.event_id)
+    .bind(p.action_kind)
+    .bind(killswitch::feature_of(p.action_kind))
     .fetch_one(&mut *tx)
     .await?;
-    if pending_newer {
+    if let (Some(id), Some(state)) = (c.intent, c.state.as_deref()) {
+        match state {
+            "sent" => return Ok(Verdict::AlreadySent),
+            "held" | "failed_permanent" => return Ok(Verdict::Closed),
+            "unknown" | "reconciling" => return Ok(Verdict::Reconcile(id)),
+            "sending" if c.sending_for.is_some_and(|s| s > sending_stale) => {
+                sqlx::query("UPDATE reply_intents SET state = 'unknown', unknown_since = now(), ever_unknown = true, updated_at = now() WHERE id = $1 AND state = 'sending'")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                return Ok(Verdict::Reconcile(id));
+            }
+            "sending" => return Ok(Verdict::NotNow(5.0)),
+            "failed_retryable" | "pending" if c.due_in.is_some_and(|d| d > 0.0) => {
+                return Ok(Verdict::NotNow(c.due_in.unwrap_or(1.0)));
+            }
+            _ => {}
+        }
+    }
+    // One reply per source event, whatever the action kind.
+    if c.answered {
+        return Ok(Verdict::AlreadySent);
+    }
+    if let Some(switch) = c.switch {
+        return Ok(Verdict::Suppressed(switch));
+    }
+    if version != Some(p.version) {
+        return Ok(Verdict::Stale);
+    }
+    if c.deleted {
+        return Ok(Verdict::SourceDeleted);
+    }
+    // A newer trigger in this thread answers instead of this one.
+    if c.newer_trigger {
+        return Ok(Verdict::Superseded);
+    }
+    if let Some(age) = c.pending_age {
         // Not stale yet: wait until it is processed, then check again (it
         // may change the thread, or be a reaction or an unchanged edit).
-        return Ok(Verdict::NotNow(0.5));
+        return Ok(Verdict::NotNow(pending_wait(age)));
     }
-    let id = match existing {
-        Some((id, ..)) => id,
+    let id = match c.intent {
+        Some(id) => id,
         None => {
             let id = Uuid::now_v7();
             sqlx::query(
@@ -197,114 +237,352 @@ pub async fn check_and_claim(
             id
         }
     };
-    let claimed = sqlx::query(
+    let claimed: Option<(i32, bool)> = sqlx::query_as(
         "UPDATE reply_intents
             SET state = 'sending', sending_since = now(), attempts = attempts + 1, decision_id = $2, body_hash = $3,
-                updated_at = now()
-          WHERE id = $1 AND state IN ('pending', 'failed_retryable', 'withdrawn') AND next_attempt_at <= now()",
+                error_code = NULL, updated_at = now()
+          WHERE id = $1 AND state IN ('pending', 'failed_retryable', 'withdrawn') AND next_attempt_at <= now()
+         RETURNING attempts, ever_unknown",
     )
     .bind(id)
     .bind(p.decision)
     .bind(p.body_hash)
-    .execute(&mut *tx)
+    .fetch_optional(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(if claimed.rows_affected() == 1 {
-        Verdict::Claimed(id)
-    } else {
-        Verdict::NotNow(5.0)
+    Ok(match claimed {
+        Some((attempt, ever_unknown)) => Verdict::Claimed(Claimed {
+            id,
+            attempt,
+            ever_unknown,
+        }),
+        None => Verdict::NotNow(5.0),
     })
 }
 
+/// What the re-check right before the HTTP call found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fence {
+    /// Post now.
+    Go,
+    /// The claim is no longer this attempt's (another delivery took the
+    /// intent over after this one stalled): never post.
+    Lost,
+    /// The claim is older than a post may start (this worker stalled
+    /// between the claim and the post): released unposted.
+    Expired,
+    Stale,
+    SourceDeleted,
+    Suppressed(String),
+    /// The decision was discarded meanwhile (its status).
+    Discarded(String),
+    /// An event of the thread arrived and is not processed yet (seconds).
+    Waiting(f64),
+}
+
+/// The checks of the claim again, in one statement right before the HTTP
+/// call, so that what reached threadline between the claim and the post
+/// still stops it: the claim is still this attempt's and young enough, the
+/// version is current, the source is not deleted, no switch is engaged,
+/// nothing accepted in the thread is unprocessed, and the decision stands.
+pub async fn fence(
+    pool: &PgPool,
+    p: &Proposal<'_>,
+    claim: &Claimed,
+    max_claim_age: f64,
+) -> sqlx::Result<Fence> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        state: Option<String>,
+        attempts: Option<i32>,
+        claim_age: Option<f64>,
+        version: Option<i64>,
+        deleted: bool,
+        switch: Option<String>,
+        pending_age: Option<f64>,
+        decision: Option<String>,
+    }
+    let r: Row = sqlx::query_as(&format!(
+        "SELECT i.state, i.attempts, extract(epoch FROM now() - i.sending_since)::float8 AS claim_age,
+                (SELECT version FROM threads WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3) AS version,
+                (SELECT coalesce(bool_or(deleted), false) FROM thread_messages
+                  WHERE installation_id = $1 AND channel_id = $2 AND ts = $5) AS deleted,
+                {switch} AS switch,
+                {PENDING_RECEIPTS} AS pending_age,
+                (SELECT status FROM decisions WHERE id = $7) AS decision
+           FROM (SELECT 1) one LEFT JOIN reply_intents i ON i.id = $6",
+        switch = killswitch::engaged_subquery("$1::text", "$8"),
+    ))
+    .bind(p.installation)
+    .bind(p.channel)
+    .bind(p.root_ts)
+    .bind(p.receipt)
+    .bind(p.source_ts)
+    .bind(claim.id)
+    .bind(p.decision)
+    .bind(killswitch::feature_of(p.action_kind))
+    .fetch_one(pool)
+    .await?;
+    Ok(
+        if r.state.as_deref() != Some("sending") || r.attempts != Some(claim.attempt) {
+            Fence::Lost
+        } else if r.claim_age.is_none_or(|a| a > max_claim_age) {
+            Fence::Expired
+        } else if let Some(switch) = r.switch {
+            Fence::Suppressed(switch)
+        } else if r
+            .decision
+            .as_deref()
+            .is_some_and(|s| s != "proposed" && s != "approved")
+        {
+            Fence::Discarded(r.decision.unwrap_or_default())
+        } else if r.version != Some(p.version) {
+            Fence::Stale
+        } else if r.deleted {
+            Fence::SourceDeleted
+        } else if let Some(age) = r.pending_age {
+            Fence::Waiting(pending_wait(age))
+        } else {
+            Fence::Go
+        },
+    )
+}
+
+/// Gives back a claim that never reached Slack (this attempt posted
+/// nothing): `pending` again, due after `retry_in` seconds, unless another
+/// attempt has taken the intent since.
+pub async fn release(pool: &PgPool, c: &Claimed, code: &str, retry_in: f64) -> sqlx::Result<bool> {
+    let r = sqlx::query(
+        "UPDATE reply_intents
+            SET state = 'pending', error_code = $3, next_attempt_at = now() + make_interval(secs => $4),
+                unknown_since = NULL, reconcile_reads = 0, updated_at = now()
+          WHERE id = $1 AND attempts = $2 AND state IN ('sending', 'unknown', 'reconciling')",
+    )
+    .bind(c.id)
+    .bind(c.attempt)
+    .bind(code)
+    .bind(retry_in)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
 /// Reserves the channel's next post slot (about one a second, shared by
-/// all replicas) unless the workspace is paused; returns how long to wait
-/// when no slot is free now.
+/// all replicas) unless the channel is paused after a 429; returns how long
+/// to wait when no slot is free now.
 pub async fn reserve_slot(
     pool: &PgPool,
     installation: Uuid,
     channel: &str,
     spacing_secs: f64,
 ) -> sqlx::Result<Option<f64>> {
-    let paused: Option<f64> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM paused_until - now())::float8 FROM workspace_pauses
-          WHERE installation_id = $1 AND paused_until > now()",
-    )
-    .bind(installation)
-    .fetch_optional(pool)
-    .await?;
-    if let Some(wait) = paused {
-        return Ok(Some(wait));
-    }
-    let got: Option<i32> = sqlx::query_scalar(
-        "INSERT INTO post_budgets (installation_id, channel_id, next_allowed_at)
-         VALUES ($1, $2, now() + make_interval(secs => $3))
-         ON CONFLICT (installation_id, channel_id) DO UPDATE
-            SET next_allowed_at = now() + make_interval(secs => $3)
-          WHERE post_budgets.next_allowed_at <= now()
-         RETURNING 1",
+    let wait: Option<f64> = sqlx::query_scalar(
+        "WITH got AS (
+            INSERT INTO post_budgets (installation_id, channel_id, next_allowed_at)
+            VALUES ($1, $2, now() + make_interval(secs => $3))
+            ON CONFLICT (installation_id, channel_id) DO UPDATE
+               SET next_allowed_at = now() + make_interval(secs => $3)
+             WHERE post_budgets.next_allowed_at <= now()
+            RETURNING 1)
+         SELECT CASE WHEN EXISTS (SELECT 1 FROM got) THEN NULL
+                     ELSE (SELECT greatest(extract(epoch FROM next_allowed_at - now())::float8, 0.05)
+                             FROM post_budgets WHERE installation_id = $1 AND channel_id = $2) END",
     )
     .bind(installation)
     .bind(channel)
     .bind(spacing_secs)
-    .fetch_optional(pool)
+    .fetch_one(pool)
     .await?;
-    if got.is_some() {
-        return Ok(None);
-    }
-    let wait: f64 = sqlx::query_scalar(
-        "SELECT greatest(extract(epoch FROM next_allowed_at - now())::float8, 0.05) FROM post_budgets
-          WHERE installation_id = $1 AND channel_id = $2",
+    Ok(wait)
+}
+
+/// Slack answered 429 for a post in this channel: no post in it before
+/// `secs` (Slack's `chat.postMessage` limit is per channel, so the other
+/// channels of the workspace go on).
+pub async fn pause_channel(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    secs: f64,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO post_budgets (installation_id, channel_id, next_allowed_at)
+         VALUES ($1, $2, now() + make_interval(secs => $3))
+         ON CONFLICT (installation_id, channel_id) DO UPDATE
+            SET next_allowed_at = greatest(post_budgets.next_allowed_at, EXCLUDED.next_allowed_at)",
     )
     .bind(installation)
     .bind(channel)
-    .fetch_one(pool)
-    .await?;
-    Ok(Some(wait))
-}
-
-pub async fn pause_workspace(pool: &PgPool, installation: Uuid, secs: f64) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO workspace_pauses (installation_id, paused_until) VALUES ($1, now() + make_interval(secs => $2))
-         ON CONFLICT (installation_id) DO UPDATE SET paused_until = greatest(workspace_pauses.paused_until, EXCLUDED.paused_until)",
-    )
-    .bind(installation)
     .bind(secs)
     .execute(pool)
     .await?;
     Ok(())
 }
 
-/// `sending`/`reconciling` → `sent`, and the turn and decision follow, in
-/// one statement (the audit triggers record both changes with it).
-pub async fn mark_sent(pool: &PgPool, id: Uuid, ts: &str, reconciled: bool) -> sqlx::Result<bool> {
-    let sent: i64 = sqlx::query_scalar(
-        "WITH i AS (
-            UPDATE reply_intents SET state = 'sent', slack_ts = $2, reconciled = $3, error_code = NULL, updated_at = now()
-             WHERE id = $1 AND state IN ('sending', 'unknown', 'reconciling')
-            RETURNING decision_id),
-         d AS (
-            UPDATE decisions SET status = 'published', updated_at = now()
-             WHERE id IN (SELECT decision_id FROM i) AND status IN ('proposed', 'approved')
-            RETURNING id),
-         t AS (
-            UPDATE turns t SET answered_at = now()
-              FROM decisions dd JOIN i ON i.decision_id = dd.id
-             WHERE t.installation_id = dd.installation_id AND t.channel_id = dd.channel_id AND t.ts = dd.source_ts
-            RETURNING 1)
-         -- (d and t run to completion whether read or not)
-         SELECT count(*) FROM i",
-    )
-    .bind(id)
-    .bind(ts)
-    .bind(reconciled)
-    .fetch_one(pool)
-    .await?;
-    Ok(sent == 1)
+/// What recording a post that Slack accepted came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    pub outcome: PostRecord,
+    /// Human messages that reached the thread after the answer's context
+    /// was taken and before the reply (crossed in flight), newly recorded.
+    pub crossed: Vec<String>,
 }
 
-/// Moves an intent from `sending` to another state.
-pub async fn transition(
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostRecord {
+    /// The intent was `sending` (or being reconciled): now `sent`.
+    Sent,
+    /// The intent had been given up on (held, failed, pending again for a
+    /// re-post): the post is recorded all the same, never forgotten.
+    Late,
+    /// Recorded before with this very ts (a repeated record).
+    Already,
+    /// Recorded before with another ts: a second post of one intent — a
+    /// duplicate-reply incident, kept in `extra_ts`.
+    Duplicate,
+    /// No such intent.
+    Missing,
+}
+
+/// Records that Slack holds the post `ts` of `intent`, made from
+/// `decision`: the intent becomes `sent` from whatever state it was in (a
+/// post that landed after its intent was given up on is still recorded),
+/// the decision `published`, the turn answered, and any human message that
+/// crossed the answer in flight is recorded. One transaction; the thread
+/// row is locked first so that a crossing message committed concurrently
+/// by the context-builder is seen by one side or the other.
+pub async fn record_post(
+    pool: &PgPool,
+    intent: Uuid,
+    decision: Uuid,
+    ts: &str,
+    reconciled: bool,
+) -> sqlx::Result<Recorded> {
+    let mut tx = pool.begin().await?;
+    let recorded = record_post_in(&mut tx, intent, decision, ts, reconciled).await?;
+    tx.commit().await?;
+    Ok(recorded)
+}
+
+/// [`record_post`] inside the caller's transaction.
+pub async fn record_post_in(
     conn: &mut PgConnection,
+    intent: Uuid,
+    decision: Uuid,
+    ts: &str,
+    reconciled: bool,
+) -> sqlx::Result<Recorded> {
+    // The thread row first: a crossing message's insert bumps it, so one of
+    // the two transactions waits for the other and sees its row.
+    sqlx::query(
+        "SELECT 1 FROM threads t JOIN reply_intents i
+            ON t.installation_id = i.installation_id AND t.channel_id = i.channel_id AND t.root_ts = i.root_ts
+          WHERE i.id = $1 FOR SHARE OF t",
+    )
+    .bind(intent)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let before: Option<(String, Option<String>)> =
+        sqlx::query_as("SELECT state, slack_ts FROM reply_intents WHERE id = $1 FOR UPDATE")
+            .bind(intent)
+            .fetch_optional(&mut *conn)
+            .await?;
+    let outcome = match before {
+        None => PostRecord::Missing,
+        Some((state, Some(known))) if state == "sent" && known == ts => PostRecord::Already,
+        Some((state, _)) if state == "sent" => {
+            sqlx::query(
+                "UPDATE reply_intents SET extra_ts = array_append(extra_ts, $2), updated_at = now()
+                  WHERE id = $1 AND NOT ($2 = ANY(extra_ts))",
+            )
+            .bind(intent)
+            .bind(ts)
+            .execute(&mut *conn)
+            .await?;
+            PostRecord::Duplicate
+        }
+        Some((state, _)) => {
+            let late = !matches!(state.as_str(), "sending" | "unknown" | "reconciling");
+            sqlx::query(
+                "WITH i AS (
+                    UPDATE reply_intents
+                       SET state = 'sent', slack_ts = $2, reconciled = $3, decision_id = $4, error_code = NULL,
+                           next_check_at = NULL, updated_at = now()
+                     WHERE id = $1 AND state <> 'sent'
+                    RETURNING decision_id),
+                 d AS (
+                    UPDATE decisions SET status = 'published', updated_at = now()
+                     WHERE id IN (SELECT decision_id FROM i) AND status NOT IN ('published', 'rejected')
+                    RETURNING id)
+                 UPDATE turns t SET answered_at = coalesce(t.answered_at, now())
+                   FROM decisions dd
+                  WHERE dd.id = $4 AND EXISTS (SELECT 1 FROM i)
+                    AND t.installation_id = dd.installation_id AND t.channel_id = dd.channel_id AND t.ts = dd.source_ts",
+            )
+            .bind(intent)
+            .bind(ts)
+            .bind(reconciled || late)
+            .bind(decision)
+            .execute(&mut *conn)
+            .await?;
+            if late {
+                PostRecord::Late
+            } else {
+                PostRecord::Sent
+            }
+        }
+    };
+    let crossed = if matches!(outcome, PostRecord::Sent | PostRecord::Late) {
+        // Human messages of the thread older than the reply that the answer
+        // did not read, within the window its context covered.
+        sqlx::query_scalar(
+            "INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by)
+             SELECT $1, d.installation_id, d.channel_id, d.root_ts, $3, m.ts, 'publisher'
+               FROM decisions d JOIN thread_messages m
+                 ON m.installation_id = d.installation_id AND m.channel_id = d.channel_id AND m.root_ts = d.root_ts
+              WHERE d.id = $2 AND d.context_ts IS NOT NULL
+                AND m.speaker = 'user' AND NOT m.deleted
+                AND m.ts::numeric < $3::numeric
+                AND m.ts::numeric > coalesce(d.context_floor_ts, '0')::numeric
+                AND NOT (m.ts = ANY(d.context_ts))
+             ON CONFLICT DO NOTHING
+             RETURNING crossing_ts",
+        )
+        .bind(intent)
+        .bind(decision)
+        .bind(ts)
+        .fetch_all(&mut *conn)
+        .await?
+    } else {
+        Vec::new()
+    };
+    if !crossed.is_empty() {
+        // Reconsider the thread, in the transaction that recorded the
+        // crossing: neither is kept without the other.
+        let (inst, channel, root, receipt): (Uuid, String, String, Uuid) = sqlx::query_as(
+            "SELECT installation_id, channel_id, root_ts, receipt_id FROM decisions WHERE id = $1",
+        )
+        .bind(decision)
+        .fetch_one(&mut *conn)
+        .await?;
+        let msg = outbox::crossed_reconsider(inst, &channel, &root, receipt);
+        outbox::enqueue(
+            conn,
+            inst,
+            receipt,
+            Topic::Reconsider,
+            &format!("recon:crossed:{intent}"),
+            msg.encode_to_vec(),
+        )
+        .await?;
+    }
+    Ok(Recorded { outcome, crossed })
+}
+
+/// Moves an intent from `sending` (or a reconciliation) to another state;
+/// `unknown` marks it for an evidence read before any later post.
+pub async fn transition(
+    pool: &PgPool,
     id: Uuid,
     to: &str,
     code: Option<&str>,
@@ -315,6 +593,7 @@ pub async fn transition(
             SET state = $2, error_code = $3,
                 next_attempt_at = CASE WHEN $4::float8 IS NULL THEN next_attempt_at ELSE now() + make_interval(secs => $4) END,
                 unknown_since = CASE WHEN $2 = 'unknown' THEN now() ELSE unknown_since END,
+                ever_unknown = ever_unknown OR $2 = 'unknown',
                 updated_at = now()
           WHERE id = $1 AND state IN ('sending', 'unknown', 'reconciling')",
     )
@@ -322,7 +601,7 @@ pub async fn transition(
     .bind(to)
     .bind(code)
     .bind(retry_in)
-    .execute(conn)
+    .execute(pool)
     .await?;
     Ok(r.rows_affected() == 1)
 }

@@ -49,9 +49,13 @@ pub async fn sample(pool: &PgPool) -> sqlx::Result<()> {
             .map_or(0, |(_, n)| *n);
         metrics::gauge!("threadline_reply_intents", "state" => state).set(n as f64);
     }
+    // Unsettled: unknown, being reconciled, held, and `sending` for longer
+    // than a post can take (its worker is gone or frozen).
     let oldest: f64 = sqlx::query_scalar(
-        "SELECT coalesce(max(extract(epoch FROM now() - coalesce(unknown_since, updated_at))), 0)::float8
-           FROM reply_intents WHERE state IN ('unknown', 'reconciling', 'held')",
+        "SELECT coalesce(max(extract(epoch FROM now() - coalesce(unknown_since, sending_since, updated_at))), 0)::float8
+           FROM reply_intents
+          WHERE state IN ('unknown', 'reconciling', 'held')
+             OR (state = 'sending' AND sending_since < now() - interval '60 seconds')",
     )
     .fetch_one(pool)
     .await?;

@@ -1,14 +1,17 @@
 //! threadline publisher: the only component that writes to Slack. It
 //! re-checks kill switches and the thread version, claims one reply intent
 //! per source event, respects per-channel budgets and `Retry-After` shared in
-//! Postgres, posts into the thread root once, and reconciles unknown
-//! outcomes from evidence instead of posting again.
+//! Postgres, re-checks right before the post, posts into the thread root
+//! once, reconciles unknown outcomes from evidence instead of posting again,
+//! and sweeps intents that no delivery drives any more.
 
 pub mod config;
 pub mod handler;
 pub mod intents;
 pub mod ledger;
+pub mod proposals;
 pub mod reconcile;
+pub mod sweeper;
 
 use std::sync::Arc;
 
@@ -38,6 +41,7 @@ pub fn handler(
         post_spacing: cfg.post_spacing,
         max_attempts: cfg.max_attempts,
         sending_stale: cfg.sending_stale.as_secs_f64(),
+        slack_timeout: cfg.slack_timeout.as_secs_f64(),
     })
 }
 
@@ -52,10 +56,11 @@ pub async fn run(
     else {
         return Ok(());
     };
-    let concurrency = cfg.concurrency;
+    let (concurrency, sweep) = (cfg.concurrency, cfg.sweep);
     let handler = Arc::new(handler(cfg, deps.pool.clone(), deps.js.clone())?);
     let health = deps.serve_health(listener, shutdown.clone());
     ledger::spawn(deps.pool.clone(), shutdown.clone());
+    sweeper::spawn(handler.clone(), sweep, shutdown.clone());
     tracing::info!(concurrency, "publisher consuming");
     threadline_runtime::worker::run(
         deps.js.clone(),

@@ -1,15 +1,22 @@
-//! Reconciling a post whose outcome is unknown: read the thread and look
-//! for the intent's metadata; fall back to our bot + thread + time window +
-//! exact text. One clear match is `sent`; ambiguity is `held`; no match is
-//! checked again until the evidence threshold, then `held` (or, where policy
-//! allows, `pending` for one re-post). Never a blind re-post.
+//! Reconciling a post whose outcome is unknown: read the thread for
+//! evidence specific to the intent. The evidence is the intent's metadata
+//! on a message our bot wrote; failing that, a message of our bot without
+//! another intent's metadata whose text has the intent's approved body
+//! hash, created inside the attempt's window and not already recorded as
+//! another intent's post. One clear match is `sent`; ambiguity is `held`;
+//! no match is read again until the evidence threshold, then `held` (or,
+//! where policy allows, `pending` for one re-post, which reads Slack once
+//! more before it posts). Never a blind re-post. A held intent is read
+//! again later by the sweeper, so a post that lands after its intent was
+//! given up on is still recorded.
 
 use serde_json::Value;
+use sha2::{Digest as _, Sha256};
 use sqlx::PgPool;
 use threadline_slack::WebClient;
 use uuid::Uuid;
 
-use crate::intents;
+use crate::intents::{self, PostRecord};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Evidence {
@@ -31,25 +38,115 @@ pub enum Found {
     Again,
 }
 
+/// What is reconciled: the intent and what its posts look like.
 pub struct Subject<'a> {
     pub intent: Uuid,
     pub installation: Uuid,
     pub channel: &'a str,
     pub root_ts: &'a str,
     pub bot_id: &'a str,
-    pub text: &'a str,
+    /// SHA-256 (hex) of the approved reply text.
+    pub body_hash: &'a str,
+    /// The window a post of the latest attempt can have been created in
+    /// (unix seconds); metadata matches need no window.
+    pub window: (f64, f64),
 }
 
-fn matches(m: &Value, s: &Subject<'_>) -> (bool, bool) {
-    let by_metadata = m
+/// What one read of the thread found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// Messages of our bot carrying this intent's metadata.
+    pub by_metadata: Vec<String>,
+    /// Messages of our bot without another intent's metadata, with the
+    /// approved body's hash, inside the window, not another intent's post.
+    pub by_body: Vec<String>,
+}
+
+impl Seen {
+    /// The single post of the intent, when the evidence names one.
+    pub fn post(&self) -> Option<&str> {
+        match (self.by_metadata.as_slice(), self.by_body.as_slice()) {
+            ([one], _) => Some(one),
+            ([], [one]) => Some(one),
+            _ => None,
+        }
+    }
+}
+
+fn ts_secs(ts: &str) -> f64 {
+    ts.parse::<f64>().unwrap_or(0.0)
+}
+
+/// Classifies one message of the thread for `s`; `others` are the posts
+/// recorded for other intents of the thread.
+fn classify(m: &Value, s: &Subject<'_>, others: &[String]) -> (bool, bool) {
+    let ours = m.get("bot_id").and_then(Value::as_str) == Some(s.bot_id);
+    if !ours {
+        return (false, false);
+    }
+    let named = m
         .pointer("/metadata/event_payload/intent_id")
-        .and_then(Value::as_str)
-        == Some(&s.intent.to_string());
-    let by_identity = m.get("bot_id").and_then(Value::as_str) == Some(s.bot_id)
-        && m.get("text").and_then(Value::as_str) == Some(s.text);
-    (by_metadata, by_identity)
+        .and_then(Value::as_str);
+    if named == Some(s.intent.to_string().as_str()) {
+        return (true, false);
+    }
+    let ts = m.get("ts").and_then(Value::as_str).unwrap_or_default();
+    let text = m.get("text").and_then(Value::as_str).unwrap_or_default();
+    let same_body = hex::encode(Sha256::digest(text.as_bytes())) == s.body_hash;
+    let t = ts_secs(ts);
+    let by_body = named.is_none()
+        && same_body
+        && t >= s.window.0
+        && t <= s.window.1
+        && !others.iter().any(|o| o == ts);
+    (false, by_body)
 }
 
+/// Reads the thread once for evidence of the intent's post (no state
+/// changes). An error means Slack could not be read.
+pub async fn read(
+    pool: &PgPool,
+    web: &WebClient,
+    token: &str,
+    s: &Subject<'_>,
+) -> anyhow::Result<Seen> {
+    let others: Vec<String> = sqlx::query_scalar(
+        "SELECT t FROM reply_intents, unnest(array_append(extra_ts, slack_ts)) AS t
+          WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND id <> $4 AND t IS NOT NULL",
+    )
+    .bind(s.installation)
+    .bind(s.channel)
+    .bind(s.root_ts)
+    .bind(s.intent)
+    .fetch_all(pool)
+    .await?;
+    let mut seen = Seen::default();
+    let mut cursor: Option<String> = None;
+    for _ in 0..20 {
+        let page = web
+            .conversations_replies(token, s.channel, s.root_ts, cursor.as_deref(), 200)
+            .await?;
+        for m in &page.messages {
+            let ts = m
+                .get("ts")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            match classify(m, s, &others) {
+                (true, _) => seen.by_metadata.push(ts),
+                (_, true) => seen.by_body.push(ts),
+                _ => {}
+            }
+        }
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    Ok(seen)
+}
+
+/// One reconciliation step for an intent whose outcome is unknown.
 pub async fn run(
     pool: &PgPool,
     web: &WebClient,
@@ -61,58 +158,28 @@ pub async fn run(
         .bind(s.intent)
         .execute(pool)
         .await?;
-    let (sending_since, unknown_for): (Option<f64>, f64) = sqlx::query_as(
-        "SELECT extract(epoch FROM sending_since)::float8, coalesce(extract(epoch FROM now() - unknown_since)::float8, 0)
+    let (decision, unknown_for): (Uuid, f64) = sqlx::query_as(
+        "SELECT decision_id, coalesce(extract(epoch FROM now() - unknown_since)::float8, 0)
            FROM reply_intents WHERE id = $1",
     )
     .bind(s.intent)
     .fetch_one(pool)
     .await?;
-    let mut by_meta = Vec::new();
-    let mut by_identity = Vec::new();
-    let mut cursor: Option<String> = None;
-    for _ in 0..20 {
-        let page = match web
-            .conversations_replies(token, s.channel, s.root_ts, cursor.as_deref(), 200)
-            .await
-        {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(error = %e, "reconciliation read failed; will read again");
-                return Ok(Found::Again);
-            }
-        };
-        for m in &page.messages {
-            let ts = m
-                .get("ts")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
-            // Only messages from around our attempt count as evidence.
-            let after = sending_since.is_none_or(|t| {
-                ts.split('.')
-                    .next()
-                    .and_then(|x| x.parse::<f64>().ok())
-                    .unwrap_or(0.0)
-                    >= t - 5.0
-            });
-            let (meta, ident) = matches(m, s);
-            if meta {
-                by_meta.push(ts.clone());
-            } else if ident && after {
-                by_identity.push(ts.clone());
-            }
+    let seen = match read(pool, web, token, s).await {
+        Ok(seen) => seen,
+        Err(e) => {
+            tracing::warn!(error = %e, "reconciliation read failed; will read again");
+            return Ok(Found::Again);
         }
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
-    }
-    sqlx::query("UPDATE reply_intents SET reconcile_reads = reconcile_reads + 1, updated_at = now() WHERE id = $1")
-        .bind(s.intent)
-        .execute(pool)
-        .await?;
-    if by_meta.len() > 1 {
+    };
+    let reads: i32 = sqlx::query_scalar(
+        "UPDATE reply_intents SET reconcile_reads = reconcile_reads + 1, updated_at = now() WHERE id = $1
+         RETURNING reconcile_reads",
+    )
+    .bind(s.intent)
+    .fetch_one(pool)
+    .await?;
+    if seen.by_metadata.len() > 1 {
         // Slack shows more than one post carrying this intent: the very
         // thing threadline exists to prevent. Counted and raised, and held
         // for an operator (nothing more is posted).
@@ -120,43 +187,45 @@ pub async fn run(
         tracing::error!(
             alert = "duplicate_reply",
             intent_id = %s.intent,
-            posts = by_meta.len(),
+            posts = seen.by_metadata.len(),
             "more than one reply in Slack for one intent"
         );
     }
-    let found = match (by_meta.len(), by_identity.len()) {
+    let found = match (seen.by_metadata.len(), seen.by_body.len()) {
         (n, _) if n > 1 => Found::Held("duplicate_posts_found"),
-        (1, _) => Found::Sent(by_meta[0].clone()),
-        (0, 1) => Found::Sent(by_identity[0].clone()),
-        (0, 0) => {
-            let reads: i32 =
-                sqlx::query_scalar("SELECT reconcile_reads FROM reply_intents WHERE id = $1")
-                    .bind(s.intent)
-                    .fetch_one(pool)
-                    .await?;
-            if reads >= ev.reads && unknown_for >= ev.window_secs {
-                if ev.allow_repost {
-                    Found::Repost
-                } else {
-                    Found::Held("no_evidence_of_post")
-                }
+        (1, _) => Found::Sent(seen.by_metadata[0].clone()),
+        (0, 1) => Found::Sent(seen.by_body[0].clone()),
+        (0, 0) if reads >= ev.reads && unknown_for >= ev.window_secs => {
+            if ev.allow_repost {
+                Found::Repost
             } else {
-                Found::Again
+                Found::Held("no_evidence_of_post")
             }
         }
+        (0, 0) => Found::Again,
         _ => Found::Held("ambiguous_evidence"),
     };
     match &found {
         Found::Sent(ts) => {
-            intents::mark_sent(pool, s.intent, ts, true).await?;
+            let r = intents::record_post(pool, s.intent, decision, ts, true).await?;
+            if r.outcome == PostRecord::Duplicate {
+                metrics::counter!("threadline_duplicate_reply_incidents_total").increment(1);
+            }
             metrics::counter!("threadline_reconciliations_total", "result" => "sent").increment(1);
         }
         Found::Held(why) => {
-            sqlx::query("UPDATE reply_intents SET state = 'held', error_code = $2, updated_at = now() WHERE id = $1 AND state = 'reconciling'")
-                .bind(s.intent)
-                .bind(*why)
-                .execute(pool)
-                .await?;
+            // No evidence yet is not proof of absence: the sweeper reads the
+            // thread again later, in case the post lands after all.
+            sqlx::query(
+                "UPDATE reply_intents SET state = 'held', error_code = $2, updated_at = now(),
+                        next_check_at = CASE WHEN $2 = 'no_evidence_of_post' THEN now() + interval '30 seconds' END,
+                        late_checks = 0
+                  WHERE id = $1 AND state = 'reconciling'",
+            )
+            .bind(s.intent)
+            .bind(*why)
+            .execute(pool)
+            .await?;
             metrics::counter!("threadline_reconciliations_total", "result" => "held").increment(1);
             tracing::warn!(alert = "reply_held", reason = *why, intent_id = %s.intent, "reply held for an operator");
         }
@@ -174,4 +243,50 @@ pub async fn run(
         Found::Again => {}
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn subject<'a>(intent: Uuid, hash: &'a str) -> Subject<'a> {
+        Subject {
+            intent,
+            installation: Uuid::nil(),
+            channel: "C1",
+            root_ts: "100.000000",
+            bot_id: "B1",
+            body_hash: hash,
+            window: (200.0, 300.0),
+        }
+    }
+
+    #[test]
+    fn evidence_is_specific_to_the_intent() {
+        let (intent, other) = (Uuid::now_v7(), Uuid::now_v7());
+        let text = "the fallback answer";
+        let hash = hex::encode(Sha256::digest(text.as_bytes()));
+        let s = subject(intent, &hash);
+        let meta = |id: Uuid| json!({"event_type": "threadline_reply", "event_payload": {"intent_id": id.to_string()}});
+        // Its own metadata, from our bot: evidence, whenever it was made.
+        let m = json!({"ts": "150.000001", "bot_id": "B1", "text": "x", "metadata": meta(intent)});
+        assert_eq!(classify(&m, &s, &[]), (true, false));
+        // Its metadata on another bot's message is not.
+        let m = json!({"ts": "250.000001", "bot_id": "B2", "text": text, "metadata": meta(intent)});
+        assert_eq!(classify(&m, &s, &[]), (false, false));
+        // The same text under another intent's metadata is that intent's.
+        let m = json!({"ts": "250.000001", "bot_id": "B1", "text": text, "metadata": meta(other)});
+        assert_eq!(classify(&m, &s, &[]), (false, false));
+        // Without metadata: the body hash inside the window…
+        let m = json!({"ts": "250.000001", "bot_id": "B1", "text": text});
+        assert_eq!(classify(&m, &s, &[]), (false, true));
+        // …but not before the attempt, nor a post recorded for another intent.
+        let early = json!({"ts": "150.000001", "bot_id": "B1", "text": text});
+        assert_eq!(classify(&early, &s, &[]), (false, false));
+        assert_eq!(classify(&m, &s, &["250.000001".to_owned()]), (false, false));
+        let other_text = json!({"ts": "250.000001", "bot_id": "B1", "text": "another answer"});
+        assert_eq!(classify(&other_text, &s, &[]), (false, false));
+    }
 }

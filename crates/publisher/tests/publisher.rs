@@ -204,10 +204,9 @@ impl Env {
         for attempt in 1..=12 {
             match h.handle(payload).await {
                 Disposition::Done => return attempt,
-                Disposition::Retry(d) | Disposition::Defer(d) => {
-                    tokio::time::sleep(d.min(Duration::from_secs(3))).await
-                }
-                Disposition::Poison(why) => panic!("poison: {why}"),
+                Disposition::Defer(d) => tokio::time::sleep(d.min(Duration::from_secs(3))).await,
+                Disposition::Transient => tokio::time::sleep(Duration::from_millis(500)).await,
+                Disposition::Fail(why) | Disposition::Poison(why) => panic!("failed: {why}"),
             }
         }
         panic!("not done after 12 deliveries");

@@ -60,19 +60,20 @@ impl Topic {
 
 /// How long a re-publish with the same `Nats-Msg-Id` is dropped by a stream.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(10 * 60);
-/// Redelivery schedule of the work consumers when a message is not acked in
-/// time; `max_deliver` is one more than its length, after which the
-/// consumer's owner dead-letters the message. nats-server uses the first
-/// step as the ack deadline (it replaces `ack_wait`), so it must cover the
-/// slowest handler: handlers doing long work (a model call, a backfill) also
-/// send in-progress acks. Explicit retries use `Nak(delay)` instead.
-pub const BACKOFF: [Duration; 5] = [
-    Duration::from_secs(60),
-    Duration::from_secs(120),
-    Duration::from_secs(300),
-    Duration::from_secs(600),
-    Duration::from_secs(1200),
-];
+/// How long a work consumer waits for an acknowledgement before it hands
+/// the message to another worker (the delivering worker died or froze):
+/// the default of `THREADLINE_REDELIVERY_MS`. Handlers doing long work (a
+/// model call, a backfill) send in-progress acks well inside it. Explicit
+/// retries and deferrals use `Nak(delay)` instead. Deliveries are not
+/// limited (`max_deliver` -1, which nats-server 2.9 accepts only without a
+/// `backoff` list, so none is set): a broker or database outage must never
+/// turn acknowledged work into dead letters; the worker dead-letters poison
+/// and repeated non-transient failures itself (`worker::FAILURE_LIMIT`).
+pub const ACK_WAIT: Duration = Duration::from_secs(60);
+
+/// Messages a work consumer may have delivered and not yet acknowledged,
+/// deferred ones included.
+pub const MAX_ACK_PENDING: i64 = 20_000;
 
 #[derive(Debug, Clone)]
 pub struct Topology {
@@ -81,8 +82,7 @@ pub struct Topology {
     replicas: usize,
     /// How long dead letters (which hold the failed message) are kept.
     dead_letter_max_age: Duration,
-    /// The ack deadline and first redelivery step (`THREADLINE_REDELIVERY_MS`);
-    /// the later steps of [`BACKOFF`] scale with it.
+    /// The ack deadline (`THREADLINE_REDELIVERY_MS`, default [`ACK_WAIT`]).
     redelivery: Duration,
 }
 
@@ -92,7 +92,7 @@ impl Topology {
             prefix: prefix.into(),
             replicas: 1,
             dead_letter_max_age: Duration::from_secs(14 * 24 * 3600),
-            redelivery: BACKOFF[0],
+            redelivery: ACK_WAIT,
         }
     }
 
@@ -155,28 +155,22 @@ impl Topology {
         }
     }
 
-    /// The redelivery schedule: [`BACKOFF`] scaled so that its first step
-    /// is the configured redelivery delay.
-    pub fn backoff(&self) -> Vec<Duration> {
-        let scale = self.redelivery.as_secs_f64() / BACKOFF[0].as_secs_f64();
-        BACKOFF.iter().map(|d| d.mul_f64(scale)).collect()
-    }
-
     /// How often a running handler extends its ack deadline: well inside it.
     pub fn progress_every(&self) -> Duration {
         (self.redelivery / 3).min(Duration::from_secs(20))
     }
 
     fn work_consumer(&self, topic: Topic) -> consumer::pull::Config {
-        let backoff = self.backoff();
         consumer::pull::Config {
             durable_name: Some(topic.consumer().to_owned()),
             description: Some(format!("threadline {} worker", topic.consumer())),
             ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: backoff[0],
-            max_deliver: BACKOFF.len() as i64 + 1,
-            backoff,
-            max_ack_pending: 1024,
+            ack_wait: self.redelivery,
+            max_deliver: -1,
+            // Deferred messages (waiting for a post slot or Retry-After) stay
+            // ack-pending until redelivered: room for many without stalling
+            // the consumer.
+            max_ack_pending: MAX_ACK_PENDING,
             ..Default::default()
         }
     }
@@ -283,14 +277,16 @@ mod tests {
     }
 
     #[test]
-    fn consumers_redeliver_with_bounded_backoff() {
+    fn consumers_redeliver_after_the_ack_wait_with_no_delivery_limit() {
         let c = Topology::new("tl").work_consumer(Topic::Events);
-        assert_eq!(c.max_deliver as usize, c.backoff.len() + 1);
+        // An outage of any length never exhausts deliveries.
+        assert_eq!(c.max_deliver, -1);
         assert_eq!(c.ack_policy, consumer::AckPolicy::Explicit);
-        // The server takes backoff[0] as the ack deadline: it must not be
-        // shorter than the documented ack_wait.
-        assert_eq!(c.ack_wait, c.backoff[0]);
-        assert!(c.backoff[0] >= Duration::from_secs(60));
+        assert_eq!(c.ack_wait, ACK_WAIT);
+        assert!(
+            c.backoff.is_empty(),
+            "nats-server 2.9 refuses max_deliver -1 with a backoff list"
+        );
     }
 
     #[test]

@@ -9,11 +9,13 @@ pub mod db;
 pub mod health;
 pub mod installations;
 pub mod killswitch;
+pub mod outbox;
 pub mod secrets;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tokens;
+pub mod transient;
 pub mod worker;
 
 /// Ends a binary: a clean exit, or one line naming what failed (with its

@@ -1,11 +1,14 @@
 //! Durable pull consumers with one mapping from a handler's outcome to the
-//! broker: done → ack, retry later → nak with delay, poison → dead-letter
-//! and term. Long handlers keep their message with in-progress acks; the
-//! last allowed delivery of a retried message is dead-lettered rather than
-//! dropped silently.
+//! broker: done → ack; not yet → nak with the delay (the message goes back
+//! to JetStream, so a deferred message never holds a worker slot); a
+//! transient failure (a dependency down) → nak with backoff, for as long as
+//! the outage lasts; any other failure → nak, and dead-letter after
+//! [`FAILURE_LIMIT`] of them; poison → dead-letter at once. Long handlers
+//! keep their message with in-progress acks.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -13,27 +16,86 @@ use async_nats::jetstream::{self, AckKind, consumer::PullConsumer};
 use futures::StreamExt as _;
 use tracing::Instrument as _;
 
-use crate::bus::{BACKOFF, HeaderExtractor, Topic, Topology};
+use crate::bus::{HeaderExtractor, Topic, Topology};
 use crate::shutdown::CancellationToken;
 
 /// What became of a message.
 #[derive(Debug)]
 pub enum Disposition {
     Done,
-    /// Try again after the delay (a dependency was unavailable). Counts
-    /// against the consumer's delivery limit.
-    Retry(Duration),
     /// Not an error, just not yet (a post slot, another worker's lease, a
-    /// reconciliation read): the worker keeps the message (in-progress acks)
-    /// and runs the handler again after the delay, without spending a
-    /// delivery. Bounded by [`MAX_DEFER`], after which it becomes a retry.
+    /// due time, a reconciliation read): the message is handed back to the
+    /// broker and redelivered after the delay. It holds no worker slot, so
+    /// a tenant waiting out a `Retry-After` cannot stall the others, and it
+    /// is never dead-lettered for waiting.
+    Defer(Duration),
+    /// A dependency failed for a transient reason (database, broker, Slack
+    /// unavailable): redelivered with growing backoff (at most
+    /// [`MAX_BACKOFF`]) for as long as the outage lasts; never
+    /// dead-lettered (DESIGN invariant 11).
+    Transient,
+    /// A failure not known to be transient (a defect, data the handler
+    /// cannot cope with): retried with backoff, and dead-lettered once it
+    /// has failed [`FAILURE_LIMIT`] times.
+    Fail(String),
     /// Never going to work (undecodable, contract violation): dead-letter it.
     Poison(String),
-    Defer(Duration),
 }
 
-/// Longest a message is held through `Defer`s before it is nak'ed.
-pub const MAX_DEFER: Duration = Duration::from_secs(15 * 60);
+impl Disposition {
+    /// How a handler error is retried: `Transient` when a dependency is
+    /// unavailable (see [`crate::transient`]), else `Fail`.
+    pub fn of_error(e: &anyhow::Error) -> Self {
+        if crate::transient::is_transient(e) {
+            Self::Transient
+        } else {
+            Self::Fail(crate::audit::sanitise_code(&format!("{e}")))
+        }
+    }
+}
+
+/// Failures not known to be transient after which a message is
+/// dead-lettered (counted per worker process).
+pub const FAILURE_LIMIT: u32 = 5;
+/// The longest wait between two tries of a failing message.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Consecutive failures of the messages a worker has seen (by stream
+/// sequence): transient ones set the backoff, others count towards the
+/// dead-letter limit. Forgotten when the message is settled.
+#[derive(Default)]
+struct Failures(Mutex<HashMap<u64, (u32, u32)>>);
+
+impl Failures {
+    /// Records a failure; returns (transient, other) so far.
+    fn record(&self, seq: u64, transient: bool) -> (u32, u32) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() > 100_000 {
+            // Messages settled by another replica are never forgotten here:
+            // bound the memory (a count restarting is harmless).
+            m.clear();
+        }
+        let e = m.entry(seq).or_default();
+        if transient {
+            e.0 += 1;
+        } else {
+            e.1 += 1;
+        }
+        *e
+    }
+
+    fn forget(&self, seq: u64) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&seq);
+    }
+}
+
+/// 1 s, 2 s, 4 s … up to [`MAX_BACKOFF`], after the `n`th failure.
+pub fn backoff(n: u32) -> Duration {
+    Duration::from_secs(1u64 << n.saturating_sub(1).min(10)).min(MAX_BACKOFF)
+}
 
 /// Pulls `topic` with the topology's durable consumer and runs `handler` on
 /// up to `concurrency` messages at a time until `shutdown`; in-flight
@@ -68,11 +130,12 @@ where
     let messages = consumer.messages().await.context("pulling messages")?;
     let dlq = topology.dead_letter_subject(topic);
     let progress_every = topology.progress_every();
+    let failures = Arc::new(Failures::default());
     messages
         .take_until(shutdown.clone().cancelled_owned())
         .for_each_concurrent(concurrency, |msg| {
-            let (handler, js, dlq, stop) =
-                (handler.clone(), js.clone(), dlq.clone(), shutdown.clone());
+            let (handler, js, dlq, failures) =
+                (handler.clone(), js.clone(), dlq.clone(), failures.clone());
             async move {
                 let msg = match msg {
                     Ok(m) => m,
@@ -82,7 +145,7 @@ where
                         return;
                     }
                 };
-                handle_one(msg, &*handler, &js, &dlq, progress_every, &stop).await;
+                handle_one(msg, &*handler, &js, &dlq, progress_every, &failures).await;
             }
         })
         .await;
@@ -136,12 +199,15 @@ async fn handle_one<H, F>(
     js: &jetstream::Context,
     dlq: &str,
     progress_every: Duration,
-    shutdown: &CancellationToken,
+    failures: &Failures,
 ) where
     H: Fn(jetstream::Message) -> F,
     F: Future<Output = Disposition>,
 {
-    let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
+    let (delivered, seq) = msg
+        .info()
+        .map(|i| (i.delivered, i.stream_sequence))
+        .unwrap_or((1, 0));
     let span = tracing::info_span!(
         "bus.consume",
         subject = %msg.subject,
@@ -169,36 +235,39 @@ async fn handle_one<H, F>(
             }
         }
     });
-    let started = tokio::time::Instant::now();
-    let outcome = loop {
-        match handler(msg.clone()).instrument(span.clone()).await {
-            Disposition::Defer(d) if started.elapsed() + d <= MAX_DEFER => {
-                // Stopping: hand the message back (redelivered after `d`)
-                // rather than hold the shutdown up for a deferral.
-                tokio::select! {
-                    _ = shutdown.cancelled() => break Disposition::Retry(d),
-                    _ = tokio::time::sleep(d.max(Duration::from_millis(50))) => {}
-                }
-            }
-            Disposition::Defer(d) => break Disposition::Retry(d),
-            other => break other,
-        }
-    };
+    let outcome = handler(msg.clone()).instrument(span.clone()).await;
     progress_stop.cancel();
     let _ = progress.await;
-    // max_deliver is BACKOFF.len() + 1: this is the last delivery.
-    let last_try = delivered > BACKOFF.len() as i64;
     let result = match outcome {
-        Disposition::Done => msg.double_ack().await,
-        Disposition::Defer(_) => unreachable!("a defer is retried or turned into a retry above"),
-        Disposition::Retry(delay) if !last_try => msg.ack_with(AckKind::Nak(Some(delay))).await,
-        // Inside the consume span: the error line carries its trace id.
-        Disposition::Retry(_) => {
-            dead_letter(js, dlq, &msg, "retries exhausted")
-                .instrument(span.clone())
+        Disposition::Done => {
+            failures.forget(seq);
+            msg.double_ack().await
+        }
+        Disposition::Defer(delay) => {
+            // Back to the broker: no slot is held while waiting.
+            msg.ack_with(AckKind::Nak(Some(delay.max(Duration::from_millis(50)))))
                 .await
         }
+        Disposition::Transient => {
+            let (n, _) = failures.record(seq, true);
+            metrics::counter!("threadline_worker_transient_failures_total", "subject" => msg.subject.to_string())
+                .increment(1);
+            msg.ack_with(AckKind::Nak(Some(backoff(n)))).await
+        }
+        Disposition::Fail(reason) => {
+            let (_, n) = failures.record(seq, false);
+            if n >= FAILURE_LIMIT {
+                failures.forget(seq);
+                // Inside the consume span: the error line carries its trace id.
+                dead_letter(js, dlq, &msg, &format!("failed {n} times: {reason}"))
+                    .instrument(span.clone())
+                    .await
+            } else {
+                msg.ack_with(AckKind::Nak(Some(backoff(n)))).await
+            }
+        }
         Disposition::Poison(reason) => {
+            failures.forget(seq);
             dead_letter(js, dlq, &msg, &reason)
                 .instrument(span.clone())
                 .await

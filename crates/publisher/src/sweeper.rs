@@ -1,0 +1,185 @@
+//! The sweeper settles reply intents that no delivery is driving any more
+//! (their proposal was dead-lettered or lost with a worker): a `sending`
+//! intent past the stale time becomes unknown, and an intent waiting to be
+//! reconciled or re-tried long past its due time gets its proposal handed
+//! to a publisher again. It also reads the thread again, on a widening
+//! schedule, for intents held because no evidence of their post was found,
+//! so that a post which lands after its intent was given up on is recorded
+//! (and a later re-post refused), never forgotten. Every replica sweeps;
+//! rows are taken with `SKIP LOCKED`, so none is swept twice at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use secrecy::ExposeSecret as _;
+use threadline_runtime::shutdown::CancellationToken;
+use uuid::Uuid;
+
+use crate::handler::Handler;
+use crate::intents::{self, PostRecord};
+use crate::proposals;
+use crate::reconcile::{self, Subject};
+
+#[derive(Debug, Clone, Copy)]
+pub struct Sweep {
+    /// How often a round runs (`THREADLINE_SWEEP_MS`).
+    pub every: Duration,
+    /// How long an intent may sit past its due time, or mid-reconciliation
+    /// without progress, before it counts as undriven
+    /// (`THREADLINE_SWEEP_IDLE_MS`).
+    pub idle: Duration,
+}
+
+/// When a held intent's thread is read again, after its `n`th late check;
+/// none after a week.
+fn next_check(n: i32) -> Option<f64> {
+    const SCHEDULE: [f64; 8] = [
+        30.0,
+        120.0,
+        600.0,
+        3600.0,
+        6.0 * 3600.0,
+        24.0 * 3600.0,
+        48.0 * 3600.0,
+        96.0 * 3600.0,
+    ];
+    SCHEDULE.get(n.max(0) as usize).copied()
+}
+
+pub fn spawn(handler: Arc<Handler>, sweep: Sweep, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(sweep.every) => {}
+            }
+            if let Err(e) = round(&handler, sweep).await {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "sweep round failed; next round soon"
+                );
+            }
+        }
+    });
+}
+
+/// One round: undriven intents, then held intents due for a late check.
+pub async fn round(h: &Handler, sweep: Sweep) -> anyhow::Result<()> {
+    let idle = sweep.idle.as_secs_f64();
+    // Take undriven intents (a `sending` one past the stale time becomes
+    // unknown on the way), then hand their proposals back.
+    let undriven: Vec<(Uuid, Uuid, String)> = sqlx::query_as(
+        "WITH taken AS (
+            SELECT id, state AS was FROM reply_intents
+             WHERE ((state = 'sending' AND sending_since < now() - make_interval(secs => $1))
+                 OR (state IN ('unknown', 'reconciling') AND updated_at < now() - make_interval(secs => $2))
+                 OR (state IN ('pending', 'failed_retryable')
+                     AND next_attempt_at < now() - make_interval(secs => $2)
+                     AND updated_at < now() - make_interval(secs => $2)))
+               AND (swept_at IS NULL OR swept_at < now() - make_interval(secs => $2))
+             ORDER BY updated_at LIMIT 100
+             FOR UPDATE SKIP LOCKED)
+         UPDATE reply_intents r
+            SET swept_at = now(),
+                state = CASE WHEN taken.was = 'sending' THEN 'unknown' ELSE r.state END,
+                unknown_since = CASE WHEN taken.was = 'sending' THEN now() ELSE r.unknown_since END,
+                ever_unknown = r.ever_unknown OR taken.was = 'sending'
+           FROM taken WHERE r.id = taken.id
+         RETURNING r.id, r.decision_id, taken.was",
+    )
+    .bind(h.sending_stale)
+    .bind(idle)
+    .fetch_all(&h.pool)
+    .await?;
+    for (intent, decision, was) in undriven {
+        let Some(d) = proposals::load(&h.pool, decision).await? else {
+            continue;
+        };
+        metrics::counter!("threadline_sweeper_resumed_total", "state" => was.clone()).increment(1);
+        tracing::warn!(
+            alert = "undriven_intent",
+            intent_id = %intent,
+            state = %was,
+            "no delivery was driving this reply intent; its proposal goes back to a publisher"
+        );
+        let tag = format!("sweep:{}", Uuid::now_v7());
+        proposals::republish(&h.js, &h.topology, &d, &tag).await?;
+    }
+    late_checks(h).await
+}
+
+/// Reads the thread again for intents held without evidence of their post.
+async fn late_checks(h: &Handler) -> anyhow::Result<()> {
+    type Due = (Uuid, Uuid, Uuid, String, String, String, Option<f64>, i32);
+    let due: Vec<Due> = sqlx::query_as(
+        "WITH taken AS (
+            SELECT id FROM reply_intents
+             WHERE state = 'held' AND next_check_at <= now()
+             ORDER BY next_check_at LIMIT 20
+             FOR UPDATE SKIP LOCKED)
+         UPDATE reply_intents r SET next_check_at = NULL, late_checks = r.late_checks + 1
+           FROM taken WHERE r.id = taken.id
+         RETURNING r.id, r.installation_id, r.decision_id, r.channel_id, r.root_ts, r.body_hash,
+                   extract(epoch FROM r.sending_since)::float8, r.late_checks",
+    )
+    .fetch_all(&h.pool)
+    .await?;
+    for (intent, inst, decision, channel, root, body_hash, since, checks) in due {
+        let Some(bot) = h.bot(inst).await? else {
+            continue;
+        };
+        let since = since.unwrap_or(0.0);
+        let subject = Subject {
+            intent,
+            installation: inst,
+            channel: &channel,
+            root_ts: &root,
+            bot_id: &bot.bot_id,
+            body_hash: &body_hash,
+            window: (since - 2.0, since + h.sending_stale + 2.0),
+        };
+        let seen = reconcile::read(&h.pool, &h.web, bot.token.expose_secret(), &subject).await;
+        match seen.as_ref().ok().and_then(|s| s.post()) {
+            Some(ts) => {
+                let r = intents::record_post(&h.pool, intent, decision, ts, true).await?;
+                if r.outcome == PostRecord::Late {
+                    metrics::counter!("threadline_reconciliations_total", "result" => "late_post_found")
+                        .increment(1);
+                    tracing::warn!(
+                        alert = "late_post_found",
+                        intent_id = %intent,
+                        "a post held for lack of evidence was found in Slack later; recorded as sent"
+                    );
+                }
+            }
+            None => {
+                if let Err(e) = &seen {
+                    tracing::warn!(error = %e, "late check of a held reply could not read Slack");
+                }
+                sqlx::query(
+                    "UPDATE reply_intents SET next_check_at = now() + make_interval(secs => $2)
+                      WHERE id = $1 AND state = 'held'",
+                )
+                .bind(intent)
+                .bind(next_check(checks))
+                .execute(&h.pool)
+                .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_intents_are_read_again_less_and_less_often_for_a_week() {
+        assert_eq!(next_check(0), Some(30.0));
+        assert!(next_check(3) > next_check(2));
+        let total: f64 = (0..8).filter_map(next_check).sum();
+        assert!(total > 6.0 * 24.0 * 3600.0 && total < 8.0 * 24.0 * 3600.0);
+        assert_eq!(next_check(8), None);
+    }
+}

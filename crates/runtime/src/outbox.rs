@@ -1,0 +1,63 @@
+//! Writing to the outbox: a bus message committed in the same transaction
+//! as the state change that calls for it, published by the gateway's relay
+//! (which wakes on the insert) with its `Nats-Msg-Id`, so the message is
+//! neither lost if the process dies after the commit nor sent for a change
+//! that rolled back.
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::bus::Topic;
+
+/// Queues `payload` for `topic` with the message id `msg_id`.
+pub async fn enqueue(
+    conn: &mut PgConnection,
+    installation: Uuid,
+    receipt: Uuid,
+    topic: Topic,
+    msg_id: &str,
+    payload: Vec<u8>,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO outbox (installation_id, receipt_id, topic, msg_id, payload) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(installation)
+    .bind(receipt)
+    .bind(topic.as_str())
+    .bind(msg_id)
+    .bind(payload)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The `Reconsider` message for a thread whose answer a human message
+/// crossed in flight (one per crossed answer: `recon:crossed:<intent>`).
+pub fn crossed_reconsider(
+    installation: Uuid,
+    channel: &str,
+    root_ts: &str,
+    receipt: Uuid,
+) -> threadline_proto::v1::Reconsider {
+    threadline_proto::v1::Reconsider {
+        schema_version: threadline_proto::v1::SCHEMA_VERSION,
+        installation_id: installation.to_string(),
+        channel_id: channel.to_owned(),
+        root_ts: root_ts.to_owned(),
+        stale_version: 0,
+        receipt_id: receipt.to_string(),
+        reason: "crossed_in_flight".to_owned(),
+    }
+}
+
+/// Counts an answer crossed in flight (`threadline_crossed_in_flight_total`,
+/// by the service that saw it) with an alert line.
+pub fn crossed_in_flight(messages: usize, by: &'static str) {
+    metrics::counter!("threadline_crossed_in_flight_total", "detected_by" => by).increment(1);
+    tracing::warn!(
+        alert = "crossed_in_flight",
+        crossing_messages = messages,
+        detected_by = by,
+        "a human message reached the thread while its answer was in flight; the thread is reconsidered"
+    );
+}

@@ -1,0 +1,53 @@
+-- Replying once to the thread as it is, under adversarial faults
+-- (DESIGN §5, §6, invariants 3–5 and 11).
+
+-- What an answer read: the Slack ts of every message of its context, and,
+-- when the context was truncated, the oldest reply it kept (messages older
+-- than that were left out on purpose, not missed). A human message whose ts
+-- falls after the context and before the reply's ts crossed the answer in
+-- flight.
+ALTER TABLE decisions ADD COLUMN context_ts text[];
+ALTER TABLE decisions ADD COLUMN context_floor_ts text;
+
+-- Some attempt of this intent had an unknown outcome: Slack is read again
+-- for evidence before any later post of it.
+ALTER TABLE reply_intents ADD COLUMN ever_unknown boolean NOT NULL DEFAULT false;
+-- Held for lack of evidence: when the sweeper reads the thread again (a post
+-- that lands after its intent was given up on is recorded, never forgotten),
+-- and how many times it has.
+ALTER TABLE reply_intents ADD COLUMN next_check_at timestamptz;
+ALTER TABLE reply_intents ADD COLUMN late_checks integer NOT NULL DEFAULT 0;
+-- Further posts of this intent found in Slack beyond the recorded one: a
+-- duplicate-reply incident, kept as evidence.
+ALTER TABLE reply_intents ADD COLUMN extra_ts text[] NOT NULL DEFAULT '{}';
+-- When the sweeper last handed this intent's proposal back to a publisher
+-- because no delivery was driving it.
+ALTER TABLE reply_intents ADD COLUMN swept_at timestamptz;
+CREATE INDEX reply_intents_held_checks ON reply_intents (next_check_at) WHERE state = 'held' AND next_check_at IS NOT NULL;
+
+-- An answer that a human message crossed in flight: the message reached
+-- Slack after the answer's context was taken and before the answer was
+-- posted. Recorded, counted, and the thread reconsidered.
+CREATE TABLE crossed_answers (
+    intent_id       uuid NOT NULL,
+    installation_id uuid NOT NULL,
+    channel_id      text NOT NULL,
+    root_ts         text NOT NULL,
+    reply_ts        text NOT NULL,
+    crossing_ts     text NOT NULL,
+    -- publisher (seen when the post was recorded) or context-builder (seen
+    -- when the crossing message was applied)
+    detected_by     text NOT NULL CHECK (detected_by IN ('publisher', 'context-builder')),
+    detected_at     timestamptz NOT NULL DEFAULT now(),
+    -- what the reconsideration decided: rebuilt (the thread's latest request
+    -- was decided again) or no_reply_needed (its latest request is answered)
+    reconsidered_at timestamptz,
+    reconsideration text CHECK (reconsideration IN ('rebuilt', 'no_reply_needed')),
+    PRIMARY KEY (intent_id, crossing_ts)
+);
+CREATE INDEX crossed_answers_unreconsidered ON crossed_answers (installation_id, channel_id, root_ts)
+    WHERE reconsidered_at IS NULL;
+
+-- Our own bot's replies no longer bump a thread's version (they do not
+-- change what a human asked), so the bot's post in a thread does not make
+-- the in-flight answers to other requests in it stale.
