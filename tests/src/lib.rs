@@ -1,7 +1,9 @@
 //! Helpers for end-to-end tests that run the compiled binaries as separate
 //! processes (so they can be killed like a real crash).
 
+pub mod broker;
 pub mod chaos;
+pub mod oracle;
 pub mod story;
 
 use std::time::Duration;
@@ -206,6 +208,26 @@ impl Proc {
         format!("{}/slack/events", self.base_url)
     }
 
+    /// SIGSTOP: the process freezes mid-step, as in a long GC or VM pause
+    /// (its timers, sockets and leases go on without it).
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// SIGCONT: a paused process carries on from where it stopped.
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.id().expect("a running process");
+        let ok = std::process::Command::new("kill")
+            .args([format!("-{sig}"), pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig} {pid}");
+    }
+
     /// SIGKILL: no shutdown path runs.
     pub async fn kill(mut self) {
         self.child.kill().await.expect("SIGKILL");
@@ -313,6 +335,79 @@ pub struct Stack {
     pub token: String,
     /// The settings every service was started with (for restarts).
     pub env: Vec<(String, String)>,
+    /// Conversations besides the stack's own channel that the oracle judges.
+    pub more_scopes: std::sync::Mutex<Vec<oracle::Scope>>,
+    /// Why the oracle cannot judge this run (a model whose answers do not
+    /// state what they read); `None` judges it at `stop`.
+    pub unjudged: Option<&'static str>,
+}
+
+/// How late after a message was acknowledged a reply may still be posted
+/// without having read it (it then crossed in flight).
+pub const ORACLE_GRACE: Duration = Duration::from_millis(500);
+
+/// What Slack cannot show: each crossed-in-flight answer the oracle found
+/// is recorded by threadline and its thread reconsidered, and each question
+/// Slack does not explain has a reason an operator can see (a decision
+/// suppressed, cancelled, rejected or waiting for review with its reason, a
+/// reply held or failed with its code, an event ignored with its reason).
+pub async fn explain_from_records(pool: &sqlx::PgPool, j: &oracle::Judgement) -> Vec<String> {
+    let mut v = Vec::new();
+    for c in &j.crossed {
+        let row: Option<(Option<String>,)> = sqlx::query_as(
+            "SELECT reconsideration FROM crossed_answers
+              WHERE channel_id = $1 AND reply_ts = $2 AND crossing_ts = $3",
+        )
+        .bind(&c.channel)
+        .bind(&c.reply_ts)
+        .bind(&c.crossing_ts)
+        .fetch_optional(pool)
+        .await
+        .unwrap_or(None);
+        match row {
+            Some((Some(_),)) => {}
+            Some((None,)) => v.push(format!(
+                "reply {} crossed message {} in flight: recorded but never reconsidered",
+                c.reply_ts, c.crossing_ts
+            )),
+            None => v.push(format!(
+                "reply {} crossed message {} in flight and threadline did not record it",
+                c.reply_ts, c.crossing_ts
+            )),
+        }
+    }
+    for q in &j.unexplained {
+        let reason: Option<String> = sqlx::query_scalar(
+            "SELECT reason FROM (
+                SELECT 'decision ' || d.status || ':' || coalesce(d.status_reason, '-') AS reason, 1 AS rank
+                  FROM decisions d
+                 WHERE d.channel_id = $1 AND d.source_ts = $2
+                   AND d.status IN ('suppressed', 'cancelled', 'rejected', 'review', 'superseded')
+                UNION ALL
+                SELECT 'reply ' || i.state || ':' || i.error_code, 0
+                  FROM reply_intents i JOIN decisions d ON d.id = i.decision_id
+                 WHERE d.channel_id = $1 AND d.source_ts = $2
+                   AND i.state IN ('held', 'failed_permanent') AND i.error_code IS NOT NULL
+                UNION ALL
+                SELECT 'event ' || r.state || ':' || coalesce(r.state_reason, '-'), 2
+                  FROM event_receipts r
+                 WHERE r.channel_id = $1 AND r.message_ts = $2 AND r.state IN ('ignored', 'failed', 'unparsed')
+                   AND r.state_reason IS DISTINCT FROM 'duplicate_turn') x
+             ORDER BY rank LIMIT 1",
+        )
+        .bind(&q.channel)
+        .bind(&q.ts)
+        .fetch_optional(pool)
+        .await
+        .unwrap_or(None);
+        if reason.is_none() {
+            v.push(format!(
+                "question {} in thread {} of {} has no reply and no reason an operator can see",
+                q.ts, q.thread_ts, q.channel
+            ));
+        }
+    }
+    v
 }
 
 /// Another workspace of the same app on the emulator, registered with
@@ -441,7 +536,62 @@ impl Stack {
             bot_user,
             token,
             env: saved,
+            more_scopes: Default::default(),
+            unjudged: None,
         }
+    }
+
+    /// Starts another replica of service `i` (0 gateway, 1 context-builder,
+    /// 2 inference, 3 publisher) with the stack's settings plus `extra`.
+    pub async fn spawn_replica(&self, i: usize, extra: &[(&str, String)]) -> Proc {
+        let (bin, setting, _) = self.services[i].service.clone().expect("a service");
+        let mut env: Vec<(&str, String)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        env.extend(extra.iter().cloned());
+        spawn_service(&bin, &setting, &env).await
+    }
+
+    /// The conversations the oracle judges: every channel of the stack's
+    /// workspaces where the bot is, with the bot a mention must name.
+    pub fn scopes(&self) -> Vec<oracle::Scope> {
+        let mut all = vec![oracle::Scope {
+            channel: self.channel.clone(),
+            bot_user: self.bot_user.clone(),
+        }];
+        all.extend(
+            self.more_scopes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .cloned(),
+        );
+        all
+    }
+
+    /// Adds a conversation for the oracle to judge.
+    pub fn judge_also(&self, channel: &str, bot_user: &str) {
+        self.more_scopes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(oracle::Scope {
+                channel: channel.to_owned(),
+                bot_user: bot_user.to_owned(),
+            });
+    }
+
+    /// Judges the run from Slack's side (see [`oracle`]), then checks in
+    /// threadline's records what Slack cannot show: each crossed-in-flight
+    /// answer was recorded and reconsidered, and each question Slack does
+    /// not explain has a reason an operator can see. Returns the judgement
+    /// and every violation.
+    pub async fn verdict(&self, grace: Duration) -> (oracle::Judgement, Vec<String>) {
+        let j = oracle::judge(&self.sim.base_url, &self.app, &self.scopes(), grace).await;
+        let mut violations = j.violations.clone();
+        violations.extend(explain_from_records(&self.db.pool, &j).await);
+        (j, violations)
     }
 
     /// SIGKILLs service `i` (0 gateway, 1 context-builder, 2 inference,
@@ -513,6 +663,7 @@ impl Stack {
             .fetch_one(&self.db.pool)
             .await
             .expect("the new installation");
+        self.judge_also(&channel, &bot_user);
         Workspace {
             team,
             user,
@@ -600,8 +751,23 @@ impl Stack {
     }
 
     /// Stops every service cleanly (each must exit 0), removes the streams,
-    /// and returns everything the services logged.
+    /// and returns everything the services logged. Before that, the run is
+    /// judged from Slack's side by the oracle (unless the test said it
+    /// cannot be, with [`Stack::unjudged`]): a violation fails the test.
     pub async fn stop(self) -> String {
+        if let Some(why_not) = &self.unjudged {
+            eprintln!("not judged by the oracle: {why_not}");
+        } else {
+            let (j, violations) = self.verdict(ORACLE_GRACE).await;
+            assert!(
+                violations.is_empty(),
+                "the oracle (Slack's side) found violations:\n  {}\n({} replies, {} questions, {} answered)",
+                violations.join("\n  "),
+                j.replies,
+                j.questions,
+                j.answered
+            );
+        }
         let mut logs = String::new();
         for p in self.services.into_iter().rev() {
             let log = p.log.clone();

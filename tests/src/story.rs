@@ -51,11 +51,51 @@ pub struct Totals {
 pub struct Story {
     pub chapters: Vec<Chapter>,
     pub totals: Totals,
+    /// The oracle's judgement of the whole story from Slack's side.
+    pub oracle: OracleSummary,
+}
+
+/// What the oracle (which reads only slack-sim and the answer texts) found.
+#[derive(Debug, Clone, Default)]
+pub struct OracleSummary {
+    pub replies: usize,
+    pub questions: usize,
+    pub answered: usize,
+    pub explained: Vec<(String, usize)>,
+    pub crossed: usize,
+    pub violations: Vec<String>,
+}
+
+impl OracleSummary {
+    pub fn render(&self) -> String {
+        let explained: Vec<String> = self
+            .explained
+            .iter()
+            .map(|(why, n)| format!("{n} {why}"))
+            .collect();
+        format!(
+            "Slack's side (an oracle reading only slack-sim and the answers' text): {} replies to {} questions; {} answered once, {} explained by Slack ({}), {} others explained by an operator-visible reason; {} answers crossed in flight (each recorded and reconsidered); {} violations\n",
+            self.replies,
+            self.questions,
+            self.answered,
+            self.explained.iter().map(|e| e.1).sum::<usize>(),
+            if explained.is_empty() {
+                "none".to_owned()
+            } else {
+                explained.join(", ")
+            },
+            self.questions - self.answered - self.explained.iter().map(|e| e.1).sum::<usize>(),
+            self.crossed,
+            self.violations.len()
+        )
+    }
 }
 
 impl Story {
     pub fn passed(&self) -> bool {
-        self.chapters.iter().all(|c| c.verdict.is_ok()) && self.totals.duplicate_replies == 0
+        self.chapters.iter().all(|c| c.verdict.is_ok())
+            && self.totals.duplicate_replies == 0
+            && self.oracle.violations.is_empty()
     }
 
     /// The report `make demo` prints.
@@ -77,6 +117,10 @@ impl Story {
             "totals: {} events, {} duplicate deliveries absorbed, {} model calls, {} replies, {} stale answers discarded, {} reconciled posts, {} duplicate replies\n",
             t.events, t.duplicates_absorbed, t.model_calls, t.replies, t.stale, t.reconciled, t.duplicate_replies
         ));
+        out.push_str(&self.oracle.render());
+        for v in &self.oracle.violations {
+            out.push_str(&format!("  VIOLATION: {v}\n"));
+        }
         out.push_str(if self.passed() {
             "every invariant held\n"
         } else {
@@ -540,9 +584,22 @@ pub async fn play(s: &Stack) -> Story {
         ]),
     });
 
+    let (j, violations) = s.verdict(crate::ORACLE_GRACE).await;
     Story {
         chapters,
         totals: totals(s).await,
+        oracle: OracleSummary {
+            replies: j.replies,
+            questions: j.questions,
+            answered: j.answered,
+            explained: j
+                .explained
+                .iter()
+                .map(|(k, v)| ((*k).replace('_', " "), *v))
+                .collect(),
+            crossed: j.crossed.len(),
+            violations,
+        },
     }
 }
 

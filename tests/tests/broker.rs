@@ -2,75 +2,12 @@
 //! restarted while an answer is being made, a kill switch engaged while the
 //! model runs. Judged by Slack's ground truth.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::json;
 use threadline_testkit::eventually;
-use threadline_tests::{Stack, cli, free_port, sim_get};
-use tokio::process::{Child, Command};
-
-/// A private `nats-server -js` whose store survives restarts.
-struct Broker {
-    port: u16,
-    dir: std::path::PathBuf,
-    child: Option<Child>,
-}
-
-impl Broker {
-    async fn start() -> Self {
-        let port = free_port();
-        let dir = std::env::temp_dir().join(format!("threadline-broker-{port}"));
-        let mut b = Self {
-            port,
-            dir,
-            child: None,
-        };
-        b.up().await;
-        b
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    async fn up(&mut self) {
-        let child = Command::new("nats-server")
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("nats-server (apt-get install nats-server)");
-        self.child = Some(child);
-        let url = self.url();
-        eventually("the broker", Duration::from_secs(10), || {
-            let url = url.clone();
-            async move { async_nats::connect(url).await.ok().map(|_| ()) }
-        })
-        .await;
-    }
-
-    async fn down(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().await.expect("kill nats-server");
-        }
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use threadline_tests::broker::Broker;
+use threadline_tests::{Stack, cli, sim_get};
 
 async fn decision_calling(s: &Stack) {
     eventually("the model call started", Duration::from_secs(20), || {

@@ -15,6 +15,14 @@ async fn the_demo_story_holds_every_invariant() {
         assert!(c.verdict.is_ok(), "{}\n\n{report}", c.title);
     }
     assert_eq!(told.totals.duplicate_replies, 0, "{report}");
+    // Judged from Slack's side too: every question of the story either has
+    // its one reply or a reason, and no reply missed what Slack delivered.
+    assert!(told.oracle.violations.is_empty(), "{report}");
+    assert_eq!(
+        (told.oracle.questions, told.oracle.answered),
+        (7, 6),
+        "seven questions, one stopped by the kill switch: {report}"
+    );
     assert!(told.totals.stale >= 2, "{report}");
     assert!(told.totals.reconciled >= 1, "{report}");
     assert!(told.passed());

@@ -526,6 +526,7 @@ pub(crate) fn human_post(w: &mut World, r: PostReq) -> Result<(String, Vec<Envel
         app_id: None,
         username: None,
         subtype: (thread_ts.is_some() && r.reply_broadcast).then(|| "thread_broadcast".to_owned()),
+        original_text: r.text.clone(),
         text: r.text,
         thread_ts,
         blocks: r.blocks,
@@ -579,6 +580,7 @@ pub async fn act_bot_post(State(sim): State<Sim>, Json(r): Json<BotPostReq>) -> 
             app_id: None,
             username: Some(bot.name.clone()),
             subtype: Some("bot_message".into()),
+            original_text: r.text.clone(),
             text: r.text,
             thread_ts: r.thread_ts,
             blocks: None,
@@ -720,6 +722,21 @@ pub async fn thread(
     if msgs.is_empty() {
         return Err(not_found("thread", &ts));
     }
+    Ok(Json(json!({"messages": msgs})))
+}
+
+/// Every message of a channel, threads and deleted ones included, oldest
+/// first: what a checker that trusts only Slack reads.
+pub async fn channel_messages(State(sim): State<Sim>, Path(channel): Path<String>) -> ApiResult {
+    let w = sim.lock();
+    if !w.channels.contains_key(&channel) {
+        return Err(not_found("channel", &channel));
+    }
+    let msgs: Vec<&Message> = w
+        .messages
+        .get(&channel)
+        .map(|m| m.values().collect())
+        .unwrap_or_default();
     Ok(Json(json!({"messages": msgs})))
 }
 

@@ -69,6 +69,10 @@ pub fn router(sim: Sim) -> Router {
             "/_sim/channels/{channel}/threads/{ts}",
             get(control::thread),
         )
+        .route(
+            "/_sim/channels/{channel}/messages",
+            get(control::channel_messages),
+        )
         .route("/_sim/apps", post(control::create_app))
         .route("/_sim/apps/{app}/installs", post(control::install_app))
         .route("/_sim/apps/{app}/uninstall", post(control::uninstall_app))

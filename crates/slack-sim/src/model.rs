@@ -233,6 +233,8 @@ pub struct Message {
     pub created_at_micros: u64,
     pub deleted_at_micros: Option<u64>,
     pub edits: Vec<Edit>,
+    /// The text as first posted (before any edit).
+    pub original_text: String,
 }
 
 /// One edit of a message, for inspection.

@@ -737,6 +737,7 @@ fn post_message(
         username: None,
         subtype: (thread_ts.is_some() && p.flag("reply_broadcast"))
             .then(|| "thread_broadcast".to_owned()),
+        original_text: text.clone(),
         text,
         thread_ts,
         blocks,

@@ -1,0 +1,359 @@
+//! An oracle that does not trust threadline. It judges a run only from what
+//! Slack shows — slack-sim's messages (with their creation, edit and
+//! deletion times), its Web API call log and its Events API delivery log —
+//! and from the answer text the built-in model wrote, which states the
+//! question it answers and every message it read (`Answering <ts>; read
+//! <ts>/<digest> …`). It never reads threadline's tables or the metadata
+//! threadline attaches to its posts.
+//!
+//! It checks:
+//! * **at most one reply per question**, by the question the reply quotes;
+//! * **no reply missing a message Slack had delivered**: every human
+//!   message of the reply's thread, older than the reply, whose first
+//!   delivery threadline acknowledged at least `grace` before the reply's
+//!   `chat.postMessage` reached Slack (and that was not deleted before),
+//!   is among the messages the reply read; one acknowledged later than that
+//!   is a *crossed-in-flight* answer, which threadline must reconsider (the
+//!   caller checks that in threadline's records: Slack cannot show it);
+//! * **each message read is one Slack had**: its digest matches a text the
+//!   message had before the reply was posted;
+//! * **no reply to a question whose deletion was acknowledged** `grace`
+//!   before the reply was posted;
+//! * **every question answered or explained**: each human message that
+//!   mentions the bot ends with exactly one reply, or Slack itself explains
+//!   why not (it was deleted; it was never acknowledged, so Slack gave up on
+//!   it; a later reply in its thread read it, answering both); what is
+//!   left is returned for the caller to explain from what an operator sees.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// One conversation the oracle judges, and the bot a mention must name.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    pub channel: String,
+    pub bot_user: String,
+}
+
+/// A reply that crossed a human message in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crossed {
+    pub channel: String,
+    pub reply_ts: String,
+    pub crossing_ts: String,
+}
+
+/// A question (a human message mentioning the bot).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Question {
+    pub channel: String,
+    pub thread_ts: String,
+    pub ts: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Judgement {
+    pub replies: usize,
+    pub questions: usize,
+    pub answered: usize,
+    /// Explained from Slack alone, by reason.
+    pub explained: BTreeMap<&'static str, usize>,
+    pub violations: Vec<String>,
+    /// Threads the violations concern (channel, root).
+    pub offending: BTreeSet<(String, String)>,
+    pub crossed: Vec<Crossed>,
+    /// Questions with no reply that Slack does not explain: the caller
+    /// must find an operator-visible reason for each.
+    pub unexplained: Vec<Question>,
+}
+
+/// What a built-in model's reply states: the question and what it read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stated {
+    pub answering: String,
+    pub read: Vec<(String, String)>,
+}
+
+/// Parses `Answering <ts>; read <ts>/<digest> <ts>/<digest> …` from a reply.
+pub fn stated(text: &str) -> Option<Stated> {
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Answering "))?;
+    let (answering, rest) = line.split_once("; read")?;
+    let read = rest
+        .split_whitespace()
+        .map(|item| {
+            item.split_once('/')
+                .map(|(ts, d)| (ts.to_owned(), d.to_owned()))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Stated {
+        answering: answering.trim().to_owned(),
+        read,
+    })
+}
+
+/// The digest the built-in model states for a text (recomputed here from
+/// its definition, not imported from threadline).
+pub fn digest(text: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    hex::encode(&Sha256::digest(text.as_bytes())[..4])
+}
+
+fn ts_key(ts: &str) -> (u64, u64) {
+    let (a, b) = ts.split_once('.').unwrap_or((ts, "0"));
+    (a.parse().unwrap_or(0), b.parse().unwrap_or(0))
+}
+
+fn s(v: &Value, k: &str) -> String {
+    v[k].as_str().unwrap_or_default().to_owned()
+}
+
+async fn get(base: &str, path: &str) -> Value {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client");
+    client
+        .get(format!("{base}/_sim/{path}"))
+        .send()
+        .await
+        .expect("slack-sim inspection call")
+        .json()
+        .await
+        .expect("slack-sim answers JSON")
+}
+
+/// Judges `scopes` of app `app_id` on the emulator at `sim`.
+pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -> Judgement {
+    let grace = grace.as_micros() as u64;
+    let mut j = Judgement::default();
+    // When threadline first acknowledged a delivery about each message, and
+    // its deletion: (channel, ts) → micros.
+    let deliveries = get(sim, &format!("deliveries?app_id={app_id}")).await;
+    let mut acked: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut deletion_acked: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for d in deliveries["deliveries"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+    {
+        let ok = d["status"]
+            .as_u64()
+            .is_some_and(|c| (200..300).contains(&c));
+        let (Some(channel), Some(ts)) = (d["channel"].as_str(), d["message_ts"].as_str()) else {
+            continue;
+        };
+        if !ok {
+            continue;
+        }
+        let at = d["at_micros"].as_u64().unwrap_or(u64::MAX);
+        let key = (channel.to_owned(), ts.to_owned());
+        let map = match d["subtype"].as_str() {
+            Some("message_deleted") => &mut deletion_acked,
+            Some("message_changed") => continue,
+            _ => &mut acked,
+        };
+        let e = map.entry(key).or_insert(at);
+        *e = (*e).min(at);
+    }
+    // When each post reached Slack: the reply's ts → arrival micros.
+    let calls = get(sim, "calls?method=chat.postMessage").await;
+    let arrived: BTreeMap<String, u64> = calls["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|c| {
+            Some((
+                c["ts"].as_str()?.to_owned(),
+                c["received_at_micros"].as_u64()?,
+            ))
+        })
+        .collect();
+
+    for scope in scopes {
+        let all = get(sim, &format!("channels/{}/messages", scope.channel)).await;
+        let msgs = all["messages"].as_array().cloned().unwrap_or_default();
+        let root_of = |m: &Value| {
+            m["thread_ts"]
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| s(m, "ts"))
+        };
+        let mut threads: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        for m in msgs {
+            threads.entry(root_of(&m)).or_default().push(m);
+        }
+        for (root, thread) in &threads {
+            let offend = |j: &mut Judgement| {
+                j.offending.insert((scope.channel.clone(), root.clone()));
+            };
+            let humans: Vec<&Value> = thread
+                .iter()
+                .filter(|m| m["app_id"].is_null() && m["bot_id"].is_null() && m["user"].is_string())
+                .collect();
+            let replies: Vec<&Value> = thread
+                .iter()
+                .filter(|m| m["app_id"].as_str() == Some(app_id) && m["deleted"] != true)
+                .collect();
+            let mut answers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            let mut read_by_later: BTreeSet<String> = BTreeSet::new();
+            for r in &replies {
+                j.replies += 1;
+                let rts = s(r, "ts");
+                let Some(st) = stated(r["text"].as_str().unwrap_or_default()) else {
+                    j.violations.push(format!(
+                        "reply {rts} in thread {root} of {} states no question and no messages read",
+                        scope.channel
+                    ));
+                    offend(&mut j);
+                    continue;
+                };
+                answers
+                    .entry(st.answering.clone())
+                    .or_default()
+                    .push(rts.clone());
+                let read: BTreeMap<&str, &str> = st
+                    .read
+                    .iter()
+                    .map(|(t, d)| (t.as_str(), d.as_str()))
+                    .collect();
+                for (t, _) in &st.read {
+                    if ts_key(t) < ts_key(&st.answering) {
+                        read_by_later.insert(t.clone());
+                    }
+                }
+                let Some(&call) = arrived.get(&rts) else {
+                    j.violations.push(format!(
+                        "reply {rts} in thread {root}: Slack has no chat.postMessage call that made it"
+                    ));
+                    offend(&mut j);
+                    continue;
+                };
+                for h in &humans {
+                    let hts = s(h, "ts");
+                    if ts_key(&hts) >= ts_key(&rts) {
+                        continue;
+                    }
+                    if let Some(d) = read.get(hts.as_str()) {
+                        // The text it read is one the message had before
+                        // the reply was posted.
+                        let mut versions = vec![h["original_text"].as_str().unwrap_or_default()];
+                        for e in h["edits"].as_array().into_iter().flatten() {
+                            if e["at_micros"].as_u64().is_some_and(|a| a <= call) {
+                                versions.push(e["text"].as_str().unwrap_or_default());
+                            }
+                        }
+                        if !versions.iter().any(|v| digest(v) == *d) {
+                            j.violations.push(format!(
+                                "reply {rts} in thread {root} read message {hts} with a text it never had"
+                            ));
+                            offend(&mut j);
+                        }
+                        continue;
+                    }
+                    if h["deleted_at_micros"].as_u64().is_some_and(|d| d <= call) {
+                        continue;
+                    }
+                    let Some(&ack) = acked.get(&(scope.channel.clone(), hts.clone())) else {
+                        // Never acknowledged: threadline never had it.
+                        continue;
+                    };
+                    if ack + grace <= call {
+                        j.violations.push(format!(
+                            "reply {rts} in thread {root} missed message {hts}, acknowledged {} ms before the post reached Slack",
+                            (call - ack) / 1000
+                        ));
+                        offend(&mut j);
+                    } else {
+                        j.crossed.push(Crossed {
+                            channel: scope.channel.clone(),
+                            reply_ts: rts.clone(),
+                            crossing_ts: hts,
+                        });
+                    }
+                }
+                // A reply to a question whose deletion threadline had.
+                if let Some(&del) =
+                    deletion_acked.get(&(scope.channel.clone(), st.answering.clone()))
+                    && del + grace <= call
+                {
+                    j.violations.push(format!(
+                        "reply {rts} in thread {root} answers {}, whose deletion was acknowledged {} ms before the post",
+                        st.answering,
+                        (call - del) / 1000
+                    ));
+                    offend(&mut j);
+                }
+            }
+            let mention = format!("<@{}>", scope.bot_user);
+            for q in &humans {
+                let qts = s(q, "ts");
+                let asked = q["original_text"]
+                    .as_str()
+                    .or(q["text"].as_str())
+                    .unwrap_or_default()
+                    .contains(&mention);
+                if !asked {
+                    continue;
+                }
+                j.questions += 1;
+                match answers.get(&qts).map(Vec::len).unwrap_or(0) {
+                    1 => j.answered += 1,
+                    0 => {
+                        let why = if q["deleted"] == true {
+                            Some("deleted")
+                        } else if !acked.contains_key(&(scope.channel.clone(), qts.clone())) {
+                            Some("never_acknowledged")
+                        } else if read_by_later.contains(&qts) {
+                            Some("answered_with_a_later_question")
+                        } else {
+                            None
+                        };
+                        match why {
+                            Some(w) => *j.explained.entry(w).or_default() += 1,
+                            None => j.unexplained.push(Question {
+                                channel: scope.channel.clone(),
+                                thread_ts: root.clone(),
+                                ts: qts,
+                            }),
+                        }
+                    }
+                    n => {
+                        j.violations.push(format!(
+                            "{n} replies to question {qts} in thread {root} of {}",
+                            scope.channel
+                        ));
+                        offend(&mut j);
+                    }
+                }
+            }
+        }
+    }
+    j
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_states_its_question_and_what_it_read() {
+        let text = "[threadline built-in model] I read 2 message(s) … real answers.\nAnswering 1.000002; read 1.000001/ca978112 1.000002/3e23e816";
+        assert_eq!(
+            stated(text),
+            Some(Stated {
+                answering: "1.000002".into(),
+                read: vec![
+                    ("1.000001".into(), "ca978112".into()),
+                    ("1.000002".into(), "3e23e816".into())
+                ],
+            })
+        );
+        assert_eq!(stated("a fallback answer with nothing stated"), None);
+        assert_eq!(digest("a"), "ca978112");
+    }
+}

@@ -1,0 +1,295 @@
+//! The oracle that judges runs from Slack's side is itself tested: a bot
+//! played by hand (no threadline) answers in the built-in model's format,
+//! and each of the oracle's checks must catch the breach it exists for,
+//! and nothing else. Deliveries are acknowledged by a small receiver.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use threadline_testkit::eventually;
+use threadline_testkit::sim::SimWorkspace;
+use threadline_tests::oracle::{self, Scope, digest};
+use threadline_tests::spawn_slack_sim;
+
+const GRACE: Duration = Duration::from_millis(300);
+
+/// An Events API receiver that answers 200, or 503 while `refusing`.
+async fn receiver(refusing: Arc<AtomicBool>) -> String {
+    let app = axum::Router::new().route(
+        "/events",
+        axum::routing::post(move || {
+            let refusing = refusing.clone();
+            async move {
+                if refusing.load(Ordering::SeqCst) {
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    axum::http::StatusCode::OK
+                }
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/events", l.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(l, app).await });
+    url
+}
+
+struct World {
+    ws: SimWorkspace,
+    refusing: Arc<AtomicBool>,
+    _sim: threadline_tests::Proc,
+}
+
+impl World {
+    async fn new() -> Self {
+        let sim = spawn_slack_sim(5, 0.01).await;
+        let refusing = Arc::new(AtomicBool::new(false));
+        let url = receiver(refusing.clone()).await;
+        let ws = SimWorkspace::create(
+            &sim.base_url,
+            json!({"request_urls": [url], "events": ["app_mention", "message.channels"]}),
+            &["chat:write", "channels:history"],
+            None,
+        )
+        .await;
+        Self {
+            ws,
+            refusing,
+            _sim: sim,
+        }
+    }
+
+    fn scope(&self) -> Vec<Scope> {
+        vec![Scope {
+            channel: self.ws.channel.clone(),
+            bot_user: self.ws.bot_user(),
+        }]
+    }
+
+    async fn ask(&self, text: &str, thread: Option<&str>) -> String {
+        let ts = self.ws.post(text, thread).await;
+        self.acked(&ts).await;
+        ts
+    }
+
+    /// Waits until a delivery about `ts` (of `subtype`, if given) has an outcome.
+    async fn acked(&self, ts: &str) {
+        self.delivered(ts, None).await;
+    }
+
+    async fn delivered(&self, ts: &str, subtype: Option<&str>) {
+        eventually(
+            "the deliveries answered",
+            Duration::from_secs(10),
+            || async {
+                let d = self
+                    .ws
+                    .get(&format!("deliveries?channel={}", self.ws.channel))
+                    .await;
+                let any = d["deliveries"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .any(|x| x["message_ts"] == ts && x["subtype"].as_str() == subtype);
+                any.then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// The bot answers `question` in `thread`, saying it read `read`
+    /// (each with the digest of `text`).
+    async fn answer(&self, thread: &str, question: &str, read: &[(&str, &str)]) -> String {
+        let read: Vec<String> = read
+            .iter()
+            .map(|(ts, text)| format!("{ts}/{}", digest(text)))
+            .collect();
+        let text = format!("an answer\nAnswering {question}; read {}", read.join(" "));
+        let r: Value = self
+            .ws
+            .http
+            .post(format!("{}/api/chat.postMessage", self.ws.base))
+            .bearer_auth(self.ws.token())
+            .form(&[
+                ("channel", self.ws.channel.as_str()),
+                ("thread_ts", thread),
+                ("text", text.as_str()),
+            ])
+            .send()
+            .await
+            .expect("post")
+            .json()
+            .await
+            .expect("json");
+        r["ts"].as_str().expect("posted").to_owned()
+    }
+
+    async fn judge(&self) -> oracle::Judgement {
+        oracle::judge(&self.ws.base, &self.ws.app_id(), &self.scope(), GRACE).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_answer_passes_and_a_second_answer_to_one_question_is_caught() {
+    let w = World::new().await;
+    let q_text = format!("<@{}> is the build green?", w.ws.bot_user());
+    let q = w.ask(&q_text, None).await;
+    let plain = w.ask("more context", Some(&q)).await;
+    w.answer(&q, &q, &[(&q, &q_text), (&plain, "more context")])
+        .await;
+    let j = w.judge().await;
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+    assert_eq!((j.questions, j.answered, j.replies), (1, 1, 1));
+
+    w.answer(&q, &q, &[(&q, &q_text), (&plain, "more context")])
+        .await;
+    let j = w.judge().await;
+    assert_eq!(j.violations.len(), 1, "{:?}", j.violations);
+    assert!(
+        j.violations[0].contains("2 replies to question"),
+        "{:?}",
+        j.violations
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_missed_a_delivered_message_is_caught_and_one_crossed_in_flight_is_not() {
+    let w = World::new().await;
+    let q_text = format!("<@{}> deploy now?", w.ws.bot_user());
+    let q = w.ask(&q_text, None).await;
+    let late = w.ask("wait, not yet", Some(&q)).await;
+    tokio::time::sleep(GRACE * 2).await;
+    // The reply did not read a message delivered well before it was posted.
+    w.answer(&q, &q, &[(&q, &q_text)]).await;
+    let j = w.judge().await;
+    assert_eq!(j.violations.len(), 1, "{:?}", j.violations);
+    assert!(
+        j.violations[0].contains(&format!("missed message {late}")),
+        "{:?}",
+        j.violations
+    );
+
+    // A person replies at the moment the next post arrives: crossed in
+    // flight, which is no violation but is reported for reconsideration.
+    let w = World::new().await;
+    let q = w.ask(&q_text, None).await;
+    w.ws.ctl(
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "inject_reply", "user": w.ws.user,
+                   "text": "actually, hold on", "latency_ms": 100}),
+    )
+    .await;
+    let reply = w.answer(&q, &q, &[(&q, &q_text)]).await;
+    let j = w.judge().await;
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+    assert_eq!(j.crossed.len(), 1);
+    assert_eq!(j.crossed[0].reply_ts, reply);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_text_the_message_never_had_is_caught_and_an_edit_before_the_post_is_not() {
+    let w = World::new().await;
+    let q_text = format!("<@{}> what broke?", w.ws.bot_user());
+    let q = w.ask(&q_text, None).await;
+    w.ws
+        .ctl(
+            "act/edit",
+            json!({"user": w.ws.user, "channel": w.ws.channel, "ts": q, "text": format!("{q_text} (edited)")}),
+        )
+        .await;
+    w.answer(&q, &q, &[(&q, &format!("{q_text} (edited)"))])
+        .await;
+    assert!(w.judge().await.violations.is_empty());
+    w.answer(&q, &q, &[(&q, "words nobody wrote")]).await;
+    let j = w.judge().await;
+    assert!(
+        j.violations
+            .iter()
+            .any(|v| v.contains("with a text it never had")),
+        "{:?}",
+        j.violations
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_questions_are_explained_by_slack_or_left_for_the_operator_record() {
+    let w = World::new().await;
+    let bot = w.ws.bot_user();
+    // Answered together with a later question: explained.
+    let q1_text = format!("<@{bot}> one?");
+    let q1 = w.ask(&q1_text, None).await;
+    let q2_text = format!("<@{bot}> and two?");
+    let q2 = w.ask(&q2_text, Some(&q1)).await;
+    w.answer(&q1, &q2, &[(&q1, &q1_text), (&q2, &q2_text)])
+        .await;
+    // Deleted: explained.
+    let q3 = w.ask(&format!("<@{bot}> three?"), None).await;
+    w.ws.ctl("act/delete", json!({"channel": w.ws.channel, "ts": q3}))
+        .await;
+    // Never acknowledged (the app answered 503 to every attempt): explained.
+    w.refusing.store(true, Ordering::SeqCst);
+    let q4 = w.ws.post(&format!("<@{bot}> four?"), None).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    w.refusing.store(false, Ordering::SeqCst);
+    // Acknowledged, then nothing: unexplained by Slack.
+    let q5 = w.ask(&format!("<@{bot}> five?"), None).await;
+    let j = w.judge().await;
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+    assert_eq!((j.questions, j.answered), (5, 1));
+    assert_eq!(j.explained.get("answered_with_a_later_question"), Some(&1));
+    assert_eq!(j.explained.get("deleted"), Some(&1));
+    assert_eq!(j.explained.get("never_acknowledged"), Some(&1), "{q4}");
+    assert_eq!(
+        j.unexplained
+            .iter()
+            .map(|q| q.ts.clone())
+            .collect::<Vec<_>>(),
+        vec![q5]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_to_a_question_whose_deletion_was_delivered_is_caught() {
+    let w = World::new().await;
+    let q_text = format!("<@{}> drop the table?", w.ws.bot_user());
+    let q = w.ask(&q_text, None).await;
+    w.ws.ctl("act/delete", json!({"channel": w.ws.channel, "ts": q}))
+        .await;
+    w.delivered(&q, Some("message_deleted")).await;
+    tokio::time::sleep(GRACE * 2).await;
+    w.answer(&q, &q, &[(&q, &q_text)]).await;
+    let j = w.judge().await;
+    assert!(
+        j.violations
+            .iter()
+            .any(|v| v.contains("whose deletion was acknowledged")),
+        "{:?}",
+        j.violations
+    );
+    // And a reply that states nothing cannot be judged: that is reported.
+    let r: Value =
+        w.ws.http
+            .post(format!("{}/api/chat.postMessage", w.ws.base))
+            .bearer_auth(w.ws.token())
+            .form(&[("channel", w.ws.channel.as_str()), ("text", "hello")])
+            .send()
+            .await
+            .expect("post")
+            .json()
+            .await
+            .expect("json");
+    assert_eq!(r["ok"], true);
+    let j = w.judge().await;
+    assert!(
+        j.violations
+            .iter()
+            .any(|v| v.contains("states no question")),
+        "{:?}",
+        j.violations
+    );
+}
