@@ -18,6 +18,8 @@ pub struct PublisherConfig {
     /// `THREADLINE_RECONCILE_READS` (3) over `THREADLINE_RECONCILE_WINDOW_MS`
     /// (10000): evidence that an unknown post did not land; then the intent
     /// is held, or re-posted once if `THREADLINE_RECONCILE_ALLOW_REPOST=true`.
+    /// A held intent's thread is read again after `THREADLINE_LATE_CHECK_MS`
+    /// (30000), then after 4, 20, 120 … times that, for about a week.
     pub evidence: Evidence,
     /// `THREADLINE_POST_SPACING_MS`, default 1000: per channel, shared.
     pub post_spacing: f64,
@@ -51,6 +53,9 @@ impl PublisherConfig {
                     .millis("THREADLINE_RECONCILE_WINDOW_MS", 10_000, 0..=3_600_000)?
                     .as_secs_f64(),
                 allow_repost: src.flag("THREADLINE_RECONCILE_ALLOW_REPOST", false)?,
+                late_check_secs: src
+                    .millis("THREADLINE_LATE_CHECK_MS", 30_000, 100..=3_600_000)?
+                    .as_secs_f64(),
             },
             post_spacing: src
                 .millis("THREADLINE_POST_SPACING_MS", 1000, 0..=60_000)?

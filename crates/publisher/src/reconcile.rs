@@ -27,6 +27,9 @@ pub struct Evidence {
     /// After that: `false` holds for an operator (default); `true` allows
     /// one re-post.
     pub allow_repost: bool,
+    /// Seconds after holding an intent for lack of evidence before the
+    /// sweeper reads its thread again (then less and less often).
+    pub late_check_secs: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,12 +221,13 @@ pub async fn run(
             // thread again later, in case the post lands after all.
             sqlx::query(
                 "UPDATE reply_intents SET state = 'held', error_code = $2, updated_at = now(),
-                        next_check_at = CASE WHEN $2 = 'no_evidence_of_post' THEN now() + interval '30 seconds' END,
+                        next_check_at = CASE WHEN $2 = 'no_evidence_of_post' THEN now() + make_interval(secs => $3) END,
                         late_checks = 0
                   WHERE id = $1 AND state = 'reconciling'",
             )
             .bind(s.intent)
             .bind(*why)
+            .bind(ev.late_check_secs)
             .execute(pool)
             .await?;
             metrics::counter!("threadline_reconciliations_total", "result" => "held").increment(1);

@@ -30,20 +30,12 @@ pub struct Sweep {
     pub idle: Duration,
 }
 
-/// When a held intent's thread is read again, after its `n`th late check;
-/// none after a week.
-fn next_check(n: i32) -> Option<f64> {
-    const SCHEDULE: [f64; 8] = [
-        30.0,
-        120.0,
-        600.0,
-        3600.0,
-        6.0 * 3600.0,
-        24.0 * 3600.0,
-        48.0 * 3600.0,
-        96.0 * 3600.0,
-    ];
-    SCHEDULE.get(n.max(0) as usize).copied()
+/// Seconds until a held intent's thread is read again after its `n`th late
+/// check, `first` being the wait before the first one: 30 s, 2 min,
+/// 10 min, 1 h, 6 h, 1 day, 2 days, 4 days by default; none after that.
+fn next_check(n: i32, first: f64) -> Option<f64> {
+    const TIMES: [f64; 8] = [1.0, 4.0, 20.0, 120.0, 720.0, 2880.0, 5760.0, 11520.0];
+    TIMES.get(n.max(0) as usize).map(|t| t * first)
 }
 
 pub fn spawn(handler: Arc<Handler>, sweep: Sweep, shutdown: CancellationToken) {
@@ -161,7 +153,7 @@ async fn late_checks(h: &Handler) -> anyhow::Result<()> {
                       WHERE id = $1 AND state = 'held'",
                 )
                 .bind(intent)
-                .bind(next_check(checks))
+                .bind(next_check(checks, h.evidence.late_check_secs))
                 .execute(&h.pool)
                 .await?;
             }
@@ -176,10 +168,10 @@ mod tests {
 
     #[test]
     fn held_intents_are_read_again_less_and_less_often_for_a_week() {
-        assert_eq!(next_check(0), Some(30.0));
-        assert!(next_check(3) > next_check(2));
-        let total: f64 = (0..8).filter_map(next_check).sum();
+        assert_eq!(next_check(0, 30.0), Some(30.0));
+        assert!(next_check(3, 30.0) > next_check(2, 30.0));
+        let total: f64 = (0..8).filter_map(|n| next_check(n, 30.0)).sum();
         assert!(total > 6.0 * 24.0 * 3600.0 && total < 8.0 * 24.0 * 3600.0);
-        assert_eq!(next_check(8), None);
+        assert_eq!(next_check(8, 30.0), None);
     }
 }

@@ -756,3 +756,173 @@ async fn without_chat_write_the_answer_is_refused_with_its_reason_and_never_post
     );
     env.cleanup().await;
 }
+
+/// A context-builder backlog must not disable the guard: an event of the
+/// thread accepted long ago and still unprocessed holds the answer back,
+/// however old it is (the guard used to give up after ten minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_of_the_thread_unprocessed_for_eleven_minutes_still_holds_the_answer() {
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Hold on.").await;
+    let backlog = Uuid::now_v7();
+    sqlx::query("INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, channel_id, thread_ts, event_time, received_at, updated_at) VALUES ($1, $2, $3, 'EvBACKLOG', 'message', $4, $5, now() - interval '11 minutes', now() - interval '11 minutes', now() - interval '11 minutes')")
+        .bind(backlog).bind(env.inst).bind(&env.app).bind(&env.channel).bind(env.root().await)
+        .execute(&env.db.pool).await.expect("receipt");
+    let h = env.handler(&[]);
+    match h.handle(&payload).await {
+        Disposition::Defer(d) => assert!(d <= Duration::from_secs(10), "waits {d:?}, then looks again"),
+        other => panic!("must wait for the backlog, got {other:?}"),
+    }
+    assert_eq!(env.app_posts().await, 0, "nothing posted past an unprocessed event");
+    sqlx::query("UPDATE event_receipts SET state = 'done' WHERE id = $1")
+        .bind(backlog)
+        .execute(&env.db.pool)
+        .await
+        .expect("processed");
+    env.until_done(&h, &payload).await;
+    assert_eq!(env.app_posts().await, 1);
+    assert_eq!(env.decision(decision).await.0, "published");
+    env.cleanup().await;
+}
+
+/// One reply per source event whatever the action kind: an approved tool
+/// action for an event already answered is settled, never posted (it used
+/// to be stopped only by the version check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_action_for_an_event_already_answered_is_never_posted() {
+    let env = Env::new().await;
+    let (first, payload) = env.proposal("The answer.").await;
+    let h = env.handler(&[]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(env.decision(first).await.0, "published");
+    let tool = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
+                                status, action_kind, review_reasons, reviewed_by, body_text, output_hash)
+         SELECT $1, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, 2, 'approved',
+                'tool:restart_service', '{action_beyond_reply}', 'ana', 'Restarting it.', 'h2'
+           FROM decisions WHERE id = $2",
+    )
+    .bind(tool)
+    .bind(first)
+    .execute(&env.db.pool)
+    .await
+    .expect("tool decision");
+    let mut p = ProposalReady::decode(payload.as_slice()).expect("decode");
+    p.decision_id = tool.to_string();
+    assert!(matches!(
+        h.handle(&p.encode_to_vec()).await,
+        Disposition::Done
+    ));
+    assert_eq!(
+        env.decision(tool).await,
+        ("superseded".into(), Some("already_answered".into()))
+    );
+    assert_eq!(env.app_posts().await, 1, "one reply for the event");
+    env.cleanup().await;
+}
+
+/// A feature switch governs the actions of its feature: `tools` stops an
+/// approved tool action inside the claim, `replies` does not stop it, and
+/// an unknown feature would govern nothing (the CLI refuses to engage one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tools_switch_stops_a_tool_action_at_the_claim() {
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Restarting the service.").await;
+    sqlx::query(
+        "UPDATE decisions SET status = 'approved', action_kind = 'tool:restart_service',
+                review_reasons = '{action_beyond_reply}', reviewed_by = 'ana' WHERE id = $1",
+    )
+    .bind(decision)
+    .execute(&env.db.pool)
+    .await
+    .expect("tool decision");
+    threadline_runtime::killswitch::set(&env.db.pool, "feature", "tools", true, Some("incident"), "ops")
+        .await
+        .expect("engage");
+    let h = env.handler(&[]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(
+        env.decision(decision).await,
+        ("suppressed".into(), Some("feature:tools".into()))
+    );
+    assert_eq!(env.app_posts().await, 0);
+    let claim = threadline_publisher::intents::check_and_claim(
+        &env.db.pool,
+        &threadline_publisher::intents::Proposal {
+            installation: env.inst,
+            receipt: Uuid::now_v7(),
+            decision,
+            event_id: "EvOTHER",
+            action_kind: "tool:restart_service",
+            channel: &env.channel,
+            root_ts: &env.root().await,
+            source_ts: "1.000001",
+            version: 1,
+            body_hash: "h",
+        },
+        300.0,
+    )
+    .await
+    .expect("claim");
+    assert_eq!(
+        claim,
+        threadline_publisher::intents::Verdict::Suppressed("feature:tools".into()),
+        "seen inside the claim's own transaction"
+    );
+    env.cleanup().await;
+}
+
+/// A post that Slack refused with 429 on every attempt is given up with
+/// its reason on the decision (said to the operator), never left proposed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_refused_with_429_on_every_attempt_is_given_up_with_its_reason() {
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Too busy.").await;
+    env.fault(json!({"method": "chat.postMessage", "mode": "ratelimited", "retry_after": 1, "times": 0}))
+        .await;
+    let h = env.handler(&[("THREADLINE_POST_MAX_ATTEMPTS", "2")]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(
+        env.decision(decision).await,
+        ("cancelled".into(), Some("rate_limited_too_often".into()))
+    );
+    assert_eq!(
+        env.intent().await,
+        (
+            "failed_permanent".into(),
+            false,
+            Some("rate_limited_too_often".into())
+        )
+    );
+    assert_eq!(env.app_posts().await, 0);
+    env.cleanup().await;
+}
+
+/// A 429 pauses the channel it came from, not the workspace: another
+/// channel of the same installation posts at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_in_one_channel_leaves_the_other_channels_of_the_workspace_posting() {
+    let env = Env::new().await;
+    let (_, payload) = env.proposal("Busy channel.").await;
+    env.fault(json!({"method": "chat.postMessage", "mode": "ratelimited", "retry_after": 60, "times": 1}))
+        .await;
+    let h = env.handler(&[]);
+    match h.handle(&payload).await {
+        Disposition::Defer(d) => assert!(d >= Duration::from_secs(60), "waits out Retry-After, got {d:?}"),
+        other => panic!("expected a deferral, got {other:?}"),
+    }
+    let paused: Vec<String> = sqlx::query_scalar(
+        "SELECT channel_id FROM post_budgets WHERE next_allowed_at > now() + interval '30 seconds'",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .expect("budgets");
+    assert_eq!(paused, vec![env.channel.clone()], "only that channel waits");
+    // The workspace's other channel is not held back.
+    let wait = threadline_publisher::intents::reserve_slot(&env.db.pool, env.inst, "C0OTHER", 1.0)
+        .await
+        .expect("slot");
+    assert_eq!(wait, None);
+    env.cleanup().await;
+}

@@ -58,7 +58,7 @@ impl Disposition {
 /// dead-lettered (counted per worker process).
 pub const FAILURE_LIMIT: u32 = 5;
 /// The longest wait between two tries of a failing message.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// Consecutive failures of the messages a worker has seen (by stream
 /// sequence): transient ones set the backoff, others count towards the
