@@ -20,6 +20,9 @@ ALTER TABLE reply_intents ADD COLUMN late_checks integer NOT NULL DEFAULT 0;
 -- Further posts of this intent found in Slack beyond the recorded one: a
 -- duplicate-reply incident, kept as evidence.
 ALTER TABLE reply_intents ADD COLUMN extra_ts text[] NOT NULL DEFAULT '{}';
+-- When a post of this intent was recorded after the intent had been given
+-- up on (held, failed, pending a re-post): it landed late.
+ALTER TABLE reply_intents ADD COLUMN late_recorded_at timestamptz;
 -- When the sweeper last handed this intent's proposal back to a publisher
 -- because no delivery was driving it.
 ALTER TABLE reply_intents ADD COLUMN swept_at timestamptz;

@@ -351,7 +351,10 @@ pub const ORACLE_GRACE: Duration = Duration::from_millis(500);
 /// Slack does not explain has a reason an operator can see (a decision
 /// suppressed, cancelled, rejected or waiting for review with its reason, a
 /// reply held or failed with its code, an event ignored with its reason).
-pub async fn explain_from_records(pool: &sqlx::PgPool, j: &oracle::Judgement) -> Vec<String> {
+pub async fn explain_from_records(
+    pool: &sqlx::PgPool,
+    j: &oracle::Judgement,
+) -> Vec<(&'static str, String)> {
     let mut v = Vec::new();
     for c in &j.crossed {
         let row: Option<(Option<String>,)> = sqlx::query_as(
@@ -366,13 +369,19 @@ pub async fn explain_from_records(pool: &sqlx::PgPool, j: &oracle::Judgement) ->
         .unwrap_or(None);
         match row {
             Some((Some(_),)) => {}
-            Some((None,)) => v.push(format!(
-                "reply {} crossed message {} in flight: recorded but never reconsidered",
-                c.reply_ts, c.crossing_ts
+            Some((None,)) => v.push((
+                "crossed_not_reconsidered",
+                format!(
+                    "reply {} crossed message {} in flight: recorded but never reconsidered",
+                    c.reply_ts, c.crossing_ts
+                ),
             )),
-            None => v.push(format!(
-                "reply {} crossed message {} in flight and threadline did not record it",
-                c.reply_ts, c.crossing_ts
+            None => v.push((
+                "crossed_not_recorded",
+                format!(
+                    "reply {} crossed message {} in flight and threadline did not record it",
+                    c.reply_ts, c.crossing_ts
+                ),
             )),
         }
     }
@@ -401,9 +410,12 @@ pub async fn explain_from_records(pool: &sqlx::PgPool, j: &oracle::Judgement) ->
         .await
         .unwrap_or(None);
         if reason.is_none() {
-            v.push(format!(
-                "question {} in thread {} of {} has no reply and no reason an operator can see",
-                q.ts, q.thread_ts, q.channel
+            v.push((
+                "unexplained_question",
+                format!(
+                    "question {} in thread {} of {} has no reply and no reason an operator can see",
+                    q.ts, q.thread_ts, q.channel
+                ),
             ));
         }
     }
@@ -473,8 +485,18 @@ impl Stack {
         use serde_json::json;
         let db = threadline_testkit::TestDb::new().await;
         let prefix = threadline_testkit::unique_prefix();
+        // The broker the services use (a private one when the test wants
+        // to take it away), with reconnects so the stack's own client
+        // comes back after an outage too.
+        let nats_url = extra
+            .iter()
+            .find(|(k, _)| *k == "NATS_URL")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(threadline_testkit::nats_url);
         let js = async_nats::jetstream::new(
-            async_nats::connect(threadline_testkit::nats_url())
+            async_nats::ConnectOptions::new()
+                .retry_on_initial_connect()
+                .connect(&nats_url)
                 .await
                 .expect("nats"),
         );
@@ -588,6 +610,15 @@ impl Stack {
     /// not explain has a reason an operator can see. Returns the judgement
     /// and every violation.
     pub async fn verdict(&self, grace: Duration) -> (oracle::Judgement, Vec<String>) {
+        let (j, violations) = self.verdict_by_kind(grace).await;
+        (j, violations.into_iter().map(|(_, v)| v).collect())
+    }
+
+    /// [`Stack::verdict`] with each violation's kind.
+    pub async fn verdict_by_kind(
+        &self,
+        grace: Duration,
+    ) -> (oracle::Judgement, Vec<(&'static str, String)>) {
         let j = oracle::judge(&self.sim.base_url, &self.app, &self.scopes(), grace).await;
         let mut violations = j.violations.clone();
         violations.extend(explain_from_records(&self.db.pool, &j).await);

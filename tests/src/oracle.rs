@@ -60,7 +60,10 @@ pub struct Judgement {
     pub answered: usize,
     /// Explained from Slack alone, by reason.
     pub explained: BTreeMap<&'static str, usize>,
-    pub violations: Vec<String>,
+    /// Each violation with its kind (`duplicate_reply`, `missed_message`,
+    /// `text_never_had`, `answered_deleted_question`, `unattributed_reply`,
+    /// `post_without_call`).
+    pub violations: Vec<(&'static str, String)>,
     /// Threads the violations concern (channel, root).
     pub offending: BTreeSet<(String, String)>,
     pub crossed: Vec<Crossed>,
@@ -205,10 +208,10 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                 j.replies += 1;
                 let rts = s(r, "ts");
                 let Some(st) = stated(r["text"].as_str().unwrap_or_default()) else {
-                    j.violations.push(format!(
+                    j.violations.push(("unattributed_reply", format!(
                         "reply {rts} in thread {root} of {} states no question and no messages read",
                         scope.channel
-                    ));
+                    )));
                     offend(&mut j);
                     continue;
                 };
@@ -227,9 +230,9 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                     }
                 }
                 let Some(&call) = arrived.get(&rts) else {
-                    j.violations.push(format!(
+                    j.violations.push(("post_without_call", format!(
                         "reply {rts} in thread {root}: Slack has no chat.postMessage call that made it"
-                    ));
+                    )));
                     offend(&mut j);
                     continue;
                 };
@@ -248,9 +251,9 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                             }
                         }
                         if !versions.iter().any(|v| digest(v) == *d) {
-                            j.violations.push(format!(
+                            j.violations.push(("text_never_had", format!(
                                 "reply {rts} in thread {root} read message {hts} with a text it never had"
-                            ));
+                            )));
                             offend(&mut j);
                         }
                         continue;
@@ -263,10 +266,10 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                         continue;
                     };
                     if ack + grace <= call {
-                        j.violations.push(format!(
+                        j.violations.push(("missed_message", format!(
                             "reply {rts} in thread {root} missed message {hts}, acknowledged {} ms before the post reached Slack",
                             (call - ack) / 1000
-                        ));
+                        )));
                         offend(&mut j);
                     } else {
                         j.crossed.push(Crossed {
@@ -281,11 +284,11 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                     deletion_acked.get(&(scope.channel.clone(), st.answering.clone()))
                     && del + grace <= call
                 {
-                    j.violations.push(format!(
+                    j.violations.push(("answered_deleted_question", format!(
                         "reply {rts} in thread {root} answers {}, whose deletion was acknowledged {} ms before the post",
                         st.answering,
                         (call - del) / 1000
-                    ));
+                    )));
                     offend(&mut j);
                 }
             }
@@ -323,9 +326,12 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                         }
                     }
                     n => {
-                        j.violations.push(format!(
-                            "{n} replies to question {qts} in thread {root} of {}",
-                            scope.channel
+                        j.violations.push((
+                            "duplicate_reply",
+                            format!(
+                                "{n} replies to question {qts} in thread {root} of {}",
+                                scope.channel
+                            ),
                         ));
                         offend(&mut j);
                     }

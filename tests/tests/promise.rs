@@ -49,13 +49,22 @@ async fn intent(s: &Stack, ts: &str) -> Option<(Uuid, String, bool, Option<Strin
     .expect("intent")
 }
 
-async fn until_intent(s: &Stack, ts: &str, state: &str, limit: u64) -> (Uuid, bool, Option<String>) {
-    eventually(&format!("the intent {state}"), Duration::from_secs(limit), || async {
-        match intent(s, ts).await {
-            Some((id, st, rec, slack)) if st == state => Some((id, rec, slack)),
-            _ => None,
-        }
-    })
+async fn until_intent(
+    s: &Stack,
+    ts: &str,
+    state: &str,
+    limit: u64,
+) -> (Uuid, bool, Option<String>) {
+    eventually(
+        &format!("the intent {state}"),
+        Duration::from_secs(limit),
+        || async {
+            match intent(s, ts).await {
+                Some((id, st, rec, slack)) if st == state => Some((id, rec, slack)),
+                _ => None,
+            }
+        },
+    )
     .await
 }
 
@@ -83,9 +92,14 @@ async fn a_post_slack_applies_after_its_intent_was_held_is_recorded_and_never_re
         json!({"method": "chat.postMessage", "mode": "latency", "latency_ms": 6000}),
     )
     .await;
-    let q = s.post(&format!("<@{}> is the queue draining?", s.bot_user), None).await;
+    let q = s
+        .post(&format!("<@{}> is the queue draining?", s.bot_user), None)
+        .await;
     let (id, _, _) = until_intent(&s, &q, "held", 30).await;
-    assert!(s.answers(&q).await.is_empty(), "held before Slack applied the post");
+    assert!(
+        s.answers(&q).await.is_empty(),
+        "held before Slack applied the post"
+    );
     // Slack applies it at 6 s; the sweeper reads the thread again.
     let (_, reconciled, slack_ts) = until_intent(&s, &q, "sent", 30).await;
     let answers = s.answers(&q).await;
@@ -120,7 +134,9 @@ async fn a_publisher_frozen_past_the_stale_time_never_leads_to_a_second_post() {
         json!({"method": "chat.postMessage", "mode": "latency", "latency_ms": 12000}),
     )
     .await;
-    let q = s.post(&format!("<@{}> can I merge?", s.bot_user), None).await;
+    let q = s
+        .post(&format!("<@{}> can I merge?", s.bot_user), None)
+        .await;
     until_intent(&s, &q, "sending", 30).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     s.services[3].pause();
@@ -129,9 +145,11 @@ async fn a_publisher_frozen_past_the_stale_time_never_leads_to_a_second_post() {
     // evidence: the post is still inside Slack.
     let (id, _, _) = until_intent(&s, &q, "held", 30).await;
     // Slack applies it; the frozen publisher resumes.
-    eventually("Slack applied the post", Duration::from_secs(30), || async {
-        (s.answers(&q).await.len() == 1).then_some(())
-    })
+    eventually(
+        "Slack applied the post",
+        Duration::from_secs(30),
+        || async { (s.answers(&q).await.len() == 1).then_some(()) },
+    )
     .await;
     s.services[3].resume();
     let (_, _, slack_ts) = until_intent(&s, &q, "sent", 30).await;
@@ -162,7 +180,9 @@ async fn reconciliation_never_takes_another_answers_message_for_its_own() {
     .await;
     // Fallback answers state no question: Slack-side checks are made here.
     s.unjudged = Some("fallback answers do not state what they read");
-    let q1 = s.post(&format!("<@{}> first question", s.bot_user), None).await;
+    let q1 = s
+        .post(&format!("<@{}> first question", s.bot_user), None)
+        .await;
     assert_eq!(s.wait_answers(&q1, 1).await.len(), 1);
     sim_ctl(
         &s.sim,
@@ -170,49 +190,71 @@ async fn reconciliation_never_takes_another_answers_message_for_its_own() {
         json!({"method": "chat.postMessage", "mode": "http_error", "status": 503, "applied": false}),
     )
     .await;
-    let q2 = s.post(&format!("<@{}> second question", s.bot_user), Some(&q1)).await;
+    let q2 = s
+        .post(&format!("<@{}> second question", s.bot_user), Some(&q1))
+        .await;
     let answers = s.wait_answers(&q1, 2).await;
     assert_eq!(answers.len(), 2, "each question its own reply: {answers:?}");
-    assert_eq!(answers[0]["text"], answers[1]["text"], "the same fallback text");
+    assert_eq!(
+        answers[0]["text"], answers[1]["text"],
+        "the same fallback text"
+    );
     let (_, _, first_ts) = until_intent(&s, &q1, "sent", 10).await;
     let (_, _, second_ts) = until_intent(&s, &q2, "sent", 10).await;
     assert_ne!(first_ts, second_ts, "no intent adopted the other's post");
     s.stop().await;
 }
 
-/// Hole 3: Postgres away for 40 s while acknowledged work is in flight
-/// (events being opened, model answers being recorded). Nothing is
-/// dead-lettered; every question is answered once after it is back.
+/// Hole 3: Postgres away for 80 s while acknowledged work is in flight
+/// (events being opened, model answers being recorded), with a broker
+/// that redelivers unacknowledged work after 1 s. Nothing is
+/// dead-lettered however many deliveries the outage costs; every question
+/// is answered once after it is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forty_second_database_outage_dead_letters_nothing_and_loses_nothing() {
+async fn an_eighty_second_database_outage_dead_letters_nothing_and_loses_nothing() {
     let s = Stack::start(&fast(&[
         ("THREADLINE_BUILTIN_LATENCY_MS", "1500"),
         ("THREADLINE_INSTALLATION_CACHE_MS", "0"),
+        ("THREADLINE_REDELIVERY_MS", "1000"),
     ]))
     .await;
     let mut questions = Vec::new();
     for i in 0..3 {
-        questions.push(s.post(&format!("<@{}> question {i}?", s.bot_user), None).await);
+        questions.push(
+            s.post(&format!("<@{}> question {i}?", s.bot_user), None)
+                .await,
+        );
     }
-    eventually("the receipts committed", Duration::from_secs(10), || async {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM event_receipts WHERE event_type = 'app_mention'")
+    eventually(
+        "the receipts committed",
+        Duration::from_secs(10),
+        || async {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM event_receipts WHERE event_type = 'app_mention'",
+            )
             .fetch_one(&s.db.pool)
             .await
             .ok()?;
-        (n == 3).then_some(())
-    })
+            (n == 3).then_some(())
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     s.db.take_down().await;
-    tokio::time::sleep(Duration::from_secs(40)).await;
+    tokio::time::sleep(Duration::from_secs(80)).await;
     s.db.bring_up().await;
+    let dlq = threadline_runtime::bus::Topology::new(s.prefix.clone()).dead_letter_stream();
+    assert_eq!(
+        threadline_testkit::stream_len(&s.js, &dlq).await,
+        0,
+        "nothing was given up during the outage"
+    );
     for q in &questions {
         eventually("the answer", Duration::from_secs(60), || async {
             (s.answers(q).await.len() == 1).then_some(())
         })
         .await;
     }
-    let dlq = threadline_runtime::bus::Topology::new(s.prefix.clone()).dead_letter_stream();
     assert_eq!(
         threadline_testkit::stream_len(&s.js, &dlq).await,
         0,
@@ -238,7 +280,9 @@ async fn an_intent_whose_proposal_vanished_after_its_post_is_settled_by_the_swee
         json!({"method": "chat.postMessage", "mode": "latency", "latency_ms": 1500}),
     )
     .await;
-    let q = s.post(&format!("<@{}> what is the ETA?", s.bot_user), None).await;
+    let q = s
+        .post(&format!("<@{}> what is the ETA?", s.bot_user), None)
+        .await;
     until_intent(&s, &q, "sending", 30).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let publisher = s.services.remove(3);
@@ -253,14 +297,21 @@ async fn an_intent_whose_proposal_vanished_after_its_post_is_settled_by_the_swee
         .purge()
         .await
         .expect("purge");
-    eventually("Slack applied the post", Duration::from_secs(10), || async {
-        (s.answers(&q).await.len() == 1).then_some(())
-    })
+    eventually(
+        "Slack applied the post",
+        Duration::from_secs(10),
+        || async { (s.answers(&q).await.len() == 1).then_some(()) },
+    )
     .await;
-    assert_eq!(intent(&s, &q).await.map(|i| i.1).as_deref(), Some("sending"));
+    assert_eq!(
+        intent(&s, &q).await.map(|i| i.1).as_deref(),
+        Some("sending")
+    );
     let env: Vec<(&str, String)> = s.env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-    s.services
-        .insert(3, threadline_tests::spawn_service_at(&bin, &setting, port, &env).await);
+    s.services.insert(
+        3,
+        threadline_tests::spawn_service_at(&bin, &setting, port, &env).await,
+    );
     let (_, reconciled, slack_ts) = until_intent(&s, &q, "sent", 40).await;
     assert!(reconciled);
     assert_eq!(slack_ts.as_deref(), s.answers(&q).await[0]["ts"].as_str());
@@ -288,22 +339,29 @@ async fn a_reply_that_crosses_the_answer_in_flight_is_recorded_counted_and_recon
                "text": "oh, and it only fails on Mondays", "latency_ms": 300}),
     )
     .await;
-    let q = s.post(&format!("<@{}> why does the job fail?", s.bot_user), None).await;
+    let q = s
+        .post(&format!("<@{}> why does the job fail?", s.bot_user), None)
+        .await;
     assert_eq!(s.wait_answers(&q, 1).await.len(), 1);
-    let crossed: (String, Option<String>) = eventually("the crossing recorded", Duration::from_secs(20), || async {
-        sqlx::query_as("SELECT crossing_ts, reconsideration FROM crossed_answers")
-            .fetch_optional(&s.db.pool)
-            .await
-            .ok()
-            .flatten()
-            .filter(|r: &(String, Option<String>)| r.1.is_some())
-    })
-    .await;
+    let crossed: (String, Option<String>) =
+        eventually("the crossing recorded", Duration::from_secs(20), || async {
+            sqlx::query_as("SELECT crossing_ts, reconsideration FROM crossed_answers")
+                .fetch_optional(&s.db.pool)
+                .await
+                .ok()
+                .flatten()
+                .filter(|r: &(String, Option<String>)| r.1.is_some())
+        })
+        .await;
     let injected = post_calls(&s).await[0]["injected_ts"].clone();
     assert_eq!(Some(crossed.0.as_str()), injected.as_str());
     // A plain reply asks nothing new: the latest request stays answered.
     assert_eq!(crossed.1.as_deref(), Some("no_reply_needed"));
-    assert!(s.metrics().await.contains("threadline_crossed_in_flight_total"));
+    assert!(
+        s.metrics()
+            .await
+            .contains("threadline_crossed_in_flight_total")
+    );
 
     // The crossing reply is itself a question: it is answered once.
     sim_ctl(
@@ -313,9 +371,15 @@ async fn a_reply_that_crosses_the_answer_in_flight_is_recorded_counted_and_recon
                "text": format!("<@{}> and what about Tuesdays?", s.bot_user), "latency_ms": 300}),
     )
     .await;
-    let q2 = s.post(&format!("<@{}> is the cache warm?", s.bot_user), None).await;
+    let q2 = s
+        .post(&format!("<@{}> is the cache warm?", s.bot_user), None)
+        .await;
     let answers = s.wait_answers(&q2, 2).await;
-    assert_eq!(answers.len(), 2, "the question and the crossing question, once each");
+    assert_eq!(
+        answers.len(),
+        2,
+        "the question and the crossing question, once each"
+    );
     sim_clear_faults(&s.sim).await;
     s.stop().await;
 }
@@ -349,32 +413,53 @@ async fn a_workspace_waiting_out_a_429_does_not_stall_the_others() {
     for i in 0..4 {
         busy.push(s.post(&format!("<@{}> busy {i}?", s.bot_user), None).await);
     }
-    eventually("all four refused with 429", Duration::from_secs(20), || async {
-        let refused = post_calls(&s)
-            .await
-            .iter()
-            .filter(|c| c["outcome"] == "ratelimited")
-            .count();
-        (refused >= 1).then_some(())
-    })
+    eventually(
+        "all four refused with 429",
+        Duration::from_secs(20),
+        || async {
+            let refused = post_calls(&s)
+                .await
+                .iter()
+                .filter(|c| c["outcome"] == "ratelimited")
+                .count();
+            (refused >= 1).then_some(())
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let q = s
-        .post_as(&quiet.user, &quiet.channel, &format!("<@{}> quiet here?", quiet.bot_user), None)
+        .post_as(
+            &quiet.user,
+            &quiet.channel,
+            &format!("<@{}> quiet here?", quiet.bot_user),
+            None,
+        )
         .await;
     let q_side = s
-        .post_as(&s.user, &side, &format!("<@{}> and this channel?", s.bot_user), None)
+        .post_as(
+            &s.user,
+            &side,
+            &format!("<@{}> and this channel?", s.bot_user),
+            None,
+        )
         .await;
-    eventually("the quiet workspace answered", Duration::from_secs(20), || async {
-        (s.answers_in(&quiet.channel, &q).await.len() == 1).then_some(())
-    })
+    eventually(
+        "the quiet workspace answered",
+        Duration::from_secs(20),
+        || async { (s.answers_in(&quiet.channel, &q).await.len() == 1).then_some(()) },
+    )
     .await;
-    eventually("the workspace's other channel answered", Duration::from_secs(20), || async {
-        (s.answers_in(&side, &q_side).await.len() == 1).then_some(())
-    })
+    eventually(
+        "the workspace's other channel answered",
+        Duration::from_secs(20),
+        || async { (s.answers_in(&side, &q_side).await.len() == 1).then_some(()) },
+    )
     .await;
     for b in &busy {
-        assert!(s.answers(b).await.is_empty(), "still waiting out Retry-After");
+        assert!(
+            s.answers(b).await.is_empty(),
+            "still waiting out Retry-After"
+        );
     }
     // Slack lets the channel post again: every waiting answer lands once.
     sim_clear_faults(&s.sim).await;
@@ -398,15 +483,27 @@ async fn marking_a_held_intent_sent_settles_its_decision_and_turn() {
         json!({"method": "chat.postMessage", "mode": "http_error", "status": 503, "applied": false}),
     )
     .await;
-    let q = s.post(&format!("<@{}> who is on call?", s.bot_user), None).await;
+    let q = s
+        .post(&format!("<@{}> who is on call?", s.bot_user), None)
+        .await;
     let (id, _, _) = until_intent(&s, &q, "held", 30).await;
     // The operator found it in Slack (here: a message they posted by hand).
     let out = cli(
-        &["intents", "mark-sent", &id.to_string(), "--ts", "1700000000.000100"],
+        &[
+            "intents",
+            "mark-sent",
+            &id.to_string(),
+            "--ts",
+            "1700000000.000100",
+        ],
         &db_env(&s),
     )
     .await;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (decision, answered): (String, bool) = sqlx::query_as(
         "SELECT d.status, t.answered_at IS NOT NULL FROM decisions d
            JOIN turns t ON t.installation_id = d.installation_id AND t.channel_id = d.channel_id AND t.ts = d.source_ts
@@ -418,11 +515,20 @@ async fn marking_a_held_intent_sent_settles_its_decision_and_turn() {
     .expect("settled");
     assert_eq!((decision.as_str(), answered), ("published", true));
     let again = cli(
-        &["intents", "mark-sent", &id.to_string(), "--ts", "1700000000.000100"],
+        &[
+            "intents",
+            "mark-sent",
+            &id.to_string(),
+            "--ts",
+            "1700000000.000100",
+        ],
         &db_env(&s),
     )
     .await;
-    assert!(!again.status.success(), "only a held intent is settled by hand");
+    assert!(
+        !again.status.success(),
+        "only a held intent is settled by hand"
+    );
     // Slack shows no reply (the operator's word stands for it).
     let mut s = s;
     s.unjudged = Some("the operator marked the answer sent with a ts Slack does not hold");

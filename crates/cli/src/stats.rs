@@ -99,6 +99,18 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
     )
     .fetch_one(pool)
     .await?;
+    let (crossed, crossed_waiting, late_posts): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(DISTINCT intent_id) FROM crossed_answers),
+                (SELECT count(DISTINCT intent_id) FROM crossed_answers WHERE reconsidered_at IS NULL),
+                (SELECT count(*) FROM reply_intents WHERE late_recorded_at IS NOT NULL)",
+    )
+    .fetch_one(pool)
+    .await?;
+    let cancelled = grouped(
+        "SELECT coalesce(status_reason, 'unknown'), count(*) FROM decisions
+          WHERE status = 'cancelled' GROUP BY 1 ORDER BY 1",
+    )
+    .await?;
     let to_map = |rows: Vec<(String, i64)>| -> Map<String, Value> {
         rows.into_iter().map(|(k, v)| (k, json!(v))).collect()
     };
@@ -138,6 +150,13 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
         "reconsidered_decisions_total": reconsidered,
         "kill_switch_suppressions_total": suppressed,
         "review_outcomes": to_map(reviews),
+        // Answers a human message crossed in flight, and those whose
+        // reconsideration has not run yet.
+        "crossed_in_flight_total": crossed,
+        "crossed_in_flight_awaiting_reconsideration": crossed_waiting,
+        // Posts recorded after their intent had been given up on.
+        "late_posts_recorded_total": late_posts,
+        "cancelled_by_reason": to_map(cancelled),
         // A second sent intent for one event, or two posts of one intent
         // found in Slack (held as an incident).
         "duplicate_replies_total": duplicate_replies + duplicate_incidents,

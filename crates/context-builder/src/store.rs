@@ -439,7 +439,7 @@ pub async fn crossed_answers(
             inst,
             *receipt,
             Topic::Reconsider,
-            &format!("recon:crossed:{intent}"),
+            &format!("recon:crossed:{intent}:{ts}"),
             msg.encode_to_vec(),
         )
         .await?;

@@ -601,7 +601,21 @@ impl Handler {
                 .await?;
                 Ok(Disposition::Done)
             }
-            Found::Held(_) => Ok(Disposition::Done),
+            Found::Held(_) => {
+                // Another decision for the event (a reconsideration) waits
+                // on nothing now: the intent is the operator's to settle, and
+                // what it posts, if anything, is its own decision.
+                sqlx::query(
+                    "UPDATE decisions SET status = 'cancelled', status_reason = 'intent_held', updated_at = now()
+                      WHERE id = $1 AND status IN ('proposed', 'approved')
+                        AND id <> (SELECT decision_id FROM reply_intents WHERE id = $2)",
+                )
+                .bind(p.decision)
+                .bind(intent)
+                .execute(&self.pool)
+                .await?;
+                Ok(Disposition::Done)
+            }
             Found::Repost => Ok(defer(1.0)),
             Found::Again => Ok(defer(
                 (self.evidence.window_secs / self.evidence.reads.max(1) as f64).clamp(0.5, 60.0),

@@ -472,25 +472,26 @@ pub async fn record_post_in(
     ts: &str,
     reconciled: bool,
 ) -> sqlx::Result<Recorded> {
-    // The thread row first: a crossing message's insert bumps it, so one of
-    // the two transactions waits for the other and sees its row.
-    sqlx::query(
-        "SELECT 1 FROM threads t JOIN reply_intents i
-            ON t.installation_id = i.installation_id AND t.channel_id = i.channel_id AND t.root_ts = i.root_ts
-          WHERE i.id = $1 FOR SHARE OF t",
+    // The intent, and its thread's row: a crossing message's insert bumps
+    // that row, so one of the two transactions waits for the other and the
+    // next statement here sees its message (or it sees this reply).
+    let before: Option<(String, Option<String>, Option<i32>)> = sqlx::query_as(
+        "SELECT i.state, i.slack_ts,
+                (SELECT 1 FROM threads t
+                  WHERE t.installation_id = i.installation_id AND t.channel_id = i.channel_id
+                    AND t.root_ts = i.root_ts
+                    FOR SHARE) AS thread_locked
+           FROM reply_intents i WHERE i.id = $1
+            FOR UPDATE",
     )
     .bind(intent)
     .fetch_optional(&mut *conn)
     .await?;
-    let before: Option<(String, Option<String>)> =
-        sqlx::query_as("SELECT state, slack_ts FROM reply_intents WHERE id = $1 FOR UPDATE")
-            .bind(intent)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let mut crossed: Vec<String> = Vec::new();
     let outcome = match before {
         None => PostRecord::Missing,
-        Some((state, Some(known))) if state == "sent" && known == ts => PostRecord::Already,
-        Some((state, _)) if state == "sent" => {
+        Some((state, Some(known), _)) if state == "sent" && known == ts => PostRecord::Already,
+        Some((state, _, _)) if state == "sent" => {
             sqlx::query(
                 "UPDATE reply_intents SET extra_ts = array_append(extra_ts, $2), updated_at = now()
                   WHERE id = $1 AND NOT ($2 = ANY(extra_ts))",
@@ -501,29 +502,49 @@ pub async fn record_post_in(
             .await?;
             PostRecord::Duplicate
         }
-        Some((state, _)) => {
+        Some((state, _, _)) => {
             let late = !matches!(state.as_str(), "sending" | "unknown" | "reconciling");
-            sqlx::query(
+            // Sent, the decision published and the turn answered, and the
+            // human messages of the thread older than the reply that the
+            // answer did not read, within the window its context covered
+            // (deleted since or not: they were there when it went out),
+            // recorded as crossing it in flight: one statement.
+            crossed = sqlx::query_scalar(
                 "WITH i AS (
                     UPDATE reply_intents
                        SET state = 'sent', slack_ts = $2, reconciled = $3, decision_id = $4, error_code = NULL,
-                           next_check_at = NULL, updated_at = now()
+                           next_check_at = NULL, updated_at = now(),
+                           late_recorded_at = CASE WHEN $5 THEN now() END
                      WHERE id = $1 AND state <> 'sent'
                     RETURNING decision_id),
                  d AS (
                     UPDATE decisions SET status = 'published', updated_at = now()
                      WHERE id IN (SELECT decision_id FROM i) AND status NOT IN ('published', 'rejected')
-                    RETURNING id)
-                 UPDATE turns t SET answered_at = coalesce(t.answered_at, now())
-                   FROM decisions dd
-                  WHERE dd.id = $4 AND EXISTS (SELECT 1 FROM i)
-                    AND t.installation_id = dd.installation_id AND t.channel_id = dd.channel_id AND t.ts = dd.source_ts",
+                    RETURNING id),
+                 t AS (
+                    UPDATE turns t SET answered_at = coalesce(t.answered_at, now())
+                      FROM decisions dd
+                     WHERE dd.id = $4 AND EXISTS (SELECT 1 FROM i)
+                       AND t.installation_id = dd.installation_id AND t.channel_id = dd.channel_id AND t.ts = dd.source_ts
+                    RETURNING 1)
+                 INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by)
+                 SELECT $1, dd.installation_id, dd.channel_id, dd.root_ts, $2, m.ts, 'publisher'
+                   FROM decisions dd JOIN thread_messages m
+                     ON m.installation_id = dd.installation_id AND m.channel_id = dd.channel_id AND m.root_ts = dd.root_ts
+                  WHERE dd.id = $4 AND dd.context_ts IS NOT NULL AND EXISTS (SELECT 1 FROM i)
+                    AND m.speaker = 'user'
+                    AND m.ts::numeric < $2::numeric
+                    AND m.ts::numeric > coalesce(dd.context_floor_ts, '0')::numeric
+                    AND NOT (m.ts = ANY(dd.context_ts))
+                 ON CONFLICT DO NOTHING
+                 RETURNING crossing_ts",
             )
             .bind(intent)
             .bind(ts)
             .bind(reconciled || late)
             .bind(decision)
-            .execute(&mut *conn)
+            .bind(late)
+            .fetch_all(&mut *conn)
             .await?;
             if late {
                 PostRecord::Late
@@ -531,30 +552,6 @@ pub async fn record_post_in(
                 PostRecord::Sent
             }
         }
-    };
-    let crossed = if matches!(outcome, PostRecord::Sent | PostRecord::Late) {
-        // Human messages of the thread older than the reply that the answer
-        // did not read, within the window its context covered.
-        sqlx::query_scalar(
-            "INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by)
-             SELECT $1, d.installation_id, d.channel_id, d.root_ts, $3, m.ts, 'publisher'
-               FROM decisions d JOIN thread_messages m
-                 ON m.installation_id = d.installation_id AND m.channel_id = d.channel_id AND m.root_ts = d.root_ts
-              WHERE d.id = $2 AND d.context_ts IS NOT NULL
-                AND m.speaker = 'user' AND NOT m.deleted
-                AND m.ts::numeric < $3::numeric
-                AND m.ts::numeric > coalesce(d.context_floor_ts, '0')::numeric
-                AND NOT (m.ts = ANY(d.context_ts))
-             ON CONFLICT DO NOTHING
-             RETURNING crossing_ts",
-        )
-        .bind(intent)
-        .bind(decision)
-        .bind(ts)
-        .fetch_all(&mut *conn)
-        .await?
-    } else {
-        Vec::new()
     };
     if !crossed.is_empty() {
         // Reconsider the thread, in the transaction that recorded the
@@ -571,7 +568,10 @@ pub async fn record_post_in(
             inst,
             receipt,
             Topic::Reconsider,
-            &format!("recon:crossed:{intent}"),
+            &format!(
+                "recon:crossed:{intent}:{}",
+                crossed.iter().max().map(String::as_str).unwrap_or_default()
+            ),
             msg.encode_to_vec(),
         )
         .await?;

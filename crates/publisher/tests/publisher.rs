@@ -770,10 +770,17 @@ async fn an_event_of_the_thread_unprocessed_for_eleven_minutes_still_holds_the_a
         .execute(&env.db.pool).await.expect("receipt");
     let h = env.handler(&[]);
     match h.handle(&payload).await {
-        Disposition::Defer(d) => assert!(d <= Duration::from_secs(10), "waits {d:?}, then looks again"),
+        Disposition::Defer(d) => assert!(
+            d <= Duration::from_secs(10),
+            "waits {d:?}, then looks again"
+        ),
         other => panic!("must wait for the backlog, got {other:?}"),
     }
-    assert_eq!(env.app_posts().await, 0, "nothing posted past an unprocessed event");
+    assert_eq!(
+        env.app_posts().await,
+        0,
+        "nothing posted past an unprocessed event"
+    );
     sqlx::query("UPDATE event_receipts SET state = 'done' WHERE id = $1")
         .bind(backlog)
         .execute(&env.db.pool)
@@ -837,9 +844,16 @@ async fn the_tools_switch_stops_a_tool_action_at_the_claim() {
     .execute(&env.db.pool)
     .await
     .expect("tool decision");
-    threadline_runtime::killswitch::set(&env.db.pool, "feature", "tools", true, Some("incident"), "ops")
-        .await
-        .expect("engage");
+    threadline_runtime::killswitch::set(
+        &env.db.pool,
+        "feature",
+        "tools",
+        true,
+        Some("incident"),
+        "ops",
+    )
+    .await
+    .expect("engage");
     let h = env.handler(&[]);
     env.until_done(&h, &payload).await;
     assert_eq!(
@@ -879,8 +893,10 @@ async fn the_tools_switch_stops_a_tool_action_at_the_claim() {
 async fn a_post_refused_with_429_on_every_attempt_is_given_up_with_its_reason() {
     let env = Env::new().await;
     let (decision, payload) = env.proposal("Too busy.").await;
-    env.fault(json!({"method": "chat.postMessage", "mode": "ratelimited", "retry_after": 1, "times": 0}))
-        .await;
+    env.fault(
+        json!({"method": "chat.postMessage", "mode": "ratelimited", "retry_after": 1, "times": 0}),
+    )
+    .await;
     let h = env.handler(&[("THREADLINE_POST_MAX_ATTEMPTS", "2")]);
     env.until_done(&h, &payload).await;
     assert_eq!(
@@ -905,11 +921,16 @@ async fn a_post_refused_with_429_on_every_attempt_is_given_up_with_its_reason() 
 async fn a_429_in_one_channel_leaves_the_other_channels_of_the_workspace_posting() {
     let env = Env::new().await;
     let (_, payload) = env.proposal("Busy channel.").await;
-    env.fault(json!({"method": "chat.postMessage", "mode": "ratelimited", "retry_after": 60, "times": 1}))
-        .await;
+    env.fault(
+        json!({"method": "chat.postMessage", "mode": "ratelimited", "retry_after": 60, "times": 1}),
+    )
+    .await;
     let h = env.handler(&[]);
     match h.handle(&payload).await {
-        Disposition::Defer(d) => assert!(d >= Duration::from_secs(60), "waits out Retry-After, got {d:?}"),
+        Disposition::Defer(d) => assert!(
+            d >= Duration::from_secs(60),
+            "waits out Retry-After, got {d:?}"
+        ),
         other => panic!("expected a deferral, got {other:?}"),
     }
     let paused: Vec<String> = sqlx::query_scalar(

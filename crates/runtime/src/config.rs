@@ -233,9 +233,9 @@ pub struct CommonConfig {
     /// dead letter, which holds the failed message, is kept.
     pub dead_letter_max_age: Duration,
     /// `THREADLINE_REDELIVERY_MS`, default 60000: how long a message whose
-    /// worker died (or never answered) waits before it is delivered again;
-    /// later redeliveries wait 2, 5, 10 and 20 times as long. The same in
-    /// every service.
+    /// worker died (or froze, and stopped sending in-progress acks) waits
+    /// before it is delivered again, however many times. The same in every
+    /// service.
     pub redelivery: Duration,
 }
 

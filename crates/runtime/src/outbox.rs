@@ -32,7 +32,8 @@ pub async fn enqueue(
 }
 
 /// The `Reconsider` message for a thread whose answer a human message
-/// crossed in flight (one per crossed answer: `recon:crossed:<intent>`).
+/// crossed in flight (one per crossed answer and crossing message:
+/// `recon:crossed:<intent>:<crossing ts>`).
 pub fn crossed_reconsider(
     installation: Uuid,
     channel: &str,

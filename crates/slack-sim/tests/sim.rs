@@ -1467,6 +1467,16 @@ async fn thread_inspection_shows_when_messages_were_created_edited_and_deleted()
     assert!(micros(&human["deleted_at_micros"]) >= micros(&human["created_at_micros"]));
     assert_eq!(human["edits"][0]["text"], "fixed");
     assert_eq!(human["edits"][0]["edit_ts"], human["edited"][1]);
+    assert_eq!(human["original_text"], "oops", "the text as first posted");
+    assert_eq!(bot["original_text"], "v1");
+
+    // The whole channel, threads and deleted messages included, oldest first.
+    let all = w
+        .list(&format!("channels/{}/messages", w.channel), "messages")
+        .await;
+    let all_ts: Vec<&str> = all.iter().filter_map(|m| m["ts"].as_str()).collect();
+    assert_eq!(all_ts, tss);
+    assert_eq!(all[2]["deleted"], true);
 
     // Slack's own answer is unchanged: no inspection fields, no deleted message.
     let (_, _, replies) = w
@@ -1479,7 +1489,13 @@ async fn thread_inspection_shows_when_messages_were_created_edited_and_deleted()
     assert_eq!(msgs.len(), 2, "{replies}");
     assert_eq!(msgs[1]["text"], "v3");
     for m in msgs {
-        for k in ["created_at_micros", "deleted_at_micros", "edits", "deleted"] {
+        for k in [
+            "created_at_micros",
+            "deleted_at_micros",
+            "edits",
+            "deleted",
+            "original_text",
+        ] {
             assert!(m.get(k).is_none(), "replies carry {k}: {m}");
         }
     }
