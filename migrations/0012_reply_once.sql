@@ -43,14 +43,34 @@ CREATE TABLE crossed_answers (
     detected_by     text NOT NULL CHECK (detected_by IN ('publisher', 'context-builder')),
     detected_at     timestamptz NOT NULL DEFAULT now(),
     -- what the reconsideration decided: rebuilt (the thread's latest request
-    -- was decided again) or no_reply_needed (its latest request is answered)
+    -- was decided again), no_reply_needed (its latest request is answered)
+    -- or installation_inactive (disabled since)
     reconsidered_at timestamptz,
-    reconsideration text CHECK (reconsideration IN ('rebuilt', 'no_reply_needed')),
+    reconsideration text CHECK (reconsideration IN ('rebuilt', 'no_reply_needed', 'installation_inactive')),
     PRIMARY KEY (intent_id, crossing_ts)
 );
 CREATE INDEX crossed_answers_unreconsidered ON crossed_answers (installation_id, channel_id, root_ts)
     WHERE reconsidered_at IS NULL;
 
--- Our own bot's replies no longer bump a thread's version (they do not
--- change what a human asked), so the bot's post in a thread does not make
--- the in-flight answers to other requests in it stale.
+-- Evidence of an intent's earlier attempts: when its first attempt was
+-- claimed, and the body hash of every decision any attempt posted, so a
+-- reconciliation (and the read before a re-post) looks for all of them.
+ALTER TABLE reply_intents ADD COLUMN first_sending_since timestamptz;
+ALTER TABLE reply_intents ADD COLUMN claimed_hashes text[] NOT NULL DEFAULT '{}';
+-- Attempts Slack refused with 429 (THREADLINE_POST_MAX_ATTEMPTS bounds these,
+-- not every claim).
+ALTER TABLE reply_intents ADD COLUMN ratelimited_attempts integer NOT NULL DEFAULT 0;
+
+-- When a message was deleted (a tombstone keeps the identity): a message
+-- deleted after an answer's context was taken still crossed it in flight.
+ALTER TABLE thread_messages ADD COLUMN deleted_at timestamptz;
+
+-- Failures of the context-builder on this event that were not transient
+-- (a defect, data it cannot cope with): after five it is marked
+-- failed(handler_error) and dead-lettered, so the answers of its thread stop
+-- waiting for it and an operator sees why; a dead-letter replay reopens it.
+ALTER TABLE event_receipts ADD COLUMN failures integer NOT NULL DEFAULT 0;
+
+-- A 429 now pauses only the channel it came from (Slack's limit for
+-- chat.postMessage is per channel): the workspace-wide pause is gone.
+DROP TABLE workspace_pauses;

@@ -328,6 +328,7 @@ pub async fn soak(
     let mut episodes: Vec<(Instant, Episode)> = Vec::new();
     let started = Instant::now();
     let mut faults: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut pauses_done = 0usize;
     for step in 0..cfg.events {
         // End what is due.
         let now = Instant::now();
@@ -377,11 +378,22 @@ pub async fn soak(
                     ));
                 }
                 "pause" if !busy => {
-                    let i = below(&mut rng, 4) as usize;
+                    // Each service in turn, the publisher first.
+                    let i = [3usize, 1, 2, 0][pauses_done % 4];
+                    pauses_done += 1;
                     let pid = s.services[i].child.id().expect("a running service");
                     let in_flight = in_flight(s).await;
                     signal(pid, "STOP");
-                    *faults.entry("service_paused").or_default() += 1;
+                    *faults
+                        .entry(
+                            [
+                                "gateway_paused",
+                                "context_builder_paused",
+                                "inference_paused",
+                                "publisher_paused",
+                            ][i],
+                        )
+                        .or_default() += 1;
                     if in_flight > 0 {
                         report.hit_mid_flight += 1;
                     }
@@ -397,6 +409,8 @@ pub async fn soak(
                         Episode::Paused { service: i, pid },
                     ));
                 }
+                // Another service is frozen now: this one waits its turn.
+                "pause" => at.entry(step + 1).or_default().push("pause"),
                 "db_outage" => {
                     s.db.take_down().await;
                     *faults.entry("postgres_outage").or_default() += 1;
@@ -620,7 +634,12 @@ pub async fn soak(
     }
     crate::sim_clear_faults(&s.sim).await;
     let acting = started.elapsed();
-    let unsettled = quiesce(s, Duration::from_secs(120 + cfg.events as u64 / 20)).await;
+    let unsettled = crate::quiesce(
+        &s.db.pool,
+        Duration::from_secs(120 + cfg.events as u64 / 20),
+        Duration::from_secs(3),
+    )
+    .await;
     let settling = started.elapsed() - acting;
 
     let (j, mut violations) = s.verdict_by_kind(cfg.grace).await;
@@ -728,48 +747,6 @@ async fn post(s: &Stack, who: &Person, text: &str, thread: Option<&str>) -> Opti
     try_ctl(s, "act/post", body)
         .await
         .and_then(|v| v["ts"].as_str().map(str::to_owned))
-}
-
-/// What is still in flight, by kind (nothing when all are zero).
-const OPEN_WORK: &str = "SELECT (SELECT count(*) FROM event_receipts WHERE state IN ('accepted', 'processing')),
-                               (SELECT count(*) FROM outbox),
-                               (SELECT count(*) FROM decisions d WHERE d.status IN ('calling', 'proposed', 'approved')
-                                   -- waiting on a reply held for an operator is settled as far as it goes
-                                   AND NOT EXISTS (SELECT 1 FROM reply_intents i
-                                                    WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
-                                                      AND i.state = 'held')),
-                               (SELECT count(*) FROM reply_intents
-                                 WHERE state IN ('pending', 'sending', 'unknown', 'reconciling', 'failed_retryable')),
-                               (SELECT count(*) FROM crossed_answers WHERE reconsidered_at IS NULL)";
-
-/// Waits until nothing is in flight (and stays so for three seconds), or
-/// `limit` passes; returns what was still open then (the checker reports
-/// it too).
-async fn quiesce(s: &Stack, limit: Duration) -> Option<String> {
-    let start = Instant::now();
-    let mut quiet_since: Option<Instant> = None;
-    let mut last = None;
-    while start.elapsed() < limit {
-        let open: Option<(i64, i64, i64, i64, i64)> =
-            sqlx::query_as(OPEN_WORK).fetch_one(&s.db.pool).await.ok();
-        if open == Some((0, 0, 0, 0, 0)) {
-            let since = *quiet_since.get_or_insert_with(Instant::now);
-            if since.elapsed() > Duration::from_secs(3) {
-                return None;
-            }
-        } else {
-            quiet_since = None;
-            last = open;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Some(match last {
-        Some((r, o, d, i, c)) => format!(
-            "still open after {:.0} s: {r} receipts, {o} outbox rows, {d} decisions, {i} reply intents, {c} crossed answers awaiting reconsideration",
-            limit.as_secs_f64()
-        ),
-        None => "the database did not answer".to_owned(),
-    })
 }
 
 /// What Slack cannot show, from threadline's records.

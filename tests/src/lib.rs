@@ -346,6 +346,47 @@ pub struct Stack {
 /// without having read it (it then crossed in flight).
 pub const ORACLE_GRACE: Duration = Duration::from_millis(500);
 
+/// What is still in flight, by kind (nothing when all are zero).
+const OPEN_WORK: &str = "SELECT (SELECT count(*) FROM event_receipts WHERE state IN ('accepted', 'processing')),
+                               (SELECT count(*) FROM outbox),
+                               (SELECT count(*) FROM decisions d WHERE d.status IN ('calling', 'proposed', 'approved')
+                                   -- waiting on a reply held for an operator is settled as far as it goes
+                                   AND NOT EXISTS (SELECT 1 FROM reply_intents i
+                                                    WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
+                                                      AND i.state = 'held')),
+                               (SELECT count(*) FROM reply_intents
+                                 WHERE state IN ('pending', 'sending', 'unknown', 'reconciling', 'failed_retryable')),
+                               (SELECT count(*) FROM crossed_answers WHERE reconsidered_at IS NULL)";
+
+/// Waits until nothing is in flight (and stays so for `quiet`), or `limit`
+/// passes; returns what was still open then (the checker reports it too).
+pub async fn quiesce(pool: &sqlx::PgPool, limit: Duration, quiet: Duration) -> Option<String> {
+    let start = std::time::Instant::now();
+    let mut quiet_since: Option<std::time::Instant> = None;
+    let mut last = None;
+    while start.elapsed() < limit {
+        let open: Option<(i64, i64, i64, i64, i64)> =
+            sqlx::query_as(OPEN_WORK).fetch_one(pool).await.ok();
+        if open == Some((0, 0, 0, 0, 0)) {
+            let since = *quiet_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() > quiet {
+                return None;
+            }
+        } else {
+            quiet_since = None;
+            last = open;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Some(match last {
+        Some((r, o, d, i, c)) => format!(
+            "still open after {:.0} s: {r} receipts, {o} outbox rows, {d} decisions, {i} reply intents, {c} crossed answers awaiting reconsideration",
+            limit.as_secs_f64()
+        ),
+        None => "the database did not answer".to_owned(),
+    })
+}
+
 /// What Slack cannot show: each crossed-in-flight answer the oracle found
 /// is recorded by threadline and its thread reconsidered, and each question
 /// Slack does not explain has a reason an operator can see (a decision
@@ -386,22 +427,29 @@ pub async fn explain_from_records(
         }
     }
     for q in &j.unexplained {
+        // The question's own outcome: its latest decision discarded for a
+        // reason an operator sees (not merely superseded: a superseding
+        // answer would have read it), its reply held or failed with a code,
+        // or its event ignored or failed with a reason.
         let reason: Option<String> = sqlx::query_scalar(
             "SELECT reason FROM (
-                SELECT 'decision ' || d.status || ':' || coalesce(d.status_reason, '-') AS reason, 1 AS rank
-                  FROM decisions d
-                 WHERE d.channel_id = $1 AND d.source_ts = $2
-                   AND d.status IN ('suppressed', 'cancelled', 'rejected', 'review', 'superseded')
-                UNION ALL
-                SELECT 'reply ' || i.state || ':' || i.error_code, 0
+                SELECT 'reply ' || i.state || ':' || i.error_code AS reason, 0 AS rank
                   FROM reply_intents i JOIN decisions d ON d.id = i.decision_id
                  WHERE d.channel_id = $1 AND d.source_ts = $2
                    AND i.state IN ('held', 'failed_permanent') AND i.error_code IS NOT NULL
                 UNION ALL
+                SELECT 'decision ' || l.status || ':' || coalesce(l.status_reason, '-'), 1
+                  FROM (SELECT status, status_reason FROM decisions
+                         WHERE channel_id = $1 AND source_ts = $2
+                         ORDER BY created_at DESC LIMIT 1) l
+                 WHERE l.status IN ('suppressed', 'cancelled', 'rejected', 'review')
+                UNION ALL
                 SELECT 'event ' || r.state || ':' || coalesce(r.state_reason, '-'), 2
                   FROM event_receipts r
                  WHERE r.channel_id = $1 AND r.message_ts = $2 AND r.state IN ('ignored', 'failed', 'unparsed')
-                   AND r.state_reason IS DISTINCT FROM 'duplicate_turn') x
+                   AND r.state_reason IS DISTINCT FROM 'duplicate_turn'
+                   -- the question's message itself, not an edit or deletion of it
+                   AND coalesce(r.event_subtype, '') NOT IN ('message_changed', 'message_deleted')) x
              ORDER BY rank LIMIT 1",
         )
         .bind(&q.channel)
@@ -789,6 +837,17 @@ impl Stack {
         if let Some(why_not) = &self.unjudged {
             eprintln!("not judged by the oracle: {why_not}");
         } else {
+            // Let what is in flight (a reconsideration, a late check)
+            // finish first; the oracle reports what never does.
+            if let Some(open) = quiesce(
+                &self.db.pool,
+                Duration::from_secs(30),
+                Duration::from_millis(500),
+            )
+            .await
+            {
+                eprintln!("judging with work in flight: {open}");
+            }
             let (j, violations) = self.verdict(ORACLE_GRACE).await;
             assert!(
                 violations.is_empty(),

@@ -7,7 +7,8 @@
 //! threadline attaches to its posts.
 //!
 //! It checks:
-//! * **at most one reply per question**, by the question the reply quotes;
+//! * **at most one reply per question**, by the question the reply quotes,
+//!   wherever it was posted, and every reply in its question's thread;
 //! * **no reply missing a message Slack had delivered**: every human
 //!   message of the reply's thread, older than the reply, whose first
 //!   delivery threadline acknowledged at least `grace` before the reply's
@@ -15,8 +16,10 @@
 //!   is among the messages the reply read; one acknowledged later than that
 //!   is a *crossed-in-flight* answer, which threadline must reconsider (the
 //!   caller checks that in threadline's records: Slack cannot show it);
-//! * **each message read is one Slack had**: its digest matches a text the
-//!   message had before the reply was posted;
+//! * **each message read is as Slack had it**: its digest matches a text
+//!   the message had before the reply was posted, and no older than an edit
+//!   threadline acknowledged `grace` before the post; a message whose
+//!   deletion was acknowledged by then is not read at all;
 //! * **no reply to a question whose deletion was acknowledged** `grace`
 //!   before the reply was posted;
 //! * **every question answered or explained**: each human message that
@@ -60,9 +63,10 @@ pub struct Judgement {
     pub answered: usize,
     /// Explained from Slack alone, by reason.
     pub explained: BTreeMap<&'static str, usize>,
-    /// Each violation with its kind (`duplicate_reply`, `missed_message`,
-    /// `text_never_had`, `answered_deleted_question`, `unattributed_reply`,
-    /// `post_without_call`).
+    /// Each violation with its kind (`duplicate_reply`,
+    /// `reply_outside_thread`, `missed_message`, `read_outdated_text`,
+    /// `read_deleted_message`, `text_never_had`, `answered_deleted_question`,
+    /// `unattributed_reply`, `post_without_call`).
     pub violations: Vec<(&'static str, String)>,
     /// Threads the violations concern (channel, root).
     pub offending: BTreeSet<(String, String)>,
@@ -129,38 +133,74 @@ async fn get(base: &str, path: &str) -> Value {
         .expect("slack-sim answers JSON")
 }
 
+/// When threadline acknowledged the deliveries about each message: its
+/// first (creation), each edit's in order, and its deletion.
+#[derive(Debug, Default)]
+struct Acks {
+    created: Option<u64>,
+    /// Per `message_changed` event, in the order the edits happened: when
+    /// it was first sent and when threadline first acknowledged it.
+    edits: Vec<Sent>,
+    deleted: Option<u64>,
+}
+
+/// A message of a channel: (channel, ts).
+type MessageKey = (String, String);
+/// A delivery's first sending and first acknowledgement (micros).
+type Sent = (u64, Option<u64>);
+
 /// Judges `scopes` of app `app_id` on the emulator at `sim`.
 pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -> Judgement {
     let grace = grace.as_micros() as u64;
     let mut j = Judgement::default();
-    // When threadline first acknowledged a delivery about each message, and
-    // its deletion: (channel, ts) → micros.
+    // What threadline acknowledged, per message: (channel, ts) → acks.
     let deliveries = get(sim, &format!("deliveries?app_id={app_id}")).await;
-    let mut acked: BTreeMap<(String, String), u64> = BTreeMap::new();
-    let mut deletion_acked: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut acks: BTreeMap<MessageKey, Acks> = BTreeMap::new();
+    // message_changed events: event id → (message, first sent, first ack)
+    let mut changes: BTreeMap<String, (MessageKey, u64, Option<u64>)> = BTreeMap::new();
     for d in deliveries["deliveries"]
         .as_array()
         .cloned()
         .unwrap_or_default()
     {
-        let ok = d["status"]
-            .as_u64()
-            .is_some_and(|c| (200..300).contains(&c));
         let (Some(channel), Some(ts)) = (d["channel"].as_str(), d["message_ts"].as_str()) else {
             continue;
         };
-        if !ok {
-            continue;
-        }
-        let at = d["at_micros"].as_u64().unwrap_or(u64::MAX);
         let key = (channel.to_owned(), ts.to_owned());
-        let map = match d["subtype"].as_str() {
-            Some("message_deleted") => &mut deletion_acked,
-            Some("message_changed") => continue,
-            _ => &mut acked,
+        let ack = d["status"]
+            .as_u64()
+            .is_some_and(|c| (200..300).contains(&c))
+            .then(|| d["at_micros"].as_u64().unwrap_or(u64::MAX));
+        let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
         };
-        let e = map.entry(key).or_insert(at);
-        *e = (*e).min(at);
+        match d["subtype"].as_str() {
+            Some("message_deleted") => {
+                let a = acks.entry(key).or_default();
+                a.deleted = min(a.deleted, ack);
+            }
+            Some("message_changed") => {
+                let sent = d["sent_at_micros"].as_u64().unwrap_or(0);
+                let e = changes
+                    .entry(s(&d, "event_id"))
+                    .or_insert((key, sent, None));
+                e.1 = e.1.min(sent);
+                e.2 = min(e.2, ack);
+            }
+            _ => {
+                let a = acks.entry(key).or_default();
+                a.created = min(a.created, ack);
+            }
+        }
+    }
+    let mut by_message: BTreeMap<MessageKey, Vec<Sent>> = BTreeMap::new();
+    for (key, sent, ack) in changes.into_values() {
+        by_message.entry(key).or_default().push((sent, ack));
+    }
+    for (key, mut edits) in by_message {
+        edits.sort();
+        acks.entry(key).or_default().edits = edits;
     }
     // When each post reached Slack: the reply's ts → arrival micros.
     let calls = get(sim, "calls?method=chat.postMessage").await;
@@ -176,6 +216,7 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
             ))
         })
         .collect();
+    let none = Acks::default();
 
     for scope in scopes {
         let all = get(sim, &format!("channels/{}/messages", scope.channel)).await;
@@ -190,6 +231,10 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
         for m in msgs {
             threads.entry(root_of(&m)).or_default().push(m);
         }
+        // Every reply of the channel by the question it states, wherever it
+        // was posted: (reply ts, its thread).
+        let mut answers: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        let mut read_by_later: BTreeSet<String> = BTreeSet::new();
         for (root, thread) in &threads {
             let offend = |j: &mut Judgement| {
                 j.offending.insert((scope.channel.clone(), root.clone()));
@@ -198,27 +243,29 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                 .iter()
                 .filter(|m| m["app_id"].is_null() && m["bot_id"].is_null() && m["user"].is_string())
                 .collect();
+            // (a reply deleted since still went out: it counts)
             let replies: Vec<&Value> = thread
                 .iter()
-                .filter(|m| m["app_id"].as_str() == Some(app_id) && m["deleted"] != true)
+                .filter(|m| m["app_id"].as_str() == Some(app_id))
                 .collect();
-            let mut answers: BTreeMap<String, Vec<String>> = BTreeMap::new();
-            let mut read_by_later: BTreeSet<String> = BTreeSet::new();
             for r in &replies {
                 j.replies += 1;
                 let rts = s(r, "ts");
                 let Some(st) = stated(r["text"].as_str().unwrap_or_default()) else {
-                    j.violations.push(("unattributed_reply", format!(
-                        "reply {rts} in thread {root} of {} states no question and no messages read",
-                        scope.channel
-                    )));
+                    j.violations.push((
+                        "unattributed_reply",
+                        format!(
+                            "reply {rts} in thread {root} of {} states no question and no messages read",
+                            scope.channel
+                        ),
+                    ));
                     offend(&mut j);
                     continue;
                 };
                 answers
                     .entry(st.answering.clone())
                     .or_default()
-                    .push(rts.clone());
+                    .push((rts.clone(), root.clone()));
                 let read: BTreeMap<&str, &str> = st
                     .read
                     .iter()
@@ -230,9 +277,10 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                     }
                 }
                 let Some(&call) = arrived.get(&rts) else {
-                    j.violations.push(("post_without_call", format!(
-                        "reply {rts} in thread {root}: Slack has no chat.postMessage call that made it"
-                    )));
+                    j.violations.push((
+                        "post_without_call",
+                        format!("reply {rts} in thread {root}: Slack has no chat.postMessage call that made it"),
+                    ));
                     offend(&mut j);
                     continue;
                 };
@@ -241,35 +289,74 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                     if ts_key(&hts) >= ts_key(&rts) {
                         continue;
                     }
+                    let a = acks
+                        .get(&(scope.channel.clone(), hts.clone()))
+                        .unwrap_or(&none);
+                    let known = |ack: Option<u64>| ack.is_some_and(|t| t + grace <= call);
                     if let Some(d) = read.get(hts.as_str()) {
-                        // The text it read is one the message had before
-                        // the reply was posted.
-                        let mut versions = vec![h["original_text"].as_str().unwrap_or_default()];
-                        for e in h["edits"].as_array().into_iter().flatten() {
-                            if e["at_micros"].as_u64().is_some_and(|a| a <= call) {
-                                versions.push(e["text"].as_str().unwrap_or_default());
+                        if known(a.deleted) {
+                            j.violations.push((
+                                "read_deleted_message",
+                                format!("reply {rts} in thread {root} read message {hts}, whose deletion was acknowledged before the post"),
+                            ));
+                            offend(&mut j);
+                            continue;
+                        }
+                        // The texts it may have read: the one current when
+                        // the newest edit threadline had acknowledged
+                        // (`grace` before the post) was made, and any later
+                        // one made before the post.
+                        let mut texts = vec![h["original_text"].as_str().unwrap_or_default()];
+                        let edits = h["edits"].as_array().cloned().unwrap_or_default();
+                        for e in &edits {
+                            if e["at_micros"].as_u64().is_some_and(|t| t <= call) {
+                                texts.push(e["text"].as_str().unwrap_or_default());
                             }
                         }
-                        if !versions.iter().any(|v| digest(v) == *d) {
-                            j.violations.push(("text_never_had", format!(
-                                "reply {rts} in thread {root} read message {hts} with a text it never had"
-                            )));
-                            offend(&mut j);
+                        let floor = a
+                            .edits
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, (_, ack))| known(*ack))
+                            .map(|(i, _)| i + 1)
+                            .max()
+                            .unwrap_or(0)
+                            .min(texts.len() - 1);
+                        if texts[floor..].iter().any(|v| digest(v) == *d) {
+                            continue;
                         }
+                        let (kind, what) = if texts.iter().any(|v| digest(v) == *d) {
+                            (
+                                "read_outdated_text",
+                                "an edit acknowledged before the post had replaced",
+                            )
+                        } else {
+                            ("text_never_had", "it never had")
+                        };
+                        j.violations.push((
+                            kind,
+                            format!(
+                                "reply {rts} in thread {root} read message {hts} with a text {what}"
+                            ),
+                        ));
+                        offend(&mut j);
                         continue;
                     }
                     if h["deleted_at_micros"].as_u64().is_some_and(|d| d <= call) {
                         continue;
                     }
-                    let Some(&ack) = acked.get(&(scope.channel.clone(), hts.clone())) else {
+                    let Some(ack) = a.created else {
                         // Never acknowledged: threadline never had it.
                         continue;
                     };
                     if ack + grace <= call {
-                        j.violations.push(("missed_message", format!(
-                            "reply {rts} in thread {root} missed message {hts}, acknowledged {} ms before the post reached Slack",
-                            (call - ack) / 1000
-                        )));
+                        j.violations.push((
+                            "missed_message",
+                            format!(
+                                "reply {rts} in thread {root} missed message {hts}, acknowledged {} ms before the post reached Slack",
+                                (call - ack) / 1000
+                            ),
+                        ));
                         offend(&mut j);
                     } else {
                         j.crossed.push(Crossed {
@@ -280,20 +367,61 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                     }
                 }
                 // A reply to a question whose deletion threadline had.
-                if let Some(&del) =
-                    deletion_acked.get(&(scope.channel.clone(), st.answering.clone()))
+                let deleted = acks
+                    .get(&(scope.channel.clone(), st.answering.clone()))
+                    .and_then(|a| a.deleted);
+                if let Some(del) = deleted
                     && del + grace <= call
                 {
-                    j.violations.push(("answered_deleted_question", format!(
-                        "reply {rts} in thread {root} answers {}, whose deletion was acknowledged {} ms before the post",
-                        st.answering,
-                        (call - del) / 1000
-                    )));
+                    j.violations.push((
+                        "answered_deleted_question",
+                        format!(
+                            "reply {rts} in thread {root} answers {}, whose deletion was acknowledged {} ms before the post",
+                            st.answering,
+                            (call - del) / 1000
+                        ),
+                    ));
                     offend(&mut j);
                 }
             }
-            let mention = format!("<@{}>", scope.bot_user);
-            for q in &humans {
+        }
+        // At most one reply per question, in the question's own thread.
+        let question_root: BTreeMap<String, String> = threads
+            .iter()
+            .flat_map(|(root, t)| t.iter().map(move |m| (s(m, "ts"), root.clone())))
+            .collect();
+        for (q, rs) in &answers {
+            if rs.len() > 1 {
+                j.violations.push((
+                    "duplicate_reply",
+                    format!(
+                        "{} replies to question {q} in {}: {:?}",
+                        rs.len(),
+                        scope.channel,
+                        rs.iter().map(|r| &r.0).collect::<Vec<_>>()
+                    ),
+                ));
+                for (_, root) in rs {
+                    j.offending.insert((scope.channel.clone(), root.clone()));
+                }
+            }
+            for (rts, root) in rs {
+                if question_root.get(q).is_some_and(|qr| qr != root) {
+                    j.violations.push((
+                        "reply_outside_thread",
+                        format!("reply {rts} answers {q} outside its thread (in {root})"),
+                    ));
+                    j.offending.insert((scope.channel.clone(), root.clone()));
+                }
+            }
+        }
+        // Every question answered once, or explained.
+        let mention = format!("<@{}>", scope.bot_user);
+        for (root, thread) in &threads {
+            for q in thread
+                .iter()
+                .filter(|m| m["app_id"].is_null() && m["bot_id"].is_null() && m["user"].is_string())
+            {
                 let qts = s(q, "ts");
                 let asked = q["original_text"]
                     .as_str()
@@ -305,11 +433,13 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                 }
                 j.questions += 1;
                 match answers.get(&qts).map(Vec::len).unwrap_or(0) {
-                    1 => j.answered += 1,
                     0 => {
+                        let acked = acks
+                            .get(&(scope.channel.clone(), qts.clone()))
+                            .is_some_and(|a| a.created.is_some());
                         let why = if q["deleted"] == true {
                             Some("deleted")
-                        } else if !acked.contains_key(&(scope.channel.clone(), qts.clone())) {
+                        } else if !acked {
                             Some("never_acknowledged")
                         } else if read_by_later.contains(&qts) {
                             Some("answered_with_a_later_question")
@@ -325,16 +455,7 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                             }),
                         }
                     }
-                    n => {
-                        j.violations.push((
-                            "duplicate_reply",
-                            format!(
-                                "{n} replies to question {qts} in thread {root} of {}",
-                                scope.channel
-                            ),
-                        ));
-                        offend(&mut j);
-                    }
+                    _ => j.answered += 1,
                 }
             }
         }

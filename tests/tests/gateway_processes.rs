@@ -1037,3 +1037,85 @@ async fn operator_cli_lists_replays_and_purges_unparsed_events() {
     assert!(gw.terminate().await.success());
     delete_streams(&js, &prefix).await;
 }
+
+/// A feature switch must name a feature threadline consults: a typo is
+/// refused with the list (it used to be accepted and govern nothing), the
+/// known names engage, and an old switch of any name can still be released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_switch_for_an_unknown_feature_is_refused_with_the_known_ones() {
+    let db = TestDb::new().await;
+    let env = vec![("DATABASE_URL", db.url.clone())];
+    let out = cli(
+        &[
+            "kill-switch",
+            "engage",
+            "--feature",
+            "reply",
+            "--reason",
+            "incident",
+            "--by",
+            "ops",
+        ],
+        &env,
+    )
+    .await;
+    assert!(!out.status.success(), "a typo governs nothing: refused");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown feature") && err.contains("replies, tools"),
+        "{err}"
+    );
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM kill_switches")
+        .fetch_one(&db.pool)
+        .await
+        .expect("switches");
+    assert_eq!(n, 0, "nothing was recorded");
+    for feature in ["replies", "tools"] {
+        let out = cli(
+            &[
+                "kill-switch",
+                "engage",
+                "--feature",
+                feature,
+                "--reason",
+                "incident",
+                "--by",
+                "ops",
+            ],
+            &env,
+        )
+        .await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    sqlx::query("INSERT INTO kill_switches (scope, target, engaged, reason, changed_by) VALUES ('feature', 'old-name', true, 'x', 'ops')")
+        .execute(&db.pool)
+        .await
+        .expect("an old switch");
+    let out = cli(
+        &[
+            "kill-switch",
+            "release",
+            "--feature",
+            "old-name",
+            "--by",
+            "ops",
+        ],
+        &env,
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let engaged: Vec<String> =
+        sqlx::query_scalar("SELECT target FROM kill_switches WHERE engaged ORDER BY target")
+            .fetch_all(&db.pool)
+            .await
+            .expect("switches");
+    assert_eq!(engaged, ["replies", "tools"]);
+}

@@ -288,3 +288,150 @@ async fn a_reply_to_a_question_whose_deletion_was_delivered_is_caught() {
         j.violations
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_read_a_text_an_acknowledged_edit_replaced_or_a_deleted_message_is_caught() {
+    let w = World::new().await;
+    let q_text = format!("<@{}> status?", w.ws.bot_user());
+    let q = w.ask(&q_text, None).await;
+    let detail = w.ask("it was fine at noon", Some(&q)).await;
+    w.ws
+        .ctl(
+            "act/edit",
+            json!({"user": w.ws.user, "channel": w.ws.channel, "ts": detail, "text": "it broke at noon"}),
+        )
+        .await;
+    w.delivered(&detail, Some("message_changed")).await;
+    tokio::time::sleep(GRACE * 2).await;
+    // Read the text from before an edit threadline had well before the post.
+    w.answer(&q, &q, &[(&q, &q_text), (&detail, "it was fine at noon")])
+        .await;
+    let j = w.judge().await;
+    assert_eq!(
+        j.violations.iter().map(|v| v.0).collect::<Vec<_>>(),
+        ["read_outdated_text"],
+        "{:?}",
+        j.violations
+    );
+
+    let w = World::new().await;
+    let q = w.ask(&q_text, None).await;
+    let gone = w.ask("ignore this", Some(&q)).await;
+    w.ws.ctl("act/delete", json!({"channel": w.ws.channel, "ts": gone}))
+        .await;
+    w.delivered(&gone, Some("message_deleted")).await;
+    tokio::time::sleep(GRACE * 2).await;
+    w.answer(&q, &q, &[(&q, &q_text), (&gone, "ignore this")])
+        .await;
+    let j = w.judge().await;
+    assert_eq!(
+        j.violations.iter().map(|v| v.0).collect::<Vec<_>>(),
+        ["read_deleted_message"],
+        "{:?}",
+        j.violations
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_posted_outside_its_questions_thread_is_caught() {
+    let w = World::new().await;
+    let bot = w.ws.bot_user();
+    let q_text = format!("<@{bot}> where?");
+    let q = w.ask(&q_text, None).await;
+    let other = w.ask(&format!("<@{bot}> another thread"), None).await;
+    w.answer(&other, &q, &[(&q, &q_text)]).await;
+    let j = w.judge().await;
+    assert!(
+        j.violations.iter().any(|v| v.0 == "reply_outside_thread"),
+        "{:?}",
+        j.violations
+    );
+}
+
+/// What Slack cannot show is checked in threadline's records, and those
+/// checks catch their breach too: a crossing the oracle saw that
+/// threadline did not record, or did not reconsider, and a question with no
+/// reply and no reason an operator can see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_checks_catch_unrecorded_crossings_and_unexplained_questions() {
+    let db = threadline_testkit::TestDb::new().await;
+    let j = oracle::Judgement {
+        crossed: vec![
+            oracle::Crossed {
+                channel: "C1".into(),
+                reply_ts: "10.000002".into(),
+                crossing_ts: "10.000001".into(),
+            },
+            oracle::Crossed {
+                channel: "C1".into(),
+                reply_ts: "20.000002".into(),
+                crossing_ts: "20.000001".into(),
+            },
+        ],
+        unexplained: vec![
+            oracle::Question {
+                channel: "C1".into(),
+                thread_ts: "30.000001".into(),
+                ts: "30.000001".into(),
+            },
+            oracle::Question {
+                channel: "C1".into(),
+                thread_ts: "40.000001".into(),
+                ts: "40.000001".into(),
+            },
+        ],
+        ..Default::default()
+    };
+    let kinds = |v: Vec<(&'static str, String)>| v.into_iter().map(|x| x.0).collect::<Vec<_>>();
+    assert_eq!(
+        kinds(threadline_tests::explain_from_records(&db.pool, &j).await),
+        [
+            "crossed_not_recorded",
+            "crossed_not_recorded",
+            "unexplained_question",
+            "unexplained_question"
+        ]
+    );
+    // Recorded (one reconsidered), and one question explained by a kill
+    // switch; a question merely superseded is not explained.
+    let (inst, intent) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    sqlx::query(
+        "INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by,
+                                      reconsidered_at, reconsideration)
+         VALUES ($1, $2, 'C1', '10.000000', '10.000002', '10.000001', 'publisher', now(), 'no_reply_needed'),
+                ($3, $2, 'C1', '20.000000', '20.000002', '20.000001', 'publisher', NULL, NULL)",
+    )
+    .bind(intent)
+    .bind(inst)
+    .bind(uuid::Uuid::now_v7())
+    .execute(&db.pool)
+    .await
+    .expect("crossings");
+    for (ts, status, reason) in [
+        ("30.000001", "suppressed", "global"),
+        ("40.000001", "superseded", "newer_trigger"),
+    ] {
+        sqlx::query(
+            "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
+                                    status, status_reason)
+             VALUES ($1, $2, $3, $4, 'C1', $5, $5, 1, $6, $7)",
+        )
+        .bind(uuid::Uuid::now_v7())
+        .bind(uuid::Uuid::now_v7())
+        .bind(inst)
+        .bind(format!("Ev{}", &ts[..2]))
+        .bind(ts)
+        .bind(status)
+        .bind(reason)
+        .execute(&db.pool)
+        .await
+        .expect("decision");
+    }
+    let v = threadline_tests::explain_from_records(&db.pool, &j).await;
+    assert_eq!(
+        kinds(v.clone()),
+        ["crossed_not_reconsidered", "unexplained_question"],
+        "{v:?}"
+    );
+    assert!(v[1].1.contains("40.000001"), "{v:?}");
+}

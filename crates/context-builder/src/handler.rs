@@ -83,8 +83,28 @@ impl Handler {
             }
             Err(e) => {
                 tracing::warn!(parent: &span, error = format!("{e:#}"), "event handling failed; retrying");
-                Disposition::of_error(&e)
+                match Disposition::of_error(&e) {
+                    Disposition::Fail(reason) => self.failed(receipt, reason).await,
+                    other => other,
+                }
             }
+        }
+    }
+
+    /// A failure that is not transient, counted on the receipt (whichever
+    /// replica saw it): after [`FAILURE_LIMIT`] the receipt is failed with
+    /// its reason — the answers of its thread stop waiting for it, and an
+    /// operator sees why — and the message is dead-lettered (a replay
+    /// reopens it).
+    async fn failed(&self, receipt: Uuid, reason: String) -> Disposition {
+        match store::note_failure(&self.pool, receipt).await {
+            Ok(Some(n)) if n >= threadline_runtime::worker::FAILURE_LIMIT as i32 => {
+                tracing::error!(alert = "event_failed", receipt_id = %receipt, failures = n, "event failed for good; dead-lettered");
+                Disposition::Poison(format!("failed {n} times: {reason}"))
+            }
+            Ok(_) => Disposition::Fail(reason),
+            // Counting needs the database: retried like any outage.
+            Err(_) => Disposition::Transient,
         }
     }
 
@@ -244,8 +264,13 @@ impl Handler {
             return Disposition::Poison("Reconsider without an installation".into());
         };
         let result: anyhow::Result<()> = async {
+            // Crossings recorded from here on wait for the next
+            // reconsideration: this one may read the thread before them.
+            let started: time::OffsetDateTime =
+                sqlx::query_scalar("SELECT now()").fetch_one(&self.pool).await?;
             let Some(inst) = store::installation(&self.pool, inst_id).await? else { return Ok(()) };
             if !inst.active {
+                store::crossed_reconsidered(&self.pool, inst_id, &r.channel_id, &r.root_ts, "installation_inactive", started).await?;
                 return Ok(());
             }
             let latest: Option<(Uuid, String, bool, String)> = sqlx::query_as(
@@ -270,7 +295,7 @@ impl Handler {
             };
             metrics::counter!("threadline_reconsiderations_handled_total", "result" => result).increment(1);
             // Answers crossed in flight in this thread: what was decided.
-            store::crossed_reconsidered(&self.pool, inst.id, &r.channel_id, &r.root_ts, result).await?;
+            store::crossed_reconsidered(&self.pool, inst.id, &r.channel_id, &r.root_ts, result, started).await?;
             Ok(())
         }
         .await;

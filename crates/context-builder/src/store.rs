@@ -151,8 +151,11 @@ pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sq
               FROM installations i LEFT JOIN installation_policies p ON p.installation_id = i.id
              WHERE i.id = $1),
          begun AS (
-            UPDATE event_receipts SET state = 'processing', updated_at = now()
-             WHERE id = $2 AND state IN ('accepted', 'processing')
+            UPDATE event_receipts SET state = 'processing', updated_at = now(),
+                                      failures = CASE WHEN state = 'failed' THEN 0 ELSE failures END
+             WHERE id = $2
+               -- a dead-lettered event replayed by an operator is reopened
+               AND (state IN ('accepted', 'processing') OR (state = 'failed' AND state_reason = 'handler_error'))
                AND EXISTS (SELECT 1 FROM inst WHERE status = 'active')
             RETURNING id)
          SELECT inst.*, cp.mode, cp.keywords, cp.allowed, ck.is_private, EXISTS (SELECT 1 FROM begun) AS begun
@@ -295,6 +298,25 @@ pub async fn disable(pool: &PgPool, inst: Uuid, reason: &str) -> sqlx::Result<()
     )
     .await?;
     tx.commit().await
+}
+
+/// Counts a failure of the context-builder on this receipt that was not
+/// transient; at the limit the receipt is failed (`handler_error`) in the
+/// same statement. Returns the count (none when the receipt has ended).
+pub async fn note_failure(pool: &PgPool, receipt: Uuid) -> sqlx::Result<Option<i32>> {
+    let n: Option<i32> = sqlx::query_scalar(
+        "UPDATE event_receipts
+            SET failures = failures + 1, updated_at = now(),
+                state = CASE WHEN failures + 1 >= $2 THEN 'failed' ELSE state END,
+                state_reason = CASE WHEN failures + 1 >= $2 THEN 'handler_error' ELSE state_reason END
+          WHERE id = $1 AND state IN ('accepted', 'processing')
+         RETURNING failures",
+    )
+    .bind(receipt)
+    .bind(threadline_runtime::worker::FAILURE_LIMIT as i32)
+    .fetch_optional(pool)
+    .await?;
+    Ok(n)
 }
 
 /// Ends a receipt: `processing → done | ignored(reason)`, compare-and-set,
@@ -447,23 +469,27 @@ pub async fn crossed_answers(
     Ok(crossed.into_iter().map(|(i, _)| i).collect())
 }
 
-/// Records what the reconsideration of a thread decided for the answers
-/// crossed in flight there that were waiting for it.
+/// Records what the reconsideration of a thread, begun at `started`,
+/// decided for the answers crossed in flight there that were recorded
+/// before it began (later ones wait for their own reconsideration).
 pub async fn crossed_reconsidered(
     pool: &PgPool,
     inst: Uuid,
     channel: &str,
     root: &str,
     result: &str,
+    started: time::OffsetDateTime,
 ) -> sqlx::Result<u64> {
     let r = sqlx::query(
         "UPDATE crossed_answers SET reconsidered_at = now(), reconsideration = $4
-          WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND reconsidered_at IS NULL",
+          WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND reconsidered_at IS NULL
+            AND detected_at <= $5",
     )
     .bind(inst)
     .bind(channel)
     .bind(root)
     .bind(result)
+    .bind(started)
     .execute(pool)
     .await?;
     Ok(r.rows_affected())
@@ -552,10 +578,11 @@ pub async fn apply(
                 .unwrap_or_else(|| root_ts.clone());
             // A tombstone keeps the identity and drops the text.
             sqlx::query(
-                "INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash, deleted)
-                 VALUES ($1, $2, $3, $4, 'user', '', '', true)
+                "INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash, deleted, deleted_at)
+                 VALUES ($1, $2, $3, $4, 'user', '', '', true, now())
                  ON CONFLICT (installation_id, channel_id, ts)
-                 DO UPDATE SET deleted = true, text = '', text_hash = ''",
+                 DO UPDATE SET deleted = true, text = '', text_hash = '',
+                               deleted_at = coalesce(thread_messages.deleted_at, now())",
             )
             .bind(inst)
             .bind(channel)

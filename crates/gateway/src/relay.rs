@@ -233,7 +233,7 @@ impl Relay {
                 .collect();
             let receipts: Vec<uuid::Uuid> = done_rows.iter().map(|r| r.receipt_id).collect();
             sqlx::query(
-                "WITH done AS (DELETE FROM outbox WHERE id = ANY($1) RETURNING receipt_id, created_at),
+                "WITH done AS (DELETE FROM outbox WHERE id = ANY($1) RETURNING receipt_id, created_at, topic),
                  ledger AS (
                     INSERT INTO outbox_ledger (topic, published_total, last_published_at)
                     SELECT topic, count(*), now() FROM UNNEST($2::text[]) AS t(topic) GROUP BY topic
@@ -246,7 +246,11 @@ impl Relay {
                         r.received_at, d.created_at, r.retry_num
                    FROM done d
                    JOIN event_receipts r ON r.id = d.receipt_id
-                   LEFT JOIN UNNEST($3::uuid[], $4::text[]) AS c(receipt, ref) ON c.receipt = d.receipt_id",
+                   LEFT JOIN UNNEST($3::uuid[], $4::text[]) AS c(receipt, ref) ON c.receipt = d.receipt_id
+                  -- only an event's own row is its intake; other rows (an
+                  -- approval, a re-post, a reconsideration) name its receipt
+                  -- but are no intake
+                  WHERE d.topic = 'events'",
             )
             .bind(&published)
             .bind(&topics)

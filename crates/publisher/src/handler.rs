@@ -9,8 +9,7 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, message::PublishMessage};
-use bytes::Bytes;
+use async_nats::jetstream;
 use prost::Message as _;
 use secrecy::ExposeSecret as _;
 use sqlx::PgPool;
@@ -69,6 +68,37 @@ const PERMANENT: &[&str] = &[
 
 fn jitter(secs: f64, seed: &Uuid) -> f64 {
     secs + (seed.as_u128() % 1000) as f64 / 1000.0
+}
+
+/// The window a post of an intent can have been created in: from just
+/// before its first attempt was claimed until now.
+pub(crate) fn evidence_window(first_attempt: Option<f64>) -> (f64, f64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    (first_attempt.unwrap_or(0.0) - 2.0, now + 2.0)
+}
+
+/// Runs a database write that records what Slack did, again and again
+/// while the database is away (transient errors only): what happened in
+/// Slack must not be lost to a blip.
+async fn persist<T, F, Fut>(mut write: F) -> sqlx::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = sqlx::Result<T>>,
+{
+    let mut tries = 0u32;
+    loop {
+        match write().await {
+            Err(e) if threadline_runtime::transient::sql_is_transient(&e) && tries < 1000 => {
+                tries += 1;
+                tracing::warn!(error = %e, tries, "recording what Slack did failed; trying again");
+                tokio::time::sleep(threadline_runtime::worker::backoff(tries)).await;
+            }
+            r => return r,
+        }
+    }
 }
 
 fn defer(secs: f64) -> Disposition {
@@ -160,17 +190,21 @@ impl Handler {
         let bot = self.bot(inst).await?;
         // An earlier attempt whose outcome is unknown is settled first, from
         // evidence, whatever else changed since: reading is not posting.
-        if let (Some(id), Some(bot)) = (
-            intents::unsettled(
-                &self.pool,
-                inst,
-                &d.event_id,
-                &d.action_kind,
-                self.sending_stale,
-            )
-            .await?,
-            &bot,
-        ) {
+        if let Some(id) = intents::unsettled(
+            &self.pool,
+            inst,
+            &d.event_id,
+            &d.action_kind,
+            self.sending_stale,
+        )
+        .await?
+        {
+            let Some(bot) = &bot else {
+                // No token to read Slack with any more (uninstalled,
+                // revoked): held for an operator, never re-posted.
+                intents::hold_unreadable(&self.pool, id, "installation_unavailable").await?;
+                return Ok(Disposition::Done);
+            };
             return self.reconcile(id, &job, bot).await;
         }
         // Only a decision that stands may be posted, and one that needs a
@@ -178,7 +212,12 @@ impl Handler {
         match d.status.as_str() {
             "proposed" if d.review_reasons.is_empty() => {}
             "approved" => {}
-            _ => return Ok(Disposition::Done),
+            _ => {
+                // Discarded while an attempt was out (a 429, a refused
+                // connection): nothing keeps its intent waiting.
+                intents::withdraw_waiting(&self.pool, decision).await?;
+                return Ok(Disposition::Done);
+            }
         }
         let Some(bot) = bot else {
             intents::set_decision(
@@ -209,14 +248,15 @@ impl Handler {
             .await?;
             return Ok(Disposition::Done);
         }
-        // Take a post slot before claiming, so a claim is followed by a post.
-        if let Some(wait) =
-            intents::reserve_slot(&self.pool, inst, &d.channel_id, self.post_spacing).await?
-        {
-            return Ok(defer(jitter(wait, &decision)));
-        }
-        let verdict =
-            intents::check_and_claim(&self.pool, &job.proposal, self.sending_stale).await?;
+        // The checks, the channel's post slot and the claim, in one
+        // transaction: a slot is spent only by a claim, which a post follows.
+        let verdict = intents::check_and_claim(
+            &self.pool,
+            &job.proposal,
+            self.sending_stale,
+            self.post_spacing,
+        )
+        .await?;
         let claim = match verdict {
             Verdict::Claimed(c) => c,
             // Another decision for this event already answered it (a
@@ -233,14 +273,10 @@ impl Handler {
                     .await?;
                 return Ok(Disposition::Done);
             }
-            Verdict::NotNow(wait) => return Ok(defer(wait.max(0.5))),
+            Verdict::NotNow(wait) => return Ok(defer(jitter(wait.max(0.05), &decision))),
             Verdict::Reconcile(id) => return self.reconcile(id, &job, &bot).await,
             Verdict::Suppressed(switch) => return self.suppressed(decision, &switch).await,
-            Verdict::SourceDeleted => {
-                intents::set_decision(&self.pool, decision, "cancelled", Some("source_deleted"))
-                    .await?;
-                return Ok(Disposition::Done);
-            }
+            Verdict::SourceDeleted => return self.source_deleted(&job).await,
             Verdict::Superseded => {
                 metrics::counter!("threadline_superseded_proposals_total").increment(1);
                 intents::set_decision(&self.pool, decision, "superseded", Some("newer_trigger"))
@@ -260,17 +296,61 @@ impl Handler {
         Ok(Disposition::Done)
     }
 
+    /// The thread changed since the proposal's version: the decision is
+    /// stale and the thread reconsidered, in one transaction (the
+    /// reconsideration goes through the outbox, so a broker that is away
+    /// cannot lose it).
     async fn stale(&self, job: &Job<'_>) -> anyhow::Result<Disposition> {
         metrics::counter!("threadline_stale_proposals_total").increment(1);
-        intents::set_decision(
-            &self.pool,
-            job.proposal.decision,
-            "stale",
-            Some("thread_changed"),
-        )
-        .await?;
-        self.reconsider(&job.proposal, "version_changed").await?;
+        self.discard_and_reconsider(job, "stale", "thread_changed", "version_changed")
+            .await?;
         Ok(Disposition::Done)
+    }
+
+    /// The source was deleted: its decision is cancelled and the thread
+    /// reconsidered (an older request a deleted newer one had superseded is
+    /// decided again).
+    async fn source_deleted(&self, job: &Job<'_>) -> anyhow::Result<Disposition> {
+        self.discard_and_reconsider(job, "cancelled", "source_deleted", "source_deleted")
+            .await?;
+        Ok(Disposition::Done)
+    }
+
+    async fn discard_and_reconsider(
+        &self,
+        job: &Job<'_>,
+        status: &str,
+        reason: &str,
+        why: &str,
+    ) -> anyhow::Result<()> {
+        let p = &job.proposal;
+        let mut tx = self.pool.begin().await?;
+        if intents::set_decision_in(&mut tx, p.decision, status, Some(reason)).await? {
+            let msg = Reconsider {
+                schema_version: SCHEMA_VERSION,
+                installation_id: p.installation.to_string(),
+                channel_id: p.channel.to_owned(),
+                root_ts: p.root_ts.to_owned(),
+                stale_version: p.version,
+                receipt_id: p.receipt.to_string(),
+                reason: why.to_owned(),
+            };
+            threadline_runtime::outbox::enqueue(
+                &mut tx,
+                p.installation,
+                p.receipt,
+                Topic::Reconsider,
+                &format!(
+                    "recon:{}:{}:{}:{}",
+                    p.installation, p.channel, p.root_ts, p.version
+                ),
+                msg.encode_to_vec(),
+            )
+            .await?;
+            metrics::counter!("threadline_reconsiderations_total").increment(1);
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     /// A claimed intent: read Slack first when an earlier attempt's outcome
@@ -290,8 +370,16 @@ impl Handler {
             {
                 Ok(seen) => {
                     if let Some(ts) = seen.post() {
-                        let r = intents::record_post(&self.pool, claim.id, p.decision, ts, true)
-                            .await?;
+                        // What Slack holds is the earlier attempt's text:
+                        // its decision is the one published.
+                        let r = intents::record_post(
+                            &self.pool,
+                            claim.id,
+                            claim.previous_decision,
+                            ts,
+                            true,
+                        )
+                        .await?;
                         metrics::counter!("threadline_reconciliations_total", "result" => "sent_before_repost").increment(1);
                         self.after_record(&r, claim.id);
                         return Ok(Disposition::Done);
@@ -300,6 +388,7 @@ impl Handler {
                         intents::transition(
                             &self.pool,
                             claim.id,
+                            claim.attempt,
                             "held",
                             Some("ambiguous_evidence"),
                             None,
@@ -339,9 +428,7 @@ impl Handler {
             }
             Fence::SourceDeleted => {
                 intents::release(&self.pool, claim, "source_deleted", 0.0).await?;
-                intents::set_decision(&self.pool, p.decision, "cancelled", Some("source_deleted"))
-                    .await?;
-                return Ok(Disposition::Done);
+                return self.source_deleted(job).await;
             }
             Fence::Discarded(status) => {
                 intents::release(&self.pool, claim, "decision_discarded", 0.0).await?;
@@ -398,18 +485,9 @@ impl Handler {
                 // Slack has the post: record it, trying for as long as the
                 // database is away (a worker killed meanwhile leaves the
                 // intent `sending`, and reconciliation finds the post).
-                let mut tries = 0u32;
-                let recorded = loop {
-                    match intents::record_post(&self.pool, intent, p.decision, &ts, false).await {
-                        Ok(r) => break r,
-                        Err(e) if threadline_runtime::transient::sql_is_transient(&e) => {
-                            tries += 1;
-                            tracing::warn!(error = %e, tries, "recording a post Slack accepted failed; trying again");
-                            tokio::time::sleep(threadline_runtime::worker::backoff(tries)).await;
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
-                };
+                let recorded =
+                    persist(|| intents::record_post(&self.pool, intent, p.decision, &ts, false))
+                        .await?;
                 metrics::counter!("threadline_reply_intents_total", "state" => "sent").increment(1);
                 self.after_record(&recorded, intent);
                 Ok(Disposition::Done)
@@ -419,35 +497,45 @@ impl Handler {
                 let wait = jitter(retry_after.as_secs_f64(), &intent);
                 metrics::histogram!("threadline_slack_rate_limit_wait_seconds", "method" => "chat.postMessage")
                     .record(wait);
-                intents::pause_channel(
-                    &self.pool,
-                    p.installation,
-                    p.channel,
-                    retry_after.as_secs_f64(),
-                )
+                // Slack did not post: recorded even through a database blip,
+                // or the intent would go stale and be held for lack of
+                // evidence of a post that certainly never happened.
+                let gave_up = persist(|| async {
+                    intents::pause_channel(
+                        &self.pool,
+                        p.installation,
+                        p.channel,
+                        retry_after.as_secs_f64(),
+                    )
+                    .await?;
+                    intents::rate_limited(
+                        &self.pool,
+                        intent,
+                        claim.attempt,
+                        wait,
+                        self.max_attempts,
+                    )
+                    .await
+                })
                 .await?;
-                if claim.attempt >= self.max_attempts {
-                    return self.give_up_rate_limited(intent, p).await;
+                match gave_up {
+                    Some(true) => self.give_up_rate_limited(intent, p).await,
+                    Some(false) => Ok(defer(wait)),
+                    None => Ok(Disposition::Done),
                 }
-                intents::transition(
-                    &self.pool,
-                    intent,
-                    "failed_retryable",
-                    Some("ratelimited"),
-                    Some(wait),
-                )
-                .await?;
-                Ok(defer(wait))
             }
             Err(WebError::Transport(kind)) if kind == "connect" => {
                 // The request never left: safe to try again.
-                intents::transition(
-                    &self.pool,
-                    intent,
-                    "failed_retryable",
-                    Some("connect"),
-                    Some(2.0),
-                )
+                persist(|| {
+                    intents::transition(
+                        &self.pool,
+                        intent,
+                        claim.attempt,
+                        "failed_retryable",
+                        Some("connect"),
+                        Some(2.0),
+                    )
+                })
                 .await?;
                 Ok(defer(2.0))
             }
@@ -457,8 +545,17 @@ impl Handler {
                     .find(|c| **c == code)
                     .copied()
                     .unwrap_or("api_error");
-                intents::transition(&self.pool, intent, "failed_permanent", Some(code), None)
-                    .await?;
+                persist(|| {
+                    intents::transition(
+                        &self.pool,
+                        intent,
+                        claim.attempt,
+                        "failed_permanent",
+                        Some(code),
+                        None,
+                    )
+                })
+                .await?;
                 intents::set_decision(&self.pool, p.decision, "cancelled", Some(code)).await?;
                 metrics::counter!("threadline_reply_intents_total", "state" => "failed_permanent")
                     .increment(1);
@@ -474,7 +571,17 @@ impl Handler {
                     WebError::Decode => "undecodable_answer",
                     _ => "transport",
                 };
-                intents::transition(&self.pool, intent, "unknown", Some(code), None).await?;
+                // (should this fail, the intent goes stale and is taken for
+                // unknown all the same)
+                intents::transition(
+                    &self.pool,
+                    intent,
+                    claim.attempt,
+                    "unknown",
+                    Some(code),
+                    None,
+                )
+                .await?;
                 metrics::counter!("threadline_reply_intents_total", "state" => "unknown")
                     .increment(1);
                 tracing::warn!(code, "post outcome unknown; reconciling");
@@ -491,14 +598,6 @@ impl Handler {
         intent: Uuid,
         p: &Proposal<'_>,
     ) -> anyhow::Result<Disposition> {
-        intents::transition(
-            &self.pool,
-            intent,
-            "failed_permanent",
-            Some("rate_limited_too_often"),
-            None,
-        )
-        .await?;
         intents::set_decision(
             &self.pool,
             p.decision,
@@ -553,21 +652,25 @@ impl Handler {
         p: &'a Proposal<'a>,
         bot_id: &'a str,
     ) -> anyhow::Result<Subject<'a>> {
-        let since: Option<f64> = sqlx::query_scalar(
-            "SELECT extract(epoch FROM sending_since)::float8 FROM reply_intents WHERE id = $1",
+        let (since, hashes): (Option<f64>, Vec<String>) = sqlx::query_as(
+            "SELECT extract(epoch FROM coalesce(first_sending_since, sending_since))::float8, claimed_hashes
+               FROM reply_intents WHERE id = $1",
         )
         .bind(intent)
         .fetch_one(&self.pool)
         .await?;
-        let since = since.unwrap_or(0.0);
         Ok(Subject {
             intent,
             installation: p.installation,
             channel: p.channel,
             root_ts: p.root_ts,
             bot_id,
-            body_hash: p.body_hash,
-            window: (since - 2.0, since + self.sending_stale + 2.0),
+            hashes: if hashes.is_empty() {
+                vec![p.body_hash.to_owned()]
+            } else {
+                hashes
+            },
+            window: evidence_window(since),
         })
     }
 
@@ -621,35 +724,5 @@ impl Handler {
                 (self.evidence.window_secs / self.evidence.reads.max(1) as f64).clamp(0.5, 60.0),
             )),
         }
-    }
-
-    /// Asks the context-builder to look at the thread again. Coalesced: one
-    /// message per (thread, stale version) within the duplicate window.
-    async fn reconsider(&self, p: &Proposal<'_>, reason: &str) -> anyhow::Result<()> {
-        let msg = Reconsider {
-            schema_version: SCHEMA_VERSION,
-            installation_id: p.installation.to_string(),
-            channel_id: p.channel.to_owned(),
-            root_ts: p.root_ts.to_owned(),
-            stale_version: p.version,
-            receipt_id: p.receipt.to_string(),
-            reason: reason.to_owned(),
-        };
-        let mut headers = async_nats::HeaderMap::new();
-        threadline_runtime::telemetry::inject_current(&mut headers);
-        let id = format!(
-            "recon:{}:{}:{}:{}",
-            p.installation, p.channel, p.root_ts, p.version
-        );
-        let publish = PublishMessage::build()
-            .payload(Bytes::from(msg.encode_to_vec()))
-            .headers(headers)
-            .message_id(id);
-        self.js
-            .send_publish(self.topology.subject(Topic::Reconsider), publish)
-            .await?
-            .await?;
-        metrics::counter!("threadline_reconsiderations_total").increment(1);
-        Ok(())
     }
 }

@@ -42,6 +42,9 @@ pub struct Claimed {
     pub id: Uuid,
     pub attempt: i32,
     pub ever_unknown: bool,
+    /// The decision an earlier attempt posted (its text is what Slack may
+    /// already hold), or this attempt's decision on a first claim.
+    pub previous_decision: Uuid,
 }
 
 pub struct Proposal<'a> {
@@ -113,12 +116,14 @@ fn pending_wait(age: f64) -> f64 {
     (age / 10.0).clamp(0.5, 10.0)
 }
 
-/// The checks of DESIGN §5 and the claim of §6, in one short transaction
-/// (the thread row is locked against content changes while it runs).
+/// The checks of DESIGN §5 and the claim of §6, and the channel's post
+/// slot, in one short transaction (the thread row is locked against content
+/// changes while it runs; a slot is consumed only by a claim that commits).
 pub async fn check_and_claim(
     pool: &PgPool,
     p: &Proposal<'_>,
     sending_stale: f64,
+    spacing_secs: f64,
 ) -> sqlx::Result<Verdict> {
     #[derive(sqlx::FromRow)]
     struct Checks {
@@ -126,7 +131,9 @@ pub async fn check_and_claim(
         state: Option<String>,
         due_in: Option<f64>,
         sending_for: Option<f64>,
-        answered: bool,
+        /// The most binding state of the event's intents of other action
+        /// kinds: one reply per source event, whatever the action.
+        other: Option<String>,
         switch: Option<String>,
         deleted: bool,
         newer_trigger: bool,
@@ -146,8 +153,12 @@ pub async fn check_and_claim(
     let c: Checks = sqlx::query_as(&format!(
         "SELECT i.id AS intent, i.state, extract(epoch FROM i.next_attempt_at - now())::float8 AS due_in,
                 extract(epoch FROM now() - i.sending_since)::float8 AS sending_for,
-                EXISTS (SELECT 1 FROM reply_intents s
-                         WHERE s.installation_id = $1 AND s.event_id = $6 AND s.state = 'sent') AS answered,
+                (SELECT o.state FROM reply_intents o
+                  WHERE o.installation_id = $1 AND o.event_id = $6 AND o.action_kind <> $7
+                    AND (o.state IN ('sent', 'held', 'sending', 'unknown', 'reconciling')
+                         OR (o.state IN ('pending', 'failed_retryable') AND o.attempts > 0))
+                  ORDER BY CASE o.state WHEN 'sent' THEN 0 WHEN 'held' THEN 1 ELSE 2 END
+                  LIMIT 1) AS other,
                 {switch} AS switch,
                 (SELECT coalesce(bool_or(deleted), false) FROM thread_messages
                   WHERE installation_id = $1 AND channel_id = $2 AND ts = $5) AS deleted,
@@ -190,9 +201,14 @@ pub async fn check_and_claim(
             _ => {}
         }
     }
-    // One reply per source event, whatever the action kind.
-    if c.answered {
-        return Ok(Verdict::AlreadySent);
+    // One reply per source event, whatever the action kind: another kind
+    // that was sent answers it; one held for an operator closes it; one on
+    // its way (or whose outcome is not known yet) is waited for.
+    match c.other.as_deref() {
+        Some("sent") => return Ok(Verdict::AlreadySent),
+        Some("held") => return Ok(Verdict::Closed),
+        Some(_) => return Ok(Verdict::NotNow(5.0)),
+        None => {}
     }
     if let Some(switch) = c.switch {
         return Ok(Verdict::Suppressed(switch));
@@ -211,6 +227,11 @@ pub async fn check_and_claim(
         // Not stale yet: wait until it is processed, then check again (it
         // may change the thread, or be a reaction or an unchanged edit).
         return Ok(Verdict::NotNow(pending_wait(age)));
+    }
+    // The channel's post slot, in this transaction: released with it if
+    // nothing is claimed.
+    if let Some(wait) = take_slot(&mut tx, p.installation, p.channel, spacing_secs).await? {
+        return Ok(Verdict::NotNow(wait));
     }
     let id = match c.intent {
         Some(id) => id,
@@ -237,27 +258,37 @@ pub async fn check_and_claim(
             id
         }
     };
-    let claimed: Option<(i32, bool)> = sqlx::query_as(
-        "UPDATE reply_intents
-            SET state = 'sending', sending_since = now(), attempts = attempts + 1, decision_id = $2, body_hash = $3,
+    let claimed: Option<(i32, bool, Uuid)> = sqlx::query_as(
+        "WITH before AS (SELECT decision_id, attempts FROM reply_intents WHERE id = $1)
+         UPDATE reply_intents
+            SET state = 'sending', sending_since = now(), first_sending_since = coalesce(first_sending_since, now()),
+                attempts = attempts + 1, decision_id = $2, body_hash = $3,
+                claimed_hashes = CASE WHEN $3 = ANY(claimed_hashes) THEN claimed_hashes
+                                      ELSE array_append(claimed_hashes, $3) END,
                 error_code = NULL, updated_at = now()
           WHERE id = $1 AND state IN ('pending', 'failed_retryable', 'withdrawn') AND next_attempt_at <= now()
-         RETURNING attempts, ever_unknown",
+         RETURNING attempts, ever_unknown,
+                   (SELECT CASE WHEN before.attempts > 0 THEN before.decision_id ELSE $2 END FROM before)",
     )
     .bind(id)
     .bind(p.decision)
     .bind(p.body_hash)
     .fetch_optional(&mut *tx)
     .await?;
-    tx.commit().await?;
-    Ok(match claimed {
-        Some((attempt, ever_unknown)) => Verdict::Claimed(Claimed {
-            id,
-            attempt,
-            ever_unknown,
-        }),
-        None => Verdict::NotNow(5.0),
-    })
+    match claimed {
+        Some((attempt, ever_unknown, previous_decision)) => {
+            tx.commit().await?;
+            Ok(Verdict::Claimed(Claimed {
+                id,
+                attempt,
+                ever_unknown,
+                previous_decision,
+            }))
+        }
+        // Not claimable after all: the slot taken above goes back with the
+        // rollback.
+        None => Ok(Verdict::NotNow(5.0)),
+    }
 }
 
 /// What the re-check right before the HTTP call found.
@@ -367,33 +398,58 @@ pub async fn release(pool: &PgPool, c: &Claimed, code: &str, retry_in: f64) -> s
     Ok(r.rows_affected() == 1)
 }
 
-/// Reserves the channel's next post slot (about one a second, shared by
-/// all replicas) unless the channel is paused after a 429; returns how long
-/// to wait when no slot is free now.
+/// Takes the channel's next post slot (about one a second, shared by all
+/// replicas) unless the channel is paused after a 429; returns how long to
+/// wait when no slot is free now.
+pub async fn take_slot(
+    conn: &mut PgConnection,
+    installation: Uuid,
+    channel: &str,
+    spacing_secs: f64,
+) -> sqlx::Result<Option<f64>> {
+    let got: Option<i32> = sqlx::query_scalar(
+        "INSERT INTO post_budgets (installation_id, channel_id, next_allowed_at)
+         VALUES ($1, $2, now() + make_interval(secs => $3))
+         ON CONFLICT (installation_id, channel_id) DO UPDATE
+            SET next_allowed_at = now() + make_interval(secs => $3)
+          WHERE post_budgets.next_allowed_at <= now()
+         RETURNING 1",
+    )
+    .bind(installation)
+    .bind(channel)
+    .bind(spacing_secs)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if got.is_some() {
+        return Ok(None);
+    }
+    // (a statement of its own: it must see a row another transaction
+    // committed while the insert above waited for it)
+    let wait: f64 = sqlx::query_scalar(
+        "SELECT greatest(extract(epoch FROM next_allowed_at - now())::float8, 0.05) FROM post_budgets
+          WHERE installation_id = $1 AND channel_id = $2",
+    )
+    .bind(installation)
+    .bind(channel)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(Some(wait))
+}
+
+/// [`take_slot`] on its own (for inspection and tests).
 pub async fn reserve_slot(
     pool: &PgPool,
     installation: Uuid,
     channel: &str,
     spacing_secs: f64,
 ) -> sqlx::Result<Option<f64>> {
-    let wait: Option<f64> = sqlx::query_scalar(
-        "WITH got AS (
-            INSERT INTO post_budgets (installation_id, channel_id, next_allowed_at)
-            VALUES ($1, $2, now() + make_interval(secs => $3))
-            ON CONFLICT (installation_id, channel_id) DO UPDATE
-               SET next_allowed_at = now() + make_interval(secs => $3)
-             WHERE post_budgets.next_allowed_at <= now()
-            RETURNING 1)
-         SELECT CASE WHEN EXISTS (SELECT 1 FROM got) THEN NULL
-                     ELSE (SELECT greatest(extract(epoch FROM next_allowed_at - now())::float8, 0.05)
-                             FROM post_budgets WHERE installation_id = $1 AND channel_id = $2) END",
+    take_slot(
+        &mut *pool.acquire().await?,
+        installation,
+        channel,
+        spacing_secs,
     )
-    .bind(installation)
-    .bind(channel)
-    .bind(spacing_secs)
-    .fetch_one(pool)
-    .await?;
-    Ok(wait)
+    .await
 }
 
 /// Slack answered 429 for a post in this channel: no post in it before
@@ -533,6 +589,9 @@ pub async fn record_post_in(
                      ON m.installation_id = dd.installation_id AND m.channel_id = dd.channel_id AND m.root_ts = dd.root_ts
                   WHERE dd.id = $4 AND dd.context_ts IS NOT NULL AND EXISTS (SELECT 1 FROM i)
                     AND m.speaker = 'user'
+                    -- deleted only after the context was taken: it was there
+                    -- when the answer went out
+                    AND (NOT m.deleted OR m.deleted_at > dd.created_at)
                     AND m.ts::numeric < $2::numeric
                     AND m.ts::numeric > coalesce(dd.context_floor_ts, '0')::numeric
                     AND NOT (m.ts = ANY(dd.context_ts))
@@ -579,11 +638,14 @@ pub async fn record_post_in(
     Ok(Recorded { outcome, crossed })
 }
 
-/// Moves an intent from `sending` (or a reconciliation) to another state;
-/// `unknown` marks it for an evidence read before any later post.
+/// Moves the intent of attempt `attempt` from `sending` (or a
+/// reconciliation) to another state — never one a later attempt owns now;
+/// `unknown` marks it for an evidence read before any later post, and a
+/// `ratelimited` code counts a 429.
 pub async fn transition(
     pool: &PgPool,
     id: Uuid,
+    attempt: i32,
     to: &str,
     code: Option<&str>,
     retry_in: Option<f64>,
@@ -594,16 +656,77 @@ pub async fn transition(
                 next_attempt_at = CASE WHEN $4::float8 IS NULL THEN next_attempt_at ELSE now() + make_interval(secs => $4) END,
                 unknown_since = CASE WHEN $2 = 'unknown' THEN now() ELSE unknown_since END,
                 ever_unknown = ever_unknown OR $2 = 'unknown',
+                ratelimited_attempts = ratelimited_attempts + CASE WHEN $3 = 'ratelimited' THEN 1 ELSE 0 END,
                 updated_at = now()
-          WHERE id = $1 AND state IN ('sending', 'unknown', 'reconciling')",
+          WHERE id = $1 AND attempts = $5 AND state IN ('sending', 'unknown', 'reconciling')",
     )
     .bind(id)
     .bind(to)
     .bind(code)
     .bind(retry_in)
+    .bind(attempt)
     .execute(pool)
     .await?;
     Ok(r.rows_affected() == 1)
+}
+
+/// Slack answered 429 to attempt `attempt`: the intent waits `wait`
+/// seconds (`failed_retryable`), or, once Slack has refused `max` attempts
+/// this way, fails for good (`rate_limited_too_often`). Returns whether it
+/// gave up, or `None` when a later attempt owns the intent now.
+pub async fn rate_limited(
+    pool: &PgPool,
+    id: Uuid,
+    attempt: i32,
+    wait: f64,
+    max: i32,
+) -> sqlx::Result<Option<bool>> {
+    let state: Option<String> = sqlx::query_scalar(
+        "UPDATE reply_intents
+            SET ratelimited_attempts = ratelimited_attempts + 1,
+                state = CASE WHEN ratelimited_attempts + 1 >= $4 THEN 'failed_permanent' ELSE 'failed_retryable' END,
+                error_code = CASE WHEN ratelimited_attempts + 1 >= $4 THEN 'rate_limited_too_often' ELSE 'ratelimited' END,
+                next_attempt_at = now() + make_interval(secs => $3), updated_at = now()
+          WHERE id = $1 AND attempts = $2 AND state IN ('sending', 'unknown', 'reconciling')
+         RETURNING state",
+    )
+    .bind(id)
+    .bind(attempt)
+    .bind(wait)
+    .bind(max)
+    .fetch_optional(pool)
+    .await?;
+    Ok(state.map(|s| s == "failed_permanent"))
+}
+
+/// A proposal of a decision that may no longer be posted (discarded, or
+/// published by another attempt): an intent of it waiting to be (re)tried is
+/// withdrawn, so nothing keeps driving it.
+pub async fn withdraw_waiting(pool: &PgPool, decision: Uuid) -> sqlx::Result<u64> {
+    let r = sqlx::query(
+        "UPDATE reply_intents SET state = 'withdrawn', updated_at = now()
+          WHERE decision_id = $1 AND state IN ('pending', 'failed_retryable')
+            AND EXISTS (SELECT 1 FROM decisions d WHERE d.id = $1 AND d.status NOT IN ('proposed', 'approved', 'review'))",
+    )
+    .bind(decision)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected())
+}
+
+/// Holds an intent whose outcome is unknown but can no longer be
+/// reconciled (its installation lost its token: uninstalled, revoked):
+/// nothing is posted, and an operator sees why.
+pub async fn hold_unreadable(pool: &PgPool, id: Uuid, code: &str) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE reply_intents SET state = 'held', error_code = $2, updated_at = now()
+          WHERE id = $1 AND state IN ('sending', 'unknown', 'reconciling')",
+    )
+    .bind(id)
+    .bind(code)
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// Discards a decision (`stale`, `superseded`, `cancelled`, `suppressed`);
@@ -615,18 +738,33 @@ pub async fn set_decision(
     status: &str,
     reason: Option<&str>,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    set_decision_in(&mut *pool.acquire().await?, decision, status, reason).await?;
+    Ok(())
+}
+
+/// [`set_decision`] on the caller's connection; true when the decision
+/// was still open and is now discarded.
+pub async fn set_decision_in(
+    conn: &mut PgConnection,
+    decision: Uuid,
+    status: &str,
+    reason: Option<&str>,
+) -> sqlx::Result<bool> {
+    let discarded: bool = sqlx::query_scalar(
         "WITH d AS (
              UPDATE decisions SET status = $2, status_reason = $3, updated_at = now()
               WHERE id = $1 AND status IN ('proposed', 'approved')
-             RETURNING id)
-         UPDATE reply_intents SET state = 'withdrawn', error_code = $2, updated_at = now()
-          WHERE decision_id IN (SELECT id FROM d) AND state IN ('pending', 'failed_retryable')",
+             RETURNING id),
+         w AS (
+             UPDATE reply_intents SET state = 'withdrawn', error_code = $2, updated_at = now()
+              WHERE decision_id IN (SELECT id FROM d) AND state IN ('pending', 'failed_retryable')
+             RETURNING 1)
+         SELECT EXISTS (SELECT 1 FROM d)",
     )
     .bind(decision)
     .bind(status)
     .bind(reason)
-    .execute(pool)
+    .fetch_one(conn)
     .await?;
-    Ok(())
+    Ok(discarded)
 }

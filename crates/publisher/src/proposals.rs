@@ -44,7 +44,9 @@ pub async fn load(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Decision>> {
     .await
 }
 
-/// The bus message naming a decision; every field comes from the row.
+/// The bus message naming a decision; every field comes from the row, but
+/// not the reply's text and blocks: the publisher posts what the row holds,
+/// and a message queued in the outbox keeps no text in Postgres.
 pub fn message(d: &Decision) -> ProposalReady {
     ProposalReady {
         schema_version: SCHEMA_VERSION,
@@ -59,12 +61,8 @@ pub fn message(d: &Decision) -> ProposalReady {
         action_kind: d.action_kind.clone(),
         needs_review: !d.review_reasons.is_empty(),
         fallback: d.fallback,
-        text: d.body_text.clone().unwrap_or_default(),
-        blocks_json: d
-            .body_blocks
-            .as_ref()
-            .map(|b| b.to_string())
-            .unwrap_or_default(),
+        text: String::new(),
+        blocks_json: String::new(),
         body_hash: d.output_hash.clone().unwrap_or_default(),
         review_reasons: d.review_reasons.clone(),
         model_config_id: d.model_config_id.clone().unwrap_or_default(),

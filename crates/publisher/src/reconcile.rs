@@ -48,10 +48,11 @@ pub struct Subject<'a> {
     pub channel: &'a str,
     pub root_ts: &'a str,
     pub bot_id: &'a str,
-    /// SHA-256 (hex) of the approved reply text.
-    pub body_hash: &'a str,
-    /// The window a post of the latest attempt can have been created in
-    /// (unix seconds); metadata matches need no window.
+    /// SHA-256 (hex) of the approved text of every decision an attempt of
+    /// the intent posted.
+    pub hashes: Vec<String>,
+    /// The window a post of any attempt can have been created in (unix
+    /// seconds: from its first attempt on); metadata matches need no window.
     pub window: (f64, f64),
 }
 
@@ -95,7 +96,8 @@ fn classify(m: &Value, s: &Subject<'_>, others: &[String]) -> (bool, bool) {
     }
     let ts = m.get("ts").and_then(Value::as_str).unwrap_or_default();
     let text = m.get("text").and_then(Value::as_str).unwrap_or_default();
-    let same_body = hex::encode(Sha256::digest(text.as_bytes())) == s.body_hash;
+    let hash = hex::encode(Sha256::digest(text.as_bytes()));
+    let same_body = s.hashes.contains(&hash);
     let t = ts_secs(ts);
     let by_body = named.is_none()
         && same_body
@@ -255,14 +257,14 @@ mod tests {
 
     use super::*;
 
-    fn subject<'a>(intent: Uuid, hash: &'a str) -> Subject<'a> {
+    fn subject<'a>(intent: Uuid, hash: &str) -> Subject<'a> {
         Subject {
             intent,
             installation: Uuid::nil(),
             channel: "C1",
             root_ts: "100.000000",
             bot_id: "B1",
-            body_hash: hash,
+            hashes: vec!["another decision's hash".into(), hash.to_owned()],
             window: (200.0, 300.0),
         }
     }

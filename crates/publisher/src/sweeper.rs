@@ -101,64 +101,100 @@ pub async fn round(h: &Handler, sweep: Sweep) -> anyhow::Result<()> {
 }
 
 /// Reads the thread again for intents held without evidence of their post.
+/// Rows are taken with a short lease (their next check moved a minute on),
+/// and each is handled on its own: a failure leaves it due again soon,
+/// never forgotten.
 async fn late_checks(h: &Handler) -> anyhow::Result<()> {
-    type Due = (Uuid, Uuid, Uuid, String, String, String, Option<f64>, i32);
+    type Due = (
+        Uuid,
+        Uuid,
+        Uuid,
+        String,
+        String,
+        Vec<String>,
+        Option<f64>,
+        i32,
+    );
     let due: Vec<Due> = sqlx::query_as(
         "WITH taken AS (
             SELECT id FROM reply_intents
              WHERE state = 'held' AND next_check_at <= now()
              ORDER BY next_check_at LIMIT 20
              FOR UPDATE SKIP LOCKED)
-         UPDATE reply_intents r SET next_check_at = NULL, late_checks = r.late_checks + 1
+         UPDATE reply_intents r SET next_check_at = now() + interval '60 seconds'
            FROM taken WHERE r.id = taken.id
-         RETURNING r.id, r.installation_id, r.decision_id, r.channel_id, r.root_ts, r.body_hash,
-                   extract(epoch FROM r.sending_since)::float8, r.late_checks",
+         RETURNING r.id, r.installation_id, r.decision_id, r.channel_id, r.root_ts, r.claimed_hashes,
+                   extract(epoch FROM coalesce(r.first_sending_since, r.sending_since))::float8, r.late_checks",
     )
     .fetch_all(&h.pool)
     .await?;
-    for (intent, inst, decision, channel, root, body_hash, since, checks) in due {
-        let Some(bot) = h.bot(inst).await? else {
-            continue;
-        };
-        let since = since.unwrap_or(0.0);
-        let subject = Subject {
-            intent,
-            installation: inst,
-            channel: &channel,
-            root_ts: &root,
-            bot_id: &bot.bot_id,
-            body_hash: &body_hash,
-            window: (since - 2.0, since + h.sending_stale + 2.0),
-        };
-        let seen = reconcile::read(&h.pool, &h.web, bot.token.expose_secret(), &subject).await;
-        match seen.as_ref().ok().and_then(|s| s.post()) {
-            Some(ts) => {
-                let r = intents::record_post(&h.pool, intent, decision, ts, true).await?;
-                if r.outcome == PostRecord::Late {
-                    metrics::counter!("threadline_reconciliations_total", "result" => "late_post_found")
-                        .increment(1);
-                    tracing::warn!(
-                        alert = "late_post_found",
-                        intent_id = %intent,
-                        "a post held for lack of evidence was found in Slack later; recorded as sent"
-                    );
-                }
-            }
-            None => {
-                if let Err(e) = &seen {
-                    tracing::warn!(error = %e, "late check of a held reply could not read Slack");
-                }
-                sqlx::query(
-                    "UPDATE reply_intents SET next_check_at = now() + make_interval(secs => $2)
-                      WHERE id = $1 AND state = 'held'",
-                )
-                .bind(intent)
-                .bind(next_check(checks, h.evidence.late_check_secs))
-                .execute(&h.pool)
-                .await?;
-            }
+    for d in due {
+        let intent = d.0;
+        if let Err(e) = late_check(h, d).await {
+            tracing::warn!(error = format!("{e:#}"), intent_id = %intent, "late check of a held reply failed; it is due again in a minute");
         }
     }
+    Ok(())
+}
+
+async fn late_check(
+    h: &Handler,
+    (intent, inst, decision, channel, root, hashes, since, checks): (
+        Uuid,
+        Uuid,
+        Uuid,
+        String,
+        String,
+        Vec<String>,
+        Option<f64>,
+        i32,
+    ),
+) -> anyhow::Result<()> {
+    let Some(bot) = h.bot(inst).await? else {
+        // No token to read with (uninstalled, revoked): nothing more to learn.
+        sqlx::query(
+            "UPDATE reply_intents SET next_check_at = NULL WHERE id = $1 AND state = 'held'",
+        )
+        .bind(intent)
+        .execute(&h.pool)
+        .await?;
+        return Ok(());
+    };
+    let subject = Subject {
+        intent,
+        installation: inst,
+        channel: &channel,
+        root_ts: &root,
+        bot_id: &bot.bot_id,
+        hashes,
+        window: crate::handler::evidence_window(since),
+    };
+    let seen = reconcile::read(&h.pool, &h.web, bot.token.expose_secret(), &subject).await;
+    if let Some(ts) = seen.as_ref().ok().and_then(|s| s.post()) {
+        let r = intents::record_post(&h.pool, intent, decision, ts, true).await?;
+        if r.outcome == PostRecord::Late {
+            metrics::counter!("threadline_reconciliations_total", "result" => "late_post_found")
+                .increment(1);
+            tracing::warn!(
+                alert = "late_post_found",
+                intent_id = %intent,
+                "a post held for lack of evidence was found in Slack later; recorded as sent"
+            );
+        }
+        return Ok(());
+    }
+    if let Err(e) = &seen {
+        tracing::warn!(error = %e, "late check of a held reply could not read Slack");
+    }
+    sqlx::query(
+        "UPDATE reply_intents
+            SET late_checks = late_checks + 1, next_check_at = now() + make_interval(secs => $2)
+          WHERE id = $1 AND state = 'held'",
+    )
+    .bind(intent)
+    .bind(next_check(checks + 1, h.evidence.late_check_secs))
+    .execute(&h.pool)
+    .await?;
     Ok(())
 }
 

@@ -8,11 +8,11 @@ use prost::Message as _;
 use serde_json::{Value, json};
 use threadline_proto::v1::ProposalReady;
 use threadline_publisher::{Handler, PublisherConfig};
-use threadline_runtime::bus::{Topic, Topology};
+use threadline_runtime::bus::Topology;
 use threadline_runtime::config::Source;
 use threadline_runtime::secrets::{TokenCipher, token_aad};
 use threadline_runtime::worker::Disposition;
-use threadline_testkit::{TestDb, delete_streams, nats_url, stream_len, unique_prefix};
+use threadline_testkit::{TestDb, delete_streams, nats_url, unique_prefix};
 use uuid::Uuid;
 
 struct Env {
@@ -317,10 +317,20 @@ async fn a_thread_that_moved_on_is_reconsidered_not_answered() {
         env.decision(decision).await,
         ("stale".into(), Some("thread_changed".into()))
     );
-    let stream = Topology::new(env.prefix.clone()).stream(Topic::Reconsider);
+    // The reconsideration is queued in the outbox by the transaction that
+    // made the decision stale (the relay publishes it), once.
+    let queued: Vec<(String, String)> =
+        sqlx::query_as("SELECT topic, msg_id FROM outbox ORDER BY id")
+            .fetch_all(&env.db.pool)
+            .await
+            .expect("outbox");
+    let root = env.root().await;
     assert_eq!(
-        stream_len(&env.js, &stream).await,
-        1,
+        queued,
+        vec![(
+            "reconsider".to_owned(),
+            format!("recon:{}:{}:{root}:1", env.inst, env.channel)
+        )],
         "one coalesced reconsideration"
     );
     env.cleanup().await;
@@ -771,7 +781,7 @@ async fn an_event_of_the_thread_unprocessed_for_eleven_minutes_still_holds_the_a
     let h = env.handler(&[]);
     match h.handle(&payload).await {
         Disposition::Defer(d) => assert!(
-            d <= Duration::from_secs(10),
+            d <= Duration::from_secs(11),
             "waits {d:?}, then looks again"
         ),
         other => panic!("must wait for the backlog, got {other:?}"),
@@ -834,6 +844,35 @@ async fn a_tool_action_for_an_event_already_answered_is_never_posted() {
 /// an unknown feature would govern nothing (the CLI refuses to engage one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tools_switch_stops_a_tool_action_at_the_claim() {
+    // The `replies` switch governs thread replies, not actions: a tool
+    // action goes out under it (a second environment), and stops under
+    // `tools`.
+    let other = Env::new().await;
+    let (tool, tool_payload) = other.proposal("Restarting the cache.").await;
+    sqlx::query(
+        "UPDATE decisions SET status = 'approved', action_kind = 'tool:restart_cache',
+                review_reasons = '{action_beyond_reply}', reviewed_by = 'ana' WHERE id = $1",
+    )
+    .bind(tool)
+    .execute(&other.db.pool)
+    .await
+    .expect("tool decision");
+    threadline_runtime::killswitch::set(
+        &other.db.pool,
+        "feature",
+        "replies",
+        true,
+        Some("x"),
+        "ops",
+    )
+    .await
+    .expect("engage");
+    let h = other.handler(&[]);
+    other.until_done(&h, &tool_payload).await;
+    assert_eq!(other.decision(tool).await.0, "published");
+    assert_eq!(other.app_posts().await, 1);
+    other.cleanup().await;
+
     let env = Env::new().await;
     let (decision, payload) = env.proposal("Restarting the service.").await;
     sqlx::query(
@@ -876,6 +915,7 @@ async fn the_tools_switch_stops_a_tool_action_at_the_claim() {
             body_hash: "h",
         },
         300.0,
+        0.0,
     )
     .await
     .expect("claim");
@@ -945,5 +985,310 @@ async fn a_429_in_one_channel_leaves_the_other_channels_of_the_workspace_posting
         .await
         .expect("slot");
     assert_eq!(wait, None);
+    env.cleanup().await;
+}
+
+/// A post Slack accepted is recorded whatever became of its intent: from
+/// `held` it is `sent` (late, its decision published, its turn answered);
+/// a second post of an intent already sent is kept as an incident; and a
+/// human message of the thread the answer did not read is recorded as
+/// crossing it in flight, with its reconsideration queued in the outbox by
+/// the same transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_is_recorded_whatever_became_of_its_intent_and_a_crossing_is_seen() {
+    use threadline_publisher::intents::{PostRecord, record_post};
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("The answer.").await;
+    let p = ProposalReady::decode(payload.as_slice()).expect("decode");
+    let root = env.root().await;
+    // The answer read the root and the question; a person then replied.
+    sqlx::query("UPDATE decisions SET context_ts = ARRAY[$2, $3] WHERE id = $1")
+        .bind(decision)
+        .bind(&root)
+        .bind(&p.source_ts)
+        .execute(&env.db.pool)
+        .await
+        .expect("context");
+    let crossing = format!("{}5", &root[..root.len() - 1]);
+    sqlx::query("INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash) VALUES ($1, $2, $3, $4, 'user', 'wait', 'h')")
+        .bind(env.inst).bind(&env.channel).bind(&crossing).bind(&root)
+        .execute(&env.db.pool).await.expect("message");
+    let intent = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
+                                    body_hash, state, error_code)
+         VALUES ($1, $2, $3, 'thread_reply', $4, $5, $6, $7, 'hash', 'held', 'no_evidence_of_post')",
+    )
+    .bind(intent)
+    .bind(env.inst)
+    .bind(&p.event_id)
+    .bind(Uuid::parse_str(&p.receipt_id).expect("receipt"))
+    .bind(decision)
+    .bind(&env.channel)
+    .bind(&root)
+    .execute(&env.db.pool)
+    .await
+    .expect("held intent");
+    let reply_ts = format!("{}9", &root[..root.len() - 1]);
+    let r = record_post(&env.db.pool, intent, decision, &reply_ts, false)
+        .await
+        .expect("recorded");
+    assert_eq!(r.outcome, PostRecord::Late);
+    assert_eq!(r.crossed, vec![crossing.clone()]);
+    let (state, reconciled, late): (String, bool, bool) = sqlx::query_as(
+        "SELECT state, reconciled, late_recorded_at IS NOT NULL FROM reply_intents WHERE id = $1",
+    )
+    .bind(intent)
+    .fetch_one(&env.db.pool)
+    .await
+    .expect("intent");
+    assert_eq!((state.as_str(), reconciled, late), ("sent", true, true));
+    assert_eq!(env.decision(decision).await.0, "published");
+    let answered: bool =
+        sqlx::query_scalar("SELECT answered_at IS NOT NULL FROM turns WHERE ts = $1")
+            .bind(&p.source_ts)
+            .fetch_one(&env.db.pool)
+            .await
+            .expect("turn");
+    assert!(answered);
+    let queued: Vec<String> =
+        sqlx::query_scalar("SELECT msg_id FROM outbox WHERE topic = 'reconsider'")
+            .fetch_all(&env.db.pool)
+            .await
+            .expect("outbox");
+    assert_eq!(queued, [format!("recon:crossed:{intent}:{crossing}")]);
+    // The same record again changes nothing; another ts is an incident.
+    assert_eq!(
+        record_post(&env.db.pool, intent, decision, &reply_ts, false)
+            .await
+            .expect("again")
+            .outcome,
+        PostRecord::Already
+    );
+    let second = format!("{}8", &root[..root.len() - 1]);
+    assert_eq!(
+        record_post(&env.db.pool, intent, decision, &second, false)
+            .await
+            .expect("duplicate")
+            .outcome,
+        PostRecord::Duplicate
+    );
+    let (slack_ts, extra): (String, Vec<String>) =
+        sqlx::query_as("SELECT slack_ts, extra_ts FROM reply_intents WHERE id = $1")
+            .bind(intent)
+            .fetch_one(&env.db.pool)
+            .await
+            .expect("intent");
+    assert_eq!((slack_ts, extra), (reply_ts, vec![second]));
+    env.cleanup().await;
+}
+
+/// Without metadata (Slack dropped it), evidence is the approved body's
+/// hash inside the intent's window — never a message already recorded as
+/// another intent's post, nor one created before the intent's first try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evidence_without_metadata_is_the_body_hash_in_the_window_never_another_intents_post() {
+    use sha2::Digest as _;
+    use threadline_publisher::reconcile::{Subject, read};
+    let env = Env::new().await;
+    let root = env.root().await;
+    let web =
+        threadline_slack::WebClient::new(&format!("{}/api/", env.sim), Duration::from_secs(5))
+            .expect("client");
+    let text = "The fallback answer.";
+    let post = |t: &'static str| {
+        let (http, sim, token, channel, root) = (
+            env.http.clone(),
+            env.sim.clone(),
+            env.token.clone(),
+            env.channel.clone(),
+            root.clone(),
+        );
+        async move {
+            let v: Value = http
+                .post(format!("{sim}/api/chat.postMessage"))
+                .bearer_auth(token)
+                .form(&[
+                    ("channel", channel.as_str()),
+                    ("thread_ts", root.as_str()),
+                    ("text", t),
+                ])
+                .send()
+                .await
+                .expect("post")
+                .json()
+                .await
+                .expect("json");
+            v["ts"].as_str().expect("posted").to_owned()
+        }
+    };
+    let earlier = post(text).await;
+    // The earlier post belongs to another intent of the thread.
+    sqlx::query(
+        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
+                                    body_hash, state, slack_ts)
+         VALUES ($1, $2, 'EvEARLIER', 'thread_reply', $3, $4, $5, $6, 'h', 'sent', $7)",
+    )
+    .bind(Uuid::now_v7()).bind(env.inst).bind(Uuid::now_v7()).bind(Uuid::now_v7())
+    .bind(&env.channel).bind(&root).bind(&earlier)
+    .execute(&env.db.pool).await.expect("the other intent");
+    let intent = Uuid::now_v7();
+    let hash = hex::encode(sha2::Sha256::digest(text.as_bytes()));
+    let bot_id = sqlx::query_scalar::<_, String>("SELECT bot_id FROM installations")
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("bot");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    let subject = |window: (f64, f64)| Subject {
+        intent,
+        installation: env.inst,
+        channel: &env.channel,
+        root_ts: &root,
+        bot_id: &bot_id,
+        hashes: vec![hash.clone()],
+        window,
+    };
+    let seen = read(
+        &env.db.pool,
+        &web,
+        &env.token,
+        &subject((now - 60.0, now + 60.0)),
+    )
+    .await
+    .expect("read");
+    assert_eq!(seen.post(), None, "another intent's post is no evidence");
+    let ours = post(text).await;
+    let seen = read(
+        &env.db.pool,
+        &web,
+        &env.token,
+        &subject((now - 60.0, now + 60.0)),
+    )
+    .await
+    .expect("read");
+    assert_eq!(seen.post(), Some(ours.as_str()));
+    let seen = read(
+        &env.db.pool,
+        &web,
+        &env.token,
+        &subject((now + 30.0, now + 60.0)),
+    )
+    .await
+    .expect("read");
+    assert_eq!(
+        seen.post(),
+        None,
+        "nothing from before the intent's first try"
+    );
+    env.cleanup().await;
+}
+
+/// The re-check right before the HTTP call: a thread changed after the
+/// claim stops the post (stale), a claim older than a post may start is
+/// expired (given back unposted), a claim another attempt took over is
+/// lost, and an event of the thread accepted after the claim makes it wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recheck_before_the_post_stops_what_changed_after_the_claim() {
+    use threadline_publisher::intents::{Fence, Verdict, check_and_claim, fence, release};
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Checked twice.").await;
+    let p = ProposalReady::decode(payload.as_slice()).expect("decode");
+    let root = env.root().await;
+    let proposal = threadline_publisher::intents::Proposal {
+        installation: env.inst,
+        receipt: Uuid::parse_str(&p.receipt_id).expect("receipt"),
+        decision,
+        event_id: &p.event_id,
+        action_kind: "thread_reply",
+        channel: &env.channel,
+        root_ts: &root,
+        source_ts: &p.source_ts,
+        version: 1,
+        body_hash: "hash",
+    };
+    let Verdict::Claimed(claim) = check_and_claim(&env.db.pool, &proposal, 300.0, 0.0)
+        .await
+        .expect("claim")
+    else {
+        panic!("claimed")
+    };
+    assert_eq!(
+        fence(&env.db.pool, &proposal, &claim, 60.0)
+            .await
+            .expect("fence"),
+        Fence::Go
+    );
+    // An event of the thread accepted after the claim: wait for it.
+    let later = Uuid::now_v7();
+    sqlx::query("INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, channel_id, thread_ts, event_time) VALUES ($1, $2, $3, 'EvAFTER', 'message', $4, $5, now())")
+        .bind(later).bind(env.inst).bind(&env.app).bind(&env.channel).bind(&root)
+        .execute(&env.db.pool).await.expect("receipt");
+    assert!(matches!(
+        fence(&env.db.pool, &proposal, &claim, 60.0)
+            .await
+            .expect("fence"),
+        Fence::Waiting(_)
+    ));
+    // It changed the thread.
+    sqlx::query("UPDATE event_receipts SET state = 'done' WHERE id = $1")
+        .bind(later)
+        .execute(&env.db.pool)
+        .await
+        .expect("processed");
+    sqlx::query("UPDATE threads SET version = 2")
+        .execute(&env.db.pool)
+        .await
+        .expect("bump");
+    assert_eq!(
+        fence(&env.db.pool, &proposal, &claim, 60.0)
+            .await
+            .expect("fence"),
+        Fence::Stale
+    );
+    sqlx::query("UPDATE threads SET version = 1")
+        .execute(&env.db.pool)
+        .await
+        .expect("back");
+    // The worker stalled between the claim and the post.
+    sqlx::query("UPDATE reply_intents SET sending_since = now() - interval '2 minutes'")
+        .execute(&env.db.pool)
+        .await
+        .expect("old claim");
+    assert_eq!(
+        fence(&env.db.pool, &proposal, &claim, 60.0)
+            .await
+            .expect("fence"),
+        Fence::Expired
+    );
+    assert!(
+        release(&env.db.pool, &claim, "claim_expired_unposted", 0.0)
+            .await
+            .expect("release")
+    );
+    assert_eq!(env.intent().await.0, "pending");
+    // Claimed again by another attempt: the first one's claim is lost.
+    let Verdict::Claimed(again) = check_and_claim(&env.db.pool, &proposal, 300.0, 0.0)
+        .await
+        .expect("claim")
+    else {
+        panic!("claimed again")
+    };
+    assert_eq!(again.attempt, claim.attempt + 1);
+    assert_eq!(
+        fence(&env.db.pool, &proposal, &claim, 60.0)
+            .await
+            .expect("fence"),
+        Fence::Lost
+    );
+    assert!(
+        !release(&env.db.pool, &claim, "late", 0.0)
+            .await
+            .expect("release"),
+        "an old attempt cannot give back a newer claim"
+    );
+    assert_eq!(env.app_posts().await, 0);
     env.cleanup().await;
 }

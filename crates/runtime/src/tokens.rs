@@ -60,6 +60,21 @@ type Row = (
 
 /// The installation's bot token, refreshed first when it is about to
 /// expire; `None` when the installation is disabled or has no token.
+/// Slack's answers to a refresh that mean the refresh token or the app's
+/// credentials are refused for good; anything else (`internal_error`,
+/// `fatal_error`, `ratelimited`, an answer without `ok`…) is transient.
+const REFUSALS: &[&str] = &[
+    "invalid_refresh_token",
+    "token_revoked",
+    "token_expired",
+    "invalid_client",
+    "invalid_client_id",
+    "bad_client_secret",
+    "invalid_grant_type",
+    "invalid_auth",
+    "account_inactive",
+];
+
 pub async fn bot_token(
     pool: &PgPool,
     cipher: &TokenCipher,
@@ -104,17 +119,25 @@ pub async fn bot_token(
         .await;
     let v = match answer {
         Ok(v) => v,
-        Err(WebError::Api { code }) => {
-            // Slack refused: stop outbound work visibly rather than loop.
-            sqlx::query(
+        // A definite refusal of the refresh token we used: stop outbound
+        // work visibly rather than loop — but only if the installation still
+        // holds that refresh token (another refresher that won the race has
+        // stored new tokens, which stand).
+        Err(WebError::Api { code }) if REFUSALS.contains(&code.as_str()) => {
+            let disabled = sqlx::query(
                 "UPDATE installations SET status = 'disabled', disabled_reason = 'token_refresh_failed',
                         bot_token_sealed = NULL, bot_token_key_id = NULL, refresh_token_sealed = NULL,
                         refresh_token_key_id = NULL, updated_at = now()
-                  WHERE id = $1",
+                  WHERE id = $1 AND refresh_token_sealed = $2",
             )
             .bind(inst)
+            .bind(&rbytes)
             .execute(pool)
             .await?;
+            if disabled.rows_affected() == 0 {
+                // Refreshed meanwhile by someone else: use what they stored.
+                return Box::pin(bot_token(pool, cipher, None, inst)).await;
+            }
             metrics::counter!("threadline_token_refresh_total", "result" => "refused").increment(1);
             let code: String = code
                 .chars()
@@ -130,7 +153,12 @@ pub async fn bot_token(
             tracing::warn!(error = %e, installation_id = %inst, "token refresh failed; the current token is still valid");
             return Ok(Some(current));
         }
-        Err(e) => anyhow::bail!("token expired and its refresh failed: {e}"),
+        // Slack away, failing on its side or answering something that is
+        // not a refusal: transient, retried with the work that needs it.
+        Err(e) => {
+            metrics::counter!("threadline_token_refresh_total", "result" => "failed").increment(1);
+            return Err(anyhow::Error::new(e).context("the token expired and its refresh failed"));
+        }
     };
     let text = |k: &str| {
         v.get(k)

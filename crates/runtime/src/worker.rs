@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer};
-use futures::StreamExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 use tracing::Instrument as _;
 
 use crate::bus::{HeaderExtractor, Topic, Topology};
@@ -235,7 +235,12 @@ async fn handle_one<H, F>(
             }
         }
     });
-    let outcome = handler(msg.clone()).instrument(span.clone()).await;
+    // A handler that panics on a message is a failure like any other
+    // (counted, then dead-lettered), not the end of the worker.
+    let outcome = std::panic::AssertUnwindSafe(handler(msg.clone()).instrument(span.clone()))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Disposition::Fail("handler_panicked".into()));
     progress_stop.cancel();
     let _ = progress.await;
     let result = match outcome {
