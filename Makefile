@@ -21,7 +21,7 @@ demo: ## Build, start what is missing, play a scripted Slack story and report (A
 	./scripts/with-services.sh ./scripts/demo.sh $(ARGS)
 
 .PHONY: chaos
-chaos: ## Chaos soak: seeded random Slack activity, faults and service kills, then an invariant check (ARGS="--seed N --steps N")
+chaos: ## Adversarial chaos soak judged from Slack's side: random activity, faults, kills, pauses, Postgres and NATS outages (ARGS="--events N --seed N")
 	./scripts/with-services.sh bash -c 'cargo build -q --workspace --bins && "$${CARGO_TARGET_DIR:-target}/debug/threadline-chaos" $(ARGS)'
 
 .PHONY: test
