@@ -27,6 +27,9 @@ ALTER TABLE reply_intents ADD COLUMN late_recorded_at timestamptz;
 -- because no delivery was driving it.
 ALTER TABLE reply_intents ADD COLUMN swept_at timestamptz;
 CREATE INDEX reply_intents_held_checks ON reply_intents (next_check_at) WHERE state = 'held' AND next_check_at IS NOT NULL;
+-- The intents of a thread: read for every human message the thread gets
+-- (did it cross a sent answer?) and by every reconciliation.
+CREATE INDEX reply_intents_by_thread ON reply_intents (installation_id, channel_id, root_ts);
 
 -- An answer that a human message crossed in flight: the message reached
 -- Slack after the answer's context was taken and before the answer was

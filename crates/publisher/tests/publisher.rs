@@ -816,17 +816,20 @@ async fn a_tool_action_for_an_event_already_answered_is_never_posted() {
     sqlx::query(
         "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
                                 status, action_kind, review_reasons, reviewed_by, body_text, output_hash)
-         SELECT $1, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, 2, 'approved',
+         SELECT $1, $3, installation_id, event_id, channel_id, root_ts, source_ts, 1, 'approved',
                 'tool:restart_service', '{action_beyond_reply}', 'ana', 'Restarting it.', 'h2'
            FROM decisions WHERE id = $2",
     )
     .bind(tool)
     .bind(first)
+    .bind(Uuid::now_v7())
     .execute(&env.db.pool)
     .await
     .expect("tool decision");
+    // (the same thread version: only "already answered" can stop it)
     let mut p = ProposalReady::decode(payload.as_slice()).expect("decode");
     p.decision_id = tool.to_string();
+    p.action_kind = "tool:restart_service".into();
     assert!(matches!(
         h.handle(&p.encode_to_vec()).await,
         Disposition::Done

@@ -192,5 +192,8 @@ async fn main() {
         .map(|(p, n)| format!("{n} {}", peak_rss_mib(p.child.id())))
         .collect();
     println!("peak resident memory: {}", peaks.join(", "));
+    // A benchmark measures; its answers are judged by the tests.
+    let mut s = s;
+    s.unjudged = Some("a benchmark");
     s.stop().await;
 }
