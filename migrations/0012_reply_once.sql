@@ -74,6 +74,11 @@ ALTER TABLE thread_messages ADD COLUMN deleted_at timestamptz;
 -- waiting for it and an operator sees why; a dead-letter replay reopens it.
 ALTER TABLE event_receipts ADD COLUMN failures integer NOT NULL DEFAULT 0;
 
--- A 429 now pauses only the channel it came from (Slack's limit for
--- chat.postMessage is per channel): the workspace-wide pause is gone.
-DROP TABLE workspace_pauses;
+-- Intents claimed before this migration: their one hash and first claim.
+UPDATE reply_intents SET claimed_hashes = ARRAY[body_hash], first_sending_since = sending_since
+ WHERE attempts > 0 AND cardinality(claimed_hashes) = 0;
+
+-- (A 429 now pauses only the channel it came from — Slack's limit for
+-- chat.postMessage is per channel — so `workspace_pauses` is no longer
+-- written. It is kept for the release that still runs beside an older
+-- publisher during a rolling upgrade; a later migration drops it.)

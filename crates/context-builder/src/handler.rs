@@ -3,6 +3,7 @@
 
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
+use futures::FutureExt as _;
 use prost::Message as _;
 use secrecy::ExposeSecret as _;
 use sqlx::PgPool;
@@ -70,7 +71,14 @@ impl Handler {
             return Disposition::Poison("EventAccepted without a receipt id".into());
         };
         let span = tracing::info_span!("context.build", event_id = %ev.event_id, receipt_id = %receipt, outcome = tracing::field::Empty);
-        match self.process(&ev, receipt).instrument(span.clone()).await {
+        // A panic on this event is a failure of it like any other: counted
+        // on its receipt, which is failed visibly at the limit.
+        let processed =
+            std::panic::AssertUnwindSafe(self.process(&ev, receipt).instrument(span.clone()))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the handler panicked")));
+        match processed {
             Ok(Step::Done) => {
                 span.record("outcome", "context");
                 Disposition::Done
@@ -267,8 +275,11 @@ impl Handler {
             // Crossings recorded from here on wait for the next
             // reconsideration: this one may read the thread before them.
             let started: time::OffsetDateTime =
-                sqlx::query_scalar("SELECT now()").fetch_one(&self.pool).await?;
-            let Some(inst) = store::installation(&self.pool, inst_id).await? else { return Ok(()) };
+                sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(&self.pool).await?;
+            let Some(inst) = store::installation(&self.pool, inst_id).await? else {
+                store::crossed_reconsidered(&self.pool, inst_id, &r.channel_id, &r.root_ts, "installation_inactive", started).await?;
+                return Ok(());
+            };
             if !inst.active {
                 store::crossed_reconsidered(&self.pool, inst_id, &r.channel_id, &r.root_ts, "installation_inactive", started).await?;
                 return Ok(());

@@ -437,8 +437,9 @@ pub async fn crossed_answers(
     ts: &str,
 ) -> sqlx::Result<Vec<Uuid>> {
     let crossed: Vec<(Uuid, Uuid)> = sqlx::query_as(
-        "INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by)
-         SELECT i.id, i.installation_id, i.channel_id, i.root_ts, i.slack_ts, $4, 'context-builder'
+        "INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by,
+                                      detected_at)
+         SELECT i.id, i.installation_id, i.channel_id, i.root_ts, i.slack_ts, $4, 'context-builder', clock_timestamp()
            FROM reply_intents i JOIN decisions d ON d.id = i.decision_id
           WHERE i.installation_id = $1 AND i.channel_id = $2 AND i.root_ts = $3
             AND i.state = 'sent' AND i.slack_ts IS NOT NULL

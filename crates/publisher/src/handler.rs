@@ -70,16 +70,6 @@ fn jitter(secs: f64, seed: &Uuid) -> f64 {
     secs + (seed.as_u128() % 1000) as f64 / 1000.0
 }
 
-/// The window a post of an intent can have been created in: from just
-/// before its first attempt was claimed until now.
-pub(crate) fn evidence_window(first_attempt: Option<f64>) -> (f64, f64) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
-    (first_attempt.unwrap_or(0.0) - 2.0, now + 2.0)
-}
-
 /// Runs a database write that records what Slack did, again and again
 /// while the database is away (transient errors only): what happened in
 /// Slack must not be lost to a blip.
@@ -370,16 +360,27 @@ impl Handler {
             {
                 Ok(seen) => {
                     if let Some(ts) = seen.post() {
-                        // What Slack holds is the earlier attempt's text:
-                        // its decision is the one published.
-                        let r = intents::record_post(
+                        // What Slack holds is an earlier attempt's text: its
+                        // decision is the one published, and this one, if
+                        // another, is settled as already answered.
+                        let posted = intents::decision_for_post(
                             &self.pool,
                             claim.id,
+                            seen.hashes.get(ts),
                             claim.previous_decision,
-                            ts,
-                            true,
                         )
                         .await?;
+                        let r =
+                            intents::record_post(&self.pool, claim.id, posted, ts, true).await?;
+                        if posted != p.decision {
+                            intents::set_decision(
+                                &self.pool,
+                                p.decision,
+                                "superseded",
+                                Some("already_answered"),
+                            )
+                            .await?;
+                        }
                         metrics::counter!("threadline_reconciliations_total", "result" => "sent_before_repost").increment(1);
                         self.after_record(&r, claim.id);
                         return Ok(Disposition::Done);
@@ -652,25 +653,15 @@ impl Handler {
         p: &'a Proposal<'a>,
         bot_id: &'a str,
     ) -> anyhow::Result<Subject<'a>> {
-        let (since, hashes): (Option<f64>, Vec<String>) = sqlx::query_as(
-            "SELECT extract(epoch FROM coalesce(first_sending_since, sending_since))::float8, claimed_hashes
-               FROM reply_intents WHERE id = $1",
-        )
-        .bind(intent)
-        .fetch_one(&self.pool)
-        .await?;
+        let (hashes, window) = intents::evidence(&self.pool, intent, self.sending_stale).await?;
         Ok(Subject {
             intent,
             installation: p.installation,
             channel: p.channel,
             root_ts: p.root_ts,
             bot_id,
-            hashes: if hashes.is_empty() {
-                vec![p.body_hash.to_owned()]
-            } else {
-                hashes
-            },
-            window: evidence_window(since),
+            hashes,
+            window,
         })
     }
 

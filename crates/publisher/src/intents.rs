@@ -409,10 +409,10 @@ pub async fn take_slot(
 ) -> sqlx::Result<Option<f64>> {
     let got: Option<i32> = sqlx::query_scalar(
         "INSERT INTO post_budgets (installation_id, channel_id, next_allowed_at)
-         VALUES ($1, $2, now() + make_interval(secs => $3))
+         VALUES ($1, $2, clock_timestamp() + make_interval(secs => $3))
          ON CONFLICT (installation_id, channel_id) DO UPDATE
-            SET next_allowed_at = now() + make_interval(secs => $3)
-          WHERE post_budgets.next_allowed_at <= now()
+            SET next_allowed_at = clock_timestamp() + make_interval(secs => $3)
+          WHERE post_budgets.next_allowed_at <= clock_timestamp()
          RETURNING 1",
     )
     .bind(installation)
@@ -426,7 +426,7 @@ pub async fn take_slot(
     // (a statement of its own: it must see a row another transaction
     // committed while the insert above waited for it)
     let wait: f64 = sqlx::query_scalar(
-        "SELECT greatest(extract(epoch FROM next_allowed_at - now())::float8, 0.05) FROM post_budgets
+        "SELECT greatest(extract(epoch FROM next_allowed_at - clock_timestamp())::float8, 0.05) FROM post_budgets
           WHERE installation_id = $1 AND channel_id = $2",
     )
     .bind(installation)
@@ -583,8 +583,9 @@ pub async fn record_post_in(
                      WHERE dd.id = $4 AND EXISTS (SELECT 1 FROM i)
                        AND t.installation_id = dd.installation_id AND t.channel_id = dd.channel_id AND t.ts = dd.source_ts
                     RETURNING 1)
-                 INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by)
-                 SELECT $1, dd.installation_id, dd.channel_id, dd.root_ts, $2, m.ts, 'publisher'
+                 INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by,
+                                              detected_at)
+                 SELECT $1, dd.installation_id, dd.channel_id, dd.root_ts, $2, m.ts, 'publisher', clock_timestamp()
                    FROM decisions dd JOIN thread_messages m
                      ON m.installation_id = dd.installation_id AND m.channel_id = dd.channel_id AND m.root_ts = dd.root_ts
                   WHERE dd.id = $4 AND dd.context_ts IS NOT NULL AND EXISTS (SELECT 1 FROM i)
@@ -636,6 +637,54 @@ pub async fn record_post_in(
         .await?;
     }
     Ok(Recorded { outcome, crossed })
+}
+
+/// What evidence of an intent's posts looks like: the body hash of every
+/// decision an attempt posted, and the window those posts can have been
+/// created in — from just before its first attempt to a minute past the
+/// stale time after its last (a later post carries the intent's metadata,
+/// which needs no window). Times by the database's clock.
+pub async fn evidence(
+    pool: &PgPool,
+    intent: Uuid,
+    stale: f64,
+) -> sqlx::Result<(Vec<String>, (f64, f64))> {
+    let (hashes, from, to): (Vec<String>, f64, f64) = sqlx::query_as(
+        "SELECT CASE WHEN cardinality(claimed_hashes) = 0 THEN ARRAY[body_hash] ELSE claimed_hashes END,
+                extract(epoch FROM coalesce(first_sending_since, sending_since, created_at))::float8 - 2,
+                extract(epoch FROM coalesce(sending_since, created_at))::float8 + $2 + 60
+           FROM reply_intents WHERE id = $1",
+    )
+    .bind(intent)
+    .bind(stale)
+    .fetch_one(pool)
+    .await?;
+    Ok((hashes, (from, to)))
+}
+
+/// The decision whose text Slack holds in a post of `intent` with body
+/// hash `hash`: the newest decision of the intent's event with that output
+/// hash, else `fallback`.
+pub async fn decision_for_post(
+    pool: &PgPool,
+    intent: Uuid,
+    hash: Option<&String>,
+    fallback: Uuid,
+) -> sqlx::Result<Uuid> {
+    let Some(hash) = hash else {
+        return Ok(fallback);
+    };
+    let found: Option<Uuid> = sqlx::query_scalar(
+        "SELECT d.id FROM decisions d
+           JOIN reply_intents i ON i.installation_id = d.installation_id AND i.event_id = d.event_id
+          WHERE i.id = $1 AND d.output_hash = $2
+          ORDER BY d.created_at DESC LIMIT 1",
+    )
+    .bind(intent)
+    .bind(hash)
+    .fetch_optional(pool)
+    .await?;
+    Ok(found.unwrap_or(fallback))
 }
 
 /// Moves the intent of attempt `attempt` from `sending` (or a

@@ -44,9 +44,10 @@ pub async fn load(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Decision>> {
     .await
 }
 
-/// The bus message naming a decision; every field comes from the row, but
-/// not the reply's text and blocks: the publisher posts what the row holds,
-/// and a message queued in the outbox keeps no text in Postgres.
+/// The bus message naming a decision; every field comes from the row. The
+/// publisher posts what the row holds; the text still travels for a
+/// publisher of the previous release during a rolling upgrade (in the
+/// outbox only until the relay publishes it, like an event's payload).
 pub fn message(d: &Decision) -> ProposalReady {
     ProposalReady {
         schema_version: SCHEMA_VERSION,
@@ -61,8 +62,12 @@ pub fn message(d: &Decision) -> ProposalReady {
         action_kind: d.action_kind.clone(),
         needs_review: !d.review_reasons.is_empty(),
         fallback: d.fallback,
-        text: String::new(),
-        blocks_json: String::new(),
+        text: d.body_text.clone().unwrap_or_default(),
+        blocks_json: d
+            .body_blocks
+            .as_ref()
+            .map(|b| b.to_string())
+            .unwrap_or_default(),
         body_hash: d.output_hash.clone().unwrap_or_default(),
         review_reasons: d.review_reasons.clone(),
         model_config_id: d.model_config_id.clone().unwrap_or_default(),

@@ -64,6 +64,9 @@ pub struct Seen {
     /// Messages of our bot without another intent's metadata, with the
     /// approved body's hash, inside the window, not another intent's post.
     pub by_body: Vec<String>,
+    /// The body hash of each message found (ts → SHA-256 of its text): which
+    /// decision's text Slack holds.
+    pub hashes: std::collections::BTreeMap<String, String>,
 }
 
 impl Seen {
@@ -137,9 +140,17 @@ pub async fn read(
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_owned();
+            let text = m.get("text").and_then(Value::as_str).unwrap_or_default();
+            let hash = || hex::encode(Sha256::digest(text.as_bytes()));
             match classify(m, s, &others) {
-                (true, _) => seen.by_metadata.push(ts),
-                (_, true) => seen.by_body.push(ts),
+                (true, _) => {
+                    seen.hashes.insert(ts.clone(), hash());
+                    seen.by_metadata.push(ts);
+                }
+                (_, true) => {
+                    seen.hashes.insert(ts.clone(), hash());
+                    seen.by_body.push(ts);
+                }
                 _ => {}
             }
         }
@@ -212,7 +223,9 @@ pub async fn run(
     };
     match &found {
         Found::Sent(ts) => {
-            let r = intents::record_post(pool, s.intent, decision, ts, true).await?;
+            let posted =
+                intents::decision_for_post(pool, s.intent, seen.hashes.get(ts), decision).await?;
+            let r = intents::record_post(pool, s.intent, posted, ts, true).await?;
             if r.outcome == PostRecord::Duplicate {
                 metrics::counter!("threadline_duplicate_reply_incidents_total").increment(1);
             }

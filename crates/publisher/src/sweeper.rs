@@ -105,33 +105,27 @@ pub async fn round(h: &Handler, sweep: Sweep) -> anyhow::Result<()> {
 /// and each is handled on its own: a failure leaves it due again soon,
 /// never forgotten.
 async fn late_checks(h: &Handler) -> anyhow::Result<()> {
-    type Due = (
-        Uuid,
-        Uuid,
-        Uuid,
-        String,
-        String,
-        Vec<String>,
-        Option<f64>,
-        i32,
-    );
-    let due: Vec<Due> = sqlx::query_as(
+    // Taken with a lease that grows with the checks made, so a row that
+    // keeps failing is retried less and less often and then left held.
+    let due: Vec<(Uuid, Uuid, Uuid, String, String, i32)> = sqlx::query_as(
         "WITH taken AS (
             SELECT id FROM reply_intents
              WHERE state = 'held' AND next_check_at <= now()
              ORDER BY next_check_at LIMIT 20
              FOR UPDATE SKIP LOCKED)
-         UPDATE reply_intents r SET next_check_at = now() + interval '60 seconds'
+         UPDATE reply_intents r
+            SET late_checks = r.late_checks + 1,
+                next_check_at = CASE WHEN r.late_checks >= 20 THEN NULL
+                                     ELSE now() + make_interval(secs => least(60 * 2 ^ r.late_checks, 86400)) END
            FROM taken WHERE r.id = taken.id
-         RETURNING r.id, r.installation_id, r.decision_id, r.channel_id, r.root_ts, r.claimed_hashes,
-                   extract(epoch FROM coalesce(r.first_sending_since, r.sending_since))::float8, r.late_checks",
+         RETURNING r.id, r.installation_id, r.decision_id, r.channel_id, r.root_ts, r.late_checks",
     )
     .fetch_all(&h.pool)
     .await?;
     for d in due {
         let intent = d.0;
         if let Err(e) = late_check(h, d).await {
-            tracing::warn!(error = format!("{e:#}"), intent_id = %intent, "late check of a held reply failed; it is due again in a minute");
+            tracing::warn!(error = format!("{e:#}"), intent_id = %intent, "late check of a held reply failed; it is due again later");
         }
     }
     Ok(())
@@ -139,16 +133,7 @@ async fn late_checks(h: &Handler) -> anyhow::Result<()> {
 
 async fn late_check(
     h: &Handler,
-    (intent, inst, decision, channel, root, hashes, since, checks): (
-        Uuid,
-        Uuid,
-        Uuid,
-        String,
-        String,
-        Vec<String>,
-        Option<f64>,
-        i32,
-    ),
+    (intent, inst, decision, channel, root, checks): (Uuid, Uuid, Uuid, String, String, i32),
 ) -> anyhow::Result<()> {
     let Some(bot) = h.bot(inst).await? else {
         // No token to read with (uninstalled, revoked): nothing more to learn.
@@ -160,6 +145,7 @@ async fn late_check(
         .await?;
         return Ok(());
     };
+    let (hashes, window) = intents::evidence(&h.pool, intent, h.sending_stale).await?;
     let subject = Subject {
         intent,
         installation: inst,
@@ -167,11 +153,13 @@ async fn late_check(
         root_ts: &root,
         bot_id: &bot.bot_id,
         hashes,
-        window: crate::handler::evidence_window(since),
+        window,
     };
     let seen = reconcile::read(&h.pool, &h.web, bot.token.expose_secret(), &subject).await;
-    if let Some(ts) = seen.as_ref().ok().and_then(|s| s.post()) {
-        let r = intents::record_post(&h.pool, intent, decision, ts, true).await?;
+    if let Some((ts, seen)) = seen.as_ref().ok().and_then(|s| s.post().map(|t| (t, s))) {
+        let posted =
+            intents::decision_for_post(&h.pool, intent, seen.hashes.get(ts), decision).await?;
+        let r = intents::record_post(&h.pool, intent, posted, ts, true).await?;
         if r.outcome == PostRecord::Late {
             metrics::counter!("threadline_reconciliations_total", "result" => "late_post_found")
                 .increment(1);
@@ -186,13 +174,13 @@ async fn late_check(
     if let Err(e) = &seen {
         tracing::warn!(error = %e, "late check of a held reply could not read Slack");
     }
+    // Read again on the widening schedule (none after about a week).
     sqlx::query(
-        "UPDATE reply_intents
-            SET late_checks = late_checks + 1, next_check_at = now() + make_interval(secs => $2)
+        "UPDATE reply_intents SET next_check_at = now() + make_interval(secs => $2)
           WHERE id = $1 AND state = 'held'",
     )
     .bind(intent)
-    .bind(next_check(checks + 1, h.evidence.late_check_secs))
+    .bind(next_check(checks, h.evidence.late_check_secs))
     .execute(&h.pool)
     .await?;
     Ok(())

@@ -1295,3 +1295,162 @@ async fn the_recheck_before_the_post_stops_what_changed_after_the_claim() {
     assert_eq!(env.app_posts().await, 0);
     env.cleanup().await;
 }
+
+/// A re-post first reads the thread: an earlier attempt's post found there
+/// is recorded, credited to the decision whose text Slack holds, and the
+/// decision that asked for the re-post is settled as already answered —
+/// nothing is posted again, and nothing is left `proposed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repost_finds_the_earlier_post_credits_its_decision_and_settles_the_new_one() {
+    use sha2::Digest as _;
+    let env = Env::new().await;
+    let (first, payload) = env.proposal("The first answer.").await;
+    let p = ProposalReady::decode(payload.as_slice()).expect("decode");
+    let root = env.root().await;
+    let text: String = sqlx::query_scalar("SELECT body_text FROM decisions WHERE id = $1")
+        .bind(first)
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("text");
+    let hash = hex::encode(sha2::Sha256::digest(text.as_bytes()));
+    sqlx::query("UPDATE decisions SET output_hash = $2 WHERE id = $1")
+        .bind(first)
+        .bind(&hash)
+        .execute(&env.db.pool)
+        .await
+        .expect("hash");
+    // An earlier attempt of the intent did reach Slack (its answer was lost).
+    let intent = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
+                                    body_hash, claimed_hashes, state, attempts, ever_unknown, sending_since, first_sending_since)
+         VALUES ($1, $2, $3, 'thread_reply', $4, $5, $6, $7, $8, ARRAY[$8], 'pending', 1, true, now(), now())",
+    )
+    .bind(intent)
+    .bind(env.inst)
+    .bind(&p.event_id)
+    .bind(Uuid::parse_str(&p.receipt_id).expect("receipt"))
+    .bind(first)
+    .bind(&env.channel)
+    .bind(&root)
+    .bind(&hash)
+    .execute(&env.db.pool)
+    .await
+    .expect("intent");
+    let metadata = json!({"event_type": "threadline_reply", "event_payload": {"intent_id": intent.to_string()}}).to_string();
+    let posted: Value = env
+        .http
+        .post(format!("{}/api/chat.postMessage", env.sim))
+        .bearer_auth(&env.token)
+        .form(&[
+            ("channel", env.channel.as_str()),
+            ("thread_ts", root.as_str()),
+            ("text", text.as_str()),
+            ("metadata", metadata.as_str()),
+        ])
+        .send()
+        .await
+        .expect("post")
+        .json()
+        .await
+        .expect("json");
+    let earlier = posted["ts"].as_str().expect("posted").to_owned();
+    // A reconsideration made another decision for the event, at the same
+    // version, and its proposal comes for the re-post.
+    let second = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
+                                status, body_text, output_hash)
+         SELECT $1, $3, installation_id, event_id, channel_id, root_ts, source_ts, 1, 'proposed', 'The second answer.', 'h2'
+           FROM decisions WHERE id = $2",
+    )
+    .bind(second)
+    .bind(first)
+    .bind(Uuid::now_v7())
+    .execute(&env.db.pool)
+    .await
+    .expect("second decision");
+    let mut p2 = p.clone();
+    p2.decision_id = second.to_string();
+    let h = env.handler(&[]);
+    env.until_done(&h, &p2.encode_to_vec()).await;
+    assert_eq!(env.intent().await, ("sent".into(), true, None));
+    let slack_ts: Option<String> = sqlx::query_scalar("SELECT slack_ts FROM reply_intents")
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("ts");
+    assert_eq!(slack_ts.as_deref(), Some(earlier.as_str()));
+    assert_eq!(
+        env.decision(first).await.0,
+        "published",
+        "the text Slack holds"
+    );
+    assert_eq!(
+        env.decision(second).await,
+        ("superseded".into(), Some("already_answered".into()))
+    );
+    assert_eq!(env.app_posts().await, 1, "nothing posted again");
+    env.cleanup().await;
+}
+
+/// An intent whose outcome is unknown cannot be reconciled once its
+/// installation has lost its token (uninstalled, revoked): it is held with
+/// the reason, never left for the sweeper to hand around for ever; and an
+/// intent waiting to be retried whose decision was discarded meanwhile is
+/// withdrawn, not driven again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn intents_nothing_can_finish_are_held_or_withdrawn() {
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Lost for words.").await;
+    let p = ProposalReady::decode(payload.as_slice()).expect("decode");
+    let intent = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
+                                    body_hash, state, attempts, ever_unknown, unknown_since)
+         VALUES ($1, $2, $3, 'thread_reply', $4, $5, $6, $7, 'hash', 'unknown', 1, true, now())",
+    )
+    .bind(intent)
+    .bind(env.inst)
+    .bind(&p.event_id)
+    .bind(Uuid::parse_str(&p.receipt_id).expect("receipt"))
+    .bind(decision)
+    .bind(&env.channel)
+    .bind(env.root().await)
+    .execute(&env.db.pool)
+    .await
+    .expect("intent");
+    sqlx::query("UPDATE installations SET status = 'disabled', bot_token_sealed = NULL, bot_token_key_id = NULL")
+        .execute(&env.db.pool)
+        .await
+        .expect("uninstalled");
+    let h = env.handler(&[]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(
+        env.intent().await,
+        (
+            "held".into(),
+            false,
+            Some("installation_unavailable".into())
+        )
+    );
+
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Try again later.").await;
+    env.fault(json!({"method": "chat.postMessage", "mode": "ratelimited", "retry_after": 1}))
+        .await;
+    let h = env.handler(&[]);
+    assert!(matches!(h.handle(&payload).await, Disposition::Defer(_)));
+    assert_eq!(env.intent().await.0, "failed_retryable");
+    // The thread moved on while the post waited out its Retry-After.
+    sqlx::query(
+        "UPDATE decisions SET status = 'stale', status_reason = 'thread_changed' WHERE id = $1",
+    )
+    .bind(decision)
+    .execute(&env.db.pool)
+    .await
+    .expect("stale");
+    env.until_done(&h, &payload).await;
+    assert_eq!(env.intent().await.0, "withdrawn");
+    assert_eq!(env.app_posts().await, 0);
+    env.cleanup().await;
+}

@@ -58,8 +58,6 @@ type Row = (
     Option<f64>,
 );
 
-/// The installation's bot token, refreshed first when it is about to
-/// expire; `None` when the installation is disabled or has no token.
 /// Slack's answers to a refresh that mean the refresh token or the app's
 /// credentials are refused for good; anything else (`internal_error`,
 /// `fatal_error`, `ratelimited`, an answer without `ok`…) is transient.
@@ -75,6 +73,15 @@ const REFUSALS: &[&str] = &[
     "account_inactive",
 ];
 
+/// A token refresh that Slack did not refuse but did not grant either
+/// (unreachable, failing, rate-limited, an answer threadline cannot read):
+/// transient, so the work that needs the token waits and retries.
+#[derive(Debug, thiserror::Error)]
+#[error("the token expired and its refresh did not go through ({0})")]
+pub struct RefreshUnavailable(pub String);
+
+/// The installation's bot token, refreshed first when it is about to
+/// expire; `None` when the installation is disabled or has no token.
 pub async fn bot_token(
     pool: &PgPool,
     cipher: &TokenCipher,
@@ -157,7 +164,7 @@ pub async fn bot_token(
         // not a refusal: transient, retried with the work that needs it.
         Err(e) => {
             metrics::counter!("threadline_token_refresh_total", "result" => "failed").increment(1);
-            return Err(anyhow::Error::new(e).context("the token expired and its refresh failed"));
+            return Err(RefreshUnavailable(e.to_string()).into());
         }
     };
     let text = |k: &str| {
@@ -167,7 +174,7 @@ pub async fn bot_token(
             .map(|s| SecretString::from(s.to_owned()))
     };
     let (Some(token), Some(new_refresh)) = (text("access_token"), text("refresh_token")) else {
-        anyhow::bail!("token refresh answered without tokens");
+        return Err(RefreshUnavailable("an answer without tokens".into()).into());
     };
     let expires = v
         .get("expires_in")

@@ -19,6 +19,12 @@ fn cause_is_transient(cause: &(dyn std::error::Error + 'static)) -> bool {
         return web_is_transient(e);
     }
     if cause
+        .downcast_ref::<crate::tokens::RefreshUnavailable>()
+        .is_some()
+    {
+        return true;
+    }
+    if cause
         .downcast_ref::<async_nats::jetstream::context::PublishError>()
         .is_some()
         || cause
@@ -66,7 +72,7 @@ pub fn sqlstate_is_transient(code: &str) -> bool {
 pub fn web_is_transient(e: &WebError) -> bool {
     match e {
         WebError::Transport(_) | WebError::Decode | WebError::RateLimited { .. } => true,
-        WebError::Http(status) => *status >= 500 || *status == 408,
+        WebError::Http(status) => *status >= 500 || *status == 408 || *status == 429,
         WebError::Api { code } => matches!(
             code.as_str(),
             "internal_error"
@@ -101,6 +107,10 @@ mod tests {
         assert!(is_transient(&anyhow::Error::new(WebError::Transport(
             "timeout".into()
         ))));
+        assert!(is_transient(&anyhow::Error::new(WebError::Http(429))));
+        assert!(is_transient(&anyhow::Error::new(
+            crate::tokens::RefreshUnavailable("unknown_error".into())
+        )));
     }
 
     #[test]
