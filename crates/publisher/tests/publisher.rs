@@ -1454,3 +1454,316 @@ async fn intents_nothing_can_finish_are_held_or_withdrawn() {
     assert_eq!(env.app_posts().await, 0);
     env.cleanup().await;
 }
+
+// ---- token refresh, judged from Slack's side ----
+
+impl Env {
+    fn refresher(&self) -> threadline_runtime::tokens::Refresher {
+        threadline_runtime::tokens::Refresher {
+            web: threadline_slack::WebClient::new(
+                &format!("{}/api/", self.sim),
+                Duration::from_secs(10),
+            )
+            .expect("client"),
+            client_id: self.client.0.clone(),
+            client_secret: self.client.1.clone().into(),
+        }
+    }
+
+    fn cipher(&self) -> TokenCipher {
+        TokenCipher::parse(&self.keys.clone().into()).expect("keys")
+    }
+
+    /// The installation's token expired `secs` ago (negative: expires in).
+    async fn expire(&self, secs: i64) {
+        sqlx::query(
+            "UPDATE installations SET token_expires_at = now() - make_interval(secs => $1::bigint)",
+        )
+        .bind(secs)
+        .execute(&self.db.pool)
+        .await
+        .expect("expire");
+    }
+
+    /// Slack's record of the refresh exchanges it received: (outcome, effect).
+    async fn refresh_calls(&self) -> Vec<(String, String)> {
+        let v: Value = self
+            .http
+            .get(format!("{}/_sim/calls?method=oauth.v2.access", self.sim))
+            .send()
+            .await
+            .expect("calls")
+            .json()
+            .await
+            .expect("json");
+        v["calls"]
+            .as_array()
+            .expect("calls")
+            .iter()
+            .map(|c| {
+                (
+                    c["outcome"].as_str().unwrap_or_default().to_owned(),
+                    c["effect"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Whether Slack accepts `token` (`auth.test`).
+    async fn slack_accepts(&self, token: &str) -> bool {
+        let v: Value = self
+            .http
+            .post(format!("{}/api/auth.test", self.sim))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("auth.test")
+            .json()
+            .await
+            .expect("json");
+        v["ok"] == json!(true)
+    }
+
+    async fn installation_state(&self) -> (String, Option<String>, bool) {
+        sqlx::query_as(
+            "SELECT status, disabled_reason, bot_token_sealed IS NOT NULL AND refresh_token_sealed IS NOT NULL FROM installations",
+        )
+        .fetch_one(&self.db.pool)
+        .await
+        .expect("installation")
+    }
+}
+
+/// Eight handlers in two processes (two pools) need the token of one
+/// rotating installation at once, its token already expired and Slack slow
+/// to answer the refresh: Slack sees one refresh, every handler gets the
+/// token it granted, and the installation stays active.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_refreshes_across_replicas_make_one_exchange_and_share_its_token() {
+    use secrecy::ExposeSecret as _;
+    let env = Env::rotating().await;
+    env.expire(5).await;
+    env.fault(
+        json!({"method": "oauth.v2.access", "mode": "latency", "latency_ms": 800, "times": 10}),
+    )
+    .await;
+    let other_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(3)
+        .connect(&env.db.url)
+        .await
+        .expect("second replica's pool");
+    let (refresher, cipher) = (
+        std::sync::Arc::new(env.refresher()),
+        std::sync::Arc::new(env.cipher()),
+    );
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let pool = if i % 2 == 0 {
+            env.db.pool.clone()
+        } else {
+            other_pool.clone()
+        };
+        let (refresher, cipher, inst) = (refresher.clone(), cipher.clone(), env.inst);
+        tasks.push(tokio::spawn(async move {
+            threadline_runtime::tokens::bot_token(&pool, &cipher, Some(&refresher), inst)
+                .await
+                .map(|t| t.map(|t| t.expose_secret().to_owned()))
+        }));
+    }
+    let mut tokens = std::collections::BTreeSet::new();
+    for t in tasks {
+        let token = t.await.expect("task").expect("a token, not an error");
+        tokens.insert(token.expect("the installation still has a token"));
+    }
+    assert_eq!(
+        env.refresh_calls().await,
+        vec![("ok".to_owned(), "applied".to_owned())],
+        "Slack saw exactly one refresh"
+    );
+    assert_eq!(tokens.len(), 1, "every handler got the one granted token");
+    let token = tokens.into_iter().next().expect("token");
+    assert_ne!(token, env.token, "a new token, not the expired one");
+    assert!(
+        env.slack_accepts(&token).await,
+        "Slack accepts the shared token"
+    );
+    assert_eq!(
+        env.installation_state().await,
+        ("active".into(), None, true)
+    );
+    // The next need for the token (its new expiry far off) asks Slack nothing.
+    let again =
+        threadline_runtime::tokens::bot_token(&env.db.pool, &cipher, Some(&refresher), env.inst)
+            .await
+            .expect("token")
+            .expect("some");
+    assert_eq!(again.expose_secret(), token);
+    assert_eq!(env.refresh_calls().await.len(), 1);
+    env.cleanup().await;
+}
+
+/// Every answer to a refresh that is not a definite refusal keeps the
+/// installation and its tokens: the caller gets the current token while it
+/// is still valid and a transient error once it has expired, and a refresh
+/// that Slack did not apply succeeds on the next try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_refresh_answers_keep_the_installation_and_are_retried() {
+    use secrecy::ExposeSecret as _;
+    let env = Env::rotating().await;
+    let (refresher, cipher) = (env.refresher(), env.cipher());
+    let bot_token =
+        || threadline_runtime::tokens::bot_token(&env.db.pool, &cipher, Some(&refresher), env.inst);
+    for fault in [
+        json!({"mode": "ratelimited", "retry_after": 1}),
+        json!({"mode": "http_error", "status": 503}),
+        json!({"mode": "malformed"}),
+    ] {
+        let mode = fault["mode"].as_str().expect("mode").to_owned();
+        let mut f = fault.clone();
+        f["method"] = json!("oauth.v2.access");
+        f["times"] = json!(2);
+        env.fault(f).await;
+        // Still valid for a minute: the current token serves.
+        env.expire(-60).await;
+        let before = env.refresh_calls().await.len();
+        let t = bot_token()
+            .await
+            .unwrap_or_else(|e| panic!("{mode}: {e:#}"))
+            .unwrap_or_else(|| panic!("{mode}: the installation lost its token"));
+        assert_eq!(
+            env.refresh_calls().await.len(),
+            before + 1,
+            "{mode}: one exchange"
+        );
+        assert!(
+            env.slack_accepts(t.expose_secret()).await,
+            "{mode}: the current token"
+        );
+        // Expired: the same answer is a transient error, never a disabling.
+        env.expire(5).await;
+        let err = bot_token()
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{mode}: an expired token whose refresh failed is an error"));
+        assert!(
+            err.downcast_ref::<threadline_runtime::tokens::RefreshUnavailable>()
+                .is_some(),
+            "{mode}: transient, got {err:#}"
+        );
+        assert_eq!(
+            env.installation_state().await,
+            ("active".into(), None, true),
+            "{mode}: kept"
+        );
+        // Slack did not apply it: the next try refreshes.
+        let t = bot_token()
+            .await
+            .unwrap_or_else(|e| panic!("{mode}: retry: {e:#}"))
+            .expect("token");
+        assert!(
+            env.slack_accepts(t.expose_secret()).await,
+            "{mode}: the refreshed token works"
+        );
+        assert_eq!(
+            env.refresh_calls().await.len(),
+            before + 3,
+            "{mode}: three exchanges in all"
+        );
+    }
+    env.cleanup().await;
+    // `internal_error` and `fatal_error` may come after Slack applied the
+    // exchange (it did, in the emulator): still not a reason to disable.
+    for mode in ["internal_error", "fatal_error"] {
+        let env = Env::rotating().await;
+        let (refresher, cipher) = (env.refresher(), env.cipher());
+        env.fault(json!({"method": "oauth.v2.access", "mode": mode}))
+            .await;
+        env.expire(5).await;
+        let err = threadline_runtime::tokens::bot_token(
+            &env.db.pool,
+            &cipher,
+            Some(&refresher),
+            env.inst,
+        )
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("{mode}: an error"));
+        assert!(
+            err.downcast_ref::<threadline_runtime::tokens::RefreshUnavailable>()
+                .is_some(),
+            "{mode}: transient, got {err:#}"
+        );
+        assert_eq!(
+            env.refresh_calls().await,
+            vec![(mode.to_owned(), "applied".to_owned())]
+        );
+        assert_eq!(
+            env.installation_state().await,
+            ("active".into(), None, true),
+            "{mode}: kept"
+        );
+        env.cleanup().await;
+    }
+}
+
+/// A refusal disables only the installation that still holds the refused
+/// refresh token: a refresh token stored meanwhile stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_of_a_refresh_token_already_replaced_does_not_disable() {
+    use secrecy::ExposeSecret as _;
+    let env = Env::rotating().await;
+    let (refresher, cipher) = (env.refresher(), env.cipher());
+    env.expire(5).await;
+    // Another replica is slow to store what it got: meanwhile Slack refuses
+    // the old refresh token to us. Modelled by Slack refusing once while the
+    // row is switched to new tokens by "the other replica".
+    let good =
+        threadline_runtime::tokens::bot_token(&env.db.pool, &cipher, Some(&refresher), env.inst)
+            .await
+            .expect("refresh")
+            .expect("token");
+    let stored: (Vec<u8>, String, Vec<u8>, String) = sqlx::query_as(
+        "SELECT bot_token_sealed, bot_token_key_id, refresh_token_sealed, refresh_token_key_id FROM installations",
+    )
+    .fetch_one(&env.db.pool)
+    .await
+    .expect("row");
+    // Put back a spent refresh token, as seen by a replica that read the
+    // row before the refresh: Slack refuses it (invalid_refresh_token).
+    let spent = cipher
+        .seal(b"xoxe-1-spent", &token_aad(&env.inst, "refresh"))
+        .expect("seal");
+    sqlx::query("UPDATE installations SET refresh_token_sealed = $1, refresh_token_key_id = $2, token_expires_at = now() - interval '5 seconds'")
+        .bind(&spent.bytes)
+        .bind(&spent.key_id)
+        .execute(&env.db.pool)
+        .await
+        .expect("spent");
+    // The other replica stores its tokens while the refusal is in flight.
+    env.fault(json!({"method": "oauth.v2.access", "mode": "latency", "latency_ms": 3000}))
+        .await;
+    let pool = env.db.pool.clone();
+    let restore = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sqlx::query("UPDATE installations SET bot_token_sealed = $1, bot_token_key_id = $2, refresh_token_sealed = $3, refresh_token_key_id = $4, token_expires_at = now() + interval '12 hours'")
+            .bind(&stored.0).bind(&stored.1).bind(&stored.2).bind(&stored.3)
+            .execute(&pool).await.expect("restore");
+    });
+    let t =
+        threadline_runtime::tokens::bot_token(&env.db.pool, &cipher, Some(&refresher), env.inst)
+            .await
+            .expect("no error")
+            .expect("the stored tokens stand");
+    restore.await.expect("restore");
+    assert_eq!(
+        env.refresh_calls().await.last().map(|c| c.0.clone()),
+        Some("invalid_refresh_token".to_owned()),
+        "Slack refused the spent token"
+    );
+    assert_eq!(t.expose_secret(), good.expose_secret());
+    assert_eq!(
+        env.installation_state().await,
+        ("active".into(), None, true)
+    );
+    env.cleanup().await;
+}

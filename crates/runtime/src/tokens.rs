@@ -1,7 +1,8 @@
 //! Bot tokens for outbound work: opened from their sealed form and, for
-//! installations with token rotation, refreshed before they expire. A
-//! refresh Slack refuses disables the installation visibly instead of
-//! looping.
+//! installations with token rotation, refreshed before they expire, one
+//! refresh at a time per installation. A refresh Slack refuses for good
+//! disables the installation visibly instead of looping; any other failure
+//! is transient.
 
 use std::time::Duration;
 
@@ -80,34 +81,161 @@ const REFUSALS: &[&str] = &[
 #[error("the token expired and its refresh did not go through ({0})")]
 pub struct RefreshUnavailable(pub String);
 
+/// How long a caller whose token has already expired waits for another
+/// caller's refresh of the same installation before giving up (transient).
+const REFRESH_WAIT: Duration = Duration::from_secs(20);
+
+/// The lock that serialises refreshes of one installation across every
+/// process sharing the database (transaction-scoped, so a crashed holder
+/// releases it).
+const LOCK: &str = "SELECT pg_try_advisory_xact_lock(hashtextextended('threadline.token_refresh:' || $1::text, 0))";
+
+const READ: &str =
+    "SELECT status, bot_token_sealed, bot_token_key_id, refresh_token_sealed, refresh_token_key_id,
+                extract(epoch FROM token_expires_at - now())::float8
+           FROM installations WHERE id = $1";
+
+/// What the row says about the installation's token.
+enum Current {
+    /// Disabled, or no token: no outbound work.
+    None,
+    /// Usable as it is.
+    Token(SecretString),
+    /// Due for a refresh (`expires_in` seconds left, negative once expired).
+    Due {
+        current: SecretString,
+        refresh: Vec<u8>,
+        refresh_key: String,
+        expires_in: f64,
+    },
+}
+
+fn read_current(
+    cipher: &TokenCipher,
+    refresher: Option<&Refresher>,
+    inst: Uuid,
+    row: Option<Row>,
+) -> anyhow::Result<Current> {
+    let Some((status, Some(bytes), Some(key_id), refresh, refresh_key, expires_in)) = row else {
+        return Ok(Current::None);
+    };
+    if status != "active" {
+        return Ok(Current::None);
+    }
+    let token = cipher.open(&Sealed { key_id, bytes }, &token_aad(&inst, "bot"))?;
+    match (refresher, refresh, refresh_key, expires_in) {
+        (Some(_), Some(refresh), Some(refresh_key), Some(t)) if t < REFRESH_AHEAD_SECS => {
+            Ok(Current::Due {
+                current: token,
+                refresh,
+                refresh_key,
+                expires_in: t,
+            })
+        }
+        _ => Ok(Current::Token(token)),
+    }
+}
+
 /// The installation's bot token, refreshed first when it is about to
 /// expire; `None` when the installation is disabled or has no token.
+///
+/// One refresh at a time per installation, across processes: the caller
+/// that takes the installation's refresh lock re-reads the row under it and
+/// refreshes only if nobody did meanwhile; the others use the current token
+/// while it is still valid, or wait for the holder's result once it has
+/// expired. Waiters hold no database connection while they wait.
 pub async fn bot_token(
     pool: &PgPool,
     cipher: &TokenCipher,
     refresher: Option<&Refresher>,
     inst: Uuid,
 ) -> anyhow::Result<Option<SecretString>> {
-    let row: Option<Row> = sqlx::query_as(
-        "SELECT status, bot_token_sealed, bot_token_key_id, refresh_token_sealed, refresh_token_key_id,
-                extract(epoch FROM token_expires_at - now())::float8
-           FROM installations WHERE id = $1",
-    )
-    .bind(inst)
-    .fetch_optional(pool)
-    .await?;
-    let Some((status, Some(bytes), Some(key_id), refresh, refresh_key, expires_in)) = row else {
-        return Ok(None);
-    };
-    if status != "active" {
-        return Ok(None);
+    let waited_since = std::time::Instant::now();
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let row: Option<Row> = sqlx::query_as(READ).bind(inst).fetch_optional(pool).await?;
+        let (current, expires_in) = match read_current(cipher, refresher, inst, row)? {
+            Current::None => return Ok(None),
+            Current::Token(t) => return Ok(Some(t)),
+            Current::Due {
+                current,
+                expires_in,
+                ..
+            } => (current, expires_in),
+        };
+        let Some(refresher) = refresher else {
+            return Ok(Some(current));
+        };
+        let mut tx = pool.begin().await?;
+        let locked: bool = sqlx::query_scalar(LOCK)
+            .bind(inst)
+            .fetch_one(&mut *tx)
+            .await?;
+        if locked {
+            // Re-read under the lock: the previous holder may have stored
+            // new tokens after our first read.
+            let row: Option<Row> = sqlx::query_as(READ)
+                .bind(inst)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let outcome = match read_current(cipher, Some(refresher), inst, row)? {
+                Current::None => Ok(None),
+                Current::Token(t) => Ok(Some(t)),
+                Current::Due {
+                    current,
+                    refresh,
+                    refresh_key,
+                    expires_in,
+                } => {
+                    refresh_held(
+                        pool,
+                        cipher,
+                        refresher,
+                        inst,
+                        current,
+                        (refresh, refresh_key),
+                        expires_in,
+                    )
+                    .await
+                }
+            };
+            // Ending the transaction releases the lock; if that fails the
+            // connection is dropped, which releases it too.
+            let _ = tx.commit().await;
+            return outcome;
+        }
+        drop(tx);
+        // Someone else is refreshing: a token that is still valid serves
+        // meanwhile; an expired one waits for their result.
+        if expires_in > 0.0 {
+            return Ok(Some(current));
+        }
+        if waited_since.elapsed() > REFRESH_WAIT {
+            metrics::counter!("threadline_token_refresh_total", "result" => "waited_out")
+                .increment(1);
+            return Err(RefreshUnavailable(
+                "another refresh of this installation is still running".into(),
+            )
+            .into());
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
     }
-    let current = cipher.open(&Sealed { key_id, bytes }, &token_aad(&inst, "bot"))?;
-    let due = expires_in.is_some_and(|t| t < REFRESH_AHEAD_SECS);
-    let (Some(refresher), Some(rbytes), Some(rkey), true) = (refresher, refresh, refresh_key, due)
-    else {
-        return Ok(Some(current));
-    };
+}
+
+/// The refresh itself, with the installation's refresh lock held by the
+/// caller. Writes go through the pool, not the lock's transaction, so new
+/// tokens Slack granted are stored even if that transaction's connection
+/// fails; every write is a compare-and-set on the refresh token used.
+async fn refresh_held(
+    pool: &PgPool,
+    cipher: &TokenCipher,
+    refresher: &Refresher,
+    inst: Uuid,
+    current: SecretString,
+    (rbytes, rkey): (Vec<u8>, String),
+    expires_in: f64,
+) -> anyhow::Result<Option<SecretString>> {
     let refresh_token = cipher.open(
         &Sealed {
             key_id: rkey,
@@ -128,8 +256,7 @@ pub async fn bot_token(
         Ok(v) => v,
         // A definite refusal of the refresh token we used: stop outbound
         // work visibly rather than loop — but only if the installation still
-        // holds that refresh token (another refresher that won the race has
-        // stored new tokens, which stand).
+        // holds that refresh token (a reinstall meanwhile stands).
         Err(WebError::Api { code }) if REFUSALS.contains(&code.as_str()) => {
             let disabled = sqlx::query(
                 "UPDATE installations SET status = 'disabled', disabled_reason = 'token_refresh_failed',
@@ -142,7 +269,7 @@ pub async fn bot_token(
             .execute(pool)
             .await?;
             if disabled.rows_affected() == 0 {
-                // Refreshed meanwhile by someone else: use what they stored.
+                // New tokens were stored meanwhile: use them.
                 return Box::pin(bot_token(pool, cipher, None, inst)).await;
             }
             metrics::counter!("threadline_token_refresh_total", "result" => "refused").increment(1);
@@ -154,7 +281,7 @@ pub async fn bot_token(
             tracing::error!(alert = "installation_disabled", installation_id = %inst, code, "token refresh refused; installation disabled");
             return Ok(None);
         }
-        Err(e) if expires_in.is_some_and(|t| t > 0.0) => {
+        Err(e) if expires_in > 0.0 => {
             metrics::counter!("threadline_token_refresh_total", "result" => "deferred")
                 .increment(1);
             tracing::warn!(error = %e, installation_id = %inst, "token refresh failed; the current token is still valid");
@@ -185,27 +312,43 @@ pub async fn bot_token(
         new_refresh.expose_secret().as_bytes(),
         &token_aad(&inst, "refresh"),
     )?;
-    // Compare-and-set on the refresh token we used: if another replica
-    // refreshed first, its tokens stand and we use those.
-    let stored = sqlx::query(
-        "UPDATE installations
-            SET bot_token_sealed = $2, bot_token_key_id = $3, refresh_token_sealed = $4, refresh_token_key_id = $5,
-                token_expires_at = now() + make_interval(secs => $6::bigint), updated_at = now()
-          WHERE id = $1 AND refresh_token_sealed = $7",
-    )
-    .bind(inst)
-    .bind(&sealed.bytes)
-    .bind(&sealed.key_id)
-    .bind(&sealed_refresh.bytes)
-    .bind(&sealed_refresh.key_id)
-    .bind(expires)
-    .bind(&rbytes)
-    .execute(pool)
-    .await?;
+    // Slack has spent the old refresh token: the new ones must be stored,
+    // so a database blip here is retried rather than losing them.
+    let mut attempt = 0u32;
+    let stored = loop {
+        let r = sqlx::query(
+            "UPDATE installations
+                SET bot_token_sealed = $2, bot_token_key_id = $3, refresh_token_sealed = $4, refresh_token_key_id = $5,
+                    token_expires_at = now() + make_interval(secs => $6::bigint), updated_at = now()
+              WHERE id = $1 AND refresh_token_sealed = $7",
+        )
+        .bind(inst)
+        .bind(&sealed.bytes)
+        .bind(&sealed.key_id)
+        .bind(&sealed_refresh.bytes)
+        .bind(&sealed_refresh.key_id)
+        .bind(expires)
+        .bind(&rbytes)
+        .execute(pool)
+        .await;
+        match r {
+            Ok(r) => break r,
+            Err(e) if attempt < 6 => {
+                attempt += 1;
+                tracing::warn!(error = %e, installation_id = %inst, attempt, "storing refreshed tokens failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+            }
+            Err(e) => {
+                tracing::error!(alert = "refreshed_tokens_lost", installation_id = %inst, error = %e, "refreshed tokens could not be stored");
+                return Err(e.into());
+            }
+        }
+    };
     metrics::counter!("threadline_token_refresh_total", "result" => "refreshed").increment(1);
     if stored.rows_affected() == 1 {
         Ok(Some(token))
     } else {
+        // A reinstall replaced the tokens meanwhile: those stand.
         Box::pin(bot_token(pool, cipher, None, inst)).await
     }
 }

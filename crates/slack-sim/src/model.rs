@@ -429,6 +429,9 @@ pub enum FaultMode {
     InternalError,
     /// HTTP 429 with `Retry-After`, not applied.
     Ratelimited,
+    /// Not applied; HTTP 200 with a JSON body that is not a Web API answer
+    /// (no `ok`), as a proxy or a failing edge may send.
+    Malformed,
     /// Events: deliver to every request URL of the app at once.
     Duplicate,
     /// Events: count the delivery as timed out whatever the app answered.

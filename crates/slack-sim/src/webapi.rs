@@ -228,6 +228,17 @@ pub async fn api(
                     "not_applied",
                 );
             }
+            FaultMode::Malformed => {
+                record(
+                    &sim,
+                    &method,
+                    &arrival,
+                    &refused(ApiError::new("malformed")),
+                    200,
+                    "not_applied",
+                );
+                return json_response(StatusCode::OK, json!({"warning": "upstream_unavailable"}));
+            }
             FaultMode::HttpError if !f.applied => {
                 let status = f.status.unwrap_or(503);
                 record(
