@@ -1,6 +1,6 @@
 //! `threadline policy …`: what may trigger an answer, per installation and
 //! per channel. DMs, private channels and Slack Connect channels are denied
-//! until allowed here.
+//! until allowed here; so is unfurling the links and media of a reply.
 
 use clap::{Subcommand, ValueEnum};
 use sqlx::PgPool;
@@ -16,6 +16,15 @@ impl Toggle {
     fn on(self) -> bool {
         matches!(self, Toggle::On)
     }
+}
+
+/// A channel setting that can also follow the installation's.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ChannelToggle {
+    On,
+    Off,
+    /// As the installation says.
+    Inherit,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -52,6 +61,10 @@ pub enum PolicyCommand {
         /// DMs stay governed by `--dms`.
         #[arg(long, value_enum)]
         allowlist_only: Option<Toggle>,
+        /// Let Slack unfurl the links and media of replies (default off:
+        /// an unfurl fetches a link nobody clicked).
+        #[arg(long, value_enum)]
+        unfurl: Option<Toggle>,
     },
     /// How one channel triggers answers (default: mentions only), and
     /// whether it is on the allow-list (which also admits it when it is
@@ -61,10 +74,14 @@ pub enum PolicyCommand {
         installation: Uuid,
         #[arg(long)]
         channel: String,
-        #[arg(long, value_enum, required_unless_present = "allow")]
+        #[arg(long, value_enum, required_unless_present_any = ["allow", "unfurl"])]
         mode: Option<Mode>,
         #[arg(long, value_enum)]
         allow: Option<Toggle>,
+        /// Unfurling of replies' links and media in this channel
+        /// (`inherit`: as the installation says).
+        #[arg(long, value_enum)]
+        unfurl: Option<ChannelToggle>,
         /// Words that trigger in `keywords` mode.
         #[arg(long, value_delimiter = ',')]
         keywords: Vec<String>,
@@ -74,18 +91,27 @@ pub enum PolicyCommand {
 pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
     match cmd {
         PolicyCommand::Show { installation } => {
-            let p: Option<(bool, bool, bool, Vec<String>, String, bool)> = sqlx::query_as(
+            type PolicyRow = (bool, bool, bool, Vec<String>, String, bool, bool);
+            let p: Option<PolicyRow> = sqlx::query_as(
                 "SELECT dms_allowed, private_channels_allowed, shared_channels_allowed, approved_bots, read_limits,
-                        allowlist_only
+                        allowlist_only, unfurl_allowed
                    FROM installation_policies WHERE installation_id = $1",
             )
             .bind(installation)
             .fetch_optional(pool)
             .await?;
-            let (dms, private, shared, bots, limits, allowlist_only) =
-                p.unwrap_or((false, false, false, Vec::new(), "tier3".into(), false));
-            let channels: Vec<(String, String, Vec<String>, bool)> =
-                sqlx::query_as("SELECT channel_id, mode, keywords, allowed FROM channel_policies WHERE installation_id = $1 ORDER BY channel_id")
+            let (dms, private, shared, bots, limits, allowlist_only, unfurl) = p.unwrap_or((
+                false,
+                false,
+                false,
+                Vec::new(),
+                "tier3".into(),
+                false,
+                false,
+            ));
+            type ChannelRow = (String, String, Vec<String>, bool, Option<bool>);
+            let channels: Vec<ChannelRow> =
+                sqlx::query_as("SELECT channel_id, mode, keywords, allowed, unfurl_allowed FROM channel_policies WHERE installation_id = $1 ORDER BY channel_id")
                     .bind(installation)
                     .fetch_all(pool)
                     .await?;
@@ -93,8 +119,12 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                 "{}",
                 serde_json::to_string_pretty(&serde_json::json!({
                     "installation_id": installation, "dms": dms, "private_channels": private, "shared_channels": shared,
-                    "approved_bots": bots, "read_limits": limits, "allowlist_only": allowlist_only,
-                    "channels": channels.into_iter().map(|(c, m, k, a)| serde_json::json!({"channel": c, "mode": m, "keywords": k, "allowed": a})).collect::<Vec<_>>(),
+                    "approved_bots": bots, "read_limits": limits, "allowlist_only": allowlist_only, "unfurl": unfurl,
+                    "channels": channels.into_iter().map(|(c, m, k, a, u)| serde_json::json!({
+                        "channel": c, "mode": m, "keywords": k, "allowed": a,
+                        // null: as the installation says
+                        "unfurl": u,
+                    })).collect::<Vec<_>>(),
                 }))?
             );
         }
@@ -106,6 +136,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
             approved_bots,
             read_limits,
             allowlist_only,
+            unfurl,
         } => {
             let exists: bool =
                 sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM installations WHERE id = $1)")
@@ -135,6 +166,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                         approved_bots = coalesce($5, approved_bots),
                         read_limits = coalesce($6, read_limits),
                         allowlist_only = coalesce($7, allowlist_only),
+                        unfurl_allowed = coalesce($8, unfurl_allowed),
                         updated_at = now()
                   WHERE installation_id = $1",
             )
@@ -145,6 +177,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
             .bind(approved_bots)
             .bind(read_limits)
             .bind(allowlist_only.map(Toggle::on))
+            .bind(unfurl.map(Toggle::on))
             .execute(pool)
             .await?;
             println!("policy of {installation} updated");
@@ -154,6 +187,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
             channel,
             mode,
             allow,
+            unfurl,
             keywords,
         } => {
             threadline_domain::ChannelId::parse(channel.clone())
@@ -176,27 +210,41 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                 anyhow::bail!("no installation {installation} (see `threadline install list`)");
             }
             // Only what is given changes; a new row starts as mentions only,
-            // not allow-listed.
-            let (mode, allowed): (String, bool) = sqlx::query_as(
-                "INSERT INTO channel_policies (installation_id, channel_id, mode, keywords, allowed)
-                 VALUES ($1, $2, coalesce($3, 'mentions'), $4, coalesce($5, false))
+            // not allow-listed, unfurling as the installation says.
+            let (unfurl_given, unfurl_value) = match unfurl {
+                None => (false, None),
+                Some(ChannelToggle::On) => (true, Some(true)),
+                Some(ChannelToggle::Off) => (true, Some(false)),
+                Some(ChannelToggle::Inherit) => (true, None),
+            };
+            let (mode, allowed, unfurl): (String, bool, Option<bool>) = sqlx::query_as(
+                "INSERT INTO channel_policies (installation_id, channel_id, mode, keywords, allowed, unfurl_allowed)
+                 VALUES ($1, $2, coalesce($3, 'mentions'), $4, coalesce($5, false), $7)
                  ON CONFLICT (installation_id, channel_id) DO UPDATE
                     SET mode = coalesce($3, channel_policies.mode),
                         keywords = CASE WHEN $3 IS NULL THEN channel_policies.keywords ELSE EXCLUDED.keywords END,
                         allowed = coalesce($5, channel_policies.allowed),
+                        unfurl_allowed = CASE WHEN $6 THEN $7 ELSE channel_policies.unfurl_allowed END,
                         updated_at = now()
-                 RETURNING mode, allowed",
+                 RETURNING mode, allowed, unfurl_allowed",
             )
             .bind(installation)
             .bind(&channel)
             .bind(mode)
             .bind(&keywords)
             .bind(allow.map(Toggle::on))
+            .bind(unfurl_given)
+            .bind(unfurl_value)
             .fetch_one(pool)
             .await?;
             println!(
-                "channel {channel}: {mode}{}",
-                if allowed { ", allow-listed" } else { "" }
+                "channel {channel}: {mode}{}{}",
+                if allowed { ", allow-listed" } else { "" },
+                match unfurl {
+                    None => "",
+                    Some(true) => ", unfurls links and media",
+                    Some(false) => ", never unfurls",
+                }
             );
         }
     }

@@ -1,14 +1,26 @@
-//! What may be posted: secret detection, mass-mention neutralisation,
-//! Slack length limits and the AI label on every answer. Pure functions, so
-//! the same rules apply in inference and at human review.
+//! What may be posted: model text escaped so that it can never become a
+//! mention, ping or link label, answers that tried to use Slack's markup
+//! or look like they hold a credential sent to review, Slack length limits
+//! and the AI label on every answer. Pure functions, so the same rules
+//! apply in inference and at human review.
+
+pub mod markup;
 
 use serde_json::{Value, json};
+
+use markup::Markup;
 
 /// Why an output needs a human before it may be posted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Risk {
-    /// `@channel`, `@here`, `@everyone` or a user-group mention.
+    /// `@channel`, `@here`, `@everyone`, `@group` or a user-group mention.
     MassMention,
+    /// A single user (`<@U…>`) or channel (`<#C…>`) mention.
+    Mention,
+    /// A link whose text is not its target (`<url|text>`).
+    DisguisedLink,
+    /// Another Slack command sequence (`<!date^…>`, an unknown `<!…>`).
+    SlackCommand,
     /// Something that looks like a credential.
     SecretLike,
     /// The model proposed an action (a tool call) beyond a thread reply.
@@ -19,8 +31,23 @@ impl Risk {
     pub fn as_str(self) -> &'static str {
         match self {
             Risk::MassMention => "mass_mention",
+            Risk::Mention => "mention",
+            Risk::DisguisedLink => "disguised_link",
+            Risk::SlackCommand => "slack_command",
             Risk::SecretLike => "secret_like",
             Risk::ActionBeyondReply => "action_beyond_reply",
+        }
+    }
+
+    /// The review reason for a control sequence found in model text; a
+    /// bare link (`<https://…>`) shows its own target and needs none.
+    pub fn of_markup(m: Markup) -> Option<Risk> {
+        match m {
+            Markup::Broadcast => Some(Risk::MassMention),
+            Markup::Mention => Some(Risk::Mention),
+            Markup::LabelledLink => Some(Risk::DisguisedLink),
+            Markup::Command => Some(Risk::SlackCommand),
+            Markup::BareLink => None,
         }
     }
 }
@@ -103,45 +130,6 @@ pub fn redact_secrets(text: &str) -> String {
     out
 }
 
-/// Rewrites Slack mass mentions (`<!here>`, `<!channel>`, `<!everyone>`,
-/// `<!subteam^…>`) so they notify nobody; reports whether there were any.
-pub fn neutralise_mass_mentions(text: &str) -> (String, bool) {
-    let mut out = String::with_capacity(text.len());
-    let mut found = false;
-    let mut rest = text;
-    while let Some(pos) = rest.find("<!") {
-        out.push_str(&rest[..pos]);
-        let after = &rest[pos + 2..];
-        match after.find('>') {
-            Some(end) => {
-                let inner = &after[..end];
-                let name = inner.split('|').next().unwrap_or("");
-                let word = name.split('^').next().unwrap_or("");
-                if matches!(word, "here" | "channel" | "everyone" | "subteam") {
-                    found = true;
-                    // Plain text that reads the same and pings nobody.
-                    out.push_str(&format!("@\u{2060}{word}"));
-                } else {
-                    out.push_str(&rest[pos..pos + 2 + end + 1]);
-                }
-                rest = &after[end + 1..];
-            }
-            None => {
-                out.push_str(&rest[pos..]);
-                rest = "";
-            }
-        }
-    }
-    out.push_str(rest);
-    // Typed "@here" does not notify through the API, but is flagged too.
-    for word in ["@here", "@channel", "@everyone"] {
-        if out.contains(word) {
-            found = true;
-        }
-    }
-    (out, found)
-}
-
 /// Cuts `text` to at most `max_chars` characters, on a character boundary,
 /// with an explicit marker.
 pub fn limit_length(text: &str, max_chars: usize) -> String {
@@ -166,21 +154,51 @@ pub struct LabelledReply {
     pub risks: Vec<Risk>,
 }
 
-/// Applies the output policy to a model's answer.
-pub fn prepare(body: &str, label: &str, max_chars: usize, proposed_actions: bool) -> LabelledReply {
-    let mut risks = Vec::new();
-    let (neutral, mass) = neutralise_mass_mentions(body);
-    if mass {
-        risks.push(Risk::MassMention);
-    }
-    if looks_secret(&neutral) {
-        risks.push(Risk::SecretLike);
-    }
+/// The body of a reply, by who wrote it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body<'a> {
+    /// What a model wrote: untrusted. Escaped, so that it shows as written
+    /// and nothing in it becomes a mention, ping, date or link label; any
+    /// control sequence it holds sends the reply to review.
+    Model(&'a str),
+    /// threadline's own text (the configured fallback): posted as written,
+    /// links and formatting included; a mass mention in it still needs a
+    /// reviewer.
+    Own(&'a str),
+}
+
+/// Applies the output policy to an answer.
+pub fn prepare(
+    body: Body<'_>,
+    label: &str,
+    max_chars: usize,
+    proposed_actions: bool,
+) -> LabelledReply {
+    // Slack sections hold 3,000 characters; the text field up to 40,000.
+    let max = max_chars.min(2900);
+    let (mut risks, body) = match body {
+        Body::Model(raw) => {
+            let found = markup::find(raw);
+            let mut risks: Vec<Risk> = found.into_iter().filter_map(Risk::of_markup).collect();
+            if looks_secret(raw) {
+                risks.push(Risk::SecretLike);
+            }
+            (risks, markup::escape_within(raw.trim(), max))
+        }
+        Body::Own(own) => {
+            let mut risks = Vec::new();
+            if markup::find(own).contains(&Markup::Broadcast) {
+                risks.push(Risk::MassMention);
+            }
+            if looks_secret(own) {
+                risks.push(Risk::SecretLike);
+            }
+            (risks, limit_length(own.trim(), max))
+        }
+    };
     if proposed_actions {
         risks.push(Risk::ActionBeyondReply);
     }
-    // Slack sections hold 3,000 characters; the text field up to 40,000.
-    let body = limit_length(neutral.trim(), max_chars.min(2900));
     let text = format!("{body}\n\n_{label}_");
     let blocks = json!([
         {"type": "section", "text": {"type": "mrkdwn", "text": body}},
@@ -203,28 +221,75 @@ mod tests {
 
     #[test]
     fn every_reply_carries_the_label_in_text_and_blocks() {
-        let r = prepare("Restart the pod.", LABEL, 3000, false);
-        assert!(r.text.ends_with(&format!("_{LABEL}_")));
+        let r = prepare(Body::Model("Restart the pod."), LABEL, 3000, false);
+        assert_eq!(r.text, format!("Restart the pod.\n\n_{LABEL}_"));
         assert_eq!(r.blocks[1]["type"], "context");
         assert_eq!(r.blocks[1]["elements"][0]["text"], LABEL);
         assert!(r.risks.is_empty());
     }
 
+    fn body(r: &LabelledReply) -> &str {
+        r.blocks[0]["text"]["text"].as_str().expect("body")
+    }
+
     #[test]
-    fn mass_mentions_are_neutralised_and_flagged() {
-        let (t, found) = neutralise_mass_mentions(
-            "hey <!here> and <!channel|channel> and <!subteam^S1|@ops> but <@U1>",
+    fn model_text_is_escaped_in_text_and_blocks_and_its_markup_sent_to_review() {
+        let r = prepare(
+            Body::Model(
+                "hey <!here>, ask <@U1> in <#C2>: <https://evil.example|click> & <!date^1|x>",
+            ),
+            LABEL,
+            3000,
+            false,
         );
-        assert!(found);
-        assert!(!t.contains("<!"), "{t}");
-        assert!(t.contains("<@U1>"));
+        let escaped = "hey &lt;!here&gt;, ask &lt;@U1&gt; in &lt;#C2&gt;: \
+                       &lt;https://evil.example|click&gt; &amp; &lt;!date^1|x&gt;";
+        assert_eq!(body(&r), escaped);
+        assert_eq!(r.text, format!("{escaped}\n\n_{LABEL}_"));
         assert_eq!(
-            prepare("ping <!everyone>", LABEL, 3000, false).risks,
+            r.risks,
+            vec![
+                Risk::MassMention,
+                Risk::Mention,
+                Risk::DisguisedLink,
+                Risk::SlackCommand
+            ]
+        );
+        // Forms the old filter let through.
+        for s in [
+            "<!x <!here>",
+            "<!date^1 <!everyone>",
+            "<!<!channel>>",
+            "<!HERE>",
+            "<!group>",
+        ] {
+            let r = prepare(Body::Model(s), LABEL, 3000, false);
+            assert!(r.risks.contains(&Risk::MassMention), "{s}: {:?}", r.risks);
+            assert!(!r.text.contains('<') && !r.text.contains('>'), "{}", r.text);
+        }
+    }
+
+    #[test]
+    fn a_bare_link_is_escaped_but_needs_no_review() {
+        let r = prepare(
+            Body::Model("see <https://example.com/docs>"),
+            LABEL,
+            3000,
+            false,
+        );
+        assert!(r.risks.is_empty());
+        assert_eq!(body(&r), "see &lt;https://example.com/docs&gt;");
+    }
+
+    #[test]
+    fn threadlines_own_text_keeps_its_formatting_but_not_a_mass_mention() {
+        let own = "Try again, or see <https://status.example|the status page>.";
+        let r = prepare(Body::Own(own), LABEL, 3000, false);
+        assert!(r.risks.is_empty());
+        assert_eq!(body(&r), own);
+        assert_eq!(
+            prepare(Body::Own("<!channel> down"), LABEL, 3000, false).risks,
             vec![Risk::MassMention]
-        );
-        assert_eq!(
-            neutralise_mass_mentions("<!date^1|x> fine"),
-            ("<!date^1|x> fine".to_owned(), false)
         );
     }
 
@@ -252,7 +317,13 @@ mod tests {
             assert!(!looks_secret(fine), "{fine}");
         }
         assert_eq!(
-            prepare("token xoxb-1111-2222-33334444", LABEL, 3000, false).risks,
+            prepare(
+                Body::Model("token xoxb-1111-2222-33334444"),
+                LABEL,
+                3000,
+                false
+            )
+            .risks,
             vec![Risk::SecretLike]
         );
     }
@@ -260,16 +331,24 @@ mod tests {
     #[test]
     fn long_answers_are_cut_with_a_marker_on_a_char_boundary() {
         let long = "é".repeat(5000);
-        let r = prepare(&long, LABEL, 3000, false);
-        let body = r.blocks[0]["text"]["text"].as_str().expect("body");
-        assert!(body.chars().count() <= 2900);
-        assert!(body.ends_with("[truncated]"));
+        let r = prepare(Body::Model(&long), LABEL, 3000, false);
+        assert!(body(&r).chars().count() <= 2900);
+        assert!(body(&r).ends_with("[truncated]"));
+        // Counted after escaping, and never inside an entity.
+        let r = prepare(Body::Model(&"<".repeat(1000)), LABEL, 3000, false);
+        assert!(body(&r).chars().count() <= 2900);
+        assert!(
+            body(&r)
+                .trim_end_matches(" … [truncated]")
+                .split("&lt;")
+                .all(str::is_empty)
+        );
     }
 
     #[test]
     fn proposed_actions_need_review() {
         assert_eq!(
-            prepare("done", LABEL, 3000, true).risks,
+            prepare(Body::Model("done"), LABEL, 3000, true).risks,
             vec![Risk::ActionBeyondReply]
         );
     }

@@ -187,7 +187,13 @@ impl Handler {
                 )
             }
         };
-        let reply = output::prepare(&body, &self.label, self.reply_max_chars, !tools.is_empty());
+        // Model text is untrusted and escaped; the fallback is threadline's own.
+        let body = if fallback {
+            output::Body::Own(&body)
+        } else {
+            output::Body::Model(&body)
+        };
+        let reply = output::prepare(body, &self.label, self.reply_max_chars, !tools.is_empty());
         let hash = hex::encode(Sha256::digest(reply.text.as_bytes()));
         let (status, action_kind) = if reply.risks.is_empty() {
             ("proposed", "thread_reply".to_owned())
@@ -244,6 +250,10 @@ impl Handler {
         }
         metrics::counter!("threadline_decisions_total", "status" => status).increment(1);
         if status == "review" {
+            for r in &reply.risks {
+                metrics::counter!("threadline_review_reasons_total", "reason" => r.as_str())
+                    .increment(1);
+            }
             tracing::info!(reasons = ?reply.risks, "proposal routed to human review");
             return Ok(Disposition::Done);
         }

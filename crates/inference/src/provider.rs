@@ -175,13 +175,15 @@ pub fn text_digest(text: &str) -> String {
 /// It states the question it answers (its text and Slack ts) and every
 /// message it read (`ts/digest`), so that a checker reading only Slack can
 /// tell which question a reply answers and whether it missed a message.
+/// The question is quoted as a reader sees it (`<@U1> why?` as `@U1
+/// why?`): the model mentions and links nobody.
 pub fn builtin(thread: &[Read<'_>], source_ts: &str, version: i64) -> Completion {
     let people: std::collections::BTreeSet<&str> = thread.iter().map(|m| m.user).collect();
     let asked: String = thread
         .iter()
         .find(|m| m.ts == source_ts)
-        .map(|m| m.text)
-        .unwrap_or("")
+        .map(|m| threadline_domain::output::markup::readable(m.text))
+        .unwrap_or_default()
         .chars()
         .take(120)
         .collect();

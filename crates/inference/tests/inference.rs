@@ -540,3 +540,121 @@ async fn a_redelivery_takes_over_the_lease_its_failed_delivery_left_and_no_one_e
     assert_eq!(env.proposals().await.len(), 1);
     env.cleanup().await;
 }
+
+/// Model text is untrusted: Slack's control sequences in it are escaped in
+/// the stored text and blocks, and an answer that used one (nested, odd or
+/// cased forms, a single mention, a disguised link) waits for a reviewer.
+/// A bare link needs none; the fallback is threadline's own text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_markup_in_model_text_is_escaped_and_routed_to_review() {
+    let (e, url) = endpoint().await;
+    let env = Env::new(&[
+        ("THREADLINE_MODEL_PROVIDER", "openai"),
+        ("THREADLINE_MODEL_BASE_URL", &url),
+        ("THREADLINE_MODEL_NAME", "m"),
+        (
+            "THREADLINE_FALLBACK_TEXT",
+            "No answer now; see <https://status.example|the status page>.",
+        ),
+    ])
+    .await;
+    let cases: [(&'static str, &[&str]); 7] = [
+        (
+            "<!channel> look: <https://evil.example|click>",
+            &["mass_mention", "disguised_link"],
+        ),
+        ("<!x <!here>", &["mass_mention", "slack_command"]),
+        ("<!<!channel>>", &["mass_mention", "slack_command"]),
+        ("<!HERE> and <!group>", &["mass_mention"]),
+        ("ask <@U0123> in <#C0456>", &["mention"]),
+        ("<!date^1392734382^{date}|Feb 18>", &["slack_command"]),
+        ("docs: <https://example.com/runbook> & R&D notes", &[]),
+    ];
+    e.script
+        .lock()
+        .expect("lock")
+        .extend(cases.iter().map(|(t, _)| Reply::Text(t)));
+    let mut receipts = Vec::new();
+    for i in 0..cases.len() {
+        let (receipt, payload) = env.context(&[&format!("question {i}")], 1);
+        env.handler.handle(&payload).await;
+        receipts.push(receipt);
+    }
+    for ((text, reasons), receipt) in cases.iter().zip(&receipts) {
+        let (status, _, got, _, _) = env.decision(*receipt).await;
+        let want: Vec<String> = reasons.iter().map(|r| (*r).to_owned()).collect();
+        assert_eq!(got, want, "{text}");
+        assert_eq!(
+            status,
+            if reasons.is_empty() {
+                "proposed"
+            } else {
+                "review"
+            },
+            "{text}"
+        );
+        let (body, blocks): (String, Value) =
+            sqlx::query_as("SELECT body_text, body_blocks FROM decisions WHERE receipt_id = $1")
+                .bind(receipt)
+                .fetch_one(&env.db.pool)
+                .await
+                .expect("stored answer");
+        let section = blocks[0]["text"]["text"]
+            .as_str()
+            .expect("section")
+            .to_owned();
+        for field in [&body, &section] {
+            assert!(
+                !field.contains('<') && !field.contains('>'),
+                "escaped: {field}"
+            );
+            assert!(
+                field.starts_with(&threadline_domain::output::markup::escape(text)),
+                "{field}"
+            );
+        }
+    }
+    let ps = env.proposals().await;
+    assert_eq!(ps.len(), 1, "only the answer without markup is proposed");
+    assert_eq!(
+        ps[0].text,
+        "docs: &lt;https://example.com/runbook&gt; &amp; R&amp;D notes\n\n_AI-generated — verify before relying on it_"
+    );
+
+    // The fallback is threadline's own text: its link is kept as written.
+    e.script.lock().expect("lock").push_back(Reply::Status(500));
+    let (receipt, payload) = env.context(&["one more"], 1);
+    env.handler.handle(&payload).await;
+    let d = env.decision(receipt).await;
+    assert_eq!((d.0.as_str(), d.3), ("proposed", true));
+    let ps = env.proposals().await;
+    assert!(
+        ps[1]
+            .text
+            .starts_with("No answer now; see <https://status.example|the status page>."),
+        "{}",
+        ps[1].text
+    );
+    env.cleanup().await;
+}
+
+/// The built-in model quotes the question as a reader sees it, so the
+/// usual mention of the bot in a question neither reaches Slack as markup
+/// nor sends the answer to review.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_builtin_model_quotes_a_mention_as_plain_words() {
+    let env = Env::new(&[]).await;
+    let (receipt, payload) = env.context(&["deploy failed", "<@U0BOT> why? see <#C1|ops>"], 3);
+    env.handler.handle(&payload).await;
+    assert_eq!(env.decision(receipt).await.0, "proposed");
+    let ps = env.proposals().await;
+    assert_eq!(ps.len(), 1);
+    assert!(
+        ps[0]
+            .text
+            .contains("You asked: \u{201c}@U0BOT why? see #ops\u{201d}"),
+        "{}",
+        ps[0].text
+    );
+    env.cleanup().await;
+}

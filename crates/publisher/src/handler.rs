@@ -107,6 +107,22 @@ pub(crate) struct Bot {
 struct Job<'a> {
     proposal: Proposal<'a>,
     decision: &'a Decision,
+    /// Whether the policy lets Slack unfurl the reply's links and media.
+    unfurl: bool,
+}
+
+/// The channel's unfurl setting, else the installation's, else off.
+async fn unfurl_allowed(pool: &PgPool, inst: Uuid, channel: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT coalesce(
+                  (SELECT unfurl_allowed FROM channel_policies WHERE installation_id = $1 AND channel_id = $2),
+                  (SELECT unfurl_allowed FROM installation_policies WHERE installation_id = $1),
+                  false)",
+    )
+    .bind(inst)
+    .bind(channel)
+    .fetch_one(pool)
+    .await
 }
 
 impl Handler {
@@ -176,6 +192,9 @@ impl Handler {
                 body_hash: d.output_hash.as_deref().unwrap_or_default(),
             },
             decision: &d,
+            // Read before any claim, so that a failed read leaves nothing
+            // claimed behind.
+            unfurl: unfurl_allowed(&self.pool, inst, &d.channel_id).await?,
         };
         let bot = self.bot(inst).await?;
         // An earlier attempt whose outcome is unknown is settled first, from
@@ -477,6 +496,7 @@ impl Handler {
                 job.decision.body_text.as_deref().unwrap_or_default(),
                 &blocks,
                 &metadata,
+                job.unfurl,
             )
             .await;
         metrics::histogram!("threadline_slack_post_seconds")

@@ -326,6 +326,11 @@ pub struct CallRecord {
     /// For an `inject_reply` fault: the human reply posted when the call
     /// arrived.
     pub injected_ts: Option<String>,
+    /// For `chat.postMessage` / `chat.update`: the `unfurl_links` and
+    /// `unfurl_media` arguments as sent (`None`: not sent, so Slack's
+    /// defaults apply, which unfurl media).
+    pub unfurl_links: Option<bool>,
+    pub unfurl_media: Option<bool>,
 }
 
 /// One delivery attempt of an event to an app.

@@ -117,6 +117,15 @@ impl Params {
         matches!(self.str(key).as_deref(), Some("true" | "1"))
     }
 
+    /// A boolean argument as sent: `None` when absent or not a boolean.
+    pub fn boolean(&self, key: &str) -> Option<bool> {
+        match self.str(key).as_deref() {
+            Some("true" | "1") => Some(true),
+            Some("false" | "0") => Some(false),
+            _ => None,
+        }
+    }
+
     /// A JSON-valued argument, given either as JSON or as a JSON string.
     pub fn json(&self, key: &str) -> Result<Option<Value>, ApiError> {
         match self.0.get(key) {
@@ -171,6 +180,9 @@ struct Arrival {
     received_at: u64,
     /// The human reply an `inject_reply` fault posted when the call arrived.
     injected_ts: Option<String>,
+    /// The unfurl arguments of a post or an update.
+    unfurl_links: Option<bool>,
+    unfurl_media: Option<bool>,
 }
 
 pub async fn api(
@@ -183,11 +195,17 @@ pub async fn api(
     let mut arrival = Arrival {
         received_at: now_micros(),
         injected_ts: None,
+        unfurl_links: None,
+        unfurl_media: None,
     };
     let params = match Params::parse(query.as_deref(), &headers, &body) {
         Ok(p) => p,
         Err(e) => return respond(&sim, &method, &arrival, Outcome::err(e), "not_applied"),
     };
+    if matches!(method.as_str(), "chat.postMessage" | "chat.update") {
+        arrival.unfurl_links = params.boolean("unfurl_links");
+        arrival.unfurl_media = params.boolean("unfurl_media");
+    }
     let token = bearer(&headers, &params);
 
     // Faults decided when the call arrives: latency, 429 storms, errors
@@ -450,6 +468,8 @@ fn record(sim: &Sim, method: &str, arrival: &Arrival, o: &Outcome, http_status: 
         received_at_micros: arrival.received_at,
         ts: o.ts.clone(),
         injected_ts: arrival.injected_ts.clone(),
+        unfurl_links: arrival.unfurl_links,
+        unfurl_media: arrival.unfurl_media,
     });
 }
 

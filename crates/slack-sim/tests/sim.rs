@@ -1874,3 +1874,60 @@ async fn a_soak_of_ten_thousand_messages_keeps_every_call_cheap() {
         started.elapsed()
     );
 }
+
+/// The call log keeps a post's unfurl arguments as sent (a form's
+/// `true`/`1`/`false`/`0`, a JSON body's booleans; absent when not sent),
+/// and threadline's client turns both off unless told otherwise.
+#[tokio::test]
+async fn the_call_log_keeps_the_unfurl_arguments_of_each_post() {
+    let w = World::new(22, vec![], &[], &["chat:write", "channels:history"]).await;
+    w.ctl("settings", json!({"post_burst": 10.0})).await;
+    for form in [
+        vec![("unfurl_links", "false"), ("unfurl_media", "0")],
+        vec![("unfurl_links", "1")],
+        vec![],
+    ] {
+        let mut args = vec![
+            ("channel", w.channel.as_str()),
+            ("text", "see https://example.com"),
+        ];
+        args.extend(form);
+        let (_, _, posted) = w.api("chat.postMessage", &args).await;
+        assert_eq!(posted["ok"], true, "{posted}");
+    }
+    let r: Value = w
+        .http
+        .post(format!("{}/api/chat.postMessage", w.base))
+        .bearer_auth(&w.token)
+        .json(&json!({"channel": w.channel, "text": "json", "unfurl_links": false, "unfurl_media": true}))
+        .send()
+        .await
+        .expect("post")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(r["ok"], true, "{r}");
+    let web = threadline_slack::WebClient::new(&format!("{}/api/", w.base), Duration::from_secs(5))
+        .expect("client");
+    for unfurl in [false, true] {
+        web.post_reply(&w.token, &w.channel, "", "reply", "", "", unfurl)
+            .await
+            .expect("posted");
+    }
+    let calls = w.list("calls?method=chat.postMessage", "calls").await;
+    let seen: Vec<(Value, Value)> = calls
+        .iter()
+        .map(|c| (c["unfurl_links"].clone(), c["unfurl_media"].clone()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (json!(false), json!(false)),
+            (json!(true), Value::Null),
+            (Value::Null, Value::Null),
+            (json!(false), json!(true)),
+            (json!(false), json!(false)),
+            (json!(true), json!(true)),
+        ]
+    );
+}

@@ -188,6 +188,11 @@ impl WebClient {
 
     /// `chat.postMessage` into a thread, with message metadata. Never
     /// retried here: an unknown outcome must be reconciled first.
+    ///
+    /// Links and media are unfurled only when `unfurl` is true: Slack
+    /// unfurls media by default, and an unfurl fetches a link nobody
+    /// clicked, so both are turned off explicitly otherwise.
+    #[allow(clippy::too_many_arguments)]
     pub async fn post_reply(
         &self,
         token: &str,
@@ -196,6 +201,7 @@ impl WebClient {
         text: &str,
         blocks_json: &str,
         metadata_json: &str,
+        unfurl: bool,
     ) -> Result<String, WebError> {
         let mut form = vec![
             ("channel", channel),
@@ -206,7 +212,9 @@ impl WebClient {
         if !blocks_json.is_empty() {
             form.push(("blocks", blocks_json));
         }
-        form.push(("unfurl_links", "false"));
+        let unfurl = if unfurl { "true" } else { "false" };
+        form.push(("unfurl_links", unfurl));
+        form.push(("unfurl_media", unfurl));
         let v = self.call("chat.postMessage", token, &form).await?;
         v.get("ts")
             .and_then(Value::as_str)
