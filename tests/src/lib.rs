@@ -555,6 +555,10 @@ impl Stack {
             ("NATS_URL", threadline_testkit::nats_url()),
             ("THREADLINE_BUS_PREFIX", prefix.clone()),
             ("THREADLINE_TOKEN_KEYS", keys.clone()),
+            (
+                "THREADLINE_DEAD_LETTER_KEYS",
+                "d1:".to_owned() + &"17".repeat(32),
+            ),
             ("THREADLINE_RELAY_SWEEP_MS", "200".to_owned()),
             (
                 "SLACK_SIGNING_SECRET",

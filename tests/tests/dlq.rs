@@ -1,6 +1,9 @@
-//! A poison message ends in the dead-letter stream; `threadline dlq list`
-//! shows it without its payload, `dlq drop` removes it, and `dlq replay`
-//! puts a dead letter back where it came from, where it is processed.
+//! A poison message ends in the dead-letter stream with its message sealed
+//! (no text readable on the stream); `threadline dlq list` shows the
+//! envelope without payloads, `dlq drop` removes a letter, `dlq replay`
+//! opens a sealed letter and puts it back where it came from, where it is
+//! processed; a letter kept without its text is refused; `threadline purge`
+//! removes letters past their retention.
 
 use std::time::Duration;
 
@@ -21,7 +24,9 @@ async fn poison_is_dead_lettered_listed_dropped_and_a_dead_letter_replayed() {
     let js = jetstream::new(nats.clone());
     let inst = seed_installation(&db.pool, "A0DLQ", "T0DLQ").await;
     let keys = "k1:".to_owned() + &"42".repeat(32);
+    let letter_keys = "d1:".to_owned() + &"17".repeat(32);
     let env = vec![
+        ("THREADLINE_DEAD_LETTER_KEYS", letter_keys.clone()),
         ("DATABASE_URL", db.url.clone()),
         ("NATS_URL", nats_url()),
         ("THREADLINE_BUS_PREFIX", prefix.clone()),
@@ -67,12 +72,27 @@ async fn poison_is_dead_lettered_listed_dropped_and_a_dead_letter_replayed() {
     .await;
     assert_eq!(poison["original_subject"], format!("{prefix}.events"));
     assert_eq!(poison["reason"], "undecodable EventAccepted");
-    assert_eq!(poison["payload_bytes"], secret_looking.len());
+    assert_eq!(poison["payload"], "sealed");
     let listed = String::from_utf8(dlq(&["list"]).await.stdout).expect("utf8");
     assert!(!listed.contains("never be printed"), "no payloads listed");
+    // On the stream itself (what anyone with broker access reads): sealed.
+    let letters_stream = js
+        .get_stream(threadline_runtime::bus::Topology::new(prefix.clone()).dead_letter_stream())
+        .await
+        .expect("dead-letter stream");
+    let raw = letters_stream
+        .get_raw_message(poison["seq"].as_u64().expect("seq"))
+        .await
+        .expect("raw letter");
+    assert!(
+        !raw.payload.windows(15).any(|w| w == b"never be printe"),
+        "the stream holds no readable text"
+    );
+    assert!(raw.payload.len() > secret_looking.len(), "sealed, not dropped");
 
-    // A valid event whose retries ran out earlier (dead-lettered the way a
-    // worker does it), for a receipt that is still open.
+    // A valid event whose retries ran out earlier, dead-lettered the way a
+    // worker does it (sealed with the workers' keys), for a receipt that is
+    // still open.
     let receipt = uuid::Uuid::now_v7();
     let event = json!({"type": "message", "user": "U0ANA", "text": "hello all", "ts": "1700000000.000100",
                        "channel": "C0DLQ", "channel_type": "channel", "event_ts": "1700000000.000100"});
@@ -96,24 +116,76 @@ async fn poison_is_dead_lettered_listed_dropped_and_a_dead_letter_replayed() {
         event_json: serde_json::to_vec(&event).expect("json"),
         ..Default::default()
     };
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Threadline-Dead-Letter-Reason", "retries exhausted");
-    headers.insert(
-        "Threadline-Original-Subject",
-        format!("{prefix}.events").as_str(),
-    );
-    headers.insert("Nats-Msg-Id", "evt:A0DLQ:Ev0DLQ");
-    js.publish_with_headers(
-        format!("{prefix}.dlq.events"),
-        headers,
-        msg.encode_to_vec().into(),
+    let mut original = async_nats::HeaderMap::new();
+    original.insert("Nats-Msg-Id", "evt:A0DLQ:Ev0DLQ");
+    let cipher = threadline_runtime::secrets::TokenCipher::parse_setting(
+        &letter_keys.clone().into(),
+        threadline_runtime::dead_letter::KEYS_SETTING,
     )
-    .await
-    .expect("publish")
-    .await
-    .expect("ack");
+    .expect("keys");
+    let dead_letter = |m: &EventAccepted, keys| {
+        threadline_runtime::dead_letter::letter(
+            threadline_runtime::bus::Topic::Events,
+            &format!("{prefix}.events"),
+            Some(&original),
+            &m.encode_to_vec(),
+            "failed 5 times: boom",
+            keys,
+        )
+    };
+    let (headers, payload) = dead_letter(&msg, Some(&cipher));
+    js.publish_with_headers(format!("{prefix}.dlq.events"), headers, payload)
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    // The same kind of letter from a worker that had no keys: its text was
+    // removed, so it cannot be replayed.
+    let other = EventAccepted {
+        receipt_id: uuid::Uuid::now_v7().to_string(),
+        event_id: "Ev0GONE".into(),
+        ..msg.clone()
+    };
+    let (headers, payload) = dead_letter(&other, None);
+    js.publish_with_headers(format!("{prefix}.dlq.events"), headers, payload)
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    let letters = list().await;
+    assert_eq!(letters.len(), 3);
+    let redacted = letters
+        .iter()
+        .find(|l| l["event_id"] == "Ev0GONE")
+        .expect("the redacted letter, by its event id");
+    assert_eq!(redacted["payload"], "redacted");
+    assert_eq!(redacted["installation_id"], inst.to_string());
+    let redacted_seq = redacted["seq"].as_u64().expect("seq").to_string();
+    let refused = dlq(&["replay", &redacted_seq]).await;
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("without its text"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert_eq!(list().await.len(), 3, "a refused replay changes nothing");
+    assert!(dlq(&["drop", &redacted_seq]).await.status.success());
     let letters = list().await;
     assert_eq!(letters.len(), 2);
+    // Replaying needs the keys the workers sealed with.
+    let without_keys: Vec<(&str, String)> = env
+        .iter()
+        .filter(|(k, _)| *k != "THREADLINE_DEAD_LETTER_KEYS")
+        .cloned()
+        .collect();
+    let needs_keys = cli(&["dlq", "replay", "--all"], &without_keys).await;
+    assert!(!needs_keys.status.success());
+    assert!(
+        String::from_utf8_lossy(&needs_keys.stderr).contains("THREADLINE_DEAD_LETTER_KEYS"),
+        "{}",
+        String::from_utf8_lossy(&needs_keys.stderr)
+    );
+    assert_eq!(list().await.len(), 2);
     let poison_seq = poison["seq"].as_u64().expect("seq").to_string();
 
     // Drop the poison after inspection; replay the rest.
@@ -156,6 +228,32 @@ async fn poison_is_dead_lettered_listed_dropped_and_a_dead_letter_replayed() {
         "{}",
         String::from_utf8_lossy(&missing.stderr)
     );
+
+    // Retention: a fresh letter stays under the default retention; with 0
+    // hours every letter goes (a dry run only counts).
+    js.publish(format!("{prefix}.events"), secret_looking.as_slice().into())
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    eventually("a second poison dead-lettered", Duration::from_secs(20), || async {
+        (list().await.len() == 1).then_some(())
+    })
+    .await;
+    let purge = |args: &'static [&'static str]| {
+        let env = env.clone();
+        async move {
+            let out = cli(args, &env).await;
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            serde_json::from_slice::<Value>(&out.stdout).expect("JSON report")
+        }
+    };
+    assert_eq!(purge(&["purge"]).await["dead_letters"], 0);
+    assert_eq!(purge(&["purge", "--dead-letters-hours", "0", "--dry-run"]).await["dead_letters"], 1);
+    assert_eq!(list().await.len(), 1, "a dry run removes nothing");
+    assert_eq!(purge(&["purge", "--dead-letters-hours", "0"]).await["dead_letters"], 1);
+    assert!(list().await.is_empty(), "purged");
+
     assert!(cb.terminate().await.success());
     delete_streams(&js, &prefix).await;
 }

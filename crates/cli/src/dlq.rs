@@ -1,9 +1,13 @@
 //! `threadline dlq …`: the dead letters — messages a worker gave up on
-//! (poison, or retries exhausted). Listing shows ids, reasons and sizes,
-//! never payloads (they can hold message text). A replay puts the message
-//! back on the subject it came from, where the handlers' idempotency makes a
-//! second processing harmless; the dead letter is removed once the broker
-//! has acknowledged the replay.
+//! (poison, or repeated failures). A letter is an envelope (subject, reason,
+//! the identities the message names) and the message sealed with
+//! `THREADLINE_DEAD_LETTER_KEYS`, or without its text when the worker had no
+//! keys (see `threadline_runtime::dead_letter`); listing shows the envelope,
+//! never a payload. A replay opens the message and puts it back on the
+//! subject it came from, where the handlers' idempotency makes a second
+//! processing harmless; the dead letter is removed once the broker has
+//! acknowledged the replay. A letter whose message was not kept whole says
+//! so and stays.
 
 use anyhow::Context as _;
 use async_nats::HeaderMap;
@@ -11,9 +15,7 @@ use async_nats::jetstream::{self, stream::Stream};
 use clap::Subcommand;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::config::CommonConfig;
-
-const REASON: &str = "Threadline-Dead-Letter-Reason";
-const ORIGINAL: &str = "Threadline-Original-Subject";
+use threadline_runtime::dead_letter::{self, DECISION, EVENT, INSTALLATION, ORIGINAL, PAYLOAD, REASON, RECEIPT};
 
 #[derive(Subcommand)]
 pub enum DlqCommand {
@@ -46,6 +48,13 @@ struct Letter {
     original_subject: Option<String>,
     reason: Option<String>,
     message_id: Option<String>,
+    installation_id: Option<String>,
+    receipt_id: Option<String>,
+    event_id: Option<String>,
+    decision_id: Option<String>,
+    /// `sealed` (replayable with the keys), `whole`, `redacted` or
+    /// `dropped` (see `threadline_runtime::dead_letter`).
+    payload: String,
     payload_bytes: usize,
 }
 
@@ -82,7 +91,13 @@ async fn letters(
                     .unwrap_or_default(),
                 original_subject: header(&m.headers, ORIGINAL),
                 reason: header(&m.headers, REASON),
-                message_id: header(&m.headers, "Nats-Msg-Id"),
+                message_id: header(&m.headers, "Threadline-Message-Id")
+                    .or_else(|| header(&m.headers, "Nats-Msg-Id")),
+                installation_id: header(&m.headers, INSTALLATION),
+                receipt_id: header(&m.headers, RECEIPT),
+                event_id: header(&m.headers, EVENT),
+                decision_id: header(&m.headers, DECISION),
+                payload: header(&m.headers, PAYLOAD).unwrap_or_else(|| "whole".into()),
                 payload_bytes: m.payload.len(),
             },
             m,
@@ -139,28 +154,23 @@ pub async fn run(cmd: DlqCommand, common: &CommonConfig) -> anyhow::Result<()> {
             }
             // Only subjects of this deployment's topics are replayed to.
             let known: Vec<String> = Topic::ALL.iter().map(|t| topology.subject(*t)).collect();
+            // Check every letter before replaying any, so a refusal leaves
+            // the set as it was.
+            let mut ready = Vec::new();
             for (letter, m) in wanted {
-                let Some(subject) = letter
-                    .original_subject
-                    .clone()
-                    .filter(|s| known.contains(s))
-                else {
-                    anyhow::bail!(
-                        "dead letter {} has no known original subject ({:?}); drop it or republish by hand",
-                        letter.seq,
-                        letter.original_subject
-                    );
-                };
-                let mut headers = HeaderMap::new();
-                for (name, values) in m.headers.iter() {
-                    let n: &str = name.as_ref();
-                    if n == REASON || n == ORIGINAL || n.starts_with("Nats-") {
-                        continue;
-                    }
-                    for v in values {
-                        headers.append(n, v.as_str());
-                    }
-                }
+                let (subject, payload) =
+                    dead_letter::open(&m.headers, &m.payload, topology.dead_letter_keys())
+                        .with_context(|| format!("dead letter {} cannot be replayed", letter.seq))?;
+                anyhow::ensure!(
+                    known.contains(&subject),
+                    "dead letter {} names {subject:?}, not a subject of this deployment ({}); drop it or republish by hand",
+                    letter.seq,
+                    topology.prefix()
+                );
+                ready.push((letter, m, subject, payload));
+            }
+            for (letter, m, subject, payload) in ready {
+                let mut headers = dead_letter::without(Some(&m.headers), &dead_letter::HEADERS);
                 // A fresh message id: the original may still be inside the
                 // stream's duplicate window, which would drop the replay.
                 headers.insert(
@@ -172,7 +182,7 @@ pub async fn run(cmd: DlqCommand, common: &CommonConfig) -> anyhow::Result<()> {
                     )
                     .as_str(),
                 );
-                js.publish_with_headers(subject.clone(), headers, m.payload.clone())
+                js.publish_with_headers(subject.clone(), headers, payload)
                     .await?
                     .await
                     .with_context(|| format!("replaying dead letter {}", letter.seq))?;

@@ -131,8 +131,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             dlq::run(command, &common).await?
         }
         Command::Purge(args) => {
-            let report = purge::run(&args, &src, &pool(&src).await?).await?;
+            let mut report = purge::run(&args, &src, &pool(&src).await?).await?;
+            let common = threadline_runtime::config::CommonConfig::from_source(&src)?;
+            let letters = purge::dead_letters(&args, &common, &mut report).await;
             println!("{}", serde_json::to_string_pretty(&report)?);
+            anyhow::Context::context(letters, "the database is purged; the dead letters are not")?;
         }
         Command::Keys {
             command: KeysCommand::Rotate,

@@ -2,7 +2,8 @@
 //! (kept well past Slack's retry window so a late retry is still recognised),
 //! the raw bodies of unparsed deliveries never replayed (their receipts are
 //! closed as `failed`, reason `unparsed_expired`) and the stored text of
-//! threads idle past their retention, in one transaction. `--dry-run` counts
+//! threads idle past their retention, in one transaction; then the dead
+//! letters past their retention (from the broker). `--dry-run` counts
 //! without deleting.
 
 use sqlx::PgPool;
@@ -25,6 +26,10 @@ pub struct PurgeArgs {
     /// (default THREADLINE_THREAD_RETENTION_DAYS, else 30).
     #[arg(long)]
     threads_days: Option<u64>,
+    /// Dead letters older than this many hours (default: the receipts'
+    /// retention); 0 removes every dead letter.
+    #[arg(long)]
+    dead_letters_hours: Option<u64>,
     /// Count what would go, delete nothing.
     #[arg(long)]
     dry_run: bool,
@@ -47,6 +52,9 @@ pub struct Report {
     threads: i64,
     thread_messages: i64,
     proposal_texts: i64,
+    dead_letters_hours: u64,
+    /// Dead letters removed from the broker's dead-letter stream.
+    dead_letters: u64,
 }
 
 fn days(flag: Option<u64>, src: &Source, key: &str, default: u64) -> anyhow::Result<u64> {
@@ -179,4 +187,56 @@ pub async fn run(args: &PurgeArgs, src: &Source, pool: &PgPool) -> anyhow::Resul
         tx.commit().await?;
     }
     Ok(r)
+}
+
+/// Removes the dead letters older than the retention (the dead-letter
+/// stream is in arrival order, so everything before the first newer letter).
+pub async fn dead_letters(
+    args: &PurgeArgs,
+    common: &threadline_runtime::config::CommonConfig,
+    r: &mut Report,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    r.dead_letters_hours = args
+        .dead_letters_hours
+        .unwrap_or(r.receipts_days.saturating_mul(24));
+    let nats = threadline_runtime::bus::connect(&common.nats_url, "threadline-cli").await?;
+    let js = async_nats::jetstream::new(nats.clone());
+    let topology = threadline_runtime::bus::Topology::from_config(common);
+    let Ok(stream) = js.get_stream(topology.dead_letter_stream()).await else {
+        // No stream: no service ever started here, so no dead letters.
+        return Ok(());
+    };
+    let info = stream
+        .get_info()
+        .await
+        .context("reading the dead-letter stream")?;
+    if info.state.messages == 0 {
+        return Ok(());
+    }
+    let cutoff = time::OffsetDateTime::now_utc()
+        - time::Duration::hours(i64::try_from(r.dead_letters_hours).unwrap_or(i64::MAX / 7200));
+    let mut keep_from = info.state.last_sequence + 1;
+    let mut old = 0;
+    for seq in info.state.first_sequence..=info.state.last_sequence {
+        // Gaps are letters already replayed or dropped.
+        let Ok(m) = stream.get_raw_message(seq).await else {
+            continue;
+        };
+        if m.time >= cutoff {
+            keep_from = seq;
+            break;
+        }
+        old += 1;
+    }
+    r.dead_letters = old;
+    if old > 0 && !args.dry_run {
+        stream
+            .purge()
+            .sequence(keep_from)
+            .await
+            .context("removing old dead letters")?;
+    }
+    nats.flush().await?;
+    Ok(())
 }

@@ -84,6 +84,11 @@ pub struct Topology {
     dead_letter_max_age: Duration,
     /// The ack deadline (`THREADLINE_REDELIVERY_MS`, default [`ACK_WAIT`]).
     redelivery: Duration,
+    /// Seals dead letters' messages (`THREADLINE_DEAD_LETTER_KEYS`).
+    dead_letter_keys: Option<std::sync::Arc<crate::secrets::TokenCipher>>,
+    /// The share of a worker's slots one installation may hold while more
+    /// work waits (`THREADLINE_TENANT_SHARE_PERCENT`).
+    tenant_share_percent: u8,
 }
 
 impl Topology {
@@ -93,6 +98,8 @@ impl Topology {
             replicas: 1,
             dead_letter_max_age: Duration::from_secs(14 * 24 * 3600),
             redelivery: ACK_WAIT,
+            dead_letter_keys: None,
+            tenant_share_percent: 100,
         }
     }
 
@@ -102,8 +109,29 @@ impl Topology {
             replicas: common.stream_replicas,
             dead_letter_max_age: common.dead_letter_max_age,
             redelivery: common.redelivery,
+            dead_letter_keys: common.dead_letter_keys.clone(),
+            tenant_share_percent: common.tenant_share_percent,
             ..Self::new(common.bus_prefix.clone())
         }
+    }
+
+    /// The most slots of a worker with `concurrency` slots that one
+    /// installation may hold while more work waits behind its message.
+    pub fn tenant_cap(&self, concurrency: usize) -> usize {
+        (concurrency * usize::from(self.tenant_share_percent))
+            .div_ceil(100)
+            .clamp(1, concurrency.max(1))
+    }
+
+    /// A copy with another tenant share (tests, benchmarks).
+    pub fn with_tenant_share(mut self, percent: u8) -> Self {
+        self.tenant_share_percent = percent.clamp(1, 100);
+        self
+    }
+
+    /// The keys dead letters are sealed and opened with, if configured.
+    pub fn dead_letter_keys(&self) -> Option<&crate::secrets::TokenCipher> {
+        self.dead_letter_keys.as_deref()
     }
 
     pub fn prefix(&self) -> &str {

@@ -237,6 +237,17 @@ pub struct CommonConfig {
     /// before it is delivered again, however many times. The same in every
     /// service.
     pub redelivery: Duration,
+    /// `THREADLINE_DEAD_LETTER_KEYS` (`id:hex64[,…]`, the first seals; like
+    /// `THREADLINE_TOKEN_KEYS` but its own keys, since inference holds no
+    /// token keys): dead letters keep their message sealed with them, so
+    /// `threadline dlq replay` can restore it and nobody reading the stream
+    /// sees message text. Unset: a dead letter keeps only what carries no
+    /// message text (see `dead_letter`).
+    pub dead_letter_keys: Option<std::sync::Arc<crate::secrets::TokenCipher>>,
+    /// `THREADLINE_TENANT_SHARE_PERCENT`, default 50: the share of a
+    /// worker's concurrency one installation may hold while more work waits
+    /// behind its message (100: no limit).
+    pub tenant_share_percent: u8,
 }
 
 impl std::fmt::Debug for CommonConfig {
@@ -257,6 +268,8 @@ impl std::fmt::Debug for CommonConfig {
             .field("stream_replicas", &self.stream_replicas)
             .field("dead_letter_max_age", &self.dead_letter_max_age)
             .field("redelivery", &self.redelivery)
+            .field("dead_letter_keys", &self.dead_letter_keys)
+            .field("tenant_share_percent", &self.tenant_share_percent)
             .finish()
     }
 }
@@ -311,6 +324,17 @@ impl CommonConfig {
                 src.bounded("THREADLINE_DLQ_MAX_AGE_HOURS", 336, 1..=8760)? * 3600,
             ),
             redelivery: src.millis("THREADLINE_REDELIVERY_MS", 60_000, 1_000..=3_600_000)?,
+            dead_letter_keys: src
+                .secret(crate::dead_letter::KEYS_SETTING)?
+                .map(|raw| {
+                    crate::secrets::TokenCipher::parse_setting(
+                        &raw,
+                        crate::dead_letter::KEYS_SETTING,
+                    )
+                })
+                .transpose()?
+                .map(std::sync::Arc::new),
+            tenant_share_percent: src.bounded("THREADLINE_TENANT_SHARE_PERCENT", 50, 1..=100)? as u8,
         })
     }
 }

@@ -6,6 +6,7 @@ pub mod audit;
 pub mod bus;
 pub mod config;
 pub mod db;
+pub mod dead_letter;
 pub mod health;
 pub mod installations;
 pub mod killswitch;

@@ -63,9 +63,9 @@ impl fmt::Debug for TokenCipher {
     }
 }
 
-fn invalid(message: impl Into<String>) -> ConfigError {
+fn invalid_in(setting: &str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
-        key: TOKEN_KEYS_SETTING.into(),
+        key: setting.into(),
         message: message.into(),
     }
 }
@@ -77,6 +77,13 @@ impl TokenCipher {
     }
 
     pub fn parse(raw: &SecretString) -> Result<Self, ConfigError> {
+        Self::parse_setting(raw, TOKEN_KEYS_SETTING)
+    }
+
+    /// Keys in the same `id:hex64[,…]` form under another setting (errors
+    /// name that setting).
+    pub fn parse_setting(raw: &SecretString, setting: &str) -> Result<Self, ConfigError> {
+        let invalid = |m: String| invalid_in(setting, m);
         let mut keys = Vec::new();
         for (n, entry) in raw
             .expose_secret()
@@ -117,7 +124,7 @@ impl TokenCipher {
             });
         }
         if keys.is_empty() {
-            return Err(invalid("no keys listed"));
+            return Err(invalid("no keys listed".into()));
         }
         Ok(Self { keys })
     }
@@ -155,6 +162,13 @@ impl TokenCipher {
     }
 
     pub fn open(&self, sealed: &Sealed, aad: &[u8]) -> Result<SecretString, SecretError> {
+        String::from_utf8(self.open_bytes(sealed, aad)?)
+            .map(SecretString::from)
+            .map_err(|_| SecretError::Decrypt)
+    }
+
+    /// Opens a sealed binary payload (a dead letter's message).
+    pub fn open_bytes(&self, sealed: &Sealed, aad: &[u8]) -> Result<Vec<u8>, SecretError> {
         let key = self
             .keys
             .iter()
@@ -164,12 +178,8 @@ impl TokenCipher {
             return Err(SecretError::Decrypt);
         }
         let (nonce, ct) = sealed.bytes.split_at(NONCE_LEN);
-        let pt = key
-            .cipher
+        key.cipher
             .decrypt(XNonce::from_slice(nonce), Payload { msg: ct, aad })
-            .map_err(|_| SecretError::Decrypt)?;
-        String::from_utf8(pt)
-            .map(SecretString::from)
             .map_err(|_| SecretError::Decrypt)
     }
 }

@@ -5,6 +5,15 @@
 //! the outage lasts; any other failure → nak, and dead-letter after
 //! [`FAILURE_LIMIT`] of them; poison → dead-letter at once. Long handlers
 //! keep their message with in-progress acks.
+//!
+//! Fair share: one installation may hold at most
+//! `THREADLINE_TENANT_SHARE_PERCENT` of a worker's slots while more work
+//! waits behind its message in the consumer. A message over that share is
+//! handed back to JetStream ([`FAIR_SHARE_DEFER`]) without holding a slot,
+//! so the worker reads on to the messages behind it — another
+//! installation's among them — instead of letting one tenant's backlog
+//! queue everyone. With nothing waiting behind it, the message runs: a lone
+//! tenant may use every slot.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -92,6 +101,48 @@ impl Failures {
     }
 }
 
+/// How long a message over its installation's share waits before it is
+/// delivered again.
+pub const FAIR_SHARE_DEFER: Duration = Duration::from_millis(500);
+
+/// Messages in flight per installation.
+#[derive(Default)]
+struct Tenants(Mutex<HashMap<String, usize>>);
+
+/// A place an installation holds while one of its messages is handled.
+struct Place {
+    tenants: Arc<Tenants>,
+    tenant: String,
+}
+
+impl Tenants {
+    /// A place for `tenant` if it holds fewer than `cap`, or if `always`.
+    fn enter(self: &Arc<Self>, tenant: &str, cap: usize, always: bool) -> Option<Place> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(tenant.to_owned()).or_default();
+        if *n >= cap && !always {
+            return None;
+        }
+        *n += 1;
+        Some(Place {
+            tenants: self.clone(),
+            tenant: tenant.to_owned(),
+        })
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut m = self.tenants.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.tenant);
+            }
+        }
+    }
+}
+
 /// 1 s, 2 s, 4 s … up to [`MAX_BACKOFF`], after the `n`th failure.
 pub fn backoff(n: u32) -> Duration {
     Duration::from_secs(1u64 << n.saturating_sub(1).min(10)).min(MAX_BACKOFF)
@@ -128,14 +179,31 @@ where
     );
     let handler = Arc::new(handler);
     let messages = consumer.messages().await.context("pulling messages")?;
-    let dlq = topology.dead_letter_subject(topic);
+    let dlq = DeadLetters {
+        subject: topology.dead_letter_subject(topic),
+        topic,
+        topology: topology.clone(),
+    };
+    if topology.dead_letter_keys().is_none() {
+        tracing::warn!(
+            setting = crate::dead_letter::KEYS_SETTING,
+            "dead letters keep no message text and events or contexts dead-lettered here cannot be replayed: set THREADLINE_DEAD_LETTER_KEYS"
+        );
+    }
+    let dlq = Arc::new(dlq);
     let progress_every = topology.progress_every();
     let failures = Arc::new(Failures::default());
+    let (tenants, cap) = (Arc::new(Tenants::default()), topology.tenant_cap(concurrency));
     messages
         .take_until(shutdown.clone().cancelled_owned())
         .for_each_concurrent(concurrency, |msg| {
-            let (handler, js, dlq, failures) =
-                (handler.clone(), js.clone(), dlq.clone(), failures.clone());
+            let (handler, js, dlq, failures, tenants) = (
+                handler.clone(),
+                js.clone(),
+                dlq.clone(),
+                failures.clone(),
+                tenants.clone(),
+            );
             async move {
                 let msg = match msg {
                     Ok(m) => m,
@@ -143,6 +211,25 @@ where
                         tracing::warn!(error = %e, "pulling a message failed");
                         tokio::time::sleep(Duration::from_millis(500)).await;
                         return;
+                    }
+                };
+                let _place = match crate::dead_letter::installation_of(topic, &msg.payload) {
+                    None => None,
+                    Some(tenant) => {
+                        let more_waiting = msg.info().is_ok_and(|i| i.pending > 0);
+                        match tenants.enter(&tenant, cap, !more_waiting) {
+                            Some(place) => Some(place),
+                            None => {
+                                metrics::counter!("threadline_worker_fair_share_deferrals_total", "subject" => msg.subject.to_string())
+                                    .increment(1);
+                                if let Err(e) =
+                                    msg.ack_with(AckKind::Nak(Some(FAIR_SHARE_DEFER))).await
+                                {
+                                    tracing::warn!(error = %e, "handing a message back failed; it will be redelivered");
+                                }
+                                return;
+                            }
+                        }
                     }
                 };
                 handle_one(msg, &*handler, &js, &dlq, progress_every, &failures).await;
@@ -193,11 +280,19 @@ fn spawn_lag_sampler(
     });
 }
 
+/// Where and how a worker dead-letters.
+struct DeadLetters {
+    subject: String,
+    topic: Topic,
+    /// Its dead-letter keys seal the letters' messages.
+    topology: Topology,
+}
+
 async fn handle_one<H, F>(
     msg: jetstream::Message,
     handler: &H,
     js: &jetstream::Context,
-    dlq: &str,
+    dlq: &DeadLetters,
     progress_every: Duration,
     failures: &Failures,
 ) where
@@ -285,17 +380,22 @@ async fn handle_one<H, F>(
 
 async fn dead_letter(
     js: &jetstream::Context,
-    dlq: &str,
+    dlq: &DeadLetters,
     msg: &jetstream::Message,
     reason: &str,
 ) -> Result<(), async_nats::Error> {
     metrics::counter!("threadline_dead_letters_total", "subject" => msg.subject.to_string())
         .increment(1);
     tracing::error!(reason, subject = %msg.subject, "message dead-lettered");
-    let mut headers = msg.headers.clone().unwrap_or_default();
-    headers.insert("Threadline-Dead-Letter-Reason", reason);
-    headers.insert("Threadline-Original-Subject", msg.subject.as_str());
-    js.publish_with_headers(dlq.to_owned(), headers, msg.payload.clone())
+    let (headers, payload) = crate::dead_letter::letter(
+        dlq.topic,
+        msg.subject.as_str(),
+        msg.headers.as_ref(),
+        &msg.payload,
+        reason,
+        dlq.topology.dead_letter_keys(),
+    );
+    js.publish_with_headers(dlq.subject.clone(), headers, payload)
         .await?
         .await?;
     msg.ack_with(AckKind::Term).await

@@ -1,0 +1,432 @@
+//! Dead letters that hold no message text. A dead letter is an envelope —
+//! the original subject, the reason, the message id and the identities the
+//! message names (installation, receipt, event, decision) as headers — and
+//! the message itself only in a form that cannot be read on the stream:
+//!
+//! * `sealed`: with `THREADLINE_DEAD_LETTER_KEYS` set, the whole message
+//!   sealed (XChaCha20-Poly1305, bound to its subject and message id), which
+//!   `threadline dlq replay` opens and puts back;
+//! * `whole`: without keys, a message that carries no text (`Reconsider`);
+//! * `redacted`: without keys, a message with its text fields emptied. A
+//!   proposal stays replayable (the publisher posts what the decision row
+//!   holds); events and contexts do not (their text is their input);
+//! * `dropped`: without keys, a message threadline cannot decode (so cannot
+//!   tell what it holds): only the envelope is kept.
+//!
+//! Letters from before this format have no `Threadline-Payload` header and
+//! are treated as `whole`.
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use prost::Message as _;
+use threadline_proto::v1::{ContextReady, EventAccepted, ProposalReady, Reconsider};
+
+use crate::bus::Topic;
+use crate::secrets::{Sealed, TokenCipher};
+
+/// The keys dead letters are sealed with.
+pub const KEYS_SETTING: &str = "THREADLINE_DEAD_LETTER_KEYS";
+
+pub const REASON: &str = "Threadline-Dead-Letter-Reason";
+pub const ORIGINAL: &str = "Threadline-Original-Subject";
+/// How the message is kept: `sealed`, `whole`, `redacted` or `dropped`.
+pub const PAYLOAD: &str = "Threadline-Payload";
+/// The id of the key a `sealed` payload was sealed with.
+pub const KEY_ID: &str = "Threadline-Payload-Key";
+pub const INSTALLATION: &str = "Threadline-Installation";
+pub const RECEIPT: &str = "Threadline-Receipt";
+pub const EVENT: &str = "Threadline-Event";
+pub const DECISION: &str = "Threadline-Decision";
+
+/// The headers a dead letter adds; a replay removes them.
+pub const HEADERS: [&str; 8] = [
+    REASON,
+    ORIGINAL,
+    PAYLOAD,
+    KEY_ID,
+    INSTALLATION,
+    RECEIPT,
+    EVENT,
+    DECISION,
+];
+
+/// How a dead letter keeps its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    Sealed,
+    Whole,
+    Redacted,
+    Dropped,
+}
+
+impl Kept {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kept::Sealed => "sealed",
+            Kept::Whole => "whole",
+            Kept::Redacted => "redacted",
+            Kept::Dropped => "dropped",
+        }
+    }
+
+    fn parse(s: Option<&str>) -> Option<Kept> {
+        match s {
+            None | Some("whole") => Some(Kept::Whole),
+            Some("sealed") => Some(Kept::Sealed),
+            Some("redacted") => Some(Kept::Redacted),
+            Some("dropped") => Some(Kept::Dropped),
+            Some(_) => None,
+        }
+    }
+}
+
+/// The identities a message names, as (header, value).
+fn identities(topic: Topic, payload: &[u8]) -> Option<Vec<(&'static str, String)>> {
+    let ids = match topic {
+        Topic::Events => {
+            let m = EventAccepted::decode(payload).ok()?;
+            vec![
+                (INSTALLATION, m.installation_id),
+                (RECEIPT, m.receipt_id),
+                (EVENT, m.event_id),
+            ]
+        }
+        Topic::Contexts => {
+            let m = ContextReady::decode(payload).ok()?;
+            vec![
+                (INSTALLATION, m.installation_id),
+                (RECEIPT, m.receipt_id),
+                (EVENT, m.event_id),
+            ]
+        }
+        Topic::Proposals => {
+            let m = ProposalReady::decode(payload).ok()?;
+            vec![
+                (INSTALLATION, m.installation_id),
+                (RECEIPT, m.receipt_id),
+                (EVENT, m.event_id),
+                (DECISION, m.decision_id),
+            ]
+        }
+        Topic::Reconsider => {
+            let m = Reconsider::decode(payload).ok()?;
+            vec![(INSTALLATION, m.installation_id), (RECEIPT, m.receipt_id)]
+        }
+    };
+    // Identities are ids; anything else is not copied into a header.
+    Some(
+        ids.into_iter()
+            .filter(|(_, v)| {
+                !v.is_empty()
+                    && v.len() <= 128
+                    && v.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+            })
+            .collect(),
+    )
+}
+
+/// The installation a message is for, when it decodes and names one.
+pub fn installation_of(topic: Topic, payload: &[u8]) -> Option<String> {
+    identities(topic, payload)?
+        .into_iter()
+        .find(|(h, _)| *h == INSTALLATION)
+        .map(|(_, v)| v)
+}
+
+/// The message with its text fields emptied, or `None` when it does not
+/// decode. `Whole` when it carries no text at all.
+fn redacted(topic: Topic, payload: &[u8]) -> Option<(Kept, Bytes)> {
+    let out = match topic {
+        Topic::Events => {
+            let mut m = EventAccepted::decode(payload).ok()?;
+            m.event_json.clear();
+            m.encode_to_vec()
+        }
+        Topic::Contexts => {
+            let mut m = ContextReady::decode(payload).ok()?;
+            for c in &mut m.messages {
+                c.text.clear();
+            }
+            m.encode_to_vec()
+        }
+        Topic::Proposals => {
+            let mut m = ProposalReady::decode(payload).ok()?;
+            m.text.clear();
+            m.blocks_json.clear();
+            m.encode_to_vec()
+        }
+        Topic::Reconsider => {
+            Reconsider::decode(payload).ok()?;
+            return Some((Kept::Whole, Bytes::copy_from_slice(payload)));
+        }
+    };
+    Some((Kept::Redacted, out.into()))
+}
+
+/// `headers` without the named ones, nor NATS's own (`Nats-…`).
+pub fn without(headers: Option<&HeaderMap>, names: &[&str]) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (name, values) in headers.into_iter().flat_map(HeaderMap::iter) {
+        let n: &str = name.as_ref();
+        if names.contains(&n) || n.starts_with("Nats-") || n == "Threadline-Message-Id" {
+            continue;
+        }
+        for v in values {
+            out.append(n, v.as_str());
+        }
+    }
+    out
+}
+
+fn aad(subject: &str, message_id: Option<&str>) -> Vec<u8> {
+    format!(
+        "threadline/dead-letter/v1/{subject}/{}",
+        message_id.unwrap_or("")
+    )
+    .into_bytes()
+}
+
+/// The dead letter of a message that arrived on `subject` (of `topic`) with
+/// `headers`: the headers to publish and the payload to keep.
+pub fn letter(
+    topic: Topic,
+    subject: &str,
+    headers: Option<&HeaderMap>,
+    payload: &[u8],
+    reason: &str,
+    keys: Option<&TokenCipher>,
+) -> (HeaderMap, Bytes) {
+    let message_id = headers
+        .and_then(|h| h.get("Nats-Msg-Id"))
+        .map(|v| v.as_str().to_owned());
+    // The original headers (trace context) without our marks and without
+    // the message id: a second letter of the same message (replayed, failed
+    // again) must not be dropped as a duplicate.
+    let mut h = without(headers, &HEADERS);
+    h.insert(REASON, reason);
+    h.insert(ORIGINAL, subject);
+    for (name, value) in identities(topic, payload).unwrap_or_default() {
+        h.insert(name, value.as_str());
+    }
+    let sealed = keys.and_then(|k| k.seal(payload, &aad(subject, message_id.as_deref())).ok());
+    let (kept, body) = match sealed {
+        Some(s) => {
+            h.insert(KEY_ID, s.key_id.as_str());
+            (Kept::Sealed, Bytes::from(s.bytes))
+        }
+        None => redacted(topic, payload).unwrap_or((Kept::Dropped, Bytes::new())),
+    };
+    h.insert(PAYLOAD, kept.as_str());
+    if let Some(id) = &message_id {
+        h.insert("Threadline-Message-Id", id.as_str());
+    }
+    (h, body)
+}
+
+/// Why a dead letter cannot be put back.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(
+        "its message was sealed with key {0:?} and {KEYS_SETTING} does not list it (set the keys the workers had)"
+    )]
+    NoKey(String),
+    #[error("its sealed message does not open (wrong keys, or the letter was altered)")]
+    Tampered,
+    #[error(
+        "its message was kept without its text ({0}: the worker had no {KEYS_SETTING}); nothing can restore it — drop it, and redo the work from its receipt"
+    )]
+    NotKept(&'static str),
+    #[error("it names no known original subject")]
+    NoSubject,
+    #[error("its payload mark {0:?} is not one threadline writes")]
+    Unknown(String),
+}
+
+/// The original subject and message of a dead letter, ready to publish,
+/// with the headers a replay keeps (trace context, the original message id
+/// as `Threadline-Message-Id`).
+pub fn open(
+    headers: &HeaderMap,
+    payload: &[u8],
+    keys: Option<&TokenCipher>,
+) -> Result<(String, Bytes), ReplayError> {
+    let subject = headers
+        .get(ORIGINAL)
+        .map(|v| v.as_str().to_owned())
+        .ok_or(ReplayError::NoSubject)?;
+    let topic = subject
+        .rsplit('.')
+        .next()
+        .and_then(Topic::parse)
+        .ok_or(ReplayError::NoSubject)?;
+    let mark = headers.get(PAYLOAD).map(|v| v.as_str().to_owned());
+    let kept = Kept::parse(mark.as_deref()).ok_or_else(|| ReplayError::Unknown(mark.unwrap_or_default()))?;
+    match kept {
+        Kept::Whole => Ok((subject, Bytes::copy_from_slice(payload))),
+        // The publisher posts what the decision row holds: a proposal
+        // without its text is still the whole instruction.
+        Kept::Redacted if topic == Topic::Proposals => {
+            Ok((subject, Bytes::copy_from_slice(payload)))
+        }
+        Kept::Redacted => Err(ReplayError::NotKept("redacted")),
+        Kept::Dropped => Err(ReplayError::NotKept("dropped")),
+        Kept::Sealed => {
+            let key_id = headers
+                .get(KEY_ID)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default();
+            let keys = keys.ok_or_else(|| ReplayError::NoKey(key_id.clone()))?;
+            let message_id = headers
+                .get("Threadline-Message-Id")
+                .map(|v| v.as_str().to_owned());
+            let sealed = Sealed {
+                key_id: key_id.clone(),
+                bytes: payload.to_vec(),
+            };
+            keys.open_bytes(&sealed, &aad(&subject, message_id.as_deref()))
+                .map(|b| (subject, Bytes::from(b)))
+                .map_err(|e| match e {
+                    crate::secrets::SecretError::UnknownKey(k) => ReplayError::NoKey(k),
+                    _ => ReplayError::Tampered,
+                })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use threadline_proto::v1::ContextMessage;
+
+    const SECRET: &str = "the deploy password is hunter2";
+
+    fn keys(spec: &str) -> TokenCipher {
+        TokenCipher::parse_setting(&spec.to_owned().into(), KEYS_SETTING).expect("keys")
+    }
+
+    fn context() -> Vec<u8> {
+        ContextReady {
+            schema_version: 1,
+            receipt_id: "0190c2f4-0000-7000-8000-000000000001".into(),
+            installation_id: "0190c2f4-0000-7000-8000-000000000002".into(),
+            event_id: "Ev0123ABC".into(),
+            messages: vec![ContextMessage {
+                ts: "1.000001".into(),
+                text: SECRET.into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    fn headers() -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("Nats-Msg-Id", "ctx:r:1");
+        h.insert("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        h
+    }
+
+    fn contains(hay: &[u8], needle: &str) -> bool {
+        hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+    }
+
+    #[test]
+    fn a_sealed_letter_shows_identities_not_text_and_opens_to_the_original() {
+        let k = keys(&TokenCipher::generate_entry("d1"));
+        let payload = context();
+        let (h, body) = letter(Topic::Contexts, "tl.contexts", Some(&headers()), &payload, "poison", Some(&k));
+        assert!(!contains(&body, "hunter2"), "no text on the stream");
+        assert_eq!(h.get(PAYLOAD).map(|v| v.as_str()), Some("sealed"));
+        assert_eq!(h.get(KEY_ID).map(|v| v.as_str()), Some("d1"));
+        assert_eq!(h.get(EVENT).map(|v| v.as_str()), Some("Ev0123ABC"));
+        assert!(h.get("Nats-Msg-Id").is_none());
+        for (name, values) in h.iter() {
+            for v in values {
+                assert!(!v.as_str().contains("hunter2"), "{name:?}");
+            }
+        }
+        let (subject, restored) = open(&h, &body, Some(&k)).expect("opens");
+        assert_eq!((subject.as_str(), &restored[..]), ("tl.contexts", &payload[..]));
+        // Moved to another subject, or altered, it does not open.
+        let mut moved = h.clone();
+        moved.insert(ORIGINAL, "tl.proposals");
+        assert!(matches!(open(&moved, &body, Some(&k)), Err(ReplayError::Tampered)));
+        let mut bent = body.to_vec();
+        *bent.last_mut().expect("bytes") ^= 1;
+        assert!(matches!(open(&h, &bent, Some(&k)), Err(ReplayError::Tampered)));
+        // Without the key it says which key it needs.
+        assert!(matches!(open(&h, &body, None), Err(ReplayError::NoKey(id)) if id == "d1"));
+        let other = keys(&TokenCipher::generate_entry("d2"));
+        assert!(matches!(open(&h, &body, Some(&other)), Err(ReplayError::NoKey(id)) if id == "d1"));
+    }
+
+    #[test]
+    fn without_keys_text_is_removed_and_only_what_needs_no_text_is_replayable() {
+        let (h, body) = letter(Topic::Contexts, "tl.contexts", Some(&headers()), &context(), "poison", None);
+        assert_eq!(h.get(PAYLOAD).map(|v| v.as_str()), Some("redacted"));
+        assert!(!contains(&body, "hunter2"));
+        assert_eq!(ContextReady::decode(&body[..]).expect("decodes").messages[0].ts, "1.000001");
+        assert!(matches!(open(&h, &body, None), Err(ReplayError::NotKept("redacted"))));
+
+        let proposal = ProposalReady {
+            decision_id: "0190c2f4-0000-7000-8000-000000000003".into(),
+            text: SECRET.into(),
+            blocks_json: format!("[{{\"text\":\"{SECRET}\"}}]"),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let (h, body) = letter(Topic::Proposals, "tl.proposals", None, &proposal, "poison", None);
+        assert!(!contains(&body, "hunter2"));
+        let (_, back) = open(&h, &body, None).expect("a proposal needs no text to be replayed");
+        assert_eq!(ProposalReady::decode(&back[..]).expect("decodes").decision_id, "0190c2f4-0000-7000-8000-000000000003");
+
+        let event = EventAccepted {
+            event_json: format!("{{\"text\":\"{SECRET}\"}}").into_bytes(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let (h, body) = letter(Topic::Events, "tl.events", None, &event, "poison", None);
+        assert!(!contains(&body, "hunter2"));
+        assert!(open(&h, &body, None).is_err());
+
+        let recon = Reconsider {
+            installation_id: "0190c2f4-0000-7000-8000-000000000002".into(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let (h, body) = letter(Topic::Reconsider, "tl.reconsider", None, &recon, "poison", None);
+        assert_eq!(h.get(PAYLOAD).map(|v| v.as_str()), Some("whole"));
+        assert_eq!(&open(&h, &body, None).expect("whole").1[..], &recon[..]);
+
+        // Bytes that do not decode could hold anything: only the envelope.
+        let junk = format!("\u{1}\u{2}{SECRET}").into_bytes();
+        let (h, body) = letter(Topic::Contexts, "tl.contexts", None, &junk, "undecodable", None);
+        assert_eq!(h.get(PAYLOAD).map(|v| v.as_str()), Some("dropped"));
+        assert!(body.is_empty());
+        assert!(matches!(open(&h, &body, None), Err(ReplayError::NotKept("dropped"))));
+    }
+
+    #[test]
+    fn identities_that_are_not_ids_are_not_copied() {
+        let m = ContextReady {
+            event_id: format!("Ev {SECRET}"),
+            installation_id: "0190c2f4-0000-7000-8000-000000000002".into(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let (h, _) = letter(Topic::Contexts, "tl.contexts", None, &m, "poison", None);
+        assert!(h.get(EVENT).is_none());
+        assert!(h.get(INSTALLATION).is_some());
+    }
+
+    #[test]
+    fn letters_from_before_this_format_replay_whole() {
+        let mut h = HeaderMap::new();
+        h.insert(ORIGINAL, "tl.events");
+        h.insert(REASON, "poison");
+        let (subject, body) = open(&h, b"raw", None).expect("legacy");
+        assert_eq!((subject.as_str(), &body[..]), ("tl.events", &b"raw"[..]));
+    }
+}
