@@ -11,6 +11,15 @@
 # gateway over HTTPS and set the app's request URL to …/slack/events.
 # Without Slack at hand, `make demo ARGS=--keep-running` runs everything
 # against slack-sim instead.
+#
+# With TL_NATS_AUTH=1 (and TL_NATS_PORT of a free port, where services.sh
+# starts a nats-server with threadline's users), every service logs in to NATS
+# as its own user with its own password (.dev/nats-passwords-<port>.env), the
+# broker refusing anything outside its subjects; the outbox relay then runs
+# as its own process (user relay, THREADLINE_RELAY_ADDR, default
+# 127.0.0.1:3004) and the gateway (user gateway) publishes nothing:
+#
+#   TL_NATS_AUTH=1 TL_NATS_PORT=14222 SLACK_SIGNING_SECRET=… SLACK_BOT_TOKEN=… make run
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -52,6 +61,21 @@ mkdir -p .dev
 
 cargo build -q -p threadline-cli -p threadline-gateway -p threadline-context-builder -p threadline-inference -p threadline-publisher
 bin="${CARGO_TARGET_DIR:-$root/target}/debug"
+
+# as ROLE COMMAND…: becomes COMMAND (exec: call it in a subshell or with &),
+# logged in to NATS as ROLE's user when the broker has authorization
+# (TL_NATS_AUTH=1). The password goes through the environment only.
+nats_passwords=".dev/nats-passwords-${TL_NATS_PORT:-4222}.env"
+as() {
+  local role="$1"; shift
+  if [ "${TL_NATS_AUTH:-0}" = 1 ]; then
+    local var; var="NATS_PASSWORD_$(printf '%s' "$role" | tr 'a-z-' 'A-Z_')"
+    NATS_PASSWORD="$(sed -n "s/^$var=//p" "$nats_passwords")"
+    [ -n "$NATS_PASSWORD" ] || { echo "run: no $var in $nats_passwords" >&2; exit 1; }
+    export NATS_USER="$role" NATS_PASSWORD
+  fi
+  exec "$@"
+}
 [ -s .dev/token-keys ] || "$bin/threadline" keys generate --id dev >.dev/token-keys
 export THREADLINE_TOKEN_KEYS="${THREADLINE_TOKEN_KEYS:-$(cat .dev/token-keys)}"
 
@@ -62,11 +86,19 @@ psql -q "$admin" -tc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q
 "$bin/threadline" install add --team "$team" --app "$app" --bot-user "$bot_user" --bot-id "$bot_id" \
   ${scopes:+--scopes "$scopes"}
 
-"$bin/threadline-context-builder" &
+relay=""
+if [ "${TL_NATS_AUTH:-0}" = 1 ]; then
+  # The relay declares the streams the workers wait for: first.
+  (export THREADLINE_RELAY_ENABLED=true THREADLINE_GATEWAY_ADDR="${THREADLINE_RELAY_ADDR:-127.0.0.1:3004}"
+   as relay "$bin/threadline-gateway") &
+  relay=$!
+  export THREADLINE_RELAY_ENABLED=false
+fi
+as context-builder "$bin/threadline-context-builder" &
 cb=$!
-"$bin/threadline-inference" &
+as inference "$bin/threadline-inference" &
 inf=$!
-"$bin/threadline-publisher" &
+as publisher "$bin/threadline-publisher" &
 pub=$!
-trap 'kill "$cb" "$inf" "$pub" 2>/dev/null; wait "$cb" "$inf" "$pub" 2>/dev/null; rm -f "$headers"; "$root/scripts/services.sh" down' EXIT
-"$bin/threadline-gateway"
+trap 'kill $relay "$cb" "$inf" "$pub" 2>/dev/null; wait $relay "$cb" "$inf" "$pub" 2>/dev/null; rm -f "$headers"; "$root/scripts/services.sh" down' EXIT
+(as gateway "$bin/threadline-gateway")

@@ -9,6 +9,15 @@
 #   scripts/services.sh status   say what is reachable
 #
 # Ports: TL_PG_PORT (default 5432), TL_NATS_PORT (default 4222).
+#
+# TL_NATS_AUTH=1: the nats-server this script starts admits only threadline's
+# users, each limited to its subjects (`threadline nats auth`, for
+# THREADLINE_BUS_PREFIX, default tl), with passwords made once into
+# .dev/nats-passwords-<port>.env (mode 600; `make run` gives each service its
+# own). Off by default: the tests and the demo connect without a user, each
+# test on a bus prefix of its own, which per-prefix users cannot cover. A
+# server already listening on the port is used only if it, too, requires a
+# login.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -84,14 +93,48 @@ pg_up() {
   echo "pg $data" >>"$started"
 }
 
+# Whether the server on the NATS port requires a login (its INFO line says).
+nats_auth_required() {
+  local info
+  info="$(timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$nats_port && head -1 <&3" 2>/dev/null)" || return 1
+  [[ "$info" == *'"auth_required":true'* ]]
+}
+
+# The threadline CLI, built if needed (it renders the users and passwords).
+threadline_cli() {
+  (cd "$root" && cargo build -q -p threadline-cli) >&2 || { say "building the threadline CLI failed"; exit 1; }
+  echo "${CARGO_TARGET_DIR:-$root/target}/debug/threadline"
+}
+
 nats_up() {
-  if port_open "$nats_port"; then say "nats reachable on 127.0.0.1:$nats_port (using it)"; return; fi
+  local auth="${TL_NATS_AUTH:-0}"
+  if port_open "$nats_port"; then
+    if [ "$auth" = 1 ] && ! nats_auth_required; then
+      say "nats on 127.0.0.1:$nats_port admits anyone; TL_NATS_AUTH=1 needs a server with threadline's users:"
+      say "choose a free port, e.g. TL_NATS_PORT=14222, and this script starts one"
+      exit 1
+    fi
+    say "nats reachable on 127.0.0.1:$nats_port (using it)"; return
+  fi
   command -v nats-server >/dev/null || { say "nats-server not found: install it (e.g. apt-get install nats-server)"; exit 1; }
-  local data="$dev/nats-$nats_port"
+  local data="$dev/nats-$nats_port" passwords="" conf=()
   mkdir -p "$data"
-  say "starting nats-server -js on 127.0.0.1:$nats_port"
-  nohup nats-server -a 127.0.0.1 -p "$nats_port" -js -sd "$data" -P "$data/nats.pid" -l "$data/server.log" \
-    >/dev/null 2>&1 &
+  if [ "$auth" = 1 ]; then
+    local cli; cli="$(threadline_cli)"
+    passwords="$dev/nats-passwords-$nats_port.env"
+    [ -s "$passwords" ] || (umask 077 && "$cli" nats passwords >"$passwords")
+    "$cli" nats auth --prefix "${THREADLINE_BUS_PREFIX:-tl}" >"$data/authorization.conf"
+    conf=(-c "$data/authorization.conf")
+    say "starting nats-server -js on 127.0.0.1:$nats_port with threadline's users (passwords in $passwords)"
+  else
+    say "starting nats-server -js on 127.0.0.1:$nats_port"
+  fi
+  # The passwords reach nats-server through its environment only.
+  (
+    if [ -n "$passwords" ]; then set -a; . "$passwords"; set +a; fi
+    exec nohup nats-server -a 127.0.0.1 -p "$nats_port" -js -sd "$data" -P "$data/nats.pid" -l "$data/server.log" \
+      "${conf[@]}"
+  ) >/dev/null 2>&1 &
   for _ in $(seq 1 100); do port_open "$nats_port" && break; sleep 0.1; done
   port_open "$nats_port" || { tail -20 "$data/server.log" >&2; exit 1; }
   echo "nats $data" >>"$started"
@@ -114,6 +157,8 @@ case "${1:-}" in
   down) down ;;
   status)
     if pg_ready; then say "postgres: up on $pg_port"; else say "postgres: down on $pg_port"; fi
-    if port_open "$nats_port"; then say "nats: up on $nats_port"; else say "nats: down on $nats_port"; fi ;;
+    if ! port_open "$nats_port"; then say "nats: down on $nats_port"
+    elif nats_auth_required; then say "nats: up on $nats_port (login required)"
+    else say "nats: up on $nats_port"; fi ;;
   *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
 esac

@@ -30,7 +30,13 @@ overlays (NetworkPolicies, NATS, traces) look at one environment at a time.
    JetStream on file storage on PVCs, as a cluster of 3+ servers in
    production, with at least as many servers as THREADLINE_STREAM_REPLICAS,
    a max_payload above the largest Slack event, and the client and
-   monitoring ports NATS_URL and KEDA use.
+   monitoring ports NATS_URL and KEDA use. Their authorization is exactly
+   what the code renders (k8s/nats/authorization.json, which a Rust test
+   keeps equal to `threadline nats auth --prefix tl --format helm`), for the
+   services' THREADLINE_BUS_PREFIX, with every password from a Secret; each
+   threadline container logs in as the user of its role (NATS_USER, and
+   NATS_PASSWORD from that user's key), the gateway does not relay, and
+   something relays the outbox as the user relay.
 7. With --self-test (selftest.py), the checks above run again on copies of
    the same input with deliberate breakages, each of which must be caught.
 """
@@ -867,6 +873,8 @@ def check_nats(rep, ctx, values: dict, installs: dict):
                 rep.error(w, f"{kn(d)}: reads NATS_URL but the NATS NetworkPolicy does not admit its pods "
                              f"({labels.get('app.kubernetes.io/name')}) on {client_port} (k8s/nats/networkpolicy.yaml)")
 
+        check_nats_users(rep, ctx, env, vwhere, v, services)
+
         # KEDA reads consumer lag from every server's monitoring port,
         # through the release's headless Service.
         monitor_port = dig(v, "config.monitor.port") or NATS_MONITOR_PORT
@@ -893,6 +901,123 @@ def check_nats(rep, ctx, values: dict, installs: dict):
                     elif not reachable(ctx, w, KEDA_NAMESPACE, {}, nats_ns, nats_pod, monitor_port)[1]:
                         rep.error(w, f"{kn(so)} trigger {i}: the NATS NetworkPolicy does not admit KEDA "
                                      f"(namespace {KEDA_NAMESPACE}) on the monitoring port {monitor_port}")
+
+
+NATS_AUTHORIZATION = "deploy/k8s/nats/authorization.json"
+RENDER_AUTHORIZATION = "threadline nats auth --prefix tl --format helm > " + NATS_AUTHORIZATION
+# The NATS user each threadline binary logs in as (the gateway binary:
+# gateway when serving Slack, relay when relaying the outbox).
+NATS_USER_OF = {
+    "threadline-context-builder": "context-builder",
+    "threadline-inference": "inference",
+    "threadline-publisher": "publisher",
+    "threadline": "operator",
+}
+
+
+def nats_password_var(value) -> str | None:
+    """The environment variable a user's password names ("<< $X >>" -> X)."""
+    m = re.fullmatch(r"\s*<<\s*\$([A-Za-z_][A-Za-z0-9_]*)\s*>>\s*", str(value))
+    return m.group(1) if m else None
+
+
+def nats_user_diff(want: dict, got: dict) -> list[str]:
+    """How the authorization `got` differs from `want`, user by user."""
+    def users(a):
+        return {u.get("user"): u for u in (dig(a, "users") or []) if isinstance(u, dict)}
+    w, g = users(want), users(got)
+    out = [f"user {u} is missing" for u in sorted(set(w) - set(g))]
+    out += [f"user {u} is not one the code renders" for u in sorted(set(g) - set(w))]
+    for u in sorted(set(w) & set(g)):
+        if w[u].get("password") != g[u].get("password"):
+            out.append(f"user {u}: password {g[u].get('password')!r}, the code renders {w[u].get('password')!r}")
+        for side in ("publish", "subscribe"):
+            for kind in ("allow", "deny"):
+                ws = set(dig(w[u], f"permissions.{side}.{kind}") or [])
+                gs = set(dig(g[u], f"permissions.{side}.{kind}") or [])
+                for extra in sorted(gs - ws):
+                    out.append(f"user {u}: {side} {kind}s {extra}, which the code does not")
+                for lack in sorted(ws - gs):
+                    out.append(f"user {u}: {side} does not {kind} {lack}, which the code does")
+    if not out and want != got:
+        out.append("the same users and subjects, otherwise different")
+    return out
+
+
+def check_nats_users(rep, ctx, env, vwhere, v, services):
+    """The broker's users are the code's, and each threadline container
+    logs in as the one of its role."""
+    want = dig(ctx.get("nats_authorization") or {}, "authorization")
+    if not want:
+        rep.error(NATS_AUTHORIZATION, f"no authorization in it: regenerate it ({RENDER_AUTHORIZATION})")
+        return
+    got = dig(v, "config.merge.authorization")
+    if got != want:
+        diff = nats_user_diff(want, got or {}) if got else ["config.merge.authorization is not set"]
+        rep.error(vwhere, f"config.merge.authorization is not what the code renders ({NATS_AUTHORIZATION}; "
+                          f"copy it from there): " + "; ".join(diff[:6]))
+    users = {u["user"]: nats_password_var(u.get("password")) for u in want["users"]}
+    # The prefix the permissions are for: the operator's "<prefix>.>".
+    prefix = next((s[:-2] for u in want["users"] if u["user"] == "operator"
+                   for s in dig(u, "permissions.publish.allow") or [] if s.endswith(".>") and not s.startswith("$")),
+                  None)
+    # Every password the authorization names comes from a Secret.
+    cenv = dig(v, "container.env") or {}
+    secret_of = {}
+    for user, var in sorted(users.items()):
+        if var is None:
+            rep.error(NATS_AUTHORIZATION, f"user {user}: the password is not a variable (<< $NAME >>)")
+            continue
+        e = cenv.get(var)
+        ref = dig(e, "valueFrom.secretKeyRef") if isinstance(e, dict) else None
+        if e is None:
+            rep.error(vwhere, f"config.merge.authorization names ${var} (user {user}) but container.env does not "
+                              f"set it: nats-server would not start")
+        elif not ref or not ref.get("name") or ref.get("key") is None:
+            rep.error(vwhere, f"container.env.{var} (user {user}) must come from a Secret (valueFrom.secretKeyRef), "
+                              f"not a value in the chart's values")
+        else:
+            secret_of[var] = (ref["name"], ref["key"])
+    relays: dict[str, list[str]] = {}
+    for w, d, b, p in services:
+        if b not in SERVICES and not (b in NATS_USER_OF and "NATS_URL" in p):
+            continue
+        name = f"{kn(d)} ({b})"
+        if b in SERVICES:
+            got_prefix = p.get("THREADLINE_BUS_PREFIX")
+            got_prefix = got_prefix[1] if got_prefix and got_prefix[1] else "tl"  # the code's default
+            if prefix is not None and got_prefix != prefix:
+                rep.error(w, f"{name}: THREADLINE_BUS_PREFIX={got_prefix}, but the NATS users' permissions are "
+                             f"for the prefix {prefix} ({NATS_AUTHORIZATION}): the services could use no subject")
+        relay_on = b == "threadline-gateway" and (p.get("THREADLINE_RELAY_ENABLED") or ("", "true"))[1] != "false"
+        expected = ("relay" if relay_on else "gateway") if b == "threadline-gateway" else NATS_USER_OF[b]
+        user = p.get("NATS_USER")
+        if user is None or not user[1]:
+            rep.error(w, f"{name}: NATS_USER is not set: the broker admits only its users; this one logs in "
+                         f"as {expected}")
+            continue
+        if user[1] != expected:
+            why = (" (THREADLINE_RELAY_ENABLED is on: the user gateway may publish nothing)" if relay_on
+                   else " (THREADLINE_RELAY_ENABLED is off)" if b == "threadline-gateway" else "")
+            rep.error(w, f"{name}: NATS_USER={user[1]}, but it must log in as {expected}{why}")
+        if relay_on:
+            relays.setdefault(w, []).append(kn(d))
+        password = p.get("NATS_PASSWORD")
+        var = users.get(user[1])
+        if password is None:
+            rep.error(w, f"{name}: NATS_PASSWORD is not set (NATS_USER is {user[1]})")
+        elif not password[0].startswith("Secret ") or password[1] is not None:
+            rep.error(w, f"{name}: NATS_PASSWORD comes from {password[0]}: take it from the Secret of the NATS "
+                         f"passwords")
+        elif var is not None and var in secret_of:
+            sname, skey = secret_of[var]
+            if password[0] != f"Secret {sname}/{skey}":
+                rep.error(w, f"{name}: NATS_PASSWORD comes from {password[0]}, but the broker reads the password "
+                             f"of {user[1]} from Secret {sname}/{skey}")
+    for w in sorted({w for w, _, b, _ in services if b in SERVICES}):
+        if w not in relays:
+            rep.error(w, "no workload relays the outbox (the gateway binary with THREADLINE_RELAY_ENABLED on, "
+                         "as the NATS user relay): no event reaches the bus")
 
 
 def check_nats_values(rep, where, env, v, ctx) -> int:
@@ -1239,6 +1364,9 @@ def load_code(root: Path) -> dict:
         routes=rust_settings.gateway_routes(root),
         public_routes=rust_settings.public_routes(root),
         stream_storage=rust_settings.stream_storage(root),
+        # Generated from the code and kept equal to it by a Rust test
+        # (crates/runtime/src/nats_auth.rs).
+        nats_authorization=json.loads((root / NATS_AUTHORIZATION).read_text()),
     )
 
 

@@ -433,6 +433,74 @@ def _(i: Input):
         raise Missing("NATS_URL in threadline-common")
 
 
+# NATS authorization: the broker's users are the code's, and each service
+# logs in as its own.
+
+def user_entry(values: dict, user: str) -> dict:
+    for u in at(values, "config.merge.authorization.users"):
+        if u.get("user") == user:
+            return u
+    raise Missing(f"NATS user {user}")
+
+
+@breakage("nats-auth", "the NATS values let the gateway publish proposals",
+          "deploy/k8s/nats/values.yaml (production)", "config.merge.authorization is not what the code renders",
+          "user gateway: publish allows tl.proposals")
+def _(i: Input):
+    user_entry(i.edit_values(), "gateway")["permissions"]["publish"] = {"allow": ["tl.proposals"]}
+
+
+@breakage("nats-auth", "a password the authorization names is not given to nats-server",
+          "deploy/k8s/nats/values.yaml (dev", "$NATS_PASSWORD_INFERENCE", "container.env does not set it")
+def _(i: Input):
+    if at(i.edit_values(), "container.env").pop("NATS_PASSWORD_INFERENCE", None) is None:
+        raise Missing("container.env.NATS_PASSWORD_INFERENCE")
+
+
+@breakage("nats-auth", "inference logs in with the publisher's password",
+          "production/app:", "Deployment/threadline-inference", "NATS_PASSWORD_PUBLISHER",
+          "reads the password of inference from Secret threadline-nats/NATS_PASSWORD_INFERENCE")
+def _(i: Input):
+    c = container(i.edit("production/app", "Deployment", "threadline-inference"), "threadline-inference")
+    for e in c.get("env") or []:
+        if e.get("name") == "NATS_PASSWORD":
+            e["valueFrom"]["secretKeyRef"]["key"] = "NATS_PASSWORD_PUBLISHER"
+            return
+    raise Missing("NATS_PASSWORD of threadline-inference")
+
+
+@breakage("nats-auth", "the NATS password as a plain value in the manifest",
+          "dev/app:", "Deployment/threadline-publisher", "NATS_PASSWORD comes from env")
+def _(i: Input):
+    set_env(container(i.edit("dev/app", "Deployment", "threadline-publisher"), "threadline-publisher"),
+            "NATS_PASSWORD", "hunter2")
+
+
+@breakage("nats-auth", "a worker without its NATS user",
+          "production/app-without-keda:", "Deployment/threadline-context-builder", "NATS_USER is not set")
+def _(i: Input):
+    drop_env(container(i.edit("production/app-without-keda", "Deployment", "threadline-context-builder"),
+                       "threadline-context-builder"), "NATS_USER")
+
+
+@breakage("nats-auth", "the internet-facing gateway relays the outbox again",
+          "production/app:", "Deployment/threadline-gateway", "NATS_USER=gateway, but it must log in as relay")
+def _(i: Input):
+    set_data(i.edit("production/app", "ConfigMap", "threadline-gateway"), "THREADLINE_RELAY_ENABLED", "true")
+
+
+@breakage("nats-auth", "nothing relays the outbox",
+          "dev/app:", "no workload relays the outbox")
+def _(i: Input):
+    set_data(i.edit("dev/app", "ConfigMap", "threadline-relay"), "THREADLINE_RELAY_ENABLED", "false")
+
+
+@breakage("nats-auth", "a bus prefix the NATS users' permissions are not for",
+          "production/app:", "THREADLINE_BUS_PREFIX=tl2", "permissions are for the prefix tl")
+def _(i: Input):
+    set_data(i.edit("production/app", "ConfigMap", "threadline-common"), "THREADLINE_BUS_PREFIX", "tl2")
+
+
 # Kubernetes itself: schemas, pod security, namespaces, CLI jobs.
 
 @breakage("kubernetes", "an unknown field in a Deployment",

@@ -335,6 +335,9 @@ pub struct Stack {
     pub token: String,
     /// The settings every service was started with (for restarts).
     pub env: Vec<(String, String)>,
+    /// Each service's own settings on top of `env`, by index (its NATS
+    /// user on a broker with authorization; empty otherwise).
+    pub service_env: Vec<Vec<(String, String)>>,
     /// Conversations besides the stack's own channel that the oracle judges.
     pub more_scopes: std::sync::Mutex<Vec<oracle::Scope>>,
     /// Why the oracle cannot judge this run (a model whose answers do not
@@ -530,9 +533,29 @@ fn id_of(v: &serde_json::Value, what: &str) -> String {
 impl Stack {
     /// Starts everything; `extra` settings go to every service.
     pub async fn start(extra: &[(&str, String)]) -> Self {
+        Self::start_on(extra, None).await
+    }
+
+    /// Starts everything on a broker with authorization (its `NATS_URL` in
+    /// `extra`): each service logs in as its own user, the outbox relay
+    /// runs as its own process (service 4, user relay) and the gateway
+    /// (user gateway) does not relay; the stack's own client is the
+    /// operator.
+    pub async fn start_with_logins(
+        extra: &[(&str, String)],
+        logins: &crate::broker::Logins,
+    ) -> Self {
+        Self::start_on(extra, Some(logins)).await
+    }
+
+    async fn start_on(extra: &[(&str, String)], logins: Option<&crate::broker::Logins>) -> Self {
         use serde_json::json;
+        use threadline_runtime::nats_auth::Role;
         let db = threadline_testkit::TestDb::new().await;
-        let prefix = threadline_testkit::unique_prefix();
+        // A broker's users are made for one prefix.
+        let prefix = logins
+            .map(|l| l.prefix().to_owned())
+            .unwrap_or_else(threadline_testkit::unique_prefix);
         // The broker the services use (a private one when the test wants
         // to take it away), with reconnects so the stack's own client
         // comes back after an outage too.
@@ -541,13 +564,13 @@ impl Stack {
             .find(|(k, _)| *k == "NATS_URL")
             .map(|(_, v)| v.clone())
             .unwrap_or_else(threadline_testkit::nats_url);
-        let js = async_nats::jetstream::new(
-            async_nats::ConnectOptions::new()
-                .retry_on_initial_connect()
-                .connect(&nats_url)
-                .await
-                .expect("nats"),
-        );
+        let mut options = async_nats::ConnectOptions::new().retry_on_initial_connect();
+        if let Some(l) = logins {
+            options = options
+                .user_and_password(Role::Operator.user().to_owned(), l.password(Role::Operator))
+                .custom_inbox_prefix(Role::Operator.inbox_prefix());
+        }
+        let js = async_nats::jetstream::new(options.connect(&nats_url).await.expect("nats"));
         let sim = spawn_slack_sim(11, 0.01).await;
         let keys = "k1:".to_owned() + &"42".repeat(32);
         let mut env: Vec<(&str, String)> = vec![
@@ -572,14 +595,50 @@ impl Stack {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), v.clone()))
             .collect();
-        let gw = spawn_gateway(&env).await;
-        let events_url = gw.events_url();
-        let services = vec![
-            gw,
-            spawn_context_builder(&env).await,
-            spawn_inference(&env).await,
-            spawn_publisher(&env).await,
+        // Each service's own settings: its user, when the broker has
+        // authorization; the relay (which declares the bus) starts first.
+        let own = |role: Role, more: &[(&'static str, &str)]| -> Vec<(&'static str, String)> {
+            let mut v = logins.map(|l| l.env(role)).unwrap_or_default();
+            v.extend(more.iter().map(|(k, v)| (*k, (*v).to_owned())));
+            v
+        };
+        let with = |own: &[(&'static str, String)]| -> Vec<(&str, String)> {
+            env.iter().cloned().chain(own.iter().cloned()).collect()
+        };
+        let relay_env = own(Role::Relay, &[("THREADLINE_RELAY_ENABLED", "true")]);
+        let relay = match logins {
+            Some(_) => Some(spawn_gateway(&with(&relay_env)).await),
+            None => None,
+        };
+        let mut service_env = vec![
+            own(
+                Role::Gateway,
+                if logins.is_some() {
+                    &[("THREADLINE_RELAY_ENABLED", "false")]
+                } else {
+                    &[]
+                },
+            ),
+            own(Role::ContextBuilder, &[]),
+            own(Role::Inference, &[]),
+            own(Role::Publisher, &[]),
         ];
+        let gw = spawn_gateway(&with(&service_env[0])).await;
+        let events_url = gw.events_url();
+        let mut services = vec![
+            gw,
+            spawn_context_builder(&with(&service_env[1])).await,
+            spawn_inference(&with(&service_env[2])).await,
+            spawn_publisher(&with(&service_env[3])).await,
+        ];
+        if let Some(relay) = relay {
+            services.push(relay);
+            service_env.push(relay_env);
+        }
+        let service_env: Vec<Vec<(String, String)>> = service_env
+            .into_iter()
+            .map(|v| v.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+            .collect();
 
         let ws = threadline_testkit::sim::SimWorkspace::create(
             &sim.base_url,
@@ -610,6 +669,7 @@ impl Stack {
             bot_user,
             token,
             env: saved,
+            service_env,
             more_scopes: Default::default(),
             unjudged: None,
         }
@@ -619,13 +679,18 @@ impl Stack {
     /// 2 inference, 3 publisher) with the stack's settings plus `extra`.
     pub async fn spawn_replica(&self, i: usize, extra: &[(&str, String)]) -> Proc {
         let (bin, setting, _) = self.services[i].service.clone().expect("a service");
-        let mut env: Vec<(&str, String)> = self
-            .env
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.clone()))
-            .collect();
+        let mut env = self.env_of(i);
         env.extend(extra.iter().cloned());
         spawn_service(&bin, &setting, &env).await
+    }
+
+    /// The settings service `i` was started with.
+    fn env_of(&self, i: usize) -> Vec<(&str, String)> {
+        self.env
+            .iter()
+            .chain(self.service_env.get(i).into_iter().flatten())
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect()
     }
 
     /// The conversations the oracle judges: every channel of the stack's
@@ -683,11 +748,7 @@ impl Stack {
         let old = self.services.remove(i);
         let (bin, setting, port) = old.service.clone().expect("a service");
         old.kill().await;
-        let env: Vec<(&str, String)> = self
-            .env
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.clone()))
-            .collect();
+        let env = self.env_of(i);
         let fresh = spawn_service_at(&bin, &setting, port, &env).await;
         self.services.insert(i, fresh);
     }

@@ -7,6 +7,7 @@ mod events;
 mod install;
 mod intents;
 mod keys;
+mod nats;
 mod operator;
 mod policy;
 mod purge;
@@ -74,6 +75,11 @@ enum Command {
     /// Delete what is past its retention: audit records, finished receipts
     /// and the text of idle threads.
     Purge(purge::PurgeArgs),
+    /// The broker's users and permissions, rendered from the code; declaring the bus.
+    Nats {
+        #[command(subcommand)]
+        command: nats::NatsCommand,
+    },
     /// Token-encryption keys.
     Keys {
         #[command(subcommand)]
@@ -137,6 +143,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&report)?);
             anyhow::Context::context(letters, "the database is purged; the dead letters are not")?;
         }
+        Command::Nats { command } => nats::run(command, &src).await?,
         Command::Keys {
             command: KeysCommand::Rotate,
         } => keys::rotate(&src, &pool(&src).await?).await?,

@@ -5,6 +5,10 @@
 //! Subjects and streams take a prefix (`THREADLINE_BUS_PREFIX`, default
 //! `tl`) so that deployments and tests can share one server: subject
 //! `tl.events` lives in stream `TL_EVENTS`. `proto/README.md` lists them.
+//!
+//! On a broker with authorization each process logs in as the user of its
+//! role, limited to its subjects ([`crate::nats_auth`]); then only the relay
+//! and the operator declare, and the other services check their parts.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,6 +16,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer, stream};
+
+pub use crate::nats_auth::NatsEndpoint;
+use crate::nats_auth::Role;
 
 /// A work topic on the bus.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -89,6 +96,9 @@ pub struct Topology {
     /// The share of a worker's slots one installation may hold while more
     /// work waits (`THREADLINE_TENANT_SHARE_PERCENT`).
     tenant_share_percent: u8,
+    /// The bus user this process logs in as (`NATS_USER`); `None` without
+    /// authorization. Decides what [`Topology::declare`] may do.
+    role: Option<Role>,
 }
 
 impl Topology {
@@ -100,6 +110,7 @@ impl Topology {
             redelivery: ACK_WAIT,
             dead_letter_keys: None,
             tenant_share_percent: 100,
+            role: None,
         }
     }
 
@@ -111,6 +122,7 @@ impl Topology {
             redelivery: common.redelivery,
             dead_letter_keys: common.dead_letter_keys.clone(),
             tenant_share_percent: common.tenant_share_percent,
+            role: common.nats_url.role(),
             ..Self::new(common.bus_prefix.clone())
         }
     }
@@ -203,9 +215,55 @@ impl Topology {
         }
     }
 
-    /// Creates or updates every stream and consumer. Safe to run from every
-    /// replica of every service at every start.
+    /// Makes sure the topology is there before it is used. Anonymous (no
+    /// authorization), or as a user whose role declares (the relay, the
+    /// operator): creates or updates every stream and consumer. As another
+    /// user: checks that the streams and consumers of its role exist (they
+    /// may not change them), and fails, to be retried, until they do. Safe
+    /// to run from every replica of every service at every start.
     pub async fn declare(&self, js: &jetstream::Context) -> anyhow::Result<()> {
+        match self.role {
+            None => self.declare_all(js).await,
+            Some(role) if role.declares() => self.declare_all(js).await,
+            Some(role) => self.check_declared(js, role).await,
+        }
+    }
+
+    /// Fails unless every stream and consumer `role` uses exists.
+    async fn check_declared(&self, js: &jetstream::Context, role: Role) -> anyhow::Result<()> {
+        if role.publishes().is_empty() && role.consumes().is_empty() {
+            anyhow::bail!(
+                "the NATS user {role} has no rights on the bus: run the outbox relay as the user \
+                 relay (and THREADLINE_RELAY_ENABLED=false where NATS_USER is {role})"
+            );
+        }
+        for name in role.streams(self) {
+            js.get_stream(&name).await.with_context(|| {
+                format!(
+                    "stream {name} (the NATS user {role} may not declare it: the relay or \
+                     `threadline nats declare` does)"
+                )
+            })?;
+        }
+        for topic in role.consumes() {
+            let name = self.stream(*topic);
+            let stream = js
+                .get_stream_no_info(&name)
+                .await
+                .with_context(|| format!("opening stream {name}"))?;
+            let consumer = topic.consumer();
+            stream.consumer_info(consumer).await.with_context(|| {
+                format!(
+                    "consumer {consumer} on {name} (the NATS user {role} may not declare it: \
+                     the relay or `threadline nats declare` does)"
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Creates or updates every stream and consumer.
+    pub async fn declare_all(&self, js: &jetstream::Context) -> anyhow::Result<()> {
         for topic in Topic::ALL {
             let cfg = self.work_stream(topic);
             let name = cfg.name.clone();
@@ -230,16 +288,28 @@ impl Topology {
     }
 }
 
-/// Connects to NATS. The client keeps reconnecting in the background, so a
-/// broker outage delays publishing instead of killing the process.
-pub async fn connect(url: &str, name: &str) -> anyhow::Result<async_nats::Client> {
-    async_nats::ConnectOptions::new()
+/// Connects to NATS, as the endpoint's user when it has one (replies then
+/// arrive under that user's own inbox prefix, the only one it may read).
+/// The client keeps reconnecting in the background, so a broker outage
+/// delays publishing instead of killing the process. A refused login or a
+/// refused publish or subscription is logged and counted
+/// ([`crate::nats_auth::report`]).
+pub async fn connect(endpoint: &NatsEndpoint, name: &str) -> anyhow::Result<async_nats::Client> {
+    let role = endpoint.role();
+    let mut options = async_nats::ConnectOptions::new()
         .name(name)
         .connection_timeout(Duration::from_secs(3))
         .retry_on_initial_connect()
-        .connect(url)
+        .event_callback(move |event| async move { crate::nats_auth::report(&event, role) });
+    if let Some((role, password)) = endpoint.credentials() {
+        options = options
+            .user_and_password(role.user().to_owned(), password.to_owned())
+            .custom_inbox_prefix(role.inbox_prefix());
+    }
+    options
+        .connect(endpoint.url())
         .await
-        .with_context(|| format!("connecting to NATS at {}", redact_url(url)))
+        .with_context(|| format!("connecting to NATS at {}", redact_url(endpoint.url())))
 }
 
 /// A URL with any `user:password@` removed, for messages and logs.

@@ -214,8 +214,11 @@ pub struct CommonConfig {
     /// `THREADLINE_DB_ACQUIRE_TIMEOUT_MS`, default 1500: how long a request
     /// waits for a connection before failing (so Slack gets a 503 in time).
     pub db_acquire_timeout: Duration,
-    /// `NATS_URL`, default [`DEFAULT_NATS_URL`].
-    pub nats_url: String,
+    /// The broker and this process's user on it: `NATS_URL`, default
+    /// [`DEFAULT_NATS_URL`]; `NATS_USER` and `NATS_PASSWORD` (both or
+    /// neither; unset: anonymous, for a broker without authorization). The
+    /// user is one of the roles of [`crate::nats_auth`].
+    pub nats_url: crate::nats_auth::NatsEndpoint,
     /// `THREADLINE_BUS_PREFIX`, default `tl`: subject prefix and stream-name
     /// prefix, so several deployments (or tests) share one NATS server.
     pub bus_prefix: String,
@@ -257,7 +260,7 @@ impl std::fmt::Debug for CommonConfig {
             .field("database_url", &redact_url(&self.database_url))
             .field("db_max_connections", &self.db_max_connections)
             .field("db_acquire_timeout", &self.db_acquire_timeout)
-            .field("nats_url", &redact_url(&self.nats_url))
+            .field("nats_url", &self.nats_url)
             .field("bus_prefix", &self.bus_prefix)
             .field("slack_api_url", &self.slack_api_url)
             .field(
@@ -311,7 +314,7 @@ impl CommonConfig {
                 1500,
                 10..=60_000,
             )?,
-            nats_url: src.url("NATS_URL", DEFAULT_NATS_URL, &["nats", "tls", "ws", "wss"])?,
+            nats_url: crate::nats_auth::NatsEndpoint::from_source(src)?,
             bus_prefix,
             slack_api_url: src.url("SLACK_API_URL", DEFAULT_SLACK_API_URL, &["http", "https"])?,
             otlp_endpoint: src
@@ -347,7 +350,8 @@ mod tests {
     fn defaults_point_at_local_standard_ports() {
         let c = CommonConfig::from_source(&Source::default()).expect("defaults are valid");
         assert_eq!(c.database_url, DEFAULT_DATABASE_URL);
-        assert_eq!(c.nats_url, DEFAULT_NATS_URL);
+        assert_eq!(c.nats_url.url(), DEFAULT_NATS_URL);
+        assert_eq!(c.nats_url.role(), None);
         assert_eq!(c.bus_prefix, "tl");
         assert!(c.otlp_endpoint.is_none());
     }
@@ -363,6 +367,7 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4318"),
             ("THREADLINE_LOG_FORMAT", "xml"),
             ("SLACK_API_URL", "slack.com/api"),
+            ("NATS_USER", "gateway"),
         ] {
             let err = CommonConfig::from_source(&Source::default().with(key, value))
                 .expect_err(key)
@@ -384,6 +389,12 @@ mod tests {
         )]))
         .expect("valid");
         assert!(!format!("{c:?}").contains("hunter2"));
+        let c = CommonConfig::from_source(&Source::from_pairs([
+            ("NATS_USER", "inference"),
+            ("NATS_PASSWORD", "hunter3"),
+        ]))
+        .expect("valid");
+        assert!(!format!("{c:?}").contains("hunter3"), "{c:?}");
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod dead_letter;
 pub mod health;
 pub mod installations;
 pub mod killswitch;
+pub mod nats_auth;
 pub mod outbox;
 pub mod secrets;
 pub mod service;
