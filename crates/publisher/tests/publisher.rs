@@ -596,25 +596,77 @@ async fn a_token_about_to_expire_is_refreshed_before_posting() {
 async fn a_refused_refresh_disables_the_installation_instead_of_looping() {
     let env = Env::rotating().await;
     let (decision, payload) = env.proposal("Never sent.").await;
+    // Slack no longer knows the refresh token threadline holds (revoked).
+    let cipher = env.cipher();
+    let gone = cipher
+        .seal(b"xoxe-1-revoked", &token_aad(&env.inst, "refresh"))
+        .expect("seal");
+    sqlx::query("UPDATE installations SET refresh_token_sealed = $1, refresh_token_key_id = $2")
+        .bind(&gone.bytes)
+        .bind(&gone.key_id)
+        .execute(&env.db.pool)
+        .await
+        .expect("revoked refresh token");
     let h = env.handler(&[
         ("SLACK_CLIENT_ID", &env.client.0),
-        ("SLACK_CLIENT_SECRET", "wrong-secret"),
+        ("SLACK_CLIENT_SECRET", &env.client.1),
     ]);
     env.until_done(&h, &payload).await;
     assert_eq!(env.app_posts().await, 0);
-    let (status, reason, sealed): (String, Option<String>, Option<Vec<u8>>) =
-        sqlx::query_as("SELECT status, disabled_reason, bot_token_sealed FROM installations")
-            .fetch_one(&env.db.pool)
-            .await
-            .expect("row");
     assert_eq!(
-        (status.as_str(), reason.as_deref(), sealed),
-        ("disabled", Some("token_refresh_failed"), None)
+        env.installation_state().await,
+        (
+            "disabled".into(),
+            Some("token_refresh_failed".into()),
+            false
+        )
     );
     assert_eq!(
         env.decision(decision).await,
         ("cancelled".into(), Some("installation_unavailable".into()))
     );
+    env.cleanup().await;
+}
+
+/// A wrong client secret is threadline's configuration, not the
+/// installation's fault: nothing is disabled, the work waits for the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_client_credentials_disable_no_installation() {
+    use secrecy::ExposeSecret as _;
+    let env = Env::rotating().await;
+    let cipher = env.cipher();
+    let wrong = threadline_runtime::tokens::Refresher {
+        client_secret: "wrong-secret".to_owned().into(),
+        ..env.refresher()
+    };
+    env.expire(5).await;
+    let err = threadline_runtime::tokens::bot_token(&env.db.pool, &cipher, Some(&wrong), env.inst)
+        .await
+        .expect_err("an expired token and no refresh: an error");
+    assert!(
+        err.downcast_ref::<threadline_runtime::tokens::RefreshUnavailable>()
+            .is_some(),
+        "transient, got {err:#}"
+    );
+    assert_eq!(
+        env.refresh_calls().await,
+        vec![("bad_client_secret".to_owned(), "not_applied".to_owned())]
+    );
+    assert_eq!(
+        env.installation_state().await,
+        ("active".into(), None, true)
+    );
+    // Fixed, the same installation refreshes.
+    let t = threadline_runtime::tokens::bot_token(
+        &env.db.pool,
+        &cipher,
+        Some(&env.refresher()),
+        env.inst,
+    )
+    .await
+    .expect("refresh")
+    .expect("token");
+    assert!(env.slack_accepts(t.expose_secret()).await);
     env.cleanup().await;
 }
 
@@ -1672,7 +1724,10 @@ async fn transient_refresh_answers_keep_the_installation_and_are_retried() {
     }
     env.cleanup().await;
     // `internal_error` and `fatal_error` may come after Slack applied the
-    // exchange (it did, in the emulator): still not a reason to disable.
+    // exchange (it did, in the emulator): not a reason to disable. The
+    // refresh token was spent, though, so the next exchange is refused: the
+    // installation is then disabled as a lost refresh (reinstall), not as a
+    // revocation.
     for mode in ["internal_error", "fatal_error"] {
         let env = Env::rotating().await;
         let (refresher, cipher) = (env.refresher(), env.cipher());
@@ -1701,6 +1756,23 @@ async fn transient_refresh_answers_keep_the_installation_and_are_retried() {
             env.installation_state().await,
             ("active".into(), None, true),
             "{mode}: kept"
+        );
+        let after = threadline_runtime::tokens::bot_token(
+            &env.db.pool,
+            &cipher,
+            Some(&refresher),
+            env.inst,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{mode}: {e:#}"));
+        assert!(
+            after.is_none(),
+            "{mode}: the spent refresh token cannot be used"
+        );
+        assert_eq!(
+            env.installation_state().await,
+            ("disabled".into(), Some("token_refresh_lost".into()), false),
+            "{mode}"
         );
         env.cleanup().await;
     }
@@ -1765,5 +1837,91 @@ async fn a_refusal_of_a_refresh_token_already_replaced_does_not_disable() {
         env.installation_state().await,
         ("active".into(), None, true)
     );
+    env.cleanup().await;
+}
+
+/// The refresh lease lives in the row: a holder whose database connections
+/// are cut while it waits for Slack keeps it, and another replica waits for
+/// its result instead of exchanging the same refresh token again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refresh_keeps_its_lease_when_the_database_connections_drop() {
+    use secrecy::ExposeSecret as _;
+    let env = Env::rotating().await;
+    env.expire(5).await;
+    env.fault(
+        json!({"method": "oauth.v2.access", "mode": "latency", "latency_ms": 3000, "times": 1}),
+    )
+    .await;
+    let (refresher, cipher) = (
+        std::sync::Arc::new(env.refresher()),
+        std::sync::Arc::new(env.cipher()),
+    );
+    let holder = {
+        let (pool, refresher, cipher, inst) = (
+            env.db.pool.clone(),
+            refresher.clone(),
+            cipher.clone(),
+            env.inst,
+        );
+        tokio::spawn(async move {
+            threadline_runtime::tokens::bot_token(&pool, &cipher, Some(&refresher), inst)
+                .await
+                .map(|t| t.map(|t| t.expose_secret().to_owned()))
+        })
+    };
+    // The exchange is in flight (the lease taken) …
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let leased: bool =
+            sqlx::query_scalar("SELECT refresh_lease_until IS NOT NULL FROM installations")
+                .fetch_one(&env.db.pool)
+                .await
+                .expect("lease");
+        if leased {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no lease taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // … when every connection to the database is cut (a failover).
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&env.db.url)
+        .await
+        .expect("admin");
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        .execute(&admin)
+        .await
+        .expect("terminate");
+    // Another replica needs the token now.
+    let other = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&env.db.url)
+        .await
+        .expect("second replica's pool");
+    let second = threadline_runtime::tokens::bot_token(&other, &cipher, Some(&refresher), env.inst)
+        .await
+        .expect("the holder's result, not an error")
+        .expect("a token");
+    let first = holder
+        .await
+        .expect("task")
+        .expect("the holder stored its tokens")
+        .expect("a token");
+    assert_eq!(
+        second.expose_secret(),
+        first,
+        "both use the one granted token"
+    );
+    assert_eq!(
+        env.refresh_calls().await,
+        vec![("ok".to_owned(), "applied".to_owned())],
+        "Slack saw one exchange"
+    );
+    assert_eq!(
+        env.installation_state().await,
+        ("active".into(), None, true)
+    );
+    assert!(env.slack_accepts(&first).await);
     env.cleanup().await;
 }

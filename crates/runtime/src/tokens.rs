@@ -1,8 +1,9 @@
 //! Bot tokens for outbound work: opened from their sealed form and, for
 //! installations with token rotation, refreshed before they expire, one
-//! refresh at a time per installation. A refresh Slack refuses for good
-//! disables the installation visibly instead of looping; any other failure
-//! is transient.
+//! refresh at a time per installation (a lease in the row). A refresh token
+//! Slack refuses for good disables the installation visibly instead of
+//! looping; the app's credentials refused disable nothing (a configuration
+//! error, alerted); any other failure is transient.
 
 use std::time::Duration;
 
@@ -59,16 +60,14 @@ type Row = (
     Option<f64>,
 );
 
-/// Slack's answers to a refresh that mean the refresh token or the app's
-/// credentials are refused for good; anything else (`internal_error`,
-/// `fatal_error`, `ratelimited`, an answer without `ok`…) is transient.
+/// Slack's answers to a refresh that mean the refresh token is refused for
+/// good; the app's credentials refused are [`CLIENT_REFUSALS`]; anything
+/// else (`internal_error`, `fatal_error`, `ratelimited`, an answer without
+/// `ok`…) is transient.
 const REFUSALS: &[&str] = &[
     "invalid_refresh_token",
     "token_revoked",
     "token_expired",
-    "invalid_client",
-    "invalid_client_id",
-    "bad_client_secret",
     "invalid_grant_type",
     "invalid_auth",
     "account_inactive",
@@ -85,10 +84,15 @@ pub struct RefreshUnavailable(pub String);
 /// caller's refresh of the same installation before giving up (transient).
 const REFRESH_WAIT: Duration = Duration::from_secs(20);
 
-/// The lock that serialises refreshes of one installation across every
-/// process sharing the database (transaction-scoped, so a crashed holder
-/// releases it).
-const LOCK: &str = "SELECT pg_try_advisory_xact_lock(hashtextextended('threadline.token_refresh:' || $1::text, 0))";
+/// How long a refresh lease lasts: longer than the exchange (the client's
+/// 10 s timeout) and the retried store that follows it, so only a holder
+/// frozen past it can lose it.
+const LEASE_SECS: f64 = 60.0;
+
+/// Slack's answers that refuse the app's client credentials: a
+/// configuration error of threadline, not a fault of any installation, so
+/// no installation is disabled for it.
+const CLIENT_REFUSALS: &[&str] = &["invalid_client", "invalid_client_id", "bad_client_secret"];
 
 const READ: &str =
     "SELECT status, bot_token_sealed, bot_token_key_id, refresh_token_sealed, refresh_token_key_id,
@@ -140,10 +144,11 @@ fn read_current(
 /// expire; `None` when the installation is disabled or has no token.
 ///
 /// One refresh at a time per installation, across processes: the caller
-/// that takes the installation's refresh lock re-reads the row under it and
-/// refreshes only if nobody did meanwhile; the others use the current token
-/// while it is still valid, or wait for the holder's result once it has
-/// expired. Waiters hold no database connection while they wait.
+/// that takes the installation's refresh lease (a due time in the row,
+/// conditional on the refresh token it read) exchanges that token, holding
+/// no database connection meanwhile; the others use the current token while
+/// it is still valid, or wait for the holder's result once it has expired.
+/// The lease lives in the row, so a holder whose connection breaks keeps it.
 pub async fn bot_token(
     pool: &PgPool,
     cipher: &TokenCipher,
@@ -154,59 +159,54 @@ pub async fn bot_token(
     let mut pause = Duration::from_millis(20);
     loop {
         let row: Option<Row> = sqlx::query_as(READ).bind(inst).fetch_optional(pool).await?;
-        let (current, expires_in) = match read_current(cipher, refresher, inst, row)? {
-            Current::None => return Ok(None),
-            Current::Token(t) => return Ok(Some(t)),
-            Current::Due {
-                current,
-                expires_in,
-                ..
-            } => (current, expires_in),
-        };
-        let Some(refresher) = refresher else {
-            return Ok(Some(current));
-        };
-        let mut tx = pool.begin().await?;
-        let locked: bool = sqlx::query_scalar(LOCK)
-            .bind(inst)
-            .fetch_one(&mut *tx)
-            .await?;
-        if locked {
-            // Re-read under the lock: the previous holder may have stored
-            // new tokens after our first read.
-            let row: Option<Row> = sqlx::query_as(READ)
-                .bind(inst)
-                .fetch_optional(&mut *tx)
-                .await?;
-            let outcome = match read_current(cipher, Some(refresher), inst, row)? {
-                Current::None => Ok(None),
-                Current::Token(t) => Ok(Some(t)),
+        let (current, refresh, refresh_key, expires_in) =
+            match read_current(cipher, refresher, inst, row)? {
+                Current::None => return Ok(None),
+                Current::Token(t) => return Ok(Some(t)),
                 Current::Due {
                     current,
                     refresh,
                     refresh_key,
                     expires_in,
-                } => {
-                    refresh_held(
-                        pool,
-                        cipher,
-                        refresher,
-                        inst,
-                        current,
-                        (refresh, refresh_key),
-                        expires_in,
-                    )
-                    .await
-                }
+                } => (current, refresh, refresh_key, expires_in),
             };
-            // Ending the transaction releases the lock; if that fails the
-            // connection is dropped, which releases it too.
-            let _ = tx.commit().await;
-            return outcome;
+        let Some(refresher) = refresher else {
+            return Ok(Some(current));
+        };
+        let holder = Uuid::now_v7();
+        // The lease, only on the refresh token just read: whoever stored
+        // new tokens meanwhile is not refreshed over. A lease that ran out
+        // with its holder never heard of again leaves the token's fate
+        // unknown (it may have been exchanged).
+        let leased: Option<bool> = sqlx::query_scalar(
+            "UPDATE installations
+                SET refresh_unknown_since = CASE WHEN refresh_lease_holder IS NOT NULL
+                                                 THEN coalesce(refresh_unknown_since, refresh_lease_until)
+                                                 ELSE refresh_unknown_since END,
+                    refresh_lease_holder = $3,
+                    refresh_lease_until = now() + make_interval(secs => $4)
+              WHERE id = $1 AND status = 'active' AND refresh_token_sealed = $2
+                AND (refresh_lease_until IS NULL OR refresh_lease_until < now())
+          RETURNING refresh_unknown_since IS NOT NULL",
+        )
+        .bind(inst)
+        .bind(&refresh)
+        .bind(holder)
+        .bind(LEASE_SECS)
+        .fetch_optional(pool)
+        .await?;
+        if let Some(unknown_before) = leased {
+            let lease = Lease {
+                holder,
+                refresh,
+                refresh_key,
+                unknown_before,
+            };
+            return refresh_leased(pool, cipher, refresher, inst, current, lease, expires_in).await;
         }
-        drop(tx);
-        // Someone else is refreshing: a token that is still valid serves
-        // meanwhile; an expired one waits for their result.
+        // Someone else is refreshing (or just did: the next read shows it):
+        // a token that is still valid serves meanwhile; an expired one
+        // waits for their result.
         if expires_in > 0.0 {
             return Ok(Some(current));
         }
@@ -223,23 +223,64 @@ pub async fn bot_token(
     }
 }
 
-/// The refresh itself, with the installation's refresh lock held by the
-/// caller. Writes go through the pool, not the lock's transaction, so new
-/// tokens Slack granted are stored even if that transaction's connection
-/// fails; every write is a compare-and-set on the refresh token used.
-async fn refresh_held(
+/// A refresh lease this process holds, and the refresh token it covers.
+struct Lease {
+    holder: Uuid,
+    refresh: Vec<u8>,
+    refresh_key: String,
+    /// An earlier exchange of this refresh token ended without a known
+    /// outcome.
+    unknown_before: bool,
+}
+
+/// Gives the lease back after an exchange that changed nothing stored;
+/// `unknown` records that Slack may have spent the refresh token.
+async fn give_back(pool: &PgPool, inst: Uuid, lease: &Lease, unknown: bool) {
+    let r = sqlx::query(
+        "UPDATE installations
+            SET refresh_lease_until = NULL, refresh_lease_holder = NULL,
+                refresh_unknown_since = CASE WHEN $3 THEN coalesce(refresh_unknown_since, now())
+                                             ELSE refresh_unknown_since END
+          WHERE id = $1 AND refresh_lease_holder = $2",
+    )
+    .bind(inst)
+    .bind(lease.holder)
+    .bind(unknown)
+    .execute(pool)
+    .await;
+    if let Err(e) = r {
+        // The lease runs out by itself; an unknown outcome not recorded
+        // is recorded then, by the next lease.
+        tracing::warn!(error = %e, installation_id = %inst, "giving back a token refresh lease failed");
+    }
+}
+
+/// Whether Slack may have applied an exchange that failed this way.
+fn maybe_applied(e: &WebError) -> bool {
+    match e {
+        // Refused before anything happened.
+        WebError::RateLimited { .. } | WebError::Http(429) => false,
+        WebError::Transport(t) => t != "connect",
+        WebError::Api { code } => code != "ratelimited",
+        WebError::Http(_) | WebError::Decode => true,
+    }
+}
+
+/// The exchange itself, under the lease. Every write is a compare-and-set on
+/// the refresh token exchanged.
+async fn refresh_leased(
     pool: &PgPool,
     cipher: &TokenCipher,
     refresher: &Refresher,
     inst: Uuid,
     current: SecretString,
-    (rbytes, rkey): (Vec<u8>, String),
+    lease: Lease,
     expires_in: f64,
 ) -> anyhow::Result<Option<SecretString>> {
     let refresh_token = cipher.open(
         &Sealed {
-            key_id: rkey,
-            bytes: rbytes.clone(),
+            key_id: lease.refresh_key.clone(),
+            bytes: lease.refresh.clone(),
         },
         &token_aad(&inst, "refresh"),
     )?;
@@ -252,44 +293,74 @@ async fn refresh_held(
             ("refresh_token", refresh_token.expose_secret()),
         ])
         .await;
+    let code_of = |code: &str| -> String {
+        code.chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .take(64)
+            .collect()
+    };
     let v = match answer {
         Ok(v) => v,
-        // A definite refusal of the refresh token we used: stop outbound
-        // work visibly rather than loop — but only if the installation still
-        // holds that refresh token (a reinstall meanwhile stands).
+        // The app's own credentials refused: threadline's configuration,
+        // not this installation. Nothing is disabled; the work retries and
+        // an operator fixes SLACK_CLIENT_ID/SLACK_CLIENT_SECRET.
+        Err(WebError::Api { code }) if CLIENT_REFUSALS.contains(&code.as_str()) => {
+            give_back(pool, inst, &lease, false).await;
+            metrics::counter!("threadline_token_refresh_total", "result" => "client_refused")
+                .increment(1);
+            tracing::error!(alert = "slack_client_credentials_refused", installation_id = %inst, code = code_of(&code),
+                "Slack refused the app's client credentials for a token refresh; check SLACK_CLIENT_ID and SLACK_CLIENT_SECRET");
+            return if expires_in > 0.0 {
+                Ok(Some(current))
+            } else {
+                Err(RefreshUnavailable(code_of(&code)).into())
+            };
+        }
+        // A definite refusal of the refresh token: stop outbound work
+        // visibly rather than loop — only if the installation still holds
+        // that refresh token (a reinstall meanwhile stands). If an earlier
+        // exchange of it ended without a known outcome, Slack most likely
+        // spent it then: the tokens it granted are lost.
         Err(WebError::Api { code }) if REFUSALS.contains(&code.as_str()) => {
+            let reason = if lease.unknown_before {
+                "token_refresh_lost"
+            } else {
+                "token_refresh_failed"
+            };
             let disabled = sqlx::query(
-                "UPDATE installations SET status = 'disabled', disabled_reason = 'token_refresh_failed',
+                "UPDATE installations SET status = 'disabled', disabled_reason = $3,
                         bot_token_sealed = NULL, bot_token_key_id = NULL, refresh_token_sealed = NULL,
-                        refresh_token_key_id = NULL, updated_at = now()
+                        refresh_token_key_id = NULL, refresh_lease_until = NULL, refresh_lease_holder = NULL,
+                        updated_at = now()
                   WHERE id = $1 AND refresh_token_sealed = $2",
             )
             .bind(inst)
-            .bind(&rbytes)
+            .bind(&lease.refresh)
+            .bind(reason)
             .execute(pool)
             .await?;
             if disabled.rows_affected() == 0 {
                 // New tokens were stored meanwhile: use them.
+                give_back(pool, inst, &lease, false).await;
                 return Box::pin(bot_token(pool, cipher, None, inst)).await;
             }
             metrics::counter!("threadline_token_refresh_total", "result" => "refused").increment(1);
-            let code: String = code
-                .chars()
-                .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .take(64)
-                .collect();
-            tracing::error!(alert = "installation_disabled", installation_id = %inst, code, "token refresh refused; installation disabled");
+            tracing::error!(alert = "installation_disabled", installation_id = %inst, code = code_of(&code), reason,
+                "token refresh refused; installation disabled (reinstall to resume)");
             return Ok(None);
         }
-        Err(e) if expires_in > 0.0 => {
-            metrics::counter!("threadline_token_refresh_total", "result" => "deferred")
-                .increment(1);
-            tracing::warn!(error = %e, installation_id = %inst, "token refresh failed; the current token is still valid");
-            return Ok(Some(current));
-        }
-        // Slack away, failing on its side or answering something that is
-        // not a refusal: transient, retried with the work that needs it.
         Err(e) => {
+            let unknown = maybe_applied(&e);
+            give_back(pool, inst, &lease, unknown).await;
+            if expires_in > 0.0 {
+                metrics::counter!("threadline_token_refresh_total", "result" => "deferred")
+                    .increment(1);
+                tracing::warn!(error = %e, installation_id = %inst, unknown, "token refresh failed; the current token is still valid");
+                return Ok(Some(current));
+            }
+            // Slack away, failing on its side or answering something that
+            // is not a refusal: transient, retried with the work that
+            // needs it.
             metrics::counter!("threadline_token_refresh_total", "result" => "failed").increment(1);
             return Err(RefreshUnavailable(e.to_string()).into());
         }
@@ -301,6 +372,7 @@ async fn refresh_held(
             .map(|s| SecretString::from(s.to_owned()))
     };
     let (Some(token), Some(new_refresh)) = (text("access_token"), text("refresh_token")) else {
+        give_back(pool, inst, &lease, true).await;
         return Err(RefreshUnavailable("an answer without tokens".into()).into());
     };
     let expires = v
@@ -313,13 +385,15 @@ async fn refresh_held(
         &token_aad(&inst, "refresh"),
     )?;
     // Slack has spent the old refresh token: the new ones must be stored,
-    // so a database blip here is retried rather than losing them.
+    // so a database blip here is retried rather than losing them (the
+    // lease keeps everyone else from exchanging the spent token meanwhile).
     let mut attempt = 0u32;
     let stored = loop {
         let r = sqlx::query(
             "UPDATE installations
                 SET bot_token_sealed = $2, bot_token_key_id = $3, refresh_token_sealed = $4, refresh_token_key_id = $5,
-                    token_expires_at = now() + make_interval(secs => $6::bigint), updated_at = now()
+                    token_expires_at = now() + make_interval(secs => $6::bigint), refresh_lease_until = NULL,
+                    refresh_lease_holder = NULL, refresh_unknown_since = NULL, updated_at = now()
               WHERE id = $1 AND refresh_token_sealed = $7",
         )
         .bind(inst)
@@ -328,7 +402,7 @@ async fn refresh_held(
         .bind(&sealed_refresh.bytes)
         .bind(&sealed_refresh.key_id)
         .bind(expires)
-        .bind(&rbytes)
+        .bind(&lease.refresh)
         .execute(pool)
         .await;
         match r {

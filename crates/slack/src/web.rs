@@ -168,7 +168,17 @@ impl WebClient {
             .form(form)
             .send()
             .await
-            .map_err(|_| WebError::Transport("connection".into()))?;
+            .map_err(|e| {
+                // `connect`: the request never left; anything else may have reached Slack.
+                WebError::Transport(
+                    if e.is_connect() {
+                        "connect"
+                    } else {
+                        "connection"
+                    }
+                    .into(),
+                )
+            })?;
         let status = r.status().as_u16();
         if !(200..300).contains(&status) {
             return Err(WebError::Http(status));
