@@ -6,14 +6,13 @@
 //! [`FAILURE_LIMIT`] of them; poison → dead-letter at once. Long handlers
 //! keep their message with in-progress acks.
 //!
-//! Fair share: one installation may hold at most
-//! `THREADLINE_TENANT_SHARE_PERCENT` of a worker's slots while more work
-//! waits behind its message in the consumer. A message over that share is
-//! handed back to JetStream ([`FAIR_SHARE_DEFER`]) without holding a slot,
-//! so the worker reads on to the messages behind it — another
-//! installation's among them — instead of letting one tenant's backlog
-//! queue everyone. With nothing waiting behind it, the message runs: a lone
-//! tenant may use every slot.
+//! Fair share: a worker reads ahead (up to [`LOOKAHEAD_PER_SLOT`] messages
+//! per slot, kept alive with in-progress acks) into one queue per
+//! installation, and fills a free slot round-robin across installations,
+//! first-in first-out within each. While another installation has work
+//! queued, one may hold at most `THREADLINE_TENANT_SHARE_PERCENT` of the
+//! slots; with nobody else waiting it may use them all. Nothing is handed
+//! back to the broker for fairness, so a flood costs no redeliveries.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -101,45 +100,80 @@ impl Failures {
     }
 }
 
-/// How long a message over its installation's share waits before it is
-/// delivered again.
-pub const FAIR_SHARE_DEFER: Duration = Duration::from_millis(500);
+/// How many messages per slot a worker reads ahead of the ones it runs, to
+/// see other installations' work behind one installation's backlog.
+pub const LOOKAHEAD_PER_SLOT: usize = 16;
 
-/// Messages in flight per installation.
-#[derive(Default)]
-struct Tenants(Mutex<HashMap<String, usize>>);
-
-/// A place an installation holds while one of its messages is handled.
-struct Place {
-    tenants: Arc<Tenants>,
-    tenant: String,
+/// The messages a worker has read and not started, one queue per
+/// installation, and how many each installation has running.
+struct Scheduler {
+    queues: HashMap<String, std::collections::VecDeque<jetstream::Message>>,
+    /// Installations with queued messages, in turn order.
+    turn: std::collections::VecDeque<String>,
+    running: HashMap<String, usize>,
+    queued: usize,
+    /// The most slots one installation may hold while another waits.
+    cap: usize,
 }
 
-impl Tenants {
-    /// A place for `tenant` if it holds fewer than `cap`, or if `always`.
-    fn enter(self: &Arc<Self>, tenant: &str, cap: usize, always: bool) -> Option<Place> {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let n = m.entry(tenant.to_owned()).or_default();
-        if *n >= cap && !always {
-            return None;
+impl Scheduler {
+    fn new(cap: usize) -> Self {
+        Self {
+            queues: HashMap::new(),
+            turn: std::collections::VecDeque::new(),
+            running: HashMap::new(),
+            queued: 0,
+            cap,
         }
-        *n += 1;
-        Some(Place {
-            tenants: self.clone(),
-            tenant: tenant.to_owned(),
-        })
     }
-}
 
-impl Drop for Place {
-    fn drop(&mut self) {
-        let mut m = self.tenants.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = m.get_mut(&self.tenant) {
+    fn push(&mut self, tenant: String, msg: jetstream::Message) {
+        let q = self.queues.entry(tenant.clone()).or_default();
+        if q.is_empty() {
+            self.turn.push_back(tenant);
+        }
+        q.push_back(msg);
+        self.queued += 1;
+    }
+
+    /// The next message to run: the first installation in turn that holds
+    /// fewer slots than its share; if every installation waiting holds its
+    /// share already, the first in turn (nobody below it is kept waiting).
+    fn next(&mut self) -> Option<(String, jetstream::Message)> {
+        let below = self
+            .turn
+            .iter()
+            .position(|t| self.running.get(t).copied().unwrap_or(0) < self.cap);
+        let tenant = self.turn.remove(below.unwrap_or(0))?;
+        let q = self.queues.get_mut(&tenant)?;
+        let msg = q.pop_front()?;
+        if q.is_empty() {
+            self.queues.remove(&tenant);
+        } else {
+            self.turn.push_back(tenant.clone());
+        }
+        self.queued -= 1;
+        *self.running.entry(tenant.clone()).or_default() += 1;
+        Some((tenant, msg))
+    }
+
+    fn finished(&mut self, tenant: &str) {
+        if let Some(n) = self.running.get_mut(tenant) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                m.remove(&self.tenant);
+                self.running.remove(tenant);
             }
         }
+    }
+
+    fn queued(&self) -> impl Iterator<Item = &jetstream::Message> {
+        self.queues.values().flatten()
+    }
+
+    fn drain(&mut self) -> Vec<jetstream::Message> {
+        self.turn.clear();
+        self.queued = 0;
+        self.queues.drain().flat_map(|(_, q)| q).collect()
     }
 }
 
@@ -193,49 +227,67 @@ where
     let dlq = Arc::new(dlq);
     let progress_every = topology.progress_every();
     let failures = Arc::new(Failures::default());
-    let (tenants, cap) = (Arc::new(Tenants::default()), topology.tenant_cap(concurrency));
-    messages
-        .take_until(shutdown.clone().cancelled_owned())
-        .for_each_concurrent(concurrency, |msg| {
-            let (handler, js, dlq, failures, tenants) = (
-                handler.clone(),
-                js.clone(),
-                dlq.clone(),
-                failures.clone(),
-                tenants.clone(),
-            );
-            async move {
-                let msg = match msg {
-                    Ok(m) => m,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "pulling a message failed");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        return;
-                    }
-                };
-                let _place = match crate::dead_letter::installation_of(topic, &msg.payload) {
-                    None => None,
-                    Some(tenant) => {
-                        let more_waiting = msg.info().is_ok_and(|i| i.pending > 0);
-                        match tenants.enter(&tenant, cap, !more_waiting) {
-                            Some(place) => Some(place),
-                            None => {
-                                metrics::counter!("threadline_worker_fair_share_deferrals_total", "subject" => msg.subject.to_string())
-                                    .increment(1);
-                                if let Err(e) =
-                                    msg.ack_with(AckKind::Nak(Some(FAIR_SHARE_DEFER))).await
-                                {
-                                    tracing::warn!(error = %e, "handing a message back failed; it will be redelivered");
-                                }
-                                return;
-                            }
-                        }
-                    }
-                };
+    let mut sched = Scheduler::new(topology.tenant_cap(concurrency));
+    let lookahead = concurrency.max(1) * LOOKAHEAD_PER_SLOT;
+    let mut messages = messages;
+    let mut running = tokio::task::JoinSet::new();
+    let mut running_tenant: HashMap<tokio::task::Id, String> = HashMap::new();
+    let mut keepalive = tokio::time::interval(progress_every);
+    keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut open = true;
+    loop {
+        while running.len() < concurrency {
+            let Some((tenant, msg)) = sched.next() else {
+                break;
+            };
+            let (handler, js, dlq, failures) =
+                (handler.clone(), js.clone(), dlq.clone(), failures.clone());
+            let task = running.spawn(async move {
                 handle_one(msg, &*handler, &js, &dlq, progress_every, &failures).await;
+            });
+            running_tenant.insert(task.id(), tenant);
+        }
+        if !open && running.is_empty() {
+            break;
+        }
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled(), if open => {
+                open = false;
+                // What was read ahead goes back at once, for another replica.
+                for msg in sched.drain() {
+                    let _ = msg.ack_with(AckKind::Nak(None)).await;
+                }
             }
-        })
-        .await;
+            Some(done) = running.join_next_with_id(), if !running.is_empty() => {
+                let id = match &done {
+                    Ok((id, ())) => *id,
+                    Err(e) => e.id(),
+                };
+                if let Some(tenant) = running_tenant.remove(&id) {
+                    sched.finished(&tenant);
+                }
+            }
+            next = messages.next(), if open && sched.queued < lookahead => match next {
+                Some(Ok(msg)) => {
+                    let tenant = crate::dead_letter::installation_of(topic, &msg.payload)
+                        .unwrap_or_default();
+                    sched.push(tenant, msg);
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "pulling a message failed");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                None => open = false,
+            },
+            _ = keepalive.tick(), if sched.queued > 0 => {
+                // Read ahead, not started: still ours.
+                for msg in sched.queued() {
+                    let _ = msg.ack_with(AckKind::Progress).await;
+                }
+            }
+        }
+    }
     Ok(())
 }
 
