@@ -88,7 +88,10 @@ async fn poison_is_dead_lettered_listed_dropped_and_a_dead_letter_replayed() {
         !raw.payload.windows(15).any(|w| w == b"never be printe"),
         "the stream holds no readable text"
     );
-    assert!(raw.payload.len() > secret_looking.len(), "sealed, not dropped");
+    assert!(
+        raw.payload.len() > secret_looking.len(),
+        "sealed, not dropped"
+    );
 
     // A valid event whose retries ran out earlier, dead-lettered the way a
     // worker does it (sealed with the workers' keys), for a receipt that is
@@ -236,23 +239,59 @@ async fn poison_is_dead_lettered_listed_dropped_and_a_dead_letter_replayed() {
         .expect("publish")
         .await
         .expect("ack");
-    eventually("a second poison dead-lettered", Duration::from_secs(20), || async {
-        (list().await.len() == 1).then_some(())
-    })
+    eventually(
+        "a second poison dead-lettered",
+        Duration::from_secs(20),
+        || async { (list().await.len() == 1).then_some(()) },
+    )
     .await;
     let purge = |args: &'static [&'static str]| {
         let env = env.clone();
         async move {
             let out = cli(args, &env).await;
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             serde_json::from_slice::<Value>(&out.stdout).expect("JSON report")
         }
     };
     assert_eq!(purge(&["purge"]).await["dead_letters"], 0);
-    assert_eq!(purge(&["purge", "--dead-letters-hours", "0", "--dry-run"]).await["dead_letters"], 1);
+    assert_eq!(
+        purge(&["purge", "--dead-letters-hours", "0", "--dry-run"]).await["dead_letters"],
+        1
+    );
     assert_eq!(list().await.len(), 1, "a dry run removes nothing");
-    assert_eq!(purge(&["purge", "--dead-letters-hours", "0"]).await["dead_letters"], 1);
+    assert_eq!(
+        purge(&["purge", "--dead-letters-hours", "0"]).await["dead_letters"],
+        1
+    );
     assert!(list().await.is_empty(), "purged");
+    // A purge that cannot reach the broker says so and fails.
+    let unreachable: Vec<(&str, String)> = env
+        .iter()
+        .map(|(k, v)| {
+            (
+                *k,
+                if *k == "NATS_URL" {
+                    "nats://127.0.0.1:9".to_owned()
+                } else {
+                    v.clone()
+                },
+            )
+        })
+        .collect();
+    let out = cli(&["purge"], &unreachable).await;
+    assert!(
+        !out.status.success(),
+        "a purge that reached no letters failed"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("dead letters are not"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     assert!(cb.terminate().await.success());
     delete_streams(&js, &prefix).await;

@@ -15,7 +15,9 @@ use async_nats::jetstream::{self, stream::Stream};
 use clap::Subcommand;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::config::CommonConfig;
-use threadline_runtime::dead_letter::{self, DECISION, EVENT, INSTALLATION, ORIGINAL, PAYLOAD, REASON, RECEIPT};
+use threadline_runtime::dead_letter::{
+    self, DECISION, EVENT, INSTALLATION, ORIGINAL, PAYLOAD, REASON, RECEIPT,
+};
 
 #[derive(Subcommand)]
 pub enum DlqCommand {
@@ -33,6 +35,10 @@ pub enum DlqCommand {
         /// Every dead letter.
         #[arg(long, conflicts_with = "seq")]
         all: bool,
+        /// Also letters without a payload mark (written before dead letters
+        /// were sealed), put back as they are: check them first.
+        #[arg(long)]
+        legacy: bool,
     },
     /// Remove dead letters without replaying them (after inspection).
     Drop {
@@ -137,7 +143,7 @@ pub async fn run(cmd: DlqCommand, common: &CommonConfig) -> anyhow::Result<()> {
                 println!("dropped {s}");
             }
         }
-        DlqCommand::Replay { seq, all } => {
+        DlqCommand::Replay { seq, all, legacy } => {
             let wanted: Vec<(Letter, jetstream::message::StreamMessage)> =
                 letters(&stream, usize::MAX)
                     .await?
@@ -158,9 +164,14 @@ pub async fn run(cmd: DlqCommand, common: &CommonConfig) -> anyhow::Result<()> {
             // the set as it was.
             let mut ready = Vec::new();
             for (letter, m) in wanted {
-                let (subject, payload) =
-                    dead_letter::open(&m.headers, &m.payload, topology.dead_letter_keys())
-                        .with_context(|| format!("dead letter {} cannot be replayed", letter.seq))?;
+                let (subject, payload) = dead_letter::open(
+                    &m.subject,
+                    &m.headers,
+                    &m.payload,
+                    topology.dead_letter_keys(),
+                    legacy,
+                )
+                .with_context(|| format!("dead letter {} cannot be replayed", letter.seq))?;
                 anyhow::ensure!(
                     known.contains(&subject),
                     "dead letter {} names {subject:?}, not a subject of this deployment ({}); drop it or republish by hand",

@@ -203,9 +203,26 @@ pub async fn dead_letters(
     let nats = threadline_runtime::bus::connect(&common.nats_url, "threadline-cli").await?;
     let js = async_nats::jetstream::new(nats.clone());
     let topology = threadline_runtime::bus::Topology::from_config(common);
-    let Ok(stream) = js.get_stream(topology.dead_letter_stream()).await else {
+    let stream = match js.get_stream(topology.dead_letter_stream()).await {
+        Ok(s) => s,
         // No stream: no service ever started here, so no dead letters.
-        return Ok(());
+        // Anything else (the broker unreachable, the login refused) is an
+        // error: a purge that cannot reach the letters must not say it did.
+        Err(e)
+            if matches!(
+                e.kind(),
+                async_nats::jetstream::context::GetStreamErrorKind::JetStream(ref j)
+                    if j.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND
+            ) =>
+        {
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "opening {} on the broker",
+                topology.dead_letter_stream()
+            )));
+        }
     };
     let info = stream
         .get_info()
@@ -219,9 +236,20 @@ pub async fn dead_letters(
     let mut keep_from = info.state.last_sequence + 1;
     let mut old = 0;
     for seq in info.state.first_sequence..=info.state.last_sequence {
-        // Gaps are letters already replayed or dropped.
-        let Ok(m) = stream.get_raw_message(seq).await else {
-            continue;
+        let m = match stream.get_raw_message(seq).await {
+            Ok(m) => m,
+            // A gap: a letter already replayed or dropped.
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+            {
+                continue;
+            }
+            // Anything else: stop rather than guess (a letter newer than the
+            // cutoff must not go with the old ones).
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("reading dead letter {seq}")));
+            }
         };
         if m.time >= cutoff {
             keep_from = seq;

@@ -241,28 +241,52 @@ pub enum ReplayError {
     NoSubject,
     #[error("its payload mark {0:?} is not one threadline writes")]
     Unknown(String),
+    #[error(
+        "it is stored under {letter} but names {original}: only the work subject of its own dead-letter subject is replayed"
+    )]
+    Misplaced { letter: String, original: String },
+    #[error(
+        "it has no payload mark (written before dead letters were sealed, or not by threadline): check it, then replay with --legacy"
+    )]
+    Legacy,
 }
 
 /// The original subject and message of a dead letter, ready to publish,
 /// with the headers a replay keeps (trace context, the original message id
 /// as `Threadline-Message-Id`).
+///
+/// `letter_subject` is the subject the letter itself was stored under: a
+/// letter may only name the work subject of its own dead-letter subject
+/// (`<prefix>.dlq.<topic>` → `<prefix>.<topic>`), so a process allowed to
+/// dead-letter one topic cannot have an operator's replay put a message on
+/// another. Letters without a payload mark (written before it existed) are
+/// put back only when `legacy` allows it.
 pub fn open(
+    letter_subject: &str,
     headers: &HeaderMap,
     payload: &[u8],
     keys: Option<&TokenCipher>,
+    legacy: bool,
 ) -> Result<(String, Bytes), ReplayError> {
     let subject = headers
         .get(ORIGINAL)
         .map(|v| v.as_str().to_owned())
         .ok_or(ReplayError::NoSubject)?;
-    let topic = subject
-        .rsplit('.')
-        .next()
-        .and_then(Topic::parse)
+    let (prefix, topic) = subject
+        .rsplit_once('.')
+        .and_then(|(p, t)| Some((p, Topic::parse(t)?)))
         .ok_or(ReplayError::NoSubject)?;
+    if letter_subject != format!("{prefix}.dlq.{}", topic.as_str()) {
+        return Err(ReplayError::Misplaced {
+            letter: letter_subject.to_owned(),
+            original: subject.clone(),
+        });
+    }
     let mark = headers.get(PAYLOAD).map(|v| v.as_str().to_owned());
-    let kept = Kept::parse(mark.as_deref()).ok_or_else(|| ReplayError::Unknown(mark.unwrap_or_default()))?;
+    let kept = Kept::parse(mark.as_deref())
+        .ok_or_else(|| ReplayError::Unknown(mark.clone().unwrap_or_default()))?;
     match kept {
+        Kept::Whole if mark.is_none() && !legacy => Err(ReplayError::Legacy),
         Kept::Whole => Ok((subject, Bytes::copy_from_slice(payload))),
         // The publisher posts what the decision row holds: a proposal
         // without its text is still the whole instruction.
@@ -324,7 +348,10 @@ mod tests {
     fn headers() -> HeaderMap {
         let mut h = HeaderMap::new();
         h.insert("Nats-Msg-Id", "ctx:r:1");
-        h.insert("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        h.insert(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        );
         h
     }
 
@@ -336,7 +363,14 @@ mod tests {
     fn a_sealed_letter_shows_identities_not_text_and_opens_to_the_original() {
         let k = keys(&TokenCipher::generate_entry("d1"));
         let payload = context();
-        let (h, body) = letter(Topic::Contexts, "tl.contexts", Some(&headers()), &payload, "poison", Some(&k));
+        let (h, body) = letter(
+            Topic::Contexts,
+            "tl.contexts",
+            Some(&headers()),
+            &payload,
+            "poison",
+            Some(&k),
+        );
         assert!(!contains(&body, "hunter2"), "no text on the stream");
         assert_eq!(h.get(PAYLOAD).map(|v| v.as_str()), Some("sealed"));
         assert_eq!(h.get(KEY_ID).map(|v| v.as_str()), Some("d1"));
@@ -347,28 +381,60 @@ mod tests {
                 assert!(!v.as_str().contains("hunter2"), "{name:?}");
             }
         }
-        let (subject, restored) = open(&h, &body, Some(&k)).expect("opens");
-        assert_eq!((subject.as_str(), &restored[..]), ("tl.contexts", &payload[..]));
+        let (subject, restored) =
+            open("tl.dlq.contexts", &h, &body, Some(&k), false).expect("opens");
+        assert_eq!(
+            (subject.as_str(), &restored[..]),
+            ("tl.contexts", &payload[..])
+        );
         // Moved to another subject, or altered, it does not open.
         let mut moved = h.clone();
         moved.insert(ORIGINAL, "tl.proposals");
-        assert!(matches!(open(&moved, &body, Some(&k)), Err(ReplayError::Tampered)));
+        assert!(matches!(
+            open("tl.dlq.contexts", &moved, &body, Some(&k), false),
+            Err(ReplayError::Misplaced { .. })
+        ));
+        // Moved with its dead-letter subject, the seal still refuses it.
+        assert!(matches!(
+            open("tl.dlq.proposals", &moved, &body, Some(&k), false),
+            Err(ReplayError::Tampered)
+        ));
         let mut bent = body.to_vec();
         *bent.last_mut().expect("bytes") ^= 1;
-        assert!(matches!(open(&h, &bent, Some(&k)), Err(ReplayError::Tampered)));
+        assert!(matches!(
+            open("tl.dlq.contexts", &h, &bent, Some(&k), false),
+            Err(ReplayError::Tampered)
+        ));
         // Without the key it says which key it needs.
-        assert!(matches!(open(&h, &body, None), Err(ReplayError::NoKey(id)) if id == "d1"));
+        assert!(
+            matches!(open("tl.dlq.contexts", &h, &body, None, false), Err(ReplayError::NoKey(id)) if id == "d1")
+        );
         let other = keys(&TokenCipher::generate_entry("d2"));
-        assert!(matches!(open(&h, &body, Some(&other)), Err(ReplayError::NoKey(id)) if id == "d1"));
+        assert!(
+            matches!(open("tl.dlq.contexts", &h, &body, Some(&other), false), Err(ReplayError::NoKey(id)) if id == "d1")
+        );
     }
 
     #[test]
     fn without_keys_text_is_removed_and_only_what_needs_no_text_is_replayable() {
-        let (h, body) = letter(Topic::Contexts, "tl.contexts", Some(&headers()), &context(), "poison", None);
+        let (h, body) = letter(
+            Topic::Contexts,
+            "tl.contexts",
+            Some(&headers()),
+            &context(),
+            "poison",
+            None,
+        );
         assert_eq!(h.get(PAYLOAD).map(|v| v.as_str()), Some("redacted"));
         assert!(!contains(&body, "hunter2"));
-        assert_eq!(ContextReady::decode(&body[..]).expect("decodes").messages[0].ts, "1.000001");
-        assert!(matches!(open(&h, &body, None), Err(ReplayError::NotKept("redacted"))));
+        assert_eq!(
+            ContextReady::decode(&body[..]).expect("decodes").messages[0].ts,
+            "1.000001"
+        );
+        assert!(matches!(
+            open("tl.dlq.contexts", &h, &body, None, false),
+            Err(ReplayError::NotKept("redacted"))
+        ));
 
         let proposal = ProposalReady {
             decision_id: "0190c2f4-0000-7000-8000-000000000003".into(),
@@ -377,10 +443,23 @@ mod tests {
             ..Default::default()
         }
         .encode_to_vec();
-        let (h, body) = letter(Topic::Proposals, "tl.proposals", None, &proposal, "poison", None);
+        let (h, body) = letter(
+            Topic::Proposals,
+            "tl.proposals",
+            None,
+            &proposal,
+            "poison",
+            None,
+        );
         assert!(!contains(&body, "hunter2"));
-        let (_, back) = open(&h, &body, None).expect("a proposal needs no text to be replayed");
-        assert_eq!(ProposalReady::decode(&back[..]).expect("decodes").decision_id, "0190c2f4-0000-7000-8000-000000000003");
+        let (_, back) = open("tl.dlq.proposals", &h, &body, None, false)
+            .expect("a proposal needs no text to be replayed");
+        assert_eq!(
+            ProposalReady::decode(&back[..])
+                .expect("decodes")
+                .decision_id,
+            "0190c2f4-0000-7000-8000-000000000003"
+        );
 
         let event = EventAccepted {
             event_json: format!("{{\"text\":\"{SECRET}\"}}").into_bytes(),
@@ -389,23 +468,48 @@ mod tests {
         .encode_to_vec();
         let (h, body) = letter(Topic::Events, "tl.events", None, &event, "poison", None);
         assert!(!contains(&body, "hunter2"));
-        assert!(open(&h, &body, None).is_err());
+        assert!(matches!(
+            open("tl.dlq.events", &h, &body, None, false),
+            Err(ReplayError::NotKept("redacted"))
+        ));
 
         let recon = Reconsider {
             installation_id: "0190c2f4-0000-7000-8000-000000000002".into(),
             ..Default::default()
         }
         .encode_to_vec();
-        let (h, body) = letter(Topic::Reconsider, "tl.reconsider", None, &recon, "poison", None);
+        let (h, body) = letter(
+            Topic::Reconsider,
+            "tl.reconsider",
+            None,
+            &recon,
+            "poison",
+            None,
+        );
         assert_eq!(h.get(PAYLOAD).map(|v| v.as_str()), Some("whole"));
-        assert_eq!(&open(&h, &body, None).expect("whole").1[..], &recon[..]);
+        assert_eq!(
+            &open("tl.dlq.reconsider", &h, &body, None, false)
+                .expect("whole")
+                .1[..],
+            &recon[..]
+        );
 
         // Bytes that do not decode could hold anything: only the envelope.
         let junk = format!("\u{1}\u{2}{SECRET}").into_bytes();
-        let (h, body) = letter(Topic::Contexts, "tl.contexts", None, &junk, "undecodable", None);
+        let (h, body) = letter(
+            Topic::Contexts,
+            "tl.contexts",
+            None,
+            &junk,
+            "undecodable",
+            None,
+        );
         assert_eq!(h.get(PAYLOAD).map(|v| v.as_str()), Some("dropped"));
         assert!(body.is_empty());
-        assert!(matches!(open(&h, &body, None), Err(ReplayError::NotKept("dropped"))));
+        assert!(matches!(
+            open("tl.dlq.contexts", &h, &body, None, false),
+            Err(ReplayError::NotKept("dropped"))
+        ));
     }
 
     #[test]
@@ -422,11 +526,49 @@ mod tests {
     }
 
     #[test]
-    fn letters_from_before_this_format_replay_whole() {
+    fn letters_from_before_this_format_replay_whole_only_when_asked() {
         let mut h = HeaderMap::new();
         h.insert(ORIGINAL, "tl.events");
         h.insert(REASON, "poison");
-        let (subject, body) = open(&h, b"raw", None).expect("legacy");
+        assert!(matches!(
+            open("tl.dlq.events", &h, b"raw", None, false),
+            Err(ReplayError::Legacy)
+        ));
+        let (subject, body) = open("tl.dlq.events", &h, b"raw", None, true).expect("legacy");
         assert_eq!((subject.as_str(), &body[..]), ("tl.events", &b"raw"[..]));
+    }
+
+    #[test]
+    fn a_letter_names_only_the_work_subject_of_its_own_dead_letter_subject() {
+        // A process allowed to dead-letter contexts writes a letter that
+        // claims to come from the events subject.
+        let k = keys(&TokenCipher::generate_entry("d1"));
+        let (mut h, body) = letter(
+            Topic::Contexts,
+            "tl.contexts",
+            None,
+            &context(),
+            "x",
+            Some(&k),
+        );
+        h.insert(ORIGINAL, "tl.events");
+        assert!(matches!(
+            open("tl.dlq.contexts", &h, &body, Some(&k), true),
+            Err(ReplayError::Misplaced { .. })
+        ));
+        // Another deployment's subject, or a letter stored elsewhere.
+        let (h, body) = letter(
+            Topic::Contexts,
+            "tl.contexts",
+            None,
+            &context(),
+            "x",
+            Some(&k),
+        );
+        assert!(matches!(
+            open("other.dlq.contexts", &h, &body, Some(&k), true),
+            Err(ReplayError::Misplaced { .. })
+        ));
+        assert!(open("tl.dlq.contexts", &h, &body, Some(&k), false).is_ok());
     }
 }

@@ -57,9 +57,54 @@ impl Disposition {
         if crate::transient::is_transient(e) {
             Self::Transient
         } else {
-            Self::Fail(crate::audit::sanitise_code(&format!("{e}")))
+            Self::Fail(error_code(e))
         }
     }
+}
+
+/// A short code for what failed, from the kind of error in the chain, never
+/// from its text: an error's message can quote the data it failed on (a
+/// JSON parser quotes the value), and the code ends up in dead-letter
+/// headers, receipts and logs.
+pub fn error_code(e: &anyhow::Error) -> String {
+    use threadline_slack::WebError;
+    for cause in e.chain() {
+        if let Some(w) = cause.downcast_ref::<WebError>() {
+            return match w {
+                WebError::Api { code } => format!("slack_{}", crate::audit::sanitise_code(code)),
+                WebError::RateLimited { .. } => "slack_ratelimited".into(),
+                WebError::Http(status) => format!("slack_http_{status}"),
+                WebError::Transport(_) => "slack_transport".into(),
+                WebError::Decode => "slack_undecodable".into(),
+            };
+        }
+        if let Some(d) = cause.downcast_ref::<sqlx::Error>() {
+            return match d {
+                sqlx::Error::Database(db) => format!(
+                    "database_{}",
+                    crate::audit::sanitise_code(db.code().as_deref().unwrap_or("error"))
+                ),
+                sqlx::Error::RowNotFound => "database_row_not_found".into(),
+                sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
+                    "database_decode".into()
+                }
+                _ => "database".into(),
+            };
+        }
+        if let Some(j) = cause.downcast_ref::<serde_json::Error>() {
+            return format!("json_{:?}", j.classify()).to_ascii_lowercase();
+        }
+        if cause.downcast_ref::<prost::DecodeError>().is_some() {
+            return "protobuf_decode".into();
+        }
+        if cause
+            .downcast_ref::<crate::secrets::SecretError>()
+            .is_some()
+        {
+            return "sealed_secret".into();
+        }
+    }
+    "handler_error".into()
 }
 
 /// Failures not known to be transient after which a message is
@@ -451,4 +496,32 @@ async fn dead_letter(
         .await?
         .await?;
     msg.ack_with(AckKind::Term).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_code_names_the_kind_never_the_data() {
+        let json = serde_json::from_str::<u64>("\"the deploy password is hunter2\"")
+            .map_err(anyhow::Error::from)
+            .map_err(|e| e.context("parsing the event"))
+            .expect_err("not a number");
+        assert!(
+            format!("{json:#}").contains("hunter2"),
+            "the message quotes it"
+        );
+        assert_eq!(error_code(&json), "json_data");
+        let slack = anyhow::Error::new(threadline_slack::WebError::Api {
+            code: "channel_not_found".into(),
+        })
+        .context("conversations.info");
+        assert_eq!(error_code(&slack), "slack_channel_not_found");
+        let other = anyhow::anyhow!("thread {} has text hunter2", 1);
+        assert_eq!(error_code(&other), "handler_error");
+        assert!(
+            matches!(Disposition::of_error(&other), Disposition::Fail(c) if c == "handler_error")
+        );
+    }
 }
