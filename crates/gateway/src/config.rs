@@ -25,6 +25,20 @@ pub struct GatewayConfig {
     pub signing_secrets: SigningSecrets,
     /// `THREADLINE_GATEWAY_MAX_BODY_BYTES`, default 1 MiB; larger bodies get 413.
     pub max_body_bytes: usize,
+    /// `THREADLINE_GATEWAY_UNVERIFIED_BYTES`, default 8 MiB (at least
+    /// `THREADLINE_GATEWAY_MAX_BODY_BYTES`): how many bytes of bodies whose
+    /// signature is not checked yet may be in memory at once. A delivery
+    /// that does not fit is refused unread with 503 (Slack retries). Slack's
+    /// deliveries are a few KiB, so 8 MiB holds about a thousand of them, or
+    /// eight of the largest, while an unsigned flood costs at most 8 MiB.
+    pub unverified_bytes: usize,
+    /// Limits on the listener's connections.
+    pub connections: ConnectionLimits,
+    /// `THREADLINE_GATEWAY_TRUST_FORWARDED_FOR`, default false: take the
+    /// client's address (for per-client limits) from the last entry of
+    /// `X-Forwarded-For`, the one the proxy in front of the gateway wrote.
+    /// Only for a gateway reachable through that proxy alone.
+    pub trust_forwarded_for: bool,
     /// `THREADLINE_INTAKE_TIMEOUT_MS`, default 2500: longest a delivery waits
     /// for its receipt to commit before the gateway answers 503 (Slack gives
     /// up at 3 s and retries).
@@ -48,11 +62,39 @@ pub struct GatewayConfig {
     pub oauth: Option<std::sync::Arc<OAuthSettings>>,
 }
 
+/// What the listener allows each connection (see [`crate::listener`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// `THREADLINE_GATEWAY_HEADER_TIMEOUT_MS`, default 5000: a request's
+    /// head must be complete this long after the connection opened, or
+    /// after the first byte of a later request on a kept-alive connection.
+    /// Slack and the ingress send a head in one go.
+    pub header_timeout: std::time::Duration,
+    /// `THREADLINE_GATEWAY_IDLE_TIMEOUT_MS`, default 75000: a kept-alive
+    /// connection with no request under way is closed after this long.
+    /// Longer than ingress-nginx's upstream keep-alive (60 s), so the proxy
+    /// drops its idle connections before the gateway does.
+    pub idle_timeout: std::time::Duration,
+    /// `THREADLINE_GATEWAY_MAX_CONNECTIONS`, default 1024: open connections.
+    /// At the cap a new connection takes the place of the one idle longest
+    /// (or waiting longest for its head); if every connection is in a
+    /// request, accepting waits. Lowered at start to fit the process's
+    /// open-files limit.
+    pub max_connections: usize,
+}
+
 /// `SLACK_CLIENT_ID`, `SLACK_CLIENT_SECRET`, `THREADLINE_OAUTH_REDIRECT_URL`
 /// (this gateway's public `/slack/oauth/callback`), `THREADLINE_TOKEN_KEYS`;
 /// optional `SLACK_AUTHORIZE_URL` (default Slack's consent page),
-/// `THREADLINE_BOT_SCOPES` (default least privilege) and
-/// `THREADLINE_OAUTH_STATE_TTL_MS` (default 10 minutes).
+/// `THREADLINE_BOT_SCOPES` (default least privilege),
+/// `THREADLINE_OAUTH_STATE_TTL_MS` (default 10 minutes),
+/// `THREADLINE_INSTALL_RATE_PER_MINUTE` (default 60) and
+/// `THREADLINE_INSTALL_RATE_PER_CLIENT_PER_MINUTE` (default 10): install
+/// links handed out per minute by this gateway, overall and to one client
+/// address, each a token bucket holding a minute's worth; beyond them
+/// `/slack/install` answers 429 with `Retry-After`. Installing is a rare,
+/// human action; each link stores a state row for its validity, so a
+/// replica holds at most rate × validity of them (600 by default).
 #[derive(Debug)]
 pub struct OAuthSettings {
     pub client_id: String,
@@ -61,6 +103,8 @@ pub struct OAuthSettings {
     pub authorize_url: String,
     pub scopes: String,
     pub state_ttl: Duration,
+    pub install_rate_per_minute: u32,
+    pub install_rate_per_client_per_minute: u32,
     pub cipher: threadline_runtime::secrets::TokenCipher,
 }
 
@@ -101,6 +145,16 @@ impl OAuthSettings {
             )?,
             scopes,
             state_ttl: src.millis("THREADLINE_OAUTH_STATE_TTL_MS", 600_000, 1_000..=3_600_000)?,
+            install_rate_per_minute: src.bounded(
+                "THREADLINE_INSTALL_RATE_PER_MINUTE",
+                60,
+                1..=60_000,
+            )? as u32,
+            install_rate_per_client_per_minute: src.bounded(
+                "THREADLINE_INSTALL_RATE_PER_CLIENT_PER_MINUTE",
+                10,
+                1..=60_000,
+            )? as u32,
             cipher: threadline_runtime::secrets::TokenCipher::from_source(src)?,
         }))
     }
@@ -124,15 +178,48 @@ impl GatewayConfig {
                 })?);
             }
         }
+        let max_body_bytes = src.bounded(
+            "THREADLINE_GATEWAY_MAX_BODY_BYTES",
+            1 << 20,
+            1024..=(1 << 20),
+        )? as usize;
+        let unverified_bytes = src.bounded(
+            "THREADLINE_GATEWAY_UNVERIFIED_BYTES",
+            8 << 20,
+            (64 << 10)..=(1 << 30),
+        )? as usize;
+        if unverified_bytes < max_body_bytes {
+            return Err(ConfigError::Invalid {
+                key: "THREADLINE_GATEWAY_UNVERIFIED_BYTES".into(),
+                message: format!(
+                    "{unverified_bytes} is below THREADLINE_GATEWAY_MAX_BODY_BYTES ({max_body_bytes}): the largest delivery could never be read"
+                ),
+            });
+        }
         Ok(Self {
             common: CommonConfig::from_source(src)?,
             addr: src.socket_addr("THREADLINE_GATEWAY_ADDR", "127.0.0.1:3000")?,
             signing_secrets: SigningSecrets(secrets),
-            max_body_bytes: src.bounded(
-                "THREADLINE_GATEWAY_MAX_BODY_BYTES",
-                1 << 20,
-                1024..=(1 << 20),
-            )? as usize,
+            max_body_bytes,
+            unverified_bytes,
+            connections: ConnectionLimits {
+                header_timeout: src.millis(
+                    "THREADLINE_GATEWAY_HEADER_TIMEOUT_MS",
+                    5_000,
+                    100..=60_000,
+                )?,
+                idle_timeout: src.millis(
+                    "THREADLINE_GATEWAY_IDLE_TIMEOUT_MS",
+                    75_000,
+                    100..=3_600_000,
+                )?,
+                max_connections: src.bounded(
+                    "THREADLINE_GATEWAY_MAX_CONNECTIONS",
+                    1024,
+                    16..=1_000_000,
+                )? as usize,
+            },
+            trust_forwarded_for: src.flag("THREADLINE_GATEWAY_TRUST_FORWARDED_FOR", false)?,
             intake_timeout: src.millis("THREADLINE_INTAKE_TIMEOUT_MS", 2500, 50..=60_000)?,
             intake_writers: src.bounded("THREADLINE_INTAKE_WRITERS", 3, 1..=64)? as usize,
             intake_max_batch: src.bounded("THREADLINE_INTAKE_MAX_BATCH", 256, 1..=4096)? as usize,
@@ -166,6 +253,30 @@ mod tests {
         .expect_err("bad addr")
         .to_string();
         assert!(err.contains("THREADLINE_GATEWAY_ADDR"), "{err}");
+    }
+
+    #[test]
+    fn the_unverified_budget_holds_at_least_the_largest_body() {
+        let base = || Source::from_pairs([("SLACK_SIGNING_SECRET", "s")]);
+        let cfg = GatewayConfig::from_source(&base()).expect("defaults");
+        assert_eq!(cfg.unverified_bytes, 8 << 20);
+        assert!(cfg.unverified_bytes >= cfg.max_body_bytes);
+        let err = GatewayConfig::from_source(
+            &base()
+                .with("THREADLINE_GATEWAY_MAX_BODY_BYTES", "1048576")
+                .with("THREADLINE_GATEWAY_UNVERIFIED_BYTES", "524288"),
+        )
+        .expect_err("budget below the body limit")
+        .to_string();
+        assert!(err.contains("THREADLINE_GATEWAY_UNVERIFIED_BYTES"), "{err}");
+        let err =
+            GatewayConfig::from_source(&base().with("THREADLINE_GATEWAY_HEADER_TIMEOUT_MS", "0"))
+                .expect_err("no header timeout")
+                .to_string();
+        assert!(
+            err.contains("THREADLINE_GATEWAY_HEADER_TIMEOUT_MS"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -2,18 +2,20 @@
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use prost::Message as _;
 use threadline_domain::{DeliveryIdentity, Envelope, EnvelopeError, EventCallback};
 use threadline_proto::v1::{EventAccepted, SCHEMA_VERSION};
+use threadline_slack::SignatureError;
 use uuid::Uuid;
 
 use crate::AppState;
 use crate::installations::Resolved;
 use crate::intake::{NewReceipt, Outcome, Unparsed};
+use crate::unverified::ReadError;
 
 /// What a delivery came to; the label of the ack-latency histogram.
 #[derive(Debug, Clone, Copy)]
@@ -26,6 +28,8 @@ enum Answer {
     Ignored,
     Rejected(&'static str),
     Unavailable,
+    /// Refused unread: the budget for unverified bodies was spent.
+    Busy,
 }
 
 impl Answer {
@@ -38,17 +42,26 @@ impl Answer {
             Answer::Ignored => "ignored",
             Answer::Rejected(_) => "rejected",
             Answer::Unavailable => "unavailable",
+            Answer::Busy => "busy",
         }
     }
 }
 
-pub async fn slack_events(
-    State(app): State<AppState>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+pub async fn slack_events(State(app): State<AppState>, request: Request) -> Response {
     let started = Instant::now();
-    let (answer, response) = handle(&app, &headers, &body).await;
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
+    let (answer, response) = match receive(&app, &headers, body).await {
+        Ok(body) => handle(&app, &headers, &body).await,
+        // The body may be unread: the connection cannot carry another
+        // request, and a client (or proxy) must not try.
+        Err((answer, mut response)) => {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            (answer, response)
+        }
+    };
     if let Answer::Rejected(reason) = answer {
         metrics::counter!("threadline_gateway_rejections_total", "reason" => reason).increment(1);
     }
@@ -64,24 +77,90 @@ fn now_unix() -> i64 {
         .unwrap_or(0)
 }
 
-async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> (Answer, Response) {
-    if let Err(e) = app.verifier.verify(
+/// The body of a delivery whose signature verifies. Signature headers that
+/// are missing, malformed or stale are refused before the body is read; the
+/// body is read only within the budget for unverified bytes (else 503,
+/// unread), and that share is given back once the signature is checked.
+async fn receive(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, (Answer, Response)> {
+    let now = now_unix();
+    // The headers alone, against an empty body: every failure but a
+    // mismatch is about the headers. The full check follows the read.
+    match verify(app, headers, b"", now) {
+        Ok(()) | Err(SignatureError::Mismatch) => {}
+        Err(e) => return Err(unauthorized(e)),
+    }
+    let limit = app.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let declared = declared.map(|n| n as usize);
+    let Some(share) = app.unverified.try_reserve(declared.unwrap_or(limit)) else {
+        metrics::counter!("threadline_gateway_unverified_budget_refusals_total").increment(1);
+        tracing::debug!("unverified-bytes budget spent; delivery refused unread");
+        let mut resp = StatusCode::SERVICE_UNAVAILABLE.into_response();
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return Err((Answer::Busy, resp));
+    };
+    let body = match crate::unverified::read(body, limit, declared).await {
+        Ok(body) => body,
+        Err(ReadError::TooLarge) => return Err(too_large()),
+        Err(ReadError::Broken) => {
+            return Err((
+                Answer::Rejected("body_unreadable"),
+                StatusCode::BAD_REQUEST.into_response(),
+            ));
+        }
+    };
+    verify(app, headers, &body, now).map_err(unauthorized)?;
+    drop(share);
+    Ok(body)
+}
+
+fn verify(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+    now: i64,
+) -> Result<(), SignatureError> {
+    app.verifier.verify(
         headers
             .get("x-slack-request-timestamp")
             .map(HeaderValue::as_bytes),
         headers.get("x-slack-signature").map(HeaderValue::as_bytes),
         body,
-        now_unix(),
-    ) {
-        // No detail to the caller, and nothing of the body or signatures in logs.
-        tracing::debug!(reason = e.reason_code(), "delivery failed signature check");
-        metrics::counter!("threadline_auth_failures_total", "source" => "slack_signature", "reason" => e.reason_code())
-            .increment(1);
-        return (
-            Answer::Rejected(e.reason_code()),
-            StatusCode::UNAUTHORIZED.into_response(),
-        );
-    }
+        now,
+    )
+}
+
+fn unauthorized(e: SignatureError) -> (Answer, Response) {
+    // No detail to the caller, and nothing of the body or signatures in logs.
+    tracing::debug!(reason = e.reason_code(), "delivery failed signature check");
+    metrics::counter!("threadline_auth_failures_total", "source" => "slack_signature", "reason" => e.reason_code())
+        .increment(1);
+    (
+        Answer::Rejected(e.reason_code()),
+        StatusCode::UNAUTHORIZED.into_response(),
+    )
+}
+
+fn too_large() -> (Answer, Response) {
+    (
+        Answer::Rejected("body_too_large"),
+        StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+    )
+}
+
+/// A delivery whose signature verified.
+async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> (Answer, Response) {
     // Slack's SSL check (sent to slash-command URLs): a signed form post
     // that only needs a 200.
     if is_ssl_check(headers, body) {
@@ -192,7 +271,19 @@ async fn record_rejection(
     r.map(|_| ())
 }
 
-fn retry_headers(headers: &HeaderMap) -> (i32, Option<String>) {
+/// The reasons Slack documents for retrying a delivery. The header is not
+/// covered by the signature, so anything else is `other`: a replayed
+/// delivery cannot mint metric series or stored values.
+const RETRY_REASONS: [&str; 6] = [
+    "http_timeout",
+    "too_many_redirects",
+    "connection_failed",
+    "ssl_error",
+    "http_error",
+    "unknown_error",
+];
+
+fn retry_headers(headers: &HeaderMap) -> (i32, Option<&'static str>) {
     let num = headers
         .get("x-slack-retry-num")
         .and_then(|v| v.to_str().ok())
@@ -200,16 +291,13 @@ fn retry_headers(headers: &HeaderMap) -> (i32, Option<String>) {
         .filter(|n| (0..=100).contains(n))
         .unwrap_or(0);
     // Stored and counted only; a retry is never dropped for being one.
-    let reason = headers
-        .get("x-slack-retry-reason")
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.chars()
-                .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .take(64)
-                .collect::<String>()
-        })
-        .filter(|v| !v.is_empty());
+    let reason = headers.get("x-slack-retry-reason").map(|v| {
+        let v = v.as_bytes().trim_ascii();
+        RETRY_REASONS
+            .into_iter()
+            .find(|r| r.as_bytes() == v)
+            .unwrap_or("other")
+    });
     (num, reason)
 }
 
@@ -242,14 +330,14 @@ async fn accept(app: &AppState, headers: &HeaderMap, cb: EventCallback) -> (Answ
     };
     tracing::Span::current().record("installation_id", tracing::field::display(installation_id));
     let (retry_num, retry_reason) = retry_headers(headers);
-    count_retry(retry_num, retry_reason.as_deref());
+    count_retry(retry_num, retry_reason);
     let receipt = build_receipt(
         &cb,
         ReceiptMeta {
             id: Uuid::now_v7(),
             installation_id,
             retry_num,
-            retry_reason,
+            retry_reason: retry_reason.map(str::to_owned),
             received_at_unix_ms: now_unix_ms(),
         },
     );
@@ -260,11 +348,11 @@ async fn accept(app: &AppState, headers: &HeaderMap, cb: EventCallback) -> (Answ
     }
 }
 
-fn count_retry(retry_num: i32, retry_reason: Option<&str>) {
+fn count_retry(retry_num: i32, retry_reason: Option<&'static str>) {
     if retry_num > 0 {
         metrics::counter!(
             "threadline_gateway_slack_retries_total",
-            "reason" => retry_reason.unwrap_or("unspecified").to_owned()
+            "reason" => retry_reason.unwrap_or("unspecified")
         )
         .increment(1);
     }
@@ -295,7 +383,7 @@ async fn accept_unparsed(
     // The parser's message names fields, never values.
     tracing::warn!(reason, error = %error, "signed delivery does not parse; held as unparsed");
     let (retry_num, retry_reason) = retry_headers(headers);
-    count_retry(retry_num, retry_reason.as_deref());
+    count_retry(retry_num, retry_reason);
     let key = identity.installation_key();
     let receipt = NewReceipt {
         id: Uuid::now_v7(),
@@ -318,7 +406,7 @@ async fn accept_unparsed(
         thread_ts: None,
         event_time: identity.event_time,
         retry_num,
-        retry_reason,
+        retry_reason: retry_reason.map(str::to_owned),
         msg_id: String::new(),
         payload: Vec::new(),
         traceparent: None,
@@ -434,7 +522,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn retry_headers_are_bounded_and_sanitised() {
+    fn retry_headers_are_bounded_and_mapped_to_slacks_reasons() {
         let mut h = HeaderMap::new();
         assert_eq!(retry_headers(&h), (0, None));
         h.insert("x-slack-retry-num", HeaderValue::from_static("2"));
@@ -442,10 +530,19 @@ mod tests {
             "x-slack-retry-reason",
             HeaderValue::from_static("http_timeout"),
         );
-        assert_eq!(retry_headers(&h), (2, Some("http_timeout".into())));
+        assert_eq!(retry_headers(&h), (2, Some("http_timeout")));
+        for reason in RETRY_REASONS {
+            h.insert("x-slack-retry-reason", HeaderValue::from_static(reason));
+            assert_eq!(retry_headers(&h).1, Some(reason));
+        }
         h.insert("x-slack-retry-num", HeaderValue::from_static("-1"));
         h.insert("x-slack-retry-reason", HeaderValue::from_static("<script>"));
-        assert_eq!(retry_headers(&h), (0, Some("script".into())));
+        assert_eq!(retry_headers(&h), (0, Some("other")));
+        h.insert(
+            "x-slack-retry-reason",
+            HeaderValue::from_static("http_timeout_2"),
+        );
+        assert_eq!(retry_headers(&h).1, Some("other"));
     }
 
     #[test]

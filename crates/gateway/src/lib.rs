@@ -7,19 +7,22 @@ pub mod config;
 pub mod events;
 pub mod installations;
 pub mod intake;
+pub mod listener;
 pub mod oauth;
+pub mod page;
+pub mod ratelimit;
 pub mod relay;
 pub mod unparsed;
+pub mod unverified;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
+use axum::response::Response;
 use axum::routing::{get, post};
-use axum::serve::ListenerExt as _;
 use sqlx::PgPool;
 use threadline_runtime::bus::Topology;
 use threadline_runtime::health::{self, Readiness};
@@ -40,16 +43,16 @@ pub struct AppState {
     pub intake: Intake,
     pub resolver: Arc<Resolver>,
     pub pool: PgPool,
+    /// Larger bodies get 413 (`THREADLINE_GATEWAY_MAX_BODY_BYTES`).
+    pub max_body_bytes: usize,
+    /// Bytes of bodies not yet verified that may be in memory at once.
+    pub unverified: unverified::Budget,
 }
 
 /// The gateway's routes: Slack intake, the OAuth install flow (when
-/// configured), health, readiness and metrics.
-pub fn router(
-    state: AppState,
-    oauth: Option<oauth::OAuthState>,
-    readiness: Readiness,
-    max_body_bytes: usize,
-) -> Router {
+/// configured), health, readiness and metrics. Every answer carries the
+/// headers of [`page::secure_headers`].
+pub fn router(state: AppState, oauth: Option<oauth::OAuthState>, readiness: Readiness) -> Router {
     let install = match oauth {
         Some(o) => Router::new()
             .route("/slack/install", get(oauth::install))
@@ -67,7 +70,6 @@ pub fn router(
     };
     Router::new()
         .route("/slack/events", post(events::slack_events))
-        .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
         .merge(install)
         .merge(health::router(readiness))
@@ -86,6 +88,12 @@ pub fn router(
                 }
             }),
         )
+        .layer(axum::middleware::map_response(
+            |mut resp: Response| async move {
+                page::secure_headers(resp.headers_mut());
+                resp
+            },
+        ))
 }
 
 /// Runs the gateway on `listener` until `shutdown`: HTTP drains first, then
@@ -127,6 +135,8 @@ pub async fn run(
         intake,
         resolver: Arc::new(Resolver::new(pool.clone(), cfg.installation_cache_ttl)),
         pool: pool.clone(),
+        max_body_bytes: cfg.max_body_bytes,
+        unverified: unverified::Budget::new(cfg.unverified_bytes),
     };
     let readiness = Readiness::default()
         .postgres(pool.clone())
@@ -142,19 +152,23 @@ pub async fn run(
                 )
                 .context("building the Slack client")?,
             }),
+            limiter: Arc::new(ratelimit::Limiter::new(
+                o.install_rate_per_minute,
+                o.install_rate_per_client_per_minute,
+            )),
+            trust_forwarded_for: cfg.trust_forwarded_for,
         }),
         None => None,
     };
-    let app = router(state, oauth, readiness, cfg.max_body_bytes);
-    tracing::info!(addr = %listener.local_addr()?, relay = cfg.relay_enabled, "gateway listening");
-    // Small request/response pairs: disable Nagle, or acks wait on delayed ACKs.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-        .context("serving HTTP")?;
+    let app = router(state, oauth, readiness);
+    let cap = crate::listener::effective_cap(&cfg.connections, cfg.common.db_max_connections);
+    tracing::info!(
+        addr = %listener.local_addr()?,
+        relay = cfg.relay_enabled,
+        max_connections = cap,
+        "gateway listening"
+    );
+    crate::listener::serve(listener, app, cfg.connections, cap, shutdown).await;
 
     while writers.join_next().await.is_some() {}
     relay_stop.cancel();

@@ -3,12 +3,17 @@
 //! single use, expires, and is bound to the browser by a cookie;
 //! `GET /slack/oauth/callback` checks all of that, exchanges the code, and
 //! stores the installation with its tokens sealed.
+//!
+//! Install links are anonymous and each stores a state row, so they are
+//! rate limited (overall and per client address, 429 with `Retry-After`)
+//! and every new state deletes those past their validity.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::{ConnectInfo, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use secrecy::{ExposeSecret as _, SecretString};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -17,6 +22,8 @@ use threadline_runtime::installations::{Registration, register};
 use threadline_slack::WebClient;
 
 use crate::config::OAuthSettings;
+use crate::page::page;
+use crate::ratelimit::Limiter;
 
 /// Least privilege for what threadline does: read mentions and the threads
 /// it answers in, post replies.
@@ -32,6 +39,10 @@ pub struct OAuth {
 pub struct OAuthState {
     pub pool: PgPool,
     pub oauth: Arc<OAuth>,
+    /// Install links handed out (see `THREADLINE_INSTALL_RATE_*`).
+    pub limiter: Arc<Limiter>,
+    /// Take the client's address from `X-Forwarded-For`.
+    pub trust_forwarded_for: bool,
 }
 
 fn digest(s: &str) -> String {
@@ -46,31 +57,75 @@ fn random() -> String {
     )
 }
 
-fn page(status: StatusCode, title: &str, body: &str) -> Response {
-    let html = format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title></head>\
-         <body style=\"font-family: sans-serif; max-width: 40em; margin: 4em auto\"><h1>{title}</h1><p>{body}</p></body></html>"
-    );
-    (status, Html(html)).into_response()
+/// The address a request came from: the peer, or with
+/// `trust_forwarded_for` the last `X-Forwarded-For` entry (the one the
+/// proxy in front wrote; earlier ones are the client's own claims).
+fn client_address(req: &Request, trust_forwarded_for: bool) -> IpAddr {
+    let forwarded = trust_forwarded_for
+        .then(|| {
+            req.headers()
+                .get_all("x-forwarded-for")
+                .iter()
+                .next_back()?
+                .to_str()
+                .ok()?
+                .rsplit(',')
+                .next()?
+                .trim()
+                .parse::<IpAddr>()
+                .ok()
+        })
+        .flatten();
+    forwarded
+        .or_else(|| {
+            req.extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0.ip())
+        })
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }
 
-pub async fn install(State(s): State<OAuthState>) -> Response {
+pub async fn install(State(s): State<OAuthState>, req: Request) -> Response {
+    if let Err((why, wait)) = s.limiter.check(client_address(&req, s.trust_forwarded_for)) {
+        metrics::counter!("threadline_oauth_installs_limited_total", "limit" => why.label())
+            .increment(1);
+        let mut resp = page(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many installation attempts",
+            "Wait a moment, then start again from /slack/install.",
+        );
+        let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        return resp;
+    }
     let (state, browser) = (random(), random());
-    let r = sqlx::query(
-        "INSERT INTO oauth_states (state_hash, browser_hash, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3))",
+    // States past their validity go as each new one is written.
+    let r = sqlx::query_scalar::<_, i64>(
+        "WITH purged AS (DELETE FROM oauth_states WHERE expires_at <= now() RETURNING 1)
+         INSERT INTO oauth_states (state_hash, browser_hash, expires_at)
+              VALUES ($1, $2, now() + make_interval(secs => $3))
+           RETURNING (SELECT count(*) FROM purged)",
     )
     .bind(digest(&state))
     .bind(digest(&browser))
     .bind(s.oauth.settings.state_ttl.as_secs_f64())
-    .execute(&s.pool)
+    .fetch_one(&s.pool)
     .await;
-    if let Err(e) = r {
-        tracing::error!(error = %e, "could not start an installation");
-        return page(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "Try again in a moment",
-            "threadline could not start the installation.",
-        );
+    match r {
+        Ok(purged) => {
+            if purged > 0 {
+                metrics::counter!("threadline_oauth_states_purged_total").increment(purged as u64);
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "could not start an installation");
+            return page(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Try again in a moment",
+                "threadline could not start the installation.",
+            );
+        }
     }
     let query = serde_urlencoded::to_string([
         ("client_id", s.oauth.settings.client_id.as_str()),
