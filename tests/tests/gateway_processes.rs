@@ -823,7 +823,7 @@ async fn policy_commands_change_what_may_trigger() {
     assert_eq!(after["approved_bots"], json!(["B0OTHER"]));
     assert_eq!(
         after["channels"],
-        json!([{"channel": "C0OPS", "mode": "keywords", "keywords": ["incident", "outage"], "allowed": false}])
+        json!([{"channel": "C0OPS", "mode": "keywords", "keywords": ["incident", "outage"], "allowed": false, "unfurl": null}])
     );
     // The allow-list: one private channel admitted by name, the keywords
     // channel listed without losing its mode, and answers only there.
@@ -875,8 +875,8 @@ async fn policy_commands_change_what_may_trigger() {
     assert_eq!(
         listed["channels"],
         json!([
-            {"channel": "C0OPS", "mode": "keywords", "keywords": ["incident", "outage"], "allowed": true},
-            {"channel": "G0PRIV", "mode": "mentions", "keywords": [], "allowed": true},
+            {"channel": "C0OPS", "mode": "keywords", "keywords": ["incident", "outage"], "allowed": true, "unfurl": null},
+            {"channel": "G0PRIV", "mode": "mentions", "keywords": [], "allowed": true, "unfurl": null},
         ])
     );
 }
