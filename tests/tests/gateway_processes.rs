@@ -1119,3 +1119,41 @@ async fn a_kill_switch_for_an_unknown_feature_is_refused_with_the_known_ones() {
             .expect("switches");
     assert_eq!(engaged, ["replies", "tools"]);
 }
+
+/// The public gateway without the relay (per-role NATS users) never touches
+/// the bus: with the broker unreachable it is ready and acknowledges signed
+/// deliveries into the outbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_that_does_not_relay_is_ready_without_the_broker() {
+    let db = TestDb::new().await;
+    seed_installation(&db.pool, "A0NR", "T0NR").await;
+    let prefix = unique_prefix();
+    let dead_nats = format!("nats://127.0.0.1:{}", free_port());
+    let mut env = gateway_env(&db, &prefix, dead_nats);
+    env.push(("THREADLINE_RELAY_ENABLED", "false".to_owned()));
+    let gw = spawn_gateway(&env).await;
+    let client = reqwest::Client::new();
+    let ready = client
+        .get(format!("{}/readyz", gw.base_url))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(
+        ready.status(),
+        200,
+        "{}",
+        ready.text().await.unwrap_or_default()
+    );
+    let r = deliver(
+        &client,
+        &gw.events_url(),
+        TEST_SECRET,
+        &event("A0NR", "T0NR", "Ev0NR1"),
+        None,
+    )
+    .await
+    .expect("delivery");
+    assert_eq!(r.status(), 200);
+    assert_eq!(pending(&db).await, 1, "in the outbox, for the relay");
+    assert!(gw.terminate().await.success());
+}

@@ -107,11 +107,19 @@ pub async fn run(
     if !threadline_runtime::service::schema_checked(&pool, &shutdown).await? {
         return Ok(());
     }
-    let nats = threadline_runtime::bus::connect(&cfg.common.nats_url, "threadline-gateway").await?;
+    // Only the relay uses the bus: a gateway that does not relay (the public
+    // one, under per-role NATS users) neither connects nor waits for NATS
+    // to be ready, so a broker outage does not take intake out of service.
+    let nats = match cfg.relay_enabled {
+        true => Some(
+            threadline_runtime::bus::connect(&cfg.common.nats_url, "threadline-gateway").await?,
+        ),
+        false => None,
+    };
     let verifier = Verifier::new(cfg.signing_secrets.0.clone()).context("SLACK_SIGNING_SECRET")?;
 
     let relay_stop = CancellationToken::new();
-    let relay = cfg.relay_enabled.then(|| {
+    let relay = nats.as_ref().map(|nats| {
         let relay = Relay::new(
             pool.clone(),
             async_nats::jetstream::new(nats.clone()),
@@ -138,9 +146,10 @@ pub async fn run(
         max_body_bytes: cfg.max_body_bytes,
         unverified: unverified::Budget::new(cfg.unverified_bytes),
     };
-    let readiness = Readiness::default()
-        .postgres(pool.clone())
-        .nats(nats.clone());
+    let mut readiness = Readiness::default().postgres(pool.clone());
+    if let Some(nats) = &nats {
+        readiness = readiness.nats(nats.clone());
+    }
     let oauth = match &cfg.oauth {
         Some(o) => Some(oauth::OAuthState {
             pool: pool.clone(),
@@ -175,7 +184,9 @@ pub async fn run(
     if let Some(handle) = relay {
         let _ = handle.await;
     }
-    let _ = nats.flush().await;
+    if let Some(nats) = &nats {
+        let _ = nats.flush().await;
+    }
     pool.close().await;
     tracing::info!("gateway stopped");
     Ok(())
