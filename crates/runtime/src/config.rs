@@ -337,7 +337,8 @@ impl CommonConfig {
                 })
                 .transpose()?
                 .map(std::sync::Arc::new),
-            tenant_share_percent: src.bounded("THREADLINE_TENANT_SHARE_PERCENT", 50, 1..=100)? as u8,
+            tenant_share_percent: src.bounded("THREADLINE_TENANT_SHARE_PERCENT", 50, 1..=100)?
+                as u8,
         })
     }
 }
