@@ -735,3 +735,80 @@ async fn bad_signature_headers_are_refused_before_the_body_arrives() {
     }
     assert!(gw.terminate().await.success());
 }
+
+/// Bodies that declare a megabyte and then stall (heads that pass the
+/// header check with a fresh timestamp and any well-formed signature):
+/// they cannot spend the part of the budget kept for small bodies, so a
+/// signed delivery is still accepted while they are held, and each is cut
+/// with 408 at its deadline, freeing its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_that_stall_neither_starve_signed_deliveries_nor_hold_the_budget() {
+    let db = TestDb::new().await;
+    seed_installation(&db.pool, APP, TEAM).await;
+    let gw = spawn_gateway(&with(
+        base_env(&db),
+        &[("THREADLINE_GATEWAY_BODY_TIMEOUT_MS", "3000")],
+    ))
+    .await;
+    let mut stalled = Vec::new();
+    for _ in 0..8 {
+        let mut s = TcpStream::connect(addr(&gw)).await.expect("connect");
+        s.write_all(
+            format!(
+                "POST /slack/events HTTP/1.1\r\nHost: gateway\r\ncontent-type: application/json\r\ncontent-length: 1048576\r\nx-slack-request-timestamp: {}\r\nx-slack-signature: v0={}\r\n\r\n{{",
+                now_unix(),
+                "ab".repeat(32)
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("head");
+        stalled.push(s);
+    }
+    // The stalled bodies have taken what they may of the budget (the large
+    // part: six of them; the other two are refused with 503).
+    let client = reqwest::Client::new();
+    let r = deliver(
+        &client,
+        &gw.events_url(),
+        TEST_SECRET,
+        &event("Ev0STALL"),
+        None,
+    )
+    .await
+    .expect("delivery");
+    assert_eq!(
+        r.status(),
+        200,
+        "a signed delivery while large bodies stall"
+    );
+    // Every stalled body gets its answer (408 at the deadline, or 503 if it
+    // found the budget spent), never a wait for the whole request timeout.
+    let mut answers = Vec::new();
+    for mut s in stalled {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        let _ = tokio::time::timeout(Duration::from_secs(30), async {
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+        answers.push(head.split(' ').nth(1).unwrap_or("none").to_owned());
+    }
+    assert_eq!(
+        answers.iter().filter(|a| *a == "408").count(),
+        6,
+        "each stalled body that held a share is cut at its deadline: {answers:?}"
+    );
+    assert!(
+        answers.iter().all(|a| a == "408" || a == "503"),
+        "{answers:?}"
+    );
+    assert_eq!(receipts(&db).await, 1);
+    assert!(gw.terminate().await.success());
+}

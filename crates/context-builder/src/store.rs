@@ -279,7 +279,8 @@ pub async fn disable(pool: &PgPool, inst: Uuid, reason: &str) -> sqlx::Result<()
     sqlx::query(
         "UPDATE installations
             SET status = 'disabled', disabled_reason = $2, bot_token_sealed = NULL, bot_token_key_id = NULL,
-                refresh_token_sealed = NULL, refresh_token_key_id = NULL, updated_at = now()
+                refresh_token_sealed = NULL, refresh_token_key_id = NULL, refresh_lease_until = NULL,
+                refresh_lease_holder = NULL, refresh_unknown_since = NULL, updated_at = now()
           WHERE id = $1",
     )
     .bind(inst)

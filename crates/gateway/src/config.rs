@@ -32,6 +32,11 @@ pub struct GatewayConfig {
     /// deliveries are a few KiB, so 8 MiB holds about a thousand of them, or
     /// eight of the largest, while an unsigned flood costs at most 8 MiB.
     pub unverified_bytes: usize,
+    /// `THREADLINE_GATEWAY_BODY_TIMEOUT_MS`, default 5000: how long a
+    /// delivery's body may take to arrive after its head (Slack sends it at
+    /// once); a slower one is refused with 408 and its share of the
+    /// unverified budget freed.
+    pub body_timeout: std::time::Duration,
     /// Limits on the listener's connections.
     pub connections: ConnectionLimits,
     /// `THREADLINE_GATEWAY_TRUST_FORWARDED_FOR`, default false: take the
@@ -202,6 +207,7 @@ impl GatewayConfig {
             signing_secrets: SigningSecrets(secrets),
             max_body_bytes,
             unverified_bytes,
+            body_timeout: src.millis("THREADLINE_GATEWAY_BODY_TIMEOUT_MS", 5_000, 100..=60_000)?,
             connections: ConnectionLimits {
                 header_timeout: src.millis(
                     "THREADLINE_GATEWAY_HEADER_TIMEOUT_MS",

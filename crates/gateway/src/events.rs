@@ -110,9 +110,15 @@ async fn receive(
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return Err((Answer::Busy, resp));
     };
-    let body = match crate::unverified::read(body, limit, declared).await {
+    let body = match crate::unverified::read(body, limit, declared, app.body_timeout).await {
         Ok(body) => body,
         Err(ReadError::TooLarge) => return Err(too_large()),
+        Err(ReadError::Slow) => {
+            return Err((
+                Answer::Rejected("body_timeout"),
+                StatusCode::REQUEST_TIMEOUT.into_response(),
+            ));
+        }
         Err(ReadError::Broken) => {
             return Err((
                 Answer::Rejected("body_unreadable"),

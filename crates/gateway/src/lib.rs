@@ -45,6 +45,8 @@ pub struct AppState {
     pub pool: PgPool,
     /// Larger bodies get 413 (`THREADLINE_GATEWAY_MAX_BODY_BYTES`).
     pub max_body_bytes: usize,
+    /// How long a body may take to arrive once its head has.
+    pub body_timeout: Duration,
     /// Bytes of bodies not yet verified that may be in memory at once.
     pub unverified: unverified::Budget,
 }
@@ -144,7 +146,8 @@ pub async fn run(
         resolver: Arc::new(Resolver::new(pool.clone(), cfg.installation_cache_ttl)),
         pool: pool.clone(),
         max_body_bytes: cfg.max_body_bytes,
-        unverified: unverified::Budget::new(cfg.unverified_bytes),
+        unverified: unverified::Budget::new(cfg.unverified_bytes, cfg.max_body_bytes),
+        body_timeout: cfg.body_timeout,
     };
     let mut readiness = Readiness::default().postgres(pool.clone());
     if let Some(nats) = &nats {

@@ -189,10 +189,6 @@ impl Conn {
         let s = self.state();
         s.evicted.then_some(s.phase != Phase::Busy)
     }
-
-    fn busy(&self) -> bool {
-        self.state().phase == Phase::Busy
-    }
 }
 
 /// Every open connection, to choose one to evict.
@@ -461,10 +457,11 @@ async fn connection(
                 _ => {}
             },
             () = shutdown.cancelled(), if !draining => {
+                // Let hyper close it: an idle connection at once, one whose
+                // answer is still being written once it is out (the
+                // request guard is gone before the answer is written, so
+                // "not busy" is no proof that nothing is in flight).
                 draining = true;
-                if !conn.busy() {
-                    return;
-                }
                 served.as_mut().graceful_shutdown();
             }
         }

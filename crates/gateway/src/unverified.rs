@@ -5,7 +5,11 @@
 //! it declares none) before its body is read, and gives it back once the
 //! signature is checked. When the budget is spent the delivery is refused
 //! unread with 503 (Slack retries), so a flood of unsigned bodies costs at
-//! most the budget, never a copy of each.
+//! most the budget, never a copy of each. A quarter of the budget (at most
+//! what the largest body leaves) is kept for bodies of at most
+//! [`SMALL_BODY`] bytes, which Slack's deliveries are: bodies that declare
+//! themselves large cannot spend it. A body must arrive within a deadline,
+//! so a stalled one holds its share only that long.
 
 use std::sync::Arc;
 
@@ -14,9 +18,15 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+/// Bodies up to this size may use the part of the budget kept for them.
+pub const SMALL_BODY: usize = 64 << 10;
+
 #[derive(Debug, Clone)]
 pub struct Budget {
-    bytes: Arc<Semaphore>,
+    /// For bodies of at most [`SMALL_BODY`] bytes only.
+    small: Arc<Semaphore>,
+    /// For any body.
+    any: Arc<Semaphore>,
     total: usize,
 }
 
@@ -35,9 +45,13 @@ impl Drop for Share {
 }
 
 impl Budget {
-    pub fn new(total: usize) -> Self {
+    /// `total` bytes, of which a part that still leaves room for one body
+    /// of `largest` bytes (at most a quarter) is kept for small bodies.
+    pub fn new(total: usize, largest: usize) -> Self {
+        let small = (total / 4).min(total.saturating_sub(largest));
         Self {
-            bytes: Arc::new(Semaphore::new(total)),
+            small: Arc::new(Semaphore::new(small)),
+            any: Arc::new(Semaphore::new(total - small)),
             total,
         }
     }
@@ -45,7 +59,13 @@ impl Budget {
     /// `bytes` of the budget, or `None` when that much is not free now.
     pub fn try_reserve(&self, bytes: usize) -> Option<Share> {
         let n = u32::try_from(bytes).ok()?;
-        let permit = self.bytes.clone().try_acquire_many_owned(n).ok()?;
+        let small = (bytes <= SMALL_BODY)
+            .then(|| self.small.clone().try_acquire_many_owned(n).ok())
+            .flatten();
+        let permit = match small {
+            Some(p) => p,
+            None => self.any.clone().try_acquire_many_owned(n).ok()?,
+        };
         self.report();
         Some(Share {
             permit: Some(permit),
@@ -54,7 +74,8 @@ impl Budget {
     }
 
     fn report(&self) {
-        let in_use = self.total.saturating_sub(self.bytes.available_permits());
+        let free = self.small.available_permits() + self.any.available_permits();
+        let in_use = self.total.saturating_sub(free);
         metrics::gauge!("threadline_gateway_unverified_bytes").set(in_use as f64);
     }
 }
@@ -65,11 +86,24 @@ pub enum ReadError {
     TooLarge,
     /// The body ended early or the connection failed.
     Broken,
+    /// The body did not arrive within its deadline.
+    Slow,
 }
 
-/// Reads `body` whole, stopping as soon as it exceeds `limit` bytes.
-/// `expected` (the declared length) sizes the buffer once.
-pub async fn read(body: Body, limit: usize, expected: Option<usize>) -> Result<Bytes, ReadError> {
+/// Reads `body` whole within `deadline`, stopping as soon as it exceeds
+/// `limit` bytes. `expected` (the declared length) sizes the buffer once.
+pub async fn read(
+    body: Body,
+    limit: usize,
+    expected: Option<usize>,
+    deadline: std::time::Duration,
+) -> Result<Bytes, ReadError> {
+    tokio::time::timeout(deadline, read_all(body, limit, expected))
+        .await
+        .unwrap_or(Err(ReadError::Slow))
+}
+
+async fn read_all(body: Body, limit: usize, expected: Option<usize>) -> Result<Bytes, ReadError> {
     let mut chunks = body.into_data_stream();
     let mut first: Option<Bytes> = None;
     let mut joined: Option<BytesMut> = None;
@@ -84,7 +118,10 @@ pub async fn read(body: Body, limit: usize, expected: Option<usize>) -> Result<B
             (Some(buf), _) => buf.extend_from_slice(&chunk),
             (None, None) => first = Some(chunk),
             (None, Some(head)) => {
-                let mut buf = BytesMut::with_capacity(expected.unwrap_or(0).clamp(total, limit));
+                // Sized once to the share reserved for it (the declared
+                // length, else the limit), so it never grows past it.
+                let mut buf =
+                    BytesMut::with_capacity(expected.unwrap_or(limit).clamp(total, limit));
                 buf.extend_from_slice(&head);
                 buf.extend_from_slice(&chunk);
                 joined = Some(buf);
@@ -110,23 +147,56 @@ mod tests {
     #[tokio::test]
     async fn a_body_is_read_whole_within_its_limit() {
         assert_eq!(
-            read(chunked(&[b"ab", b"cd", b"e"]), 5, Some(5)).await,
+            read(chunked(&[b"ab", b"cd", b"e"]), 5, Some(5), SECOND).await,
             Ok(Bytes::from_static(b"abcde"))
         );
         assert_eq!(
-            read(chunked(&[b"abc"]), 5, None).await,
+            read(chunked(&[b"abc"]), 5, None, SECOND).await,
             Ok(Bytes::from_static(b"abc"))
         );
-        assert_eq!(read(chunked(&[]), 5, None).await, Ok(Bytes::new()));
+        assert_eq!(read(chunked(&[]), 5, None, SECOND).await, Ok(Bytes::new()));
         assert_eq!(
-            read(chunked(&[b"abc", b"def"]), 5, Some(5)).await,
+            read(chunked(&[b"abc", b"def"]), 5, Some(5), SECOND).await,
             Err(ReadError::TooLarge)
         );
     }
 
+    const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
+
+    #[tokio::test]
+    async fn a_body_that_stalls_is_cut_at_its_deadline() {
+        let stalled = Body::from_stream(
+            futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(b"ab"))])
+                .chain(futures::stream::pending()),
+        );
+        assert_eq!(
+            read(stalled, 5, Some(5), std::time::Duration::from_millis(50)).await,
+            Err(ReadError::Slow)
+        );
+    }
+
+    #[test]
+    fn large_bodies_cannot_spend_the_part_kept_for_small_ones() {
+        // 8 MiB with bodies up to 1 MiB: 2 MiB kept for small bodies.
+        let b = Budget::new(8 << 20, 1 << 20);
+        let large: Vec<Share> = (0..6)
+            .map(|_| b.try_reserve(1 << 20).expect("fits"))
+            .collect();
+        assert!(b.try_reserve(1 << 20).is_none(), "no seventh large body");
+        let small: Vec<Share> = (0..32)
+            .map(|_| b.try_reserve(64 << 10).expect("kept for small"))
+            .collect();
+        assert!(b.try_reserve(4 << 10).is_none(), "all spent now");
+        drop(large);
+        drop(small);
+        // A budget of exactly one largest body keeps nothing aside.
+        let tight = Budget::new(1 << 20, 1 << 20);
+        assert!(tight.try_reserve(1 << 20).is_some());
+    }
+
     #[test]
     fn the_budget_is_shared_and_given_back() {
-        let b = Budget::new(10);
+        let b = Budget::new(10, 10);
         let six = b.try_reserve(6).expect("fits");
         assert!(b.try_reserve(5).is_none(), "only 4 left");
         let four = b.try_reserve(4).expect("fits");

@@ -287,6 +287,11 @@ pub fn open(
         .ok_or_else(|| ReplayError::Unknown(mark.clone().unwrap_or_default()))?;
     match kept {
         Kept::Whole if mark.is_none() && !legacy => Err(ReplayError::Legacy),
+        // Workers keep only a Reconsider whole; any other "whole" letter
+        // was not written by a worker.
+        Kept::Whole if mark.is_some() && topic != Topic::Reconsider => {
+            Err(ReplayError::Unknown("whole".into()))
+        }
         Kept::Whole => Ok((subject, Bytes::copy_from_slice(payload))),
         // The publisher posts what the decision row holds: a proposal
         // without its text is still the whole instruction.
@@ -570,5 +575,12 @@ mod tests {
             Err(ReplayError::Misplaced { .. })
         ));
         assert!(open("tl.dlq.contexts", &h, &body, Some(&k), false).is_ok());
+        // An unsealed context marked whole is not what a worker writes.
+        let (mut h, _) = letter(Topic::Contexts, "tl.contexts", None, &context(), "x", None);
+        h.insert(PAYLOAD, "whole");
+        assert!(matches!(
+            open("tl.dlq.contexts", &h, &context(), None, false),
+            Err(ReplayError::Unknown(_))
+        ));
     }
 }

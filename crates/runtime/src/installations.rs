@@ -75,6 +75,7 @@ pub async fn register(
         "UPDATE installations
             SET bot_token_sealed = $2, bot_token_key_id = $3, refresh_token_sealed = $4, refresh_token_key_id = $5,
                 token_expires_at = CASE WHEN $6::bigint IS NULL THEN NULL ELSE now() + make_interval(secs => $6::bigint) END,
+                refresh_lease_until = NULL, refresh_lease_holder = NULL, refresh_unknown_since = NULL,
                 updated_at = now()
           WHERE id = $1",
     )

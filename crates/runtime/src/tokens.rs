@@ -202,7 +202,15 @@ pub async fn bot_token(
                 refresh_key,
                 unknown_before,
             };
-            return refresh_leased(pool, cipher, refresher, inst, current, lease, expires_in).await;
+            let holder = lease.holder;
+            let outcome =
+                refresh_leased(pool, cipher, refresher, inst, current, lease, expires_in).await;
+            if outcome.is_err() {
+                // Whatever failed, the lease is not left to run out (its
+                // holder's bookkeeping is done where the outcome is known).
+                give_back_holder(pool, inst, holder, false).await;
+            }
+            return outcome;
         }
         // Someone else is refreshing (or just did: the next read shows it):
         // a token that is still valid serves meanwhile; an expired one
@@ -236,6 +244,10 @@ struct Lease {
 /// Gives the lease back after an exchange that changed nothing stored;
 /// `unknown` records that Slack may have spent the refresh token.
 async fn give_back(pool: &PgPool, inst: Uuid, lease: &Lease, unknown: bool) {
+    give_back_holder(pool, inst, lease.holder, unknown).await;
+}
+
+async fn give_back_holder(pool: &PgPool, inst: Uuid, holder: Uuid, unknown: bool) {
     let r = sqlx::query(
         "UPDATE installations
             SET refresh_lease_until = NULL, refresh_lease_holder = NULL,
@@ -244,7 +256,7 @@ async fn give_back(pool: &PgPool, inst: Uuid, lease: &Lease, unknown: bool) {
           WHERE id = $1 AND refresh_lease_holder = $2",
     )
     .bind(inst)
-    .bind(lease.holder)
+    .bind(holder)
     .bind(unknown)
     .execute(pool)
     .await;
@@ -379,11 +391,25 @@ async fn refresh_leased(
         .get("expires_in")
         .and_then(serde_json::Value::as_i64)
         .unwrap_or(43_200);
-    let sealed = cipher.seal(token.expose_secret().as_bytes(), &token_aad(&inst, "bot"))?;
-    let sealed_refresh = cipher.seal(
-        new_refresh.expose_secret().as_bytes(),
-        &token_aad(&inst, "refresh"),
-    )?;
+    // From here Slack has spent the old refresh token: a failure leaves its
+    // fate recorded as unknown.
+    let sealed = cipher
+        .seal(token.expose_secret().as_bytes(), &token_aad(&inst, "bot"))
+        .and_then(|bot| {
+            cipher
+                .seal(
+                    new_refresh.expose_secret().as_bytes(),
+                    &token_aad(&inst, "refresh"),
+                )
+                .map(|refresh| (bot, refresh))
+        });
+    let (sealed, sealed_refresh) = match sealed {
+        Ok(s) => s,
+        Err(e) => {
+            give_back(pool, inst, &lease, true).await;
+            return Err(e.into());
+        }
+    };
     // Slack has spent the old refresh token: the new ones must be stored,
     // so a database blip here is retried rather than losing them (the
     // lease keeps everyone else from exchanging the spent token meanwhile).
@@ -411,9 +437,21 @@ async fn refresh_leased(
                 attempt += 1;
                 tracing::warn!(error = %e, installation_id = %inst, attempt, "storing refreshed tokens failed; retrying");
                 tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                // Keep the lease while retrying, so nobody exchanges the
+                // spent token meanwhile.
+                let _ = sqlx::query(
+                    "UPDATE installations SET refresh_lease_until = now() + make_interval(secs => $3)
+                      WHERE id = $1 AND refresh_lease_holder = $2",
+                )
+                .bind(inst)
+                .bind(lease.holder)
+                .bind(LEASE_SECS)
+                .execute(pool)
+                .await;
             }
             Err(e) => {
                 tracing::error!(alert = "refreshed_tokens_lost", installation_id = %inst, error = %e, "refreshed tokens could not be stored");
+                give_back(pool, inst, &lease, true).await;
                 return Err(e.into());
             }
         }
@@ -423,6 +461,7 @@ async fn refresh_leased(
         Ok(Some(token))
     } else {
         // A reinstall replaced the tokens meanwhile: those stand.
+        give_back(pool, inst, &lease, false).await;
         Box::pin(bot_token(pool, cipher, None, inst)).await
     }
 }

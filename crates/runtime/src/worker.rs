@@ -257,7 +257,16 @@ where
         shutdown.clone(),
     );
     let handler = Arc::new(handler);
-    let messages = consumer.messages().await.context("pulling messages")?;
+    // Pull in batches of one slot's worth: what the client library holds
+    // beyond the read-ahead gets no in-progress acks, so it must stay
+    // small enough to reach the read-ahead well within the ack wait.
+    let messages = consumer
+        .stream()
+        .max_messages_per_batch(concurrency.max(1))
+        .heartbeat(Duration::from_secs(15))
+        .messages()
+        .await
+        .context("pulling messages")?;
     let dlq = DeadLetters {
         subject: topology.dead_letter_subject(topic),
         topic,
@@ -280,6 +289,7 @@ where
     let mut keepalive = tokio::time::interval(progress_every);
     keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut open = true;
+    let mut paused_until = tokio::time::Instant::now();
     loop {
         while running.len() < concurrency {
             let Some((tenant, msg)) = sched.next() else {
@@ -313,24 +323,27 @@ where
                     sched.finished(&tenant);
                 }
             }
-            next = messages.next(), if open && sched.queued < lookahead => match next {
-                Some(Ok(msg)) => {
-                    let tenant = crate::dead_letter::installation_of(topic, &msg.payload)
-                        .unwrap_or_default();
-                    sched.push(tenant, msg);
-                }
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "pulling a message failed");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                None => open = false,
-            },
             _ = keepalive.tick(), if sched.queued > 0 => {
                 // Read ahead, not started: still ours.
                 for msg in sched.queued() {
                     let _ = msg.ack_with(AckKind::Progress).await;
                 }
             }
+            () = tokio::time::sleep_until(paused_until), if paused_until > tokio::time::Instant::now() => {}
+            next = messages.next(), if open && sched.queued < lookahead && paused_until <= tokio::time::Instant::now() => match next {
+                Some(Ok(msg)) => {
+                    let tenant = crate::dead_letter::installation_of(topic, &msg.payload)
+                        .unwrap_or_default();
+                    sched.push(tenant, msg);
+                }
+                Some(Err(e)) => {
+                    // Pause reading, not the loop: completions and
+                    // keep-alives go on meanwhile.
+                    tracing::warn!(error = %e, "pulling a message failed");
+                    paused_until = tokio::time::Instant::now() + Duration::from_millis(500);
+                }
+                None => open = false,
+            },
         }
     }
     Ok(())
