@@ -461,16 +461,44 @@ pub async fn explain_from_records(
         .await
         .unwrap_or(None);
         if reason.is_none() {
+            let state = records_of(pool, &q.channel, &q.ts).await;
             v.push((
                 "unexplained_question",
                 format!(
-                    "question {} in thread {} of {} has no reply and no reason an operator can see",
+                    "question {} in thread {} of {} has no reply and no reason an operator can see; threadline holds: {state}",
                     q.ts, q.thread_ts, q.channel
                 ),
             ));
         }
     }
     v
+}
+
+/// What threadline's tables say about one message (receipts, turn,
+/// decisions, intents), for a violation's diagnosis.
+async fn records_of(pool: &sqlx::PgPool, channel: &str, ts: &str) -> String {
+    let rows: Vec<(String,)> = sqlx::query_as(
+        "SELECT 'receipt ' || r.event_type || '/' || coalesce(r.event_subtype, '') || ' ' || r.state || ':' || coalesce(r.state_reason, '-')
+           FROM event_receipts r WHERE r.channel_id = $1 AND r.message_ts = $2
+         UNION ALL
+         SELECT 'turn ' || coalesce(t.answered_at::text, 'unanswered') FROM turns t WHERE t.channel_id = $1 AND t.ts = $2
+         UNION ALL
+         SELECT 'decision v' || d.thread_version || ' ' || d.status || ':' || coalesce(d.status_reason, '-') || ' ' || d.created_at::text
+           FROM decisions d WHERE d.channel_id = $1 AND d.source_ts = $2
+         UNION ALL
+         SELECT 'intent ' || i.state || ':' || coalesce(i.error_code, '-') || ' attempts ' || i.attempts
+           FROM reply_intents i JOIN decisions d ON d.id = i.decision_id WHERE d.channel_id = $1 AND d.source_ts = $2",
+    )
+    .bind(channel)
+    .bind(ts)
+    .fetch_all(pool)
+    .await
+    .unwrap_or_else(|e| vec![(format!("(unreadable: {e})"),)]);
+    if rows.is_empty() {
+        "nothing".to_owned()
+    } else {
+        rows.into_iter().map(|(r,)| r).collect::<Vec<_>>().join("; ")
+    }
 }
 
 /// Another workspace of the same app on the emulator, registered with

@@ -766,7 +766,22 @@ async fn bodies_that_stall_neither_starve_signed_deliveries_nor_hold_the_budget(
         stalled.push(s);
     }
     // The stalled bodies have taken what they may of the budget (the large
-    // part: six of them; the other two are refused with 503).
+    // part: six of them; the other two are refused with 503) before the
+    // signed delivery is sent.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = |text: String| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("threadline_gateway_unverified_budget_refusals_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    while refused(metrics(&gw).await) < 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the stalled bodies never took the budget"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let client = reqwest::Client::new();
     let r = deliver(
         &client,

@@ -207,7 +207,8 @@ impl GatewayConfig {
             signing_secrets: SigningSecrets(secrets),
             max_body_bytes,
             unverified_bytes,
-            body_timeout: src.millis("THREADLINE_GATEWAY_BODY_TIMEOUT_MS", 5_000, 100..=60_000)?,
+            // Below the router's 10 s request timeout, or it would never fire.
+            body_timeout: src.millis("THREADLINE_GATEWAY_BODY_TIMEOUT_MS", 5_000, 100..=9_000)?,
             connections: ConnectionLimits {
                 header_timeout: src.millis(
                     "THREADLINE_GATEWAY_HEADER_TIMEOUT_MS",

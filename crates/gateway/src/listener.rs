@@ -314,7 +314,8 @@ impl Drop for InRequest {
 }
 
 /// Serves `app` on `listener` until `shutdown`, then lets requests under
-/// way finish (connections outside a request close at once) and returns.
+/// way finish (idle connections close at once, one still sending its head
+/// gets at most a second) and returns.
 /// Requests carry the peer address as `ConnectInfo<SocketAddr>`.
 pub async fn serve(
     listener: TcpListener,
@@ -421,8 +422,17 @@ async fn connection(
     });
     let mut served = pin!(http.serve_connection(io, service));
     let mut draining = false;
+    // Once draining: how long a connection outside a request may still take
+    // to finish its head or stay idle (hyper closes idle ones at once).
+    let mut drain_at: Option<Instant> = None;
+    let due = |conn: &Conn, drain_at: Option<Instant>| {
+        conn.deadline(&limits).map(|(at, why)| match drain_at {
+            Some(d) if d < at => (d, why),
+            _ => (at, why),
+        })
+    };
     loop {
-        let deadline = conn.deadline(&limits);
+        let deadline = due(&conn, drain_at);
         let expiry = async {
             match deadline {
                 Some((at, _)) => tokio::time::sleep_until(at).await,
@@ -438,7 +448,7 @@ async fn connection(
             }
             () = expiry => {
                 // Still the same deadline (nothing moved it meanwhile)?
-                if let Some((at, why)) = conn.deadline(&limits)
+                if let Some((at, why)) = due(&conn, drain_at)
                     && at <= Instant::now()
                 {
                     closed(why);
@@ -462,6 +472,7 @@ async fn connection(
                 // request guard is gone before the answer is written, so
                 // "not busy" is no proof that nothing is in flight).
                 draining = true;
+                drain_at = Some(Instant::now() + limits.header_timeout.min(Duration::from_secs(1)));
                 served.as_mut().graceful_shutdown();
             }
         }

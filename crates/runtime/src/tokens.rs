@@ -202,15 +202,7 @@ pub async fn bot_token(
                 refresh_key,
                 unknown_before,
             };
-            let holder = lease.holder;
-            let outcome =
-                refresh_leased(pool, cipher, refresher, inst, current, lease, expires_in).await;
-            if outcome.is_err() {
-                // Whatever failed, the lease is not left to run out (its
-                // holder's bookkeeping is done where the outcome is known).
-                give_back_holder(pool, inst, holder, false).await;
-            }
-            return outcome;
+            return refresh_leased(pool, cipher, refresher, inst, current, lease, expires_in).await;
         }
         // Someone else is refreshing (or just did: the next read shows it):
         // a token that is still valid serves meanwhile; an expired one
@@ -289,13 +281,19 @@ async fn refresh_leased(
     lease: Lease,
     expires_in: f64,
 ) -> anyhow::Result<Option<SecretString>> {
-    let refresh_token = cipher.open(
+    let refresh_token = match cipher.open(
         &Sealed {
             key_id: lease.refresh_key.clone(),
             bytes: lease.refresh.clone(),
         },
         &token_aad(&inst, "refresh"),
-    )?;
+    ) {
+        Ok(t) => t,
+        Err(e) => {
+            give_back(pool, inst, &lease, false).await;
+            return Err(e.into());
+        }
+    };
     let answer = refresher
         .web
         .oauth_v2_access(&[
@@ -350,7 +348,15 @@ async fn refresh_leased(
             .bind(&lease.refresh)
             .bind(reason)
             .execute(pool)
-            .await?;
+            .await;
+            let disabled = match disabled {
+                Ok(d) => d,
+                Err(e) => {
+                    // Not recorded: the next exchange is refused again.
+                    give_back(pool, inst, &lease, false).await;
+                    return Err(e.into());
+                }
+            };
             if disabled.rows_affected() == 0 {
                 // New tokens were stored meanwhile: use them.
                 give_back(pool, inst, &lease, false).await;
@@ -436,7 +442,6 @@ async fn refresh_leased(
             Err(e) if attempt < 6 => {
                 attempt += 1;
                 tracing::warn!(error = %e, installation_id = %inst, attempt, "storing refreshed tokens failed; retrying");
-                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
                 // Keep the lease while retrying, so nobody exchanges the
                 // spent token meanwhile.
                 let _ = sqlx::query(
@@ -448,6 +453,7 @@ async fn refresh_leased(
                 .bind(LEASE_SECS)
                 .execute(pool)
                 .await;
+                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
             }
             Err(e) => {
                 tracing::error!(alert = "refreshed_tokens_lost", installation_id = %inst, error = %e, "refreshed tokens could not be stored");
