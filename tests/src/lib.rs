@@ -497,7 +497,10 @@ async fn records_of(pool: &sqlx::PgPool, channel: &str, ts: &str) -> String {
     if rows.is_empty() {
         "nothing".to_owned()
     } else {
-        rows.into_iter().map(|(r,)| r).collect::<Vec<_>>().join("; ")
+        rows.into_iter()
+            .map(|(r,)| r)
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
 
