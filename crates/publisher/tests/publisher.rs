@@ -634,13 +634,13 @@ async fn a_refused_refresh_disables_the_installation_instead_of_looping() {
 async fn refused_client_credentials_disable_no_installation() {
     use secrecy::ExposeSecret as _;
     let env = Env::rotating().await;
-    let cipher = env.cipher();
     let wrong = threadline_runtime::tokens::Refresher {
         client_secret: "wrong-secret".to_owned().into(),
         ..env.refresher()
     };
     env.expire(5).await;
-    let err = threadline_runtime::tokens::bot_token(&env.db.pool, &cipher, Some(&wrong), env.inst)
+    let err = env
+        .bot_token(&wrong)
         .await
         .expect_err("an expired token and no refresh: an error");
     assert!(
@@ -657,15 +657,11 @@ async fn refused_client_credentials_disable_no_installation() {
         ("active".into(), None, true)
     );
     // Fixed, the same installation refreshes.
-    let t = threadline_runtime::tokens::bot_token(
-        &env.db.pool,
-        &cipher,
-        Some(&env.refresher()),
-        env.inst,
-    )
-    .await
-    .expect("refresh")
-    .expect("token");
+    let t = env
+        .bot_token(&env.refresher())
+        .await
+        .expect("refresh")
+        .expect("token");
     assert!(env.slack_accepts(t.expose_secret()).await);
     env.cleanup().await;
 }
@@ -1522,6 +1518,21 @@ impl Env {
         }
     }
 
+    /// The installation's bot token as a service would get it, refreshing
+    /// with `refresher` when it is due.
+    async fn bot_token(
+        &self,
+        refresher: &threadline_runtime::tokens::Refresher,
+    ) -> anyhow::Result<Option<secrecy::SecretString>> {
+        threadline_runtime::tokens::bot_token(
+            &self.db.pool,
+            &self.cipher(),
+            Some(refresher),
+            self.inst,
+        )
+        .await
+    }
+
     fn cipher(&self) -> TokenCipher {
         TokenCipher::parse(&self.keys.clone().into()).expect("keys")
     }
@@ -1644,11 +1655,11 @@ async fn concurrent_refreshes_across_replicas_make_one_exchange_and_share_its_to
         ("active".into(), None, true)
     );
     // The next need for the token (its new expiry far off) asks Slack nothing.
-    let again =
-        threadline_runtime::tokens::bot_token(&env.db.pool, &cipher, Some(&refresher), env.inst)
-            .await
-            .expect("token")
-            .expect("some");
+    let again = env
+        .bot_token(&refresher)
+        .await
+        .expect("token")
+        .expect("some");
     assert_eq!(again.expose_secret(), token);
     assert_eq!(env.refresh_calls().await.len(), 1);
     env.cleanup().await;
@@ -1662,9 +1673,8 @@ async fn concurrent_refreshes_across_replicas_make_one_exchange_and_share_its_to
 async fn transient_refresh_answers_keep_the_installation_and_are_retried() {
     use secrecy::ExposeSecret as _;
     let env = Env::rotating().await;
-    let (refresher, cipher) = (env.refresher(), env.cipher());
-    let bot_token =
-        || threadline_runtime::tokens::bot_token(&env.db.pool, &cipher, Some(&refresher), env.inst);
+    let refresher = env.refresher();
+    let bot_token = || env.bot_token(&refresher);
     for fault in [
         json!({"mode": "ratelimited", "retry_after": 1}),
         json!({"mode": "http_error", "status": 503}),
@@ -1730,19 +1740,15 @@ async fn transient_refresh_answers_keep_the_installation_and_are_retried() {
     // revocation.
     for mode in ["internal_error", "fatal_error"] {
         let env = Env::rotating().await;
-        let (refresher, cipher) = (env.refresher(), env.cipher());
+        let refresher = env.refresher();
         env.fault(json!({"method": "oauth.v2.access", "mode": mode}))
             .await;
         env.expire(5).await;
-        let err = threadline_runtime::tokens::bot_token(
-            &env.db.pool,
-            &cipher,
-            Some(&refresher),
-            env.inst,
-        )
-        .await
-        .err()
-        .unwrap_or_else(|| panic!("{mode}: an error"));
+        let err = env
+            .bot_token(&refresher)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{mode}: an error"));
         assert!(
             err.downcast_ref::<threadline_runtime::tokens::RefreshUnavailable>()
                 .is_some(),
@@ -1757,14 +1763,10 @@ async fn transient_refresh_answers_keep_the_installation_and_are_retried() {
             ("active".into(), None, true),
             "{mode}: kept"
         );
-        let after = threadline_runtime::tokens::bot_token(
-            &env.db.pool,
-            &cipher,
-            Some(&refresher),
-            env.inst,
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{mode}: {e:#}"));
+        let after = env
+            .bot_token(&refresher)
+            .await
+            .unwrap_or_else(|e| panic!("{mode}: {e:#}"));
         assert!(
             after.is_none(),
             "{mode}: the spent refresh token cannot be used"
@@ -1784,16 +1786,16 @@ async fn transient_refresh_answers_keep_the_installation_and_are_retried() {
 async fn a_refusal_of_a_refresh_token_already_replaced_does_not_disable() {
     use secrecy::ExposeSecret as _;
     let env = Env::rotating().await;
-    let (refresher, cipher) = (env.refresher(), env.cipher());
+    let refresher = env.refresher();
     env.expire(5).await;
     // Another replica is slow to store what it got: meanwhile Slack refuses
     // the old refresh token to us. Modelled by Slack refusing once while the
     // row is switched to new tokens by "the other replica".
-    let good =
-        threadline_runtime::tokens::bot_token(&env.db.pool, &cipher, Some(&refresher), env.inst)
-            .await
-            .expect("refresh")
-            .expect("token");
+    let good = env
+        .bot_token(&refresher)
+        .await
+        .expect("refresh")
+        .expect("token");
     let stored: (Vec<u8>, String, Vec<u8>, String) = sqlx::query_as(
         "SELECT bot_token_sealed, bot_token_key_id, refresh_token_sealed, refresh_token_key_id FROM installations",
     )
@@ -1802,7 +1804,8 @@ async fn a_refusal_of_a_refresh_token_already_replaced_does_not_disable() {
     .expect("row");
     // Put back a spent refresh token, as seen by a replica that read the
     // row before the refresh: Slack refuses it (invalid_refresh_token).
-    let spent = cipher
+    let spent = env
+        .cipher()
         .seal(b"xoxe-1-spent", &token_aad(&env.inst, "refresh"))
         .expect("seal");
     sqlx::query("UPDATE installations SET refresh_token_sealed = $1, refresh_token_key_id = $2, token_expires_at = now() - interval '5 seconds'")
@@ -1821,11 +1824,11 @@ async fn a_refusal_of_a_refresh_token_already_replaced_does_not_disable() {
             .bind(&stored.0).bind(&stored.1).bind(&stored.2).bind(&stored.3)
             .execute(&pool).await.expect("restore");
     });
-    let t =
-        threadline_runtime::tokens::bot_token(&env.db.pool, &cipher, Some(&refresher), env.inst)
-            .await
-            .expect("no error")
-            .expect("the stored tokens stand");
+    let t = env
+        .bot_token(&refresher)
+        .await
+        .expect("no error")
+        .expect("the stored tokens stand");
     restore.await.expect("restore");
     assert_eq!(
         env.refresh_calls().await.last().map(|c| c.0.clone()),
