@@ -61,6 +61,8 @@ const PERMANENT: &[&str] = &[
     "missing_scope",
     "not_authed",
     "invalid_blocks",
+    "invalid_blocks_format",
+    "invalid_attachments",
     "invalid_metadata_format",
     "restricted_action",
     "too_many_attachments",

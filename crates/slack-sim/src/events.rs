@@ -115,6 +115,9 @@ fn message_event(w: &World, channel: &Channel, m: &Message) -> Value {
     if let Some(b) = &m.blocks {
         o.insert("blocks".into(), b.clone());
     }
+    if let Some(a) = &m.attachments {
+        o.insert("attachments".into(), a.clone());
+    }
     if let Some(b) = &m.bot_id {
         o.insert("bot_id".into(), b.clone().into());
         if let Some(a) = &m.app_id {

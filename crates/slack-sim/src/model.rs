@@ -223,6 +223,8 @@ pub struct Message {
     pub text: String,
     pub thread_ts: Option<String>,
     pub blocks: Option<Value>,
+    /// Legacy secondary attachments, as posted.
+    pub attachments: Option<Value>,
     pub metadata: Option<Value>,
     pub edited: Option<(String, String)>,
     pub deleted: bool,
@@ -286,6 +288,9 @@ impl Message {
         }
         if let Some(b) = &self.blocks {
             o.insert("blocks".into(), b.clone());
+        }
+        if let Some(a) = &self.attachments {
+            o.insert("attachments".into(), a.clone());
         }
         if let Some(c) = &self.client_msg_id {
             o.insert("client_msg_id".into(), c.clone().into());

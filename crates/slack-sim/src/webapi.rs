@@ -1,13 +1,17 @@
-//! The Web API at `<SLACK_API_URL>/<method>`: bearer-token auth, form or
-//! JSON bodies, `ok:false` errors with Slack's codes, per-channel post
-//! budgets and Tier 3 read limits with HTTP 429 + `Retry-After`, and
-//! per-method fault injection.
+//! The Web API at `<SLACK_API_URL>/<method>`: requests read every way
+//! Slack's official SDKs send them (bearer token in the header or as an
+//! argument, HTTP Basic client credentials for `oauth.v2.access`, query
+//! strings and form, multipart or JSON bodies, with or without `charset`),
+//! `ok:false` errors with Slack's codes, per-channel post budgets and Tier 3
+//! read limits with HTTP 429 + `Retry-After`, and per-method fault
+//! injection.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
@@ -66,46 +70,240 @@ impl ApiError {
     }
 }
 
-/// Request parameters from the query string and a form or JSON body.
+/// What the `Authorization` header says.
+#[derive(Debug, Clone, Default)]
+enum Authorization {
+    #[default]
+    None,
+    /// `Bearer <token>`: a token for any method.
+    Bearer(String),
+    /// `Basic base64(client_id:client_secret)`: client credentials for
+    /// `oauth.v2.access` (RFC 6749 §2.3.1), as python-slack-sdk sends them.
+    Basic { id: String, secret: String },
+    /// A `Basic` header that does not decode to `id:secret`.
+    BadBasic,
+    /// Another scheme, or a value that is not text.
+    Other,
+}
+
+impl Authorization {
+    fn of(headers: &HeaderMap) -> Self {
+        let Some(v) = headers.get(AUTHORIZATION) else {
+            return Self::None;
+        };
+        let Ok(v) = v.to_str() else {
+            return Self::Other;
+        };
+        // The scheme is case-insensitive (RFC 9110 §11.1).
+        let (scheme, rest) = v.trim().split_once(' ').unwrap_or((v.trim(), ""));
+        let rest = rest.trim();
+        if scheme.eq_ignore_ascii_case("bearer") {
+            if rest.is_empty() {
+                Self::None
+            } else {
+                Self::Bearer(rest.to_owned())
+            }
+        } else if scheme.eq_ignore_ascii_case("basic") {
+            b64_decode(rest)
+                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|s| {
+                    let (id, secret) = s.split_once(':')?;
+                    Some(Self::Basic {
+                        id: id.to_owned(),
+                        secret: secret.to_owned(),
+                    })
+                })
+                .unwrap_or(Self::BadBasic)
+        } else {
+            Self::Other
+        }
+    }
+}
+
+/// The character sets Slack accepts in a `Content-Type` (anything else is
+/// `invalid_charset`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Charset {
+    Utf8,
+    Latin1,
+}
+
+impl Charset {
+    fn named(name: &str) -> Result<Self, ApiError> {
+        match name.to_ascii_lowercase().as_str() {
+            "utf-8" | "utf8" => Ok(Self::Utf8),
+            "iso-8859-1" | "iso8859-1" | "latin1" => Ok(Self::Latin1),
+            _ => Err(ApiError::new("invalid_charset")),
+        }
+    }
+
+    fn text(self, bytes: Vec<u8>, bad: &'static str) -> Result<String, ApiError> {
+        match self {
+            Self::Utf8 => String::from_utf8(bytes).map_err(|_| ApiError::new(bad)),
+            Self::Latin1 => Ok(bytes.into_iter().map(char::from).collect()),
+        }
+    }
+}
+
+/// A `Content-Type` header: its media type (lowercased) and the parameters
+/// Slack reads.
+struct ContentType {
+    mime: String,
+    charset: Option<String>,
+    boundary: Option<String>,
+}
+
+impl ContentType {
+    fn of(headers: &HeaderMap) -> Result<Option<Self>, ApiError> {
+        let Some(v) = headers.get(CONTENT_TYPE) else {
+            return Ok(None);
+        };
+        let v = v.to_str().map_err(|_| ApiError::new("invalid_post_type"))?;
+        let mut parts = v.split(';');
+        let mime = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+        if mime.is_empty() {
+            return Ok(None);
+        }
+        let (mut charset, mut boundary) = (None, None);
+        for p in parts {
+            let Some((k, val)) = p.split_once('=') else {
+                continue;
+            };
+            let val = val.trim().trim_matches('"').to_owned();
+            match k.trim().to_ascii_lowercase().as_str() {
+                "charset" => charset = Some(val),
+                "boundary" => boundary = Some(val),
+                _ => {}
+            }
+        }
+        Ok(Some(Self {
+            mime,
+            charset,
+            boundary,
+        }))
+    }
+}
+
+/// A request's arguments and credentials, read the ways Slack reads them
+/// and the official SDKs send them:
+///
+/// * arguments from the query string and from a body that is
+///   `application/x-www-form-urlencoded` (node-slack-sdk's `WebClient`,
+///   python-slack-sdk for every method without blocks), `application/json`
+///   (python-slack-sdk's `chat.postMessage` and `chat.update`) or
+///   `multipart/form-data`; the media type and its parameters are
+///   case-insensitive, and `charset` may be there or not;
+/// * the token from `Authorization: Bearer` (both SDKs), else a `token`
+///   argument of the query string or a form body (node-slack-sdk sends it
+///   there too when a call names its own token). A JSON body cannot carry
+///   it: Slack reads JSON only with the token in the header, so a JSON
+///   `token` is ignored (python-slack-sdk moves it to the header);
+/// * client credentials for `oauth.v2.access` from `Authorization: Basic`
+///   (python-slack-sdk) or as `client_id`/`client_secret` arguments
+///   (node-slack-sdk's `InstallProvider`).
 #[derive(Debug, Default)]
-pub struct Params(Map<String, Value>);
+pub struct Params {
+    args: Map<String, Value>,
+    /// A `token` argument of the query string or a form body.
+    token_arg: Option<String>,
+    auth: Authorization,
+    /// Slack's warnings about how the request was sent (`missing_charset`,
+    /// `superfluous_charset`): answered, not refused.
+    warnings: Vec<&'static str>,
+}
 
 impl Params {
     fn parse(query: Option<&str>, headers: &HeaderMap, body: &[u8]) -> Result<Self, ApiError> {
-        let mut map = Map::new();
+        let mut p = Self {
+            auth: Authorization::of(headers),
+            ..Self::default()
+        };
         if let Some(q) = query {
-            let pairs: Vec<(String, String)> =
-                serde_urlencoded::from_str(q).map_err(|_| ApiError::new("invalid_form_data"))?;
-            for (k, v) in pairs {
-                map.insert(k, Value::String(v));
+            for (k, v) in form_pairs(q.as_bytes(), Charset::Utf8)? {
+                p.insert_text(k, v)?;
             }
         }
-        let ctype = headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        if body.iter().any(|b| !b.is_ascii_whitespace()) {
-            if ctype.starts_with("application/json") {
-                match serde_json::from_slice::<Value>(body) {
-                    Ok(Value::Object(o)) => map.extend(o),
+        if body.iter().all(u8::is_ascii_whitespace) {
+            // Nothing to read: python-slack-sdk sends `auth.test` with a
+            // JSON content type and no body at all.
+            return Ok(p);
+        }
+        let Some(ct) = ContentType::of(headers)? else {
+            return Err(ApiError::new("missing_post_type"));
+        };
+        let charset = ct.charset.as_deref().map(Charset::named).transpose()?;
+        match ct.mime.as_str() {
+            "application/json" => {
+                if charset.is_none() {
+                    p.warnings.push("missing_charset");
+                }
+                let text = charset
+                    .unwrap_or(Charset::Utf8)
+                    .text(body.to_vec(), "invalid_json")?;
+                match serde_json::from_str::<Value>(&text) {
+                    Ok(Value::Object(o)) => {
+                        for (k, v) in o {
+                            if k != "token" {
+                                p.args.insert(k, v);
+                            }
+                        }
+                    }
                     Ok(_) => return Err(ApiError::new("json_not_object")),
                     Err(_) => return Err(ApiError::new("invalid_json")),
                 }
-            } else if ctype.starts_with("application/x-www-form-urlencoded") || ctype.is_empty() {
-                let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(body)
-                    .map_err(|_| ApiError::new("invalid_form_data"))?;
-                for (k, v) in pairs {
-                    map.insert(k, Value::String(v));
-                }
-            } else if !ctype.starts_with("multipart/form-data") {
-                return Err(ApiError::new("invalid_post_type"));
             }
+            // Slack lists `text/plain` among the POST types it takes; its
+            // body is read as form data here.
+            "application/x-www-form-urlencoded" | "text/plain" => {
+                // UTF-8 is what a form is read as anyway (python-slack-sdk
+                // 2.4 sent `;charset=utf-8` and got this warning).
+                if charset == Some(Charset::Utf8) {
+                    p.warnings.push("superfluous_charset");
+                }
+                for (k, v) in form_pairs(body, charset.unwrap_or(Charset::Utf8))? {
+                    p.insert_text(k, v)?;
+                }
+            }
+            "multipart/form-data" => {
+                let boundary = ct
+                    .boundary
+                    .filter(|b| !b.is_empty())
+                    .ok_or(ApiError::new("invalid_form_data"))?;
+                for (k, v) in multipart_pairs(body, &boundary, charset.unwrap_or(Charset::Utf8))? {
+                    p.insert_text(k, v)?;
+                }
+            }
+            _ => return Err(ApiError::new("invalid_post_type")),
         }
-        Ok(Self(map))
+        Ok(p)
+    }
+
+    /// A query-string or form argument. PHP-style array names (`foo[]`,
+    /// `foo[0]`) are never valid with Slack: lists are comma-separated
+    /// strings or JSON.
+    fn insert_text(&mut self, k: String, v: String) -> Result<(), ApiError> {
+        if k.contains('[') || k.contains(']') {
+            return Err(ApiError::new("invalid_array_arg"));
+        }
+        if k == "token" {
+            self.token_arg = Some(v).filter(|t| !t.is_empty());
+        } else {
+            self.args.insert(k, Value::String(v));
+        }
+        Ok(())
+    }
+
+    /// The token: the `Authorization: Bearer` header wins over a `token`
+    /// argument (node-slack-sdk sends both, alike).
+    fn token(&self) -> Option<String> {
+        match &self.auth {
+            Authorization::Bearer(t) => Some(t.clone()),
+            _ => self.token_arg.clone(),
+        }
     }
 
     pub fn str(&self, key: &str) -> Option<String> {
-        match self.0.get(key)? {
+        match self.args.get(key)? {
             Value::String(s) if !s.is_empty() => Some(s.clone()),
             Value::Number(n) => Some(n.to_string()),
             Value::Bool(b) => Some(b.to_string()),
@@ -114,38 +312,150 @@ impl Params {
     }
 
     pub fn flag(&self, key: &str) -> bool {
-        matches!(self.str(key).as_deref(), Some("true" | "1"))
+        self.boolean(key).unwrap_or(false)
     }
 
     /// A boolean argument as sent: `None` when absent or not a boolean.
+    /// python-slack-sdk sends `1`/`0` (`convert_bool_to_0_or_1`),
+    /// node-slack-sdk `true`/`false`, JSON bodies real booleans.
     pub fn boolean(&self, key: &str) -> Option<bool> {
-        match self.str(key).as_deref() {
-            Some("true" | "1") => Some(true),
-            Some("false" | "0") => Some(false),
+        match self.args.get(key)? {
+            Value::Bool(b) => Some(*b),
+            Value::Number(n) => match n.as_u64() {
+                Some(1) => Some(true),
+                Some(0) => Some(false),
+                _ => None,
+            },
+            Value::String(s) => {
+                let s = s.trim();
+                if s == "1" || s.eq_ignore_ascii_case("true") {
+                    Some(true)
+                } else if s == "0" || s.eq_ignore_ascii_case("false") {
+                    Some(false)
+                } else {
+                    None
+                }
+            }
             _ => None,
         }
     }
 
-    /// A JSON-valued argument, given either as JSON or as a JSON string.
-    pub fn json(&self, key: &str) -> Result<Option<Value>, ApiError> {
-        match self.0.get(key) {
+    /// A JSON-valued argument (`blocks`, `attachments`, `metadata`): a
+    /// JSON-encoded string in a query string or form body (and allowed in a
+    /// JSON body too), the value itself in a JSON body. `bad` is Slack's
+    /// code for one that is not JSON.
+    pub fn json(&self, key: &str, bad: &'static str) -> Result<Option<Value>, ApiError> {
+        match self.args.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) if s.is_empty() => Ok(None),
+            Some(Value::String(s)) if s.trim().is_empty() => Ok(None),
             Some(Value::String(s)) => serde_json::from_str(s)
                 .map(Some)
-                .map_err(|_| ApiError::new("invalid_arguments")),
+                .map_err(|_| ApiError::new(bad)),
             Some(v) => Ok(Some(v.clone())),
         }
     }
 }
 
-fn bearer(headers: &HeaderMap, params: &Params) -> Option<String> {
-    headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().to_owned())
-        .or_else(|| params.str("token"))
+/// `application/x-www-form-urlencoded` pairs (`+` is a space, `%XX` a
+/// byte; a `%` that starts no escape stands for itself).
+fn form_pairs(raw: &[u8], charset: Charset) -> Result<Vec<(String, String)>, ApiError> {
+    raw.split(|b| *b == b'&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = match p.iter().position(|b| *b == b'=') {
+                Some(i) => (&p[..i], &p[i + 1..]),
+                None => (p, &p[p.len()..]),
+            };
+            Ok((
+                charset.text(percent_decode(k), "invalid_form_data")?,
+                charset.text(percent_decode(v), "invalid_form_data")?,
+            ))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &[u8]) -> Vec<u8> {
+    let hex = |i: usize| {
+        s.get(i)
+            .and_then(|b| char::from(*b).to_digit(16))
+            .and_then(|d| u8::try_from(d).ok())
+    };
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        match (s[i], hex(i + 1), hex(i + 2)) {
+            (b'+', _, _) => out.push(b' '),
+            (b'%', Some(h), Some(l)) => {
+                out.push((h << 4) | l);
+                i += 2;
+            }
+            (b, _, _) => out.push(b),
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The text fields of a `multipart/form-data` body (a file part is
+/// skipped: no method served here takes a file).
+fn multipart_pairs(
+    body: &[u8],
+    boundary: &str,
+    charset: Charset,
+) -> Result<Vec<(String, String)>, ApiError> {
+    let bad = || ApiError::new("invalid_form_data");
+    let delimiter = format!("--{boundary}");
+    let mut chunks = split_on(body, delimiter.as_bytes()).into_iter();
+    chunks.next(); // the preamble
+    let mut out = Vec::new();
+    for chunk in chunks {
+        if chunk.starts_with(b"--") {
+            return Ok(out);
+        }
+        let part = chunk.strip_prefix(b"\r\n").ok_or_else(bad)?;
+        let split = find(part, b"\r\n\r\n").ok_or_else(bad)?;
+        let head = std::str::from_utf8(&part[..split]).map_err(|_| bad())?;
+        let value = part[split + 4..].strip_suffix(b"\r\n").ok_or_else(bad)?;
+        let (mut name, mut file) = (None, false);
+        for line in head.split("\r\n") {
+            let Some((h, v)) = line.split_once(':') else {
+                continue;
+            };
+            if !h.trim().eq_ignore_ascii_case("content-disposition") {
+                continue;
+            }
+            for param in v.split(';').skip(1) {
+                match param.split_once('=') {
+                    Some((k, v)) if k.trim().eq_ignore_ascii_case("name") => {
+                        name = Some(v.trim().trim_matches('"').to_owned());
+                    }
+                    Some((k, _)) if k.trim().eq_ignore_ascii_case("filename") => file = true,
+                    _ => {}
+                }
+            }
+        }
+        let name = name.ok_or_else(bad)?;
+        if !file {
+            out.push((name, charset.text(value.to_vec(), "invalid_form_data")?));
+        }
+    }
+    // No closing delimiter: the body was cut short.
+    Err(bad())
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn split_on<'a>(hay: &'a [u8], needle: &[u8]) -> Vec<&'a [u8]> {
+    let mut out = Vec::new();
+    let mut rest = hay;
+    while let Some(i) = find(rest, needle) {
+        out.push(&rest[..i]);
+        rest = &rest[i + needle.len()..];
+    }
+    out.push(rest);
+    out
 }
 
 /// What a method did.
@@ -183,6 +493,8 @@ struct Arrival {
     /// The unfurl arguments of a post or an update.
     unfurl_links: Option<bool>,
     unfurl_media: Option<bool>,
+    /// Slack's warnings about how the call was sent, added to its answer.
+    warnings: Vec<&'static str>,
 }
 
 pub async fn api(
@@ -197,16 +509,18 @@ pub async fn api(
         injected_ts: None,
         unfurl_links: None,
         unfurl_media: None,
+        warnings: Vec::new(),
     };
     let params = match Params::parse(query.as_deref(), &headers, &body) {
         Ok(p) => p,
         Err(e) => return respond(&sim, &method, &arrival, Outcome::err(e), "not_applied"),
     };
+    arrival.warnings.clone_from(&params.warnings);
     if matches!(method.as_str(), "chat.postMessage" | "chat.update") {
         arrival.unfurl_links = params.boolean("unfurl_links");
         arrival.unfurl_media = params.boolean("unfurl_media");
     }
-    let token = bearer(&headers, &params);
+    let token = params.token();
 
     // Faults decided when the call arrives: latency, 429 storms, errors
     // that happen before anything is applied, a reply that crosses the post.
@@ -297,7 +611,7 @@ pub async fn api(
                 120_000
             }))
             .await;
-            json_response(StatusCode::OK, ok_body(outcome.result))
+            json_response(StatusCode::OK, ok_body(outcome.result, &arrival.warnings))
         }
         Some((FaultMode::Reset, _)) if applied => {
             record(
@@ -407,8 +721,11 @@ fn http_error(status: u16) -> Response {
     (status, "upstream error").into_response()
 }
 
-fn ok_body(result: Result<Value, ApiError>) -> Value {
-    match result {
+/// An answer's body: `ok` and the result or error, and Slack's warnings
+/// (`"warning": "a,b"` and `response_metadata.warnings`, as Slack sends
+/// them with either).
+fn ok_body(result: Result<Value, ApiError>, warnings: &[&str]) -> Value {
+    let mut v = match result {
         Ok(mut v) => {
             if let Some(o) = v.as_object_mut() {
                 o.insert("ok".into(), true.into());
@@ -421,7 +738,17 @@ fn ok_body(result: Result<Value, ApiError>) -> Value {
             o.insert("error".into(), e.code.into());
             Value::Object(o)
         }
+    };
+    if !warnings.is_empty()
+        && let Some(o) = v.as_object_mut()
+    {
+        o.insert("warning".into(), warnings.join(",").into());
+        let meta = o.entry("response_metadata").or_insert_with(|| json!({}));
+        if let Some(m) = meta.as_object_mut() {
+            m.insert("warnings".into(), json!(warnings));
+        }
     }
+    v
 }
 
 fn json_response(status: StatusCode, body: Value) -> Response {
@@ -437,7 +764,7 @@ fn respond(sim: &Sim, method: &str, arrival: &Arrival, outcome: Outcome, effect:
     let retry_after = outcome.result.as_ref().err().and_then(|e| e.retry_after);
     let status = if retry_after.is_some() { 429 } else { 200 };
     record(sim, method, arrival, &outcome, status, effect);
-    let body = ok_body(outcome.result);
+    let body = ok_body(outcome.result, &arrival.warnings);
     let mut r = json_response(StatusCode::from_u16(status).unwrap_or(StatusCode::OK), body);
     if let Some(secs) = retry_after {
         r.headers_mut()
@@ -735,22 +1062,19 @@ fn post_message(
         });
     }
     let text = p.str("text").unwrap_or_default();
-    let blocks = p.json("blocks")?;
-    if text.trim().is_empty() && blocks.is_none() {
+    let (blocks, attachments) = (blocks_of(p)?, attachments_of(p)?);
+    let non_empty = |v: &Option<Value>| {
+        v.as_ref()
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+    };
+    if text.trim().is_empty() && !non_empty(&blocks) && !non_empty(&attachments) {
         return Err(ApiError::new("no_text"));
     }
     if text.chars().count() > MAX_TEXT_CHARS {
         return Err(ApiError::new("msg_too_long"));
     }
-    let metadata = p.json("metadata")?;
-    if let Some(md) = &metadata
-        && md
-            .get("event_type")
-            .and_then(Value::as_str)
-            .is_none_or(str::is_empty)
-    {
-        return Err(ApiError::new("invalid_metadata_format"));
-    }
+    let metadata = metadata_of(p)?;
     post_budget(w, &install.team_id, &channel.id)?;
     let thread_ts = p.str("thread_ts").map(|t| {
         // A reply's ts resolves to its thread's root, as Slack does.
@@ -772,6 +1096,7 @@ fn post_message(
         text,
         thread_ts,
         blocks,
+        attachments,
         metadata,
         edited: None,
         deleted: false,
@@ -791,6 +1116,42 @@ fn post_message(
     message["bot_profile"] = json!({"id": install.bot_id, "deleted": false, "name": app.name, "app_id": app.id,
                                     "updated": now_unix(), "icons": {}, "team_id": install.team_id});
     Ok(json!({"channel": channel.id, "ts": ts, "message": message}))
+}
+
+/// Most attachments a message may carry.
+const MAX_ATTACHMENTS: usize = 100;
+
+/// `blocks`: a JSON array, sent as one (JSON bodies) or JSON-encoded (forms).
+fn blocks_of(p: &Params) -> Result<Option<Value>, ApiError> {
+    match p.json("blocks", "invalid_blocks_format")? {
+        Some(b) if !b.is_array() => Err(ApiError::new("invalid_blocks_format")),
+        b => Ok(b),
+    }
+}
+
+/// `attachments`: a JSON array of at most 100, as `blocks` is sent.
+fn attachments_of(p: &Params) -> Result<Option<Value>, ApiError> {
+    match p.json("attachments", "invalid_attachments")? {
+        Some(Value::Array(a)) if a.len() > MAX_ATTACHMENTS => {
+            Err(ApiError::new("too_many_attachments"))
+        }
+        Some(a) if !a.is_array() => Err(ApiError::new("invalid_attachments")),
+        a => Ok(a),
+    }
+}
+
+/// `metadata`: an object with an `event_type`, as `blocks` is sent.
+fn metadata_of(p: &Params) -> Result<Option<Value>, ApiError> {
+    let metadata = p.json("metadata", "invalid_metadata_format")?;
+    if let Some(md) = &metadata
+        && md
+            .get("event_type")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+    {
+        return Err(ApiError::new("invalid_metadata_format"));
+    }
+    Ok(metadata)
 }
 
 fn own_message(
@@ -827,10 +1188,13 @@ fn update(
         }
         after.text = t;
     }
-    if let Some(b) = p.json("blocks")? {
+    if let Some(b) = blocks_of(p)? {
         after.blocks = Some(b);
     }
-    if let Some(md) = p.json("metadata")? {
+    if let Some(a) = attachments_of(p)? {
+        after.attachments = Some(a);
+    }
+    if let Some(md) = metadata_of(p)? {
         after.metadata = Some(md);
     }
     let event_ts = w.clock.next_ts();
@@ -863,20 +1227,47 @@ fn delete(
     Ok(json!({"channel": channel.id, "ts": ts}))
 }
 
+/// The client credentials of an `oauth.v2.access` call. Slack takes them
+/// as HTTP Basic (`Authorization: Basic base64(client_id:client_secret)`,
+/// which it recommends and python-slack-sdk sends) or as `client_id` and
+/// `client_secret` arguments (node-slack-sdk). A call may carry both (RFC
+/// 6749 §2.3.1 says a client must not, and Slack documents no rule): here
+/// Basic is authoritative and arguments that name another client or secret
+/// are refused as wrong credentials (`invalid_client_id`,
+/// `bad_client_secret`) rather than half-trusted. A `Basic` header that
+/// does not decode to `id:secret` is `invalid_client_id`.
+fn client_credentials(p: &Params) -> Result<(String, Option<String>), ApiError> {
+    let (form_id, form_secret) = (p.str("client_id"), p.str("client_secret"));
+    match &p.auth {
+        Authorization::Basic { id, secret } => {
+            if form_id.as_ref().is_some_and(|f| f != id) {
+                return Err(ApiError::new("invalid_client_id"));
+            }
+            if form_secret.as_ref().is_some_and(|f| f != secret) {
+                return Err(ApiError::new("bad_client_secret"));
+            }
+            Ok((id.clone(), Some(secret.clone())))
+        }
+        Authorization::BadBasic => Err(ApiError::new("invalid_client_id")),
+        _ => Ok((
+            form_id.ok_or(ApiError::new("invalid_client_id"))?,
+            form_secret,
+        )),
+    }
+}
+
 /// `oauth.v2.access`: a code for tokens, or (token rotation) a refresh token
-/// for new ones. Client credentials come as form fields or HTTP Basic.
+/// for new ones. Client credentials come as HTTP Basic or as arguments.
 fn oauth_access(w: &mut World, p: &Params) -> Outcome {
     let result = (|| {
-        let client_id = p
-            .str("client_id")
-            .ok_or(ApiError::new("invalid_client_id"))?;
+        let (client_id, client_secret) = client_credentials(p)?;
         let app = w
             .apps
             .values()
             .find(|a| a.client_id == client_id)
             .cloned()
             .ok_or(ApiError::new("invalid_client_id"))?;
-        if p.str("client_secret").as_deref() != Some(app.client_secret.as_str()) {
+        if client_secret.as_deref() != Some(app.client_secret.as_str()) {
             return Err(ApiError::new("bad_client_secret"));
         }
         let grant = p
@@ -1031,11 +1422,12 @@ fn encode_cursor(ts: &str) -> String {
     out
 }
 
-fn decode_cursor(c: &str) -> Option<(u64, u64)> {
+/// Standard base64, padding optional.
+fn b64_decode(s: &str) -> Option<Vec<u8>> {
     let mut bits = 0u32;
     let mut nbits = 0;
     let mut bytes = Vec::new();
-    for ch in c.bytes().filter(|b| *b != b'=') {
+    for ch in s.trim_end_matches('=').bytes() {
         let v = B64.iter().position(|x| *x == ch)? as u32;
         bits = (bits << 6) | v;
         nbits += 6;
@@ -1045,7 +1437,11 @@ fn decode_cursor(c: &str) -> Option<(u64, u64)> {
             bits &= (1 << nbits) - 1;
         }
     }
-    let s = String::from_utf8(bytes).ok()?;
+    Some(bytes)
+}
+
+fn decode_cursor(c: &str) -> Option<(u64, u64)> {
+    let s = String::from_utf8(b64_decode(c)?).ok()?;
     let digits = s.strip_prefix("next_ts:")?;
     if digits.len() < 7 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -1070,5 +1466,45 @@ mod tests {
             "bmV4dF90czoxNDg0Njc4MjkwNTE3MDkx"
         );
         assert_eq!(decode_cursor("!!"), None);
+    }
+
+    #[test]
+    fn forms_decode_as_browsers_and_sdks_encode_them() {
+        assert_eq!(
+            percent_decode(b"a+b%20c%2B%e9%zz%2%"),
+            b"a b c+\xe9%zz%2%".to_vec()
+        );
+        assert_eq!(
+            form_pairs(b"a=1&&b&c=%C3%A9=", Charset::Utf8).ok(),
+            Some(vec![
+                ("a".into(), "1".into()),
+                ("b".into(), String::new()),
+                ("c".into(), "\u{e9}=".into()),
+            ])
+        );
+        assert!(form_pairs(b"t=%E9", Charset::Utf8).is_err());
+        assert_eq!(
+            form_pairs(b"t=%E9", Charset::Latin1).ok(),
+            Some(vec![("t".into(), "\u{e9}".into())])
+        );
+    }
+
+    #[test]
+    fn basic_credentials_decode_from_the_header() {
+        let mut h = HeaderMap::new();
+        // base64("123.456:s3cr:et"): the secret keeps any later colon.
+        h.insert(
+            AUTHORIZATION,
+            HeaderValue::from_static("Basic MTIzLjQ1NjpzM2NyOmV0"),
+        );
+        assert!(matches!(Authorization::of(&h),
+            Authorization::Basic { id, secret } if id == "123.456" && secret == "s3cr:et"));
+        h.insert(
+            AUTHORIZATION,
+            HeaderValue::from_static("BASIC bm9jb2xvbg=="),
+        );
+        assert!(matches!(Authorization::of(&h), Authorization::BadBasic));
+        h.insert(AUTHORIZATION, HeaderValue::from_static("bearer  xoxb-1 "));
+        assert!(matches!(Authorization::of(&h), Authorization::Bearer(t) if t == "xoxb-1"));
     }
 }

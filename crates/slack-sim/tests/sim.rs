@@ -1931,3 +1931,854 @@ async fn the_call_log_keeps_the_unfurl_arguments_of_each_post() {
         ]
     );
 }
+
+/// Which official SDK a request imitates.
+#[derive(Clone, Copy)]
+enum Sdk {
+    /// python-slack-sdk's `WebClient` (`slack_sdk/web/base_client.py`).
+    Python,
+    /// node-slack-sdk's `WebClient` (`packages/web-api/src/WebClient.ts`).
+    Node,
+}
+
+impl Sdk {
+    /// The headers the SDK sends with a body of `content_type`.
+    fn headers(self, token: Option<&str>, content_type: &str) -> Vec<(&'static str, String)> {
+        let mut h = vec![("content-type", content_type.to_owned())];
+        match self {
+            Sdk::Python => h.push((
+                "user-agent",
+                "Python/3.12.3 slackclient/3.43.0 Linux/6.8.0".into(),
+            )),
+            Sdk::Node => {
+                h.push((
+                    "user-agent",
+                    "@slack:web-api/8.0.0 node/22.11.0 linux/6.8.0".into(),
+                ));
+                h.push(("accept", "application/json".into()));
+            }
+        }
+        if let Some(t) = token {
+            h.push(("authorization", format!("Bearer {t}")));
+        }
+        h
+    }
+
+    /// A form body as the SDK encodes it: python through
+    /// `urllib.parse.urlencode` (space as `+`, only `A-Za-z0-9_.-~` kept),
+    /// node through `node:querystring` (space as `%20`, `A-Za-z0-9-_.!~*'()`
+    /// kept).
+    fn form(self, pairs: &[(&str, &str)]) -> String {
+        let escape = |s: &str| {
+            let mut out = String::new();
+            for b in s.bytes() {
+                let kept = b.is_ascii_alphanumeric()
+                    || match self {
+                        Sdk::Python => b"_.-~".contains(&b),
+                        Sdk::Node => b"-_.!~*'()".contains(&b),
+                    };
+                if kept {
+                    out.push(char::from(b));
+                } else if b == b' ' && matches!(self, Sdk::Python) {
+                    out.push('+');
+                } else {
+                    out.push_str(&format!("%{b:02X}"));
+                }
+            }
+            out
+        };
+        pairs
+            .iter()
+            .map(|(k, v)| format!("{}={}", escape(k), escape(v)))
+            .collect::<Vec<_>>()
+            .join("&")
+    }
+}
+
+/// `json.dumps` as python-slack-sdk calls it: `", "` and `": "` between
+/// items, non-ASCII escaped as `\uXXXX`.
+fn python_json(v: &Value) -> String {
+    use serde::Serialize;
+    struct Py;
+    impl serde_json::ser::Formatter for Py {
+        fn begin_array_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+        ) -> std::io::Result<()> {
+            w.write_all(b": ")
+        }
+    }
+    let mut buf = Vec::new();
+    v.serialize(&mut serde_json::Serializer::with_formatter(&mut buf, Py))
+        .expect("json");
+    let mut out = String::new();
+    for c in String::from_utf8(buf).expect("utf-8").chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            for u in c.encode_utf16(&mut [0; 2]) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        }
+    }
+    out
+}
+
+impl World {
+    /// A Web API call put on the wire as given: the verb, the method with
+    /// any query string, the headers and the body.
+    async fn wire(
+        &self,
+        verb: reqwest::Method,
+        method: &str,
+        headers: &[(&str, String)],
+        body: impl Into<Vec<u8>>,
+    ) -> Value {
+        let mut r = self
+            .http
+            .request(verb, format!("{}/api/{method}", self.base));
+        for (k, v) in headers {
+            r = r.header(*k, v);
+        }
+        let body: Vec<u8> = body.into();
+        if !body.is_empty() {
+            r = r.body(body);
+        }
+        let r = r.send().await.expect("web api");
+        assert_eq!(r.status(), 200, "{method}");
+        r.json().await.expect("json")
+    }
+
+    /// A POST with a body, as the SDK sends it.
+    async fn sdk_post(&self, sdk: Sdk, method: &str, content_type: &str, body: String) -> Value {
+        let headers = sdk.headers(Some(&self.token), content_type);
+        self.wire(reqwest::Method::POST, method, &headers, body)
+            .await
+    }
+}
+
+/// python-slack-sdk: `chat_postMessage` and `chat_update` send JSON
+/// (`application/json;charset=utf-8`, real booleans, blocks and metadata
+/// as JSON values, the token only in the header); every other method a
+/// form (`convert_bool_to_0_or_1`: booleans as `1`/`0`); `auth.test` has no
+/// body at all; the async client sends `http_verb="GET"` methods as GET
+/// with a query string.
+#[tokio::test]
+async fn python_slack_sdk_requests_are_understood() {
+    let w = World::new(
+        31,
+        vec![],
+        &[],
+        &["chat:write", "channels:history", "channels:read"],
+    )
+    .await;
+    w.ctl("settings", json!({"post_burst": 100.0})).await;
+    const JSON: &str = "application/json;charset=utf-8";
+    const FORM: &str = "application/x-www-form-urlencoded";
+
+    let me = w
+        .sdk_post(Sdk::Python, "auth.test", JSON, String::new())
+        .await;
+    assert_eq!(me["ok"], true, "{me}");
+    assert_eq!(me["user_id"], json!(w.bot_user));
+    assert!(me.get("warning").is_none(), "{me}");
+
+    let blocks = json!([{"type": "section", "text": {"type": "mrkdwn", "text": "*café* ☕"}}]);
+    let root = w
+        .sdk_post(
+            Sdk::Python,
+            "chat.postMessage",
+            JSON,
+            python_json(&json!({
+                "channel": w.channel, "text": "café ☕", "blocks": blocks,
+                "unfurl_links": false, "unfurl_media": true,
+                "metadata": {"event_type": "answer", "event_payload": {"n": 1}},
+            })),
+        )
+        .await;
+    assert_eq!(root["ok"], true, "{root}");
+    assert!(root.get("warning").is_none(), "{root}");
+    assert_eq!(root["message"]["text"], "café ☕");
+    assert_eq!(root["message"]["blocks"], blocks);
+    let root_ts = root["ts"].as_str().expect("ts").to_owned();
+
+    // Attachments alone are a message (`text` is not required with them).
+    let attachments =
+        json!([{"fallback": "fallback", "text": "an attachment", "color": "#36a64f"}]);
+    let att = w
+        .sdk_post(
+            Sdk::Python,
+            "chat.postMessage",
+            JSON,
+            python_json(&json!({"channel": w.channel, "thread_ts": root_ts,
+                                "reply_broadcast": true, "attachments": attachments})),
+        )
+        .await;
+    assert_eq!(att["ok"], true, "{att}");
+    assert_eq!(att["message"]["attachments"], attachments);
+    assert_eq!(att["message"]["subtype"], "thread_broadcast");
+
+    // chat_update with blocks given as a JSON string (the SDK passes a str through).
+    let edited_blocks =
+        json!([{"type": "section", "text": {"type": "plain_text", "text": "edited"}}]);
+    let up = w
+        .sdk_post(
+            Sdk::Python,
+            "chat.update",
+            JSON,
+            python_json(
+                &json!({"channel": w.channel, "ts": root_ts, "text": "edited",
+                                "blocks": edited_blocks.to_string()}),
+            ),
+        )
+        .await;
+    assert_eq!(up["ok"], true, "{up}");
+    assert_eq!(up["message"]["blocks"], edited_blocks);
+
+    // conversations_replies from the sync client: a form, booleans as 1/0.
+    for (flag, with_metadata) in [("1", true), ("0", false)] {
+        let replies = w
+            .sdk_post(
+                Sdk::Python,
+                "conversations.replies",
+                FORM,
+                Sdk::Python.form(&[
+                    ("channel", &w.channel),
+                    ("ts", &root_ts),
+                    ("inclusive", "1"),
+                    ("include_all_metadata", flag),
+                    ("limit", "10"),
+                ]),
+            )
+            .await;
+        assert_eq!(replies["ok"], true, "{replies}");
+        assert_eq!(replies["messages"].as_array().map(Vec::len), Some(2));
+        assert_eq!(
+            replies["messages"][0]["metadata"]["event_type"].as_str(),
+            with_metadata.then_some("answer"),
+            "include_all_metadata={flag}"
+        );
+    }
+    // The async client sends GET methods as GET with a query string (and
+    // its default form content type, no body).
+    let query = Sdk::Python.form(&[
+        ("channel", &w.channel),
+        ("ts", &root_ts),
+        ("include_all_metadata", "1"),
+    ]);
+    let replies = w
+        .wire(
+            reqwest::Method::GET,
+            &format!("conversations.replies?{query}"),
+            &Sdk::Python.headers(Some(&w.token), FORM),
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(replies["ok"], true, "{replies}");
+    assert_eq!(replies["messages"][0]["metadata"]["event_type"], "answer");
+
+    let info = w
+        .sdk_post(
+            Sdk::Python,
+            "conversations.info",
+            FORM,
+            Sdk::Python.form(&[("channel", &w.channel), ("include_num_members", "0")]),
+        )
+        .await;
+    assert_eq!(info["channel"]["id"], json!(w.channel), "{info}");
+
+    let del = w
+        .sdk_post(
+            Sdk::Python,
+            "chat.delete",
+            FORM,
+            Sdk::Python.form(&[("channel", &w.channel), ("ts", &root_ts)]),
+        )
+        .await;
+    assert_eq!(del["ok"], true, "{del}");
+
+    // The unfurl arguments arrived as the booleans they were.
+    let calls = w.list("calls?method=chat.postMessage", "calls").await;
+    assert_eq!(
+        (
+            calls[0]["unfurl_links"].clone(),
+            calls[0]["unfurl_media"].clone()
+        ),
+        (json!(false), json!(true))
+    );
+
+    // A JSON body cannot carry the token: Slack wants it in the header
+    // (the SDK moves it there).
+    let no_header = w
+        .wire(
+            reqwest::Method::POST,
+            "chat.postMessage",
+            &Sdk::Python.headers(None, JSON),
+            python_json(&json!({"token": w.token, "channel": w.channel, "text": "x"})),
+        )
+        .await;
+    assert_eq!(no_header["error"], "not_authed", "{no_header}");
+}
+
+/// node-slack-sdk: every call is a POST with an
+/// `application/x-www-form-urlencoded` body; booleans as `true`/`false`,
+/// objects and arrays (blocks, metadata) as JSON strings, the token in the
+/// `Authorization` header and, when a call names its own token, in the body
+/// too.
+#[tokio::test]
+async fn node_slack_sdk_requests_are_understood() {
+    let w = World::new(
+        32,
+        vec![],
+        &[],
+        &["chat:write", "channels:history", "channels:read"],
+    )
+    .await;
+    w.ctl("settings", json!({"post_burst": 100.0})).await;
+    const FORM: &str = "application/x-www-form-urlencoded";
+
+    let me = w
+        .sdk_post(Sdk::Node, "auth.test", FORM, String::new())
+        .await;
+    assert_eq!(me["ok"], true, "{me}");
+
+    let blocks =
+        json!([{"type": "section", "text": {"type": "mrkdwn", "text": "it's *done* (100%)"}}]);
+    let metadata = json!({"event_type": "answer", "event_payload": {"id": "a b"}});
+    let post = Sdk::Node.form(&[
+        ("channel", &w.channel),
+        ("text", "it's done (100%)"),
+        ("blocks", &blocks.to_string()),
+        ("metadata", &metadata.to_string()),
+        ("unfurl_links", "false"),
+        ("unfurl_media", "true"),
+        ("reply_broadcast", "false"),
+    ]);
+    assert!(post.contains("text=it's%20done%20(100%25)"), "{post}");
+    let root = w.sdk_post(Sdk::Node, "chat.postMessage", FORM, post).await;
+    assert_eq!(root["ok"], true, "{root}");
+    assert_eq!(root["message"]["text"], "it's done (100%)");
+    assert_eq!(root["message"]["blocks"], blocks);
+    let root_ts = root["ts"].as_str().expect("ts").to_owned();
+
+    // A call with its own token: the header and the body both carry it.
+    let reply = w
+        .sdk_post(
+            Sdk::Node,
+            "chat.postMessage",
+            FORM,
+            Sdk::Node.form(&[
+                ("token", &w.token),
+                ("channel", &w.channel),
+                ("thread_ts", &root_ts),
+                ("text", "in the thread"),
+                ("reply_broadcast", "true"),
+            ]),
+        )
+        .await;
+    assert_eq!(reply["ok"], true, "{reply}");
+    assert_eq!(reply["message"]["subtype"], "thread_broadcast");
+    // And the legacy way: the token only in the body.
+    let legacy = w
+        .wire(
+            reqwest::Method::POST,
+            "chat.postMessage",
+            &Sdk::Node.headers(None, FORM),
+            Sdk::Node.form(&[
+                ("token", &w.token),
+                ("channel", &w.channel),
+                ("thread_ts", &root_ts),
+                ("text", "token in the body"),
+            ]),
+        )
+        .await;
+    assert_eq!(legacy["ok"], true, "{legacy}");
+
+    let replies = w
+        .sdk_post(
+            Sdk::Node,
+            "conversations.replies",
+            FORM,
+            Sdk::Node.form(&[
+                ("channel", &w.channel),
+                ("ts", &root_ts),
+                ("inclusive", "true"),
+                ("include_all_metadata", "true"),
+                ("limit", "15"),
+            ]),
+        )
+        .await;
+    assert_eq!(replies["ok"], true, "{replies}");
+    assert_eq!(replies["messages"].as_array().map(Vec::len), Some(3));
+    assert_eq!(replies["messages"][0]["metadata"], metadata);
+
+    let up = w
+        .sdk_post(
+            Sdk::Node,
+            "chat.update",
+            FORM,
+            Sdk::Node.form(&[
+                ("channel", &w.channel),
+                ("ts", &root_ts),
+                ("text", "edited"),
+                ("blocks", "[]"),
+            ]),
+        )
+        .await;
+    assert_eq!(
+        (up["ok"].clone(), up["text"].clone()),
+        (json!(true), json!("edited")),
+        "{up}"
+    );
+
+    let info = w
+        .sdk_post(
+            Sdk::Node,
+            "conversations.info",
+            FORM,
+            Sdk::Node.form(&[("channel", &w.channel), ("include_locale", "false")]),
+        )
+        .await;
+    assert_eq!(info["channel"]["is_member"], true, "{info}");
+
+    let del = w
+        .sdk_post(
+            Sdk::Node,
+            "chat.delete",
+            FORM,
+            Sdk::Node.form(&[("channel", &w.channel), ("ts", &root_ts)]),
+        )
+        .await;
+    assert_eq!(del["ok"], true, "{del}");
+
+    let calls = w.list("calls?method=chat.postMessage", "calls").await;
+    assert_eq!(
+        (
+            calls[0]["unfurl_links"].clone(),
+            calls[0]["unfurl_media"].clone()
+        ),
+        (json!(false), json!(true))
+    );
+}
+
+/// Slack's `oauth.v2.access` answer (bolt-python's mock of it,
+/// `shared/fixtures/slack/web/oauth.v2.access-success.bolt-python.json`):
+/// every field slack-sim must answer with, with its JSON type.
+const OAUTH_SUCCESS_FIXTURE: &str = r#"{"ok": true, "access_token": "xoxb-17653672481-19874698323-pdFZKVeTuE8sk7oOcBrzbqgy",
+  "token_type": "bot", "scope": "chat:write,commands", "bot_user_id": "U0KRQLJ9H", "app_id": "A0KRD7HC3",
+  "team": {"name": "Slack Softball Team", "id": "T9TK3CUKW"}, "enterprise": {"name": "slack-sports", "id": "E12345678"},
+  "authed_user": {"id": "U1234", "scope": "chat:write", "access_token": "xoxp-1234", "token_type": "user"}}"#;
+
+/// The rotated-token fields (python-slack-sdk's mock,
+/// `oauth.v2.access-success_token_rotation.python-slack-sdk.json`).
+const ROTATION_FIELDS: [&str; 3] = ["refresh_token", "expires_in", "is_enterprise_install"];
+
+fn same_type(a: &Value, b: &Value) -> bool {
+    std::mem::discriminant(a) == std::mem::discriminant(b)
+}
+
+/// python-slack-sdk's `oauth_v2_access` sends the client credentials as
+/// HTTP Basic (`auth={"client_id", "client_secret"}` becomes
+/// `Authorization: Basic base64(id:secret)`) and only `code`,
+/// `redirect_uri`, `grant_type`, `refresh_token` in the form, as Slack
+/// recommends; node-slack-sdk's `InstallProvider` sends them as form fields.
+#[tokio::test]
+async fn oauth_v2_access_takes_client_credentials_as_http_basic_or_fields() {
+    let w = World::new(33, vec![], &[], &[]).await;
+    let app = w.ctl("apps", json!({"name": "Basic"})).await;
+    let (id, secret) = (
+        app["client_id"].as_str().expect("id").to_owned(),
+        app["client_secret"].as_str().expect("secret").to_owned(),
+    );
+    let install = |id: String| {
+        let (http, base, team) = (
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .expect("client"),
+            w.base.clone(),
+            w.team.clone(),
+        );
+        async move {
+            let r = http
+                .get(format!("{base}/oauth/v2/authorize"))
+                .query(&[
+                    ("client_id", id.as_str()),
+                    ("scope", "chat:write"),
+                    ("redirect_uri", "http://app.example/cb"),
+                    ("team", &team),
+                ])
+                .send()
+                .await
+                .expect("authorize");
+            let location = r.headers()["location"]
+                .to_str()
+                .expect("location")
+                .to_owned();
+            location
+                .split("code=")
+                .nth(1)
+                .and_then(|s| s.split('&').next())
+                .expect("code")
+                .to_owned()
+        }
+    };
+    let exchange = |authorization: Option<String>, form: Vec<(&'static str, String)>| {
+        let pairs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let body = Sdk::Python.form(&pairs);
+        let mut headers = Sdk::Python.headers(None, "application/x-www-form-urlencoded");
+        if let Some(a) = authorization {
+            headers.push(("authorization", a));
+        }
+        let w = &w;
+        async move {
+            w.wire(reqwest::Method::POST, "oauth.v2.access", &headers, body)
+                .await
+        }
+    };
+    let basic = |id: &str, secret: &str| {
+        // base64 as Python's `b64encode(f"{client_id}:{client_secret}")`.
+        const B64: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let raw = format!("{id}:{secret}");
+        let mut out = String::new();
+        for chunk in raw.as_bytes().chunks(3) {
+            let n = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+            for i in 0..4 {
+                out.push(if i <= chunk.len() {
+                    char::from(B64[((n >> (18 - 6 * i)) & 63) as usize])
+                } else {
+                    '='
+                });
+            }
+        }
+        format!("Basic {out}")
+    };
+    let code = install(id.clone()).await;
+    let with_code = || {
+        vec![
+            ("code", code.clone()),
+            ("redirect_uri", "http://app.example/cb".to_owned()),
+        ]
+    };
+
+    // Wrong credentials are refused with Slack's codes, and leave the code usable.
+    let unknown = exchange(Some(basic("1234.5678", &secret)), with_code()).await;
+    let fixture: Value =
+        serde_json::from_str(r#"{"error": "invalid_client_id", "ok": false}"#).expect("fixture");
+    assert_eq!(
+        unknown, fixture,
+        "oauth.v2.access-error-invalid_client_id.openapi.json"
+    );
+    for (authorization, form, error) in [
+        (Some(basic(&id, "wrong")), with_code(), "bad_client_secret"),
+        (
+            Some("Basic !!!".to_owned()),
+            with_code(),
+            "invalid_client_id",
+        ),
+        (None, with_code(), "invalid_client_id"),
+        // Basic and form fields that name another secret or client.
+        (
+            Some(basic(&id, &secret)),
+            [with_code(), vec![("client_secret", "other".to_owned())]].concat(),
+            "bad_client_secret",
+        ),
+        (
+            Some(basic(&id, &secret)),
+            [with_code(), vec![("client_id", "1.2".to_owned())]].concat(),
+            "invalid_client_id",
+        ),
+    ] {
+        let r = exchange(authorization.clone(), form).await;
+        assert_eq!(
+            (r["ok"].clone(), r["error"].clone()),
+            (json!(false), json!(error)),
+            "{authorization:?}: {r}"
+        );
+    }
+
+    // The right Basic credentials (scheme in any case) complete the install.
+    let lower = basic(&id, &secret).replacen("Basic", "basic", 1);
+    let ok = exchange(Some(lower), with_code()).await;
+    assert_eq!(ok["ok"], true, "{ok}");
+    let fixture: Value = serde_json::from_str(OAUTH_SUCCESS_FIXTURE).expect("fixture");
+    for (k, v) in fixture.as_object().expect("object") {
+        // `enterprise` is null outside an Enterprise organization.
+        let null_ok = k == "enterprise";
+        assert!(
+            ok.get(k)
+                .is_some_and(|got| same_type(got, v) || (null_ok && got.is_null())),
+            "{k}: {ok}"
+        );
+    }
+    assert!(
+        ok["access_token"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("xoxb-"))
+    );
+    assert_eq!(ok["team"]["id"], json!(w.team));
+    let token = ok["access_token"].as_str().expect("token").to_owned();
+    let me = w
+        .wire(
+            reqwest::Method::POST,
+            "auth.test",
+            &Sdk::Python.headers(Some(&token), "application/json;charset=utf-8"),
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(me["ok"], true, "{me}");
+    // Codes are single use, whatever carries the credentials.
+    let again = exchange(Some(basic(&id, &secret)), with_code()).await;
+    assert_eq!(again["error"], "invalid_code");
+
+    // Basic and form fields that agree; form fields alone (node-slack-sdk).
+    let code = install(id.clone()).await;
+    let both = exchange(
+        Some(basic(&id, &secret)),
+        vec![
+            ("client_id", id.clone()),
+            ("client_secret", secret.clone()),
+            ("code", code),
+        ],
+    )
+    .await;
+    assert_eq!(both["ok"], true, "{both}");
+    let code = install(id.clone()).await;
+    let fields = Sdk::Node.form(&[
+        ("client_id", &id),
+        ("client_secret", &secret),
+        ("code", &code),
+        ("redirect_uri", "http://app.example/cb"),
+    ]);
+    let node = w
+        .wire(
+            reqwest::Method::POST,
+            "oauth.v2.access",
+            &Sdk::Node.headers(None, "application/x-www-form-urlencoded"),
+            fields,
+        )
+        .await;
+    assert_eq!(node["ok"], true, "{node}");
+
+    // Token rotation: python-slack-sdk refreshes with Basic too.
+    let rotating = w
+        .ctl("apps", json!({"name": "Rotating", "token_rotation": true}))
+        .await;
+    let (rid, rsecret) = (
+        rotating["client_id"].as_str().expect("id").to_owned(),
+        rotating["client_secret"]
+            .as_str()
+            .expect("secret")
+            .to_owned(),
+    );
+    let code = install(rid.clone()).await;
+    let first = exchange(Some(basic(&rid, &rsecret)), vec![("code", code)]).await;
+    assert_eq!(first["ok"], true, "{first}");
+    for k in ROTATION_FIELDS {
+        assert!(first.get(k).is_some(), "{k}: {first}");
+    }
+    let refreshed = exchange(
+        Some(basic(&rid, &rsecret)),
+        vec![
+            ("grant_type", "refresh_token".to_owned()),
+            (
+                "refresh_token",
+                first["refresh_token"].as_str().expect("rt").to_owned(),
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(refreshed["ok"], true, "{refreshed}");
+    assert_ne!(refreshed["access_token"], first["access_token"]);
+    let wrong = exchange(
+        Some(basic(&rid, &secret)),
+        vec![
+            ("grant_type", "refresh_token".to_owned()),
+            (
+                "refresh_token",
+                refreshed["refresh_token"].as_str().expect("rt").to_owned(),
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(wrong["error"], "bad_client_secret");
+}
+
+/// How Slack reads a request's content type and body: the media type and
+/// its parameters in any case, `charset` (utf-8 or iso-8859-1) there or
+/// not — with the warnings Slack gives — and its codes for what it cannot
+/// read.
+#[tokio::test]
+async fn content_types_charsets_and_bad_bodies_answer_as_slack_does() {
+    let w = World::new(34, vec![], &[], &["chat:write"]).await;
+    w.ctl("settings", json!({"post_burst": 100.0})).await;
+    let post = json!({"channel": w.channel, "text": "hi"}).to_string();
+    let form = Sdk::Node.form(&[("channel", &w.channel), ("text", "hi")]);
+    let send = |content_type: Option<&str>, body: Vec<u8>| {
+        let mut headers = vec![("authorization", format!("Bearer {}", w.token))];
+        if let Some(c) = content_type {
+            headers.push(("content-type", c.to_owned()));
+        }
+        let w = &w;
+        async move {
+            w.wire(reqwest::Method::POST, "chat.postMessage", &headers, body)
+                .await
+        }
+    };
+
+    for ct in [
+        "application/json;charset=utf-8",
+        "Application/JSON; Charset=\"UTF-8\"",
+        "application/json; charset=iso-8859-1",
+    ] {
+        let r = send(Some(ct), post.clone().into_bytes()).await;
+        assert_eq!(r["ok"], true, "{ct}: {r}");
+        assert!(r.get("warning").is_none(), "{ct}: {r}");
+        assert!(r.get("response_metadata").is_none(), "{ct}: {r}");
+    }
+    for (ct, body, warning) in [
+        ("application/json", post.clone(), "missing_charset"),
+        (
+            "application/x-www-form-urlencoded; charset=utf-8",
+            form.clone(),
+            "superfluous_charset",
+        ),
+    ] {
+        let r = send(Some(ct), body.into_bytes()).await;
+        assert_eq!(
+            (
+                r["ok"].clone(),
+                r["warning"].clone(),
+                r["response_metadata"].clone()
+            ),
+            (json!(true), json!(warning), json!({"warnings": [warning]})),
+            "{ct}"
+        );
+    }
+    // A form in iso-8859-1: `%E9` is é.
+    let r = send(
+        Some("application/x-www-form-urlencoded; charset=ISO-8859-1"),
+        format!("channel={}&text=caf%E9", w.channel).into_bytes(),
+    )
+    .await;
+    assert_eq!(r["message"]["text"], "café", "{r}");
+    // multipart/form-data, as python-slack-sdk writes it (each part opened by
+    // CRLF, the boundary and CRLF).
+    let boundary = "--------------3f0c8a1e-9d2b-4c1e-8f00-5c6a7d8e9f01";
+    let mut multipart = String::new();
+    for (k, v) in [("channel", w.channel.as_str()), ("text", "multi\r\npart")] {
+        multipart.push_str(&format!(
+            "\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"{k}\"\r\n\r\n{v}"
+        ));
+    }
+    multipart.push_str(&format!("\r\n--{boundary}--\r\n"));
+    let ct = format!("multipart/form-data; boundary={boundary}");
+    let r = send(Some(&ct), multipart.clone().into_bytes()).await;
+    assert_eq!(r["message"]["text"], "multi\r\npart", "{r}");
+
+    let cut = multipart[..multipart.len() - boundary.len() - 8].to_owned();
+    let too_many: Vec<Value> = (0..101).map(|i| json!({"text": i.to_string()})).collect();
+    let cases: Vec<(Option<&str>, Vec<u8>, &str)> = vec![
+        (
+            Some("application/json; charset=utf-16"),
+            post.clone().into(),
+            "invalid_charset",
+        ),
+        (
+            Some("application/xml"),
+            b"<a/>".to_vec(),
+            "invalid_post_type",
+        ),
+        (None, form.clone().into(), "missing_post_type"),
+        (
+            Some("application/json"),
+            b"{\"channel\": ".to_vec(),
+            "invalid_json",
+        ),
+        (
+            Some("application/json"),
+            b"[1, 2]".to_vec(),
+            "json_not_object",
+        ),
+        (
+            Some("application/x-www-form-urlencoded"),
+            format!("{form}&channels[]=C1").into(),
+            "invalid_array_arg",
+        ),
+        (
+            Some("application/x-www-form-urlencoded"),
+            format!("channel={}&text=%FF%FE", w.channel).into(),
+            "invalid_form_data",
+        ),
+        (Some(&ct), cut.into(), "invalid_form_data"),
+        (
+            Some("multipart/form-data"),
+            multipart.into(),
+            "invalid_form_data",
+        ),
+        (
+            Some("application/x-www-form-urlencoded"),
+            format!("{form}&blocks=%5B%7B").into(),
+            "invalid_blocks_format",
+        ),
+        (
+            Some("application/json"),
+            json!({"channel": w.channel, "blocks": {"type": "section"}})
+                .to_string()
+                .into(),
+            "invalid_blocks_format",
+        ),
+        (
+            Some("application/x-www-form-urlencoded"),
+            format!("{form}&metadata=nope").into(),
+            "invalid_metadata_format",
+        ),
+        (
+            Some("application/x-www-form-urlencoded"),
+            format!("{form}&attachments=%7B%7D").into(),
+            "invalid_attachments",
+        ),
+        (
+            Some("application/json"),
+            json!({"channel": w.channel, "attachments": too_many})
+                .to_string()
+                .into(),
+            "too_many_attachments",
+        ),
+    ];
+    for (ct, body, error) in cases {
+        let r = send(ct, body).await;
+        assert_eq!(
+            (r["ok"].clone(), r["error"].clone()),
+            (json!(false), json!(error)),
+            "{ct:?}: {r}"
+        );
+    }
+    // The bearer scheme in any case.
+    let r = w
+        .wire(
+            reqwest::Method::POST,
+            "auth.test",
+            &[("authorization", format!("bearer {}", w.token))],
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+}
