@@ -1060,7 +1060,14 @@ async fn a_post_is_recorded_whatever_became_of_its_intent_and_a_crossing_is_seen
         .execute(&env.db.pool)
         .await
         .expect("context");
-    let crossing = format!("{}5", &root[..root.len() - 1]);
+    // After everything the answer read, before its reply (whole seconds
+    // later: a ts's last digits say nothing of its order with the root's).
+    let later = |secs: u64| {
+        let newest = root.as_str().max(p.source_ts.as_str());
+        let (whole, micros) = newest.split_once('.').expect("a Slack ts");
+        format!("{}.{micros}", whole.parse::<u64>().expect("seconds") + secs)
+    };
+    let crossing = later(1);
     sqlx::query("INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash) VALUES ($1, $2, $3, $4, 'user', 'wait', 'h')")
         .bind(env.inst).bind(&env.channel).bind(&crossing).bind(&root)
         .execute(&env.db.pool).await.expect("message");
@@ -1080,7 +1087,7 @@ async fn a_post_is_recorded_whatever_became_of_its_intent_and_a_crossing_is_seen
     .execute(&env.db.pool)
     .await
     .expect("held intent");
-    let reply_ts = format!("{}9", &root[..root.len() - 1]);
+    let reply_ts = later(2);
     let r = record_post(&env.db.pool, intent, decision, &reply_ts, false)
         .await
         .expect("recorded");
@@ -1116,7 +1123,7 @@ async fn a_post_is_recorded_whatever_became_of_its_intent_and_a_crossing_is_seen
             .outcome,
         PostRecord::Already
     );
-    let second = format!("{}8", &root[..root.len() - 1]);
+    let second = later(3);
     assert_eq!(
         record_post(&env.db.pool, intent, decision, &second, false)
             .await
