@@ -22,11 +22,11 @@ demo: ## Build, start what is missing, play a scripted Slack story and report (A
 
 .PHONY: chaos
 chaos: ## Adversarial chaos soak judged from Slack's side: random activity, faults, kills, pauses, Postgres and NATS outages (ARGS="--events N --seed N")
-	./scripts/with-services.sh bash -c 'cargo build -q --workspace --bins && "$${CARGO_TARGET_DIR:-target}/debug/threadline-chaos" $(ARGS)'
+	./scripts/with-services.sh bash -c 'cargo build --workspace --bins && "$${CARGO_TARGET_DIR:-target}/debug/threadline-chaos" $(ARGS)'
 
 .PHONY: test
-test: deploy-check ## Lint, check the deployment, build, and run unit, integration and end-to-end tests (starts Postgres/NATS if absent)
-	./scripts/with-services.sh $(MAKE) --no-print-directory lint test-only
+test: deploy-check ## Lint, check the deployment, build, run unit, integration and end-to-end tests (starts Postgres/NATS if absent), then the container smoke test
+	./scripts/with-services.sh $(MAKE) --no-print-directory lint test-only image-smoke-only
 
 .PHONY: test-only
 test-only: ## Run the tests against already reachable services
@@ -36,6 +36,18 @@ ifeq ($(NEXTEST),yes)
 else
 	cargo test --workspace
 endif
+
+.PHONY: images
+images: ## Container images of the services and the CLI (threadline-<name>:dev and :<version>); ARGS=--from-source uses deploy/Dockerfile's build stage
+	./scripts/images.sh $(ARGS)
+
+.PHONY: image-smoke
+image-smoke: ## Build the images and run every service in a container: probes, non-root, read-only root, one mention answered through slack-sim (starts Docker, Postgres, NATS if absent)
+	./scripts/with-services.sh ./scripts/image-smoke.sh
+
+.PHONY: image-smoke-only
+image-smoke-only:
+	./scripts/image-smoke.sh
 
 .PHONY: lint
 lint: ## rustfmt check and clippy with warnings denied

@@ -9,9 +9,11 @@
 # which must be caught), and lints the Dockerfile with hadolint. Needs no
 # cluster and no Docker engine. DEPLOY_CHECK_VERBOSE=1 lists each breakage.
 #
-# Tools: kubectl (for kustomize) from the PATH or $KUBECTL; Python 3 with
-# venv; the Python packages are installed once into a virtualenv under
-# ${XDG_CACHE_HOME:-$HOME/.cache}/threadline/venv (reused by CI).
+# Tools: kubectl (for kustomize) from $KUBECTL or the PATH, else fetched
+# once (pinned, checksum-verified) into ${XDG_CACHE_HOME:-$HOME/.cache}/threadline/bin;
+# Python 3 with venv; the Python packages are installed once from PyPI into
+# a virtualenv under ${XDG_CACHE_HOME:-$HOME/.cache}/threadline/venv (about
+# 200 MB, reused by CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,19 +26,43 @@ say() { printf 'deploy-check: %s\n' "$*"; }
 die() { printf 'deploy-check: FAIL: %s\n' "$*" >&2; exit 1; }
 
 # kubectl ------------------------------------------------------------------
+# From $KUBECTL or the PATH; else the pinned release, fetched once from
+# dl.k8s.io into the cache beside the virtualenv and checked against the
+# SHA-256 published with it.
+KUBECTL_VERSION=v1.32.4
+TOOLS="${XDG_CACHE_HOME:-$HOME/.cache}/threadline/bin"
 KUBECTL="${KUBECTL:-$(command -v kubectl || true)}"
-if [[ -z "$KUBECTL" || ! -x "$KUBECTL" ]]; then
-  cat >&2 <<'EOF'
-deploy-check: FAIL: kubectl is not installed (it renders the kustomize overlays).
+if [[ -z "$KUBECTL" && -x "$TOOLS/kubectl-$KUBECTL_VERSION" ]]; then
+  KUBECTL="$TOOLS/kubectl-$KUBECTL_VERSION"
+fi
+if [[ -z "$KUBECTL" ]]; then
+  arch="$(uname -m)"; case "$arch" in x86_64) arch=amd64 ;; aarch64|arm64) arch=arm64 ;; esac
+  os="$(uname -s | tr '[:upper:]' '[:lower:]')"
+  url="https://dl.k8s.io/release/$KUBECTL_VERSION/bin/$os/$arch/kubectl"
+  say "kubectl not found: fetching $url"
+  mkdir -p "$TOOLS"
+  tmp="$(mktemp "$TOOLS/kubectl.XXXXXX")"
+  if curl -fsSL --max-time 120 -o "$tmp" "$url" \
+     && sum="$(curl -fsSL --max-time 30 "$url.sha256")" \
+     && echo "${sum%% *}  $tmp" | sha256sum -c --quiet - 2>/dev/null; then
+    chmod 0755 "$tmp"
+    mv "$tmp" "$TOOLS/kubectl-$KUBECTL_VERSION"
+    KUBECTL="$TOOLS/kubectl-$KUBECTL_VERSION"
+  else
+    rm -f "$tmp"
+    cat >&2 <<EOF2
+deploy-check: FAIL: kubectl is not installed (it renders the kustomize overlays),
+and $url could not be fetched and verified.
 Install a kubectl of version 1.27 or later (kustomize v5 built in), for example:
   Debian/Ubuntu:  sudo apt-get install -y kubectl   (from the Kubernetes apt
                   repository, see https://kubernetes.io/docs/tasks/tools/install-kubectl-linux/)
-  or the binary:  curl -LO "https://dl.k8s.io/release/v1.32.4/bin/linux/amd64/kubectl" \
-                  && sudo install -m 0755 kubectl /usr/local/bin/kubectl
+  or the binary:  curl -LO "$url" && sudo install -m 0755 kubectl /usr/local/bin/kubectl
 or point KUBECTL at one: KUBECTL=/path/to/kubectl make deploy-check
-EOF
-  exit 1
+EOF2
+    exit 1
+  fi
 fi
+[[ -x "$KUBECTL" ]] || die "KUBECTL=$KUBECTL is not an executable"
 
 # Python virtualenv ---------------------------------------------------------
 stamp="$VENV/.threadline-requirements"

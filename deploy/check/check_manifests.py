@@ -1268,6 +1268,49 @@ def validate_builtin(rep, where, doc, kv):
     return True
 
 
+def image_target(binary: str) -> str:
+    """deploy/Dockerfile's target (and image threadline-<target>) of a binary."""
+    return "cli" if binary == "threadline" else binary.removeprefix("threadline-")
+
+
+def check_image(rep, where, doc, c, images):
+    """A threadline container runs the image `make images` builds for its
+    binary: threadline-<target>:dev in dev, <registry>/<target>:<workspace
+    version>[@sha256:…] in production (the same image, pushed)."""
+    target = image_target(c["name"])
+    image = str(c.get("image") or "")
+    name = f"{kn(doc)}: container {c['name']}"
+    if target not in images["targets"]:
+        rep.error(where, f"{name}: make images builds no image {target} (targets: {sorted(images['targets'])})")
+        return
+    if where.startswith("dev/"):
+        want = f"threadline-{target}:dev"
+        if image != want:
+            rep.error(where, f"{name}: image {image} is not {want}, which make images builds")
+    else:
+        version = re.escape(images["version"])
+        if not re.fullmatch(rf"[^:@]+/{re.escape(target)}:{version}(@sha256:[0-9a-f]{{64}})?", image):
+            rep.error(where, f"{name}: image {image} is not <registry>/{target}:{images['version']} "
+                             f"(make images tags threadline-{target}:{images['version']}, pushed renamed)")
+
+
+def image_set(root: Path) -> dict:
+    """The images scripts/images.sh builds (its TARGETS), checked against
+    deploy/Dockerfile's runtime stages, and the workspace version they are
+    tagged with."""
+    script = (root / "scripts/images.sh").read_text()
+    m = re.search(r"^TARGETS=\(([^)]*)\)", script, re.M)
+    targets = set(m.group(1).split()) if m else set()
+    stages = set(re.findall(r"^FROM runtime AS (\S+)", (root / "deploy/Dockerfile").read_text(), re.M))
+    version = re.search(r'^\[workspace\.package\][^\[]*?^version\s*=\s*"([^"]+)"',
+                        (root / "Cargo.toml").read_text(), re.M | re.S)
+    if not targets or targets != stages or not version:
+        raise rust_settings.ExtractError(
+            f"scripts/images.sh TARGETS {sorted(targets)} must equal deploy/Dockerfile's runtime stages "
+            f"{sorted(stages)}, and Cargo.toml must have a [workspace.package] version")
+    return dict(targets=targets, version=version.group(1))
+
+
 def check_overlay(rep, where, docs, ctx_base, kv):
     by_kind: dict[str, dict[str, dict]] = {}
     for d in docs:
@@ -1286,6 +1329,7 @@ def check_overlay(rep, where, docs, ctx_base, kv):
                                      f"no crate builds one (names: {sorted(bins)})")
                     continue
                 ctx["binary_of"][dig(d, "metadata.name")] = c["name"]
+                check_image(rep, where, d, c, ctx["images"])
                 ctx["settings_of"][dig(d, "metadata.name")] = provided_settings(rep, where, d, c, by_kind)
                 ctx["workloads"].append((where, d, c["name"], ctx["settings_of"][dig(d, "metadata.name")]))
     ctx["policies"].extend((where, d) for d in docs if d["kind"] == "NetworkPolicy")
@@ -1358,6 +1402,7 @@ def load_code(root: Path) -> dict:
     return dict(
         bins=bins,
         topology=rust_settings.topology(root, bins),
+        images=image_set(root),
         metrics=rust_settings.metric_names(root),
         metric_labels=rust_settings.metric_labels(root),
         cli_commands=rust_settings.cli_commands(root),

@@ -189,6 +189,29 @@ def _(i: Input):
             "THREADLINE_BUS_PREFIX", "tl2")
 
 
+# Images: the manifests run what `make images` builds.
+
+@breakage("images", "a dev Deployment on an image tag make images does not build",
+          "dev/app:", "Deployment/threadline-publisher", "image threadline-publisher:latest is not threadline-publisher:dev")
+def _(i: Input):
+    container(i.edit("dev/app", "Deployment", "threadline-publisher"), "threadline-publisher")["image"] = \
+        "threadline-publisher:latest"
+
+
+@breakage("images", "a production workload on another version than the workspace's",
+          "production/app:", "CronJob/threadline-purge", "is not <registry>/cli:")
+def _(i: Input):
+    c = container(i.edit("production/app", "CronJob", "threadline-purge"), "threadline")
+    c["image"] = "registry.example.com/threadline/cli:0.0.9"
+
+
+@breakage("images", "a Deployment running another binary's image",
+          "production/app:", "Deployment/threadline-inference", "is not <registry>/inference:")
+def _(i: Input):
+    c = container(i.edit("production/app", "Deployment", "threadline-inference"), "threadline-inference")
+    c["image"] = c["image"].replace("/inference:", "/publisher:")
+
+
 # Listen addresses, ports and probes.
 
 @breakage("service", "a service listening on 127.0.0.1",

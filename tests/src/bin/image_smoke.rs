@@ -1,0 +1,448 @@
+//! `make image-smoke`: the container images, run for real.
+//!
+//! Every service runs in its own container made from the images that
+//! `make images` built (`threadline-<name>:$IMAGE_TAG`, default `dev`), as
+//! Kubernetes runs them: read-only root filesystem, no capabilities, no
+//! privilege escalation, the image's own user. The containers share the
+//! host's network, so they reach this machine's Postgres and NATS as the
+//! tests do, on a fresh database and a bus prefix of their own.
+//!
+//! Checked, from the outside: the CLI image migrates the database and
+//! registers the installation; each service process runs as uid and gid
+//! 65532 on a read-only root filesystem and answers `/healthz` and
+//! `/readyz`; a mention posted in slack-sim (itself in a container) gets
+//! exactly one reply in its thread, written by the built-in model about that
+//! very message; each service stops cleanly on SIGTERM (exit 0). Everything
+//! started is removed, also on failure.
+
+use std::process::{Command, ExitCode, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use threadline_testkit::{TestDb, nats_url, sim::SimWorkspace, slack, unique_prefix};
+use threadline_tests::free_port;
+
+const READY_LIMIT: Duration = Duration::from_secs(60);
+const ANSWER_LIMIT: Duration = Duration::from_secs(60);
+
+fn docker(args: &[&str]) -> Output {
+    Command::new("docker")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running docker: {e}"))
+}
+
+fn text(o: &[u8]) -> String {
+    String::from_utf8_lossy(o).trim().to_owned()
+}
+
+/// A container this run started; removed when dropped.
+struct Container {
+    name: String,
+    role: &'static str,
+    port: Option<u16>,
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = docker(&["rm", "-f", "-v", &self.name]);
+    }
+}
+
+impl Container {
+    fn logs(&self) -> String {
+        let o = docker(&["logs", "--tail", "40", &self.name]);
+        format!("{}{}", text(&o.stdout), text(&o.stderr))
+    }
+
+    fn inspect(&self, format: &str) -> String {
+        text(&docker(&["inspect", "-f", format, &self.name]).stdout)
+    }
+}
+
+/// The hardening every container gets, as the Kubernetes manifests ask
+/// (readOnlyRootFilesystem, drop ALL, allowPrivilegeEscalation false).
+const HARDENED: &[&str] = &[
+    "--network",
+    "host",
+    "--read-only",
+    "--cap-drop",
+    "ALL",
+    "--security-opt",
+    "no-new-privileges",
+];
+
+struct Run {
+    tag: String,
+    id: String,
+    env: Vec<(String, String)>,
+}
+
+impl Run {
+    fn image(&self, name: &str) -> String {
+        format!("threadline-{name}:{}", self.tag)
+    }
+
+    fn env_args(&self, extra: &[(&str, String)]) -> Vec<String> {
+        self.env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .chain(extra.iter().cloned())
+            .flat_map(|(k, v)| ["-e".to_owned(), format!("{k}={v}")])
+            .collect()
+    }
+
+    /// Runs the CLI image to completion; its output on failure.
+    fn cli(&self, args: &[&str]) -> Result<String, String> {
+        let env = self.env_args(&[]);
+        let mut all: Vec<&str> = vec!["run", "--rm"];
+        all.extend(HARDENED);
+        all.extend(env.iter().map(String::as_str));
+        let image = self.image("cli");
+        all.push(&image);
+        all.extend(args);
+        let o = docker(&all);
+        if o.status.success() {
+            Ok(text(&o.stdout))
+        } else {
+            Err(format!(
+                "threadline {} in {image} exited {}: {}{}",
+                args.join(" "),
+                o.status,
+                text(&o.stdout),
+                text(&o.stderr)
+            ))
+        }
+    }
+
+    /// Starts a detached container of `image` with the run's settings.
+    fn start(
+        &self,
+        role: &'static str,
+        image: &str,
+        port: Option<u16>,
+        extra: &[(&str, String)],
+        args: &[&str],
+    ) -> Result<Container, String> {
+        let name = format!("threadline-smoke-{}-{role}", self.id);
+        let env = self.env_args(extra);
+        let image = self.image(image);
+        let mut all: Vec<&str> = vec!["run", "-d", "--name", &name];
+        all.extend(HARDENED);
+        all.extend(env.iter().map(String::as_str));
+        all.push(&image);
+        all.extend(args);
+        let o = docker(&all);
+        if !o.status.success() {
+            return Err(format!("docker run {image} ({role}): {}", text(&o.stderr)));
+        }
+        Ok(Container { name, role, port })
+    }
+}
+
+/// Waits until `url` answers 2xx while the container runs.
+async fn wait_ok(http: &reqwest::Client, c: &Container, path: &str) -> Result<(), String> {
+    let port = c.port.expect("a service port");
+    let url = format!("http://127.0.0.1:{port}{path}");
+    let start = Instant::now();
+    loop {
+        if let Ok(r) = http.get(&url).send().await
+            && r.status().is_success()
+        {
+            return Ok(());
+        }
+        if c.inspect("{{.State.Running}}") != "true" {
+            return Err(format!(
+                "{} exited ({}) before answering {path}; it printed:\n{}",
+                c.role,
+                c.inspect("{{.State.ExitCode}}"),
+                c.logs()
+            ));
+        }
+        if start.elapsed() > READY_LIMIT {
+            return Err(format!(
+                "{} did not answer {path} within {} s; it printed:\n{}",
+                c.role,
+                READY_LIMIT.as_secs(),
+                c.logs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The container's process runs as 65532:65532 on a read-only root
+/// filesystem, read from the kernel (the host's /proc), not from the image.
+fn hardened(c: &Container) -> Result<String, String> {
+    let pid = c.inspect("{{.State.Pid}}");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| format!("{}: reading /proc/{pid}/status: {e}", c.role))?;
+    let ids = |key: &str| -> Vec<String> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.split_whitespace().map(str::to_owned).collect())
+            .unwrap_or_default()
+    };
+    let (uid, gid) = (ids("Uid:"), ids("Gid:"));
+    if uid.is_empty() || uid.iter().any(|u| u != "65532") || gid.iter().any(|g| g != "65532") {
+        return Err(format!(
+            "{} runs as uid {uid:?} gid {gid:?}, not 65532",
+            c.role
+        ));
+    }
+    if c.inspect("{{.HostConfig.ReadonlyRootfs}}") != "true" {
+        return Err(format!("{}: root filesystem is writable", c.role));
+    }
+    let caps = ids("CapEff:");
+    if caps.first().map(String::as_str) != Some("0000000000000000") {
+        return Err(format!("{} has capabilities {caps:?}", c.role));
+    }
+    Ok(format!(
+        "uid/gid 65532, read-only root, no capabilities (image user {})",
+        c.inspect("{{.Config.User}}")
+    ))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match smoke().await {
+        Ok(()) => {
+            println!("image-smoke: ok");
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            eprintln!("image-smoke: FAIL: {why}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn smoke() -> Result<(), String> {
+    let tag = std::env::var("IMAGE_TAG").unwrap_or_else(|_| "dev".to_owned());
+    for name in [
+        "gateway",
+        "context-builder",
+        "inference",
+        "publisher",
+        "cli",
+        "slack-sim",
+    ] {
+        let image = format!("threadline-{name}:{tag}");
+        if !docker(&["image", "inspect", &image]).status.success() {
+            return Err(format!("image {image} not found: run `make images` first"));
+        }
+    }
+    let db = TestDb::empty().await;
+    let prefix = unique_prefix();
+    let keys = "k1:".to_owned() + &"42".repeat(32);
+    let sim_port = free_port();
+    let sim_url = format!("http://127.0.0.1:{sim_port}");
+    let run = Run {
+        tag,
+        id: prefix.to_ascii_lowercase().replace('_', "-"),
+        env: [
+            ("DATABASE_URL", db.url.clone()),
+            ("NATS_URL", nats_url()),
+            ("THREADLINE_BUS_PREFIX", prefix.clone()),
+            ("THREADLINE_TOKEN_KEYS", keys),
+            (
+                "THREADLINE_DEAD_LETTER_KEYS",
+                "d1:".to_owned() + &"17".repeat(32),
+            ),
+            ("SLACK_SIGNING_SECRET", slack::TEST_SECRET.to_owned()),
+            ("SLACK_API_URL", format!("{sim_url}/api/")),
+            ("THREADLINE_LOG_FORMAT", "text".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect(),
+    };
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let nats = async_nats::connect(nats_url())
+        .await
+        .map_err(|e| format!("NATS at {}: {e}", nats_url()))?;
+    let js = async_nats::jetstream::new(nats);
+    let result = pipeline(&run, &http, &sim_url, sim_port).await;
+    threadline_testkit::delete_streams(&js, &prefix).await;
+    drop(db);
+    result
+}
+
+async fn pipeline(
+    run: &Run,
+    http: &reqwest::Client,
+    sim_url: &str,
+    sim_port: u16,
+) -> Result<(), String> {
+    println!("image-smoke: migrating with {}", run.image("cli"));
+    run.cli(&["migrate"])?;
+
+    let sim = run.start(
+        "slack-sim",
+        "slack-sim",
+        Some(sim_port),
+        &[
+            ("SLACK_SIM_ADDR", format!("127.0.0.1:{sim_port}")),
+            ("SLACK_SIM_TIME_SCALE", "0.01".to_owned()),
+        ],
+        &[],
+    )?;
+    wait_ok(http, &sim, "/_sim/calls").await?;
+
+    // The relay first (it declares the streams), then the gateway without
+    // one, as the Kubernetes manifests deploy them.
+    let addr = |setting: &'static str, port: u16| (setting, format!("127.0.0.1:{port}"));
+    let (relay_port, gw_port) = (free_port(), free_port());
+    let [cb_port, inf_port, pub_port] = [free_port(), free_port(), free_port()];
+    let services = [
+        (
+            "relay",
+            "gateway",
+            relay_port,
+            vec![
+                addr("THREADLINE_GATEWAY_ADDR", relay_port),
+                ("THREADLINE_RELAY_ENABLED", "true".to_owned()),
+            ],
+        ),
+        (
+            "gateway",
+            "gateway",
+            gw_port,
+            vec![
+                addr("THREADLINE_GATEWAY_ADDR", gw_port),
+                ("THREADLINE_RELAY_ENABLED", "false".to_owned()),
+            ],
+        ),
+        (
+            "context-builder",
+            "context-builder",
+            cb_port,
+            vec![addr("THREADLINE_CONTEXT_BUILDER_ADDR", cb_port)],
+        ),
+        (
+            "inference",
+            "inference",
+            inf_port,
+            vec![addr("THREADLINE_INFERENCE_ADDR", inf_port)],
+        ),
+        (
+            "publisher",
+            "publisher",
+            pub_port,
+            vec![addr("THREADLINE_PUBLISHER_ADDR", pub_port)],
+        ),
+    ];
+    let mut running = Vec::new();
+    for (role, image, port, extra) in services {
+        let c = run.start(role, image, Some(port), &extra, &[])?;
+        wait_ok(http, &c, "/healthz").await?;
+        wait_ok(http, &c, "/readyz").await?;
+        println!(
+            "image-smoke: {role} ({}) answers /healthz and /readyz; {}",
+            run.image(image),
+            hardened(&c)?
+        );
+        running.push(c);
+    }
+
+    let ws = SimWorkspace::create(
+        sim_url,
+        json!({"signing_secret": slack::TEST_SECRET,
+               "request_urls": [format!("http://127.0.0.1:{gw_port}/slack/events")],
+               "events": ["app_mention", "message.channels"]}),
+        &["chat:write", "channels:history", "channels:read"],
+        None,
+    )
+    .await;
+    let (app, bot_user, bot_id, token) = (ws.app_id(), ws.bot_user(), ws.bot_id(), ws.token());
+    run.cli(&[
+        "install",
+        "add",
+        "--team",
+        &ws.team,
+        "--app",
+        &app,
+        "--bot-user",
+        &bot_user,
+        "--bot-id",
+        &bot_id,
+        "--token",
+        &token,
+    ])?;
+    println!(
+        "image-smoke: installation registered with {}",
+        run.image("cli")
+    );
+
+    let asked = ws
+        .post(&format!("<@{bot_user}> are the images healthy?"), None)
+        .await;
+    let thread = format!("channels/{}/threads/{asked}", ws.channel);
+    let answers = |v: &Value| -> Vec<Value> {
+        v["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| m["app_id"].as_str() == Some(app.as_str()))
+            .collect()
+    };
+    let start = Instant::now();
+    loop {
+        if !answers(&ws.get(&thread).await).is_empty() {
+            break;
+        }
+        if start.elapsed() > ANSWER_LIMIT {
+            let logs: Vec<String> = running
+                .iter()
+                .map(|c| format!("--- {}:\n{}", c.role, c.logs()))
+                .collect();
+            return Err(format!(
+                "no reply in the thread within {} s; the services printed:\n{}",
+                ANSWER_LIMIT.as_secs(),
+                logs.join("\n")
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A moment more, to catch a second reply.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let replies = answers(&ws.get(&thread).await);
+    if replies.len() != 1 {
+        return Err(format!(
+            "{} replies of the app in the thread, not one: {replies:?}",
+            replies.len()
+        ));
+    }
+    let body = replies[0]["text"].as_str().unwrap_or_default();
+    if !body.contains(&format!("Answering {asked}")) {
+        return Err(format!(
+            "the reply is not the built-in model's answer to {asked}: {body:?}"
+        ));
+    }
+    println!(
+        "image-smoke: the mention got one reply in its thread, from slack-sim's side ({} s)",
+        start.elapsed().as_secs()
+    );
+
+    // Each service stops cleanly on SIGTERM, as Kubernetes stops a pod.
+    for c in running.iter().rev() {
+        let o = docker(&["stop", "-t", "30", &c.name]);
+        let code = c.inspect("{{.State.ExitCode}}");
+        if !o.status.success() || code != "0" {
+            return Err(format!(
+                "{} did not stop cleanly on SIGTERM (exit {code}); it printed:\n{}",
+                c.role,
+                c.logs()
+            ));
+        }
+    }
+    println!("image-smoke: every service stopped cleanly on SIGTERM");
+    drop(running);
+    drop(sim);
+    Ok(())
+}
