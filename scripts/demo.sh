@@ -8,7 +8,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 command -v cargo >/dev/null || { echo "demo: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
 echo "building threadline (first build takes a few minutes)…"
-cargo build -q --workspace --bins
+cargo build --workspace --bins
 export THREADLINE_TEST_ADMIN_URL="${THREADLINE_TEST_ADMIN_URL:-postgres://postgres@127.0.0.1:${TL_PG_PORT:-5432}/postgres}"
 export NATS_URL="${NATS_URL:-nats://127.0.0.1:${TL_NATS_PORT:-4222}}"
 exec "${CARGO_TARGET_DIR:-$root/target}/debug/threadline-demo" "$@"

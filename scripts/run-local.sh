@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # make run: threadline against a real Slack app, on this machine.
 #
-#   SLACK_SIGNING_SECRET=<the app's signing secret> SLACK_BOT_TOKEN=xoxb-… SLACK_APP_ID=A… make run
+#   SLACK_SIGNING_SECRET=<the app's signing secret> SLACK_BOT_TOKEN=xoxb-… make run
+#
+# SLACK_APP_ID=A… is needed only where bots.info refuses the token (it needs
+# users:read, which threadline does not ask for).
 #
 # Starts Postgres and NATS if they are not reachable, creates and migrates
 # the `threadline` database, registers the installation the bot token
@@ -59,7 +62,7 @@ export NATS_URL="${NATS_URL:-nats://127.0.0.1:${TL_NATS_PORT:-4222}}"
 export THREADLINE_LOG_FORMAT="${THREADLINE_LOG_FORMAT:-text}"
 mkdir -p .dev
 
-cargo build -q -p threadline-cli -p threadline-gateway -p threadline-context-builder -p threadline-inference -p threadline-publisher
+cargo build -p threadline-cli -p threadline-gateway -p threadline-context-builder -p threadline-inference -p threadline-publisher
 bin="${CARGO_TARGET_DIR:-$root/target}/debug"
 
 # as ROLE COMMAND…: becomes COMMAND (exec: call it in a subshell or with &),

@@ -130,6 +130,66 @@ async fn try_spawn_service(
     })
 }
 
+/// Where the services of a test run (or a demo, a chaos soak) log: a folder
+/// of this run's own under `<temp>/threadline-logs/`, named by the start time
+/// and nextest's run id (one folder for a whole `cargo nextest run`) or the
+/// process id. Made once per process; on making it, the runs of more than a
+/// day ago are removed, and of the rest only the newest
+/// [`LOG_RUNS_KEPT`] are kept.
+pub fn log_dir() -> std::path::PathBuf {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = std::env::temp_dir().join("threadline-logs");
+        let run = match std::env::var("NEXTEST_RUN_ID") {
+            Ok(id) => format!("nextest-{id}"),
+            Err(_) => format!(
+                "{}-{}",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0),
+                std::process::id()
+            ),
+        };
+        let dir = root.join(run);
+        std::fs::create_dir_all(&dir).expect("log dir");
+        clean_old_runs(&root, &dir, std::time::SystemTime::now());
+        dir
+    })
+    .clone()
+}
+
+/// How many runs' log folders [`log_dir`] keeps.
+pub const LOG_RUNS_KEPT: usize = 10;
+
+/// Removes the run folders under `root` other than `current` that were last
+/// written more than a day before `now`, and all but the newest
+/// [`LOG_RUNS_KEPT`] of the others. Folders another process removes at the
+/// same time are skipped.
+pub fn clean_old_runs(
+    root: &std::path::Path,
+    current: &std::path::Path,
+    now: std::time::SystemTime,
+) {
+    const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    let mut runs: Vec<(std::time::SystemTime, std::path::PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.path() != current && e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    runs.sort_by_key(|r| std::cmp::Reverse(r.0));
+    for (i, (modified, path)) in runs.iter().enumerate() {
+        let old = now.duration_since(*modified).is_ok_and(|age| age > MAX_AGE);
+        // The current run counts as one of those kept.
+        if old || i + 1 >= LOG_RUNS_KEPT {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+}
+
 /// Runs `bin` (set up by `configure`) with its output appended to a log
 /// file, and waits until `health_path` on `port` answers. An exit is
 /// reported at once, with what the process printed.
@@ -142,9 +202,7 @@ async fn launch(
     let mut cmd = Command::new(bin_path(bin));
     configure(&mut cmd);
     cmd.kill_on_drop(true);
-    let dir = std::env::temp_dir().join("threadline-test-logs");
-    std::fs::create_dir_all(&dir).expect("log dir");
-    let log = dir.join(format!("{bin}-{port}.log"));
+    let log = log_dir().join(format!("{bin}-{port}.log"));
     // Appended to: a restarted service keeps the log of the one killed.
     let file = std::fs::OpenOptions::new()
         .create(true)

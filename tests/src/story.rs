@@ -40,7 +40,10 @@ pub struct Chapter {
 pub struct Totals {
     pub events: i64,
     pub duplicates_absorbed: i64,
+    /// Decisions a model answered (`threadline stats`: `model_calls_total`).
     pub model_calls: i64,
+    /// The same, as the inference service counted it on `/metrics`.
+    pub model_calls_metrics: i64,
     pub replies: i64,
     pub stale: i64,
     pub reconciled: i64,
@@ -95,7 +98,21 @@ impl Story {
     pub fn passed(&self) -> bool {
         self.chapters.iter().all(|c| c.verdict.is_ok())
             && self.totals.duplicate_replies == 0
+            && self.totals_disagree().is_none()
             && self.oracle.violations.is_empty()
+    }
+
+    /// Where the ledger (`threadline stats`) and the inference service's
+    /// `/metrics` count model calls differently (the story kills no
+    /// inference process, so every call it counted settled a decision).
+    pub fn totals_disagree(&self) -> Option<String> {
+        let t = &self.totals;
+        (t.model_calls < 0 || t.model_calls != t.model_calls_metrics).then(|| {
+            format!(
+                "threadline stats counts {} model calls, the inference service's /metrics {}",
+                t.model_calls, t.model_calls_metrics
+            )
+        })
     }
 
     /// The report `make demo` prints.
@@ -114,9 +131,19 @@ impl Story {
         }
         let t = &self.totals;
         out.push_str(&format!(
-            "totals: {} events, {} duplicate deliveries absorbed, {} model calls, {} replies, {} stale answers discarded, {} reconciled posts, {} duplicate replies\n",
-            t.events, t.duplicates_absorbed, t.model_calls, t.replies, t.stale, t.reconciled, t.duplicate_replies
+            "totals (as `threadline stats` counts them): {}, {} absorbed, {} ({} on the inference service's /metrics), {}, {} discarded, {}, {}\n",
+            plural(t.events, "event", "events"),
+            plural(t.duplicates_absorbed, "duplicate delivery", "duplicate deliveries"),
+            plural(t.model_calls, "model call", "model calls"),
+            t.model_calls_metrics,
+            plural(t.replies, "reply", "replies"),
+            plural(t.stale, "stale answer", "stale answers"),
+            plural(t.reconciled, "reconciled post", "reconciled posts"),
+            plural(t.duplicate_replies, "duplicate reply", "duplicate replies"),
         ));
+        if let Some(why) = self.totals_disagree() {
+            out.push_str(&format!("  DISAGREEMENT: {why}\n"));
+        }
         out.push_str(&self.oracle.render());
         for v in &self.oracle.violations {
             out.push_str(&format!("  VIOLATION: {v}\n"));
@@ -604,13 +631,19 @@ pub async fn play(s: &Stack) -> Story {
 }
 
 async fn totals(s: &Stack) -> Totals {
-    let pool = &s.db.pool;
-    let one = |sql: &'static str| async move {
-        sqlx::query_scalar::<_, i64>(sql)
-            .fetch_one(pool)
-            .await
-            .unwrap_or(-1)
+    // threadline's figures exactly as `threadline stats --json` gives them,
+    // so that the demo and the CLI cannot disagree.
+    let out = crate::cli(&["stats", "--json"], &[("DATABASE_URL", s.db.url.clone())]).await;
+    let stats: serde_json::Value = if out.status.success() {
+        serde_json::from_slice(&out.stdout).unwrap_or_default()
+    } else {
+        eprintln!(
+            "threadline stats --json failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::Value::Null
     };
+    let stat = |key: &str| stats[key].as_i64().unwrap_or(-1);
     let posts = sim_get(&s.sim, &format!("app_posts?app_id={}", s.app)).await;
     let count = |key: &str, over: i64| {
         posts[key]
@@ -628,16 +661,74 @@ async fn totals(s: &Stack) -> Totals {
         .map(|a| a.iter().map(|x| x["count"].as_i64().unwrap_or(0)).sum())
         .unwrap_or(-1);
     Totals {
-        events: one("SELECT count(*) FROM event_receipts").await,
-        duplicates_absorbed: one(
-            "SELECT coalesce(sum(duplicate_deliveries), 0)::bigint FROM event_receipts",
-        )
-        .await,
-        model_calls: one("SELECT count(*) FROM decisions WHERE provider IS NOT NULL").await,
+        events: stat("receipts_total"),
+        duplicates_absorbed: stat("duplicate_deliveries_total"),
+        model_calls: stat("model_calls_total"),
+        model_calls_metrics: model_calls_answered(&s.metrics().await),
         replies,
-        stale: one("SELECT count(*) FROM decisions WHERE status = 'stale'").await,
-        reconciled: one("SELECT count(*) FROM reply_intents WHERE reconciled").await,
+        stale: stat("stale_proposals_total"),
+        reconciled: stat("reconciled_total"),
         // From Slack's side: source messages with more than one reply.
         duplicate_replies: count("per_trigger", 1),
+    }
+}
+
+/// Model calls that answered, summed from `/metrics` text:
+/// `threadline_model_calls_total{…,result="ok"}` over every provider.
+pub fn model_calls_answered(metrics: &str) -> i64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("threadline_model_calls_total{") && l.contains("result=\"ok\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as i64
+}
+
+fn plural(n: i64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_calls_count_only_answered_calls_of_every_provider() {
+        let text = "# TYPE threadline_model_calls_total counter
+threadline_model_calls_total{provider=\"builtin\",result=\"ok\"} 8
+threadline_model_calls_total{provider=\"primary\",result=\"ok\"} 2
+threadline_model_calls_total{provider=\"primary\",result=\"timeout\"} 5
+threadline_model_calls_total{provider=\"primary\",result=\"circuit_open\"} 1
+threadline_model_latency_seconds_count{provider=\"primary\",result=\"ok\"} 7
+";
+        assert_eq!(model_calls_answered(text), 10);
+        assert_eq!(model_calls_answered(""), 0);
+    }
+
+    #[test]
+    fn totals_that_disagree_fail_the_story() {
+        let mut story = Story {
+            chapters: vec![],
+            totals: Totals {
+                model_calls: 8,
+                model_calls_metrics: 8,
+                ..Totals::default()
+            },
+            oracle: OracleSummary {
+                replies: 0,
+                questions: 0,
+                answered: 0,
+                explained: vec![],
+                crossed: 0,
+                violations: vec![],
+            },
+        };
+        assert!(story.passed(), "{}", story.report());
+        assert!(story.report().contains("8 model calls (8 on"));
+        story.totals.model_calls = 9;
+        assert!(!story.passed());
+        assert!(story.report().contains("DISAGREEMENT"));
+        story.totals.model_calls = 1;
+        story.totals.model_calls_metrics = 1;
+        assert!(story.report().contains("1 model call (1 on"));
     }
 }

@@ -296,3 +296,26 @@ async fn poison_is_dead_lettered_listed_dropped_and_a_dead_letter_replayed() {
     assert!(cb.terminate().await.success());
     delete_streams(&js, &prefix).await;
 }
+
+/// `dlq list` on a prefix no service has started (the demo and the tests
+/// run under prefixes of their own) names the prefix and the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_on_a_prefix_without_streams_names_the_prefix_it_tried() {
+    let db = TestDb::new().await;
+    let prefix = unique_prefix();
+    let out = cli(
+        &["dlq", "list"],
+        &[
+            ("DATABASE_URL", db.url.clone()),
+            ("NATS_URL", nats_url()),
+            ("THREADLINE_BUS_PREFIX", prefix.clone()),
+        ],
+    )
+    .await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "no stream, no list: {err}");
+    assert!(
+        err.contains(&format!("bus prefix \"{prefix}\"")) && err.contains("THREADLINE_BUS_PREFIX"),
+        "{err}"
+    );
+}

@@ -65,10 +65,7 @@ fn status_kb(pid: u32, field: &str) -> u64 {
 /// (as a pod with a low descriptor limit), and waits for `/healthz`.
 async fn spawn_gateway_with_nofile(env: &[(&str, String)], nofile: u32) -> Proc {
     let port = free_port();
-    let log = std::env::temp_dir()
-        .join("threadline-test-logs")
-        .join(format!("threadline-gateway-nofile-{port}.log"));
-    std::fs::create_dir_all(log.parent().expect("dir")).expect("log dir");
+    let log = threadline_tests::log_dir().join(format!("threadline-gateway-nofile-{port}.log"));
     let file = std::fs::File::create(&log).expect("log file");
     let mut cmd = tokio::process::Command::new("prlimit");
     cmd.arg(format!("--nofile={nofile}:{nofile}"))

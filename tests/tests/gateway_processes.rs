@@ -137,7 +137,7 @@ async fn a_service_started_while_postgres_is_down_waits_for_it_and_then_serves()
     ];
     let starting = tokio::spawn(async move { threadline_tests::spawn_context_builder(&env).await });
     // It is still waiting, and its log says on what.
-    let log_dir = std::env::temp_dir().join("threadline-test-logs");
+    let log_dir = threadline_tests::log_dir();
     let name = db.name.clone();
     eventually(
         "a warning that Postgres is retried",

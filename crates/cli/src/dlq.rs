@@ -121,8 +121,12 @@ pub async fn run(cmd: DlqCommand, common: &CommonConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| {
             format!(
-                "opening {} (has a service started?)",
-                topology.dead_letter_stream()
+                "opening stream {} (bus prefix {:?} from THREADLINE_BUS_PREFIX, broker {}): \
+                 has a service started with this prefix? A demo or test stack runs under a \
+                 prefix of its own; set THREADLINE_BUS_PREFIX to the one it printed",
+                topology.dead_letter_stream(),
+                common.bus_prefix,
+                without_userinfo(common.nats_url.url()),
             )
         })?;
     match cmd {
@@ -204,4 +208,32 @@ pub async fn run(cmd: DlqCommand, common: &CommonConfig) -> anyhow::Result<()> {
     }
     nats.flush().await?;
     Ok(())
+}
+
+/// A broker URL for a message: any `user:password@` part left out.
+fn without_userinfo(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}{}", &url[..scheme + 3], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::without_userinfo;
+
+    #[test]
+    fn a_broker_url_in_a_message_carries_no_password() {
+        assert_eq!(
+            without_userinfo("nats://u:secret@host:4222"),
+            "nats://host:4222"
+        );
+        assert_eq!(
+            without_userinfo("nats://127.0.0.1:4222"),
+            "nats://127.0.0.1:4222"
+        );
+        assert_eq!(without_userinfo("host:4222"), "host:4222");
+    }
 }

@@ -72,11 +72,16 @@ fn explore(s: &Stack) -> String {
   bus prefix         {prefix}
   logs               {logs}
 
-try:
-  curl -s -X POST {sim}/_sim/act/post -H 'content-type: application/json' \\
-       -d '{{\"user\": \"{user}\", \"channel\": \"{channel}\", \"text\": \"<@{bot}> hello?\"}}'
-  curl -s '{sim}/_sim/app_posts?app_id={app}'
-  DATABASE_URL={db} target/debug/threadline stats --json
+try (a mention, then its thread with the bot's reply as Slack shows it):
+  ts=$(curl -s -X POST {sim}/_sim/act/post -H 'content-type: application/json' \\
+       -d '{{\"user\": \"{user}\", \"channel\": \"{channel}\", \"text\": \"<@{bot}> hello?\"}}' \\
+       | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"ts\"])')
+  sleep 3; curl -s {sim}/_sim/channels/{channel}/threads/$ts | python3 -m json.tool
+
+the CLI against this stack needs all of these (the demo's bus prefix is its own):
+  export {cli_env}
+  {bin}/threadline stats --json
+  {bin}/threadline dlq list
 
 pointing a real Slack app at threadline instead (see README, 'Run it against real Slack'):
   1. create the app from deploy/slack/manifest.yaml at https://api.slack.com/apps,
@@ -87,10 +92,38 @@ pointing a real Slack app at threadline instead (see README, 'Run it against rea
   4. mention the bot in a channel it was invited to.",
         db = s.db.url,
         prefix = s.prefix,
-        logs = std::env::temp_dir().join("threadline-test-logs").display(),
+        cli_env = cli_env(s).join(" \\\n         "),
+        bin = bin_dir(),
+        logs = threadline_tests::log_dir().display(),
         user = s.user,
         channel = s.channel,
         bot = s.bot_user,
-        app = s.app,
     )
+}
+
+/// The settings the CLI reads, as the stack's services have them.
+fn cli_env(s: &Stack) -> Vec<String> {
+    const CLI_READS: &[&str] = &[
+        "DATABASE_URL",
+        "NATS_URL",
+        "THREADLINE_BUS_PREFIX",
+        "THREADLINE_TOKEN_KEYS",
+        "THREADLINE_DEAD_LETTER_KEYS",
+        "SLACK_API_URL",
+    ];
+    CLI_READS
+        .iter()
+        .filter_map(|k| {
+            let v = s.env.iter().find(|(name, _)| name == k)?;
+            Some(format!("{k}='{}'", v.1))
+        })
+        .collect()
+}
+
+/// Where the workspace binaries are (the CLI among them).
+fn bin_dir() -> String {
+    threadline_testkit::bin_path("threadline")
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "target/debug".to_owned())
 }
