@@ -34,7 +34,7 @@ test-only: ## Run the tests against already reachable services
 ifeq ($(NEXTEST),yes)
 	cargo nextest run --workspace --profile ci
 else
-	cargo test --workspace
+	THREADLINE_LOG_RUN="test-$$(date +%Y%m%dT%H%M%S)-$$$$" cargo test --workspace
 endif
 
 .PHONY: images

@@ -20,11 +20,20 @@ answers() { docker info >/dev/null 2>&1; }
 
 up() {
   if answers; then return 0; fi
+  local sock=/var/run/docker.sock
+  if [ -S "$sock" ] && [ ! -w "$sock" ]; then
+    say "no Docker engine: $sock is there but this user may not use it (add it to the docker group)"
+    exit 3
+  fi
   if ! command -v dockerd >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       say "installing Debian's docker.io (dockerd, containerd, runc)"
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >"$dev/docker-install.log" 2>&1 \
+      export DEBIAN_FRONTEND=noninteractive
+      { apt-get install -y -q docker.io || { apt-get update -q && apt-get install -y -q docker.io; }; } \
+        >"$dev/docker-install.log" 2>&1 \
         || { say "no Docker engine: apt-get install docker.io failed (see $dev/docker-install.log)"; exit 3; }
+      # Where a service manager runs, the package may have started it.
+      for _ in $(seq 1 25); do answers && return 0; sleep 0.2; done
     else
       say "no Docker engine answers and dockerd is not installed (install Docker, or run as root with apt-get)"
       exit 3
@@ -58,6 +67,10 @@ down() {
     say "stopping the dockerd started here"
     kill "$pid"
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    if kill -0 "$pid" 2>/dev/null; then
+      say "dockerd did not stop within 20 s: killing it"
+      kill -9 "$pid" 2>/dev/null || true
+    fi
   fi
   rm -f "$pidfile"
 }

@@ -23,12 +23,16 @@
 # Tags: threadline-<target>:dev (what deploy/k8s/overlays/dev uses) and
 # threadline-<target>:<workspace version> (what production pushes, renamed).
 # IMAGE_TAGS overrides the list ("dev 0.1.0").
+#
+# Exit status 3: images cannot be built on this machine (no Docker engine
+# answers; no Debian packages for the base); other failures exit 1.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 
 say() { printf 'images: %s\n' "$*"; }
 die() { printf 'images: FAIL: %s\n' "$*" >&2; exit 1; }
+cannot() { printf 'images: cannot build here: %s\n' "$*" >&2; exit 3; }
 
 # The images, in deploy/Dockerfile's target names; each is threadline-<target>.
 TARGETS=(gateway context-builder inference publisher cli slack-sim)
@@ -37,7 +41,7 @@ version="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' C
 read -r -a tags <<<"${IMAGE_TAGS:-dev $version}"
 
 docker info >/dev/null 2>&1 \
-  || die "no Docker engine answers (docker info); start one (scripts/docker-engine.sh up starts Debian's dockerd)"
+  || cannot "no Docker engine answers (docker info); start one (scripts/docker-engine.sh up starts Debian's dockerd)"
 
 from_source=0
 case "${1:-}" in
@@ -69,27 +73,35 @@ bin="${CARGO_TARGET_DIR:-$root/target}/release"
 
 # Runtime base ---------------------------------------------------------------
 command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
-  || die "the runtime base is made from Debian packages (apt-get, dpkg-deb), not found here; use --from-source where a registry is reachable"
+  || cannot "the runtime base is made from Debian packages (apt-get, dpkg-deb), not found here; use --from-source where a registry is reachable"
 PACKAGES=(libc6 libgcc-s1 ca-certificates tzdata)
-versions=""
+# The versions installed here (the binaries were linked against this glibc),
+# else apt's candidate.
+versions=()
 for p in "${PACKAGES[@]}"; do
-  v="$(apt-cache policy "$p" | awk '/Candidate:/ {print $2}')"
-  [[ -n "$v" && "$v" != "(none)" ]] || die "apt knows no candidate for $p (apt-get update?)"
-  versions+="$p=$v "
+  v="$(dpkg-query -W -f '${Version}' "$p" 2>/dev/null || true)"
+  [[ -n "$v" ]] || v="$(apt-cache policy "$p" | awk '/Candidate:/ {print $2}')"
+  [[ -n "$v" && "$v" != "(none)" ]] || cannot "apt knows no version of $p (apt-get update?)"
+  versions+=("$p=$v")
 done
+# Bump when the way the base is assembled below changes.
+RECIPE=2
 suite="$(. /etc/os-release && echo "${ID:-debian}${VERSION_ID:-}")"
-base="threadline-runtime-base:${suite}-$(printf '%s' "$versions" | sha256sum | cut -c1-12)"
+base="threadline-runtime-base:${suite}-$(printf '%s ' "recipe=$RECIPE" "${versions[@]}" | sha256sum | cut -c1-12)"
 if docker image inspect "$base" >/dev/null 2>&1; then
   say "runtime base $base is already here"
 else
-  say "assembling the runtime base $base from ${versions% }"
+  say "assembling the runtime base $base from ${versions[*]}"
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' EXIT
   # apt-get download writes to the current directory; as root it warns that
   # the _apt user cannot reach a private mktemp folder: harmless.
-  (cd "$work" && apt-get download -q "${PACKAGES[@]}" 2>&1 | grep -v 'unsandboxed' >&2 || true)
-  for p in "${PACKAGES[@]}"; do
-    compgen -G "$work/${p}_*.deb" >/dev/null || die "apt-get download $p failed (package index unreachable?)"
+  # (An installed version the archive no longer has: its successor, which
+  # is newer, so its glibc still runs the binaries.)
+  for pv in "${versions[@]}"; do
+    p="${pv%%=*}"
+    (cd "$work" && { apt-get download -q "$pv" || apt-get download -q "$p"; } 2>&1 | grep -v 'unsandboxed' >&2 || true)
+    compgen -G "$work/${p}_*.deb" >/dev/null || cannot "apt-get download $p failed (package index unreachable?)"
   done
   fs="$work/rootfs"
   mkdir -p "$fs"
@@ -106,11 +118,12 @@ else
   ln -sf /usr/share/zoneinfo/Etc/UTC "$fs/etc/localtime"
   mkdir -p "$fs/tmp" "$fs/home/nonroot"
   chmod 1777 "$fs/tmp"
-  chown 65532:65532 "$fs/home/nonroot"
-  tar --numeric-owner -C "$fs" -c . | docker import \
+  # Every file root's, whoever runs this (the root filesystem is read-only
+  # at run time; /home/nonroot is only the working directory).
+  tar --numeric-owner --owner=0 --group=0 -C "$fs" -c . | docker import \
     --change 'USER 65532:65532' --change 'WORKDIR /home/nonroot' \
     --change 'ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt' \
-    --message "threadline runtime base: ${versions% }" - "$base" >/dev/null \
+    --message "threadline runtime base: ${versions[*]}" - "$base" >/dev/null \
     || die "docker import of the runtime base failed"
 fi
 

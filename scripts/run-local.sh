@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # make run: threadline against a real Slack app, on this machine.
 #
-#   SLACK_SIGNING_SECRET=<the app's signing secret> SLACK_BOT_TOKEN=xoxb-… make run
+#   SLACK_SIGNING_SECRET=<the app's signing secret> SLACK_BOT_TOKEN=xoxb-… SLACK_APP_ID=A… make run
 #
-# SLACK_APP_ID=A… is needed only where bots.info refuses the token (it needs
-# users:read, which threadline does not ask for).
+# SLACK_APP_ID (the app's Basic Information page): auth.test does not say it;
+# without it, bots.info is asked, which needs users:read, a scope the
+# manifest does not request, so an app made from it needs SLACK_APP_ID.
 #
 # Starts Postgres and NATS if they are not reachable, creates and migrates
 # the `threadline` database, registers the installation the bot token
@@ -28,9 +29,11 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 if [ -z "${SLACK_BOT_TOKEN:-}" ] || [ -z "${SLACK_SIGNING_SECRET:-}" ]; then
   cat >&2 <<'MSG'
-make run connects threadline to a real Slack app. Set both:
+make run connects threadline to a real Slack app. Set:
   SLACK_SIGNING_SECRET   the app's signing secret (Basic Information)
   SLACK_BOT_TOKEN        the bot token of a workspace install (xoxb-…)
+  SLACK_APP_ID           the app's id (A…, Basic Information), unless the
+                         token has users:read (then bots.info tells it)
 Create the app from deploy/slack/manifest.yaml. To explore without Slack:
   make demo ARGS=--keep-running
 MSG

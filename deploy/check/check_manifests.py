@@ -1289,7 +1289,8 @@ def check_image(rep, where, doc, c, images):
             rep.error(where, f"{name}: image {image} is not {want}, which make images builds")
     else:
         version = re.escape(images["version"])
-        if not re.fullmatch(rf"[^:@]+/{re.escape(target)}:{version}(@sha256:[0-9a-f]{{64}})?", image):
+        # Any registry (a host:port one too) and path; the last segment is the target.
+        if not re.fullmatch(rf"[^@]+/{re.escape(target)}:{version}(@sha256:[0-9a-f]{{64}})?", image):
             rep.error(where, f"{name}: image {image} is not <registry>/{target}:{images['version']} "
                              f"(make images tags threadline-{target}:{images['version']}, pushed renamed)")
 

@@ -131,29 +131,43 @@ async fn try_spawn_service(
 }
 
 /// Where the services of a test run (or a demo, a chaos soak) log: a folder
-/// of this run's own under `<temp>/threadline-logs/`, named by the start time
-/// and nextest's run id (one folder for a whole `cargo nextest run`) or the
-/// process id. Made once per process; on making it, the runs of more than a
-/// day ago are removed, and of the rest only the newest
-/// [`LOG_RUNS_KEPT`] are kept.
+/// of this run's own under `<temp>/threadline-logs/`. One run is one
+/// `THREADLINE_LOG_RUN` (which `make test-only` sets, so that `cargo test`'s
+/// many test binaries share a folder), else one `cargo nextest run`
+/// (`NEXTEST_RUN_ID`), else this process. Made once per process; making it
+/// cleans old runs away ([`clean_old_runs`]) and the shared folder of
+/// earlier versions (`<temp>/threadline-test-logs`).
 pub fn log_dir() -> std::path::PathBuf {
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let root = std::env::temp_dir().join("threadline-logs");
-        let run = match std::env::var("NEXTEST_RUN_ID") {
-            Ok(id) => format!("nextest-{id}"),
-            Err(_) => format!(
-                "{}-{}",
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0),
-                std::process::id()
+        let now = std::time::SystemTime::now();
+        let (run, owned) = match (
+            std::env::var("THREADLINE_LOG_RUN"),
+            std::env::var("NEXTEST_RUN_ID"),
+        ) {
+            (Ok(run), _) if !run.is_empty() && !run.contains(['/', '.']) => (run, false),
+            (_, Ok(id)) => (format!("nextest-{id}"), false),
+            _ => (
+                format!(
+                    "{}-{}",
+                    now.duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0),
+                    std::process::id()
+                ),
+                true,
             ),
         };
         let dir = root.join(run);
         std::fs::create_dir_all(&dir).expect("log dir");
-        clean_old_runs(&root, &dir, std::time::SystemTime::now());
+        if owned {
+            // A folder of one process (a demo left running, a soak) is kept
+            // while that process lives, however quiet its logs.
+            let _ = std::fs::write(dir.join(OWNER_FILE), std::process::id().to_string());
+        }
+        clean_old_runs(&root, &dir, now);
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join("threadline-test-logs"));
         dir
     })
     .clone()
@@ -162,10 +176,14 @@ pub fn log_dir() -> std::path::PathBuf {
 /// How many runs' log folders [`log_dir`] keeps.
 pub const LOG_RUNS_KEPT: usize = 10;
 
-/// Removes the run folders under `root` other than `current` that were last
-/// written more than a day before `now`, and all but the newest
-/// [`LOG_RUNS_KEPT`] of the others. Folders another process removes at the
-/// same time are skipped.
+/// The file in a run's log folder naming the process that owns it.
+pub const OWNER_FILE: &str = ".owner-pid";
+
+/// Removes the run folders under `root`, other than `current` and those
+/// whose owner process ([`OWNER_FILE`]) still runs, that were last written
+/// (the folder or any log in it) more than a day before `now`, and all but
+/// the newest [`LOG_RUNS_KEPT`] of the others. Folders another process
+/// removes at the same time are skipped.
 pub fn clean_old_runs(
     root: &std::path::Path,
     current: &std::path::Path,
@@ -175,10 +193,26 @@ pub fn clean_old_runs(
     let Ok(entries) = std::fs::read_dir(root) else {
         return;
     };
+    let last_written = |dir: &std::path::Path| -> Option<std::time::SystemTime> {
+        let own = std::fs::metadata(dir).ok()?.modified().ok()?;
+        let inner = std::fs::read_dir(dir)
+            .ok()?
+            .filter_map(Result::ok)
+            .filter_map(|e| e.metadata().ok()?.modified().ok())
+            .max();
+        Some(inner.map_or(own, |i| i.max(own)))
+    };
+    let alive = |dir: &std::path::Path| {
+        std::fs::read_to_string(dir.join(OWNER_FILE))
+            .ok()
+            .and_then(|pid| pid.trim().parse::<u32>().ok())
+            .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+    };
     let mut runs: Vec<(std::time::SystemTime, std::path::PathBuf)> = entries
         .filter_map(Result::ok)
         .filter(|e| e.path() != current && e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .filter(|e| !alive(&e.path()))
+        .filter_map(|e| Some((last_written(&e.path())?, e.path())))
         .collect();
     runs.sort_by_key(|r| std::cmp::Reverse(r.0));
     for (i, (modified, path)) in runs.iter().enumerate() {

@@ -131,14 +131,17 @@ impl Story {
         }
         let t = &self.totals;
         out.push_str(&format!(
-            "totals (as `threadline stats` counts them): {}, {} absorbed, {} ({} on the inference service's /metrics), {}, {} discarded, {}, {}\n",
+            "totals, as `threadline stats` counts them: {}, {} absorbed, {} ({} on the inference service's /metrics), {} discarded, {}\n",
             plural(t.events, "event", "events"),
             plural(t.duplicates_absorbed, "duplicate delivery", "duplicate deliveries"),
             plural(t.model_calls, "model call", "model calls"),
             t.model_calls_metrics,
-            plural(t.replies, "reply", "replies"),
             plural(t.stale, "stale answer", "stale answers"),
             plural(t.reconciled, "reconciled post", "reconciled posts"),
+        ));
+        out.push_str(&format!(
+            "totals, as Slack shows them: {}, {}\n",
+            plural(t.replies, "reply", "replies"),
             plural(t.duplicate_replies, "duplicate reply", "duplicate replies"),
         ));
         if let Some(why) = self.totals_disagree() {
@@ -614,7 +617,7 @@ pub async fn play(s: &Stack) -> Story {
     let (j, violations) = s.verdict(crate::ORACLE_GRACE).await;
     Story {
         chapters,
-        totals: totals(s).await,
+        totals: settled_totals(s).await,
         oracle: OracleSummary {
             replies: j.replies,
             questions: j.questions,
@@ -627,6 +630,28 @@ pub async fn play(s: &Stack) -> Story {
             crossed: j.crossed.len(),
             violations,
         },
+    }
+}
+
+/// The totals once the ledger and `/metrics` have caught up with each
+/// other: a model call is counted on `/metrics` a moment before its decision
+/// is recorded, so a reconsideration still running would read as a
+/// disagreement. Reads again (every 250 ms, for up to 15 s) until the two
+/// agree; a disagreement that lasts is reported.
+async fn settled_totals(s: &Stack) -> Totals {
+    let _ = crate::quiesce(
+        &s.db.pool,
+        Duration::from_secs(15),
+        Duration::from_millis(500),
+    )
+    .await;
+    let start = Instant::now();
+    loop {
+        let t = totals(s).await;
+        if t.model_calls == t.model_calls_metrics || start.elapsed() > Duration::from_secs(15) {
+            return t;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

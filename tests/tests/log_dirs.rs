@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use threadline_tests::{LOG_RUNS_KEPT, clean_old_runs, log_dir};
+use threadline_tests::{LOG_RUNS_KEPT, OWNER_FILE, clean_old_runs, log_dir};
 
 fn touch_dir(path: &std::path::Path, at: SystemTime) {
     std::fs::create_dir_all(path).expect("dir");
@@ -28,6 +28,31 @@ fn runs_older_than_a_day_and_beyond_the_newest_kept_are_removed() {
         );
     }
     std::fs::write(root.join("not-a-run.txt"), "x").expect("file");
+    // Old folders kept: one whose owner still runs (this test), one with a
+    // log written a minute ago; removed: one whose owner is gone.
+    let week = Duration::from_secs(7 * 24 * 3600);
+    let owned = root.join("owned-live");
+    std::fs::create_dir_all(&owned).expect("dir");
+    std::fs::write(owned.join(OWNER_FILE), std::process::id().to_string()).expect("owner");
+    touch_dir(&owned, now - week);
+    let dead = root.join("owned-dead");
+    std::fs::create_dir_all(&dead).expect("dir");
+    std::fs::write(dead.join(OWNER_FILE), "4194304999").expect("owner");
+    std::fs::File::options()
+        .append(true)
+        .open(dead.join(OWNER_FILE))
+        .and_then(|f| f.set_modified(now - week))
+        .expect("owner mtime");
+    touch_dir(&dead, now - week);
+    let active = root.join("active");
+    std::fs::create_dir_all(&active).expect("dir");
+    std::fs::write(active.join("svc.log"), "x").expect("log");
+    touch_dir(&active, now - week);
+    std::fs::File::options()
+        .append(true)
+        .open(active.join("svc.log"))
+        .and_then(|f| f.set_modified(now - Duration::from_secs(30)))
+        .expect("log mtime");
     clean_old_runs(&root, &current, now);
     let mut left: Vec<String> = std::fs::read_dir(&root)
         .expect("root")
@@ -35,15 +60,19 @@ fn runs_older_than_a_day_and_beyond_the_newest_kept_are_removed() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     left.sort();
-    let mut want: Vec<String> = (0..LOG_RUNS_KEPT - 1)
+    // "active" is the newest of the others: the newest LOG_RUNS_KEPT - 1
+    // others are it and the first recent ones.
+    let mut want: Vec<String> = (0..LOG_RUNS_KEPT - 2)
         .map(|i| format!("recent-{i:02}"))
         .collect();
+    want.push("active".into());
+    want.push("owned-live".into());
     want.push("current".into());
     want.push("not-a-run.txt".into());
     want.sort();
     assert_eq!(
         left, want,
-        "the current run (however old) and the newest others"
+        "the current run and a live owner's (however old), and the newest others by their last log"
     );
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -126,7 +126,7 @@ pub async fn run(cmd: DlqCommand, common: &CommonConfig) -> anyhow::Result<()> {
                  prefix of its own; set THREADLINE_BUS_PREFIX to the one it printed",
                 topology.dead_letter_stream(),
                 common.bus_prefix,
-                without_userinfo(common.nats_url.url()),
+                threadline_runtime::bus::redact_url(common.nats_url.url()),
             )
         })?;
     match cmd {
@@ -208,32 +208,4 @@ pub async fn run(cmd: DlqCommand, common: &CommonConfig) -> anyhow::Result<()> {
     }
     nats.flush().await?;
     Ok(())
-}
-
-/// A broker URL for a message: any `user:password@` part left out.
-fn without_userinfo(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}{}", &url[..scheme + 3], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod url_tests {
-    use super::without_userinfo;
-
-    #[test]
-    fn a_broker_url_in_a_message_carries_no_password() {
-        assert_eq!(
-            without_userinfo("nats://u:secret@host:4222"),
-            "nats://host:4222"
-        );
-        assert_eq!(
-            without_userinfo("nats://127.0.0.1:4222"),
-            "nats://127.0.0.1:4222"
-        );
-        assert_eq!(without_userinfo("host:4222"), "host:4222");
-    }
 }

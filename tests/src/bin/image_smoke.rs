@@ -5,15 +5,21 @@
 //! Kubernetes runs them: read-only root filesystem, no capabilities, no
 //! privilege escalation, the image's own user. The containers share the
 //! host's network, so they reach this machine's Postgres and NATS as the
-//! tests do, on a fresh database and a bus prefix of their own.
+//! tests do, on a fresh database and a bus prefix of their own; each gets
+//! its listen address set (as the Kubernetes manifests set it), and the
+//! images' own defaults are checked to listen on all interfaces on the
+//! port they expose.
 //!
 //! Checked, from the outside: the CLI image migrates the database and
-//! registers the installation; each service process runs as uid and gid
-//! 65532 on a read-only root filesystem and answers `/healthz` and
-//! `/readyz`; a mention posted in slack-sim (itself in a container) gets
-//! exactly one reply in its thread, written by the built-in model about that
-//! very message; each service stops cleanly on SIGTERM (exit 0). Everything
-//! started is removed, also on failure.
+//! registers the installation; each service process (and slack-sim's) runs
+//! as uid and gid 65532 on a read-only root filesystem with no capabilities,
+//! and answers `/healthz` and `/readyz`; a mention posted in slack-sim
+//! (itself in a container) gets exactly one reply in its thread, written by
+//! the built-in model about that very message; each service stops cleanly
+//! on SIGTERM (exit 0). Everything started is removed, also on failure;
+//! scripts/image-smoke.sh removes this run's containers by their label
+//! should the process itself be killed. Settings reach the containers
+//! through files only this user can read, never on a command line.
 
 use std::process::{Command, ExitCode, Output};
 use std::time::{Duration, Instant};
@@ -72,10 +78,43 @@ const HARDENED: &[&str] = &[
     "no-new-privileges",
 ];
 
+/// A file only this user can read, removed when dropped.
+struct PrivateFile(std::path::PathBuf);
+
+impl PrivateFile {
+    fn new(path: std::path::PathBuf, text: &str) -> Result<Self, String> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        Ok(Self(path))
+    }
+
+    fn arg(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for PrivateFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 struct Run {
     tag: String,
     id: String,
-    env: Vec<(String, String)>,
+    /// The settings every container gets (`--env-file`), so that keys and
+    /// tokens appear in no argument list (`ps`) and no failure message.
+    env_file: PrivateFile,
+    /// `THREADLINE_SMOKE_RUN` of scripts/image-smoke.sh: the label by which
+    /// it removes this run's containers however the run ends.
+    label: String,
 }
 
 impl Run {
@@ -83,21 +122,30 @@ impl Run {
         format!("threadline-{name}:{}", self.tag)
     }
 
-    fn env_args(&self, extra: &[(&str, String)]) -> Vec<String> {
-        self.env
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.clone()))
-            .chain(extra.iter().cloned())
-            .flat_map(|(k, v)| ["-e".to_owned(), format!("{k}={v}")])
-            .collect()
+    /// `--env-file`s (the run's, then `more`), the label, and `extra`
+    /// settings that are not secret (listen addresses, switches).
+    fn options(&self, extra: &[(&str, String)], more: Option<&PrivateFile>) -> Vec<String> {
+        let mut args = vec!["--env-file".to_owned(), self.env_file.arg()];
+        if let Some(f) = more {
+            args.extend(["--env-file".to_owned(), f.arg()]);
+        }
+        args.extend([
+            "--label".to_owned(),
+            format!("threadline-smoke={}", self.label),
+        ]);
+        for (k, v) in extra {
+            args.extend(["-e".to_owned(), format!("{k}={v}")]);
+        }
+        args
     }
 
-    /// Runs the CLI image to completion; its output on failure.
-    fn cli(&self, args: &[&str]) -> Result<String, String> {
-        let env = self.env_args(&[]);
+    /// Runs the CLI image to completion (with the settings of `more` too);
+    /// its output on failure.
+    fn cli(&self, args: &[&str], more: Option<&PrivateFile>) -> Result<String, String> {
+        let options = self.options(&[], more);
         let mut all: Vec<&str> = vec!["run", "--rm"];
         all.extend(HARDENED);
-        all.extend(env.iter().map(String::as_str));
+        all.extend(options.iter().map(String::as_str));
         let image = self.image("cli");
         all.push(&image);
         all.extend(args);
@@ -120,23 +168,25 @@ impl Run {
         &self,
         role: &'static str,
         image: &str,
-        port: Option<u16>,
+        port: u16,
         extra: &[(&str, String)],
-        args: &[&str],
     ) -> Result<Container, String> {
         let name = format!("threadline-smoke-{}-{role}", self.id);
-        let env = self.env_args(extra);
+        let options = self.options(extra, None);
         let image = self.image(image);
         let mut all: Vec<&str> = vec!["run", "-d", "--name", &name];
         all.extend(HARDENED);
-        all.extend(env.iter().map(String::as_str));
+        all.extend(options.iter().map(String::as_str));
         all.push(&image);
-        all.extend(args);
         let o = docker(&all);
         if !o.status.success() {
             return Err(format!("docker run {image} ({role}): {}", text(&o.stderr)));
         }
-        Ok(Container { name, role, port })
+        Ok(Container {
+            name,
+            role,
+            port: Some(port),
+        })
     }
 }
 
@@ -172,7 +222,8 @@ async fn wait_ok(http: &reqwest::Client, c: &Container, path: &str) -> Result<()
 }
 
 /// The container's process runs as 65532:65532 on a read-only root
-/// filesystem, read from the kernel (the host's /proc), not from the image.
+/// filesystem with no capabilities, read from the kernel (the host's /proc),
+/// not from the image.
 fn hardened(c: &Container) -> Result<String, String> {
     let pid = c.inspect("{{.State.Pid}}");
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -185,7 +236,11 @@ fn hardened(c: &Container) -> Result<String, String> {
             .unwrap_or_default()
     };
     let (uid, gid) = (ids("Uid:"), ids("Gid:"));
-    if uid.is_empty() || uid.iter().any(|u| u != "65532") || gid.iter().any(|g| g != "65532") {
+    if uid.is_empty()
+        || gid.is_empty()
+        || uid.iter().any(|u| u != "65532")
+        || gid.iter().any(|g| g != "65532")
+    {
         return Err(format!(
             "{} runs as uid {uid:?} gid {gid:?}, not 65532",
             c.role
@@ -204,6 +259,32 @@ fn hardened(c: &Container) -> Result<String, String> {
     ))
 }
 
+/// The image's own listen setting is `0.0.0.0:<a port it EXPOSEs>`, as
+/// deploy/Dockerfile declares.
+fn listens_on_all_interfaces(image: &str, setting: &str) -> Result<(), String> {
+    let out = docker(&[
+        "image",
+        "inspect",
+        "-f",
+        "{{range .Config.Env}}{{println .}}{{end}}{{range $p, $_ := .Config.ExposedPorts}}{{println $p}}{{end}}",
+        image,
+    ]);
+    let text = text(&out.stdout);
+    let addr = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{setting}=")))
+        .ok_or_else(|| format!("{image} sets no {setting}"))?;
+    let port = addr
+        .strip_prefix("0.0.0.0:")
+        .ok_or_else(|| format!("{image}: {setting}={addr} does not listen on all interfaces"))?;
+    if !text.lines().any(|l| l == format!("{port}/tcp")) {
+        return Err(format!(
+            "{image}: {setting}={addr} but port {port}/tcp is not exposed"
+        ));
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     match smoke().await {
@@ -220,43 +301,50 @@ async fn main() -> ExitCode {
 
 async fn smoke() -> Result<(), String> {
     let tag = std::env::var("IMAGE_TAG").unwrap_or_else(|_| "dev".to_owned());
-    for name in [
-        "gateway",
-        "context-builder",
-        "inference",
-        "publisher",
-        "cli",
-        "slack-sim",
-    ] {
+    for name in ["cli", "slack-sim"] {
         let image = format!("threadline-{name}:{tag}");
         if !docker(&["image", "inspect", &image]).status.success() {
             return Err(format!("image {image} not found: run `make images` first"));
         }
     }
+    for (name, setting) in [
+        ("gateway", "THREADLINE_GATEWAY_ADDR"),
+        ("context-builder", "THREADLINE_CONTEXT_BUILDER_ADDR"),
+        ("inference", "THREADLINE_INFERENCE_ADDR"),
+        ("publisher", "THREADLINE_PUBLISHER_ADDR"),
+        ("slack-sim", "SLACK_SIM_ADDR"),
+    ] {
+        listens_on_all_interfaces(&format!("threadline-{name}:{tag}"), setting)?;
+    }
     let db = TestDb::empty().await;
     let prefix = unique_prefix();
-    let keys = "k1:".to_owned() + &"42".repeat(32);
     let sim_port = free_port();
     let sim_url = format!("http://127.0.0.1:{sim_port}");
+    let id = prefix.to_ascii_lowercase().replace('_', "-");
+    let settings: String = [
+        ("DATABASE_URL", db.url.clone()),
+        ("NATS_URL", nats_url()),
+        ("THREADLINE_BUS_PREFIX", prefix.clone()),
+        ("THREADLINE_TOKEN_KEYS", "k1:".to_owned() + &"42".repeat(32)),
+        (
+            "THREADLINE_DEAD_LETTER_KEYS",
+            "d1:".to_owned() + &"17".repeat(32),
+        ),
+        ("SLACK_SIGNING_SECRET", slack::TEST_SECRET.to_owned()),
+        ("SLACK_API_URL", format!("{sim_url}/api/")),
+        ("THREADLINE_LOG_FORMAT", "text".to_owned()),
+    ]
+    .iter()
+    .map(|(k, v)| format!("{k}={v}\n"))
+    .collect();
     let run = Run {
         tag,
-        id: prefix.to_ascii_lowercase().replace('_', "-"),
-        env: [
-            ("DATABASE_URL", db.url.clone()),
-            ("NATS_URL", nats_url()),
-            ("THREADLINE_BUS_PREFIX", prefix.clone()),
-            ("THREADLINE_TOKEN_KEYS", keys),
-            (
-                "THREADLINE_DEAD_LETTER_KEYS",
-                "d1:".to_owned() + &"17".repeat(32),
-            ),
-            ("SLACK_SIGNING_SECRET", slack::TEST_SECRET.to_owned()),
-            ("SLACK_API_URL", format!("{sim_url}/api/")),
-            ("THREADLINE_LOG_FORMAT", "text".to_owned()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect(),
+        label: std::env::var("THREADLINE_SMOKE_RUN").unwrap_or_else(|_| id.clone()),
+        env_file: PrivateFile::new(
+            std::env::temp_dir().join(format!("threadline-smoke-{id}.env")),
+            &settings,
+        )?,
+        id,
     };
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
@@ -266,8 +354,20 @@ async fn smoke() -> Result<(), String> {
         .await
         .map_err(|e| format!("NATS at {}: {e}", nats_url()))?;
     let js = async_nats::jetstream::new(nats);
-    let result = pipeline(&run, &http, &sim_url, sim_port).await;
+    // A panic inside (a helper's assertion) still cleans up below.
+    use futures::FutureExt as _;
+    let result = std::panic::AssertUnwindSafe(pipeline(&run, &http, &sim_url, sim_port))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| {
+            Err(panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic".to_owned()))
+        });
     threadline_testkit::delete_streams(&js, &prefix).await;
+    drop(run);
     drop(db);
     result
 }
@@ -279,19 +379,23 @@ async fn pipeline(
     sim_port: u16,
 ) -> Result<(), String> {
     println!("image-smoke: migrating with {}", run.image("cli"));
-    run.cli(&["migrate"])?;
+    run.cli(&["migrate"], None)?;
 
     let sim = run.start(
         "slack-sim",
         "slack-sim",
-        Some(sim_port),
+        sim_port,
         &[
             ("SLACK_SIM_ADDR", format!("127.0.0.1:{sim_port}")),
             ("SLACK_SIM_TIME_SCALE", "0.01".to_owned()),
         ],
-        &[],
     )?;
     wait_ok(http, &sim, "/_sim/calls").await?;
+    println!(
+        "image-smoke: slack-sim ({}) answers; {}",
+        run.image("slack-sim"),
+        hardened(&sim)?
+    );
 
     // The relay first (it declares the streams), then the gateway without
     // one, as the Kubernetes manifests deploy them.
@@ -338,7 +442,7 @@ async fn pipeline(
     ];
     let mut running = Vec::new();
     for (role, image, port, extra) in services {
-        let c = run.start(role, image, Some(port), &extra, &[])?;
+        let c = run.start(role, image, port, &extra)?;
         wait_ok(http, &c, "/healthz").await?;
         wait_ok(http, &c, "/readyz").await?;
         println!(
@@ -358,21 +462,29 @@ async fn pipeline(
         None,
     )
     .await;
-    let (app, bot_user, bot_id, token) = (ws.app_id(), ws.bot_user(), ws.bot_id(), ws.token());
-    run.cli(&[
-        "install",
-        "add",
-        "--team",
-        &ws.team,
-        "--app",
-        &app,
-        "--bot-user",
-        &bot_user,
-        "--bot-id",
-        &bot_id,
-        "--token",
-        &token,
-    ])?;
+    let (app, bot_user, bot_id) = (ws.app_id(), ws.bot_user(), ws.bot_id());
+    // The token through the environment (the CLI reads SLACK_BOT_TOKEN),
+    // never on a command line.
+    let token = PrivateFile::new(
+        std::env::temp_dir().join(format!("threadline-smoke-{}.token", run.id)),
+        &format!("SLACK_BOT_TOKEN={}\n", ws.token()),
+    )?;
+    run.cli(
+        &[
+            "install",
+            "add",
+            "--team",
+            &ws.team,
+            "--app",
+            &app,
+            "--bot-user",
+            &bot_user,
+            "--bot-id",
+            &bot_id,
+        ],
+        Some(&token),
+    )?;
+    drop(token);
     println!(
         "image-smoke: installation registered with {}",
         run.image("cli")
