@@ -36,7 +36,7 @@ async fn main() -> std::process::ExitCode {
     if let Ok(endpoint) = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
         extra.push(("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint));
     }
-    let s = Stack::start(&extra).await;
+    let mut s = Stack::start(&extra).await;
     println!(
         "playing the story (the built-in model takes {} ms per answer, like a real one)…\n",
         story::MODEL_LATENCY_MS
@@ -47,6 +47,11 @@ async fn main() -> std::process::ExitCode {
         println!("{}", explore(&s));
         let _ = tokio::signal::ctrl_c().await;
         println!("stopping…");
+        // Ctrl-C in a terminal reaches slack-sim and the services too (one
+        // process group): they stop on their own, and Slack's side can no
+        // longer be read. The story was judged before the stack was left
+        // running; what was done by hand since is not judged.
+        s.unjudged = Some("the story was judged above; what was done by hand after it is not");
     }
     s.stop().await;
     tokio::time::sleep(Duration::from_millis(200)).await;
