@@ -3,6 +3,7 @@
 
 use clap::Subcommand;
 use sqlx::PgPool;
+use threadline_domain::state::{IntentState, Machine as _};
 use uuid::Uuid;
 
 #[derive(Subcommand)]
@@ -73,22 +74,9 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     match cmd {
         IntentsCommand::List { state } => {
-            const STATES: [&str; 9] = [
-                "pending",
-                "sending",
-                "sent",
-                "failed_retryable",
-                "failed_permanent",
-                "unknown",
-                "reconciling",
-                "held",
-                "withdrawn",
-            ];
-            if !STATES.contains(&state.as_str()) {
-                anyhow::bail!(
-                    "--state: unknown state {state:?}; one of {}",
-                    STATES.join(", ")
-                );
+            if let Err(e) = state.parse::<IntentState>() {
+                let all: Vec<&str> = IntentState::ALL.iter().map(|s| s.as_str()).collect();
+                anyhow::bail!("--state: {e}; one of {}", all.join(", "));
             }
             let rows: Vec<Row> = sqlx::query_as(
                 "SELECT id, installation_id, event_id, channel_id, root_ts, state, attempts, error_code, slack_ts, reconciled

@@ -8,6 +8,7 @@ pub mod event;
 pub mod ids;
 pub mod output;
 pub mod prompt;
+pub mod state;
 
 pub use envelope::{
     Authorization, DeliveryIdentity, Envelope, EnvelopeError, EventCallback, InstallationKey,

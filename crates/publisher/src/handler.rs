@@ -8,6 +8,7 @@
 //! handed back to the broker, never slept on in a worker slot.
 
 use std::time::Duration;
+use threadline_domain::state::{DecisionStatus, IntentState};
 
 use async_nats::jetstream;
 use prost::Message as _;
@@ -234,7 +235,7 @@ impl Handler {
             intents::set_decision(
                 &self.pool,
                 decision,
-                "cancelled",
+                DecisionStatus::Cancelled,
                 Some("installation_unavailable"),
             )
             .await?;
@@ -253,7 +254,7 @@ impl Handler {
             intents::set_decision(
                 &self.pool,
                 decision,
-                "cancelled",
+                DecisionStatus::Cancelled,
                 Some("missing_scope:chat:write"),
             )
             .await?;
@@ -275,13 +276,23 @@ impl Handler {
             // its intent was closed by an operator or for good: this
             // decision is settled as such, never left `proposed`.
             Verdict::AlreadySent => {
-                intents::set_decision(&self.pool, decision, "superseded", Some("already_answered"))
-                    .await?;
+                intents::set_decision(
+                    &self.pool,
+                    decision,
+                    DecisionStatus::Superseded,
+                    Some("already_answered"),
+                )
+                .await?;
                 return Ok(Disposition::Done);
             }
             Verdict::Closed => {
-                intents::set_decision(&self.pool, decision, "cancelled", Some("intent_closed"))
-                    .await?;
+                intents::set_decision(
+                    &self.pool,
+                    decision,
+                    DecisionStatus::Cancelled,
+                    Some("intent_closed"),
+                )
+                .await?;
                 return Ok(Disposition::Done);
             }
             Verdict::NotNow(wait) => return Ok(defer(jitter(wait.max(0.05), &decision))),
@@ -290,8 +301,13 @@ impl Handler {
             Verdict::SourceDeleted => return self.source_deleted(&job).await,
             Verdict::Superseded => {
                 metrics::counter!("threadline_superseded_proposals_total").increment(1);
-                intents::set_decision(&self.pool, decision, "superseded", Some("newer_trigger"))
-                    .await?;
+                intents::set_decision(
+                    &self.pool,
+                    decision,
+                    DecisionStatus::Superseded,
+                    Some("newer_trigger"),
+                )
+                .await?;
                 return Ok(Disposition::Done);
             }
             Verdict::Stale => return self.stale(&job).await,
@@ -302,7 +318,13 @@ impl Handler {
     async fn suppressed(&self, decision: Uuid, switch: &str) -> anyhow::Result<Disposition> {
         metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "publisher")
             .increment(1);
-        intents::set_decision(&self.pool, decision, "suppressed", Some(switch)).await?;
+        intents::set_decision(
+            &self.pool,
+            decision,
+            DecisionStatus::Suppressed,
+            Some(switch),
+        )
+        .await?;
         tracing::warn!(switch = %switch, "kill switch engaged; nothing posted");
         Ok(Disposition::Done)
     }
@@ -313,8 +335,13 @@ impl Handler {
     /// cannot lose it).
     async fn stale(&self, job: &Job<'_>) -> anyhow::Result<Disposition> {
         metrics::counter!("threadline_stale_proposals_total").increment(1);
-        self.discard_and_reconsider(job, "stale", "thread_changed", "version_changed")
-            .await?;
+        self.discard_and_reconsider(
+            job,
+            DecisionStatus::Stale,
+            "thread_changed",
+            "version_changed",
+        )
+        .await?;
         Ok(Disposition::Done)
     }
 
@@ -322,15 +349,20 @@ impl Handler {
     /// reconsidered (an older request a deleted newer one had superseded is
     /// decided again).
     async fn source_deleted(&self, job: &Job<'_>) -> anyhow::Result<Disposition> {
-        self.discard_and_reconsider(job, "cancelled", "source_deleted", "source_deleted")
-            .await?;
+        self.discard_and_reconsider(
+            job,
+            DecisionStatus::Cancelled,
+            "source_deleted",
+            "source_deleted",
+        )
+        .await?;
         Ok(Disposition::Done)
     }
 
     async fn discard_and_reconsider(
         &self,
         job: &Job<'_>,
-        status: &str,
+        status: DecisionStatus,
         reason: &str,
         why: &str,
     ) -> anyhow::Result<()> {
@@ -397,7 +429,7 @@ impl Handler {
                             intents::set_decision(
                                 &self.pool,
                                 p.decision,
-                                "superseded",
+                                DecisionStatus::Superseded,
                                 Some("already_answered"),
                             )
                             .await?;
@@ -411,7 +443,7 @@ impl Handler {
                             &self.pool,
                             claim.id,
                             claim.attempt,
-                            "held",
+                            IntentState::Held,
                             Some("ambiguous_evidence"),
                             None,
                         )
@@ -554,7 +586,7 @@ impl Handler {
                         &self.pool,
                         intent,
                         claim.attempt,
-                        "failed_retryable",
+                        IntentState::FailedRetryable,
                         Some("connect"),
                         Some(2.0),
                     )
@@ -573,13 +605,19 @@ impl Handler {
                         &self.pool,
                         intent,
                         claim.attempt,
-                        "failed_permanent",
+                        IntentState::FailedPermanent,
                         Some(code),
                         None,
                     )
                 })
                 .await?;
-                intents::set_decision(&self.pool, p.decision, "cancelled", Some(code)).await?;
+                intents::set_decision(
+                    &self.pool,
+                    p.decision,
+                    DecisionStatus::Cancelled,
+                    Some(code),
+                )
+                .await?;
                 metrics::counter!("threadline_reply_intents_total", "state" => "failed_permanent")
                     .increment(1);
                 tracing::warn!(alert = "reply_refused", code, "Slack refused the post");
@@ -600,7 +638,7 @@ impl Handler {
                     &self.pool,
                     intent,
                     claim.attempt,
-                    "unknown",
+                    IntentState::Unknown,
                     Some(code),
                     None,
                 )
@@ -624,7 +662,7 @@ impl Handler {
         intents::set_decision(
             &self.pool,
             p.decision,
-            "cancelled",
+            DecisionStatus::Cancelled,
             Some("rate_limited_too_often"),
         )
         .await?;
@@ -711,7 +749,7 @@ impl Handler {
                 intents::set_decision(
                     &self.pool,
                     p.decision,
-                    "superseded",
+                    DecisionStatus::Superseded,
                     Some("already_answered"),
                 )
                 .await?;

@@ -5,6 +5,7 @@
 
 use prost::Message as _;
 use sqlx::{PgConnection, PgPool};
+use threadline_domain::state::{DecisionStatus, IntentState, Machine as _};
 use threadline_runtime::bus::Topic;
 use threadline_runtime::{killswitch, outbox};
 use uuid::Uuid;
@@ -695,10 +696,16 @@ pub async fn transition(
     pool: &PgPool,
     id: Uuid,
     attempt: i32,
-    to: &str,
+    to: IntentState,
     code: Option<&str>,
     retry_in: Option<f64>,
 ) -> sqlx::Result<bool> {
+    // Only the attempt that owns the intent ends it, and only by a move
+    // the machine allows from where it is.
+    let from: Vec<&str> = IntentState::from_states(to)
+        .into_iter()
+        .filter(|s| IntentState::IN_FLIGHT.iter().any(|f| f.as_str() == *s))
+        .collect();
     let r = sqlx::query(
         "UPDATE reply_intents
             SET state = $2, error_code = $3,
@@ -707,13 +714,14 @@ pub async fn transition(
                 ever_unknown = ever_unknown OR $2 = 'unknown',
                 ratelimited_attempts = ratelimited_attempts + CASE WHEN $3 = 'ratelimited' THEN 1 ELSE 0 END,
                 updated_at = now()
-          WHERE id = $1 AND attempts = $5 AND state IN ('sending', 'unknown', 'reconciling')",
+          WHERE id = $1 AND attempts = $5 AND state = ANY($6)",
     )
     .bind(id)
-    .bind(to)
+    .bind(to.as_str())
     .bind(code)
     .bind(retry_in)
     .bind(attempt)
+    .bind(&from)
     .execute(pool)
     .await?;
     Ok(r.rows_affected() == 1)
@@ -784,7 +792,7 @@ pub async fn hold_unreadable(pool: &PgPool, id: Uuid, code: &str) -> sqlx::Resul
 pub async fn set_decision(
     pool: &PgPool,
     decision: Uuid,
-    status: &str,
+    status: DecisionStatus,
     reason: Option<&str>,
 ) -> sqlx::Result<()> {
     set_decision_in(&mut *pool.acquire().await?, decision, status, reason).await?;
@@ -796,13 +804,20 @@ pub async fn set_decision(
 pub async fn set_decision_in(
     conn: &mut PgConnection,
     decision: Uuid,
-    status: &str,
+    status: DecisionStatus,
     reason: Option<&str>,
 ) -> sqlx::Result<bool> {
+    // The publisher discards what was offered to it (proposed or approved)
+    // and nothing else; a status that is no discard matches no row.
+    let from: Vec<&str> = [DecisionStatus::Proposed, DecisionStatus::Approved]
+        .into_iter()
+        .filter(|s| status.is_discard() && s.can_become(status))
+        .map(DecisionStatus::as_str)
+        .collect();
     let discarded: bool = sqlx::query_scalar(
         "WITH d AS (
              UPDATE decisions SET status = $2, status_reason = $3, updated_at = now()
-              WHERE id = $1 AND status IN ('proposed', 'approved')
+              WHERE id = $1 AND status = ANY($4)
              RETURNING id),
          w AS (
              UPDATE reply_intents SET state = 'withdrawn', error_code = $2, updated_at = now()
@@ -811,8 +826,9 @@ pub async fn set_decision_in(
          SELECT EXISTS (SELECT 1 FROM d)",
     )
     .bind(decision)
-    .bind(status)
+    .bind(status.as_str())
     .bind(reason)
+    .bind(&from)
     .fetch_one(conn)
     .await?;
     Ok(discarded)

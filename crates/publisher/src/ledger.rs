@@ -5,22 +5,10 @@
 use std::time::Duration;
 
 use sqlx::PgPool;
+use threadline_domain::state::{IntentState, Machine as _};
 use threadline_runtime::shutdown::CancellationToken;
 
 const EVERY: Duration = Duration::from_secs(15);
-
-/// Every state of DESIGN §4's reply intent, so a gauge drops back to zero.
-const STATES: [&str; 9] = [
-    "pending",
-    "sending",
-    "sent",
-    "failed_retryable",
-    "failed_permanent",
-    "unknown",
-    "reconciling",
-    "held",
-    "withdrawn",
-];
 
 /// Samples once, then every 15 s until `shutdown`.
 pub fn spawn(pool: PgPool, shutdown: CancellationToken) {
@@ -42,7 +30,8 @@ pub async fn sample(pool: &PgPool) -> sqlx::Result<()> {
         sqlx::query_as("SELECT state, count(*) FROM reply_intents GROUP BY state")
             .fetch_all(pool)
             .await?;
-    for state in STATES {
+    // Every state, so a gauge drops back to zero.
+    for state in IntentState::ALL.iter().map(|s| s.as_str()) {
         let n = by_state
             .iter()
             .find(|(s, _)| s == state)

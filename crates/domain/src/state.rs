@@ -1,0 +1,398 @@
+//! The ledger's state machines (DESIGN §4) as types: every state of an
+//! event receipt, a decision and a reply intent, and the moves between
+//! them as code. The store asks [`Machine::from_states`] which states a move
+//! may start from and puts exactly those in its compare-and-set, so an
+//! illegal move matches no row; [`Machine::check`] refuses one before any
+//! statement runs. The database's check constraints list the same states
+//! (a test keeps them equal).
+
+use std::fmt;
+
+/// A state machine over `Self`: its states and its allowed moves.
+pub trait Machine: Copy + Eq + fmt::Debug + 'static {
+    /// Every state, in a fixed order.
+    const ALL: &'static [Self];
+    /// What this machine is called in errors.
+    const NAME: &'static str;
+
+    /// The state as the database stores it.
+    fn as_str(self) -> &'static str;
+
+    /// Whether `self → to` is an allowed move.
+    fn can_become(self, to: Self) -> bool;
+
+    /// The state the database stored.
+    fn parse(s: &str) -> Result<Self, UnknownState> {
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| UnknownState {
+                machine: Self::NAME,
+                state: s.to_owned(),
+            })
+    }
+
+    /// The states a move to `to` may start from (what a compare-and-set
+    /// into `to` must match).
+    fn from_states(to: Self) -> Vec<&'static str> {
+        Self::ALL
+            .iter()
+            .filter(|from| from.can_become(to))
+            .map(|from| from.as_str())
+            .collect()
+    }
+
+    /// `from → to`, or why not.
+    fn check(from: Self, to: Self) -> Result<(), IllegalMove> {
+        if from.can_become(to) {
+            Ok(())
+        } else {
+            Err(IllegalMove {
+                machine: Self::NAME,
+                from: from.as_str(),
+                to: to.as_str(),
+            })
+        }
+    }
+
+    /// Whether some move leads to `to` at all (a state only ever created).
+    fn is_reachable(to: Self) -> bool {
+        Self::ALL.iter().any(|from| from.can_become(to))
+    }
+}
+
+/// A state name the machine does not have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownState {
+    pub machine: &'static str,
+    pub state: String,
+}
+
+impl fmt::Display for UnknownState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} has no state {:?}", self.machine, self.state)
+    }
+}
+
+impl std::error::Error for UnknownState {}
+
+/// A move the machine does not allow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IllegalMove {
+    pub machine: &'static str,
+    pub from: &'static str,
+    pub to: &'static str,
+}
+
+impl fmt::Display for IllegalMove {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} may not move from {} to {}",
+            self.machine, self.from, self.to
+        )
+    }
+}
+
+impl std::error::Error for IllegalMove {}
+
+macro_rules! states {
+    ($(#[$doc:meta])* $name:ident, $label:literal { $($variant:ident = $s:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($variant),+
+        }
+
+        impl $name {
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $s),+
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = UnknownState;
+            fn from_str(s: &str) -> Result<Self, UnknownState> {
+                <Self as Machine>::parse(s)
+            }
+        }
+
+        impl $name {
+            const EVERY: &'static [Self] = &[$(Self::$variant),+];
+            const LABEL: &'static str = $label;
+        }
+    };
+}
+
+states! {
+    /// An event receipt: `accepted → processing → done | ignored | failed`;
+    /// `unparsed` waits for its installation to be known (then `accepted`,
+    /// or `failed` when it expires).
+    ReceiptState, "receipt" {
+        Accepted = "accepted",
+        Processing = "processing",
+        Done = "done",
+        Ignored = "ignored",
+        Failed = "failed",
+        Unparsed = "unparsed",
+    }
+}
+
+impl Machine for ReceiptState {
+    const ALL: &'static [Self] = Self::EVERY;
+    const NAME: &'static str = Self::LABEL;
+
+    fn as_str(self) -> &'static str {
+        self.name()
+    }
+
+    fn can_become(self, to: Self) -> bool {
+        use ReceiptState::*;
+        matches!(
+            (self, to),
+            (Unparsed, Accepted | Failed)
+                | (Accepted, Processing)
+                // An event may end without being worked on (its work was
+                // cancelled, or it was never going to be).
+                | (Accepted | Processing, Done | Ignored | Failed)
+                // A handler error is retried: the receipt is opened again.
+                | (Failed, Processing)
+        )
+    }
+}
+
+states! {
+    /// A decision: `calling` (inference holds the model call) → `proposed`
+    /// → `approved` → `published`, or `review → approved | rejected`, or
+    /// discarded: `stale | superseded | cancelled | suppressed`.
+    DecisionStatus, "decision" {
+        Calling = "calling",
+        Proposed = "proposed",
+        Review = "review",
+        Suppressed = "suppressed",
+        Approved = "approved",
+        Rejected = "rejected",
+        Published = "published",
+        Stale = "stale",
+        Superseded = "superseded",
+        Cancelled = "cancelled",
+    }
+}
+
+impl DecisionStatus {
+    /// A decision discarded without a post.
+    pub fn is_discard(self) -> bool {
+        matches!(
+            self,
+            Self::Stale | Self::Superseded | Self::Cancelled | Self::Suppressed
+        )
+    }
+}
+
+impl Machine for DecisionStatus {
+    const ALL: &'static [Self] = Self::EVERY;
+    const NAME: &'static str = Self::LABEL;
+
+    fn as_str(self) -> &'static str {
+        self.name()
+    }
+
+    fn can_become(self, to: Self) -> bool {
+        use DecisionStatus::*;
+        match (self, to) {
+            (Calling, Proposed | Review) => true,
+            (Calling | Proposed | Approved | Review, t) if t.is_discard() => true,
+            (Proposed | Review, Approved) | (Review, Rejected) => true,
+            // What Slack shows wins: a post found for a decision publishes
+            // it, whatever was thought of it meanwhile (never a rejected
+            // one, which nothing may post).
+            (Proposed | Approved | Stale | Superseded | Cancelled | Suppressed, Published) => true,
+            _ => false,
+        }
+    }
+}
+
+states! {
+    /// A reply intent: `pending → sending → sent`; `sending →
+    /// failed_retryable → sending`; `sending → failed_permanent`; `sending →
+    /// unknown → reconciling → sent | held | pending`; `pending |
+    /// failed_retryable → withdrawn → sending`; an operator moves `held` to
+    /// `pending` (repost) or `failed_permanent` (abandon).
+    IntentState, "reply intent" {
+        Pending = "pending",
+        Sending = "sending",
+        Sent = "sent",
+        FailedRetryable = "failed_retryable",
+        FailedPermanent = "failed_permanent",
+        Unknown = "unknown",
+        Reconciling = "reconciling",
+        Held = "held",
+        Withdrawn = "withdrawn",
+    }
+}
+
+impl IntentState {
+    /// States in which an attempt owns the intent (a post may be in Slack).
+    pub const IN_FLIGHT: [Self; 3] = [Self::Sending, Self::Unknown, Self::Reconciling];
+}
+
+impl Machine for IntentState {
+    const ALL: &'static [Self] = Self::EVERY;
+    const NAME: &'static str = Self::LABEL;
+
+    fn as_str(self) -> &'static str {
+        self.name()
+    }
+
+    fn can_become(self, to: Self) -> bool {
+        use IntentState::*;
+        match (self, to) {
+            (Pending | FailedRetryable | Withdrawn, Sending) => true,
+            // The attempt that owns it ends it one way or another.
+            (
+                Sending | Unknown | Reconciling,
+                FailedRetryable | FailedPermanent | Pending | Held,
+            ) => true,
+            (Sending | Reconciling, Unknown) => true,
+            (Unknown, Reconciling) => true,
+            (Pending | FailedRetryable, Withdrawn) => true,
+            (Held, Pending | FailedPermanent) => true,
+            // A post seen in Slack is recorded whatever the intent's state
+            // (a late answer to an attempt given up on, a reconciliation).
+            (from, Sent) => from != Sent,
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip<M: Machine + std::str::FromStr<Err = UnknownState>>() {
+        for s in M::ALL {
+            assert_eq!(M::parse(s.as_str()), Ok(*s));
+            assert_eq!(s.as_str().parse::<M>(), Ok(*s));
+        }
+        let err = M::parse("no_such_state").unwrap_err();
+        assert_eq!(err.machine, M::NAME);
+        assert!(err.to_string().contains("no_such_state"));
+        let names: std::collections::HashSet<_> = M::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names.len(), M::ALL.len(), "{} has a name twice", M::NAME);
+    }
+
+    #[test]
+    fn every_state_round_trips_through_its_name() {
+        roundtrip::<ReceiptState>();
+        roundtrip::<DecisionStatus>();
+        roundtrip::<IntentState>();
+    }
+
+    #[test]
+    fn design_section_4_moves_are_allowed() {
+        use IntentState::*;
+        for (from, to) in [
+            (Pending, Sending),
+            (Sending, Sent),
+            (Sending, FailedRetryable),
+            (FailedRetryable, Sending),
+            (Sending, FailedPermanent),
+            (Sending, Unknown),
+            (Unknown, Reconciling),
+            (Reconciling, Sent),
+            (Reconciling, Held),
+            (Reconciling, Pending),
+            (Pending, Withdrawn),
+            (FailedRetryable, Withdrawn),
+            (Withdrawn, Sending),
+        ] {
+            assert_eq!(IntentState::check(from, to), Ok(()), "{from} → {to}");
+        }
+        use DecisionStatus as D;
+        for (from, to) in [
+            (D::Calling, D::Proposed),
+            (D::Proposed, D::Approved),
+            (D::Approved, D::Published),
+            (D::Proposed, D::Stale),
+            (D::Proposed, D::Superseded),
+            (D::Proposed, D::Cancelled),
+            (D::Calling, D::Suppressed),
+            (D::Calling, D::Review),
+            (D::Review, D::Approved),
+            (D::Review, D::Rejected),
+        ] {
+            assert_eq!(DecisionStatus::check(from, to), Ok(()), "{from} → {to}");
+        }
+        use ReceiptState as R;
+        for (from, to) in [
+            (R::Accepted, R::Processing),
+            (R::Processing, R::Done),
+            (R::Processing, R::Ignored),
+            (R::Processing, R::Failed),
+        ] {
+            assert_eq!(ReceiptState::check(from, to), Ok(()), "{from} → {to}");
+        }
+    }
+
+    #[test]
+    fn moves_that_would_break_an_invariant_are_refused() {
+        use IntentState::*;
+        // Posting twice: nothing leaves `sent`, and only a claim enters `sending`.
+        for to in IntentState::ALL {
+            assert!(!Sent.can_become(*to), "sent → {to}");
+        }
+        assert_eq!(
+            IntentState::from_states(Sending),
+            ["pending", "failed_retryable", "withdrawn"]
+        );
+        // An unknown outcome is never simply retried: it is read first.
+        assert!(!Unknown.can_become(Sending));
+        assert!(!Held.can_become(Sending));
+        assert!(!FailedPermanent.can_become(Pending));
+        // A rejected answer is never published; a published one never discarded.
+        use DecisionStatus as D;
+        assert!(!D::Rejected.can_become(D::Published));
+        assert!(!D::Published.can_become(D::Stale));
+        assert!(!D::Review.can_become(D::Published));
+        let err = DecisionStatus::check(D::Rejected, D::Published).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "decision may not move from rejected to published"
+        );
+        // A finished receipt is never reopened, except a failure to retry.
+        use ReceiptState as R;
+        assert!(!R::Done.can_become(R::Processing));
+        assert!(!R::Ignored.can_become(R::Processing));
+        assert!(R::Failed.can_become(R::Processing));
+    }
+
+    #[test]
+    fn every_state_but_the_first_can_be_reached() {
+        for s in ReceiptState::ALL {
+            assert_eq!(
+                ReceiptState::is_reachable(*s),
+                !matches!(s, ReceiptState::Unparsed),
+                "{s}"
+            );
+        }
+        for s in DecisionStatus::ALL {
+            assert_eq!(
+                DecisionStatus::is_reachable(*s),
+                *s != DecisionStatus::Calling,
+                "{s}"
+            );
+        }
+        for s in IntentState::ALL {
+            assert!(IntentState::is_reachable(*s), "{s}");
+        }
+    }
+}
