@@ -37,9 +37,63 @@ fn secs(ts: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// What choosing a reply needs: each offered reply's ts and size in bytes,
+/// newest first; never its text. The root and the source message are kept
+/// before any reply is offered.
+#[derive(Debug, Clone)]
+pub struct Chooser {
+    oldest_allowed: u64,
+    bytes: usize,
+    max_bytes: usize,
+    room: usize,
+}
+
+/// What the chooser did with an offered reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    Keep,
+    /// Left out (too big for what room is left); older ones may still fit.
+    Skip,
+    /// Left out, and so is every older reply (no room, or too old).
+    Done,
+}
+
+impl Chooser {
+    /// `source_len` is the source message's size when it is a reply of the
+    /// thread (not the root, not gone).
+    pub fn new(
+        root_len: usize,
+        source_len: Option<usize>,
+        source_ts: &str,
+        limits: Limits,
+    ) -> Self {
+        Self {
+            oldest_allowed: secs(source_ts).saturating_sub(limits.max_age_secs),
+            bytes: root_len + source_len.unwrap_or(0),
+            max_bytes: limits.max_bytes,
+            room: limits.max_messages.max(2) - 1 - usize::from(source_len.is_some()),
+        }
+    }
+
+    /// Offers the next older reply (never the root or the source).
+    pub fn offer(&mut self, ts: &str, len: usize) -> Offer {
+        if self.room == 0 || secs(ts) < self.oldest_allowed {
+            return Offer::Done;
+        }
+        if self.bytes + len > self.max_bytes {
+            return Offer::Skip;
+        }
+        self.bytes += len;
+        self.room -= 1;
+        Offer::Keep
+    }
+}
+
 /// `thread` is oldest first with the root first. The root and the source
 /// message are always kept; then replies from the newest back, skipping
-/// any that would break the byte or age limit, while the count allows.
+/// any that would break the byte limit, while the count and the age limit
+/// allow. The store reads only what this keeps ([`Chooser`] over sizes);
+/// this whole-thread form is the reference it is tested against.
 pub fn build(thread: &[StoredMessage], source_ts: &str, limits: Limits) -> Built {
     let Some((root, replies)) = thread.split_first() else {
         return Built {
@@ -48,24 +102,26 @@ pub fn build(thread: &[StoredMessage], source_ts: &str, limits: Limits) -> Built
             content_hash: hash(&[]),
         };
     };
-    let oldest_allowed = secs(source_ts).saturating_sub(limits.max_age_secs);
     let source = replies.iter().position(|m| m.ts == source_ts);
-    let mut bytes = root.text.len() + source.map(|i| replies[i].text.len()).unwrap_or(0);
-    let mut room = limits.max_messages.max(2) - 1 - usize::from(source.is_some());
+    let mut chooser = Chooser::new(
+        root.text.len(),
+        source.map(|i| replies[i].text.len()),
+        source_ts,
+        limits,
+    );
     let mut keep = vec![false; replies.len()];
     if let Some(i) = source {
         keep[i] = true;
     }
     for (i, m) in replies.iter().enumerate().rev() {
-        if room == 0 {
-            break;
-        }
-        if keep[i] || secs(&m.ts) < oldest_allowed || bytes + m.text.len() > limits.max_bytes {
+        if Some(i) == source {
             continue;
         }
-        bytes += m.text.len();
-        keep[i] = true;
-        room -= 1;
+        match chooser.offer(&m.ts, m.text.len()) {
+            Offer::Keep => keep[i] = true,
+            Offer::Skip => {}
+            Offer::Done => break,
+        }
     }
     let mut messages = Vec::with_capacity(limits.max_messages);
     messages.push(root.clone());
@@ -76,7 +132,13 @@ pub fn build(thread: &[StoredMessage], source_ts: &str, limits: Limits) -> Built
             .filter(|(_, k)| **k)
             .map(|(m, _)| m.clone()),
     );
-    let omitted = thread.len() - messages.len();
+    finish(messages, thread.len())
+}
+
+/// The context of `messages` (oldest first, root first) out of a thread of
+/// `thread_len` messages.
+pub fn finish(messages: Vec<StoredMessage>, thread_len: usize) -> Built {
+    let omitted = thread_len.saturating_sub(messages.len());
     let content_hash = hash(&messages);
     Built {
         messages,

@@ -8,6 +8,7 @@ use prost::Message as _;
 use secrecy::ExposeSecret as _;
 use sqlx::PgPool;
 use threadline_domain::classify::{self, Effect, Outcome};
+use threadline_domain::state::ReceiptState;
 use threadline_proto::v1::{ContextMessage, ContextReady, EventAccepted, SCHEMA_VERSION};
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::secrets::TokenCipher;
@@ -17,7 +18,7 @@ use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::backfill::{self, BackfillLimits, Completeness};
-use crate::context::{self, Limits};
+use crate::context::Limits;
 use crate::store::{self, Installation};
 
 pub struct Handler {
@@ -121,12 +122,12 @@ impl Handler {
         let opened = store::open(&self.pool, inst_id, receipt, &ev.channel_id).await?;
         let Some((inst, policy)) = opened.installation else {
             return self
-                .end(ev, receipt, "ignored", "unknown_installation")
+                .end(ev, receipt, ReceiptState::Ignored, "unknown_installation")
                 .await;
         };
         if !inst.active {
             return self
-                .end(ev, receipt, "ignored", "installation_disabled")
+                .end(ev, receipt, ReceiptState::Ignored, "installation_disabled")
                 .await;
         }
         if !opened.begun {
@@ -135,7 +136,11 @@ impl Handler {
         }
         let event: serde_json::Value = match serde_json::from_slice(&ev.event_json) {
             Ok(v) => v,
-            Err(_) => return self.end(ev, receipt, "failed", "undecodable_event").await,
+            Err(_) => {
+                return self
+                    .end(ev, receipt, ReceiptState::Failed, "undecodable_event")
+                    .await;
+            }
         };
         if let Some(reason) = lifecycle_reason(
             event
@@ -151,7 +156,7 @@ impl Handler {
             metrics::counter!("threadline_installations_disabled_total", "reason" => reason)
                 .increment(1);
             tracing::warn!(alert = "installation_disabled", reason, installation_id = %inst.id, "installation disabled; tokens purged");
-            return self.end(ev, receipt, "done", reason).await;
+            return self.end(ev, receipt, ReceiptState::Done, reason).await;
         }
         let channel = ev.channel_id.as_str();
         let c = classify::classify(&event, &inst.identity, &policy);
@@ -208,7 +213,7 @@ impl Handler {
                 store::finish(
                     &mut tx,
                     receipt,
-                    "ignored",
+                    ReceiptState::Ignored,
                     Some("unhandled_type"),
                     (inst.id, channel),
                 )
@@ -220,7 +225,7 @@ impl Handler {
                 store::finish(
                     &mut tx,
                     receipt,
-                    "ignored",
+                    ReceiptState::Ignored,
                     Some(reason.as_str()),
                     (inst.id, channel),
                 )
@@ -242,7 +247,7 @@ impl Handler {
             store::finish(
                 &mut tx,
                 receipt,
-                "ignored",
+                ReceiptState::Ignored,
                 Some("duplicate_turn"),
                 (inst.id, channel),
             )
@@ -424,12 +429,12 @@ impl Handler {
             .pool
             .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
             .await?;
-        let snap = store::snapshot(&mut tx, inst, channel, root, source_ts).await?;
+        let snap = store::snapshot(&mut tx, inst, channel, root, source_ts, self.limits).await?;
         if snap.source_deleted {
             store::finish(
                 &mut tx,
                 receipt,
-                "ignored",
+                ReceiptState::Ignored,
                 Some("source_deleted"),
                 (inst.id, channel),
             )
@@ -437,7 +442,7 @@ impl Handler {
             tx.commit().await?;
             return ignored("source_deleted");
         }
-        let built = context::build(&snap.messages, source_ts, self.limits);
+        let built = &snap.built;
         store::record_context(
             &mut tx,
             event_id,
@@ -494,7 +499,14 @@ impl Handler {
             .await?
             .await?;
         let mut conn = self.pool.acquire().await?;
-        store::finish(&mut conn, receipt, "done", None, (inst.id, channel)).await?;
+        store::finish(
+            &mut conn,
+            receipt,
+            ReceiptState::Done,
+            None,
+            (inst.id, channel),
+        )
+        .await?;
         metrics::counter!("threadline_contexts_built_total", "truncated" => if built.omitted > 0 { "true" } else { "false" })
             .increment(1);
         Ok(Step::Done)
@@ -504,7 +516,7 @@ impl Handler {
         &self,
         ev: &EventAccepted,
         receipt: Uuid,
-        state: &str,
+        state: ReceiptState,
         reason: &'static str,
     ) -> anyhow::Result<Step> {
         let at = Uuid::parse_str(&ev.installation_id).unwrap_or_default();

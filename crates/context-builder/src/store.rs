@@ -9,11 +9,12 @@ use sqlx::{PgConnection, PgPool};
 use threadline_domain::classify::{
     BotIdentity, ChannelMode, Effect, MessageFacts, Speaker, TriggerPolicy,
 };
+use threadline_domain::state::{Machine as _, ReceiptState};
 use threadline_runtime::bus::Topic;
 use threadline_runtime::{audit, outbox};
 use uuid::Uuid;
 
-use crate::context::StoredMessage;
+use crate::context::{self, Built, Limits, Offer, StoredMessage};
 
 /// An installation as the context-builder needs it.
 #[derive(Debug, Clone)]
@@ -327,14 +328,20 @@ pub async fn note_failure(pool: &PgPool, receipt: Uuid) -> sqlx::Result<Option<i
 pub async fn finish(
     conn: &mut PgConnection,
     receipt: Uuid,
-    state: &str,
+    state: ReceiptState,
     reason: Option<&str>,
     at: (Uuid, &str),
 ) -> sqlx::Result<bool> {
+    // Only an open receipt ends, by a move the machine allows.
+    let from: Vec<&str> = [ReceiptState::Accepted, ReceiptState::Processing]
+        .into_iter()
+        .filter(|s| s.can_become(state))
+        .map(ReceiptState::as_str)
+        .collect();
     let ended: Option<Uuid> = sqlx::query_scalar(
         "WITH r AS (
             UPDATE event_receipts SET state = $2, state_reason = $3, updated_at = now()
-             WHERE id = $1 AND state IN ('accepted', 'processing')
+             WHERE id = $1 AND state = ANY($9)
             RETURNING id, installation_id, event_id, channel_id, event_type, retry_num + duplicate_deliveries AS retries)
          INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
                                 event_type, retry_count)
@@ -346,13 +353,14 @@ pub async fn finish(
          RETURNING receipt_id",
     )
     .bind(receipt)
-    .bind(state)
+    .bind(state.as_str())
     .bind(reason)
-    .bind(audit::sanitise_code(state))
+    .bind(audit::sanitise_code(state.as_str()))
     .bind(reason.map(audit::sanitise_code))
     .bind(at.0)
     .bind(at.1)
     .bind(audit::channel_ref(at.0, at.1))
+    .bind(&from)
     .fetch_optional(conn)
     .await?;
     Ok(ended.is_some())
@@ -739,56 +747,146 @@ pub async fn set_backfill(
     Ok(())
 }
 
-/// The thread as it is now: version, whether its backfill is partial, its
-/// live messages oldest first, and whether `source_ts` is deleted.
+/// The thread as it is now, as far as its context needs it: version,
+/// whether its backfill is partial, whether `source_ts` is deleted, and the
+/// context built from the root, the source and the newest replies within
+/// the limits.
 pub struct Snapshot {
     pub version: i64,
     pub backfill_partial: bool,
-    pub messages: Vec<StoredMessage>,
     pub source_deleted: bool,
+    pub built: Built,
 }
 
+/// Messages the context may read: live, and another bot's only when that
+/// bot is approved ($4). $1..$3: installation, channel, root.
+const READABLE: &str = "installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND NOT deleted
+                        AND (speaker <> 'bot' OR bot_id = ANY($4))";
+
+/// How many replies' sizes one read brings, beyond the count limit (room
+/// for replies skipped as too big).
+const PAGE_SLACK: usize = 16;
+
+/// Reads the context of `source_ts` in `root`'s thread without reading the
+/// whole thread: the sizes of the oldest readable message (the root), the
+/// source and the newest replies page by page until the limits are met
+/// ([`context::Chooser`], the same choice [`context::build`] makes over the
+/// whole thread), then the text of only the chosen messages and a count of
+/// the rest. Call inside one REPEATABLE READ transaction.
 pub async fn snapshot(
     conn: &mut PgConnection,
     inst: &Installation,
     channel: &str,
     root: &str,
     source_ts: &str,
+    limits: Limits,
 ) -> sqlx::Result<Snapshot> {
-    let (version, backfill): (i64, String) = sqlx::query_as(
-        "SELECT version, backfill_state FROM threads WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3",
-    )
-    .bind(inst.id)
-    .bind(channel)
-    .bind(root)
-    .fetch_optional(&mut *conn)
-    .await?
-    .unwrap_or((0, "none".into()));
+    let (version, backfill, source_deleted, readable): (i64, String, bool, i64) =
+        sqlx::query_as(&format!(
+            "SELECT coalesce((SELECT version FROM threads
+                               WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3), 0),
+                    coalesce((SELECT backfill_state FROM threads
+                               WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3), 'none'),
+                    coalesce((SELECT bool_or(deleted) FROM thread_messages
+                               WHERE installation_id = $1 AND channel_id = $2 AND ts = $5), false),
+                    (SELECT count(*) FROM thread_messages WHERE {READABLE})"
+        ))
+        .bind(inst.id)
+        .bind(channel)
+        .bind(root)
+        .bind(&inst.approved_bots)
+        .bind(source_ts)
+        .fetch_one(&mut *conn)
+        .await?;
+    let page = (limits.max_messages + PAGE_SLACK) as i64;
+    // part 0: the oldest readable message; 1: the source; 2: replies newest
+    // first, older than the cursor ($6, none at first).
+    let sizes = format!(
+        "(SELECT 0 AS part, ts, octet_length(text) FROM thread_messages WHERE {READABLE}
+           ORDER BY ts::numeric LIMIT 1)
+         UNION ALL
+         (SELECT 1, ts, octet_length(text) FROM thread_messages WHERE {READABLE} AND ts = $5)
+         UNION ALL
+         (SELECT 2, ts, octet_length(text) FROM thread_messages
+           WHERE {READABLE} AND ($6::numeric IS NULL OR ts::numeric < $6::numeric)
+           ORDER BY ts::numeric DESC LIMIT $7)"
+    );
+    let mut rows: Vec<(i32, String, i32)> = sqlx::query_as(&sizes)
+        .bind(inst.id)
+        .bind(channel)
+        .bind(root)
+        .bind(&inst.approved_bots)
+        .bind(source_ts)
+        .bind(None::<String>)
+        .bind(page)
+        .fetch_all(&mut *conn)
+        .await?;
+    let Some((_, first_ts, first_len)) = rows.iter().find(|r| r.0 == 0).cloned() else {
+        return Ok(Snapshot {
+            version,
+            backfill_partial: backfill == "partial",
+            source_deleted,
+            built: context::finish(Vec::new(), 0),
+        });
+    };
+    let source = rows
+        .iter()
+        .find(|r| r.0 == 1 && r.1 != first_ts)
+        .map(|r| (r.1.clone(), r.2 as usize));
+    let mut chooser = context::Chooser::new(
+        first_len as usize,
+        source.as_ref().map(|s| s.1),
+        source_ts,
+        limits,
+    );
+    let mut chosen = vec![first_ts.clone()];
+    chosen.extend(source.map(|s| s.0));
+    'pages: loop {
+        let replies: Vec<(String, i32)> = rows
+            .drain(..)
+            .filter(|r| r.0 == 2)
+            .map(|r| (r.1, r.2))
+            .collect();
+        let full = replies.len() as i64 == page;
+        let mut cursor = None;
+        for (ts, len) in replies {
+            cursor = Some(ts.clone());
+            if ts == first_ts || ts == source_ts {
+                continue;
+            }
+            match chooser.offer(&ts, len as usize) {
+                Offer::Keep => chosen.push(ts),
+                Offer::Skip => {}
+                Offer::Done => break 'pages,
+            }
+        }
+        if !full {
+            break;
+        }
+        rows = sqlx::query_as(&sizes)
+            .bind(inst.id)
+            .bind(channel)
+            .bind(root)
+            .bind(&inst.approved_bots)
+            .bind(source_ts)
+            .bind(cursor)
+            .bind(page)
+            .fetch_all(&mut *conn)
+            .await?;
+    }
     type Row = (String, String, Option<String>, Option<String>, String);
-    let rows: Vec<Row> = sqlx::query_as(
+    let texts: Vec<Row> = sqlx::query_as(
         "SELECT ts, speaker, user_id, bot_id, text FROM thread_messages
-          WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND NOT deleted
+          WHERE installation_id = $1 AND channel_id = $2 AND ts = ANY($3)
           ORDER BY ts::numeric",
     )
     .bind(inst.id)
     .bind(channel)
-    .bind(root)
+    .bind(&chosen)
     .fetch_all(&mut *conn)
     .await?;
-    let source_deleted: bool = sqlx::query_scalar(
-        "SELECT coalesce(bool_or(deleted), false) FROM thread_messages WHERE installation_id = $1 AND channel_id = $2 AND ts = $3",
-    )
-    .bind(inst.id)
-    .bind(channel)
-    .bind(source_ts)
-    .fetch_one(&mut *conn)
-    .await?;
-    let messages = rows
+    let messages = texts
         .into_iter()
-        // Policy: another bot's words only when that bot is approved.
-        .filter(|(_, speaker, _, bot, _)| {
-            speaker != "bot" || bot.as_ref().is_some_and(|b| inst.approved_bots.contains(b))
-        })
         .map(|(ts, speaker, user, bot, text)| StoredMessage {
             ts,
             speaker,
@@ -799,8 +897,8 @@ pub async fn snapshot(
     Ok(Snapshot {
         version,
         backfill_partial: backfill == "partial",
-        messages,
         source_deleted,
+        built: context::finish(messages, readable as usize),
     })
 }
 

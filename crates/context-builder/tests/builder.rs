@@ -980,3 +980,159 @@ async fn a_mention_in_a_private_channel_with_a_c_id_is_denied_until_private_chan
     assert_eq!(env.contexts().await.len(), 2);
     env.cleanup().await;
 }
+
+/// The context the store reads page by page (sizes first, then the text of
+/// only the chosen messages) is exactly the one the whole thread gives:
+/// random threads with deleted messages (the root too), approved and
+/// unapproved bots, multi-byte text, oversized pastes, long gaps in time
+/// and threads longer than a page, under random limits and sources.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_windowed_read_builds_the_same_context_as_the_whole_thread() {
+    use threadline_context_builder::context::{self, StoredMessage};
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let mut inst = store::installation(&env.db.pool, env.inst)
+        .await
+        .expect("installation")
+        .expect("installed");
+    inst.approved_bots = vec!["B0GOOD".into()];
+    let mut seed: u64 = 0x5eed_c0de;
+    let mut next = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n.max(1)
+    };
+    let (mut truncated, mut paged) = (0, 0);
+    for case in 0..80u64 {
+        let mut secs = 1_000_000 + case * 1_000_000;
+        let root = format!("{secs}.000000");
+        let n = 1 + next(40) + if case % 5 <= 1 { 150 } else { 0 };
+        // ts, speaker, user, bot, text, deleted
+        type Row<'a> = (
+            String,
+            &'a str,
+            Option<String>,
+            Option<&'a str>,
+            String,
+            bool,
+        );
+        let mut rows: Vec<Row<'_>> = Vec::new();
+        for i in 0..n {
+            let ts = if i == 0 {
+                root.clone()
+            } else {
+                secs += next(if case % 3 == 0 { 900 } else { 30 });
+                format!("{secs}.{:06}", next(1_000_000))
+            };
+            if rows.iter().any(|r| r.0 == ts) {
+                continue;
+            }
+            let (speaker, user, bot) = match next(10) {
+                0 => ("bot", None, Some("B0GOOD")),
+                1 => ("bot", None, Some("B0BAD")),
+                2 => ("assistant", Some(BOT_USER.to_owned()), Some(BOT_ID)),
+                _ => ("user", Some(format!("U{}", next(5))), None),
+            };
+            // Some threads end in a run of pastes too big to keep, so the
+            // read must page past them.
+            let pastes = case % 10 == 1 && i > n / 3;
+            let text = match next(12) {
+                _ if pastes => "paste ".repeat(400),
+                0 => "paste ".repeat(400),
+                1 => format!("héllo wörld {i} ").repeat(1 + next(20) as usize),
+                _ => format!("message {i} ").repeat(1 + next(15) as usize),
+            };
+            rows.push((ts, speaker, user, bot, text, next(10) == 0));
+        }
+        sqlx::query(
+            "INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, user_id, bot_id, text, text_hash, deleted)
+             SELECT $1, 'C0WIN', t.ts, $2, t.speaker, t.user_id, t.bot_id, t.text, 'h', t.deleted
+               FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bool[])
+                    AS t(ts, speaker, user_id, bot_id, text, deleted)",
+        )
+        .bind(env.inst)
+        .bind(&root)
+        .bind(rows.iter().map(|r| r.0.clone()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.1).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.2.clone()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.3).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.4.clone()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.5).collect::<Vec<_>>())
+        .execute(&env.db.pool)
+        .await
+        .expect("thread");
+        // The reference: every readable message, oldest first.
+        let mut sorted = rows.clone();
+        sorted.sort_by(|a, b| {
+            let f = |ts: &str| ts.parse::<f64>().unwrap_or(0.0);
+            f(&a.0).total_cmp(&f(&b.0))
+        });
+        let whole: Vec<StoredMessage> = sorted
+            .iter()
+            .filter(|r| !r.5 && (r.1 != "bot" || r.3 == Some("B0GOOD")))
+            .map(|r| StoredMessage {
+                ts: r.0.clone(),
+                speaker: r.1.to_owned(),
+                user_id: r.2.clone().or(r.3.map(str::to_owned)).unwrap_or_default(),
+                text: r.4.clone(),
+            })
+            .collect();
+        for _ in 0..4 {
+            let source = match next(6) {
+                0 => root.clone(),
+                1 => "1.000000".to_owned(),
+                _ => rows[next(rows.len() as u64) as usize].0.clone(),
+            };
+            let limits = Limits {
+                max_messages: [2, 3, 5, 20, 200][next(5) as usize],
+                max_bytes: [300, 4_000, 1_000_000][next(3) as usize],
+                max_age_secs: [600, 3_600, 30 * 24 * 3600][next(3) as usize],
+            };
+            let expected = context::build(&whole, &source, limits);
+            let mut tx = env
+                .db
+                .pool
+                .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                .await
+                .expect("tx");
+            let snap = store::snapshot(&mut tx, &inst, "C0WIN", &root, &source, limits)
+                .await
+                .expect("snapshot");
+            tx.commit().await.expect("commit");
+            assert_eq!(
+                snap.built,
+                expected,
+                "case {case}: source {source}, {limits:?}, {} messages",
+                rows.len()
+            );
+            assert_eq!(
+                snap.source_deleted,
+                rows.iter().any(|r| r.0 == source && r.5),
+                "case {case}: source {source} deleted"
+            );
+            truncated += usize::from(expected.omitted > 0);
+            // A kept reply further back than one page of sizes proves a
+            // read past the first page.
+            let oldest_kept = expected
+                .messages
+                .iter()
+                .skip(1)
+                .filter(|m| m.ts != source)
+                .filter_map(|m| whole.iter().position(|w| w.ts == m.ts))
+                .min();
+            paged += usize::from(
+                oldest_kept.is_some_and(|i| whole.len() - i > limits.max_messages + 16 + 1),
+            );
+        }
+    }
+    // The cases reached what they are for.
+    assert!(truncated > 50, "only {truncated} truncated contexts");
+    assert!(paged >= 3, "only {paged} reads past one page");
+    env.cleanup().await;
+}
