@@ -12,6 +12,7 @@
 //! a 2xx always follows the commit of its receipt and outbox row (invariant
 //! 1) while one fsync serves many deliveries.
 
+use crate::relay::Wake;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,17 +116,21 @@ const MAX_BATCH_ATTEMPTS: usize = 3;
 impl Intake {
     /// Starts `writers` writer tasks. They stop once every `Intake` clone is
     /// dropped and the queue is drained.
+    /// `wake` wakes the outbox relays after each commit that wrote rows
+    /// (the pool's inserts do not NOTIFY:
+    /// [`threadline_runtime::db::pool_waking_after_commit`]).
     pub fn spawn(
         pool: PgPool,
         writers: usize,
         max_batch: usize,
         timeout: Duration,
+        wake: Wake,
     ) -> (Self, JoinSet<()>) {
         let (tx, rx) = mpsc::channel::<Pending>(writers * max_batch * 2);
         let rx = Arc::new(Mutex::new(rx));
         let mut set = JoinSet::new();
         for _ in 0..writers {
-            let (pool, rx) = (pool.clone(), rx.clone());
+            let (pool, rx, wake) = (pool.clone(), rx.clone(), wake.clone());
             set.spawn(async move {
                 let mut batch = Vec::with_capacity(max_batch);
                 loop {
@@ -133,7 +138,9 @@ impl Intake {
                     if n == 0 {
                         break;
                     }
-                    commit_and_reply(&pool, std::mem::take(&mut batch)).await;
+                    if commit_and_reply(&pool, std::mem::take(&mut batch)).await > 0 {
+                        wake.wake().await;
+                    }
                     batch.reserve(max_batch);
                 }
             });
@@ -165,22 +172,28 @@ fn clone_db_error(e: &sqlx::Error) -> sqlx::Error {
     sqlx::Error::Protocol(e.to_string())
 }
 
-async fn commit_and_reply(pool: &PgPool, batch: Vec<Pending>) {
+/// Commits and answers a batch; returns how many receipts it created.
+async fn commit_and_reply(pool: &PgPool, batch: Vec<Pending>) -> u64 {
     match insert_with_retry(pool, &batch).await {
         Ok(outcomes) => reply(pool, batch, outcomes).await,
         // One delivery Postgres refuses must not fail the others with it:
         // commit them one by one, so only the bad one gets a 503.
         Err(e) if batch.len() > 1 && e.as_database_error().is_some() && !is_transient(&e) => {
             tracing::warn!(error = %e, deliveries = batch.len(), "intake batch refused; committing one by one");
+            let mut new = 0;
             for p in batch {
                 let one = vec![p];
                 match insert_with_retry(pool, &one).await {
-                    Ok(outcomes) => reply(pool, one, outcomes).await,
+                    Ok(outcomes) => new += reply(pool, one, outcomes).await,
                     Err(e) => fail(one, e),
                 }
             }
+            new
         }
-        Err(e) => fail(batch, e),
+        Err(e) => {
+            fail(batch, e);
+            0
+        }
     }
 }
 
@@ -200,7 +213,7 @@ async fn insert_with_retry(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outco
 /// Answers every delivery of a committed batch, after counting duplicates
 /// on their receipts. The count is bookkeeping: if it cannot be written,
 /// the deliveries are still answered from the committed outcome.
-async fn reply(pool: &PgPool, batch: Vec<Pending>, outcomes: Vec<Outcome>) {
+async fn reply(pool: &PgPool, batch: Vec<Pending>, outcomes: Vec<Outcome>) -> u64 {
     if let Err(e) = count_duplicates(pool, &batch, &outcomes).await {
         tracing::warn!(error = %e, "could not count duplicate deliveries");
     }
@@ -216,6 +229,7 @@ async fn reply(pool: &PgPool, batch: Vec<Pending>, outcomes: Vec<Outcome>) {
     metrics::counter!("threadline_gateway_receipts_total").increment(new);
     metrics::counter!("threadline_gateway_duplicate_deliveries_total").increment(dup);
     metrics::histogram!("threadline_gateway_group_commit_size").record((new + dup) as f64);
+    new
 }
 
 fn fail(batch: Vec<Pending>, e: sqlx::Error) {

@@ -35,7 +35,7 @@ use tower_http::trace::TraceLayer;
 pub use config::GatewayConfig;
 use installations::Resolver;
 use intake::Intake;
-use relay::{Relay, RelayConfig};
+use relay::{Relay, RelayConfig, Wake};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -105,7 +105,9 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let pool = threadline_runtime::db::pool(&cfg.common)?;
+    // The intake wakes the relays itself after each commit (no NOTIFY in
+    // its transactions: see migration 0018).
+    let pool = threadline_runtime::db::pool_waking_after_commit(&cfg.common)?;
     if !threadline_runtime::service::schema_checked(&pool, &shutdown).await? {
         return Ok(());
     }
@@ -121,6 +123,7 @@ pub async fn run(
     let verifier = Verifier::new(cfg.signing_secrets.0.clone()).context("SLACK_SIGNING_SECRET")?;
 
     let relay_stop = CancellationToken::new();
+    let mut wake = Wake::Remote(pool.clone());
     let relay = nats.as_ref().map(|nats| {
         let relay = Relay::new(
             pool.clone(),
@@ -131,6 +134,7 @@ pub async fn run(
                 sweep: cfg.relay_sweep,
             },
         );
+        wake = relay.waker();
         tokio::spawn(relay.run(relay_stop.clone()))
     });
 
@@ -139,6 +143,7 @@ pub async fn run(
         cfg.intake_writers,
         cfg.intake_max_batch,
         cfg.intake_timeout,
+        wake,
     );
     let state = AppState {
         verifier: Arc::new(verifier),

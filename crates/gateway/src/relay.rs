@@ -8,6 +8,7 @@
 //! and commit is dropped by the stream's duplicate window. The relay wakes on
 //! `LISTEN threadline_outbox` and also sweeps periodically.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -19,9 +20,10 @@ use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use threadline_runtime::bus::{HeaderInjector, Topic, Topology};
 use threadline_runtime::shutdown::CancellationToken;
+use tokio::sync::Notify;
 use tracing::Instrument as _;
 
-pub const NOTIFY_CHANNEL: &str = "threadline_outbox";
+pub const NOTIFY_CHANNEL: &str = threadline_runtime::outbox::WAKE_CHANNEL;
 /// How long the relay waits for a batch's PubAcks before treating the rest
 /// as failed (they stay in the outbox and are retried).
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,6 +45,33 @@ pub struct Relay {
     js: jetstream::Context,
     topology: Topology,
     cfg: RelayConfig,
+    /// Wakes this relay from its own process (the gateway's intake).
+    local: Arc<Notify>,
+}
+
+/// How a writer whose inserts do not NOTIFY
+/// ([`threadline_runtime::db::pool_waking_after_commit`]) wakes the relays
+/// once its commit is done.
+#[derive(Clone)]
+pub enum Wake {
+    /// The relay running in this process.
+    Local(Arc<Notify>),
+    /// Relays in other processes: a NOTIFY of its own, after the commit.
+    Remote(PgPool),
+}
+
+impl Wake {
+    pub async fn wake(&self) {
+        match self {
+            Wake::Local(n) => n.notify_one(),
+            Wake::Remote(pool) => {
+                if let Err(e) = threadline_runtime::outbox::wake(pool).await {
+                    // The relays' sweep finds the rows all the same.
+                    tracing::debug!(error = %e, "waking the outbox relays failed");
+                }
+            }
+        }
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -66,7 +95,13 @@ impl Relay {
             js,
             topology,
             cfg,
+            local: Arc::new(Notify::new()),
         }
+    }
+
+    /// Wakes this relay from within its process.
+    pub fn waker(&self) -> Wake {
+        Wake::Local(self.local.clone())
     }
 
     /// Runs until `shutdown`; finishes the round in flight first.
@@ -123,6 +158,7 @@ impl Relay {
             let lost = match listener.as_mut() {
                 Some(l) => tokio::select! {
                     _ = shutdown.cancelled() => break,
+                    () = self.local.notified() => false,
                     r = tokio::time::timeout(self.cfg.sweep, l.recv()) => {
                         // One round serves every notification already here:
                         // under load many arrive for rows a round has taken.
@@ -132,6 +168,7 @@ impl Relay {
                 },
                 None => tokio::select! {
                     _ = shutdown.cancelled() => break,
+                    () = self.local.notified() => false,
                     _ = tokio::time::sleep(self.cfg.sweep) => false,
                 },
             };

@@ -16,13 +16,36 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
 /// A lazily connecting pool: the process starts even while Postgres is down
 /// (readiness reports it), and each acquire waits at most the configured time.
 pub fn pool(cfg: &CommonConfig) -> anyhow::Result<PgPool> {
-    let opts = PgConnectOptions::from_str(&cfg.database_url)
-        .context("DATABASE_URL is not a valid Postgres URL")?
-        .application_name("threadline");
-    Ok(PgPoolOptions::new()
+    Ok(options(cfg).connect_lazy_with(connect_options(cfg)?))
+}
+
+/// [`pool`] for a writer that wakes the outbox relays itself after each
+/// commit ([`crate::outbox::wake`] or in-process): its inserts into the
+/// outbox do not NOTIFY, so its commits do not queue on NOTIFY's
+/// cluster-wide lock (migration 0018).
+pub fn pool_waking_after_commit(cfg: &CommonConfig) -> anyhow::Result<PgPool> {
+    Ok(options(cfg)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET threadline.outbox_wake = 'after_commit'")
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect_lazy_with(connect_options(cfg)?))
+}
+
+fn options(cfg: &CommonConfig) -> PgPoolOptions {
+    PgPoolOptions::new()
         .max_connections(cfg.db_max_connections)
         .acquire_timeout(cfg.db_acquire_timeout)
-        .connect_lazy_with(opts))
+}
+
+fn connect_options(cfg: &CommonConfig) -> anyhow::Result<PgConnectOptions> {
+    Ok(PgConnectOptions::from_str(&cfg.database_url)
+        .context("DATABASE_URL is not a valid Postgres URL")?
+        .application_name("threadline"))
 }
 
 /// Applies pending migrations. Idempotent.

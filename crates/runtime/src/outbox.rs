@@ -4,10 +4,26 @@
 //! neither lost if the process dies after the commit nor sent for a change
 //! that rolled back.
 
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::bus::Topic;
+
+/// The channel on which relays are woken.
+pub const WAKE_CHANNEL: &str = "threadline_outbox";
+
+/// Wakes every relay listening: for a writer whose session does not
+/// notify on insert ([`crate::db::pool_waking_after_commit`]), after its
+/// commit. A transaction of its own that writes nothing, so it takes
+/// NOTIFY's lock without waiting for a flush; a wake-up lost (the process
+/// died first) is made good by the relays' sweep.
+pub async fn wake(pool: &PgPool) -> sqlx::Result<()> {
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(WAKE_CHANNEL)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
 
 /// Queues `payload` for `topic` with the message id `msg_id`.
 pub async fn enqueue(
