@@ -1140,3 +1140,67 @@ async fn replaying_an_unparsed_receipt_after_an_upgrade_accepts_it_once_and_dele
     assert_eq!(env.outbox_total().await, 1);
     gw.stop().await;
 }
+
+/// Waits up to `limit` for a notification on the relays' channel.
+async fn notified(l: &mut sqlx::postgres::PgListener, limit: Duration) -> bool {
+    tokio::time::timeout(limit, l.recv())
+        .await
+        .is_ok_and(|r| r.is_ok())
+}
+
+/// The intake's commits take no NOTIFY (whose cluster-wide lock would queue
+/// them behind one another): its own relay is woken in-process, so with
+/// the periodic sweep a minute away a delivery still reaches the bus at
+/// once and nobody is notified; a gateway that does not relay wakes the
+/// relays elsewhere after its commit; any other writer's insert still
+/// notifies from the trigger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_intake_wakes_the_relays_after_its_commit_without_notify_in_it() {
+    let env = Env::new().await;
+    let mut l = sqlx::postgres::PgListener::connect_with(&env.db.pool)
+        .await
+        .expect("listener");
+    l.listen(threadline_runtime::outbox::WAKE_CHANNEL)
+        .await
+        .expect("listen");
+    let sweep_off = [("THREADLINE_RELAY_SWEEP_MS", "60000")];
+
+    let relaying = Gateway::start(&env.db, &env.prefix, &sweep_off).await;
+    let (status, _) = post(&env, &relaying, &body("EvWake1"), None).await;
+    assert_eq!(status, 200);
+    // Within published_len's 15 s: the sweep cannot have done it.
+    assert_eq!(env.published_len(1).await, 1);
+    assert!(
+        !notified(&mut l, Duration::from_secs(1)).await,
+        "the intake's transaction notified"
+    );
+    relaying.stop().await;
+
+    let mut not_relaying = sweep_off.to_vec();
+    not_relaying.push(("THREADLINE_RELAY_ENABLED", "false"));
+    let intake_only = Gateway::start(&env.db, &env.prefix, &not_relaying).await;
+    let (status, _) = post(&env, &intake_only, &body("EvWake2"), None).await;
+    assert_eq!(status, 200);
+    assert!(
+        notified(&mut l, Duration::from_secs(10)).await,
+        "a gateway without a relay woke no relay"
+    );
+    intake_only.stop().await;
+
+    // Another writer (a plain session) still notifies on insert.
+    let mut conn = env.db.pool.acquire().await.expect("conn");
+    threadline_runtime::outbox::enqueue(
+        &mut conn,
+        installation(&env, TEAM).await,
+        uuid::Uuid::now_v7(),
+        Topic::Events,
+        "wake-test",
+        b"{}".to_vec(),
+    )
+    .await
+    .expect("enqueue");
+    assert!(
+        notified(&mut l, Duration::from_secs(10)).await,
+        "an ordinary outbox insert did not notify"
+    );
+}
