@@ -8,7 +8,10 @@
 #   scripts/services.sh down     stop what `up` started
 #   scripts/services.sh status   say what is reachable
 #
-# Ports: TL_PG_PORT (default 5432), TL_NATS_PORT (default 4222).
+# Ports: TL_PG_PORT (default 5432), TL_NATS_PORT (default 4222). TL_PG_OPTS:
+# more server settings for a Postgres started here, e.g.
+# "-c shared_preload_libraries=pg_stat_statements" for the pipeline bench's
+# statement counts.
 #
 # TL_NATS_AUTH=1: the nats-server this script starts admits only threadline's
 # users, each limited to its subjects (`threadline nats auth`, for
@@ -88,7 +91,7 @@ pg_up() {
   fi
   say "starting postgres on 127.0.0.1:$pg_port"
   as_pg_user "$pg_ctl" -D "$data" -l "$data/server.log" -w -t 30 \
-    -o "-c listen_addresses=127.0.0.1 -p $pg_port -k $data" start >/dev/null \
+    -o "-c listen_addresses=127.0.0.1 -p $pg_port -k $data ${TL_PG_OPTS:-}" start >/dev/null \
     || { tail -20 "$data/server.log" >&2; exit 1; }
   echo "pg $data" >>"$started"
 }

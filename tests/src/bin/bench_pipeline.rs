@@ -6,7 +6,7 @@
 //! post. Reports p50/p99/max, replies, duplicates and each service's peak
 //! resident memory. Asserts nothing.
 //!
-//! `threadline-bench-pipeline [--rate 500] [--seconds 20] [--channels 100]`
+//! `threadline-bench-pipeline [--rate 500] [--seconds 20] [--channels 100] [--warmup 0] [--timeline]`
 
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,195 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
+}
+
+/// Where each answered mention's time went, from the ledger's own clocks
+/// (Postgres `now()`, the start of the transaction that wrote the row) and
+/// Slack's ts: p50 / p99 / max of each stage, in milliseconds.
+const STAGES: &str = "
+WITH m AS (
+  SELECT to_timestamp(r.message_ts::float8) AS mention, r.received_at, c.captured_at,
+         d.created_at AS claimed, i.created_at AS intent, i.first_sending_since AS sending,
+         to_timestamp(i.slack_ts::float8) AS posted
+    FROM reply_intents i
+    JOIN decisions d ON d.id = i.decision_id
+    JOIN event_receipts r ON r.id = d.receipt_id
+    JOIN contexts c ON c.receipt_id = d.receipt_id
+   WHERE i.state = 'sent' AND i.slack_ts IS NOT NULL AND r.message_ts::float8 >= $1),
+s(stage, ord, ms) AS (
+  SELECT 'slack-sim delivery → receipt committed', 1, extract(epoch FROM received_at - mention) * 1000 FROM m
+  UNION ALL SELECT 'receipt → context captured (relay, context-builder)', 2, extract(epoch FROM captured_at - received_at) * 1000 FROM m
+  UNION ALL SELECT 'context → decision claimed (inference)', 3, extract(epoch FROM claimed - captured_at) * 1000 FROM m
+  UNION ALL SELECT 'decision → reply intent (model, proposal, publisher intake)', 4, extract(epoch FROM intent - claimed) * 1000 FROM m
+  UNION ALL SELECT 'intent → claimed for sending', 5, extract(epoch FROM sending - intent) * 1000 FROM m
+  UNION ALL SELECT 'claimed → posted in Slack', 6, extract(epoch FROM posted - sending) * 1000 FROM m
+  UNION ALL SELECT 'mention → posted in Slack (whole)', 7, extract(epoch FROM posted - mention) * 1000 FROM m)
+SELECT stage, count(*)::bigint,
+       (percentile_cont(0.5) WITHIN GROUP (ORDER BY ms))::float8,
+       (percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::float8,
+       max(ms)::float8
+  FROM s GROUP BY stage, ord ORDER BY ord";
+
+async fn stage_breakdown(pool: &sqlx::PgPool, since: f64) {
+    let rows: Vec<(String, i64, f64, f64, f64)> =
+        match sqlx::query_as(STAGES).bind(since).fetch_all(pool).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                println!("stage breakdown unavailable: {e}");
+                return;
+            }
+        };
+    println!("where the time went (ledger clocks, ms):            p50      p99      max   (n)");
+    for (stage, n, p50, p99, max) in rows {
+        println!("  {stage:<60} {p50:>8.1} {p99:>8.1} {max:>8.1}   ({n})");
+    }
+}
+
+/// CPU seconds (user + system, with reaped children: Postgres backends that
+/// ended) of every process on the machine, by what it is.
+fn cpu_by_process() -> std::collections::BTreeMap<&'static str, f64> {
+    let tick = 100.0; // USER_HZ on Linux
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ... utime(14) stime(15) cutime(16) cstime(17)
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let t: f64 = fields
+            .get(11..15)
+            .map(|f| f.iter().filter_map(|x| x.parse::<f64>().ok()).sum())
+            .unwrap_or(0.0);
+        let who = match comm {
+            c if c.starts_with("threadline-gate") => "gateway (with relay)",
+            c if c.starts_with("threadline-cont") => "context-builder",
+            c if c.starts_with("threadline-infe") => "inference",
+            c if c.starts_with("threadline-publ") => "publisher",
+            c if c.starts_with("threadline-slac") => "slack-sim",
+            c if c.starts_with("threadline-benc") => "load driver (this bench)",
+            c if c.starts_with("postgres") => "postgres",
+            c if c.starts_with("nats-server") => "nats-server",
+            _ => "everything else",
+        };
+        *out.entry(who).or_insert(0.0) += t / tick;
+    }
+    out
+}
+
+/// Top-level statements and commits in this database so far: statements
+/// from `pg_stat_statements` where the server preloads it (`None`
+/// otherwise), commits from `pg_stat_database`.
+async fn statement_counts(pool: &sqlx::PgPool) -> (Option<i64>, i64) {
+    let statements = sqlx::query_scalar::<_, Option<i64>>(
+        "SELECT sum(calls)::bigint FROM pg_stat_statements
+          WHERE toplevel AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(pool)
+    .await
+    .ok()
+    .map(|n| n.unwrap_or(0));
+    let commits = sqlx::query_scalar::<_, i64>(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap_or(0);
+    (statements, commits)
+}
+
+/// Posts `count` mentions at `rate` a second, round robin over `chans`;
+/// returns each one's channel and ts.
+async fn post_mentions(
+    http: &reqwest::Client,
+    url: &str,
+    s: &Stack,
+    chans: &[String],
+    rate: u64,
+    count: u64,
+) -> Vec<(String, String)> {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = Vec::with_capacity(count as usize);
+    for n in 0..count {
+        tick.tick().await;
+        let channel = chans[n as usize % chans.len()].clone();
+        let body = json!({"user": s.user, "channel": channel,
+                          "text": format!("<@{}> bench question {n}", s.bot_user)});
+        let (http, url) = (http.clone(), url.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let r: Option<Value> = http
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok();
+            Some((channel, r?["ts"].as_str()?.to_owned()))
+        }));
+    }
+    let mut mentions = Vec::new();
+    for t in tasks {
+        if let Ok(Some(m)) = t.await {
+            mentions.push(m);
+        }
+    }
+    mentions
+}
+
+/// Waits until the app has posted `expected` replies in all (or two
+/// minutes pass, or a minute without a new one).
+async fn wait_for_replies(s: &Stack, expected: u64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last = (0u64, Instant::now());
+    loop {
+        let posts = sim_get(&s.sim, &format!("app_posts?app_id={}", s.app)).await;
+        let replies: u64 = posts["per_thread"]
+            .as_array()
+            .map(|a| a.iter().map(|x| x["count"].as_u64().unwrap_or(0)).sum())
+            .unwrap_or(0);
+        if replies >= expected || Instant::now() > deadline {
+            break;
+        }
+        if replies != last.0 {
+            last = (replies, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The statements Postgres ran most during the measured load (with
+/// `--statements`, where `pg_stat_statements` is preloaded).
+async fn print_statements(pool: &sqlx::PgPool) {
+    let rows: Vec<(i64, f64, String)> = match sqlx::query_as(
+        "SELECT calls, total_exec_time, regexp_replace(left(query, 110), '\\s+', ' ', 'g')
+           FROM pg_stat_statements
+          WHERE toplevel AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+          ORDER BY calls DESC LIMIT 40",
+    )
+    .fetch_all(pool)
+    .await
+    {
+        Ok(rows) => rows,
+        Err(e) => {
+            println!("statements unavailable: {e}");
+            return;
+        }
+    };
+    println!("statements by calls (calls, total ms, text):");
+    for (calls, ms, q) in rows {
+        println!("  {calls:>7} {ms:>9.1}  {q}");
+    }
 }
 
 #[tokio::main]
@@ -85,60 +274,42 @@ async fn main() {
 
     let http = reqwest::Client::new();
     let post_url = format!("{}/_sim/act/post", s.sim.base_url);
-    let total = rate * seconds;
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let started = Instant::now();
-    let mut tasks = Vec::with_capacity(total as usize);
-    for n in 0..total {
-        tick.tick().await;
-        let channel = chans[n as usize % chans.len()].clone();
-        let body = json!({"user": s.user, "channel": channel,
-                          "text": format!("<@{}> bench question {n}", s.bot_user)});
-        let (http, url) = (http.clone(), post_url.clone());
-        tasks.push(tokio::spawn(async move {
-            let r: Option<Value> = http
-                .post(url)
-                .json(&body)
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok();
-            Some((channel, r?["ts"].as_str()?.to_owned()))
-        }));
+    // Warm-up: the same load first, answered and left out of the figures
+    // (connections, caches and pools fill on first use; the first second
+    // of a cold stack is reported by a run with --warmup 0).
+    let warmup = arg(&args, "--warmup", 0);
+    let mut expected = 0u64;
+    if warmup > 0 {
+        let w = post_mentions(&http, &post_url, &s, &chans, rate, rate * warmup).await;
+        expected += w.len() as u64;
+        wait_for_replies(&s, expected).await;
+        println!(
+            "warm-up: {} mentions at {rate}/s answered; measuring now",
+            w.len()
+        );
     }
-    let mut mentions = Vec::new();
-    for t in tasks {
-        if let Ok(Some(m)) = t.await {
-            mentions.push(m);
-        }
-    }
-    let offered = mentions.len() as f64 / started.elapsed().as_secs_f64();
+    // pg_stat_statements where the server preloads it (see the README).
+    let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&s.db.pool)
+        .await;
+    let _ = sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(&s.db.pool)
+        .await;
+    let (statements_before, commits_before) = statement_counts(&s.db.pool).await;
+    let cpu_before = cpu_by_process();
 
-    // Wait for the replies (or a minute of silence).
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut last = (0u64, Instant::now());
-    loop {
-        let posts = sim_get(&s.sim, &format!("app_posts?app_id={}", s.app)).await;
-        let replies: u64 = posts["per_thread"]
-            .as_array()
-            .map(|a| a.iter().map(|x| x["count"].as_u64().unwrap_or(0)).sum())
-            .unwrap_or(0);
-        if replies >= mentions.len() as u64 || Instant::now() > deadline {
-            break;
-        }
-        if replies != last.0 {
-            last = (replies, Instant::now());
-        } else if last.1.elapsed() > Duration::from_secs(60) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let started = Instant::now();
+    let mentions = post_mentions(&http, &post_url, &s, &chans, rate, rate * seconds).await;
+    let offered = mentions.len() as f64 / started.elapsed().as_secs_f64();
+    expected += mentions.len() as u64;
+    wait_for_replies(&s, expected).await;
+
+    let cpu_after = cpu_by_process();
+    let (statements_after, commits_after) = statement_counts(&s.db.pool).await;
 
     // Slack's ground truth: the reply in each mention's thread.
     let mut latencies = Vec::with_capacity(mentions.len());
+    let mut timeline: Vec<(f64, f64)> = Vec::with_capacity(mentions.len());
     let mut duplicates = 0;
     let (mut first_mention, mut last_reply) = (f64::MAX, 0.0f64);
     for chunk in mentions.chunks(32) {
@@ -167,6 +338,7 @@ async fn main() {
             first_mention = first_mention.min(ts_secs(&ts));
             if let Some(first) = replies.iter().cloned().reduce(f64::min) {
                 latencies.push((first - ts_secs(&ts)) * 1000.0);
+                timeline.push((ts_secs(&ts), (first - ts_secs(&ts)) * 1000.0));
                 last_reply = last_reply.max(first);
             }
         }
@@ -184,6 +356,47 @@ async fn main() {
         percentile(&latencies, 0.99),
         latencies.last().copied().unwrap_or(f64::NAN)
     );
+    // When the slow ones were posted: spread out (queueing) or bunched at
+    // a few moments (a stall that held everything).
+    if args.iter().any(|a| a == "--timeline") {
+        let start = timeline.iter().map(|t| t.0).fold(f64::MAX, f64::min);
+        let mut by_second: std::collections::BTreeMap<i64, (usize, f64, f64)> = Default::default();
+        for (at, ms) in &timeline {
+            let e = by_second
+                .entry((at - start) as i64)
+                .or_insert((0, 0.0, 0.0));
+            e.0 += 1;
+            e.1 += ms;
+            e.2 = e.2.max(*ms);
+        }
+        println!("second: mentions, mean ms, max ms");
+        for (sec, (n, sum, max)) in by_second {
+            println!("  {sec:>4}: {n:>5} {:>8.1} {max:>8.1}", sum / n as f64);
+        }
+    }
+    stage_breakdown(&s.db.pool, first_mention).await;
+    let answered = latencies.len().max(1) as f64;
+    let mut total = 0.0;
+    let mut cpu: Vec<String> = Vec::new();
+    for (who, after) in &cpu_after {
+        let ms = (after - cpu_before.get(who).copied().unwrap_or(0.0)) * 1000.0 / answered;
+        total += ms;
+        cpu.push(format!("{who} {ms:.2}"));
+    }
+    println!(
+        "CPU ms per answered mention (whole machine {total:.2}): {}",
+        cpu.join(", ")
+    );
+    let commits = (commits_after - commits_before) as f64 / answered;
+    match (statements_before, statements_after) {
+        (Some(b), Some(a)) => println!(
+            "Postgres per answered mention: {:.1} top-level statements (BEGIN and COMMIT included), {commits:.1} commits",
+            (a - b) as f64 / answered
+        ),
+        _ => println!(
+            "Postgres per answered mention: {commits:.1} commits (statements: pg_stat_statements is not preloaded on this server; see the README's performance section)"
+        ),
+    }
     let names = ["gateway", "context-builder", "inference", "publisher"];
     let peaks: Vec<String> = s
         .services
@@ -194,6 +407,9 @@ async fn main() {
     println!("peak resident memory: {}", peaks.join(", "));
     // A benchmark measures; its answers are judged by the tests.
     let mut s = s;
+    if args.iter().any(|a| a == "--statements") {
+        print_statements(&s.db.pool).await;
+    }
     s.unjudged = Some("a benchmark");
     s.stop().await;
 }
