@@ -1,10 +1,12 @@
 //! The ledger's state machines (DESIGN §4) as types: every state of an
 //! event receipt, a decision and a reply intent, and the moves between
-//! them as code. The store asks [`Machine::from_states`] which states a move
-//! may start from and puts exactly those in its compare-and-set, so an
-//! illegal move matches no row; [`Machine::check`] refuses one before any
-//! statement runs. The database's check constraints list the same states
-//! (a test keeps them equal).
+//! them as code. A statement that changes a state asks
+//! [`Machine::from_states`] which states the move may start from and puts
+//! exactly those in its compare-and-set, so an illegal move matches no row;
+//! [`Machine::check`] says why a move is refused to a caller holding a
+//! state. The database's check constraints list the same states (a test
+//! keeps them equal). Not every statement goes through here yet: see the
+//! store issue.
 
 use std::fmt;
 
@@ -56,9 +58,12 @@ pub trait Machine: Copy + Eq + fmt::Debug + 'static {
         }
     }
 
-    /// Whether some move leads to `to` at all (a state only ever created).
+    /// Whether some move from another state leads to `to` (a state only
+    /// ever created is not).
     fn is_reachable(to: Self) -> bool {
-        Self::ALL.iter().any(|from| from.can_become(to))
+        Self::ALL
+            .iter()
+            .any(|from| *from != to && from.can_become(to))
     }
 }
 
@@ -161,6 +166,9 @@ impl Machine for ReceiptState {
             (self, to),
             (Unparsed, Accepted | Failed)
                 | (Accepted, Processing)
+                // A redelivery takes over a receipt left processing by a
+                // worker that died or timed out.
+                | (Processing, Processing)
                 // An event may end without being worked on (its work was
                 // cancelled, or it was never going to be).
                 | (Accepted | Processing, Done | Ignored | Failed)
@@ -209,13 +217,15 @@ impl Machine for DecisionStatus {
     fn can_become(self, to: Self) -> bool {
         use DecisionStatus::*;
         match (self, to) {
+            // A redelivery of the holding message takes the lease over.
+            (Calling, Calling) => true,
             (Calling, Proposed | Review) => true,
             (Calling | Proposed | Approved | Review, t) if t.is_discard() => true,
             (Proposed | Review, Approved) | (Review, Rejected) => true,
             // What Slack shows wins: a post found for a decision publishes
             // it, whatever was thought of it meanwhile (never a rejected
             // one, which nothing may post).
-            (Proposed | Approved | Stale | Superseded | Cancelled | Suppressed, Published) => true,
+            (from, Published) => !matches!(from, Published | Rejected),
             _ => false,
         }
     }
@@ -262,7 +272,9 @@ impl Machine for IntentState {
                 Sending | Unknown | Reconciling,
                 FailedRetryable | FailedPermanent | Pending | Held,
             ) => true,
-            (Sending | Reconciling, Unknown) => true,
+            // A late answer of the attempt that owns it may find it already
+            // marked unknown (by the sweeper): its code is recorded again.
+            (Sending | Unknown | Reconciling, Unknown) => true,
             (Unknown, Reconciling) => true,
             (Pending | FailedRetryable, Withdrawn) => true,
             (Held, Pending | FailedPermanent) => true,
@@ -362,7 +374,8 @@ mod tests {
         use DecisionStatus as D;
         assert!(!D::Rejected.can_become(D::Published));
         assert!(!D::Published.can_become(D::Stale));
-        assert!(!D::Review.can_become(D::Published));
+        assert!(!D::Published.can_become(D::Published));
+        assert!(!D::Review.can_become(D::Proposed));
         let err = DecisionStatus::check(D::Rejected, D::Published).unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -371,6 +384,7 @@ mod tests {
         // A finished receipt is never reopened, except a failure to retry.
         use ReceiptState as R;
         assert!(!R::Done.can_become(R::Processing));
+        assert!(!R::Processing.can_become(R::Accepted));
         assert!(!R::Ignored.can_become(R::Processing));
         assert!(R::Failed.can_become(R::Processing));
     }
