@@ -139,7 +139,7 @@ impl Intake {
                         break;
                     }
                     if commit_and_reply(&pool, std::mem::take(&mut batch)).await > 0 {
-                        wake.wake().await;
+                        wake.wake();
                     }
                     batch.reserve(max_batch);
                 }

@@ -123,7 +123,7 @@ pub async fn run(
     let verifier = Verifier::new(cfg.signing_secrets.0.clone()).context("SLACK_SIGNING_SECRET")?;
 
     let relay_stop = CancellationToken::new();
-    let mut wake = Wake::Remote(pool.clone());
+    let mut wake = None;
     let relay = nats.as_ref().map(|nats| {
         let relay = Relay::new(
             pool.clone(),
@@ -134,9 +134,11 @@ pub async fn run(
                 sweep: cfg.relay_sweep,
             },
         );
-        wake = relay.waker();
+        wake = Some(relay.waker());
         tokio::spawn(relay.run(relay_stop.clone()))
     });
+    // Without a relay here, the relays elsewhere are woken after each commit.
+    let wake = wake.unwrap_or_else(|| Wake::remote(pool.clone()));
 
     let (intake, mut writers) = Intake::spawn(
         pool.clone(),

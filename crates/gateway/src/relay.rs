@@ -56,20 +56,32 @@ pub struct Relay {
 pub enum Wake {
     /// The relay running in this process.
     Local(Arc<Notify>),
-    /// Relays in other processes: a NOTIFY of its own, after the commit.
-    Remote(PgPool),
+    /// Relays in other processes, by a task that sends a NOTIFY of its own.
+    Remote(Arc<Notify>),
 }
 
 impl Wake {
-    pub async fn wake(&self) {
-        match self {
-            Wake::Local(n) => n.notify_one(),
-            Wake::Remote(pool) => {
-                if let Err(e) = threadline_runtime::outbox::wake(pool).await {
+    /// Wakes relays in other processes with a NOTIFY of its own, sent by a
+    /// task of its own: a writer never waits for it, and wake-ups that come
+    /// while one is on its way make one more, not one each.
+    pub fn remote(pool: PgPool) -> Self {
+        let asked = Arc::new(Notify::new());
+        let waiting = asked.clone();
+        tokio::spawn(async move {
+            loop {
+                waiting.notified().await;
+                if let Err(e) = threadline_runtime::outbox::wake(&pool).await {
                     // The relays' sweep finds the rows all the same.
                     tracing::debug!(error = %e, "waking the outbox relays failed");
                 }
             }
+        });
+        Wake::Remote(asked)
+    }
+
+    pub fn wake(&self) {
+        match self {
+            Wake::Local(n) | Wake::Remote(n) => n.notify_one(),
         }
     }
 }
