@@ -3,6 +3,7 @@
 //! settled by compare-and-set. No lock is held while the model runs.
 
 use sqlx::PgPool;
+use threadline_domain::state::{DecisionStatus, Machine as _};
 use uuid::Uuid;
 
 pub enum Claim {
@@ -11,7 +12,7 @@ pub enum Claim {
     /// Another worker holds the lease; try again after it may have expired.
     Busy,
     /// Already settled with this status.
-    Settled(Uuid, String),
+    Settled(Uuid, DecisionStatus),
 }
 
 /// What a decision is bound to: the event and the thread version its
@@ -141,7 +142,8 @@ pub async fn claim(
     .bind(version)
     .fetch_one(pool)
     .await?;
-    Ok(if status == "calling" {
+    let status = DecisionStatus::parse(&status).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    Ok(if status == DecisionStatus::Calling {
         Claim::Busy
     } else {
         Claim::Settled(id, status)
@@ -149,7 +151,7 @@ pub async fn claim(
 }
 
 pub struct Settled<'a> {
-    pub status: &'a str,
+    pub status: DecisionStatus,
     pub reason: Option<&'a str>,
     pub action_kind: &'a str,
     pub review_reasons: Vec<String>,
@@ -163,17 +165,24 @@ pub struct Settled<'a> {
     pub body_blocks: Option<&'a serde_json::Value>,
 }
 
-/// `calling → proposed | review | suppressed`, compare-and-set.
+/// `calling → proposed | review | suppressed | cancelled`, compare-and-set:
+/// only a decision still being called is settled, and only by a move the
+/// machine allows from there.
 pub async fn settle(pool: &PgPool, id: Uuid, s: &Settled<'_>) -> sqlx::Result<bool> {
+    let from: Vec<&str> = [DecisionStatus::Calling]
+        .into_iter()
+        .filter(|c| *c != s.status && c.can_become(s.status))
+        .map(DecisionStatus::as_str)
+        .collect();
     let r = sqlx::query(
         "UPDATE decisions
             SET status = $2, status_reason = $3, action_kind = $4, review_reasons = $5, model_config_id = $6,
                 provider = $7, fallback = $8, prompt_tokens = $9, completion_tokens = $10, output_hash = $11,
                 body_text = $12, body_blocks = $13, lease_until = NULL, updated_at = now()
-          WHERE id = $1 AND status = 'calling'",
+          WHERE id = $1 AND status = ANY($14)",
     )
     .bind(id)
-    .bind(s.status)
+    .bind(s.status.as_str())
     .bind(s.reason)
     .bind(s.action_kind)
     .bind(&s.review_reasons)
@@ -185,6 +194,7 @@ pub async fn settle(pool: &PgPool, id: Uuid, s: &Settled<'_>) -> sqlx::Result<bo
     .bind(s.output_hash)
     .bind(s.body_text)
     .bind(s.body_blocks)
+    .bind(&from)
     .execute(pool)
     .await?;
     Ok(r.rows_affected() == 1)

@@ -4,6 +4,7 @@
 //! back deterministically when no model answers, and publish.
 
 use std::time::Duration;
+use threadline_domain::state::{DecisionStatus, Machine as _};
 
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
@@ -119,7 +120,7 @@ impl Handler {
             Claim::Busy => return Ok(Disposition::Defer(Duration::from_secs(10))),
             Claim::Settled(id, status) => {
                 // A redelivery: never a second model call for this binding.
-                if status == "proposed" {
+                if status == DecisionStatus::Proposed {
                     self.publish(id).await?;
                 }
                 return Ok(Disposition::Done);
@@ -134,7 +135,7 @@ impl Handler {
                 .await?;
         if status.as_deref() != Some("active") {
             let mut s = self.suppressed("installation_disabled");
-            s.status = "cancelled";
+            s.status = DecisionStatus::Cancelled;
             decisions::settle(&self.pool, id, &s).await?;
             return Ok(Disposition::Done);
         }
@@ -196,11 +197,11 @@ impl Handler {
         let reply = output::prepare(body, &self.label, self.reply_max_chars, !tools.is_empty());
         let hash = hex::encode(Sha256::digest(reply.text.as_bytes()));
         let (status, action_kind) = if reply.risks.is_empty() {
-            ("proposed", "thread_reply".to_owned())
+            (DecisionStatus::Proposed, "thread_reply".to_owned())
         } else if reply.risks.contains(&Risk::ActionBeyondReply) {
-            ("review", format!("tool:{}", tools.join(",")))
+            (DecisionStatus::Review, format!("tool:{}", tools.join(",")))
         } else {
-            ("review", "thread_reply".to_owned())
+            (DecisionStatus::Review, "thread_reply".to_owned())
         };
         // An action beyond a reply is governed by its own feature switch,
         // checked once the model has said what it wants to do.
@@ -248,8 +249,8 @@ impl Handler {
             // Our lease ran out and another worker settled it.
             return Ok(Disposition::Done);
         }
-        metrics::counter!("threadline_decisions_total", "status" => status).increment(1);
-        if status == "review" {
+        metrics::counter!("threadline_decisions_total", "status" => status.as_str()).increment(1);
+        if status == DecisionStatus::Review {
             for r in &reply.risks {
                 metrics::counter!("threadline_review_reasons_total", "reason" => r.as_str())
                     .increment(1);
@@ -263,7 +264,7 @@ impl Handler {
 
     fn suppressed<'a>(&'a self, switch: &'a str) -> Settled<'a> {
         Settled {
-            status: "suppressed",
+            status: DecisionStatus::Suppressed,
             reason: Some(switch),
             action_kind: "thread_reply",
             review_reasons: Vec::new(),
