@@ -5,64 +5,73 @@ use anyhow::Context as _;
 use serde_json::{Map, Value, json};
 use sqlx::PgPool;
 
+/// Every figure from one snapshot of the ledger, so that figures read
+/// together agree (a relay's commit between two reads would otherwise show
+/// rows both pending and published).
 pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
+    let mut tx = pool
+        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await
+        .context("reading the ledger")?;
+    let tx = &mut *tx;
     let (receipts, duplicates): (i64, i64) = sqlx::query_as(
         "SELECT count(*), coalesce(sum(duplicate_deliveries), 0)::bigint FROM event_receipts",
     )
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await
     .context("reading receipts (is the schema migrated? run `threadline migrate`)")?;
     let (pending, oldest): (i64, Option<f64>) = sqlx::query_as(
         "SELECT count(*), extract(epoch FROM now() - min(created_at))::float8 FROM outbox",
     )
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
     let published: i64 =
         sqlx::query_scalar("SELECT coalesce(sum(published_total), 0)::bigint FROM outbox_ledger")
-            .fetch_one(pool)
+            .fetch_one(&mut *tx)
             .await?;
     let by_reason: Vec<(String, i64)> =
         sqlx::query_as("SELECT reason, count(*) FROM rejections GROUP BY reason ORDER BY reason")
-            .fetch_all(pool)
+            .fetch_all(&mut *tx)
             .await?;
     let by_state: Vec<(String, i64)> =
         sqlx::query_as("SELECT state, count(*) FROM event_receipts GROUP BY state ORDER BY state")
-            .fetch_all(pool)
+            .fetch_all(&mut *tx)
             .await?;
     // Deliveries held because they did not parse (invariant 10), by reason
     // code: what `threadline events unparsed` lists and `events replay` takes.
-    let unparsed = grouped_unparsed(pool).await?;
+    let unparsed = grouped_unparsed(tx).await?;
     let retried: i64 =
         sqlx::query_scalar("SELECT count(*) FROM event_receipts WHERE retry_num > 0")
-            .fetch_one(pool)
+            .fetch_one(&mut *tx)
             .await?;
     let rate_limited: i64 = sqlx::query_scalar("SELECT count(*) FROM app_rate_limit_notices")
-        .fetch_one(pool)
+        .fetch_one(&mut *tx)
         .await?;
     let installs: Vec<(String, i64)> = sqlx::query_as(
         "SELECT status, count(*) FROM installations GROUP BY status ORDER BY status",
     )
-    .fetch_all(pool)
+    .fetch_all(&mut *tx)
     .await?;
-    let grouped = |sql: &'static str| async move {
-        sqlx::query_as::<_, (String, i64)>(sql)
-            .fetch_all(pool)
-            .await
-    };
-    let decisions =
-        grouped("SELECT status, count(*) FROM decisions GROUP BY status ORDER BY status").await?;
-    let intents =
-        grouped("SELECT state, count(*) FROM reply_intents GROUP BY state ORDER BY state").await?;
+    let decisions = grouped(
+        &mut *tx,
+        "SELECT status, count(*) FROM decisions GROUP BY status ORDER BY status",
+    )
+    .await?;
+    let intents = grouped(
+        &mut *tx,
+        "SELECT state, count(*) FROM reply_intents GROUP BY state ORDER BY state",
+    )
+    .await?;
     let (contexts, truncated, partial): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*), count(*) FILTER (WHERE truncated), count(*) FILTER (WHERE backfill_partial) FROM contexts",
     )
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
     let (model_calls, fallbacks): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE provider IS NOT NULL AND provider NOT IN ('none', 'fallback')),
                 count(*) FILTER (WHERE fallback) FROM decisions",
     )
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
     let (reconciled, duplicate_replies): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE reconciled),
@@ -71,14 +80,16 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
                                                    GROUP BY installation_id, event_id HAVING count(*) > 1) d), 0)::bigint
            FROM reply_intents",
     )
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
     let ignored = grouped(
+        &mut *tx,
         "SELECT coalesce(state_reason, 'unknown'), count(*) FROM event_receipts
           WHERE state = 'ignored' GROUP BY 1 ORDER BY 1",
     )
     .await?;
     let reviews = grouped(
+        &mut *tx,
         "SELECT outcome, count(*) FROM audit_log WHERE stage = 'review' GROUP BY 1 ORDER BY 1",
     )
     .await?;
@@ -89,7 +100,7 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
                 count(*) - count(DISTINCT (installation_id, event_id))
            FROM decisions",
     )
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
     let (found, held_no_evidence, duplicate_incidents): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE reconciled AND state = 'sent'),
@@ -97,16 +108,17 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
                 count(*) FILTER (WHERE error_code = 'duplicate_posts_found')
            FROM reply_intents",
     )
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
     let (crossed, crossed_waiting, late_posts): (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(DISTINCT intent_id) FROM crossed_answers),
                 (SELECT count(DISTINCT intent_id) FROM crossed_answers WHERE reconsidered_at IS NULL),
                 (SELECT count(*) FROM reply_intents WHERE late_recorded_at IS NOT NULL)",
     )
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
     let cancelled = grouped(
+        &mut *tx,
         "SELECT coalesce(status_reason, 'unknown'), count(*) FROM decisions
           WHERE status = 'cancelled' GROUP BY 1 ORDER BY 1",
     )
@@ -165,11 +177,19 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
 
 /// Unparsed receipts by reason code (the part of `parse_error` before its
 /// first colon).
-async fn grouped_unparsed(pool: &PgPool) -> sqlx::Result<Vec<(String, i64)>> {
+/// `(name, count)` rows of a grouping query.
+async fn grouped(
+    tx: &mut sqlx::PgConnection,
+    sql: &'static str,
+) -> sqlx::Result<Vec<(String, i64)>> {
+    sqlx::query_as(sql).fetch_all(tx).await
+}
+
+async fn grouped_unparsed(tx: &mut sqlx::PgConnection) -> sqlx::Result<Vec<(String, i64)>> {
     sqlx::query_as(
         "SELECT coalesce(nullif(split_part(parse_error, ':', 1), ''), 'unknown'), count(*)
            FROM event_receipts WHERE state = 'unparsed' GROUP BY 1 ORDER BY 1",
     )
-    .fetch_all(pool)
+    .fetch_all(&mut *tx)
     .await
 }
