@@ -57,14 +57,6 @@ pub trait Machine: Copy + Eq + fmt::Debug + 'static {
             })
         }
     }
-
-    /// Whether some move from another state leads to `to` (a state only
-    /// ever created is not).
-    fn is_reachable(to: Self) -> bool {
-        Self::ALL
-            .iter()
-            .any(|from| *from != to && from.can_become(to))
-    }
 }
 
 /// A state name the machine does not have.
@@ -131,9 +123,17 @@ macro_rules! states {
             }
         }
 
-        impl $name {
-            const EVERY: &'static [Self] = &[$(Self::$variant),+];
-            const LABEL: &'static str = $label;
+        impl Machine for $name {
+            const ALL: &'static [Self] = &[$(Self::$variant),+];
+            const NAME: &'static str = $label;
+
+            fn as_str(self) -> &'static str {
+                self.name()
+            }
+
+            fn can_become(self, to: Self) -> bool {
+                self.allows(to)
+            }
         }
     };
 }
@@ -152,15 +152,9 @@ states! {
     }
 }
 
-impl Machine for ReceiptState {
-    const ALL: &'static [Self] = Self::EVERY;
-    const NAME: &'static str = Self::LABEL;
-
-    fn as_str(self) -> &'static str {
-        self.name()
-    }
-
-    fn can_become(self, to: Self) -> bool {
+impl ReceiptState {
+    /// Whether `self → to` is an allowed move ([`Machine::can_become`]).
+    fn allows(self, to: Self) -> bool {
         use ReceiptState::*;
         matches!(
             (self, to),
@@ -206,15 +200,9 @@ impl DecisionStatus {
     }
 }
 
-impl Machine for DecisionStatus {
-    const ALL: &'static [Self] = Self::EVERY;
-    const NAME: &'static str = Self::LABEL;
-
-    fn as_str(self) -> &'static str {
-        self.name()
-    }
-
-    fn can_become(self, to: Self) -> bool {
+impl DecisionStatus {
+    /// Whether `self → to` is an allowed move ([`Machine::can_become`]).
+    fn allows(self, to: Self) -> bool {
         use DecisionStatus::*;
         match (self, to) {
             // A redelivery of the holding message takes the lease over.
@@ -255,15 +243,9 @@ impl IntentState {
     pub const IN_FLIGHT: [Self; 3] = [Self::Sending, Self::Unknown, Self::Reconciling];
 }
 
-impl Machine for IntentState {
-    const ALL: &'static [Self] = Self::EVERY;
-    const NAME: &'static str = Self::LABEL;
-
-    fn as_str(self) -> &'static str {
-        self.name()
-    }
-
-    fn can_become(self, to: Self) -> bool {
+impl IntentState {
+    /// Whether `self → to` is an allowed move ([`Machine::can_become`]).
+    fn allows(self, to: Self) -> bool {
         use IntentState::*;
         match (self, to) {
             (Pending | FailedRetryable | Withdrawn, Sending) => true,
@@ -389,24 +371,26 @@ mod tests {
         assert!(R::Failed.can_become(R::Processing));
     }
 
+    /// Whether some move from another state leads to `to` (a state only
+    /// ever created is not).
+    fn is_reachable<M: Machine>(to: M) -> bool {
+        M::ALL.iter().any(|from| *from != to && from.can_become(to))
+    }
+
     #[test]
     fn every_state_but_the_first_can_be_reached() {
         for s in ReceiptState::ALL {
             assert_eq!(
-                ReceiptState::is_reachable(*s),
+                is_reachable(*s),
                 !matches!(s, ReceiptState::Unparsed),
                 "{s}"
             );
         }
         for s in DecisionStatus::ALL {
-            assert_eq!(
-                DecisionStatus::is_reachable(*s),
-                *s != DecisionStatus::Calling,
-                "{s}"
-            );
+            assert_eq!(is_reachable(*s), *s != DecisionStatus::Calling, "{s}");
         }
         for s in IntentState::ALL {
-            assert!(IntentState::is_reachable(*s), "{s}");
+            assert!(is_reachable(*s), "{s}");
         }
     }
 }
