@@ -8,6 +8,9 @@ export TL_PG_PORT TL_NATS_PORT
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:$(TL_PG_PORT)/threadline
 export NATS_URL ?= nats://127.0.0.1:$(TL_NATS_PORT)
 export THREADLINE_TEST_ADMIN_URL ?= postgres://postgres@127.0.0.1:$(TL_PG_PORT)/postgres
+# Statements are checked against the committed offline data, never against
+# the database DATABASE_URL names (scripts/sqlx-prepare.sh goes online).
+export SQLX_OFFLINE ?= true
 
 NEXTEST := $(shell command -v cargo-nextest >/dev/null 2>&1 && echo yes)
 RELEASE_BIN = $(or $(CARGO_TARGET_DIR),target)/release
@@ -50,9 +53,14 @@ image-smoke-only:
 	./scripts/image-smoke.sh
 
 .PHONY: lint
-lint: ## rustfmt check and clippy with warnings denied
+lint: ## rustfmt check, the store's offline query data against the migrations (needs Postgres), clippy with warnings denied
 	cargo fmt --all --check
+	./scripts/sqlx-prepare.sh --check
 	cargo clippy --workspace --all-targets -- -D warnings
+
+.PHONY: sqlx-prepare
+sqlx-prepare: ## Regenerate the store's offline query data (crates/store/.sqlx) from migrations/ (starts Postgres if absent)
+	./scripts/with-services.sh ./scripts/sqlx-prepare.sh
 
 .PHONY: deploy-check
 deploy-check: ## Render every Kubernetes overlay and validate it offline against the schemas and the code; lint the Dockerfile

@@ -8,7 +8,7 @@
 
 use clap::Subcommand;
 use sqlx::PgPool;
-use threadline_gateway::unparsed::{Replay, replay};
+use threadline_store::receipts::{Replay, replay};
 use time::OffsetDateTime;
 use uuid::Uuid;
 

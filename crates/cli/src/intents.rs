@@ -94,7 +94,7 @@ pub async fn run(
             // Settled the way the publisher settles a post: the intent sent,
             // its decision published, its turn answered (and a human message
             // that crossed it recorded, its thread reconsidered).
-            threadline_publisher::intents::record_post_in(&mut tx, id, decision, &ts, true).await?;
+            threadline_store::intents::record_post_in(&mut tx, id, decision, &ts, true).await?;
             tx.commit().await?;
             println!(
                 "intent {id} marked sent ({ts}); its decision is published and its turn answered"
@@ -103,7 +103,7 @@ pub async fn run(
         IntentsCommand::Repost { id } => {
             let mut tx = as_operator(pool).await?;
             let decision = held(&mut tx, id).await?;
-            let d = threadline_publisher::proposals::load(pool, decision)
+            let d = threadline_store::decisions::load(&mut *tx, decision)
                 .await?
                 .ok_or_else(|| {
                     anyhow::anyhow!("intent {id} names decision {decision}, which does not exist")
@@ -120,7 +120,7 @@ pub async fn run(
             // (the gateway's relay publishes it): it reads the thread once
             // more for the earlier post, re-checks the thread, then claims
             // the pending intent and posts once.
-            threadline_publisher::proposals::enqueue(
+            threadline_store::decisions::enqueue_proposal(
                 &mut tx,
                 &d,
                 &format!("repost-{}", Uuid::now_v7()),

@@ -51,7 +51,9 @@ pub async fn run(cmd: ReviewCommand, _common: &CommonConfig, pool: &PgPool) -> a
             println!("{}", serde_json::to_string_pretty(&rows)?);
         }
         ReviewCommand::Show { id } => {
-            let d = threadline_inference::decisions::load(pool, id).await?;
+            let d = threadline_store::decisions::load(pool, id)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no decision {id}"))?;
             println!(
                 "{}",
                 serde_json::to_string_pretty(&serde_json::json!({
@@ -88,10 +90,10 @@ pub async fn run(cmd: ReviewCommand, _common: &CommonConfig, pool: &PgPool) -> a
             .bind(&by)
             .execute(&mut *tx)
             .await?;
-            let d = threadline_publisher::proposals::load(pool, id)
+            let d = threadline_store::decisions::load(&mut *tx, id)
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("no decision {id}"))?;
-            threadline_publisher::proposals::enqueue(&mut tx, &d, "approved").await?;
+            threadline_store::decisions::enqueue_proposal(&mut tx, &d, "approved").await?;
             tx.commit().await?;
             println!("approved {id} by {by}; the publisher re-checks the thread before posting");
         }

@@ -10,8 +10,8 @@ use threadline_domain::classify::{
     BotIdentity, ChannelMode, Effect, MessageFacts, Speaker, TriggerPolicy,
 };
 use threadline_domain::state::{Machine as _, ReceiptState};
+use threadline_runtime::audit;
 use threadline_runtime::bus::Topic;
-use threadline_runtime::{audit, outbox};
 use uuid::Uuid;
 
 use crate::context::{self, Built, Limits, Offer, StoredMessage};
@@ -465,8 +465,8 @@ pub async fn crossed_answers(
     .fetch_all(&mut *conn)
     .await?;
     for (intent, receipt) in &crossed {
-        let msg = outbox::crossed_reconsider(inst, channel, root, *receipt);
-        outbox::enqueue(
+        let msg = threadline_store::outbox::crossed_reconsider(inst, channel, root, *receipt);
+        threadline_store::outbox::enqueue(
             conn,
             inst,
             *receipt,

@@ -9,6 +9,7 @@ pub mod ids;
 pub mod output;
 pub mod prompt;
 pub mod state;
+pub mod topic;
 
 pub use envelope::{
     Authorization, DeliveryIdentity, Envelope, EnvelopeError, EventCallback, InstallationKey,

@@ -63,6 +63,9 @@ pub struct GatewayConfig {
     /// `THREADLINE_RELAY_SWEEP_MS`, default 1000: periodic sweep in case a
     /// notification was missed.
     pub relay_sweep: Duration,
+    /// `THREADLINE_RELAY_PIPELINE`, default 4: rounds awaiting their
+    /// PubAcks while the next is claimed and sent.
+    pub relay_pipeline: usize,
     /// The OAuth install flow, on when `SLACK_CLIENT_ID` is set.
     pub oauth: Option<std::sync::Arc<OAuthSettings>>,
 }
@@ -238,6 +241,7 @@ impl GatewayConfig {
             relay_enabled: src.flag("THREADLINE_RELAY_ENABLED", true)?,
             relay_batch: src.bounded("THREADLINE_RELAY_BATCH", 256, 1..=10_000)? as i64,
             relay_sweep: src.millis("THREADLINE_RELAY_SWEEP_MS", 1000, 10..=600_000)?,
+            relay_pipeline: src.bounded("THREADLINE_RELAY_PIPELINE", 4, 1..=64)? as usize,
             oauth: OAuthSettings::from_source(src)?.map(std::sync::Arc::new),
         })
     }

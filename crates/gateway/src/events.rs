@@ -6,9 +6,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use prost::Message as _;
 use threadline_domain::{DeliveryIdentity, Envelope, EnvelopeError, EventCallback};
-use threadline_proto::v1::{EventAccepted, SCHEMA_VERSION};
 use threadline_slack::SignatureError;
 use uuid::Uuid;
 
@@ -16,6 +14,7 @@ use crate::AppState;
 use crate::installations::Resolved;
 use crate::intake::{NewReceipt, Outcome, Unparsed};
 use crate::unverified::ReadError;
+use threadline_store::receipts::{ReceiptMeta, build as build_receipt, parse_error_text};
 
 /// What a delivery came to; the label of the ack-latency histogram.
 #[derive(Debug, Clone, Copy)]
@@ -337,6 +336,7 @@ async fn accept(app: &AppState, headers: &HeaderMap, cb: EventCallback) -> (Answ
     tracing::Span::current().record("installation_id", tracing::field::display(installation_id));
     let (retry_num, retry_reason) = retry_headers(headers);
     count_retry(retry_num, retry_reason);
+    let carrier = threadline_runtime::telemetry::current_trace_carrier();
     let receipt = build_receipt(
         &cb,
         ReceiptMeta {
@@ -345,6 +345,8 @@ async fn accept(app: &AppState, headers: &HeaderMap, cb: EventCallback) -> (Answ
             retry_num,
             retry_reason: retry_reason.map(str::to_owned),
             received_at_unix_ms: now_unix_ms(),
+            traceparent: carrier.get("traceparent").cloned(),
+            tracestate: carrier.get("tracestate").cloned(),
         },
     );
     match app.intake.submit(receipt).await {
@@ -434,93 +436,11 @@ async fn accept_unparsed(
 
 /// What is stored as an unparsed receipt's `parse_error`: the reason code,
 /// then the parser's message (field names and fixed wording, never values).
-pub fn parse_error_text(e: &EnvelopeError) -> String {
-    format!("{}: {e}", e.reason_code())
-}
-
 fn now_unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
-}
-
-/// What a receipt has besides the parsed event: its id, installation,
-/// Slack's retry headers and when it was received.
-#[derive(Debug, Clone)]
-pub struct ReceiptMeta {
-    pub id: Uuid,
-    pub installation_id: Uuid,
-    pub retry_num: i32,
-    pub retry_reason: Option<String>,
-    pub received_at_unix_ms: i64,
-}
-
-/// The receipt and its `EventAccepted` bus message for a parsed event: what
-/// the gateway commits for a new delivery, and what a replay of an unparsed
-/// receipt commits in its place.
-pub fn build_receipt(cb: &EventCallback, meta: ReceiptMeta) -> NewReceipt {
-    let ReceiptMeta {
-        id,
-        installation_id,
-        retry_num,
-        retry_reason,
-        received_at_unix_ms,
-    } = meta;
-    let key = cb.installation_key();
-    let ev = &cb.event;
-    let s = |v: Option<&str>| v.map(str::to_owned);
-    let team_id = key
-        .team_id
-        .as_ref()
-        .map(|t| t.to_string())
-        .or_else(|| cb.team_id.as_ref().map(|t| t.to_string()));
-    let enterprise_id = key.enterprise_id.as_ref().map(|e| e.to_string());
-    let message = EventAccepted {
-        schema_version: SCHEMA_VERSION,
-        receipt_id: id.to_string(),
-        installation_id: installation_id.to_string(),
-        api_app_id: cb.api_app_id.to_string(),
-        event_id: cb.event_id.to_string(),
-        team_id: team_id.clone().unwrap_or_default(),
-        enterprise_id: enterprise_id.clone().unwrap_or_default(),
-        event_type: ev.kind.type_str().to_owned(),
-        event_subtype: ev.kind.subtype_str().unwrap_or_default().to_owned(),
-        channel_id: ev
-            .channel
-            .as_ref()
-            .map(|c| c.to_string())
-            .unwrap_or_default(),
-        message_ts: ev.ts.as_ref().map(|t| t.to_string()).unwrap_or_default(),
-        thread_ts: ev.root().map(|t| t.to_string()).unwrap_or_default(),
-        event_time: cb.event_time,
-        received_at_unix_ms,
-        retry_num: retry_num.max(0) as u32,
-        is_ext_shared_channel: cb.is_ext_shared_channel,
-        event_json: serde_json::to_vec(&cb.event_json).unwrap_or_default(),
-    };
-    let carrier = threadline_runtime::telemetry::current_trace_carrier();
-    NewReceipt {
-        id,
-        installation_id: Some(installation_id),
-        api_app_id: cb.api_app_id.to_string(),
-        event_id: cb.event_id.to_string(),
-        team_id,
-        enterprise_id,
-        event_type: ev.kind.type_str().to_owned(),
-        event_subtype: s(ev.kind.subtype_str()),
-        channel_id: ev.channel.as_ref().map(|c| c.to_string()),
-        message_ts: ev.ts.as_ref().map(|t| t.to_string()),
-        thread_ts: ev.root().map(|t| t.to_string()),
-        event_time: Some(cb.event_time),
-        retry_num,
-        retry_reason,
-        msg_id: format!("evt:{}:{}", cb.api_app_id, cb.event_id),
-        payload: message.encode_to_vec(),
-        traceparent: carrier.get("traceparent").cloned(),
-        tracestate: carrier.get("tracestate").cloned().filter(|s| !s.is_empty()),
-        unparsed: None,
-    }
 }
 
 #[cfg(test)]

@@ -8,14 +8,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 use threadline_domain::InstallationKey;
-use uuid::Uuid;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resolved {
-    Active(Uuid),
-    Disabled(Uuid),
-    Unknown,
-}
+pub use threadline_store::installations::{Resolved, lookup};
 
 pub struct Resolver {
     pool: PgPool,
@@ -57,32 +51,4 @@ impl Resolver {
             .filter(|(_, at)| at.elapsed() < self.ttl)
             .map(|(r, _)| *r)
     }
-}
-
-/// A workspace install matches on (app, team); an org-wide install on
-/// (app, enterprise). A workspace install wins when both exist.
-pub async fn lookup(pool: &PgPool, key: &InstallationKey) -> Result<Resolved, sqlx::Error> {
-    let team = if key.is_enterprise_install {
-        None
-    } else {
-        key.team_id.as_ref().map(|t| t.as_str())
-    };
-    let row: Option<(Uuid, String)> = sqlx::query_as(
-        "SELECT id, status FROM installations
-          WHERE app_id = $1
-            AND ((NOT is_enterprise_install AND team_id = $2)
-              OR (is_enterprise_install AND enterprise_id = $3))
-          ORDER BY is_enterprise_install
-          LIMIT 1",
-    )
-    .bind(key.app_id.as_str())
-    .bind(team)
-    .bind(key.enterprise_id.as_ref().map(|e| e.as_str()))
-    .fetch_optional(pool)
-    .await?;
-    Ok(match row {
-        None => Resolved::Unknown,
-        Some((id, status)) if status == "active" => Resolved::Active(id),
-        Some((id, _)) => Resolved::Disabled(id),
-    })
 }

@@ -22,62 +22,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
-/// Everything the receipt and outbox rows need. Identifiers only, except
-/// `payload` (the bus message, with message text), which `Debug` leaves out
-/// and the relay deletes once published, and an unparsed delivery's body.
-#[derive(Clone)]
-pub struct NewReceipt {
-    pub id: Uuid,
-    /// `None` only for an unparsed delivery of an unknown installation.
-    pub installation_id: Option<Uuid>,
-    pub api_app_id: String,
-    pub event_id: String,
-    pub team_id: Option<String>,
-    pub enterprise_id: Option<String>,
-    pub event_type: String,
-    pub event_subtype: Option<String>,
-    pub channel_id: Option<String>,
-    pub message_ts: Option<String>,
-    pub thread_ts: Option<String>,
-    /// Seconds since the epoch; `None` only for an unparsed delivery.
-    pub event_time: Option<i64>,
-    pub retry_num: i32,
-    pub retry_reason: Option<String>,
-    pub msg_id: String,
-    pub payload: Vec<u8>,
-    pub traceparent: Option<String>,
-    pub tracestate: Option<String>,
-    /// Set for a delivery that did not parse: the receipt is stored as
-    /// `unparsed`, with its body and no outbox row.
-    pub unparsed: Option<Unparsed>,
-}
-
-/// A signed delivery with an identity that the parser refused.
-#[derive(Clone)]
-pub struct Unparsed {
-    /// Content-free: a reason code and the parser's message (field names only).
-    pub parse_error: String,
-    /// The raw body, kept for replay (holds message text).
-    pub body: Vec<u8>,
-}
-
-impl std::fmt::Debug for NewReceipt {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NewReceipt")
-            .field("id", &self.id)
-            .field("installation_id", &self.installation_id)
-            .field("api_app_id", &self.api_app_id)
-            .field("event_id", &self.event_id)
-            .field("event_type", &self.event_type)
-            .field("retry_num", &self.retry_num)
-            .field("payload_len", &self.payload.len())
-            .field(
-                "parse_error",
-                &self.unparsed.as_ref().map(|u| u.parse_error.as_str()),
-            )
-            .finish_non_exhaustive()
-    }
-}
+pub use threadline_store::receipts::{NewReceipt, Unparsed};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {

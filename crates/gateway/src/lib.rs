@@ -12,7 +12,6 @@ pub mod oauth;
 pub mod page;
 pub mod ratelimit;
 pub mod relay;
-pub mod unparsed;
 pub mod unverified;
 
 use std::sync::Arc;
@@ -130,8 +129,8 @@ pub async fn run(
             async_nats::jetstream::new(nats.clone()),
             Topology::from_config(&cfg.common),
             RelayConfig {
-                batch: cfg.relay_batch,
-                sweep: cfg.relay_sweep,
+                pipeline: cfg.relay_pipeline,
+                ..RelayConfig::new(cfg.relay_batch, cfg.relay_sweep)
             },
         );
         wake = Some(relay.waker());

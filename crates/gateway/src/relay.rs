@@ -1,12 +1,25 @@
-//! The outbox relay: publishes committed outbox rows to JetStream and marks
-//! them done only after the stream's PubAck: the row is deleted and counted
-//! in `outbox_ledger` in one transaction.
+//! The outbox relay: publishes committed outbox rows to JetStream and
+//! deletes them only after the stream's PubAck (counted in `outbox_ledger`
+//! in the same statement).
 //!
-//! Rows are claimed with `FOR UPDATE SKIP LOCKED`, so several gateway
-//! replicas relay side by side without taking the same row; each message
-//! carries `Nats-Msg-Id`, so a row re-published after a crash between PubAck
-//! and commit is dropped by the stream's duplicate window. The relay wakes on
-//! `LISTEN threadline_outbox` and also sweeps periodically.
+//! A round **claims** due rows by leasing them ([`threadline_store::outbox`])
+//! in a statement that commits at once, on a session whose commits do not
+//! wait for the WAL flush (a claim lost in a crash only makes its rows due
+//! again); sends them in order; and hands their PubAcks to a **settle**
+//! that deletes what was acknowledged in one durable statement. No
+//! transaction is open while the broker answers, and up to
+//! [`RelayConfig::pipeline`] rounds await their PubAcks while the next is
+//! claimed and sent, so a busy relay is not held to one round trip to the
+//! broker and two to Postgres per round. Rows are sent in claim order, one
+//! round after another, on one connection: the stream holds one relay's
+//! messages in outbox order.
+//!
+//! Several gateway replicas relay side by side: a claim skips rows another
+//! holds. Each message carries `Nats-Msg-Id`, so a row published again (its
+//! relay died before settling, and the lease ran out) is dropped by the
+//! stream's duplicate window. The relay wakes in-process from its own
+//! gateway's intake, on `LISTEN threadline_outbox` from other writers, and
+//! sweeps periodically.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,31 +30,56 @@ use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use futures::future::join_all;
 use sqlx::PgPool;
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use threadline_runtime::bus::{HeaderInjector, Topic, Topology};
 use threadline_runtime::shutdown::CancellationToken;
+use threadline_store::outbox::{self, Claimed, Failed, Published};
 use tokio::sync::Notify;
 use tracing::Instrument as _;
 
-pub const NOTIFY_CHANNEL: &str = threadline_runtime::outbox::WAKE_CHANNEL;
-/// How long the relay waits for a batch's PubAcks before treating the rest
-/// as failed (they stay in the outbox and are retried).
-const ACK_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest a whole round may take (sends included); past it the round's
-/// transaction is rolled back and its rows stay for the next round.
-const ROUND_TIMEOUT: Duration = Duration::from_secs(30);
+pub const NOTIFY_CHANNEL: &str = outbox::WAKE_CHANNEL;
+/// How long a round waits for its PubAcks before treating the rest as
+/// failed (they wait out a backoff and are published again).
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a round may take to claim and send; past it the round is given
+/// up and its rows are claimed again when their lease ends.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a claim keeps its rows from other relays: longer than a round
+/// takes to send and be acknowledged, so that a working relay's rows are
+/// not published twice; the time a killed relay's rows wait for another.
+pub const LEASE: Duration = Duration::from_secs(25);
 /// How long a stopping relay keeps publishing what is left.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
+    /// Rows claimed per round.
     pub batch: i64,
+    /// The periodic sweep besides the wake-ups.
     pub sweep: Duration,
+    /// Rounds awaiting their PubAcks and settle at once (at least 1).
+    pub pipeline: usize,
+    /// How long a round waits for its PubAcks.
+    pub ack_timeout: Duration,
+}
+
+impl RelayConfig {
+    /// `batch` and `sweep` with the default pipeline and PubAck wait.
+    pub fn new(batch: i64, sweep: Duration) -> Self {
+        Self {
+            batch,
+            sweep,
+            pipeline: 4,
+            ack_timeout: ACK_TIMEOUT,
+        }
+    }
 }
 
 pub struct Relay {
     pool: PgPool,
+    /// Claims commit here without waiting for the WAL flush.
+    claims: PgPool,
     js: jetstream::Context,
     topology: Topology,
     cfg: RelayConfig,
@@ -70,7 +108,7 @@ impl Wake {
         tokio::spawn(async move {
             loop {
                 waiting.notified().await;
-                if let Err(e) = threadline_runtime::outbox::wake(&pool).await {
+                if let Err(e) = outbox::wake(&pool).await {
                     // The relays' sweep finds the rows all the same.
                     tracing::debug!(error = %e, "waking the outbox relays failed");
                 }
@@ -86,27 +124,46 @@ impl Wake {
     }
 }
 
-#[derive(sqlx::FromRow)]
-struct Row {
-    id: i64,
-    topic: String,
-    msg_id: String,
-    payload: Vec<u8>,
-    traceparent: Option<String>,
-    tracestate: Option<String>,
-    created_at: time::OffsetDateTime,
-    receipt_id: uuid::Uuid,
-    installation_id: uuid::Uuid,
-    channel_id: Option<String>,
+/// A round's rows, sent, with their PubAcks to come.
+pub struct Round {
+    rows: Vec<Claimed>,
+    acks: Vec<(usize, jetstream::context::PublishAckFuture)>,
+    /// Rows that could not be sent, with why.
+    unsent: Vec<Failed>,
+}
+
+impl Round {
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
 }
 
 impl Relay {
     pub fn new(pool: PgPool, js: jetstream::Context, topology: Topology, cfg: RelayConfig) -> Self {
+        // A claim is a lease: losing one in a crash only makes its rows due
+        // again, so its commit need not wait for the flush (the settle that
+        // follows is durable, and flushes the claim with it).
+        let claims = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(pool.options().get_acquire_timeout())
+            .connect_lazy_with(
+                (*pool.connect_options())
+                    .clone()
+                    .options([("synchronous_commit", "off")]),
+            );
         Self {
             pool,
+            claims,
             js,
             topology,
-            cfg,
+            cfg: RelayConfig {
+                pipeline: cfg.pipeline.max(1),
+                ..cfg
+            },
             local: Arc::new(Notify::new()),
         }
     }
@@ -116,7 +173,7 @@ impl Relay {
         Wake::Local(self.local.clone())
     }
 
-    /// Runs until `shutdown`; finishes the round in flight first.
+    /// Runs until `shutdown`; settles the rounds in flight first.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut backoff = Duration::from_millis(100);
         // The topology must exist before anything is published into it.
@@ -137,6 +194,7 @@ impl Relay {
         }
         let mut listener: Option<PgListener> = None;
         let mut last_gauge = Instant::now() - Duration::from_secs(60);
+        let mut settling = tokio::task::JoinSet::new();
         backoff = Duration::from_millis(100);
         while !shutdown.is_cancelled() {
             if listener.is_none() {
@@ -146,19 +204,29 @@ impl Relay {
                 self.report_backlog().await;
                 last_gauge = Instant::now();
             }
-            match self.round().await {
-                Ok(n) => {
+            while let Some(done) = settling.try_join_next() {
+                note_settled(done);
+            }
+            if settling.len() >= self.cfg.pipeline {
+                // As many rounds in flight as allowed: wait for one.
+                if let Some(done) = settling.join_next().await {
+                    note_settled(done);
+                }
+                continue;
+            }
+            match self.send_round().await {
+                Ok(round) if round.is_empty() => backoff = Duration::from_millis(100),
+                Ok(round) => {
                     backoff = Duration::from_millis(100);
-                    if n as i64 >= self.cfg.batch {
+                    let full = round.len() as i64 >= self.cfg.batch;
+                    let (pool, wait) = (self.pool.clone(), self.cfg.ack_timeout);
+                    settling.spawn(settle(pool, round, wait));
+                    if full {
                         continue; // more waiting: go again at once
                     }
                 }
                 Err(e) => {
-                    metrics::counter!("threadline_outbox_relay_errors_total").increment(1);
-                    tracing::warn!(
-                        error = format!("{e:#}"),
-                        "outbox relay round failed; rows stay for retry"
-                    );
+                    relay_failed(&e);
                     if sleep_or_shutdown(backoff, &shutdown).await {
                         break;
                     }
@@ -188,163 +256,68 @@ impl Relay {
                 listener = None;
             }
         }
+        while let Some(done) = settling.join_next().await {
+            note_settled(done);
+        }
         // Publish what the last deliveries committed before stopping.
         let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
         while tokio::time::Instant::now() < deadline {
-            match self.round().await {
-                Ok(0) | Err(_) => break,
+            match self.relay_once().await {
+                Ok(0) => break,
                 Ok(_) => {}
+                Err(e) => {
+                    relay_failed(&e);
+                    break;
+                }
             }
         }
         tracing::info!("outbox relay stopped");
     }
 
-    async fn round(&self) -> anyhow::Result<usize> {
-        tokio::time::timeout(ROUND_TIMEOUT, self.relay_once())
-            .await
-            .unwrap_or_else(|_| {
-                Err(anyhow::anyhow!(
-                    "relay round took longer than {ROUND_TIMEOUT:?}; rolled back"
-                ))
-            })
-    }
-
-    /// Publishes one batch; returns how many rows were marked published.
+    /// Claims, sends and settles one round; returns how many rows were
+    /// published and deleted.
     pub async fn relay_once(&self) -> anyhow::Result<usize> {
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .context("starting relay transaction")?;
-        let rows: Vec<Row> = sqlx::query_as(
-            "SELECT o.id, o.topic, o.msg_id, o.payload, o.traceparent, o.tracestate, o.created_at,
-                    o.receipt_id, o.installation_id, r.channel_id
-               FROM outbox o LEFT JOIN event_receipts r ON r.id = o.receipt_id
-             WHERE o.next_attempt_at <= now()
-              ORDER BY o.id
-              LIMIT $1
-              FOR UPDATE OF o SKIP LOCKED",
-        )
-        .bind(self.cfg.batch)
-        .fetch_all(&mut *tx)
-        .await
-        .context("claiming outbox rows")?;
-        if rows.is_empty() {
+        let round = self.send_round().await?;
+        if round.is_empty() {
             return Ok(0);
         }
-
-        // Send every message first, then await the PubAcks together.
-        let mut pending = Vec::with_capacity(rows.len());
-        let mut failed: Vec<(i64, String)> = Vec::new();
-        for row in &rows {
-            match self.send(row).await {
-                Ok(ack) => pending.push((row.id, row.created_at, ack)),
-                Err(e) => failed.push((row.id, e)),
-            }
-        }
-        let acks = join_all(pending.into_iter().map(|(id, created_at, ack)| async move {
-            let r = tokio::time::timeout(ACK_TIMEOUT, ack.into_future()).await;
-            (id, created_at, r)
-        }))
-        .await;
-        let mut published = Vec::with_capacity(acks.len());
-        let now = time::OffsetDateTime::now_utc();
-        for (id, created_at, r) in acks {
-            match r {
-                Ok(Ok(ack)) => {
-                    if ack.duplicate {
-                        // Published before by a relay that died before its
-                        // commit; the stream dropped this copy.
-                        metrics::counter!("threadline_outbox_duplicate_publishes_total")
-                            .increment(1);
-                    }
-                    published.push(id);
-                    metrics::histogram!("threadline_outbox_relay_lag_seconds")
-                        .record((now - created_at).as_seconds_f64().max(0.0));
-                }
-                Ok(Err(e)) => failed.push((id, format!("puback: {}", e.kind()))),
-                Err(_) => failed.push((id, "puback: timed out".into())),
-            }
-        }
-        if !published.is_empty() {
-            let done: std::collections::HashSet<i64> = published.iter().copied().collect();
-            let done_rows: Vec<&Row> = rows.iter().filter(|r| done.contains(&r.id)).collect();
-            let topics: Vec<&str> = done_rows.iter().map(|r| r.topic.as_str()).collect();
-            // The intake audit record of each published receipt (received,
-            // acknowledged), with its channel pseudonymised here.
-            let refs: Vec<Option<String>> = done_rows
-                .iter()
-                .map(|r| {
-                    r.channel_id
-                        .as_deref()
-                        .and_then(|c| threadline_runtime::audit::channel_ref(r.installation_id, c))
-                })
-                .collect();
-            let receipts: Vec<uuid::Uuid> = done_rows.iter().map(|r| r.receipt_id).collect();
-            sqlx::query(
-                "WITH done AS (DELETE FROM outbox WHERE id = ANY($1) RETURNING receipt_id, created_at, topic),
-                 ledger AS (
-                    INSERT INTO outbox_ledger (topic, published_total, last_published_at)
-                    SELECT topic, count(*), now() FROM UNNEST($2::text[]) AS t(topic) GROUP BY topic
-                    ON CONFLICT (topic) DO UPDATE
-                       SET published_total = outbox_ledger.published_total + EXCLUDED.published_total,
-                           last_published_at = EXCLUDED.last_published_at)
-                 INSERT INTO audit_log (stage, outcome, installation_id, event_id, receipt_id, channel_ref,
-                                        event_type, received_at, acked_at, retry_count)
-                 SELECT 'intake', 'accepted', r.installation_id, r.event_id, r.id, c.ref, r.event_type,
-                        r.received_at, d.created_at, r.retry_num
-                   FROM done d
-                   JOIN event_receipts r ON r.id = d.receipt_id
-                   LEFT JOIN UNNEST($3::uuid[], $4::text[]) AS c(receipt, ref) ON c.receipt = d.receipt_id
-                  -- only an event's own row is its intake; other rows (an
-                  -- approval, a re-post, a reconsideration) name its receipt
-                  -- but are no intake
-                  WHERE d.topic = 'events'",
-            )
-            .bind(&published)
-            .bind(&topics)
-            .bind(&receipts)
-            .bind(&refs)
-            .execute(&mut *tx)
-            .await
-            .context("removing published outbox rows")?;
-        }
-        if !failed.is_empty() {
-            // Back off per row (2^attempts seconds, at most 5 minutes) so a
-            // row that cannot be published does not hold up the others.
-            sqlx::query(
-                "UPDATE outbox o
-                    SET attempts = o.attempts + 1, last_error = f.err,
-                        next_attempt_at = now() + make_interval(secs => least(power(2, o.attempts), 300))
-                   FROM UNNEST($1::bigint[], $2::text[]) AS f(id, err)
-                  WHERE o.id = f.id",
-            )
-            .bind(failed.iter().map(|f| f.0).collect::<Vec<_>>())
-            .bind(failed.iter().map(|f| f.1.as_str()).collect::<Vec<_>>())
-            .execute(&mut *tx)
-            .await
-            .context("recording failed publishes")?;
-        }
-        tx.commit().await.context("committing relay round")?;
-        metrics::counter!("threadline_outbox_published_total").increment(published.len() as u64);
-        if !failed.is_empty() {
-            metrics::counter!("threadline_outbox_publish_failures_total")
-                .increment(failed.len() as u64);
-            let msg = format!(
-                "{} of {} outbox rows were not acknowledged by JetStream (first: {})",
-                failed.len(),
-                rows.len(),
-                failed[0].1
-            );
-            if published.is_empty() {
-                anyhow::bail!(msg);
-            }
-            tracing::warn!(failed = failed.len(), published = published.len(), "{msg}");
-        }
-        Ok(published.len())
+        settle(self.pool.clone(), round, self.cfg.ack_timeout).await
     }
 
-    async fn send(&self, row: &Row) -> Result<jetstream::context::PublishAckFuture, String> {
+    /// Claims due rows and sends them in order; their PubAcks are still to
+    /// come. Rows claimed and then not sent in time stay leased and are
+    /// claimed again when the lease ends.
+    pub async fn send_round(&self) -> anyhow::Result<Round> {
+        let rows = outbox::claim(&self.claims, self.cfg.batch, LEASE)
+            .await
+            .context("claiming outbox rows")?;
+        let sending = async {
+            let mut round = Round {
+                acks: Vec::with_capacity(rows.len()),
+                unsent: Vec::new(),
+                rows: Vec::new(),
+            };
+            // One at a time, in claim order: the stream keeps that order.
+            for (i, row) in rows.iter().enumerate() {
+                match self.send(row).await {
+                    Ok(ack) => round.acks.push((i, ack)),
+                    Err(error) => round.unsent.push(Failed { id: row.id, error }),
+                }
+            }
+            round
+        };
+        let mut round = tokio::time::timeout(SEND_TIMEOUT, sending)
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "sending a round took longer than {SEND_TIMEOUT:?}; its rows are claimed again after their lease"
+                )
+            })?;
+        round.rows = rows;
+        Ok(round)
+    }
+
+    async fn send(&self, row: &Claimed) -> Result<jetstream::context::PublishAckFuture, String> {
         let topic = Topic::parse(&row.topic)
             .ok_or_else(|| format!("unknown outbox topic {:?}", row.topic))?;
         let payload = row.payload.clone();
@@ -388,16 +361,93 @@ impl Relay {
     }
 
     async fn report_backlog(&self) {
-        let r: Result<(i64, Option<f64>), _> = sqlx::query_as(
-            "SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-               FROM outbox",
-        )
-        .fetch_one(&self.pool)
-        .await;
-        if let Ok((pending, oldest)) = r {
-            metrics::gauge!("threadline_outbox_pending").set(pending as f64);
-            metrics::gauge!("threadline_outbox_oldest_age_seconds").set(oldest.unwrap_or(0.0));
+        if let Ok(b) = outbox::backlog(&self.pool).await {
+            metrics::gauge!("threadline_outbox_pending").set(b.pending as f64);
+            metrics::gauge!("threadline_outbox_oldest_age_seconds").set(b.oldest_seconds);
         }
+    }
+}
+
+/// Awaits a round's PubAcks and settles it in one statement; returns how
+/// many rows were published and deleted. A round with nothing acknowledged
+/// is an error (the broker or its stream is not taking messages).
+pub async fn settle(pool: PgPool, round: Round, ack_timeout: Duration) -> anyhow::Result<usize> {
+    let Round { rows, acks, unsent } = round;
+    let acks = join_all(acks.into_iter().map(|(i, ack)| async move {
+        (
+            i,
+            tokio::time::timeout(ack_timeout, ack.into_future()).await,
+        )
+    }))
+    .await;
+    let mut failed = unsent;
+    let mut published = Vec::with_capacity(acks.len());
+    let now = time::OffsetDateTime::now_utc();
+    for (i, r) in acks {
+        let row = &rows[i];
+        match r {
+            Ok(Ok(ack)) => {
+                if ack.duplicate {
+                    // Published before by a relay that died before settling;
+                    // the stream dropped this copy.
+                    metrics::counter!("threadline_outbox_duplicate_publishes_total").increment(1);
+                }
+                metrics::histogram!("threadline_outbox_relay_lag_seconds")
+                    .record((now - row.created_at).as_seconds_f64().max(0.0));
+                published.push(Published {
+                    id: row.id,
+                    topic: row.topic.clone(),
+                    receipt_id: row.receipt_id,
+                    // The intake audit record's channel, pseudonymised here.
+                    channel_ref: row.channel_id.as_deref().and_then(|c| {
+                        threadline_runtime::audit::channel_ref(row.installation_id, c)
+                    }),
+                });
+            }
+            Ok(Err(e)) => failed.push(Failed {
+                id: row.id,
+                error: format!("puback: {}", e.kind()),
+            }),
+            Err(_) => failed.push(Failed {
+                id: row.id,
+                error: "puback: timed out".into(),
+            }),
+        }
+    }
+    let deleted = outbox::settle(&pool, &published, &failed)
+        .await
+        .context("settling the relay round")?;
+    metrics::counter!("threadline_outbox_published_total").increment(deleted);
+    if !failed.is_empty() {
+        metrics::counter!("threadline_outbox_publish_failures_total")
+            .increment(failed.len() as u64);
+        let msg = format!(
+            "{} of {} outbox rows were not acknowledged by JetStream (first: {})",
+            failed.len(),
+            rows.len(),
+            failed[0].error
+        );
+        if published.is_empty() {
+            anyhow::bail!(msg);
+        }
+        tracing::warn!(failed = failed.len(), published = published.len(), "{msg}");
+    }
+    Ok(deleted as usize)
+}
+
+fn relay_failed(e: &anyhow::Error) {
+    metrics::counter!("threadline_outbox_relay_errors_total").increment(1);
+    tracing::warn!(
+        error = format!("{e:#}"),
+        "outbox relay round failed; rows stay for retry"
+    );
+}
+
+fn note_settled(done: Result<anyhow::Result<usize>, tokio::task::JoinError>) {
+    match done {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => relay_failed(&e),
+        Err(e) => relay_failed(&anyhow::anyhow!("a settle task ended: {e}")),
     }
 }
 

@@ -629,10 +629,7 @@ async fn a_failed_publish_leaves_the_row_for_retry() {
         env.db.pool.clone(),
         jetstream::new(nats),
         topology.clone(),
-        threadline_gateway::relay::RelayConfig {
-            batch: 100,
-            sweep: Duration::from_millis(100),
-        },
+        threadline_gateway::relay::RelayConfig::new(100, Duration::from_millis(100)),
     );
     // No stream exists for the subject yet: JetStream refuses the publish.
     let err = relay
@@ -991,7 +988,7 @@ async fn an_unparsed_delivery_gets_503_while_postgres_is_down_then_is_held_once(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replaying_an_unparsed_receipt_after_an_upgrade_accepts_it_once_and_deletes_its_body() {
-    use threadline_gateway::unparsed::{Replay, replay};
+    use threadline_store::receipts::{Replay, replay};
     let env = Env::new().await;
     let inst = installation(&env, TEAM).await;
     let gw = Gateway::start(&env.db, &env.prefix, &[]).await;
@@ -1160,7 +1157,7 @@ async fn the_intake_wakes_the_relays_after_its_commit_without_notify_in_it() {
     let mut l = sqlx::postgres::PgListener::connect_with(&env.db.pool)
         .await
         .expect("listener");
-    l.listen(threadline_runtime::outbox::WAKE_CHANNEL)
+    l.listen(threadline_store::outbox::WAKE_CHANNEL)
         .await
         .expect("listen");
     let sweep_off = [("THREADLINE_RELAY_SWEEP_MS", "60000")];
@@ -1189,7 +1186,7 @@ async fn the_intake_wakes_the_relays_after_its_commit_without_notify_in_it() {
 
     // Another writer (a plain session) still notifies on insert.
     let mut conn = env.db.pool.acquire().await.expect("conn");
-    threadline_runtime::outbox::enqueue(
+    threadline_store::outbox::enqueue(
         &mut conn,
         installation(&env, TEAM).await,
         uuid::Uuid::now_v7(),

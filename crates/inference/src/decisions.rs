@@ -199,34 +199,3 @@ pub async fn settle(pool: &PgPool, id: Uuid, s: &Settled<'_>) -> sqlx::Result<bo
     .await?;
     Ok(r.rows_affected() == 1)
 }
-
-/// What a settled proposal needs to be published (again).
-#[derive(sqlx::FromRow)]
-pub struct Stored {
-    pub id: Uuid,
-    pub receipt_id: Uuid,
-    pub installation_id: Uuid,
-    pub event_id: String,
-    pub channel_id: String,
-    pub root_ts: String,
-    pub source_ts: String,
-    pub thread_version: i64,
-    pub action_kind: String,
-    pub review_reasons: Vec<String>,
-    pub fallback: bool,
-    pub model_config_id: Option<String>,
-    pub output_hash: Option<String>,
-    pub body_text: Option<String>,
-    pub body_blocks: Option<serde_json::Value>,
-}
-
-pub async fn load(pool: &PgPool, id: Uuid) -> sqlx::Result<Stored> {
-    sqlx::query_as(
-        "SELECT id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version, action_kind,
-                review_reasons, fallback, model_config_id, output_hash, body_text, body_blocks
-           FROM decisions WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_one(pool)
-    .await
-}

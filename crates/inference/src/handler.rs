@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use threadline_domain::output::{self, Risk};
 use threadline_domain::prompt::{self, Quoted};
-use threadline_proto::v1::{ContextReady, ProposalReady, SCHEMA_VERSION};
+use threadline_proto::v1::ContextReady;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::killswitch::{self, FEATURE_REPLIES};
 use threadline_runtime::worker::Disposition;
@@ -348,55 +348,29 @@ impl Handler {
     /// Publishes a settled proposal; the binding fields come from the
     /// decision row, never from model output.
     pub async fn publish(&self, id: Uuid) -> anyhow::Result<()> {
-        let d = decisions::load(&self.pool, id).await?;
-        publish_proposal(&self.js, &self.topology, d, None).await
-    }
-}
-
-/// The bus message of a settled (or approved) decision; binding fields come
-/// from the row, never from model output.
-pub fn proposal_message(d: decisions::Stored) -> ProposalReady {
-    ProposalReady {
-        schema_version: SCHEMA_VERSION,
-        decision_id: d.id.to_string(),
-        receipt_id: d.receipt_id.to_string(),
-        installation_id: d.installation_id.to_string(),
-        event_id: d.event_id,
-        channel_id: d.channel_id,
-        root_ts: d.root_ts,
-        source_ts: d.source_ts,
-        thread_version: d.thread_version,
-        action_kind: d.action_kind,
-        needs_review: !d.review_reasons.is_empty(),
-        fallback: d.fallback,
-        text: d.body_text.unwrap_or_default(),
-        blocks_json: d.body_blocks.map(|b| b.to_string()).unwrap_or_default(),
-        body_hash: d.output_hash.unwrap_or_default(),
-        review_reasons: d.review_reasons,
-        model_config_id: d.model_config_id.unwrap_or_default(),
+        let d = threadline_store::decisions::load(&self.pool, id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("decision {id} is gone"))?;
+        publish_proposal(&self.js, &self.topology, &d, None).await
     }
 }
 
 /// Publishes a decision as `ProposalReady` (`Nats-Msg-Id: prop:<decision>`,
-/// plus `:<resend>` when an operator hands it over again on purpose, so the
+/// plus `:<resend>` when it is handed over again on purpose, so the
 /// stream's duplicate window does not drop it).
 pub async fn publish_proposal(
     js: &jetstream::Context,
     topology: &Topology,
-    d: decisions::Stored,
+    d: &threadline_store::decisions::Decision,
     resend: Option<&str>,
 ) -> anyhow::Result<()> {
-    let id = d.id;
-    let msg = proposal_message(d);
+    let msg = threadline_store::decisions::proposal(d);
     let mut headers = async_nats::HeaderMap::new();
     threadline_runtime::telemetry::inject_current(&mut headers);
     let publish = PublishMessage::build()
         .payload(Bytes::from(msg.encode_to_vec()))
         .headers(headers)
-        .message_id(match resend {
-            Some(r) => format!("prop:{id}:{r}"),
-            None => format!("prop:{id}"),
-        });
+        .message_id(threadline_store::decisions::proposal_msg_id(d.id, resend));
     js.send_publish(topology.subject(Topic::Proposals), publish)
         .await?
         .await?;

@@ -378,7 +378,7 @@ impl Handler {
                 receipt_id: p.receipt.to_string(),
                 reason: why.to_owned(),
             };
-            threadline_runtime::outbox::enqueue(
+            threadline_store::outbox::enqueue(
                 &mut tx,
                 p.installation,
                 p.receipt,

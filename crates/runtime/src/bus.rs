@@ -20,50 +20,7 @@ use async_nats::jetstream::{self, consumer, stream};
 pub use crate::nats_auth::NatsEndpoint;
 use crate::nats_auth::Role;
 
-/// A work topic on the bus.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Topic {
-    /// `EventAccepted`, gateway outbox relay → context-builder.
-    Events,
-    /// `ContextReady`, context-builder → inference.
-    Contexts,
-    /// `ProposalReady`, inference → publisher.
-    Proposals,
-    /// `Reconsider`, publisher → context-builder.
-    Reconsider,
-}
-
-impl Topic {
-    pub const ALL: [Topic; 4] = [
-        Topic::Events,
-        Topic::Contexts,
-        Topic::Proposals,
-        Topic::Reconsider,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Topic::Events => "events",
-            Topic::Contexts => "contexts",
-            Topic::Proposals => "proposals",
-            Topic::Reconsider => "reconsider",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Topic> {
-        Topic::ALL.into_iter().find(|t| t.as_str() == s)
-    }
-
-    /// The durable pull consumer that works this topic.
-    pub fn consumer(self) -> &'static str {
-        match self {
-            Topic::Events => "context-builder",
-            Topic::Contexts => "inference",
-            Topic::Proposals => "publisher",
-            Topic::Reconsider => "context-builder-reconsider",
-        }
-    }
-}
+pub use threadline_domain::topic::Topic;
 
 /// How long a re-publish with the same `Nats-Msg-Id` is dropped by a stream.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(10 * 60);
@@ -358,10 +315,6 @@ mod tests {
             t.dead_letter_subject(Topic::Proposals),
             "t123.dlq.proposals"
         );
-        for topic in Topic::ALL {
-            assert_eq!(Topic::parse(topic.as_str()), Some(topic));
-        }
-        assert_eq!(Topic::parse("nope"), None);
     }
 
     #[test]

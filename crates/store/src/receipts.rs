@@ -1,0 +1,322 @@
+//! Event receipts: one per Slack event (`(api_app_id, event_id)`), written
+//! by the gateway's intake with the event's outbox row, and the replay of
+//! the `unparsed` ones — deliveries that were signed and carried an
+//! identity but did not parse, held with their raw body (invariant 10).
+//!
+//! A replay re-parses the stored body with this version's parser. When it
+//! parses and its installation is active, the receipt becomes a normal
+//! `accepted` receipt with its outbox row — built by the same code as the
+//! gateway's intake ([`build`]) — and the body is deleted, all in one
+//! transaction. Otherwise the receipt is left as it was, with the reason.
+
+use prost::Message as _;
+use sqlx::PgPool;
+use threadline_domain::{Envelope, EnvelopeError, EventCallback};
+use threadline_proto::v1::{EventAccepted, SCHEMA_VERSION};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::installations::Resolved;
+
+/// Everything the receipt and outbox rows need. Identifiers only, except
+/// `payload` (the bus message, with message text), which `Debug` leaves out
+/// and the relay deletes once published, and an unparsed delivery's body.
+#[derive(Clone)]
+pub struct NewReceipt {
+    pub id: Uuid,
+    /// `None` only for an unparsed delivery of an unknown installation.
+    pub installation_id: Option<Uuid>,
+    pub api_app_id: String,
+    pub event_id: String,
+    pub team_id: Option<String>,
+    pub enterprise_id: Option<String>,
+    pub event_type: String,
+    pub event_subtype: Option<String>,
+    pub channel_id: Option<String>,
+    pub message_ts: Option<String>,
+    pub thread_ts: Option<String>,
+    /// Seconds since the epoch; `None` only for an unparsed delivery.
+    pub event_time: Option<i64>,
+    pub retry_num: i32,
+    pub retry_reason: Option<String>,
+    pub msg_id: String,
+    pub payload: Vec<u8>,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+    /// Set for a delivery that did not parse: the receipt is stored as
+    /// `unparsed`, with its body and no outbox row.
+    pub unparsed: Option<Unparsed>,
+}
+
+/// A signed delivery with an identity that the parser refused.
+#[derive(Clone)]
+pub struct Unparsed {
+    /// Content-free: a reason code and the parser's message (field names only).
+    pub parse_error: String,
+    /// The raw body, kept for replay (holds message text).
+    pub body: Vec<u8>,
+}
+
+impl std::fmt::Debug for NewReceipt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewReceipt")
+            .field("id", &self.id)
+            .field("installation_id", &self.installation_id)
+            .field("api_app_id", &self.api_app_id)
+            .field("event_id", &self.event_id)
+            .field("event_type", &self.event_type)
+            .field("retry_num", &self.retry_num)
+            .field("payload_len", &self.payload.len())
+            .field(
+                "parse_error",
+                &self.unparsed.as_ref().map(|u| u.parse_error.as_str()),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+pub fn parse_error_text(e: &EnvelopeError) -> String {
+    format!("{}: {e}", e.reason_code())
+}
+
+/// What a receipt has besides the parsed event: its id, installation,
+/// Slack's retry headers and when it was received.
+#[derive(Debug, Clone)]
+pub struct ReceiptMeta {
+    pub id: Uuid,
+    pub installation_id: Uuid,
+    pub retry_num: i32,
+    pub retry_reason: Option<String>,
+    pub received_at_unix_ms: i64,
+    /// The W3C trace context the bus message continues, if any.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+}
+
+/// The receipt and its `EventAccepted` bus message for a parsed event: what
+/// the gateway commits for a new delivery, and what a replay of an unparsed
+/// receipt commits in its place.
+pub fn build(cb: &EventCallback, meta: ReceiptMeta) -> NewReceipt {
+    let ReceiptMeta {
+        id,
+        installation_id,
+        retry_num,
+        retry_reason,
+        received_at_unix_ms,
+        traceparent,
+        tracestate,
+    } = meta;
+    let key = cb.installation_key();
+    let ev = &cb.event;
+    let s = |v: Option<&str>| v.map(str::to_owned);
+    let team_id = key
+        .team_id
+        .as_ref()
+        .map(|t| t.to_string())
+        .or_else(|| cb.team_id.as_ref().map(|t| t.to_string()));
+    let enterprise_id = key.enterprise_id.as_ref().map(|e| e.to_string());
+    let message = EventAccepted {
+        schema_version: SCHEMA_VERSION,
+        receipt_id: id.to_string(),
+        installation_id: installation_id.to_string(),
+        api_app_id: cb.api_app_id.to_string(),
+        event_id: cb.event_id.to_string(),
+        team_id: team_id.clone().unwrap_or_default(),
+        enterprise_id: enterprise_id.clone().unwrap_or_default(),
+        event_type: ev.kind.type_str().to_owned(),
+        event_subtype: ev.kind.subtype_str().unwrap_or_default().to_owned(),
+        channel_id: ev
+            .channel
+            .as_ref()
+            .map(|c| c.to_string())
+            .unwrap_or_default(),
+        message_ts: ev.ts.as_ref().map(|t| t.to_string()).unwrap_or_default(),
+        thread_ts: ev.root().map(|t| t.to_string()).unwrap_or_default(),
+        event_time: cb.event_time,
+        received_at_unix_ms,
+        retry_num: retry_num.max(0) as u32,
+        is_ext_shared_channel: cb.is_ext_shared_channel,
+        event_json: serde_json::to_vec(&cb.event_json).unwrap_or_default(),
+    };
+    NewReceipt {
+        id,
+        installation_id: Some(installation_id),
+        api_app_id: cb.api_app_id.to_string(),
+        event_id: cb.event_id.to_string(),
+        team_id,
+        enterprise_id,
+        event_type: ev.kind.type_str().to_owned(),
+        event_subtype: s(ev.kind.subtype_str()),
+        channel_id: ev.channel.as_ref().map(|c| c.to_string()),
+        message_ts: ev.ts.as_ref().map(|t| t.to_string()),
+        thread_ts: ev.root().map(|t| t.to_string()),
+        event_time: Some(cb.event_time),
+        retry_num,
+        retry_reason,
+        msg_id: format!("evt:{}:{}", cb.api_app_id, cb.event_id),
+        payload: message.encode_to_vec(),
+        traceparent,
+        tracestate: tracestate.filter(|s| !s.is_empty()),
+        unparsed: None,
+    }
+}
+
+/// What replaying one receipt came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replay {
+    /// Now `accepted`, its outbox row committed and its body deleted.
+    Accepted {
+        installation_id: Uuid,
+        event_type: String,
+    },
+    /// Still does not parse; left `unparsed` with this (current) reason.
+    StillUnparsed { parse_error: String },
+    /// Parses, but its installation is unknown or disabled: left `unparsed`
+    /// (installing or re-enabling the app and replaying again takes it on).
+    InstallationNotActive { installation: &'static str },
+    /// No receipt has this id.
+    NotFound,
+    /// The receipt is not `unparsed` (already replayed, or purged).
+    NotUnparsed { state: String },
+}
+
+struct Held {
+    state: String,
+    api_app_id: String,
+    event_id: String,
+    retry_num: i32,
+    retry_reason: Option<String>,
+    received_at: OffsetDateTime,
+    parse_error: Option<String>,
+    body: Option<Vec<u8>>,
+}
+
+/// Replays one receipt. Database errors are returned; every other outcome
+/// is a [`Replay`].
+pub async fn replay(pool: &PgPool, receipt_id: Uuid) -> Result<Replay, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let held = sqlx::query_as!(
+        Held,
+        r#"SELECT r.state, r.api_app_id, r.event_id, r.retry_num, r.retry_reason, r.received_at,
+                  r.parse_error, u.body AS "body?"
+             FROM event_receipts r LEFT JOIN unparsed_events u ON u.receipt_id = r.id
+            WHERE r.id = $1
+              FOR UPDATE OF r"#,
+        receipt_id
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(held) = held else {
+        return Ok(Replay::NotFound);
+    };
+    if held.state != "unparsed" {
+        return Ok(Replay::NotUnparsed { state: held.state });
+    }
+    let Some(body) = held.body else {
+        // Cannot happen (the body is written with the receipt and deleted
+        // with its state change); reported rather than guessed at.
+        return Ok(Replay::StillUnparsed {
+            parse_error: "the stored body is missing".into(),
+        });
+    };
+    let cb = match Envelope::parse(&body) {
+        Ok(Envelope::EventCallback(cb)) => *cb,
+        Ok(_) => {
+            return Ok(Replay::StillUnparsed {
+                parse_error: "the body is not an event_callback".into(),
+            });
+        }
+        Err(e) => {
+            let parse_error = parse_error_text(&e);
+            if held.parse_error.as_deref() != Some(parse_error.as_str()) {
+                sqlx::query!(
+                    "UPDATE event_receipts SET parse_error = $2 WHERE id = $1",
+                    receipt_id,
+                    parse_error
+                )
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+            }
+            return Ok(Replay::StillUnparsed { parse_error });
+        }
+    };
+    if cb.api_app_id.as_str() != held.api_app_id || cb.event_id.as_str() != held.event_id {
+        return Ok(Replay::StillUnparsed {
+            parse_error: "the body's event_id or api_app_id differs from the receipt's".into(),
+        });
+    }
+    let installation_id = match crate::installations::lookup(pool, &cb.installation_key()).await? {
+        Resolved::Active(id) => id,
+        Resolved::Disabled(_) => {
+            return Ok(Replay::InstallationNotActive {
+                installation: "disabled",
+            });
+        }
+        Resolved::Unknown => {
+            return Ok(Replay::InstallationNotActive {
+                installation: "unknown",
+            });
+        }
+    };
+    let r = build(
+        &cb,
+        ReceiptMeta {
+            id: receipt_id,
+            installation_id,
+            retry_num: held.retry_num,
+            retry_reason: held.retry_reason,
+            received_at_unix_ms: (held.received_at.unix_timestamp_nanos() / 1_000_000) as i64,
+            traceparent: None,
+            tracestate: None,
+        },
+    );
+    // Compare-and-set on the state: a concurrent replay finds it accepted.
+    let updated = sqlx::query!(
+        "UPDATE event_receipts
+            SET state = 'accepted', installation_id = $2, team_id = $3, enterprise_id = $4,
+                event_type = $5, event_subtype = $6, channel_id = $7, message_ts = $8, thread_ts = $9,
+                event_time = to_timestamp($10::bigint), updated_at = now()
+          WHERE id = $1 AND state = 'unparsed'",
+        receipt_id,
+        installation_id,
+        r.team_id,
+        r.enterprise_id,
+        r.event_type,
+        r.event_subtype,
+        r.channel_id,
+        r.message_ts,
+        r.thread_ts,
+        r.event_time,
+    )
+    .execute(&mut *tx)
+    .await?;
+    if updated.rows_affected() != 1 {
+        return Ok(Replay::NotUnparsed {
+            state: "changed during the replay".into(),
+        });
+    }
+    sqlx::query!(
+        "INSERT INTO outbox (installation_id, receipt_id, topic, msg_id, payload, traceparent, tracestate)
+         VALUES ($1, $2, 'events', $3, $4, $5, $6)",
+        installation_id,
+        receipt_id,
+        r.msg_id,
+        r.payload,
+        r.traceparent,
+        r.tracestate,
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        "DELETE FROM unparsed_events WHERE receipt_id = $1",
+        receipt_id
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Replay::Accepted {
+        installation_id,
+        event_type: r.event_type,
+    })
+}
