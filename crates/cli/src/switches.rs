@@ -65,7 +65,7 @@ pub async fn run(cmd: SwitchCommand, pool: &PgPool) -> anyhow::Result<()> {
     match cmd {
         SwitchCommand::Engage { target, reason, by } => {
             let (s, t) = scope(&target, true)?;
-            killswitch::set(pool, s, &t, true, Some(&reason), &by).await?;
+            threadline_store::kill_switches::set(pool, s, &t, true, Some(&reason), &by).await?;
             println!(
                 "kill switch engaged: {s}{}{t}",
                 if t.is_empty() { "" } else { ":" }
@@ -73,7 +73,7 @@ pub async fn run(cmd: SwitchCommand, pool: &PgPool) -> anyhow::Result<()> {
         }
         SwitchCommand::Release { target, by } => {
             let (s, t) = scope(&target, false)?;
-            killswitch::set(pool, s, &t, false, None, &by).await?;
+            threadline_store::kill_switches::set(pool, s, &t, false, None, &by).await?;
             println!(
                 "kill switch released: {s}{}{t}",
                 if t.is_empty() { "" } else { ":" }
@@ -81,7 +81,7 @@ pub async fn run(cmd: SwitchCommand, pool: &PgPool) -> anyhow::Result<()> {
         }
         SwitchCommand::List => println!(
             "{}",
-            serde_json::to_string_pretty(&killswitch::list(pool).await?)?
+            serde_json::to_string_pretty(&threadline_store::kill_switches::list(pool).await?)?
         ),
     }
     Ok(())

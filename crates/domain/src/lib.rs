@@ -6,6 +6,7 @@ pub mod classify;
 pub mod envelope;
 pub mod event;
 pub mod ids;
+pub mod kill_switch;
 pub mod output;
 pub mod prompt;
 pub mod state;

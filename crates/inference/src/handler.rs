@@ -140,7 +140,9 @@ impl Handler {
             return Ok(Disposition::Done);
         }
         // Kill switches, checked before the model call.
-        if let Some(switch) = killswitch::engaged(&self.pool, inst, FEATURE_REPLIES).await? {
+        if let Some(switch) =
+            threadline_store::kill_switches::engaged(&self.pool, inst, FEATURE_REPLIES).await?
+        {
             metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "inference")
                 .increment(1);
             tracing::warn!(switch = %switch, "kill switch engaged; job suppressed before the model call");
@@ -207,7 +209,8 @@ impl Handler {
         // checked once the model has said what it wants to do.
         let feature = killswitch::feature_of(&action_kind);
         if feature != FEATURE_REPLIES
-            && let Some(switch) = killswitch::engaged(&self.pool, inst, feature).await?
+            && let Some(switch) =
+                threadline_store::kill_switches::engaged(&self.pool, inst, feature).await?
         {
             metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "inference")
                 .increment(1);

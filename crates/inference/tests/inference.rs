@@ -278,7 +278,7 @@ async fn an_engaged_kill_switch_stops_the_model_call_and_records_why() {
     let (first, payload) = env.context(&["help"], 1);
     env.handler.handle(&payload).await;
     assert_eq!(e.requests.lock().expect("lock").len(), 1);
-    threadline_runtime::killswitch::set(
+    threadline_store::kill_switches::set(
         &env.db.pool,
         "installation",
         &env.inst.to_string(),
@@ -309,7 +309,7 @@ async fn an_engaged_kill_switch_stops_the_model_call_and_records_why() {
         "only the first job proposed"
     );
     assert_eq!(env.decision(first).await.0, "proposed");
-    threadline_runtime::killswitch::set(
+    threadline_store::kill_switches::set(
         &env.db.pool,
         "installation",
         &env.inst.to_string(),
@@ -319,7 +319,7 @@ async fn an_engaged_kill_switch_stops_the_model_call_and_records_why() {
     )
     .await
     .expect("release");
-    threadline_runtime::killswitch::set(&env.db.pool, "global", "", true, Some("all stop"), "ops")
+    threadline_store::kill_switches::set(&env.db.pool, "global", "", true, Some("all stop"), "ops")
         .await
         .expect("engage");
     let (third, payload) = env.context(&["and again"], 1);

@@ -193,6 +193,7 @@ impl Handler {
                 source_ts: &d.source_ts,
                 version: d.thread_version,
                 body_hash: d.output_hash.as_deref().unwrap_or_default(),
+                channel_ref: threadline_runtime::audit::channel_ref(inst, &d.channel_id),
             },
             decision: &d,
             // Read before any claim, so that a failed read leaves nothing

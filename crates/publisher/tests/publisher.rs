@@ -358,7 +358,7 @@ async fn a_deleted_source_cancels_and_a_kill_switch_stops_the_post() {
         .execute(&env.db.pool)
         .await
         .expect("reset");
-    threadline_runtime::killswitch::set(
+    threadline_store::kill_switches::set(
         &env.db.pool,
         "feature",
         "replies",
@@ -556,7 +556,7 @@ async fn an_unknown_outcome_is_still_reconciled_after_a_kill_switch_is_engaged()
         matches!(h.handle(&payload).await, Disposition::Defer(_)),
         "outcome unknown"
     );
-    threadline_runtime::killswitch::set(&env.db.pool, "global", "", true, Some("incident"), "ops")
+    threadline_store::kill_switches::set(&env.db.pool, "global", "", true, Some("incident"), "ops")
         .await
         .expect("engage");
     env.until_done(&h, &payload).await;
@@ -908,7 +908,7 @@ async fn the_tools_switch_stops_a_tool_action_at_the_claim() {
     .execute(&other.db.pool)
     .await
     .expect("tool decision");
-    threadline_runtime::killswitch::set(
+    threadline_store::kill_switches::set(
         &other.db.pool,
         "feature",
         "replies",
@@ -934,7 +934,7 @@ async fn the_tools_switch_stops_a_tool_action_at_the_claim() {
     .execute(&env.db.pool)
     .await
     .expect("tool decision");
-    threadline_runtime::killswitch::set(
+    threadline_store::kill_switches::set(
         &env.db.pool,
         "feature",
         "tools",
@@ -964,6 +964,7 @@ async fn the_tools_switch_stops_a_tool_action_at_the_claim() {
             source_ts: "1.000001",
             version: 1,
             body_hash: "h",
+            channel_ref: None,
         },
         300.0,
         0.0,
@@ -1266,6 +1267,7 @@ async fn the_recheck_before_the_post_stops_what_changed_after_the_claim() {
         source_ts: &p.source_ts,
         version: 1,
         body_hash: "hash",
+        channel_ref: None,
     };
     let Verdict::Claimed(claim) = check_and_claim(&env.db.pool, &proposal, 300.0, 0.0)
         .await

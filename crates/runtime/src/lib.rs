@@ -9,7 +9,8 @@ pub mod db;
 pub mod dead_letter;
 pub mod health;
 pub mod installations;
-pub mod killswitch;
+/// Kill switch features (pure; they live in `domain`).
+pub use threadline_domain::kill_switch as killswitch;
 pub mod nats_auth;
 pub mod outbox;
 pub mod secrets;

@@ -1,11 +1,478 @@
-//! Reply intents: one per event that may be answered, the claim that makes
-//! its post happen once, and the record of what Slack holds.
+//! Reply intents and the checks around a post, in short transactions: the
+//! checks of DESIGN §5 and the claim of §6 in one transaction, the same
+//! checks again right before the HTTP call (the fence), the channel's post
+//! slots, and the record of a post Slack accepted, whatever became of its
+//! intent in the meantime.
 
 use prost::Message as _;
 use sqlx::{PgConnection, PgPool};
-use threadline_domain::state::{IntentState, Machine as _};
+use threadline_domain::kill_switch::feature_of;
+use threadline_domain::state::{DecisionStatus, IntentState, Machine as _};
 use threadline_domain::topic::Topic;
 use uuid::Uuid;
+
+/// What the pre-post checks found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// This worker owns the post: `sending` by compare-and-set.
+    Claimed(Claimed),
+    /// The thread changed since the proposal's version.
+    Stale,
+    /// A newer trigger in the same thread will be answered instead.
+    Superseded,
+    /// The source message was deleted.
+    SourceDeleted,
+    /// Already sent for this source event (any action kind).
+    AlreadySent,
+    /// Another worker is posting, a retry is not due yet, or something in
+    /// the thread is accepted but not yet processed (seconds to wait).
+    NotNow(f64),
+    /// The intent's outcome is unknown: reconcile it before anything else.
+    Reconcile(Uuid),
+    /// Held for an operator, or failed for good: nothing to do.
+    Closed,
+    /// A kill switch covering the installation and the action's feature is
+    /// engaged (`scope[:target]`), seen inside the claim transaction.
+    Suppressed(String),
+}
+
+/// A claim: the intent, the attempt this worker owns, and whether some
+/// earlier attempt's outcome was unknown (then Slack is read for evidence
+/// before posting again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    pub id: Uuid,
+    pub attempt: i32,
+    pub ever_unknown: bool,
+    /// The decision an earlier attempt posted (its text is what Slack may
+    /// already hold), or this attempt's decision on a first claim.
+    pub previous_decision: Uuid,
+}
+
+pub struct Proposal<'a> {
+    pub installation: Uuid,
+    pub receipt: Uuid,
+    pub decision: Uuid,
+    pub event_id: &'a str,
+    pub action_kind: &'a str,
+    pub channel: &'a str,
+    pub root_ts: &'a str,
+    pub source_ts: &'a str,
+    pub version: i64,
+    pub body_hash: &'a str,
+    /// The channel's pseudonym for the audit log (the intent keeps it).
+    pub channel_ref: Option<String>,
+}
+
+/// An earlier attempt of this intent whose outcome is not known: `unknown`,
+/// `reconciling`, or `sending` for longer than `sending_stale` seconds (its
+/// worker died or froze between the claim and recording the outcome;
+/// configured longer than twice the Slack timeout, so a post still in
+/// flight is never taken for dead).
+pub async fn unsettled(
+    pool: &PgPool,
+    installation: Uuid,
+    event_id: &str,
+    action_kind: &str,
+    sending_stale: f64,
+) -> sqlx::Result<Option<Uuid>> {
+    sqlx::query_scalar!(
+        r#"WITH i AS (
+            SELECT id, state, extract(epoch FROM now() - sending_since)::float8 AS sending_for
+              FROM reply_intents WHERE installation_id = $1 AND event_id = $2 AND action_kind = $3),
+         gone AS (
+            UPDATE reply_intents r SET state = 'unknown', unknown_since = now(), ever_unknown = true, updated_at = now()
+              FROM i WHERE r.id = i.id AND r.state = 'sending' AND i.sending_for > $4
+            RETURNING r.id)
+         SELECT id AS "id!" FROM i WHERE state IN ('unknown', 'reconciling') UNION SELECT id FROM gone"#,
+        installation,
+        event_id,
+        action_kind,
+        sending_stale
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// How long to wait for an unprocessed event of the thread that has been
+/// waiting `age` seconds: soon at first, then less often.
+fn pending_wait(age: f64) -> f64 {
+    if age > 600.0 {
+        tracing::warn!(
+            alert = "answer_waiting_on_unprocessed_event",
+            waiting_seconds = age as i64,
+            "an answer is waiting for an event of its thread that has not been processed for over ten minutes (context-builder backlog, or a dead-lettered event)"
+        );
+    }
+    (age / 10.0).clamp(0.5, 10.0)
+}
+
+/// The checks of DESIGN §5 and the claim of §6, and the channel's post
+/// slot, in one short transaction (the thread row is locked against content
+/// changes while it runs; a slot is consumed only by a claim that commits).
+pub async fn check_and_claim(
+    pool: &PgPool,
+    p: &Proposal<'_>,
+    sending_stale: f64,
+    spacing_secs: f64,
+) -> sqlx::Result<Verdict> {
+    struct Checks {
+        intent: Option<Uuid>,
+        state: Option<String>,
+        due_in: Option<f64>,
+        sending_for: Option<f64>,
+        /// The most binding state of the event's intents of other action
+        /// kinds: one reply per source event, whatever the action.
+        other: Option<String>,
+        switch: Option<String>,
+        deleted: bool,
+        newer_trigger: bool,
+        pending_age: Option<f64>,
+    }
+    let mut tx = pool.begin().await?;
+    // Lock the thread row so no content change commits between the check
+    // and the claim.
+    let version = sqlx::query_scalar!(
+        "SELECT version FROM threads WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 FOR SHARE",
+        p.installation,
+        p.channel,
+        p.root_ts
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    // Something in the thread accepted and not processed yet (however
+    // old) holds the answer back: `pending_receipt_age` (migration 0019).
+    let c = sqlx::query_as!(
+        Checks,
+        r#"SELECT i.id AS "intent?", i.state AS "state?",
+                extract(epoch FROM i.next_attempt_at - now())::float8 AS "due_in?",
+                extract(epoch FROM now() - i.sending_since)::float8 AS "sending_for?",
+                (SELECT o.state FROM reply_intents o
+                  WHERE o.installation_id = $1 AND o.event_id = $6 AND o.action_kind <> $7
+                    AND (o.state IN ('sent', 'held', 'sending', 'unknown', 'reconciling')
+                         OR (o.state IN ('pending', 'failed_retryable') AND o.attempts > 0))
+                  ORDER BY CASE o.state WHEN 'sent' THEN 0 WHEN 'held' THEN 1 ELSE 2 END
+                  LIMIT 1) AS "other?",
+                engaged_switch($1::text, $8) AS "switch?",
+                (SELECT coalesce(bool_or(deleted), false) FROM thread_messages
+                  WHERE installation_id = $1 AND channel_id = $2 AND ts = $5) AS "deleted!",
+                EXISTS (SELECT 1 FROM turns t JOIN thread_messages m
+                          ON m.installation_id = t.installation_id AND m.channel_id = t.channel_id AND m.ts = t.ts
+                         WHERE t.installation_id = $1 AND t.channel_id = $2 AND m.root_ts = $3
+                           AND t.ts::numeric > $5::numeric AND NOT m.deleted) AS "newer_trigger!",
+                pending_receipt_age($1, $2, $3, $4, $5) AS "pending_age?"
+           FROM (SELECT 1) one
+           LEFT JOIN reply_intents i ON i.installation_id = $1 AND i.event_id = $6 AND i.action_kind = $7"#,
+        p.installation,
+        p.channel,
+        p.root_ts,
+        p.receipt,
+        p.source_ts,
+        p.event_id,
+        p.action_kind,
+        feature_of(p.action_kind),
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if let (Some(id), Some(state)) = (c.intent, c.state.as_deref()) {
+        match state {
+            "sent" => return Ok(Verdict::AlreadySent),
+            "held" | "failed_permanent" => return Ok(Verdict::Closed),
+            "unknown" | "reconciling" => return Ok(Verdict::Reconcile(id)),
+            "sending" if c.sending_for.is_some_and(|s| s > sending_stale) => {
+                sqlx::query!(
+                    "UPDATE reply_intents SET state = 'unknown', unknown_since = now(), ever_unknown = true, updated_at = now()
+                      WHERE id = $1 AND state = 'sending'",
+                    id
+                )
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                return Ok(Verdict::Reconcile(id));
+            }
+            "sending" => return Ok(Verdict::NotNow(5.0)),
+            "failed_retryable" | "pending" if c.due_in.is_some_and(|d| d > 0.0) => {
+                return Ok(Verdict::NotNow(c.due_in.unwrap_or(1.0)));
+            }
+            _ => {}
+        }
+    }
+    // One reply per source event, whatever the action kind: another kind
+    // that was sent answers it; one held for an operator closes it; one on
+    // its way (or whose outcome is not known yet) is waited for.
+    match c.other.as_deref() {
+        Some("sent") => return Ok(Verdict::AlreadySent),
+        Some("held") => return Ok(Verdict::Closed),
+        Some(_) => return Ok(Verdict::NotNow(5.0)),
+        None => {}
+    }
+    if let Some(switch) = c.switch {
+        return Ok(Verdict::Suppressed(switch));
+    }
+    if version != Some(p.version) {
+        return Ok(Verdict::Stale);
+    }
+    if c.deleted {
+        return Ok(Verdict::SourceDeleted);
+    }
+    // A newer trigger in this thread answers instead of this one.
+    if c.newer_trigger {
+        return Ok(Verdict::Superseded);
+    }
+    if let Some(age) = c.pending_age {
+        // Not stale yet: wait until it is processed, then check again (it
+        // may change the thread, or be a reaction or an unchanged edit).
+        return Ok(Verdict::NotNow(pending_wait(age)));
+    }
+    // The channel's post slot, in this transaction: released with it if
+    // nothing is claimed.
+    if let Some(wait) = take_slot(&mut tx, p.installation, p.channel, spacing_secs).await? {
+        return Ok(Verdict::NotNow(wait));
+    }
+    let id = match c.intent {
+        Some(id) => id,
+        None => {
+            let id = Uuid::now_v7();
+            sqlx::query!(
+                "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id,
+                                            root_ts, body_hash, state, channel_ref)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', $10)
+                 ON CONFLICT ON CONSTRAINT reply_intents_once DO NOTHING",
+                id,
+                p.installation,
+                p.event_id,
+                p.action_kind,
+                p.receipt,
+                p.decision,
+                p.channel,
+                p.root_ts,
+                p.body_hash,
+                p.channel_ref,
+            )
+            .execute(&mut *tx)
+            .await?;
+            id
+        }
+    };
+    let claimed = sqlx::query!(
+        r#"WITH before AS (SELECT decision_id, attempts FROM reply_intents WHERE id = $1)
+         UPDATE reply_intents
+            SET state = 'sending', sending_since = now(), first_sending_since = coalesce(first_sending_since, now()),
+                attempts = attempts + 1, decision_id = $2, body_hash = $3,
+                claimed_hashes = CASE WHEN $3 = ANY(claimed_hashes) THEN claimed_hashes
+                                      ELSE array_append(claimed_hashes, $3) END,
+                error_code = NULL, updated_at = now()
+          WHERE id = $1 AND state IN ('pending', 'failed_retryable', 'withdrawn') AND next_attempt_at <= now()
+         RETURNING attempts, ever_unknown,
+                   (SELECT CASE WHEN before.attempts > 0 THEN before.decision_id ELSE $2 END FROM before)
+                       AS "previous_decision!""#,
+        id,
+        p.decision,
+        p.body_hash
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    match claimed {
+        Some(c) => {
+            tx.commit().await?;
+            Ok(Verdict::Claimed(Claimed {
+                id,
+                attempt: c.attempts,
+                ever_unknown: c.ever_unknown,
+                previous_decision: c.previous_decision,
+            }))
+        }
+        // Not claimable after all: the slot taken above goes back with the
+        // rollback.
+        None => Ok(Verdict::NotNow(5.0)),
+    }
+}
+
+/// What the re-check right before the HTTP call found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fence {
+    /// Post now.
+    Go,
+    /// The claim is no longer this attempt's (another delivery took the
+    /// intent over after this one stalled): never post.
+    Lost,
+    /// The claim is older than a post may start (this worker stalled
+    /// between the claim and the post): released unposted.
+    Expired,
+    Stale,
+    SourceDeleted,
+    Suppressed(String),
+    /// The decision was discarded meanwhile (its status).
+    Discarded(String),
+    /// An event of the thread arrived and is not processed yet (seconds).
+    Waiting(f64),
+}
+
+/// The checks of the claim again, in one statement right before the HTTP
+/// call, so that what reached threadline between the claim and the post
+/// still stops it: the claim is still this attempt's and young enough, the
+/// version is current, the source is not deleted, no switch is engaged,
+/// nothing accepted in the thread is unprocessed, and the decision stands.
+pub async fn fence(
+    pool: &PgPool,
+    p: &Proposal<'_>,
+    claim: &Claimed,
+    max_claim_age: f64,
+) -> sqlx::Result<Fence> {
+    struct Row {
+        state: Option<String>,
+        attempts: Option<i32>,
+        claim_age: Option<f64>,
+        version: Option<i64>,
+        deleted: bool,
+        switch: Option<String>,
+        pending_age: Option<f64>,
+        decision: Option<String>,
+    }
+    let r = sqlx::query_as!(
+        Row,
+        r#"SELECT i.state AS "state?", i.attempts AS "attempts?",
+                extract(epoch FROM now() - i.sending_since)::float8 AS "claim_age?",
+                (SELECT version FROM threads WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3)
+                    AS "version?",
+                (SELECT coalesce(bool_or(deleted), false) FROM thread_messages
+                  WHERE installation_id = $1 AND channel_id = $2 AND ts = $5) AS "deleted!",
+                engaged_switch($1::text, $8) AS "switch?",
+                pending_receipt_age($1, $2, $3, $4, $5) AS "pending_age?",
+                (SELECT status FROM decisions WHERE id = $7) AS "decision?"
+           FROM (SELECT 1) one LEFT JOIN reply_intents i ON i.id = $6"#,
+        p.installation,
+        p.channel,
+        p.root_ts,
+        p.receipt,
+        p.source_ts,
+        claim.id,
+        p.decision,
+        feature_of(p.action_kind),
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(
+        if r.state.as_deref() != Some("sending") || r.attempts != Some(claim.attempt) {
+            Fence::Lost
+        } else if r.claim_age.is_none_or(|a| a > max_claim_age) {
+            Fence::Expired
+        } else if let Some(switch) = r.switch {
+            Fence::Suppressed(switch)
+        } else if r
+            .decision
+            .as_deref()
+            .is_some_and(|s| s != "proposed" && s != "approved")
+        {
+            Fence::Discarded(r.decision.unwrap_or_default())
+        } else if r.version != Some(p.version) {
+            Fence::Stale
+        } else if r.deleted {
+            Fence::SourceDeleted
+        } else if let Some(age) = r.pending_age {
+            Fence::Waiting(pending_wait(age))
+        } else {
+            Fence::Go
+        },
+    )
+}
+
+/// Gives back a claim that never reached Slack (this attempt posted
+/// nothing): `pending` again, due after `retry_in` seconds, unless another
+/// attempt has taken the intent since.
+pub async fn release(pool: &PgPool, c: &Claimed, code: &str, retry_in: f64) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE reply_intents
+            SET state = 'pending', error_code = $3, next_attempt_at = now() + make_interval(secs => $4),
+                unknown_since = NULL, reconcile_reads = 0, updated_at = now()
+          WHERE id = $1 AND attempts = $2 AND state IN ('sending', 'unknown', 'reconciling')",
+        c.id,
+        c.attempt,
+        code,
+        retry_in
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Takes the channel's next post slot (about one a second, shared by all
+/// replicas) unless the channel is paused after a 429; returns how long to
+/// wait when no slot is free now.
+pub async fn take_slot(
+    conn: &mut PgConnection,
+    installation: Uuid,
+    channel: &str,
+    spacing_secs: f64,
+) -> sqlx::Result<Option<f64>> {
+    let got = sqlx::query_scalar!(
+        r#"INSERT INTO post_budgets (installation_id, channel_id, next_allowed_at)
+         VALUES ($1, $2, clock_timestamp() + make_interval(secs => $3))
+         ON CONFLICT (installation_id, channel_id) DO UPDATE
+            SET next_allowed_at = clock_timestamp() + make_interval(secs => $3)
+          WHERE post_budgets.next_allowed_at <= clock_timestamp()
+         RETURNING 1 AS "taken!""#,
+        installation,
+        channel,
+        spacing_secs
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    if got.is_some() {
+        return Ok(None);
+    }
+    // (a statement of its own: it must see a row another transaction
+    // committed while the insert above waited for it)
+    let wait = sqlx::query_scalar!(
+        r#"SELECT greatest(extract(epoch FROM next_allowed_at - clock_timestamp())::float8, 0.05) AS "wait!"
+             FROM post_budgets
+            WHERE installation_id = $1 AND channel_id = $2"#,
+        installation,
+        channel
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(Some(wait))
+}
+
+/// [`take_slot`] on its own (for inspection and tests).
+pub async fn reserve_slot(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    spacing_secs: f64,
+) -> sqlx::Result<Option<f64>> {
+    take_slot(
+        &mut *pool.acquire().await?,
+        installation,
+        channel,
+        spacing_secs,
+    )
+    .await
+}
+
+/// Slack answered 429 for a post in this channel: no post in it before
+/// `secs` (Slack's `chat.postMessage` limit is per channel, so the other
+/// channels of the workspace go on).
+pub async fn pause_channel(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    secs: f64,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO post_budgets (installation_id, channel_id, next_allowed_at)
+         VALUES ($1, $2, now() + make_interval(secs => $3))
+         ON CONFLICT (installation_id, channel_id) DO UPDATE
+            SET next_allowed_at = greatest(post_budgets.next_allowed_at, EXCLUDED.next_allowed_at)",
+        installation,
+        channel,
+        secs
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
 
 /// What recording a post that Slack accepted came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,4 +648,201 @@ pub async fn record_post_in(
         .await?;
     }
     Ok(Recorded { outcome, crossed })
+}
+
+/// What evidence of an intent's posts looks like: the body hash of every
+/// decision an attempt posted, and the window those posts can have been
+/// created in — from just before its first attempt to a minute past the
+/// stale time after its last (a later post carries the intent's metadata,
+/// which needs no window). Times by the database's clock.
+pub async fn evidence(
+    pool: &PgPool,
+    intent: Uuid,
+    stale: f64,
+) -> sqlx::Result<(Vec<String>, (f64, f64))> {
+    let r = sqlx::query!(
+        r#"SELECT CASE WHEN cardinality(claimed_hashes) = 0 THEN ARRAY[body_hash] ELSE claimed_hashes END
+                      AS "hashes!",
+                  extract(epoch FROM coalesce(first_sending_since, sending_since, created_at))::float8 - 2
+                      AS "from!",
+                  extract(epoch FROM coalesce(sending_since, created_at))::float8 + $2 + 60 AS "to!"
+             FROM reply_intents WHERE id = $1"#,
+        intent,
+        stale
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((r.hashes, (r.from, r.to)))
+}
+
+/// The decision whose text Slack holds in a post of `intent` with body
+/// hash `hash`: the newest decision of the intent's event with that output
+/// hash, else `fallback`.
+pub async fn decision_for_post(
+    pool: &PgPool,
+    intent: Uuid,
+    hash: Option<&String>,
+    fallback: Uuid,
+) -> sqlx::Result<Uuid> {
+    let Some(hash) = hash else {
+        return Ok(fallback);
+    };
+    let found = sqlx::query_scalar!(
+        "SELECT d.id FROM decisions d
+           JOIN reply_intents i ON i.installation_id = d.installation_id AND i.event_id = d.event_id
+          WHERE i.id = $1 AND d.output_hash = $2
+          ORDER BY d.created_at DESC LIMIT 1",
+        intent,
+        hash
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(found.unwrap_or(fallback))
+}
+
+/// Moves the intent of attempt `attempt` from `sending` (or a
+/// reconciliation) to another state — never one a later attempt owns now;
+/// `unknown` marks it for an evidence read before any later post, and a
+/// `ratelimited` code counts a 429.
+pub async fn transition(
+    pool: &PgPool,
+    id: Uuid,
+    attempt: i32,
+    to: IntentState,
+    code: Option<&str>,
+    retry_in: Option<f64>,
+) -> sqlx::Result<bool> {
+    // Only the attempt that owns the intent ends it, and only by a move
+    // the machine allows from where it is.
+    let from: Vec<String> = IntentState::from_states(to)
+        .into_iter()
+        .filter(|s| IntentState::IN_FLIGHT.iter().any(|f| f.as_str() == *s))
+        .map(str::to_owned)
+        .collect();
+    let r = sqlx::query!(
+        "UPDATE reply_intents
+            SET state = $2, error_code = $3,
+                next_attempt_at = CASE WHEN $4::float8 IS NULL THEN next_attempt_at ELSE now() + make_interval(secs => $4) END,
+                unknown_since = CASE WHEN $2 = 'unknown' THEN now() ELSE unknown_since END,
+                ever_unknown = ever_unknown OR $2 = 'unknown',
+                ratelimited_attempts = ratelimited_attempts + CASE WHEN $3 = 'ratelimited' THEN 1 ELSE 0 END,
+                updated_at = now()
+          WHERE id = $1 AND attempts = $5 AND state = ANY($6)",
+        id,
+        to.as_str(),
+        code,
+        retry_in,
+        attempt,
+        &from
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Slack answered 429 to attempt `attempt`: the intent waits `wait`
+/// seconds (`failed_retryable`), or, once Slack has refused `max` attempts
+/// this way, fails for good (`rate_limited_too_often`). Returns whether it
+/// gave up, or `None` when a later attempt owns the intent now.
+pub async fn rate_limited(
+    pool: &PgPool,
+    id: Uuid,
+    attempt: i32,
+    wait: f64,
+    max: i32,
+) -> sqlx::Result<Option<bool>> {
+    let state = sqlx::query_scalar!(
+        "UPDATE reply_intents
+            SET ratelimited_attempts = ratelimited_attempts + 1,
+                state = CASE WHEN ratelimited_attempts + 1 >= $4 THEN 'failed_permanent' ELSE 'failed_retryable' END,
+                error_code = CASE WHEN ratelimited_attempts + 1 >= $4 THEN 'rate_limited_too_often' ELSE 'ratelimited' END,
+                next_attempt_at = now() + make_interval(secs => $3), updated_at = now()
+          WHERE id = $1 AND attempts = $2 AND state IN ('sending', 'unknown', 'reconciling')
+         RETURNING state",
+        id,
+        attempt,
+        wait,
+        max
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(state.map(|s| s == "failed_permanent"))
+}
+
+/// A proposal of a decision that may no longer be posted (discarded, or
+/// published by another attempt): an intent of it waiting to be (re)tried is
+/// withdrawn, so nothing keeps driving it.
+pub async fn withdraw_waiting(pool: &PgPool, decision: Uuid) -> sqlx::Result<u64> {
+    let r = sqlx::query!(
+        "UPDATE reply_intents SET state = 'withdrawn', updated_at = now()
+          WHERE decision_id = $1 AND state IN ('pending', 'failed_retryable')
+            AND EXISTS (SELECT 1 FROM decisions d WHERE d.id = $1 AND d.status NOT IN ('proposed', 'approved', 'review'))",
+        decision
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected())
+}
+
+/// Holds an intent whose outcome is unknown but can no longer be
+/// reconciled (its installation lost its token: uninstalled, revoked):
+/// nothing is posted, and an operator sees why.
+pub async fn hold_unreadable(pool: &PgPool, id: Uuid, code: &str) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE reply_intents SET state = 'held', error_code = $2, updated_at = now()
+          WHERE id = $1 AND state IN ('sending', 'unknown', 'reconciling')",
+        id,
+        code
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Discards a decision (`stale`, `superseded`, `cancelled`, `suppressed`);
+/// an intent of it that never reached Slack is withdrawn with it, so no
+/// post is left waiting for a decision that will never come.
+pub async fn set_decision(
+    pool: &PgPool,
+    decision: Uuid,
+    status: DecisionStatus,
+    reason: Option<&str>,
+) -> sqlx::Result<()> {
+    set_decision_in(&mut *pool.acquire().await?, decision, status, reason).await?;
+    Ok(())
+}
+
+/// [`set_decision`] on the caller's connection; true when the decision
+/// was still open and is now discarded.
+pub async fn set_decision_in(
+    conn: &mut PgConnection,
+    decision: Uuid,
+    status: DecisionStatus,
+    reason: Option<&str>,
+) -> sqlx::Result<bool> {
+    // The publisher discards what was offered to it (proposed or approved)
+    // and nothing else; a status that is no discard matches no row.
+    let from: Vec<String> = [DecisionStatus::Proposed, DecisionStatus::Approved]
+        .into_iter()
+        .filter(|s| status.is_discard() && s.can_become(status))
+        .map(|s| s.as_str().to_owned())
+        .collect();
+    let discarded = sqlx::query_scalar!(
+        r#"WITH d AS (
+             UPDATE decisions SET status = $2, status_reason = $3, updated_at = now()
+              WHERE id = $1 AND status = ANY($4)
+             RETURNING id),
+         w AS (
+             UPDATE reply_intents SET state = 'withdrawn', error_code = $2, updated_at = now()
+              WHERE decision_id IN (SELECT id FROM d) AND state IN ('pending', 'failed_retryable')
+             RETURNING 1)
+         SELECT EXISTS (SELECT 1 FROM d) AS "discarded!""#,
+        decision,
+        status.as_str(),
+        reason,
+        &from
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(discarded)
 }

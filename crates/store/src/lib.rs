@@ -11,5 +11,6 @@
 pub mod decisions;
 pub mod installations;
 pub mod intents;
+pub mod kill_switches;
 pub mod outbox;
 pub mod receipts;
