@@ -1392,9 +1392,29 @@ def check_dockerfile(rep, root: Path, bins):
     for key in re.findall(r"^ENV (THREADLINE_\w+|SLACK_SIM_\w+)=", text, re.M):
         if not any(key in b.reads.keys for b in bins.values()):
             rep.error("deploy/Dockerfile", f"ENV {key} is read by no binary")
-    if "query!" in "".join(p.read_text() for p in (root / "crates").rglob("*.rs")):
-        rep.error("deploy/Dockerfile", "sqlx query! macros are used: the image build needs "
-                                       "offline query data (.sqlx) now; update Dockerfile and docs")
+    # The store's query! macros read offline data at build time: the image
+    # build must see crates/store/.sqlx and the .env that makes it offline.
+    uses_macros = [p for p in (root / "crates").rglob("*.rs")
+                   if re.search(r"\bquery(_as|_scalar)?!\(", p.read_text())]
+    outside = sorted(str(p.relative_to(root)) for p in uses_macros
+                     if not p.is_relative_to(root / "crates/store"))
+    if outside:
+        rep.error("deploy/Dockerfile", f"query! macros outside crates/store ({', '.join(outside)}): "
+                                       "only the store's offline data (.sqlx) reaches the image build")
+    if uses_macros:
+        sqlx_dir = root / "crates/store/.sqlx"
+        if not any(sqlx_dir.glob("query-*.json")):
+            rep.error("crates/store/.sqlx", "the store uses query! macros but has no offline data: "
+                                            "run make sqlx-prepare")
+        env = root / "crates/store/.env"
+        if not env.exists() or not re.search(r"^SQLX_OFFLINE=true$", env.read_text(), re.M):
+            rep.error("crates/store/.env", "must set SQLX_OFFLINE=true so that no build goes online")
+        ignore = (root / "deploy/Dockerfile.dockerignore").read_text()
+        for pattern in ignore.split("\n"):
+            pat = pattern.strip()
+            if pat and not pat.startswith("#") and (".sqlx" in pat or pat in (".env", "**/.env", "crates")):
+                rep.error("deploy/Dockerfile.dockerignore", f"{pat!r} keeps the store's offline data "
+                                                            "out of the image build")
 
 
 def load_code(root: Path) -> dict:

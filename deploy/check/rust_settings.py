@@ -276,19 +276,22 @@ class Topology:
         return f"{prefix}_{self.topics[variant][0]}".upper()
 
 
+TOPIC_RS = "crates/domain/src/topic.rs"
+
+
 def fn_body(code: str, name: str) -> str:
     m = re.search(rf"fn {name}\b.*?\{{(.*?)\n    \}}", code, re.S)
     if not m:
-        raise ExtractError(f"crates/runtime/src/bus.rs: fn {name} not found")
+        raise ExtractError(f"{TOPIC_RS}: fn {name} not found")
     return m.group(1)
 
 
 def topology(root: Path, bins: dict[str, Binary]) -> Topology:
-    bus = (root / "crates/runtime/src/bus.rs").read_text()
-    as_str = dict(re.findall(r'Topic::(\w+) => "([^"]+)"', fn_body(bus, "as_str")))
-    consumer = dict(re.findall(r'Topic::(\w+) => "([^"]+)"', fn_body(bus, "consumer")))
+    topic = (root / TOPIC_RS).read_text()
+    as_str = dict(re.findall(r'Topic::(\w+) => "([^"]+)"', fn_body(topic, "as_str")))
+    consumer = dict(re.findall(r'Topic::(\w+) => "([^"]+)"', fn_body(topic, "consumer")))
     if not as_str or as_str.keys() != consumer.keys():
-        raise ExtractError("crates/runtime/src/bus.rs: Topic::as_str and Topic::consumer disagree")
+        raise ExtractError(f"{TOPIC_RS}: Topic::as_str and Topic::consumer disagree")
     cfg = (root / "crates/runtime/src/config.rs").read_text()
     m = re.search(r'src\.string\("THREADLINE_BUS_PREFIX",\s*"([^"]+)"\)', cfg)
     if not m:

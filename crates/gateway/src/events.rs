@@ -434,8 +434,6 @@ async fn accept_unparsed(
     }
 }
 
-/// What is stored as an unparsed receipt's `parse_error`: the reason code,
-/// then the parser's message (field names and fixed wording, never values).
 fn now_unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -11,8 +11,10 @@
 //! [`RelayConfig::pipeline`] rounds await their PubAcks while the next is
 //! claimed and sent, so a busy relay is not held to one round trip to the
 //! broker and two to Postgres per round. Rows are sent in claim order, one
-//! round after another, on one connection: the stream holds one relay's
-//! messages in outbox order.
+//! round after another, on one connection: while nothing fails, the stream
+//! holds one relay's messages in outbox order (a row whose publish failed
+//! goes out later, after a backoff, as it always did; the consumers do not
+//! rely on the order).
 //!
 //! Several gateway replicas relay side by side: a claim skips rows another
 //! holds. Each message carries `Nats-Msg-Id`, so a row published again (its
@@ -44,10 +46,12 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a round may take to claim and send; past it the round is given
 /// up and its rows are claimed again when their lease ends.
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a claim keeps its rows from other relays: longer than a round
-/// takes to send and be acknowledged, so that a working relay's rows are
-/// not published twice; the time a killed relay's rows wait for another.
-pub const LEASE: Duration = Duration::from_secs(25);
+/// How long a claim keeps its rows from other relays beyond the longest a
+/// round may take to send them and wait for their PubAcks, so that a
+/// working relay's rows are not published twice (a second publish would be
+/// dropped by the duplicate window all the same). The lease is also how
+/// long a killed relay's rows wait for another relay.
+const LEASE_MARGIN: Duration = Duration::from_secs(5);
 /// How long a stopping relay keeps publishing what is left.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -168,6 +172,11 @@ impl Relay {
         }
     }
 
+    /// How long a claim leases its rows (see [`LEASE_MARGIN`]).
+    pub fn lease(&self) -> Duration {
+        SEND_TIMEOUT + self.cfg.ack_timeout + LEASE_MARGIN
+    }
+
     /// Wakes this relay from within its process.
     pub fn waker(&self) -> Wake {
         Wake::Local(self.local.clone())
@@ -204,20 +213,38 @@ impl Relay {
                 self.report_backlog().await;
                 last_gauge = Instant::now();
             }
+            let (mut settled, mut refused) = (false, false);
+            let mut note = |done| match note_settled(done) {
+                true => settled = true,
+                false => refused = true,
+            };
             while let Some(done) = settling.try_join_next() {
-                note_settled(done);
+                note(done);
             }
             if settling.len() >= self.cfg.pipeline {
                 // As many rounds in flight as allowed: wait for one.
                 if let Some(done) = settling.join_next().await {
-                    note_settled(done);
+                    note(done);
                 }
+            }
+            if settled && !refused {
+                backoff = Duration::from_millis(100);
+            }
+            if refused {
+                // The broker took nothing of a round (or its settle failed):
+                // wait before claiming more, as after any failed round.
+                if sleep_or_shutdown(backoff, &shutdown).await {
+                    break;
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+            if settling.len() >= self.cfg.pipeline {
                 continue;
             }
             match self.send_round().await {
-                Ok(round) if round.is_empty() => backoff = Duration::from_millis(100),
+                Ok(round) if round.is_empty() => {}
                 Ok(round) => {
-                    backoff = Duration::from_millis(100);
                     let full = round.len() as i64 >= self.cfg.batch;
                     let (pool, wait) = (self.pool.clone(), self.cfg.ack_timeout);
                     settling.spawn(settle(pool, round, wait));
@@ -271,6 +298,7 @@ impl Relay {
                 }
             }
         }
+        self.claims.close().await;
         tracing::info!("outbox relay stopped");
     }
 
@@ -288,7 +316,7 @@ impl Relay {
     /// come. Rows claimed and then not sent in time stay leased and are
     /// claimed again when the lease ends.
     pub async fn send_round(&self) -> anyhow::Result<Round> {
-        let rows = outbox::claim(&self.claims, self.cfg.batch, LEASE)
+        let rows = outbox::claim(&self.claims, self.cfg.batch, self.lease())
             .await
             .context("claiming outbox rows")?;
         let sending = async {
@@ -443,11 +471,18 @@ fn relay_failed(e: &anyhow::Error) {
     );
 }
 
-fn note_settled(done: Result<anyhow::Result<usize>, tokio::task::JoinError>) {
+/// Reports a settled round; false when it failed.
+fn note_settled(done: Result<anyhow::Result<usize>, tokio::task::JoinError>) -> bool {
     match done {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => relay_failed(&e),
-        Err(e) => relay_failed(&anyhow::anyhow!("a settle task ended: {e}")),
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => {
+            relay_failed(&e);
+            false
+        }
+        Err(e) => {
+            relay_failed(&anyhow::anyhow!("a settle task ended: {e}"));
+            false
+        }
     }
 }
 

@@ -20,7 +20,7 @@ pub fn pool(cfg: &CommonConfig) -> anyhow::Result<PgPool> {
 }
 
 /// [`pool`] for a writer that wakes the outbox relays itself after each
-/// commit ([`crate::outbox::wake`] or in-process): its inserts into the
+/// commit (`threadline_store::outbox::wake`, or in-process): its inserts into the
 /// outbox do not NOTIFY, so its commits do not queue on NOTIFY's
 /// cluster-wide lock (migration 0018).
 pub fn pool_waking_after_commit(cfg: &CommonConfig) -> anyhow::Result<PgPool> {

@@ -153,14 +153,14 @@ pub async fn check_and_claim(
                          OR (o.state IN ('pending', 'failed_retryable') AND o.attempts > 0))
                   ORDER BY CASE o.state WHEN 'sent' THEN 0 WHEN 'held' THEN 1 ELSE 2 END
                   LIMIT 1) AS "other?",
-                engaged_switch($1::text, $8) AS "switch?",
+                (SELECT e.switch FROM engaged_switch($1::text, $8) e) AS "switch?",
                 (SELECT coalesce(bool_or(deleted), false) FROM thread_messages
                   WHERE installation_id = $1 AND channel_id = $2 AND ts = $5) AS "deleted!",
                 EXISTS (SELECT 1 FROM turns t JOIN thread_messages m
                           ON m.installation_id = t.installation_id AND m.channel_id = t.channel_id AND m.ts = t.ts
                          WHERE t.installation_id = $1 AND t.channel_id = $2 AND m.root_ts = $3
                            AND t.ts::numeric > $5::numeric AND NOT m.deleted) AS "newer_trigger!",
-                pending_receipt_age($1, $2, $3, $4, $5) AS "pending_age?"
+                (SELECT p.age FROM pending_receipt_age($1, $2, $3, $4, $5) p) AS "pending_age?"
            FROM (SELECT 1) one
            LEFT JOIN reply_intents i ON i.installation_id = $1 AND i.event_id = $6 AND i.action_kind = $7"#,
         p.installation,
@@ -337,8 +337,8 @@ pub async fn fence(
                     AS "version?",
                 (SELECT coalesce(bool_or(deleted), false) FROM thread_messages
                   WHERE installation_id = $1 AND channel_id = $2 AND ts = $5) AS "deleted!",
-                engaged_switch($1::text, $8) AS "switch?",
-                pending_receipt_age($1, $2, $3, $4, $5) AS "pending_age?",
+                (SELECT e.switch FROM engaged_switch($1::text, $8) e) AS "switch?",
+                (SELECT p.age FROM pending_receipt_age($1, $2, $3, $4, $5) p) AS "pending_age?",
                 (SELECT status FROM decisions WHERE id = $7) AS "decision?"
            FROM (SELECT 1) one LEFT JOIN reply_intents i ON i.id = $6"#,
         p.installation,

@@ -23,7 +23,7 @@ pub async fn engaged(
     feature: &str,
 ) -> sqlx::Result<Option<String>> {
     sqlx::query_scalar!(
-        "SELECT engaged_switch($1, $2)",
+        r#"SELECT (SELECT e.switch FROM engaged_switch($1, $2) e) AS "switch?""#,
         installation.to_string(),
         feature
     )

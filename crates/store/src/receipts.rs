@@ -75,6 +75,8 @@ impl std::fmt::Debug for NewReceipt {
     }
 }
 
+/// What is stored as an unparsed receipt's `parse_error`: the reason code,
+/// then the parser's message (field names and fixed wording, never values).
 pub fn parse_error_text(e: &EnvelopeError) -> String {
     format!("{}: {e}", e.reason_code())
 }
