@@ -112,7 +112,12 @@ impl Handler {
         // answer to be recorded; a worker that died holding it is replaced
         // once it runs out.
         let lease = self.model_timeout.as_secs_f64() * 2.0 + 10.0;
-        let binding = decisions::Binding::of(ctx, receipt, inst);
+        let binding = decisions::Binding::of(
+            ctx,
+            receipt,
+            inst,
+            threadline_runtime::audit::channel_ref(inst, &ctx.channel_id),
+        );
         let id = match decisions::claim(&self.pool, &binding, lease, message_seq).await? {
             Claim::Mine(id) => id,
             // Another delivery holds the lease: look again once it may
@@ -128,12 +133,7 @@ impl Handler {
         };
 
         // A removed or revoked installation gets no more model calls.
-        let status: Option<String> =
-            sqlx::query_scalar("SELECT status FROM installations WHERE id = $1")
-                .bind(inst)
-                .fetch_optional(&self.pool)
-                .await?;
-        if status.as_deref() != Some("active") {
+        if !threadline_store::installations::is_active(&self.pool, inst).await? {
             let mut s = self.suppressed("installation_disabled");
             s.status = DecisionStatus::Cancelled;
             decisions::settle(&self.pool, id, &s).await?;

@@ -499,7 +499,7 @@ async fn a_redelivery_takes_over_the_lease_its_failed_delivery_left_and_no_one_e
     // Delivery 41 claimed, then failed before settling.
     let first = threadline_inference::decisions::claim(
         &env.db.pool,
-        &threadline_inference::decisions::Binding::of(&ctx, receipt, env.inst),
+        &threadline_inference::decisions::Binding::of(&ctx, receipt, env.inst, None),
         50.0,
         Some(41),
     )

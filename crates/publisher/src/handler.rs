@@ -116,16 +116,7 @@ struct Job<'a> {
 
 /// The channel's unfurl setting, else the installation's, else off.
 async fn unfurl_allowed(pool: &PgPool, inst: Uuid, channel: &str) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
-        "SELECT coalesce(
-                  (SELECT unfurl_allowed FROM channel_policies WHERE installation_id = $1 AND channel_id = $2),
-                  (SELECT unfurl_allowed FROM installation_policies WHERE installation_id = $1),
-                  false)",
-    )
-    .bind(inst)
-    .bind(channel)
-    .fetch_one(pool)
-    .await
+    threadline_store::policies::unfurl_allowed(pool, inst, channel).await
 }
 
 impl Handler {
@@ -160,11 +151,8 @@ impl Handler {
         else {
             return Ok(None);
         };
-        let (bot_id, scopes): (String, Vec<String>) =
-            sqlx::query_as("SELECT bot_id, scopes FROM installations WHERE id = $1")
-                .bind(inst)
-                .fetch_one(&self.pool)
-                .await?;
+        let (bot_id, scopes) =
+            threadline_store::installations::bot_identity(&self.pool, inst).await?;
         Ok(Some(Bot {
             token,
             bot_id,
@@ -489,14 +477,7 @@ impl Handler {
                 intents::release(&self.pool, claim, "decision_discarded", 0.0).await?;
                 tracing::info!(status = %status, "decision discarded before posting; nothing posted");
                 // Withdraws the released intent with its decision.
-                sqlx::query(
-                    "UPDATE reply_intents SET state = 'withdrawn', updated_at = now()
-                      WHERE id = $1 AND state = 'pending' AND decision_id = $2",
-                )
-                .bind(claim.id)
-                .bind(p.decision)
-                .execute(&self.pool)
-                .await?;
+                intents::withdraw_pending(&self.pool, claim.id, p.decision).await?;
                 return Ok(Disposition::Done);
             }
             Fence::Stale => {
@@ -760,15 +741,8 @@ impl Handler {
                 // Another decision for the event (a reconsideration) waits
                 // on nothing now: the intent is the operator's to settle, and
                 // what it posts, if anything, is its own decision.
-                sqlx::query(
-                    "UPDATE decisions SET status = 'cancelled', status_reason = 'intent_held', updated_at = now()
-                      WHERE id = $1 AND status IN ('proposed', 'approved')
-                        AND id <> (SELECT decision_id FROM reply_intents WHERE id = $2)",
-                )
-                .bind(p.decision)
-                .bind(intent)
-                .execute(&self.pool)
-                .await?;
+                threadline_store::decisions::cancel_for_held_intent(&self.pool, p.decision, intent)
+                    .await?;
                 Ok(Disposition::Done)
             }
             Found::Repost => Ok(defer(1.0)),

@@ -26,10 +26,7 @@ pub fn spawn(pool: PgPool, shutdown: CancellationToken) {
 }
 
 pub async fn sample(pool: &PgPool) -> sqlx::Result<()> {
-    let by_state: Vec<(String, i64)> =
-        sqlx::query_as("SELECT state, count(*) FROM reply_intents GROUP BY state")
-            .fetch_all(pool)
-            .await?;
+    let (by_state, oldest) = threadline_store::intents::ledger(pool).await?;
     // Every state, so a gauge drops back to zero.
     for state in IntentState::ALL.iter().map(|s| s.as_str()) {
         let n = by_state
@@ -40,23 +37,12 @@ pub async fn sample(pool: &PgPool) -> sqlx::Result<()> {
     }
     // Unsettled: unknown, being reconciled, held, and `sending` for longer
     // than a post can take (its worker is gone or frozen).
-    let oldest: f64 = sqlx::query_scalar(
-        "SELECT coalesce(max(extract(epoch FROM now() - coalesce(unknown_since, sending_since, updated_at))), 0)::float8
-           FROM reply_intents
-          WHERE state IN ('unknown', 'reconciling', 'held')
-             OR (state = 'sending' AND sending_since < now() - interval '60 seconds')",
-    )
-    .fetch_one(pool)
-    .await?;
     metrics::gauge!("threadline_unknown_outcome_oldest_seconds").set(oldest);
-    let (waiting, approved, rejected): (i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM decisions WHERE status = 'review'),
-                count(*) FILTER (WHERE status <> 'rejected'),
-                count(*) FILTER (WHERE status = 'rejected')
-           FROM decisions WHERE reviewed_by IS NOT NULL",
-    )
-    .fetch_one(pool)
-    .await?;
+    let threadline_store::decisions::ReviewCounts {
+        waiting,
+        approved,
+        rejected,
+    } = threadline_store::decisions::review_counts(pool).await?;
     metrics::gauge!("threadline_decisions_awaiting_review").set(waiting as f64);
     metrics::counter!("threadline_review_outcomes_total", "outcome" => "approved")
         .absolute(approved as u64);

@@ -118,16 +118,9 @@ pub async fn read(
     token: &str,
     s: &Subject<'_>,
 ) -> anyhow::Result<Seen> {
-    let others: Vec<String> = sqlx::query_scalar(
-        "SELECT t FROM reply_intents, unnest(array_append(extra_ts, slack_ts)) AS t
-          WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND id <> $4 AND t IS NOT NULL",
-    )
-    .bind(s.installation)
-    .bind(s.channel)
-    .bind(s.root_ts)
-    .bind(s.intent)
-    .fetch_all(pool)
-    .await?;
+    let others =
+        intents::other_posts_in_thread(pool, s.installation, s.channel, s.root_ts, s.intent)
+            .await?;
     let mut seen = Seen::default();
     let mut cursor: Option<String> = None;
     for _ in 0..20 {
@@ -170,17 +163,7 @@ pub async fn run(
     s: &Subject<'_>,
     ev: Evidence,
 ) -> anyhow::Result<Found> {
-    sqlx::query("UPDATE reply_intents SET state = 'reconciling', updated_at = now() WHERE id = $1 AND state = 'unknown'")
-        .bind(s.intent)
-        .execute(pool)
-        .await?;
-    let (decision, unknown_for): (Uuid, f64) = sqlx::query_as(
-        "SELECT decision_id, coalesce(extract(epoch FROM now() - unknown_since)::float8, 0)
-           FROM reply_intents WHERE id = $1",
-    )
-    .bind(s.intent)
-    .fetch_one(pool)
-    .await?;
+    let (decision, unknown_for) = intents::begin_reconciling(pool, s.intent).await?;
     let seen = match read(pool, web, token, s).await {
         Ok(seen) => seen,
         Err(e) => {
@@ -188,13 +171,7 @@ pub async fn run(
             return Ok(Found::Again);
         }
     };
-    let reads: i32 = sqlx::query_scalar(
-        "UPDATE reply_intents SET reconcile_reads = reconcile_reads + 1, updated_at = now() WHERE id = $1
-         RETURNING reconcile_reads",
-    )
-    .bind(s.intent)
-    .fetch_one(pool)
-    .await?;
+    let reads = intents::count_reconcile_read(pool, s.intent).await?;
     if seen.by_metadata.len() > 1 {
         // Slack shows more than one post carrying this intent: the very
         // thing threadline exists to prevent. Counted and raised, and held
@@ -234,28 +211,12 @@ pub async fn run(
         Found::Held(why) => {
             // No evidence yet is not proof of absence: the sweeper reads the
             // thread again later, in case the post lands after all.
-            sqlx::query(
-                "UPDATE reply_intents SET state = 'held', error_code = $2, updated_at = now(),
-                        next_check_at = CASE WHEN $2 = 'no_evidence_of_post' THEN now() + make_interval(secs => $3) END,
-                        late_checks = 0
-                  WHERE id = $1 AND state = 'reconciling'",
-            )
-            .bind(s.intent)
-            .bind(*why)
-            .bind(ev.late_check_secs)
-            .execute(pool)
-            .await?;
+            intents::hold_after_reconciling(pool, s.intent, why, ev.late_check_secs).await?;
             metrics::counter!("threadline_reconciliations_total", "result" => "held").increment(1);
             tracing::warn!(alert = "reply_held", reason = *why, intent_id = %s.intent, "reply held for an operator");
         }
         Found::Repost => {
-            sqlx::query(
-                "UPDATE reply_intents SET state = 'pending', reconcile_reads = 0, unknown_since = NULL, updated_at = now()
-                  WHERE id = $1 AND state = 'reconciling'",
-            )
-            .bind(s.intent)
-            .execute(pool)
-            .await?;
+            intents::repost_after_reconciling(pool, s.intent).await?;
             metrics::counter!("threadline_reconciliations_total", "result" => "repost")
                 .increment(1);
         }

@@ -60,30 +60,13 @@ pub async fn round(h: &Handler, sweep: Sweep) -> anyhow::Result<()> {
     let idle = sweep.idle.as_secs_f64();
     // Take undriven intents (a `sending` one past the stale time becomes
     // unknown on the way), then hand their proposals back.
-    let undriven: Vec<(Uuid, Uuid, String)> = sqlx::query_as(
-        "WITH taken AS (
-            SELECT id, state AS was FROM reply_intents
-             WHERE ((state = 'sending' AND sending_since < now() - make_interval(secs => $1))
-                 OR (state IN ('unknown', 'reconciling') AND updated_at < now() - make_interval(secs => $2))
-                 OR (state IN ('pending', 'failed_retryable')
-                     AND next_attempt_at < now() - make_interval(secs => $2)
-                     AND updated_at < now() - make_interval(secs => $2)))
-               AND (swept_at IS NULL OR swept_at < now() - make_interval(secs => $2))
-             ORDER BY updated_at LIMIT 100
-             FOR UPDATE SKIP LOCKED)
-         UPDATE reply_intents r
-            SET swept_at = now(),
-                state = CASE WHEN taken.was = 'sending' THEN 'unknown' ELSE r.state END,
-                unknown_since = CASE WHEN taken.was = 'sending' THEN now() ELSE r.unknown_since END,
-                ever_unknown = r.ever_unknown OR taken.was = 'sending'
-           FROM taken WHERE r.id = taken.id
-         RETURNING r.id, r.decision_id, taken.was",
-    )
-    .bind(h.sending_stale)
-    .bind(idle)
-    .fetch_all(&h.pool)
-    .await?;
-    for (intent, decision, was) in undriven {
+    let undriven = intents::take_undriven(&h.pool, h.sending_stale, idle).await?;
+    for intents::Undriven {
+        intent,
+        decision,
+        was,
+    } in undriven
+    {
         let Some(d) = proposals::load(&h.pool, decision).await? else {
             continue;
         };
@@ -107,23 +90,9 @@ pub async fn round(h: &Handler, sweep: Sweep) -> anyhow::Result<()> {
 async fn late_checks(h: &Handler) -> anyhow::Result<()> {
     // Taken with a lease that grows with the checks made, so a row that
     // keeps failing is retried less and less often and then left held.
-    let due: Vec<(Uuid, Uuid, Uuid, String, String, i32)> = sqlx::query_as(
-        "WITH taken AS (
-            SELECT id FROM reply_intents
-             WHERE state = 'held' AND next_check_at <= now()
-             ORDER BY next_check_at LIMIT 20
-             FOR UPDATE SKIP LOCKED)
-         UPDATE reply_intents r
-            SET late_checks = r.late_checks + 1,
-                next_check_at = CASE WHEN r.late_checks >= 20 THEN NULL
-                                     ELSE now() + make_interval(secs => least(60 * 2 ^ r.late_checks, 86400)) END
-           FROM taken WHERE r.id = taken.id
-         RETURNING r.id, r.installation_id, r.decision_id, r.channel_id, r.root_ts, r.late_checks",
-    )
-    .fetch_all(&h.pool)
-    .await?;
+    let due = intents::take_late_checks(&h.pool).await?;
     for d in due {
-        let intent = d.0;
+        let intent = d.intent;
         if let Err(e) = late_check(h, d).await {
             tracing::warn!(error = format!("{e:#}"), intent_id = %intent, "late check of a held reply failed; it is due again later");
         }
@@ -131,18 +100,18 @@ async fn late_checks(h: &Handler) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn late_check(
-    h: &Handler,
-    (intent, inst, decision, channel, root, checks): (Uuid, Uuid, Uuid, String, String, i32),
-) -> anyhow::Result<()> {
+async fn late_check(h: &Handler, due: intents::LateCheck) -> anyhow::Result<()> {
+    let intents::LateCheck {
+        intent,
+        installation: inst,
+        decision,
+        channel,
+        root_ts: root,
+        checks,
+    } = due;
     let Some(bot) = h.bot(inst).await? else {
         // No token to read with (uninstalled, revoked): nothing more to learn.
-        sqlx::query(
-            "UPDATE reply_intents SET next_check_at = NULL WHERE id = $1 AND state = 'held'",
-        )
-        .bind(intent)
-        .execute(&h.pool)
-        .await?;
+        intents::schedule_late_check(&h.pool, intent, None).await?;
         return Ok(());
     };
     let (hashes, window) = intents::evidence(&h.pool, intent, h.sending_stale).await?;
@@ -175,13 +144,11 @@ async fn late_check(
         tracing::warn!(error = %e, "late check of a held reply could not read Slack");
     }
     // Read again on the widening schedule (none after about a week).
-    sqlx::query(
-        "UPDATE reply_intents SET next_check_at = now() + make_interval(secs => $2)
-          WHERE id = $1 AND state = 'held'",
+    intents::schedule_late_check(
+        &h.pool,
+        intent,
+        next_check(checks, h.evidence.late_check_secs),
     )
-    .bind(intent)
-    .bind(next_check(checks, h.evidence.late_check_secs))
-    .execute(&h.pool)
     .await?;
     Ok(())
 }

@@ -1,9 +1,13 @@
 //! Decisions: what the model (or the fallback) answered for one event at
 //! one thread version, and what a publisher may post. The row is the truth
-//! of a post: the bus message only names it.
+//! of a post: the bus message only names it. A decision is claimed before
+//! the model call with a lease (so one replica calls the model for a
+//! binding), then settled by compare-and-set; no lock is held while the
+//! model runs.
 
 use prost::Message as _;
-use sqlx::{PgConnection, PgExecutor};
+use sqlx::{PgConnection, PgExecutor, PgPool};
+use threadline_domain::state::{DecisionStatus, Machine as _};
 use threadline_proto::v1::{ProposalReady, SCHEMA_VERSION};
 use uuid::Uuid;
 
@@ -100,5 +104,248 @@ pub async fn enqueue_proposal(
         &proposal_msg_id(d.id, Some(tag)),
         proposal(d).encode_to_vec(),
     )
+    .await
+}
+
+pub enum Claim {
+    /// This worker calls the model for the decision.
+    Mine(Uuid),
+    /// Another worker holds the lease; try again after it may have expired.
+    Busy,
+    /// Already settled with this status.
+    Settled(Uuid, DecisionStatus),
+}
+
+/// What a decision is bound to: the event and the thread version its
+/// context read, and what that context held.
+pub struct Binding<'a> {
+    pub receipt: Uuid,
+    pub installation: Uuid,
+    pub event_id: &'a str,
+    pub channel: &'a str,
+    pub root_ts: &'a str,
+    pub source_ts: &'a str,
+    pub version: i64,
+    /// The Slack ts of every message of the context.
+    pub context_ts: Vec<String>,
+    /// The oldest reply a truncated context kept (None: not truncated).
+    pub context_floor_ts: Option<String>,
+    /// The channel's pseudonym for the audit log, when this process holds
+    /// the audit key.
+    pub channel_ref: Option<String>,
+}
+
+impl<'a> Binding<'a> {
+    pub fn of(
+        ctx: &'a threadline_proto::v1::ContextReady,
+        receipt: Uuid,
+        installation: Uuid,
+        channel_ref: Option<String>,
+    ) -> Self {
+        let context_ts: Vec<String> = ctx.messages.iter().map(|m| m.ts.clone()).collect();
+        let context_floor_ts = ctx.truncated.then(|| {
+            ctx.messages
+                .iter()
+                .filter(|m| m.ts != ctx.root_ts)
+                .map(|m| m.ts.clone())
+                .min_by(|a, b| ts_order(a, b))
+                .unwrap_or_else(|| ctx.source_ts.clone())
+        });
+        Self {
+            receipt,
+            installation,
+            event_id: &ctx.event_id,
+            channel: &ctx.channel_id,
+            root_ts: &ctx.root_ts,
+            source_ts: &ctx.source_ts,
+            version: ctx.thread_version,
+            context_ts,
+            context_floor_ts,
+            channel_ref,
+        }
+    }
+}
+
+/// Slack timestamps in time order (`secs.micros`).
+fn ts_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let key = |t: &str| {
+        let (s, f) = t.split_once('.').unwrap_or((t, "0"));
+        (s.parse::<u64>().unwrap_or(0), f.parse::<u64>().unwrap_or(0))
+    };
+    key(a).cmp(&key(b))
+}
+
+/// Claims the decision of a binding for a model call: a new one, or one
+/// whose holder's lease ran out (it crashed), or one held by an earlier
+/// delivery of this very message (that delivery gave up).
+pub async fn claim(
+    pool: &PgPool,
+    b: &Binding<'_>,
+    lease_secs: f64,
+    message_seq: Option<u64>,
+) -> sqlx::Result<Claim> {
+    let (receipt, installation, event_id, channel, root_ts, source_ts, version) = (
+        b.receipt,
+        b.installation,
+        b.event_id,
+        b.channel,
+        b.root_ts,
+        b.source_ts,
+        b.version,
+    );
+    let seq = message_seq.and_then(|s| i64::try_from(s).ok());
+    let id = Uuid::now_v7();
+    let inserted = sqlx::query_scalar!(
+        "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
+                                status, lease_until, lease_message_seq, context_ts, context_floor_ts, channel_ref)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'calling', now() + make_interval(secs => $9), $11, $12, $13,
+                 -- the pseudonym the context-builder wrote for this event when
+                 -- this process holds no audit key
+                 coalesce($10, (SELECT a.channel_ref FROM audit_log a
+                                 WHERE a.installation_id = $3 AND a.event_id = $4 AND a.channel_ref IS NOT NULL
+                                 LIMIT 1)))
+         ON CONFLICT ON CONSTRAINT decisions_binding DO NOTHING
+         RETURNING id",
+        id,
+        receipt,
+        installation,
+        event_id,
+        channel,
+        root_ts,
+        source_ts,
+        version,
+        lease_secs,
+        b.channel_ref.as_deref(),
+        seq,
+        &b.context_ts,
+        b.context_floor_ts.as_deref(),
+    )
+    .fetch_optional(pool)
+    .await?;
+    if let Some(id) = inserted {
+        return Ok(Claim::Mine(id));
+    }
+    // Taken over once the holder's lease has run out (it crashed), or by a
+    // redelivery of the very message whose earlier delivery holds it (that
+    // delivery gave up: JetStream does not redeliver a message in hand).
+    let taken = sqlx::query_scalar!(
+        "UPDATE decisions SET lease_until = now() + make_interval(secs => $3), lease_message_seq = $4,
+                              updated_at = now()
+          WHERE receipt_id = $1 AND thread_version = $2 AND status = 'calling'
+            AND (lease_until < now() OR lease_message_seq = $4)
+         RETURNING id",
+        receipt,
+        version,
+        lease_secs,
+        seq,
+    )
+    .fetch_optional(pool)
+    .await?;
+    if let Some(id) = taken {
+        return Ok(Claim::Mine(id));
+    }
+    let row = sqlx::query!(
+        "SELECT id, status FROM decisions WHERE receipt_id = $1 AND thread_version = $2",
+        receipt,
+        version,
+    )
+    .fetch_one(pool)
+    .await?;
+    let (id, status) = (row.id, row.status);
+    let status = DecisionStatus::parse(&status).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    Ok(if status == DecisionStatus::Calling {
+        Claim::Busy
+    } else {
+        Claim::Settled(id, status)
+    })
+}
+
+pub struct Settled<'a> {
+    pub status: DecisionStatus,
+    pub reason: Option<&'a str>,
+    pub action_kind: &'a str,
+    pub review_reasons: Vec<String>,
+    pub model_config_id: &'a str,
+    pub provider: &'a str,
+    pub fallback: bool,
+    pub prompt_tokens: Option<i32>,
+    pub completion_tokens: Option<i32>,
+    pub output_hash: Option<&'a str>,
+    pub body_text: Option<&'a str>,
+    pub body_blocks: Option<&'a serde_json::Value>,
+}
+
+/// `calling → proposed | review | suppressed | cancelled`, compare-and-set:
+/// only a decision still being called is settled, and only by a move the
+/// machine allows from there.
+pub async fn settle(pool: &PgPool, id: Uuid, s: &Settled<'_>) -> sqlx::Result<bool> {
+    let from: Vec<String> = [DecisionStatus::Calling]
+        .into_iter()
+        .filter(|c| *c != s.status && c.can_become(s.status))
+        .map(|c| c.as_str().to_owned())
+        .collect();
+    let r = sqlx::query!(
+        "UPDATE decisions
+            SET status = $2, status_reason = $3, action_kind = $4, review_reasons = $5, model_config_id = $6,
+                provider = $7, fallback = $8, prompt_tokens = $9, completion_tokens = $10, output_hash = $11,
+                body_text = $12, body_blocks = $13, lease_until = NULL, updated_at = now()
+          WHERE id = $1 AND status = ANY($14)",
+        id,
+        s.status.as_str(),
+        s.reason,
+        s.action_kind,
+        &s.review_reasons,
+        s.model_config_id,
+        s.provider,
+        s.fallback,
+        s.prompt_tokens,
+        s.completion_tokens,
+        s.output_hash,
+        s.body_text,
+        s.body_blocks,
+        &from,
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// An intent held for an operator keeps its decision: a newer proposal of
+/// the event (`decision`, not the one the intent names) is cancelled.
+pub async fn cancel_for_held_intent(
+    pool: &PgPool,
+    decision: Uuid,
+    intent: Uuid,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE decisions SET status = 'cancelled', status_reason = 'intent_held', updated_at = now()
+          WHERE id = $1 AND status IN ('proposed', 'approved')
+            AND id <> (SELECT decision_id FROM reply_intents WHERE id = $2)",
+        decision,
+        intent
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Human review so far: decisions waiting for review, and reviewed ones
+/// approved and rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReviewCounts {
+    pub waiting: i64,
+    pub approved: i64,
+    pub rejected: i64,
+}
+
+pub async fn review_counts(pool: &PgPool) -> sqlx::Result<ReviewCounts> {
+    sqlx::query_as!(
+        ReviewCounts,
+        r#"SELECT (SELECT count(*) FROM decisions WHERE status = 'review') AS "waiting!",
+                  count(*) FILTER (WHERE status <> 'rejected') AS "approved!",
+                  count(*) FILTER (WHERE status = 'rejected') AS "rejected!"
+             FROM decisions WHERE reviewed_by IS NOT NULL"#
+    )
+    .fetch_one(pool)
     .await
 }

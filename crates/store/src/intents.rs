@@ -846,3 +846,225 @@ pub async fn set_decision_in(
     .await?;
     Ok(discarded)
 }
+
+/// A pending claim of `decision` that will not be posted (its decision was
+/// discarded before the post): withdrawn, so nothing keeps driving it.
+pub async fn withdraw_pending(pool: &PgPool, intent: Uuid, decision: Uuid) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE reply_intents SET state = 'withdrawn', updated_at = now()
+          WHERE id = $1 AND state = 'pending' AND decision_id = $2",
+        intent,
+        decision
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The posts other intents of the thread hold in Slack (their `slack_ts`
+/// and any duplicate `extra_ts`): a reconciliation never takes one of them
+/// for its own.
+pub async fn other_posts_in_thread(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    root_ts: &str,
+    intent: Uuid,
+) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar!(
+        r#"SELECT t AS "t!" FROM reply_intents, unnest(array_append(extra_ts, slack_ts)) AS t
+            WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND id <> $4 AND t IS NOT NULL"#,
+        installation,
+        channel,
+        root_ts,
+        intent
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// `unknown → reconciling` (a reconciliation begins); returns the decision
+/// the intent names and how long its outcome has been unknown (seconds).
+pub async fn begin_reconciling(pool: &PgPool, intent: Uuid) -> sqlx::Result<(Uuid, f64)> {
+    sqlx::query!(
+        "UPDATE reply_intents SET state = 'reconciling', updated_at = now() WHERE id = $1 AND state = 'unknown'",
+        intent
+    )
+    .execute(pool)
+    .await?;
+    let r = sqlx::query!(
+        r#"SELECT decision_id, coalesce(extract(epoch FROM now() - unknown_since)::float8, 0) AS "unknown_for!"
+             FROM reply_intents WHERE id = $1"#,
+        intent
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((r.decision_id, r.unknown_for))
+}
+
+/// Counts one more read of Slack for the intent's evidence; returns the
+/// reads so far.
+pub async fn count_reconcile_read(pool: &PgPool, intent: Uuid) -> sqlx::Result<i32> {
+    sqlx::query_scalar!(
+        "UPDATE reply_intents SET reconcile_reads = reconcile_reads + 1, updated_at = now() WHERE id = $1
+         RETURNING reconcile_reads",
+        intent
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// `reconciling → held` for an operator, with why; one held for want of
+/// evidence is read again later (late checks, the first after
+/// `late_check_secs`).
+pub async fn hold_after_reconciling(
+    pool: &PgPool,
+    intent: Uuid,
+    why: &str,
+    late_check_secs: f64,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE reply_intents SET state = 'held', error_code = $2, updated_at = now(),
+                next_check_at = CASE WHEN $2 = 'no_evidence_of_post' THEN now() + make_interval(secs => $3) END,
+                late_checks = 0
+          WHERE id = $1 AND state = 'reconciling'",
+        intent,
+        why,
+        late_check_secs
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// `reconciling → pending`: Slack shows no post of the intent, so it may
+/// be posted (once) again.
+pub async fn repost_after_reconciling(pool: &PgPool, intent: Uuid) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE reply_intents SET state = 'pending', reconcile_reads = 0, unknown_since = NULL, updated_at = now()
+          WHERE id = $1 AND state = 'reconciling'",
+        intent
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// An intent no delivery drives any more, taken by the sweeper.
+#[derive(Debug, Clone)]
+pub struct Undriven {
+    pub intent: Uuid,
+    pub decision: Uuid,
+    /// Its state when taken (`sending` ones became `unknown` on the way).
+    pub was: String,
+}
+
+/// Takes up to 100 intents that nothing has moved for `idle` seconds (and
+/// that were not swept in that time): `sending` ones past `sending_stale`
+/// become `unknown` on the way.
+pub async fn take_undriven(
+    pool: &PgPool,
+    sending_stale: f64,
+    idle: f64,
+) -> sqlx::Result<Vec<Undriven>> {
+    sqlx::query_as!(
+        Undriven,
+        r#"WITH taken AS (
+            SELECT id, state AS was FROM reply_intents
+             WHERE ((state = 'sending' AND sending_since < now() - make_interval(secs => $1))
+                 OR (state IN ('unknown', 'reconciling') AND updated_at < now() - make_interval(secs => $2))
+                 OR (state IN ('pending', 'failed_retryable')
+                     AND next_attempt_at < now() - make_interval(secs => $2)
+                     AND updated_at < now() - make_interval(secs => $2)))
+               AND (swept_at IS NULL OR swept_at < now() - make_interval(secs => $2))
+             ORDER BY updated_at LIMIT 100
+             FOR UPDATE SKIP LOCKED)
+         UPDATE reply_intents r
+            SET swept_at = now(),
+                state = CASE WHEN taken.was = 'sending' THEN 'unknown' ELSE r.state END,
+                unknown_since = CASE WHEN taken.was = 'sending' THEN now() ELSE r.unknown_since END,
+                ever_unknown = r.ever_unknown OR taken.was = 'sending'
+           FROM taken WHERE r.id = taken.id
+         RETURNING r.id AS intent, r.decision_id AS decision, taken.was"#,
+        sending_stale,
+        idle
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// A held intent due for a late check of Slack for its post.
+#[derive(Debug, Clone)]
+pub struct LateCheck {
+    pub intent: Uuid,
+    pub installation: Uuid,
+    pub decision: Uuid,
+    pub channel: String,
+    pub root_ts: String,
+    /// Checks made so far, this one included.
+    pub checks: i32,
+}
+
+/// Takes up to 20 held intents due for a late check, with a lease that
+/// grows with the checks made (a row that keeps failing is retried less
+/// and less often, and after 20 checks left held).
+pub async fn take_late_checks(pool: &PgPool) -> sqlx::Result<Vec<LateCheck>> {
+    sqlx::query_as!(
+        LateCheck,
+        r#"WITH taken AS (
+            SELECT id FROM reply_intents
+             WHERE state = 'held' AND next_check_at <= now()
+             ORDER BY next_check_at LIMIT 20
+             FOR UPDATE SKIP LOCKED)
+         UPDATE reply_intents r
+            SET late_checks = r.late_checks + 1,
+                next_check_at = CASE WHEN r.late_checks >= 20 THEN NULL
+                                     ELSE now() + make_interval(secs => least(60 * 2 ^ r.late_checks, 86400)) END
+           FROM taken WHERE r.id = taken.id
+         RETURNING r.id AS intent, r.installation_id AS installation, r.decision_id AS decision,
+                   r.channel_id AS channel, r.root_ts, r.late_checks AS checks"#
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// The next late check of a held intent: in `secs`, or never (`None`).
+pub async fn schedule_late_check(
+    pool: &PgPool,
+    intent: Uuid,
+    secs: Option<f64>,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE reply_intents
+            SET next_check_at = CASE WHEN $2::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $2) END
+          WHERE id = $1 AND state = 'held'",
+        intent,
+        secs
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Reply intents by state, and the age in seconds of the oldest whose
+/// outcome is unsettled (unknown, being reconciled, held, or `sending` for
+/// longer than a post can take).
+pub async fn ledger(pool: &PgPool) -> sqlx::Result<(Vec<(String, i64)>, f64)> {
+    let by_state =
+        sqlx::query!(r#"SELECT state, count(*) AS "n!" FROM reply_intents GROUP BY state"#)
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .map(|r| (r.state, r.n))
+            .collect();
+    let oldest = sqlx::query_scalar!(
+        r#"SELECT coalesce(max(extract(epoch FROM now() - coalesce(unknown_since, sending_since, updated_at))), 0)::float8
+                  AS "oldest!"
+             FROM reply_intents
+            WHERE state IN ('unknown', 'reconciling', 'held')
+               OR (state = 'sending' AND sending_since < now() - interval '60 seconds')"#
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((by_state, oldest))
+}

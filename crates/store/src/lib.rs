@@ -13,4 +13,5 @@ pub mod installations;
 pub mod intents;
 pub mod kill_switches;
 pub mod outbox;
+pub mod policies;
 pub mod receipts;
