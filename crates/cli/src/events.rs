@@ -9,7 +9,6 @@
 use clap::Subcommand;
 use sqlx::PgPool;
 use threadline_store::receipts::{Replay, replay};
-use time::OffsetDateTime;
 use uuid::Uuid;
 
 #[derive(Subcommand)]
@@ -32,54 +31,17 @@ pub enum EventsCommand {
     },
 }
 
-#[derive(sqlx::FromRow, serde::Serialize)]
-struct Row {
-    receipt_id: Uuid,
-    /// `null` when the installation was unknown on receipt.
-    installation_id: Option<Uuid>,
-    api_app_id: String,
-    event_id: String,
-    team_id: Option<String>,
-    enterprise_id: Option<String>,
-    parse_error: Option<String>,
-    #[serde(with = "time::serde::rfc3339")]
-    received_at: OffsetDateTime,
-    retry_num: i32,
-    duplicate_deliveries: i32,
-    body_bytes: i32,
-}
-
 pub async fn run(cmd: EventsCommand, pool: &PgPool) -> anyhow::Result<()> {
     match cmd {
         EventsCommand::Unparsed { limit } => {
-            let rows: Vec<Row> = sqlx::query_as(
-                "SELECT r.id AS receipt_id, r.installation_id, r.api_app_id, r.event_id, r.team_id,
-                        r.enterprise_id, r.parse_error, r.received_at, r.retry_num,
-                        r.duplicate_deliveries, octet_length(u.body) AS body_bytes
-                   FROM unparsed_events u JOIN event_receipts r ON r.id = u.receipt_id
-                  WHERE r.state = 'unparsed'
-                  ORDER BY u.received_at, r.id
-                  LIMIT $1",
-            )
-            .bind(limit.max(0))
-            .fetch_all(pool)
-            .await?;
+            let rows = threadline_store::receipts::unparsed(pool, limit).await?;
             println!("{}", serde_json::to_string_pretty(&rows)?);
         }
         EventsCommand::Replay { ids, all } => {
             let ids = if all {
-                sqlx::query_scalar(
-                    "SELECT r.id FROM unparsed_events u JOIN event_receipts r ON r.id = u.receipt_id
-                      WHERE r.state = 'unparsed' ORDER BY u.received_at, r.id",
-                )
-                .fetch_all(pool)
-                .await?
+                threadline_store::receipts::unparsed_ids(pool).await?
             } else {
-                let known: Vec<Uuid> =
-                    sqlx::query_scalar("SELECT id FROM event_receipts WHERE id = ANY($1)")
-                        .bind(&ids)
-                        .fetch_all(pool)
-                        .await?;
+                let known = threadline_store::receipts::existing(pool, &ids).await?;
                 let unknown: Vec<String> = ids
                     .iter()
                     .filter(|id| !known.contains(id))

@@ -27,43 +27,19 @@ pub enum IntentsCommand {
     Abandon { id: Uuid },
 }
 
-#[derive(sqlx::FromRow, serde::Serialize)]
-struct Row {
-    id: Uuid,
-    installation_id: Uuid,
-    event_id: String,
-    channel_id: String,
-    root_ts: String,
-    state: String,
-    attempts: i32,
-    error_code: Option<String>,
-    slack_ts: Option<String>,
-    reconciled: bool,
-}
-
 /// A transaction acting as the operator (`$USER`), whom the audit records
 /// of its changes name.
 async fn as_operator(pool: &PgPool) -> anyhow::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
-    let mut tx = pool.begin().await?;
     let actor = crate::operator::current_user();
-    sqlx::query("SELECT set_config('threadline.actor', $1, true)")
-        .bind(format!("cli:{actor}"))
-        .execute(&mut *tx)
-        .await?;
-    Ok(tx)
+    Ok(threadline_store::operator::begin_as(pool, &format!("cli:{actor}")).await?)
 }
 
 /// The held intent `id` (locked) and its decision, or a clear error.
 async fn held(tx: &mut sqlx::PgConnection, id: Uuid) -> anyhow::Result<Uuid> {
-    let row: Option<(String, Uuid)> =
-        sqlx::query_as("SELECT state, decision_id FROM reply_intents WHERE id = $1 FOR UPDATE")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    match row {
+    match threadline_store::intents::lock_for_operator(tx, id).await? {
         None => anyhow::bail!("no reply intent {id}"),
-        Some((state, decision)) if state == "held" => Ok(decision),
-        Some((state, _)) => anyhow::bail!("intent {id} is not held (it is {state})"),
+        Some((IntentState::Held, decision)) => Ok(decision),
+        Some((state, _)) => anyhow::bail!("intent {id} is not held (it is {})", state.as_str()),
     }
 }
 
@@ -74,17 +50,14 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     match cmd {
         IntentsCommand::List { state } => {
-            if let Err(e) = state.parse::<IntentState>() {
-                let all: Vec<&str> = IntentState::ALL.iter().map(|s| s.as_str()).collect();
-                anyhow::bail!("--state: {e}; one of {}", all.join(", "));
-            }
-            let rows: Vec<Row> = sqlx::query_as(
-                "SELECT id, installation_id, event_id, channel_id, root_ts, state, attempts, error_code, slack_ts, reconciled
-                   FROM reply_intents WHERE state = $1 ORDER BY updated_at DESC LIMIT 500",
-            )
-            .bind(&state)
-            .fetch_all(pool)
-            .await?;
+            let state = match state.parse::<IntentState>() {
+                Ok(s) => s,
+                Err(e) => {
+                    let all: Vec<&str> = IntentState::ALL.iter().map(|s| s.as_str()).collect();
+                    anyhow::bail!("--state: {e}; one of {}", all.join(", "));
+                }
+            };
+            let rows = threadline_store::intents::list(pool, state).await?;
             println!("{}", serde_json::to_string_pretty(&rows)?);
         }
         IntentsCommand::MarkSent { id, ts } => {
@@ -108,14 +81,7 @@ pub async fn run(
                 .ok_or_else(|| {
                     anyhow::anyhow!("intent {id} names decision {decision}, which does not exist")
                 })?;
-            sqlx::query(
-                "UPDATE reply_intents SET state = 'pending', reconcile_reads = 0, unknown_since = NULL, next_check_at = NULL,
-                        next_attempt_at = now(), updated_at = now()
-                  WHERE id = $1 AND state = 'held'",
-            )
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+            threadline_store::intents::operator_repost(&mut tx, id).await?;
             // Hand the proposal to the publisher again, in the same commit
             // (the gateway's relay publishes it): it reads the thread once
             // more for the earlier post, re-checks the thread, then claims
@@ -134,14 +100,7 @@ pub async fn run(
         IntentsCommand::Abandon { id } => {
             let mut tx = as_operator(pool).await?;
             held(&mut tx, id).await?;
-            sqlx::query(
-                "UPDATE reply_intents SET state = 'failed_permanent', error_code = 'abandoned_by_operator', next_check_at = NULL,
-                        updated_at = now()
-                  WHERE id = $1 AND state = 'held'",
-            )
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+            threadline_store::intents::operator_abandon(&mut tx, id).await?;
             tx.commit().await?;
             println!("intent {id} abandoned");
         }

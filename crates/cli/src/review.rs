@@ -4,6 +4,7 @@
 
 use clap::Subcommand;
 use sqlx::PgPool;
+use threadline_domain::state::{DecisionStatus, Machine as _};
 use threadline_runtime::config::CommonConfig;
 use uuid::Uuid;
 
@@ -28,26 +29,10 @@ pub enum ReviewCommand {
     },
 }
 
-#[derive(sqlx::FromRow, serde::Serialize)]
-struct Waiting {
-    id: Uuid,
-    installation_id: Uuid,
-    event_id: String,
-    channel_id: String,
-    thread_version: i64,
-    action_kind: String,
-    review_reasons: Vec<String>,
-}
-
 pub async fn run(cmd: ReviewCommand, _common: &CommonConfig, pool: &PgPool) -> anyhow::Result<()> {
     match cmd {
         ReviewCommand::List => {
-            let rows: Vec<Waiting> = sqlx::query_as(
-                "SELECT id, installation_id, event_id, channel_id, thread_version, action_kind, review_reasons
-                   FROM decisions WHERE status = 'review' ORDER BY created_at",
-            )
-            .fetch_all(pool)
-            .await?;
+            let rows = threadline_store::decisions::waiting_for_review(pool).await?;
             println!("{}", serde_json::to_string_pretty(&rows)?);
         }
         ReviewCommand::Show { id } => {
@@ -67,29 +52,21 @@ pub async fn run(cmd: ReviewCommand, _common: &CommonConfig, pool: &PgPool) -> a
             // gateway's relay publishes it): a failure between them cannot
             // leave an approved answer that nobody posts.
             let mut tx = pool.begin().await?;
-            let status: Option<String> =
-                sqlx::query_scalar("SELECT status FROM decisions WHERE id = $1 FOR UPDATE")
-                    .bind(id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            match status.as_deref() {
+            match threadline_store::decisions::lock_status(&mut tx, id).await? {
                 None => anyhow::bail!("no decision {id}"),
-                Some("review") => {}
-                Some("approved") => anyhow::bail!(
+                Some(DecisionStatus::Review) => {}
+                Some(DecisionStatus::Approved) => anyhow::bail!(
                     "decision {id} is already approved; its proposal was queued for the publisher with the approval"
                 ),
                 Some(other) => {
-                    anyhow::bail!("decision {id} is not waiting for review (it is {other})")
+                    anyhow::bail!(
+                        "decision {id} is not waiting for review (it is {})",
+                        other.as_str()
+                    )
                 }
             }
-            sqlx::query(
-                "UPDATE decisions SET status = 'approved', reviewed_by = $2, reviewed_at = now(), updated_at = now()
-                  WHERE id = $1 AND status = 'review'",
-            )
-            .bind(id)
-            .bind(&by)
-            .execute(&mut *tx)
-            .await?;
+            threadline_store::decisions::review(&mut *tx, id, DecisionStatus::Approved, &by)
+                .await?;
             let d = threadline_store::decisions::load(&mut *tx, id)
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("no decision {id}"))?;
@@ -98,15 +75,8 @@ pub async fn run(cmd: ReviewCommand, _common: &CommonConfig, pool: &PgPool) -> a
             println!("approved {id} by {by}; the publisher re-checks the thread before posting");
         }
         ReviewCommand::Reject { id, by } => {
-            let r = sqlx::query(
-                "UPDATE decisions SET status = 'rejected', reviewed_by = $2, reviewed_at = now(), updated_at = now()
-                  WHERE id = $1 AND status = 'review'",
-            )
-            .bind(id)
-            .bind(&by)
-            .execute(pool)
-            .await?;
-            if r.rows_affected() != 1 {
+            if !threadline_store::decisions::review(pool, id, DecisionStatus::Rejected, &by).await?
+            {
                 anyhow::bail!("decision {id} is not waiting for review");
             }
             println!("rejected {id} by {by}");

@@ -349,3 +349,63 @@ pub async fn review_counts(pool: &PgPool) -> sqlx::Result<ReviewCounts> {
     .fetch_one(pool)
     .await
 }
+
+/// A decision waiting for a reviewer, as listed (no text).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Waiting {
+    pub id: Uuid,
+    pub installation_id: Uuid,
+    pub event_id: String,
+    pub channel_id: String,
+    pub thread_version: i64,
+    pub action_kind: String,
+    pub review_reasons: Vec<String>,
+}
+
+/// Decisions waiting for review, oldest first.
+pub async fn waiting_for_review(pool: &PgPool) -> sqlx::Result<Vec<Waiting>> {
+    sqlx::query_as!(
+        Waiting,
+        "SELECT id, installation_id, event_id, channel_id, thread_version, action_kind, review_reasons
+           FROM decisions WHERE status = 'review' ORDER BY created_at"
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// The decision's status, locked for the caller's transaction (a reviewer
+/// deciding on it).
+pub async fn lock_status(
+    conn: &mut PgConnection,
+    id: Uuid,
+) -> sqlx::Result<Option<DecisionStatus>> {
+    let status = sqlx::query_scalar!("SELECT status FROM decisions WHERE id = $1 FOR UPDATE", id)
+        .fetch_optional(conn)
+        .await?;
+    status
+        .map(|s| DecisionStatus::parse(&s).map_err(|e| sqlx::Error::Decode(Box::new(e))))
+        .transpose()
+}
+
+/// A reviewer's verdict: `review → approved` or `review → rejected`, with
+/// who decided. False when the decision was not waiting for review.
+pub async fn review(
+    conn: impl PgExecutor<'_>,
+    id: Uuid,
+    verdict: DecisionStatus,
+    by: &str,
+) -> sqlx::Result<bool> {
+    if !(verdict != DecisionStatus::Review && DecisionStatus::Review.can_become(verdict)) {
+        return Ok(false);
+    }
+    let r = sqlx::query!(
+        "UPDATE decisions SET status = $3, reviewed_by = $2, reviewed_at = now(), updated_at = now()
+          WHERE id = $1 AND status = 'review'",
+        id,
+        by,
+        verdict.as_str()
+    )
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}

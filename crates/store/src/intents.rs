@@ -1068,3 +1068,79 @@ pub async fn ledger(pool: &PgPool) -> sqlx::Result<(Vec<(String, i64)>, f64)> {
     .await?;
     Ok((by_state, oldest))
 }
+
+/// A reply intent as an operator lists it (no text).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Listed {
+    pub id: Uuid,
+    pub installation_id: Uuid,
+    pub event_id: String,
+    pub channel_id: String,
+    pub root_ts: String,
+    pub state: String,
+    pub attempts: i32,
+    pub error_code: Option<String>,
+    pub slack_ts: Option<String>,
+    pub reconciled: bool,
+}
+
+/// The newest 500 intents in `state`.
+pub async fn list(pool: &PgPool, state: IntentState) -> sqlx::Result<Vec<Listed>> {
+    sqlx::query_as!(
+        Listed,
+        "SELECT id, installation_id, event_id, channel_id, root_ts, state, attempts, error_code, slack_ts, reconciled
+           FROM reply_intents WHERE state = $1 ORDER BY updated_at DESC LIMIT 500",
+        state.as_str()
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// The intent's state and decision, locked for the caller's transaction
+/// (an operator settling it).
+pub async fn lock_for_operator(
+    conn: &mut PgConnection,
+    id: Uuid,
+) -> sqlx::Result<Option<(IntentState, Uuid)>> {
+    let row = sqlx::query!(
+        "SELECT state, decision_id FROM reply_intents WHERE id = $1 FOR UPDATE",
+        id
+    )
+    .fetch_optional(conn)
+    .await?;
+    row.map(|r| {
+        IntentState::parse(&r.state)
+            .map(|s| (s, r.decision_id))
+            .map_err(|e| sqlx::Error::Decode(format!("reply_intents.state: {e}").into()))
+    })
+    .transpose()
+}
+
+/// An operator found no post of a held intent: `held → pending`, due now,
+/// so it may be posted once more (the caller queues its proposal in the
+/// same transaction). False when it was not held.
+pub async fn operator_repost(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE reply_intents SET state = 'pending', reconcile_reads = 0, unknown_since = NULL, next_check_at = NULL,
+                next_attempt_at = now(), updated_at = now()
+          WHERE id = $1 AND state = 'held'",
+        id
+    )
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// An operator gives a held intent up: `held → failed_permanent`, nothing
+/// more is posted. False when it was not held.
+pub async fn operator_abandon(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE reply_intents SET state = 'failed_permanent', error_code = 'abandoned_by_operator', next_check_at = NULL,
+                updated_at = now()
+          WHERE id = $1 AND state = 'held'",
+        id
+    )
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}

@@ -322,3 +322,56 @@ pub async fn replay(pool: &PgPool, receipt_id: Uuid) -> Result<Replay, sqlx::Err
         event_type: r.event_type,
     })
 }
+
+/// An `unparsed` receipt as an operator lists it: identifiers, the parse
+/// error and the size of the held body (never the body).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HeldUnparsed {
+    pub receipt_id: Uuid,
+    /// `null` when the installation was unknown on receipt.
+    pub installation_id: Option<Uuid>,
+    pub api_app_id: String,
+    pub event_id: String,
+    pub team_id: Option<String>,
+    pub enterprise_id: Option<String>,
+    pub parse_error: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub received_at: OffsetDateTime,
+    pub retry_num: i32,
+    pub duplicate_deliveries: i32,
+    pub body_bytes: i32,
+}
+
+/// The oldest `limit` unparsed receipts.
+pub async fn unparsed(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<HeldUnparsed>> {
+    sqlx::query_as!(
+        HeldUnparsed,
+        r#"SELECT r.id AS receipt_id, r.installation_id, r.api_app_id, r.event_id, r.team_id,
+                  r.enterprise_id, r.parse_error, r.received_at, r.retry_num,
+                  r.duplicate_deliveries, octet_length(u.body) AS "body_bytes!"
+             FROM unparsed_events u JOIN event_receipts r ON r.id = u.receipt_id
+            WHERE r.state = 'unparsed'
+            ORDER BY u.received_at, r.id
+            LIMIT $1"#,
+        limit.max(0)
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Every unparsed receipt's id, oldest first.
+pub async fn unparsed_ids(pool: &PgPool) -> sqlx::Result<Vec<Uuid>> {
+    sqlx::query_scalar!(
+        "SELECT r.id FROM unparsed_events u JOIN event_receipts r ON r.id = u.receipt_id
+          WHERE r.state = 'unparsed' ORDER BY u.received_at, r.id"
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Which of `ids` name a receipt.
+pub async fn existing(pool: &PgPool, ids: &[Uuid]) -> sqlx::Result<Vec<Uuid>> {
+    sqlx::query_scalar!("SELECT id FROM event_receipts WHERE id = ANY($1)", ids)
+        .fetch_all(pool)
+        .await
+}
