@@ -9,7 +9,6 @@ use threadline_domain::{AppId, BotId, EnterpriseId, TeamId, UserId};
 use threadline_runtime::config::Source;
 use threadline_runtime::installations::Registration;
 use threadline_runtime::secrets::TokenCipher;
-use uuid::Uuid;
 
 #[derive(Subcommand)]
 pub enum InstallCommand {
@@ -98,27 +97,9 @@ pub async fn run(cmd: InstallCommand, src: &Source, pool: &PgPool) -> anyhow::Re
             println!("installation {id} active (app {app}, key {key_id})");
         }
         InstallCommand::List => {
-            let list: Vec<InstallationRow> = sqlx::query_as(
-                "SELECT id, app_id, enterprise_id, team_id, is_enterprise_install AS org_wide, status,
-                        bot_token_key_id AS token_key_id
-                   FROM installations ORDER BY created_at",
-            )
-            .fetch_all(pool)
-            .await?;
+            let list = threadline_store::installations::list(pool).await?;
             println!("{}", serde_json::to_string_pretty(&list)?);
         }
     }
     Ok(())
-}
-
-/// What `install list` shows: identifiers and status, never token material.
-#[derive(sqlx::FromRow, serde::Serialize)]
-struct InstallationRow {
-    id: Uuid,
-    app_id: String,
-    enterprise_id: Option<String>,
-    team_id: Option<String>,
-    org_wide: bool,
-    status: String,
-    token_key_id: Option<String>,
 }

@@ -91,39 +91,21 @@ pub enum PolicyCommand {
 pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
     match cmd {
         PolicyCommand::Show { installation } => {
-            type PolicyRow = (bool, bool, bool, Vec<String>, String, bool, bool);
-            let p: Option<PolicyRow> = sqlx::query_as(
-                "SELECT dms_allowed, private_channels_allowed, shared_channels_allowed, approved_bots, read_limits,
-                        allowlist_only, unfurl_allowed
-                   FROM installation_policies WHERE installation_id = $1",
-            )
-            .bind(installation)
-            .fetch_optional(pool)
-            .await?;
-            let (dms, private, shared, bots, limits, allowlist_only, unfurl) = p.unwrap_or((
-                false,
-                false,
-                false,
-                Vec::new(),
-                "tier3".into(),
-                false,
-                false,
-            ));
-            type ChannelRow = (String, String, Vec<String>, bool, Option<bool>);
-            let channels: Vec<ChannelRow> =
-                sqlx::query_as("SELECT channel_id, mode, keywords, allowed, unfurl_allowed FROM channel_policies WHERE installation_id = $1 ORDER BY channel_id")
-                    .bind(installation)
-                    .fetch_all(pool)
-                    .await?;
+            let p = threadline_store::policies::installation_policy(pool, installation)
+                .await?
+                .unwrap_or_default();
+            let channels = threadline_store::policies::channel_policies(pool, installation).await?;
             println!(
                 "{}",
                 serde_json::to_string_pretty(&serde_json::json!({
-                    "installation_id": installation, "dms": dms, "private_channels": private, "shared_channels": shared,
-                    "approved_bots": bots, "read_limits": limits, "allowlist_only": allowlist_only, "unfurl": unfurl,
-                    "channels": channels.into_iter().map(|(c, m, k, a, u)| serde_json::json!({
-                        "channel": c, "mode": m, "keywords": k, "allowed": a,
+                    "installation_id": installation, "dms": p.dms_allowed,
+                    "private_channels": p.private_channels_allowed, "shared_channels": p.shared_channels_allowed,
+                    "approved_bots": p.approved_bots, "read_limits": p.read_limits,
+                    "allowlist_only": p.allowlist_only, "unfurl": p.unfurl_allowed,
+                    "channels": channels.into_iter().map(|c| serde_json::json!({
+                        "channel": c.channel_id, "mode": c.mode, "keywords": c.keywords, "allowed": c.allowed,
                         // null: as the installation says
-                        "unfurl": u,
+                        "unfurl": c.unfurl_allowed,
                     })).collect::<Vec<_>>(),
                 }))?
             );
@@ -138,11 +120,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
             allowlist_only,
             unfurl,
         } => {
-            let exists: bool =
-                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM installations WHERE id = $1)")
-                    .bind(installation)
-                    .fetch_one(pool)
-                    .await?;
+            let exists = threadline_store::installations::exists(pool, installation).await?;
             if !exists {
                 anyhow::bail!("no installation {installation} (see `threadline install list`)");
             }
@@ -152,33 +130,19 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                         .map_err(|e| anyhow::anyhow!("--approved-bots: {e}"))?;
                 }
             }
-            sqlx::query(
-                "INSERT INTO installation_policies (installation_id) VALUES ($1) ON CONFLICT DO NOTHING",
+            threadline_store::policies::set_installation_policy(
+                pool,
+                installation,
+                &threadline_store::policies::InstallationChanges {
+                    dms_allowed: dms.map(Toggle::on),
+                    private_channels_allowed: private_channels.map(Toggle::on),
+                    shared_channels_allowed: shared_channels.map(Toggle::on),
+                    approved_bots,
+                    read_limits,
+                    allowlist_only: allowlist_only.map(Toggle::on),
+                    unfurl_allowed: unfurl.map(Toggle::on),
+                },
             )
-            .bind(installation)
-            .execute(pool)
-            .await?;
-            sqlx::query(
-                "UPDATE installation_policies
-                    SET dms_allowed = coalesce($2, dms_allowed),
-                        private_channels_allowed = coalesce($3, private_channels_allowed),
-                        shared_channels_allowed = coalesce($4, shared_channels_allowed),
-                        approved_bots = coalesce($5, approved_bots),
-                        read_limits = coalesce($6, read_limits),
-                        allowlist_only = coalesce($7, allowlist_only),
-                        unfurl_allowed = coalesce($8, unfurl_allowed),
-                        updated_at = now()
-                  WHERE installation_id = $1",
-            )
-            .bind(installation)
-            .bind(dms.map(Toggle::on))
-            .bind(private_channels.map(Toggle::on))
-            .bind(shared_channels.map(Toggle::on))
-            .bind(approved_bots)
-            .bind(read_limits)
-            .bind(allowlist_only.map(Toggle::on))
-            .bind(unfurl.map(Toggle::on))
-            .execute(pool)
             .await?;
             println!("policy of {installation} updated");
         }
@@ -201,11 +165,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                 Some(Mode::Keywords) => Some("keywords"),
                 Some(Mode::EveryMessage) => Some("every_message"),
             };
-            let exists: bool =
-                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM installations WHERE id = $1)")
-                    .bind(installation)
-                    .fetch_one(pool)
-                    .await?;
+            let exists = threadline_store::installations::exists(pool, installation).await?;
             if !exists {
                 anyhow::bail!("no installation {installation} (see `threadline install list`)");
             }
@@ -217,26 +177,19 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                 Some(ChannelToggle::Off) => (true, Some(false)),
                 Some(ChannelToggle::Inherit) => (true, None),
             };
-            let (mode, allowed, unfurl): (String, bool, Option<bool>) = sqlx::query_as(
-                "INSERT INTO channel_policies (installation_id, channel_id, mode, keywords, allowed, unfurl_allowed)
-                 VALUES ($1, $2, coalesce($3, 'mentions'), $4, coalesce($5, false), $7)
-                 ON CONFLICT (installation_id, channel_id) DO UPDATE
-                    SET mode = coalesce($3, channel_policies.mode),
-                        keywords = CASE WHEN $3 IS NULL THEN channel_policies.keywords ELSE EXCLUDED.keywords END,
-                        allowed = coalesce($5, channel_policies.allowed),
-                        unfurl_allowed = CASE WHEN $6 THEN $7 ELSE channel_policies.unfurl_allowed END,
-                        updated_at = now()
-                 RETURNING mode, allowed, unfurl_allowed",
+            let now = threadline_store::policies::set_channel_policy(
+                pool,
+                installation,
+                &channel,
+                &threadline_store::policies::ChannelChanges {
+                    mode,
+                    keywords: &keywords,
+                    allowed: allow.map(Toggle::on),
+                    unfurl_allowed: unfurl_given.then_some(unfurl_value),
+                },
             )
-            .bind(installation)
-            .bind(&channel)
-            .bind(mode)
-            .bind(&keywords)
-            .bind(allow.map(Toggle::on))
-            .bind(unfurl_given)
-            .bind(unfurl_value)
-            .fetch_one(pool)
             .await?;
+            let (mode, allowed, unfurl) = (now.mode, now.allowed, now.unfurl_allowed);
             println!(
                 "channel {channel}: {mode}{}{}",
                 if allowed { ", allow-listed" } else { "" },

@@ -87,105 +87,40 @@ pub async fn run(args: &PurgeArgs, src: &Source, pool: &PgPool) -> anyhow::Resul
         )?,
         ..Default::default()
     };
-    let mut tx = pool.begin().await?;
-    sqlx::query("SELECT set_config('threadline.audit_purge', 'on', true)")
-        .execute(&mut *tx)
-        .await?;
-    r.audit_records =
-        sqlx::query("DELETE FROM audit_log WHERE at < now() - make_interval(days => $1::int)")
-            .bind(r.audit_days as i64)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected() as i64;
-
-    let cutoff = r.receipts_days as i64;
-    // Unparsed deliveries nobody replayed within the retention: the body
-    // (message text) goes, the receipt is closed as failed and is deleted
-    // like any finished receipt one retention later. A body whose receipt
-    // is no longer unparsed has no use and goes too.
-    (r.unparsed_bodies, r.unparsed_expired) = sqlx::query_as(
-        "WITH old AS (
-             SELECT receipt_id FROM unparsed_events
-              WHERE received_at < now() - make_interval(days => $1::int)),
-         expired AS (
-             UPDATE event_receipts r
-                SET state = 'failed', state_reason = 'unparsed_expired', updated_at = now()
-               FROM old WHERE r.id = old.receipt_id AND r.state = 'unparsed'
-             RETURNING 1),
-         bodies AS (
-             DELETE FROM unparsed_events u
-              WHERE u.receipt_id IN (SELECT receipt_id FROM old)
-                 OR NOT EXISTS (SELECT 1 FROM event_receipts r
-                                 WHERE r.id = u.receipt_id AND r.state = 'unparsed')
-             RETURNING 1)
-         SELECT (SELECT count(*) FROM bodies), (SELECT count(*) FROM expired)",
+    let purged = threadline_store::retention::purge(
+        pool,
+        threadline_store::retention::Retention {
+            // (each at most 36,500: checked by `days`)
+            audit_days: r.audit_days as i32,
+            receipts_days: r.receipts_days as i32,
+            threads_days: r.threads_days as i32,
+        },
+        args.dry_run,
     )
-    .bind(cutoff)
-    .fetch_one(&mut *tx)
     .await?;
-    r.receipts = sqlx::query(
-        "DELETE FROM event_receipts
-          WHERE state IN ('done', 'ignored', 'failed') AND updated_at < now() - make_interval(days => $1::int)",
-    )
-    .bind(cutoff)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected() as i64;
-    r.contexts = sqlx::query(
-        "DELETE FROM contexts c
-          WHERE c.captured_at < now() - make_interval(days => $1::int)
-            AND NOT EXISTS (SELECT 1 FROM event_receipts r WHERE r.id = c.receipt_id)",
-    )
-    .bind(cutoff)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected() as i64;
-    r.rejections = sqlx::query_scalar(
-        "WITH a AS (DELETE FROM rejections WHERE received_at < now() - make_interval(days => $1::int) RETURNING 1),
-              b AS (DELETE FROM app_rate_limit_notices WHERE received_at < now() - make_interval(days => $1::int) RETURNING 1)
-         SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b)",
-    )
-    .bind(cutoff)
-    .fetch_one(&mut *tx)
-    .await?;
-
-    let (threads, messages): (i64, i64) = sqlx::query_as(
-        "WITH idle AS (
-             DELETE FROM threads WHERE updated_at < now() - make_interval(days => $1::int)
-             RETURNING installation_id, channel_id, root_ts),
-         msgs AS (
-             DELETE FROM thread_messages m USING idle i
-              WHERE m.installation_id = i.installation_id AND m.channel_id = i.channel_id AND m.root_ts = i.root_ts
-             RETURNING m.installation_id, m.channel_id, m.ts),
-         facts AS (
-             DELETE FROM message_facts f USING msgs m
-              WHERE f.installation_id = m.installation_id AND f.channel_id = m.channel_id AND f.ts = m.ts
-             RETURNING 1),
-         gone_turns AS (
-             DELETE FROM turns t USING msgs m
-              WHERE t.installation_id = m.installation_id AND t.channel_id = m.channel_id AND t.ts = m.ts
-             RETURNING 1)
-         SELECT (SELECT count(*) FROM idle), (SELECT count(*) FROM msgs)",
-    )
-    .bind(r.threads_days as i64)
-    .fetch_one(&mut *tx)
-    .await?;
-    (r.threads, r.thread_messages) = (threads, messages);
-    r.proposal_texts = sqlx::query(
-        "UPDATE decisions SET body_text = NULL, body_blocks = NULL
-          WHERE body_text IS NOT NULL AND updated_at < now() - make_interval(days => $1::int)
-            AND status NOT IN ('calling', 'proposed', 'review', 'approved')",
-    )
-    .bind(r.threads_days as i64)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected() as i64;
-
-    if args.dry_run {
-        tx.rollback().await?;
-    } else {
-        tx.commit().await?;
-    }
+    let threadline_store::retention::Purged {
+        audit_records,
+        receipts,
+        contexts,
+        rejections,
+        unparsed_bodies,
+        unparsed_expired,
+        threads,
+        thread_messages,
+        proposal_texts,
+    } = purged;
+    r = Report {
+        audit_records,
+        receipts,
+        contexts,
+        rejections,
+        unparsed_bodies,
+        unparsed_expired,
+        threads,
+        thread_messages,
+        proposal_texts,
+        ..r
+    };
     Ok(r)
 }
 

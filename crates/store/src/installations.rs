@@ -57,3 +57,129 @@ pub async fn is_active(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
         .await?;
     Ok(status.as_deref() == Some("active"))
 }
+
+pub async fn exists(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM installations WHERE id = $1) AS "exists!""#,
+        id
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// An installation as `threadline install list` shows it: identifiers and
+/// status, never token material.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Listed {
+    pub id: Uuid,
+    pub app_id: String,
+    pub enterprise_id: Option<String>,
+    pub team_id: Option<String>,
+    pub org_wide: bool,
+    pub status: String,
+    pub token_key_id: Option<String>,
+}
+
+pub async fn list(pool: &PgPool) -> sqlx::Result<Vec<Listed>> {
+    sqlx::query_as!(
+        Listed,
+        r#"SELECT id, app_id, enterprise_id, team_id, is_enterprise_install AS org_wide, status,
+                  bot_token_key_id AS token_key_id
+             FROM installations ORDER BY created_at"#
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Which of an installation's sealed tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    Bot,
+    Refresh,
+}
+
+impl TokenKind {
+    /// The purpose its sealing binds (the AAD's).
+    pub fn purpose(self) -> &'static str {
+        match self {
+            TokenKind::Bot => "bot",
+            TokenKind::Refresh => "refresh",
+        }
+    }
+}
+
+/// A sealed token: the installation, the sealed bytes and the id of the
+/// key that sealed them.
+#[derive(Debug, Clone)]
+pub struct SealedToken {
+    pub id: Uuid,
+    pub bytes: Vec<u8>,
+    pub key_id: String,
+}
+
+/// The tokens of `kind` sealed with another key than `key_id`.
+pub async fn sealed_with_other_key(
+    pool: &PgPool,
+    kind: TokenKind,
+    key_id: &str,
+) -> sqlx::Result<Vec<SealedToken>> {
+    match kind {
+        TokenKind::Bot => {
+            sqlx::query_as!(
+                SealedToken,
+                r#"SELECT id, bot_token_sealed AS "bytes!", bot_token_key_id AS "key_id!" FROM installations
+                    WHERE bot_token_sealed IS NOT NULL AND bot_token_key_id <> $1"#,
+                key_id
+            )
+            .fetch_all(pool)
+            .await
+        }
+        TokenKind::Refresh => {
+            sqlx::query_as!(
+                SealedToken,
+                r#"SELECT id, refresh_token_sealed AS "bytes!", refresh_token_key_id AS "key_id!" FROM installations
+                    WHERE refresh_token_sealed IS NOT NULL AND refresh_token_key_id <> $1"#,
+                key_id
+            )
+            .fetch_all(pool)
+            .await
+        }
+    }
+}
+
+/// Stores a token sealed anew (`new`) in place of `old`, compare-and-set
+/// on the old key: a concurrent re-seal is not undone. True when stored.
+pub async fn reseal(
+    pool: &PgPool,
+    kind: TokenKind,
+    old: &SealedToken,
+    new: &SealedToken,
+) -> sqlx::Result<bool> {
+    let r = match kind {
+        TokenKind::Bot => {
+            sqlx::query!(
+                "UPDATE installations SET bot_token_sealed = $2, bot_token_key_id = $3, updated_at = now()
+                  WHERE id = $1 AND bot_token_key_id = $4",
+                old.id,
+                new.bytes,
+                new.key_id,
+                old.key_id
+            )
+            .execute(pool)
+            .await?
+        }
+        TokenKind::Refresh => {
+            sqlx::query!(
+                "UPDATE installations SET refresh_token_sealed = $2, refresh_token_key_id = $3, updated_at = now()
+                  WHERE id = $1 AND refresh_token_key_id = $4",
+                old.id,
+                new.bytes,
+                new.key_id,
+                old.key_id
+            )
+            .execute(pool)
+            .await?
+        }
+    };
+    Ok(r.rows_affected() == 1)
+}

@@ -16,3 +16,4 @@ pub mod operator;
 pub mod outbox;
 pub mod policies;
 pub mod receipts;
+pub mod retention;

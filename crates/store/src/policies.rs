@@ -23,3 +23,165 @@ pub async fn unfurl_allowed(
     .fetch_one(pool)
     .await
 }
+
+/// What an installation allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallationPolicy {
+    pub dms_allowed: bool,
+    pub private_channels_allowed: bool,
+    pub shared_channels_allowed: bool,
+    pub approved_bots: Vec<String>,
+    pub read_limits: String,
+    pub allowlist_only: bool,
+    pub unfurl_allowed: bool,
+}
+
+impl Default for InstallationPolicy {
+    /// An installation without a policy row: DMs, private and shared
+    /// channels off, no approved bots, Tier 3 reads, not allow-listed, no
+    /// unfurling (the schema's defaults).
+    fn default() -> Self {
+        Self {
+            dms_allowed: false,
+            private_channels_allowed: false,
+            shared_channels_allowed: false,
+            approved_bots: Vec::new(),
+            read_limits: "tier3".into(),
+            allowlist_only: false,
+            unfurl_allowed: false,
+        }
+    }
+}
+
+pub async fn installation_policy(
+    pool: &PgPool,
+    installation: Uuid,
+) -> sqlx::Result<Option<InstallationPolicy>> {
+    sqlx::query_as!(
+        InstallationPolicy,
+        "SELECT dms_allowed, private_channels_allowed, shared_channels_allowed, approved_bots, read_limits,
+                allowlist_only, unfurl_allowed
+           FROM installation_policies WHERE installation_id = $1",
+        installation
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// What a channel overrides; `unfurl_allowed` `None`: as the installation
+/// says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelPolicy {
+    pub channel_id: String,
+    pub mode: String,
+    pub keywords: Vec<String>,
+    pub allowed: bool,
+    pub unfurl_allowed: Option<bool>,
+}
+
+pub async fn channel_policies(
+    pool: &PgPool,
+    installation: Uuid,
+) -> sqlx::Result<Vec<ChannelPolicy>> {
+    sqlx::query_as!(
+        ChannelPolicy,
+        "SELECT channel_id, mode, keywords, allowed, unfurl_allowed FROM channel_policies
+          WHERE installation_id = $1 ORDER BY channel_id",
+        installation
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Changes to an installation's policy: `None` leaves a setting as it is.
+#[derive(Debug, Clone, Default)]
+pub struct InstallationChanges {
+    pub dms_allowed: Option<bool>,
+    pub private_channels_allowed: Option<bool>,
+    pub shared_channels_allowed: Option<bool>,
+    pub approved_bots: Option<Vec<String>>,
+    pub read_limits: Option<String>,
+    pub allowlist_only: Option<bool>,
+    pub unfurl_allowed: Option<bool>,
+}
+
+/// Applies `c` to the installation's policy (made from the defaults first
+/// when it has none).
+pub async fn set_installation_policy(
+    pool: &PgPool,
+    installation: Uuid,
+    c: &InstallationChanges,
+) -> sqlx::Result<()> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!(
+        "INSERT INTO installation_policies (installation_id) VALUES ($1) ON CONFLICT DO NOTHING",
+        installation
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        "UPDATE installation_policies
+            SET dms_allowed = coalesce($2, dms_allowed),
+                private_channels_allowed = coalesce($3, private_channels_allowed),
+                shared_channels_allowed = coalesce($4, shared_channels_allowed),
+                approved_bots = coalesce($5, approved_bots),
+                read_limits = coalesce($6, read_limits),
+                allowlist_only = coalesce($7, allowlist_only),
+                unfurl_allowed = coalesce($8, unfurl_allowed),
+                updated_at = now()
+          WHERE installation_id = $1",
+        installation,
+        c.dms_allowed,
+        c.private_channels_allowed,
+        c.shared_channels_allowed,
+        c.approved_bots.as_deref(),
+        c.read_limits.as_deref(),
+        c.allowlist_only,
+        c.unfurl_allowed,
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
+/// Changes to a channel's policy: `None` leaves a setting as it is; a new
+/// row starts as mentions only, not allow-listed, unfurling as the
+/// installation says. `keywords` apply with a new `mode`.
+#[derive(Debug, Clone, Default)]
+pub struct ChannelChanges<'a> {
+    pub mode: Option<&'a str>,
+    pub keywords: &'a [String],
+    pub allowed: Option<bool>,
+    /// `Some(None)`: as the installation says again.
+    pub unfurl_allowed: Option<Option<bool>>,
+}
+
+/// Applies `c` to the channel's policy; returns the channel's policy now.
+pub async fn set_channel_policy(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    c: &ChannelChanges<'_>,
+) -> sqlx::Result<ChannelPolicy> {
+    sqlx::query_as!(
+        ChannelPolicy,
+        "INSERT INTO channel_policies (installation_id, channel_id, mode, keywords, allowed, unfurl_allowed)
+         VALUES ($1, $2, coalesce($3, 'mentions'), $4, coalesce($5, false), $7)
+         ON CONFLICT (installation_id, channel_id) DO UPDATE
+            SET mode = coalesce($3, channel_policies.mode),
+                keywords = CASE WHEN $3 IS NULL THEN channel_policies.keywords ELSE EXCLUDED.keywords END,
+                allowed = coalesce($5, channel_policies.allowed),
+                unfurl_allowed = CASE WHEN $6 THEN $7 ELSE channel_policies.unfurl_allowed END,
+                updated_at = now()
+         RETURNING channel_id, mode, keywords, allowed, unfurl_allowed",
+        installation,
+        channel,
+        c.mode,
+        c.keywords,
+        c.allowed,
+        c.unfurl_allowed.is_some(),
+        c.unfurl_allowed.flatten(),
+    )
+    .fetch_one(pool)
+    .await
+}
