@@ -12,6 +12,7 @@ pub mod decisions;
 pub mod installations;
 pub mod intents;
 pub mod kill_switches;
+pub mod ledger;
 pub mod operator;
 pub mod outbox;
 pub mod policies;
