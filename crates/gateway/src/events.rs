@@ -199,13 +199,12 @@ async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> (Answer, Re
                 "Slack is dropping events for this app: more than 30,000 events in an hour for a workspace"
             );
             metrics::counter!("threadline_gateway_app_rate_limited_total").increment(1);
-            let r = sqlx::query(
-                "INSERT INTO app_rate_limit_notices (api_app_id, team_id, minute_rate_limited) VALUES ($1, $2, $3)",
+            let r = threadline_store::rejections::app_rate_limited(
+                &app.pool,
+                api_app_id.as_ref().map(|a| a.as_str()),
+                team_id.as_ref().map(|t| t.as_str()),
+                minute_rate_limited,
             )
-            .bind(api_app_id.as_ref().map(|a| a.as_str()))
-            .bind(team_id.as_ref().map(|t| t.as_str()))
-            .bind(minute_rate_limited)
-            .execute(&app.pool)
             .await;
             match r {
                 Ok(_) => (Answer::Ignored, StatusCode::OK.into_response()),
@@ -258,17 +257,21 @@ async fn record_rejection(
     cb: Option<(&EventCallback, Option<Uuid>)>,
 ) -> Result<(), sqlx::Error> {
     let key = cb.map(|(cb, _)| cb.installation_key());
-    let r = sqlx::query(
-        "INSERT INTO rejections (reason, api_app_id, team_id, enterprise_id, event_id, installation_id)
-         VALUES ($1, $2, $3, $4, $5, $6)",
+    let r = threadline_store::rejections::record(
+        &app.pool,
+        &threadline_store::rejections::Rejection {
+            reason,
+            api_app_id: cb.map(|(cb, _)| cb.api_app_id.as_str()),
+            team_id: key
+                .as_ref()
+                .and_then(|k| k.team_id.as_ref().map(|t| t.as_str())),
+            enterprise_id: key
+                .as_ref()
+                .and_then(|k| k.enterprise_id.as_ref().map(|e| e.as_str())),
+            event_id: cb.map(|(cb, _)| cb.event_id.as_str()),
+            installation_id: cb.and_then(|(_, id)| id),
+        },
     )
-    .bind(reason)
-    .bind(cb.map(|(cb, _)| cb.api_app_id.as_str()))
-    .bind(key.as_ref().and_then(|k| k.team_id.as_ref().map(|t| t.as_str())))
-    .bind(key.as_ref().and_then(|k| k.enterprise_id.as_ref().map(|e| e.as_str())))
-    .bind(cb.map(|(cb, _)| cb.event_id.as_str()))
-    .bind(cb.and_then(|(_, id)| id))
-    .execute(&app.pool)
     .await;
     if let Err(e) = &r {
         tracing::warn!(reason, error = %e, "could not record rejection");

@@ -101,16 +101,12 @@ pub async fn install(State(s): State<OAuthState>, req: Request) -> Response {
     }
     let (state, browser) = (random(), random());
     // States past their validity go as each new one is written.
-    let r = sqlx::query_scalar::<_, i64>(
-        "WITH purged AS (DELETE FROM oauth_states WHERE expires_at <= now() RETURNING 1)
-         INSERT INTO oauth_states (state_hash, browser_hash, expires_at)
-              VALUES ($1, $2, now() + make_interval(secs => $3))
-           RETURNING (SELECT count(*) FROM purged)",
+    let r = threadline_store::oauth_states::begin(
+        &s.pool,
+        &digest(&state),
+        &digest(&browser),
+        s.oauth.settings.state_ttl.as_secs_f64(),
     )
-    .bind(digest(&state))
-    .bind(digest(&browser))
-    .bind(s.oauth.settings.state_ttl.as_secs_f64())
-    .fetch_one(&s.pool)
     .await;
     match r {
         Ok(purged) => {
@@ -203,16 +199,10 @@ pub async fn callback(
     let browser = browser_cookie(&headers).unwrap_or_default();
     // Single use, unexpired, and from the browser that started it: one
     // compare-and-set. A failure says nothing about which check failed.
-    let claimed = sqlx::query(
-        "UPDATE oauth_states SET used_at = now()
-          WHERE state_hash = $1 AND browser_hash = $2 AND used_at IS NULL AND expires_at > now()",
-    )
-    .bind(digest(&state))
-    .bind(digest(&browser))
-    .execute(&s.pool)
-    .await;
+    let claimed =
+        threadline_store::oauth_states::claim(&s.pool, &digest(&state), &digest(&browser)).await;
     match claimed {
-        Ok(r) if r.rows_affected() == 1 => {}
+        Ok(true) => {}
         Ok(_) => {
             metrics::counter!("threadline_oauth_callbacks_total", "result" => "bad_state")
                 .increment(1);

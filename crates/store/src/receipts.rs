@@ -375,3 +375,93 @@ pub async fn existing(pool: &PgPool, ids: &[Uuid]) -> sqlx::Result<Vec<Uuid>> {
         .fetch_all(pool)
         .await
 }
+
+/// Inserts the receipts of a batch of deliveries with their outbox rows (or,
+/// unparsed, their bodies) in one statement, so one transaction and one
+/// commit: `ON CONFLICT (api_app_id, event_id) DO NOTHING`, and an outbox
+/// row (or body) only for a receipt that was new. Returns the ids of the
+/// receipts inserted. The caller sorts `rs` by identity so that concurrent
+/// batches lock in the same order and cannot deadlock.
+pub async fn insert_batch(pool: &PgPool, rs: &[&NewReceipt]) -> sqlx::Result<Vec<Uuid>> {
+    // Arrays with NULL elements are passed `as _` (their element type is
+    // still the column's: the statement casts each array).
+    sqlx::query_scalar!(
+        r#"WITH input AS (
+             SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
+                                  $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[],
+                                  $13::int[], $14::text[], $15::text[], $16::bytea[], $17::text[], $18::text[],
+                                  $19::text[], $20::bytea[])
+                 AS t(id, installation_id, api_app_id, event_id, team_id, enterprise_id,
+                      event_type, event_subtype, channel_id, message_ts, thread_ts, event_time,
+                      retry_num, retry_reason, msg_id, payload, traceparent, tracestate,
+                      parse_error, unparsed_body)
+         ), ins AS (
+             INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, team_id, enterprise_id,
+                                         event_type, event_subtype, channel_id, message_ts, thread_ts,
+                                         event_time, retry_num, retry_reason, state, parse_error)
+             SELECT id, installation_id, api_app_id, event_id, team_id, enterprise_id,
+                    event_type, event_subtype, channel_id, message_ts, thread_ts,
+                    to_timestamp(event_time), retry_num, retry_reason,
+                    CASE WHEN parse_error IS NULL THEN 'accepted' ELSE 'unparsed' END, parse_error
+               FROM input
+             ON CONFLICT (api_app_id, event_id) DO NOTHING
+             RETURNING id
+         ), outbox_rows AS (
+             INSERT INTO outbox (installation_id, receipt_id, topic, msg_id, payload, traceparent, tracestate)
+             SELECT input.installation_id, input.id, 'events', input.msg_id, input.payload, input.traceparent,
+                    input.tracestate
+               FROM input JOIN ins ON ins.id = input.id
+              WHERE input.parse_error IS NULL
+         ), unparsed_rows AS (
+             INSERT INTO unparsed_events (receipt_id, body)
+             SELECT input.id, input.unparsed_body
+               FROM input JOIN ins ON ins.id = input.id
+              WHERE input.parse_error IS NOT NULL
+         )
+         SELECT id AS "id!" FROM ins"#,
+        &rs.iter().map(|r| r.id).collect::<Vec<_>>(),
+        rs.iter().map(|r| r.installation_id).collect::<Vec<_>>() as _,
+        &rs.iter().map(|r| r.api_app_id.clone()).collect::<Vec<_>>(),
+        &rs.iter().map(|r| r.event_id.clone()).collect::<Vec<_>>(),
+        rs.iter().map(|r| r.team_id.as_deref()).collect::<Vec<_>>() as _,
+        rs.iter().map(|r| r.enterprise_id.as_deref()).collect::<Vec<_>>() as _,
+        &rs.iter().map(|r| r.event_type.clone()).collect::<Vec<_>>(),
+        rs.iter().map(|r| r.event_subtype.as_deref()).collect::<Vec<_>>() as _,
+        rs.iter().map(|r| r.channel_id.as_deref()).collect::<Vec<_>>() as _,
+        rs.iter().map(|r| r.message_ts.as_deref()).collect::<Vec<_>>() as _,
+        rs.iter().map(|r| r.thread_ts.as_deref()).collect::<Vec<_>>() as _,
+        rs.iter().map(|r| r.event_time).collect::<Vec<_>>() as _,
+        &rs.iter().map(|r| r.retry_num).collect::<Vec<_>>(),
+        rs.iter().map(|r| r.retry_reason.as_deref()).collect::<Vec<_>>() as _,
+        &rs.iter().map(|r| r.msg_id.clone()).collect::<Vec<_>>(),
+        rs.iter().map(|r| r.payload.as_slice()).collect::<Vec<_>>() as _,
+        rs.iter().map(|r| r.traceparent.as_deref()).collect::<Vec<_>>() as _,
+        rs.iter().map(|r| r.tracestate.as_deref()).collect::<Vec<_>>() as _,
+        rs.iter()
+            .map(|r| r.unparsed.as_ref().map(|u| u.parse_error.as_str()))
+            .collect::<Vec<_>>() as _,
+        rs.iter()
+            .map(|r| r.unparsed.as_ref().map(|u| u.body.as_slice()))
+            .collect::<Vec<_>>() as _,
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Adds duplicate deliveries to their receipts' counts: `(api_app_id,
+/// event_id, deliveries)`, sorted by identity by the caller (the same lock
+/// order as [`insert_batch`]).
+pub async fn count_duplicates(pool: &PgPool, dups: &[(&str, &str, i32)]) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE event_receipts r
+            SET duplicate_deliveries = r.duplicate_deliveries + d.n, last_delivery_at = now()
+           FROM UNNEST($1::text[], $2::text[], $3::int[]) AS d(api_app_id, event_id, n)
+          WHERE r.api_app_id = d.api_app_id AND r.event_id = d.event_id",
+        dups.iter().map(|d| d.0).collect::<Vec<_>>() as _,
+        dups.iter().map(|d| d.1).collect::<Vec<_>>() as _,
+        &dups.iter().map(|d| d.2).collect::<Vec<_>>(),
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
