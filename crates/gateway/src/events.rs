@@ -276,7 +276,7 @@ async fn record_rejection(
     if let Err(e) = &r {
         tracing::warn!(reason, error = %e, "could not record rejection");
     }
-    r.map(|_| ())
+    r
 }
 
 /// The reasons Slack documents for retrying a delivery. The header is not

@@ -395,7 +395,10 @@ pub async fn review(
     verdict: DecisionStatus,
     by: &str,
 ) -> sqlx::Result<bool> {
-    if !(verdict != DecisionStatus::Review && DecisionStatus::Review.can_become(verdict)) {
+    // A reviewer approves or rejects; the discards are the services'.
+    if !matches!(verdict, DecisionStatus::Approved | DecisionStatus::Rejected)
+        || !DecisionStatus::Review.can_become(verdict)
+    {
         return Ok(false);
     }
     let r = sqlx::query!(

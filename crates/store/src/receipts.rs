@@ -383,8 +383,8 @@ pub async fn existing(pool: &PgPool, ids: &[Uuid]) -> sqlx::Result<Vec<Uuid>> {
 /// receipts inserted. The caller sorts `rs` by identity so that concurrent
 /// batches lock in the same order and cannot deadlock.
 pub async fn insert_batch(pool: &PgPool, rs: &[&NewReceipt]) -> sqlx::Result<Vec<Uuid>> {
-    // Arrays with NULL elements are passed `as _` (their element type is
-    // still the column's: the statement casts each array).
+    // Arrays of borrowed or nullable elements are passed `as _` (the
+    // statement casts each array to its column's type).
     sqlx::query_scalar!(
         r#"WITH input AS (
              SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
@@ -421,11 +421,11 @@ pub async fn insert_batch(pool: &PgPool, rs: &[&NewReceipt]) -> sqlx::Result<Vec
          SELECT id AS "id!" FROM ins"#,
         &rs.iter().map(|r| r.id).collect::<Vec<_>>(),
         rs.iter().map(|r| r.installation_id).collect::<Vec<_>>() as _,
-        &rs.iter().map(|r| r.api_app_id.clone()).collect::<Vec<_>>(),
-        &rs.iter().map(|r| r.event_id.clone()).collect::<Vec<_>>(),
+        rs.iter().map(|r| r.api_app_id.as_str()).collect::<Vec<_>>() as _,
+        rs.iter().map(|r| r.event_id.as_str()).collect::<Vec<_>>() as _,
         rs.iter().map(|r| r.team_id.as_deref()).collect::<Vec<_>>() as _,
         rs.iter().map(|r| r.enterprise_id.as_deref()).collect::<Vec<_>>() as _,
-        &rs.iter().map(|r| r.event_type.clone()).collect::<Vec<_>>(),
+        rs.iter().map(|r| r.event_type.as_str()).collect::<Vec<_>>() as _,
         rs.iter().map(|r| r.event_subtype.as_deref()).collect::<Vec<_>>() as _,
         rs.iter().map(|r| r.channel_id.as_deref()).collect::<Vec<_>>() as _,
         rs.iter().map(|r| r.message_ts.as_deref()).collect::<Vec<_>>() as _,
@@ -433,7 +433,7 @@ pub async fn insert_batch(pool: &PgPool, rs: &[&NewReceipt]) -> sqlx::Result<Vec
         rs.iter().map(|r| r.event_time).collect::<Vec<_>>() as _,
         &rs.iter().map(|r| r.retry_num).collect::<Vec<_>>(),
         rs.iter().map(|r| r.retry_reason.as_deref()).collect::<Vec<_>>() as _,
-        &rs.iter().map(|r| r.msg_id.clone()).collect::<Vec<_>>(),
+        rs.iter().map(|r| r.msg_id.as_str()).collect::<Vec<_>>() as _,
         rs.iter().map(|r| r.payload.as_slice()).collect::<Vec<_>>() as _,
         rs.iter().map(|r| r.traceparent.as_deref()).collect::<Vec<_>>() as _,
         rs.iter().map(|r| r.tracestate.as_deref()).collect::<Vec<_>>() as _,
