@@ -89,10 +89,10 @@ async fn stage_breakdown(pool: &sqlx::PgPool, since: f64) {
 }
 
 /// CPU seconds (user + system, with reaped children: Postgres backends that
-/// ended) of every process on the machine, by what it is.
-fn cpu_by_process() -> std::collections::BTreeMap<&'static str, f64> {
+/// ended) of every process on the machine, by pid, with what it is.
+fn cpu_by_process() -> std::collections::HashMap<String, (&'static str, f64)> {
     let tick = 100.0; // USER_HZ on Linux
-    let mut out = std::collections::BTreeMap::new();
+    let mut out = std::collections::HashMap::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return out;
     };
@@ -121,7 +121,29 @@ fn cpu_by_process() -> std::collections::BTreeMap<&'static str, f64> {
             c if c.starts_with("nats-server") => "nats-server",
             _ => "everything else",
         };
-        *out.entry(who).or_insert(0.0) += t / tick;
+        out.insert(
+            e.file_name().to_string_lossy().into_owned(),
+            (who, t / tick),
+        );
+    }
+    out
+}
+
+/// The CPU seconds each kind of process spent between two samples: each
+/// process's own difference (a process that started meanwhile counts from
+/// zero; one that ended meanwhile is left out, unless a sampled parent
+/// reaped it), so a process that exits cannot make a figure negative.
+fn cpu_between(
+    before: &std::collections::HashMap<String, (&'static str, f64)>,
+    after: &std::collections::HashMap<String, (&'static str, f64)>,
+) -> std::collections::BTreeMap<&'static str, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for (pid, (who, t)) in after {
+        let was = before
+            .get(pid)
+            .filter(|(w, _)| w == who)
+            .map_or(0.0, |(_, t)| *t);
+        *out.entry(*who).or_insert(0.0) += (t - was).max(0.0);
     }
     out
 }
@@ -382,8 +404,8 @@ async fn main() {
     let answered = latencies.len().max(1) as f64;
     let mut total = 0.0;
     let mut cpu: Vec<String> = Vec::new();
-    for (who, after) in &cpu_after {
-        let ms = (after - cpu_before.get(who).copied().unwrap_or(0.0)) * 1000.0 / answered;
+    for (who, secs) in cpu_between(&cpu_before, &cpu_after) {
+        let ms = secs * 1000.0 / answered;
         total += ms;
         cpu.push(format!("{who} {ms:.2}"));
     }
