@@ -41,17 +41,9 @@ pub struct Report {
     audit_days: u64,
     receipts_days: u64,
     threads_days: u64,
-    audit_records: i64,
-    receipts: i64,
-    contexts: i64,
-    rejections: i64,
-    /// Stored bodies of unparsed deliveries deleted.
-    unparsed_bodies: i64,
-    /// Unparsed receipts closed as `failed` (`unparsed_expired`).
-    unparsed_expired: i64,
-    threads: i64,
-    thread_messages: i64,
-    proposal_texts: i64,
+    /// What was (or would be) deleted, each count a field of the report.
+    #[serde(flatten)]
+    purged: threadline_store::retention::Purged,
     dead_letters_hours: u64,
     /// Dead letters removed from the broker's dead-letter stream.
     dead_letters: u64,
@@ -87,7 +79,7 @@ pub async fn run(args: &PurgeArgs, src: &Source, pool: &PgPool) -> anyhow::Resul
         )?,
         ..Default::default()
     };
-    let purged = threadline_store::retention::purge(
+    r.purged = threadline_store::retention::purge(
         pool,
         threadline_store::retention::Retention {
             // (each at most 36,500: checked by `days`)
@@ -98,29 +90,6 @@ pub async fn run(args: &PurgeArgs, src: &Source, pool: &PgPool) -> anyhow::Resul
         args.dry_run,
     )
     .await?;
-    let threadline_store::retention::Purged {
-        audit_records,
-        receipts,
-        contexts,
-        rejections,
-        unparsed_bodies,
-        unparsed_expired,
-        threads,
-        thread_messages,
-        proposal_texts,
-    } = purged;
-    r = Report {
-        audit_records,
-        receipts,
-        contexts,
-        rejections,
-        unparsed_bodies,
-        unparsed_expired,
-        threads,
-        thread_messages,
-        proposal_texts,
-        ..r
-    };
     Ok(r)
 }
 

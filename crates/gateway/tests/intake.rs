@@ -148,16 +148,7 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
-        let (js, prefix) = (self.js.clone(), self.prefix.clone());
-        let _ = std::thread::spawn(move || {
-            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                rt.block_on(threadline_testkit::delete_streams(&js, &prefix));
-            }
-        })
-        .join();
+        threadline_testkit::delete_streams_blocking(&self.js, &self.prefix);
     }
 }
 

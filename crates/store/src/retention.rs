@@ -16,7 +16,7 @@ pub struct Retention {
 }
 
 /// What was (or, for a dry run, would be) deleted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Purged {
     pub audit_records: i64,
     pub receipts: i64,

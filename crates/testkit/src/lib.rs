@@ -97,3 +97,18 @@ pub async fn delete_streams(js: &async_nats::jetstream::Context, prefix: &str) {
         let _ = js.delete_stream(&name).await;
     }
 }
+
+/// [`delete_streams`] from a `Drop` (no runtime to await in): on a thread
+/// of its own with a runtime of its own.
+pub fn delete_streams_blocking(js: &async_nats::jetstream::Context, prefix: &str) {
+    let (js, prefix) = (js.clone(), prefix.to_owned());
+    let _ = std::thread::spawn(move || {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            rt.block_on(delete_streams(&js, &prefix));
+        }
+    })
+    .join();
+}
