@@ -1401,6 +1401,19 @@ def check_dockerfile(rep, root: Path, bins):
     if outside:
         rep.error("deploy/Dockerfile", f"query! macros outside crates/store ({', '.join(outside)}): "
                                        "only the store's offline data (.sqlx) reaches the image build")
+    # Every statement lives in the store and is checked at build time: a
+    # statement given to sqlx as a runtime string (query(...), query_as(...),
+    # raw_sql) is refused in every crate's sources but the test kit's, which
+    # creates and drops the tests' databases.
+    runtime_sql = re.compile(r"\bsqlx::(query|query_as|query_scalar|raw_sql)\s*(::<[^>]*>)?\(")
+    for p in sorted((root / "crates").glob("*/src/**/*.rs")):
+        rel = p.relative_to(root)
+        if rel.parts[1] == "testkit":
+            continue
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if runtime_sql.search(line):
+                rep.error(str(rel), f"line {n}: a statement checked only at run time; put it in crates/store "
+                                    "as a query!/query_as!/query_scalar! macro")
     if uses_macros:
         sqlx_dir = root / "crates/store/.sqlx"
         if not any(sqlx_dir.glob("query-*.json")):

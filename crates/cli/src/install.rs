@@ -88,6 +88,8 @@ pub async fn run(cmd: InstallCommand, src: &Source, pool: &PgPool) -> anyhow::Re
                     bot_user_id: bot_user.as_str(),
                     bot_id: bot_id.as_str(),
                     scopes: &scopes,
+                },
+                &threadline_runtime::installations::Tokens {
                     bot_token: &token,
                     refresh_token: None,
                     expires_in: None,

@@ -33,38 +33,11 @@ const METHOD: &str = "conversations.replies";
 
 /// Takes one call from the installation's shared budget.
 async fn take_budget(pool: &PgPool, inst: &Installation, per_minute: i32) -> sqlx::Result<bool> {
-    sqlx::query("INSERT INTO slack_read_budgets (installation_id, method) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-        .bind(inst.id)
-        .bind(METHOD)
-        .execute(pool)
-        .await?;
-    let r = sqlx::query(
-        "UPDATE slack_read_budgets
-            SET calls = CASE WHEN window_start <= now() - interval '1 minute' THEN 1 ELSE calls + 1 END,
-                window_start = CASE WHEN window_start <= now() - interval '1 minute' THEN now() ELSE window_start END
-          WHERE installation_id = $1 AND method = $2
-            AND (paused_until IS NULL OR paused_until <= now())
-            AND (window_start <= now() - interval '1 minute' OR calls < $3)",
-    )
-    .bind(inst.id)
-    .bind(METHOD)
-    .bind(per_minute)
-    .execute(pool)
-    .await?;
-    Ok(r.rows_affected() == 1)
+    threadline_store::channels::take_read_budget(pool, inst.id, METHOD, per_minute).await
 }
 
 async fn pause(pool: &PgPool, inst: &Installation, wait: Duration) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE slack_read_budgets SET paused_until = now() + make_interval(secs => $3)
-          WHERE installation_id = $1 AND method = $2",
-    )
-    .bind(inst.id)
-    .bind(METHOD)
-    .bind(wait.as_secs_f64())
-    .execute(pool)
-    .await?;
-    Ok(())
+    threadline_store::channels::pause_read_budget(pool, inst.id, METHOD, wait.as_secs_f64()).await
 }
 
 /// Reads the thread from Slack into the store. `token` is the bot token,

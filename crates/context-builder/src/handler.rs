@@ -279,39 +279,59 @@ impl Handler {
         let result: anyhow::Result<()> = async {
             // Crossings recorded from here on wait for the next
             // reconsideration: this one may read the thread before them.
-            let started: time::OffsetDateTime =
-                sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(&self.pool).await?;
+            let started = store::clock(&self.pool).await?;
             let Some(inst) = store::installation(&self.pool, inst_id).await? else {
-                store::crossed_reconsidered(&self.pool, inst_id, &r.channel_id, &r.root_ts, "installation_inactive", started).await?;
+                store::crossed_reconsidered(
+                    &self.pool,
+                    inst_id,
+                    &r.channel_id,
+                    &r.root_ts,
+                    "installation_inactive",
+                    started,
+                )
+                .await?;
                 return Ok(());
             };
             if !inst.active {
-                store::crossed_reconsidered(&self.pool, inst_id, &r.channel_id, &r.root_ts, "installation_inactive", started).await?;
+                store::crossed_reconsidered(
+                    &self.pool,
+                    inst_id,
+                    &r.channel_id,
+                    &r.root_ts,
+                    "installation_inactive",
+                    started,
+                )
+                .await?;
                 return Ok(());
             }
-            let latest: Option<(Uuid, String, bool, String)> = sqlx::query_as(
-                "SELECT t.receipt_id, t.ts, t.answered_at IS NOT NULL, r.event_id
-                   FROM turns t
-                   JOIN thread_messages m ON m.installation_id = t.installation_id AND m.channel_id = t.channel_id AND m.ts = t.ts
-                   JOIN event_receipts r ON r.id = t.receipt_id
-                  WHERE t.installation_id = $1 AND t.channel_id = $2 AND m.root_ts = $3 AND NOT m.deleted
-                  ORDER BY t.ts::numeric DESC LIMIT 1",
-            )
-            .bind(inst.id)
-            .bind(&r.channel_id)
-            .bind(&r.root_ts)
-            .fetch_optional(&self.pool)
-            .await?;
+            let latest = store::latest_turn(&self.pool, inst.id, &r.channel_id, &r.root_ts).await?;
             let result = match latest {
-                Some((receipt, ts, false, event_id)) => {
-                    self.build_and_publish(&event_id, receipt, &inst, &r.channel_id, &r.root_ts, &ts).await?;
+                Some(t) if !t.answered => {
+                    self.build_and_publish(
+                        &t.event_id,
+                        t.receipt_id,
+                        &inst,
+                        &r.channel_id,
+                        &r.root_ts,
+                        &t.ts,
+                    )
+                    .await?;
                     "rebuilt"
                 }
                 _ => "no_reply_needed",
             };
-            metrics::counter!("threadline_reconsiderations_handled_total", "result" => result).increment(1);
+            metrics::counter!("threadline_reconsiderations_handled_total", "result" => result)
+                .increment(1);
             // Answers crossed in flight in this thread: what was decided.
-            store::crossed_reconsidered(&self.pool, inst.id, &r.channel_id, &r.root_ts, result, started).await?;
+            store::crossed_reconsidered(
+                &self.pool,
+                inst.id,
+                &r.channel_id,
+                &r.root_ts,
+                result,
+                started,
+            )
+            .await?;
             Ok(())
         }
         .await;
@@ -445,17 +465,20 @@ impl Handler {
         let built = &snap.built;
         store::record_context(
             &mut tx,
-            event_id,
-            receipt,
-            inst.id,
-            channel,
-            root,
-            source_ts,
-            snap.version,
-            &built.content_hash,
-            built.messages.len(),
-            built.omitted > 0,
-            snap.backfill_partial,
+            &store::ContextRecord {
+                event_id,
+                receipt_id: receipt,
+                installation_id: inst.id,
+                channel_id: channel,
+                channel_ref: threadline_runtime::audit::channel_ref(inst.id, channel),
+                root_ts: root,
+                source_ts,
+                thread_version: snap.version,
+                content_hash: &built.content_hash,
+                message_count: built.messages.len(),
+                truncated: built.omitted > 0,
+                backfill_partial: snap.backfill_partial,
+            },
         )
         .await?;
         tx.commit().await?;

@@ -7,7 +7,8 @@
 
 pub mod backfill;
 pub mod config;
-pub mod context;
+/// The context window (pure; it lives in `domain`).
+pub use threadline_domain::context;
 pub mod handler;
 pub mod store;
 

@@ -2,7 +2,9 @@
 //! is deterministic given its inputs, so `cargo test -p threadline-domain` needs
 //! nothing running.
 
+pub mod audit;
 pub mod classify;
+pub mod context;
 pub mod envelope;
 pub mod event;
 pub mod ids;

@@ -303,6 +303,8 @@ async fn finish(s: &OAuthState, code: &str) -> anyhow::Result<String> {
             bot_user_id: bot_user.as_str(),
             bot_id: bot_id.as_str(),
             scopes: &scopes,
+        },
+        &threadline_runtime::installations::Tokens {
             bot_token: &token,
             refresh_token: refresh.as_ref(),
             expires_in: v.get("expires_in").and_then(serde_json::Value::as_i64),

@@ -1,6 +1,6 @@
-//! The audit log (DESIGN invariant 9): one append-only record per decision
-//! point, holding identifiers, hashes, decisions and timings, never message
-//! text, names, tokens or headers.
+//! The audit log's key (DESIGN invariant 9): the records themselves are
+//! written by `threadline_store::audit`, with codes cut to short tokens; this
+//! process holds the key that turns a channel into its pseudonym.
 //!
 //! Channels are pseudonymised: `channel_ref` is a keyed hash (HMAC-SHA256 of
 //! installation and channel id) so records of one channel can be correlated
@@ -13,7 +13,6 @@ use std::sync::OnceLock;
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
-use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::config::{ConfigError, Source};
@@ -85,89 +84,7 @@ fn pseudonym(key: &[u8; 32], installation: Uuid, channel: &str) -> Option<String
     Some(hex::encode(&mac.finalize().into_bytes()[..16]))
 }
 
-/// Keeps an error or reason code to a short token of `[a-z0-9_.:-]`, so no
-/// free text (which could quote a message) reaches the log.
-pub fn sanitise_code(code: &str) -> String {
-    let cleaned: String = code
-        .chars()
-        .map(|c| c.to_ascii_lowercase())
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "_.:-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(64)
-        .collect();
-    if cleaned.is_empty() {
-        "unknown".into()
-    } else {
-        cleaned
-    }
-}
-
-/// One decision point. `channel` is the raw id: only its pseudonym is written.
-#[derive(Debug, Default, Clone)]
-pub struct Record<'a> {
-    pub stage: &'static str,
-    pub outcome: &'a str,
-    pub reason: Option<&'a str>,
-    pub installation_id: Option<Uuid>,
-    pub event_id: Option<&'a str>,
-    pub receipt_id: Option<Uuid>,
-    pub decision_id: Option<Uuid>,
-    pub intent_id: Option<Uuid>,
-    pub channel: Option<&'a str>,
-    pub event_type: Option<&'a str>,
-    pub thread_version: Option<i64>,
-    pub model_config_id: Option<&'a str>,
-    pub prompt_tokens: Option<i32>,
-    pub completion_tokens: Option<i32>,
-    pub output_hash: Option<&'a str>,
-    pub delivery_status: Option<&'a str>,
-    pub error_code: Option<&'a str>,
-    pub retry_count: Option<i32>,
-    pub reviewer: Option<&'a str>,
-}
-
-/// Appends `r` on `conn` (inside the caller's transaction when it has one,
-/// so the record commits with the change it describes).
-pub async fn append(conn: &mut PgConnection, r: &Record<'_>) -> sqlx::Result<()> {
-    let channel_ref = match (r.installation_id, r.channel) {
-        (Some(i), Some(c)) => channel_ref(i, c),
-        _ => None,
-    };
-    sqlx::query(
-        "INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, decision_id,
-                                intent_id, channel_ref, event_type, thread_version, model_config_id,
-                                prompt_tokens, completion_tokens, output_hash, delivery_status, error_code,
-                                retry_count, reviewer)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
-    )
-    .bind(r.stage)
-    .bind(sanitise_code(r.outcome))
-    .bind(r.reason.map(sanitise_code))
-    .bind(r.installation_id)
-    .bind(r.event_id)
-    .bind(r.receipt_id)
-    .bind(r.decision_id)
-    .bind(r.intent_id)
-    .bind(channel_ref)
-    .bind(r.event_type.map(sanitise_code))
-    .bind(r.thread_version)
-    .bind(r.model_config_id)
-    .bind(r.prompt_tokens)
-    .bind(r.completion_tokens)
-    .bind(r.output_hash)
-    .bind(r.delivery_status.map(sanitise_code))
-    .bind(r.error_code.map(sanitise_code))
-    .bind(r.retry_count)
-    .bind(r.reviewer.map(sanitise_code))
-    .execute(conn)
-    .await?;
-    Ok(())
-}
+pub use threadline_domain::audit::sanitise_code;
 
 #[cfg(test)]
 mod tests {
@@ -206,16 +123,5 @@ mod tests {
         assert_ne!(k, [0x22; 32], "derived, not the token key itself");
         let none = Source::from_pairs(Vec::<(String, String)>::new());
         assert_eq!(key_from(&none).expect("ok"), None);
-    }
-
-    #[test]
-    fn codes_are_short_tokens() {
-        assert_eq!(sanitise_code("channel_not_found"), "channel_not_found");
-        assert_eq!(
-            sanitise_code("Bad thing: <@U1> said \"hi\""),
-            "bad_thing:___u1__said__hi_"
-        );
-        assert_eq!(sanitise_code(&"x".repeat(100)).len(), 64);
-        assert_eq!(sanitise_code(""), "unknown");
     }
 }

@@ -5,13 +5,12 @@
 use std::str::FromStr;
 
 use anyhow::Context as _;
-use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::config::CommonConfig;
 
 /// Every migration in `migrations/`, compiled into the binaries.
-pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
+pub use threadline_store::schema::MIGRATOR;
 
 /// A lazily connecting pool: the process starts even while Postgres is down
 /// (readiness reports it), and each acquire waits at most the configured time.
@@ -26,12 +25,7 @@ pub fn pool(cfg: &CommonConfig) -> anyhow::Result<PgPool> {
 pub fn pool_waking_after_commit(cfg: &CommonConfig) -> anyhow::Result<PgPool> {
     Ok(options(cfg)
         .after_connect(|conn, _| {
-            Box::pin(async move {
-                sqlx::query("SET threadline.outbox_wake = 'after_commit'")
-                    .execute(conn)
-                    .await
-                    .map(|_| ())
-            })
+            Box::pin(async move { threadline_store::outbox::wake_after_commit(conn).await })
         })
         .connect_lazy_with(connect_options(cfg)?))
 }
@@ -57,15 +51,7 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<usize> {
 }
 
 async fn applied_versions(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
-        .fetch_one(pool)
-        .await
-        .context("reading migration state")?;
-    if !exists {
-        return Ok(Vec::new());
-    }
-    sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
-        .fetch_all(pool)
+    threadline_store::schema::applied_versions(pool)
         .await
         .context("reading applied migrations")
 }

@@ -39,10 +39,8 @@ impl Readiness {
         self.check("postgres", move || {
             let pool = pool.clone();
             async move {
-                sqlx::query("SELECT 1")
-                    .execute(&pool)
+                threadline_store::schema::ping(&pool)
                     .await
-                    .map(|_| ())
                     .map_err(|e| e.to_string())
             }
         })

@@ -10,6 +10,7 @@ use std::time::Duration;
 use secrecy::{ExposeSecret as _, SecretString};
 use sqlx::PgPool;
 use threadline_slack::{WebClient, WebError};
+use threadline_store::tokens::{self, SealedPair};
 use uuid::Uuid;
 
 use crate::config::{ConfigError, Source};
@@ -51,15 +52,6 @@ impl Refresher {
     }
 }
 
-type Row = (
-    String,
-    Option<Vec<u8>>,
-    Option<String>,
-    Option<Vec<u8>>,
-    Option<String>,
-    Option<f64>,
-);
-
 /// Slack's answers to a refresh that mean the refresh token is refused for
 /// good; the app's credentials refused are [`CLIENT_REFUSALS`]; anything
 /// else (`internal_error`, `fatal_error`, `ratelimited`, an answer without
@@ -94,11 +86,6 @@ const LEASE_SECS: f64 = 60.0;
 /// no installation is disabled for it.
 const CLIENT_REFUSALS: &[&str] = &["invalid_client", "invalid_client_id", "bad_client_secret"];
 
-const READ: &str =
-    "SELECT status, bot_token_sealed, bot_token_key_id, refresh_token_sealed, refresh_token_key_id,
-                extract(epoch FROM token_expires_at - now())::float8
-           FROM installations WHERE id = $1";
-
 /// What the row says about the installation's token.
 enum Current {
     /// Disabled, or no token: no outbound work.
@@ -118,9 +105,17 @@ fn read_current(
     cipher: &TokenCipher,
     refresher: Option<&Refresher>,
     inst: Uuid,
-    row: Option<Row>,
+    row: Option<tokens::Stored>,
 ) -> anyhow::Result<Current> {
-    let Some((status, Some(bytes), Some(key_id), refresh, refresh_key, expires_in)) = row else {
+    let Some(tokens::Stored {
+        status,
+        bot_sealed: Some(bytes),
+        bot_key_id: Some(key_id),
+        refresh_sealed: refresh,
+        refresh_key_id: refresh_key,
+        expires_in,
+    }) = row
+    else {
         return Ok(Current::None);
     };
     if status != "active" {
@@ -158,7 +153,7 @@ pub async fn bot_token(
     let waited_since = std::time::Instant::now();
     let mut pause = Duration::from_millis(20);
     loop {
-        let row: Option<Row> = sqlx::query_as(READ).bind(inst).fetch_optional(pool).await?;
+        let row = tokens::read(pool, inst).await?;
         let (current, refresh, refresh_key, expires_in) =
             match read_current(cipher, refresher, inst, row)? {
                 Current::None => return Ok(None),
@@ -178,23 +173,7 @@ pub async fn bot_token(
         // new tokens meanwhile is not refreshed over. A lease that ran out
         // with its holder never heard of again leaves the token's fate
         // unknown (it may have been exchanged).
-        let leased: Option<bool> = sqlx::query_scalar(
-            "UPDATE installations
-                SET refresh_unknown_since = CASE WHEN refresh_lease_holder IS NOT NULL
-                                                 THEN coalesce(refresh_unknown_since, refresh_lease_until)
-                                                 ELSE refresh_unknown_since END,
-                    refresh_lease_holder = $3,
-                    refresh_lease_until = now() + make_interval(secs => $4)
-              WHERE id = $1 AND status = 'active' AND refresh_token_sealed = $2
-                AND (refresh_lease_until IS NULL OR refresh_lease_until < now())
-          RETURNING refresh_unknown_since IS NOT NULL",
-        )
-        .bind(inst)
-        .bind(&refresh)
-        .bind(holder)
-        .bind(LEASE_SECS)
-        .fetch_optional(pool)
-        .await?;
+        let leased = tokens::take_refresh_lease(pool, inst, &refresh, holder, LEASE_SECS).await?;
         if let Some(unknown_before) = leased {
             let lease = Lease {
                 holder,
@@ -240,18 +219,7 @@ async fn give_back(pool: &PgPool, inst: Uuid, lease: &Lease, unknown: bool) {
 }
 
 async fn give_back_holder(pool: &PgPool, inst: Uuid, holder: Uuid, unknown: bool) {
-    let r = sqlx::query(
-        "UPDATE installations
-            SET refresh_lease_until = NULL, refresh_lease_holder = NULL,
-                refresh_unknown_since = CASE WHEN $3 THEN coalesce(refresh_unknown_since, now())
-                                             ELSE refresh_unknown_since END
-          WHERE id = $1 AND refresh_lease_holder = $2",
-    )
-    .bind(inst)
-    .bind(holder)
-    .bind(unknown)
-    .execute(pool)
-    .await;
+    let r = tokens::give_back_refresh_lease(pool, inst, holder, unknown).await;
     if let Err(e) = r {
         // The lease runs out by itself; an unknown outcome not recorded
         // is recorded then, by the next lease.
@@ -337,18 +305,7 @@ async fn refresh_leased(
             } else {
                 "token_refresh_failed"
             };
-            let disabled = sqlx::query(
-                "UPDATE installations SET status = 'disabled', disabled_reason = $3,
-                        bot_token_sealed = NULL, bot_token_key_id = NULL, refresh_token_sealed = NULL,
-                        refresh_token_key_id = NULL, refresh_lease_until = NULL, refresh_lease_holder = NULL,
-                        updated_at = now()
-                  WHERE id = $1 AND refresh_token_sealed = $2",
-            )
-            .bind(inst)
-            .bind(&lease.refresh)
-            .bind(reason)
-            .execute(pool)
-            .await;
+            let disabled = tokens::disable_refused(pool, inst, &lease.refresh, reason).await;
             let disabled = match disabled {
                 Ok(d) => d,
                 Err(e) => {
@@ -357,7 +314,7 @@ async fn refresh_leased(
                     return Err(e.into());
                 }
             };
-            if disabled.rows_affected() == 0 {
+            if !disabled {
                 // New tokens were stored meanwhile: use them.
                 give_back(pool, inst, &lease, false).await;
                 return Box::pin(bot_token(pool, cipher, None, inst)).await;
@@ -421,21 +378,20 @@ async fn refresh_leased(
     // lease keeps everyone else from exchanging the spent token meanwhile).
     let mut attempt = 0u32;
     let stored = loop {
-        let r = sqlx::query(
-            "UPDATE installations
-                SET bot_token_sealed = $2, bot_token_key_id = $3, refresh_token_sealed = $4, refresh_token_key_id = $5,
-                    token_expires_at = now() + make_interval(secs => $6::bigint), refresh_lease_until = NULL,
-                    refresh_lease_holder = NULL, refresh_unknown_since = NULL, updated_at = now()
-              WHERE id = $1 AND refresh_token_sealed = $7",
+        let r = tokens::store_refreshed(
+            pool,
+            inst,
+            SealedPair {
+                bytes: &sealed.bytes,
+                key_id: &sealed.key_id,
+            },
+            SealedPair {
+                bytes: &sealed_refresh.bytes,
+                key_id: &sealed_refresh.key_id,
+            },
+            expires,
+            &lease.refresh,
         )
-        .bind(inst)
-        .bind(&sealed.bytes)
-        .bind(&sealed.key_id)
-        .bind(&sealed_refresh.bytes)
-        .bind(&sealed_refresh.key_id)
-        .bind(expires)
-        .bind(&lease.refresh)
-        .execute(pool)
         .await;
         match r {
             Ok(r) => break r,
@@ -444,15 +400,7 @@ async fn refresh_leased(
                 tracing::warn!(error = %e, installation_id = %inst, attempt, "storing refreshed tokens failed; retrying");
                 // Keep the lease while retrying, so nobody exchanges the
                 // spent token meanwhile.
-                let _ = sqlx::query(
-                    "UPDATE installations SET refresh_lease_until = now() + make_interval(secs => $3)
-                      WHERE id = $1 AND refresh_lease_holder = $2",
-                )
-                .bind(inst)
-                .bind(lease.holder)
-                .bind(LEASE_SECS)
-                .execute(pool)
-                .await;
+                let _ = tokens::extend_refresh_lease(pool, inst, lease.holder, LEASE_SECS).await;
                 tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
             }
             Err(e) => {
@@ -463,7 +411,7 @@ async fn refresh_leased(
         }
     };
     metrics::counter!("threadline_token_refresh_total", "result" => "refreshed").increment(1);
-    if stored.rows_affected() == 1 {
+    if stored {
         Ok(Some(token))
     } else {
         // A reinstall replaced the tokens meanwhile: those stand.

@@ -11,6 +11,8 @@ use threadline_domain::state::{DecisionStatus, Machine as _};
 use threadline_proto::v1::{ProposalReady, SCHEMA_VERSION};
 use uuid::Uuid;
 
+use crate::moves;
+
 /// A decision as publishing it needs it.
 #[derive(Debug, Clone)]
 pub struct Decision {
@@ -279,11 +281,12 @@ pub struct Settled<'a> {
 /// only a decision still being called is settled, and only by a move the
 /// machine allows from there.
 pub async fn settle(pool: &PgPool, id: Uuid, s: &Settled<'_>) -> sqlx::Result<bool> {
-    let from: Vec<String> = [DecisionStatus::Calling]
-        .into_iter()
-        .filter(|c| *c != s.status && c.can_become(s.status))
-        .map(|c| c.as_str().to_owned())
-        .collect();
+    // (`calling → calling` is a lease takeover, not a settle.)
+    let from: Vec<String> = if s.status == DecisionStatus::Calling {
+        Vec::new()
+    } else {
+        moves(&[DecisionStatus::Calling], s.status)
+    };
     let r = sqlx::query!(
         "UPDATE decisions
             SET status = $2, status_reason = $3, action_kind = $4, review_reasons = $5, model_config_id = $6,
@@ -318,11 +321,16 @@ pub async fn cancel_for_held_intent(
     intent: Uuid,
 ) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE decisions SET status = 'cancelled', status_reason = 'intent_held', updated_at = now()
-          WHERE id = $1 AND status IN ('proposed', 'approved')
+        "UPDATE decisions SET status = $3, status_reason = 'intent_held', updated_at = now()
+          WHERE id = $1 AND status = ANY($4)
             AND id <> (SELECT decision_id FROM reply_intents WHERE id = $2)",
         decision,
-        intent
+        intent,
+        DecisionStatus::Cancelled.as_str(),
+        &moves(
+            &[DecisionStatus::Proposed, DecisionStatus::Approved],
+            DecisionStatus::Cancelled
+        )
     )
     .execute(pool)
     .await?;
@@ -403,10 +411,11 @@ pub async fn review(
     }
     let r = sqlx::query!(
         "UPDATE decisions SET status = $3, reviewed_by = $2, reviewed_at = now(), updated_at = now()
-          WHERE id = $1 AND status = 'review'",
+          WHERE id = $1 AND status = ANY($4)",
         id,
         by,
-        verdict.as_str()
+        verdict.as_str(),
+        &moves(&[DecisionStatus::Review], verdict)
     )
     .execute(conn)
     .await?;

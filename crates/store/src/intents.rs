@@ -11,6 +11,8 @@ use threadline_domain::state::{DecisionStatus, IntentState, Machine as _};
 use threadline_domain::topic::Topic;
 use uuid::Uuid;
 
+use crate::{moves, moves_from_any};
+
 /// What the pre-post checks found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
@@ -81,14 +83,16 @@ pub async fn unsettled(
             SELECT id, state, extract(epoch FROM now() - sending_since)::float8 AS sending_for
               FROM reply_intents WHERE installation_id = $1 AND event_id = $2 AND action_kind = $3),
          gone AS (
-            UPDATE reply_intents r SET state = 'unknown', unknown_since = now(), ever_unknown = true, updated_at = now()
-              FROM i WHERE r.id = i.id AND r.state = 'sending' AND i.sending_for > $4
+            UPDATE reply_intents r SET state = $5, unknown_since = now(), ever_unknown = true, updated_at = now()
+              FROM i WHERE r.id = i.id AND r.state = ANY($6) AND i.sending_for > $4
             RETURNING r.id)
          SELECT id AS "id!" FROM i WHERE state IN ('unknown', 'reconciling') UNION SELECT id FROM gone"#,
         installation,
         event_id,
         action_kind,
-        sending_stale
+        sending_stale,
+        IntentState::Unknown.as_str(),
+        &moves(&[IntentState::Sending], IntentState::Unknown)
     )
     .fetch_optional(pool)
     .await
@@ -181,9 +185,11 @@ pub async fn check_and_claim(
             "unknown" | "reconciling" => return Ok(Verdict::Reconcile(id)),
             "sending" if c.sending_for.is_some_and(|s| s > sending_stale) => {
                 sqlx::query!(
-                    "UPDATE reply_intents SET state = 'unknown', unknown_since = now(), ever_unknown = true, updated_at = now()
-                      WHERE id = $1 AND state = 'sending'",
-                    id
+                    "UPDATE reply_intents SET state = $2, unknown_since = now(), ever_unknown = true, updated_at = now()
+                      WHERE id = $1 AND state = ANY($3)",
+                    id,
+                    IntentState::Unknown.as_str(),
+                    &moves(&[IntentState::Sending], IntentState::Unknown)
                 )
                 .execute(&mut *tx)
                 .await?;
@@ -257,18 +263,27 @@ pub async fn check_and_claim(
     let claimed = sqlx::query!(
         r#"WITH before AS (SELECT decision_id, attempts FROM reply_intents WHERE id = $1)
          UPDATE reply_intents
-            SET state = 'sending', sending_since = now(), first_sending_since = coalesce(first_sending_since, now()),
+            SET state = $4, sending_since = now(), first_sending_since = coalesce(first_sending_since, now()),
                 attempts = attempts + 1, decision_id = $2, body_hash = $3,
                 claimed_hashes = CASE WHEN $3 = ANY(claimed_hashes) THEN claimed_hashes
                                       ELSE array_append(claimed_hashes, $3) END,
                 error_code = NULL, updated_at = now()
-          WHERE id = $1 AND state IN ('pending', 'failed_retryable', 'withdrawn') AND next_attempt_at <= now()
+          WHERE id = $1 AND state = ANY($5) AND next_attempt_at <= now()
          RETURNING attempts, ever_unknown,
                    (SELECT CASE WHEN before.attempts > 0 THEN before.decision_id ELSE $2 END FROM before)
                        AS "previous_decision!""#,
         id,
         p.decision,
-        p.body_hash
+        p.body_hash,
+        IntentState::Sending.as_str(),
+        &moves(
+            &[
+                IntentState::Pending,
+                IntentState::FailedRetryable,
+                IntentState::Withdrawn
+            ],
+            IntentState::Sending
+        )
     )
     .fetch_optional(&mut *tx)
     .await?;
@@ -383,13 +398,15 @@ pub async fn fence(
 pub async fn release(pool: &PgPool, c: &Claimed, code: &str, retry_in: f64) -> sqlx::Result<bool> {
     let r = sqlx::query!(
         "UPDATE reply_intents
-            SET state = 'pending', error_code = $3, next_attempt_at = now() + make_interval(secs => $4),
+            SET state = $5, error_code = $3, next_attempt_at = now() + make_interval(secs => $4),
                 unknown_since = NULL, reconcile_reads = 0, updated_at = now()
-          WHERE id = $1 AND attempts = $2 AND state IN ('sending', 'unknown', 'reconciling')",
+          WHERE id = $1 AND attempts = $2 AND state = ANY($6)",
         c.id,
         c.attempt,
         code,
-        retry_in
+        retry_in,
+        IntentState::Pending.as_str(),
+        &moves(&IntentState::IN_FLIGHT, IntentState::Pending)
     )
     .execute(pool)
     .await?;
@@ -574,14 +591,14 @@ pub async fn record_post_in(
             crossed = sqlx::query_scalar!(
                 r#"WITH i AS (
                     UPDATE reply_intents
-                       SET state = 'sent', slack_ts = $2, reconciled = $3, decision_id = $4, error_code = NULL,
+                       SET state = $6, slack_ts = $2, reconciled = $3, decision_id = $4, error_code = NULL,
                            next_check_at = NULL, updated_at = now(),
                            late_recorded_at = CASE WHEN $5 THEN now() END
-                     WHERE id = $1 AND state <> 'sent'
+                     WHERE id = $1 AND state = ANY($7)
                     RETURNING decision_id),
                  d AS (
-                    UPDATE decisions SET status = 'published', updated_at = now()
-                     WHERE id IN (SELECT decision_id FROM i) AND status NOT IN ('published', 'rejected')
+                    UPDATE decisions SET status = $8, updated_at = now()
+                     WHERE id IN (SELECT decision_id FROM i) AND status = ANY($9)
                     RETURNING id),
                  t AS (
                     UPDATE turns t SET answered_at = coalesce(t.answered_at, now())
@@ -608,7 +625,11 @@ pub async fn record_post_in(
                 ts,
                 reconciled || late,
                 decision,
-                late
+                late,
+                IntentState::Sent.as_str(),
+                &moves_from_any(IntentState::Sent),
+                DecisionStatus::Published.as_str(),
+                &moves_from_any(DecisionStatus::Published)
             )
             .fetch_all(&mut *conn)
             .await?;
@@ -714,10 +735,10 @@ pub async fn transition(
 ) -> sqlx::Result<bool> {
     // Only the attempt that owns the intent ends it, and only by a move
     // the machine allows from where it is.
-    let from: Vec<String> = IntentState::from_states(to)
+    let from: Vec<String> = IntentState::IN_FLIGHT
         .into_iter()
-        .filter(|s| IntentState::IN_FLIGHT.iter().any(|f| f.as_str() == *s))
-        .map(str::to_owned)
+        .filter(|s| s.can_become(to))
+        .map(|s| s.as_str().to_owned())
         .collect();
     let r = sqlx::query!(
         "UPDATE reply_intents
@@ -754,19 +775,23 @@ pub async fn rate_limited(
     let state = sqlx::query_scalar!(
         "UPDATE reply_intents
             SET ratelimited_attempts = ratelimited_attempts + 1,
-                state = CASE WHEN ratelimited_attempts + 1 >= $4 THEN 'failed_permanent' ELSE 'failed_retryable' END,
+                state = CASE WHEN ratelimited_attempts + 1 >= $4 THEN $5 ELSE $6 END,
                 error_code = CASE WHEN ratelimited_attempts + 1 >= $4 THEN 'rate_limited_too_often' ELSE 'ratelimited' END,
                 next_attempt_at = now() + make_interval(secs => $3), updated_at = now()
-          WHERE id = $1 AND attempts = $2 AND state IN ('sending', 'unknown', 'reconciling')
+          WHERE id = $1 AND attempts = $2 AND state = ANY($7) AND state = ANY($8)
          RETURNING state",
         id,
         attempt,
         wait,
-        max
+        max,
+        IntentState::FailedPermanent.as_str(),
+        IntentState::FailedRetryable.as_str(),
+        &moves(&IntentState::IN_FLIGHT, IntentState::FailedPermanent),
+        &moves(&IntentState::IN_FLIGHT, IntentState::FailedRetryable)
     )
     .fetch_optional(pool)
     .await?;
-    Ok(state.map(|s| s == "failed_permanent"))
+    Ok(state.map(|s| s == IntentState::FailedPermanent.as_str()))
 }
 
 /// A proposal of a decision that may no longer be posted (discarded, or
@@ -774,10 +799,15 @@ pub async fn rate_limited(
 /// withdrawn, so nothing keeps driving it.
 pub async fn withdraw_waiting(pool: &PgPool, decision: Uuid) -> sqlx::Result<u64> {
     let r = sqlx::query!(
-        "UPDATE reply_intents SET state = 'withdrawn', updated_at = now()
-          WHERE decision_id = $1 AND state IN ('pending', 'failed_retryable')
+        "UPDATE reply_intents SET state = $2, updated_at = now()
+          WHERE decision_id = $1 AND state = ANY($3)
             AND EXISTS (SELECT 1 FROM decisions d WHERE d.id = $1 AND d.status NOT IN ('proposed', 'approved', 'review'))",
-        decision
+        decision,
+        IntentState::Withdrawn.as_str(),
+        &moves(
+            &[IntentState::Pending, IntentState::FailedRetryable],
+            IntentState::Withdrawn
+        )
     )
     .execute(pool)
     .await?;
@@ -789,10 +819,12 @@ pub async fn withdraw_waiting(pool: &PgPool, decision: Uuid) -> sqlx::Result<u64
 /// nothing is posted, and an operator sees why.
 pub async fn hold_unreadable(pool: &PgPool, id: Uuid, code: &str) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE reply_intents SET state = 'held', error_code = $2, updated_at = now()
-          WHERE id = $1 AND state IN ('sending', 'unknown', 'reconciling')",
+        "UPDATE reply_intents SET state = $3, error_code = $2, updated_at = now()
+          WHERE id = $1 AND state = ANY($4)",
         id,
-        code
+        code,
+        IntentState::Held.as_str(),
+        &moves(&IntentState::IN_FLIGHT, IntentState::Held)
     )
     .execute(pool)
     .await?;
@@ -833,14 +865,19 @@ pub async fn set_decision_in(
               WHERE id = $1 AND status = ANY($4)
              RETURNING id),
          w AS (
-             UPDATE reply_intents SET state = 'withdrawn', error_code = $2, updated_at = now()
-              WHERE decision_id IN (SELECT id FROM d) AND state IN ('pending', 'failed_retryable')
+             UPDATE reply_intents SET state = $5, error_code = $2, updated_at = now()
+              WHERE decision_id IN (SELECT id FROM d) AND state = ANY($6)
              RETURNING 1)
          SELECT EXISTS (SELECT 1 FROM d) AS "discarded!""#,
         decision,
         status.as_str(),
         reason,
-        &from
+        &from,
+        IntentState::Withdrawn.as_str(),
+        &moves(
+            &[IntentState::Pending, IntentState::FailedRetryable],
+            IntentState::Withdrawn
+        )
     )
     .fetch_one(conn)
     .await?;
@@ -851,10 +888,12 @@ pub async fn set_decision_in(
 /// discarded before the post): withdrawn, so nothing keeps driving it.
 pub async fn withdraw_pending(pool: &PgPool, intent: Uuid, decision: Uuid) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE reply_intents SET state = 'withdrawn', updated_at = now()
-          WHERE id = $1 AND state = 'pending' AND decision_id = $2",
+        "UPDATE reply_intents SET state = $3, updated_at = now()
+          WHERE id = $1 AND state = ANY($4) AND decision_id = $2",
         intent,
-        decision
+        decision,
+        IntentState::Withdrawn.as_str(),
+        &moves(&[IntentState::Pending], IntentState::Withdrawn)
     )
     .execute(pool)
     .await?;
@@ -887,8 +926,10 @@ pub async fn other_posts_in_thread(
 /// the intent names and how long its outcome has been unknown (seconds).
 pub async fn begin_reconciling(pool: &PgPool, intent: Uuid) -> sqlx::Result<(Uuid, f64)> {
     sqlx::query!(
-        "UPDATE reply_intents SET state = 'reconciling', updated_at = now() WHERE id = $1 AND state = 'unknown'",
-        intent
+        "UPDATE reply_intents SET state = $2, updated_at = now() WHERE id = $1 AND state = ANY($3)",
+        intent,
+        IntentState::Reconciling.as_str(),
+        &moves(&[IntentState::Unknown], IntentState::Reconciling)
     )
     .execute(pool)
     .await?;
@@ -924,13 +965,15 @@ pub async fn hold_after_reconciling(
     late_check_secs: f64,
 ) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE reply_intents SET state = 'held', error_code = $2, updated_at = now(),
+        "UPDATE reply_intents SET state = $4, error_code = $2, updated_at = now(),
                 next_check_at = CASE WHEN $2 = 'no_evidence_of_post' THEN now() + make_interval(secs => $3) END,
                 late_checks = 0
-          WHERE id = $1 AND state = 'reconciling'",
+          WHERE id = $1 AND state = ANY($5)",
         intent,
         why,
-        late_check_secs
+        late_check_secs,
+        IntentState::Held.as_str(),
+        &moves(&[IntentState::Reconciling], IntentState::Held)
     )
     .execute(pool)
     .await?;
@@ -941,9 +984,11 @@ pub async fn hold_after_reconciling(
 /// be posted (once) again.
 pub async fn repost_after_reconciling(pool: &PgPool, intent: Uuid) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE reply_intents SET state = 'pending', reconcile_reads = 0, unknown_since = NULL, updated_at = now()
-          WHERE id = $1 AND state = 'reconciling'",
-        intent
+        "UPDATE reply_intents SET state = $2, reconcile_reads = 0, unknown_since = NULL, updated_at = now()
+          WHERE id = $1 AND state = ANY($3)",
+        intent,
+        IntentState::Pending.as_str(),
+        &moves(&[IntentState::Reconciling], IntentState::Pending)
     )
     .execute(pool)
     .await?;
@@ -981,13 +1026,15 @@ pub async fn take_undriven(
              FOR UPDATE SKIP LOCKED)
          UPDATE reply_intents r
             SET swept_at = now(),
-                state = CASE WHEN taken.was = 'sending' THEN 'unknown' ELSE r.state END,
+                state = CASE WHEN taken.was = ANY($4) THEN $3 ELSE r.state END,
                 unknown_since = CASE WHEN taken.was = 'sending' THEN now() ELSE r.unknown_since END,
                 ever_unknown = r.ever_unknown OR taken.was = 'sending'
            FROM taken WHERE r.id = taken.id
          RETURNING r.id AS intent, r.decision_id AS decision, taken.was"#,
         sending_stale,
-        idle
+        idle,
+        IntentState::Unknown.as_str(),
+        &moves(&[IntentState::Sending], IntentState::Unknown)
     )
     .fetch_all(pool)
     .await
@@ -1121,10 +1168,12 @@ pub async fn lock_for_operator(
 /// same transaction). False when it was not held.
 pub async fn operator_repost(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<bool> {
     let r = sqlx::query!(
-        "UPDATE reply_intents SET state = 'pending', reconcile_reads = 0, unknown_since = NULL, next_check_at = NULL,
+        "UPDATE reply_intents SET state = $2, reconcile_reads = 0, unknown_since = NULL, next_check_at = NULL,
                 next_attempt_at = now(), updated_at = now()
-          WHERE id = $1 AND state = 'held'",
-        id
+          WHERE id = $1 AND state = ANY($3)",
+        id,
+        IntentState::Pending.as_str(),
+        &moves(&[IntentState::Held], IntentState::Pending)
     )
     .execute(conn)
     .await?;
@@ -1135,10 +1184,12 @@ pub async fn operator_repost(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<
 /// more is posted. False when it was not held.
 pub async fn operator_abandon(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<bool> {
     let r = sqlx::query!(
-        "UPDATE reply_intents SET state = 'failed_permanent', error_code = 'abandoned_by_operator', next_check_at = NULL,
+        "UPDATE reply_intents SET state = $2, error_code = 'abandoned_by_operator', next_check_at = NULL,
                 updated_at = now()
-          WHERE id = $1 AND state = 'held'",
-        id
+          WHERE id = $1 AND state = ANY($3)",
+        id,
+        IntentState::FailedPermanent.as_str(),
+        &moves(&[IntentState::Held], IntentState::FailedPermanent)
     )
     .execute(conn)
     .await?;

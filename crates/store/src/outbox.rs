@@ -79,6 +79,18 @@ pub async fn wake(pool: &PgPool) -> sqlx::Result<()> {
     Ok(())
 }
 
+/// Makes a connection's outbox inserts wake the relay only after their
+/// transaction commits (a pool's `after_connect` for the writers of rows
+/// whose relay must not look before the commit).
+pub async fn wake_after_commit(conn: &mut sqlx::PgConnection) -> sqlx::Result<()> {
+    sqlx::query_scalar!(
+        r#"SELECT set_config('threadline.outbox_wake', 'after_commit', false) AS "set!""#
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(())
+}
+
 /// A row claimed by a relay, leased to it until its lease ends.
 #[derive(Debug, Clone)]
 pub struct Claimed {

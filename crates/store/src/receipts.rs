@@ -17,6 +17,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::installations::Resolved;
+use crate::moves;
+use threadline_domain::state::{Machine as _, ReceiptState};
 
 /// Everything the receipt and outbox rows need. Identifiers only, except
 /// `payload` (the bus message, with message text), which `Debug` leaves out
@@ -276,10 +278,10 @@ pub async fn replay(pool: &PgPool, receipt_id: Uuid) -> Result<Replay, sqlx::Err
     // Compare-and-set on the state: a concurrent replay finds it accepted.
     let updated = sqlx::query!(
         "UPDATE event_receipts
-            SET state = 'accepted', installation_id = $2, team_id = $3, enterprise_id = $4,
+            SET state = $11, installation_id = $2, team_id = $3, enterprise_id = $4,
                 event_type = $5, event_subtype = $6, channel_id = $7, message_ts = $8, thread_ts = $9,
                 event_time = to_timestamp($10::bigint), updated_at = now()
-          WHERE id = $1 AND state = 'unparsed'",
+          WHERE id = $1 AND state = ANY($12)",
         receipt_id,
         installation_id,
         r.team_id,
@@ -290,6 +292,8 @@ pub async fn replay(pool: &PgPool, receipt_id: Uuid) -> Result<Replay, sqlx::Err
         r.message_ts,
         r.thread_ts,
         r.event_time,
+        ReceiptState::Accepted.as_str(),
+        &moves(&[ReceiptState::Unparsed], ReceiptState::Accepted),
     )
     .execute(&mut *tx)
     .await?;

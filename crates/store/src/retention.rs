@@ -6,6 +6,9 @@
 //! settled proposals.
 
 use sqlx::PgPool;
+use threadline_domain::state::{Machine as _, ReceiptState};
+
+use crate::moves;
 
 /// Days each kind of record is kept.
 #[derive(Debug, Clone, Copy)]
@@ -58,8 +61,8 @@ pub async fn purge(pool: &PgPool, keep: Retention, dry_run: bool) -> sqlx::Resul
               WHERE received_at < now() - make_interval(days => $1::int)),
          expired AS (
              UPDATE event_receipts r
-                SET state = 'failed', state_reason = 'unparsed_expired', updated_at = now()
-               FROM old WHERE r.id = old.receipt_id AND r.state = 'unparsed'
+                SET state = $2, state_reason = 'unparsed_expired', updated_at = now()
+               FROM old WHERE r.id = old.receipt_id AND r.state = ANY($3)
              RETURNING 1),
          bodies AS (
              DELETE FROM unparsed_events u
@@ -68,7 +71,9 @@ pub async fn purge(pool: &PgPool, keep: Retention, dry_run: bool) -> sqlx::Resul
                                  WHERE r.id = u.receipt_id AND r.state = 'unparsed')
              RETURNING 1)
          SELECT (SELECT count(*) FROM bodies) AS "bodies!", (SELECT count(*) FROM expired) AS "expired!""#,
-        cutoff
+        cutoff,
+        ReceiptState::Failed.as_str(),
+        &moves(&[ReceiptState::Unparsed], ReceiptState::Failed)
     )
     .fetch_one(&mut *tx)
     .await?;

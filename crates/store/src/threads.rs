@@ -1,0 +1,981 @@
+//! The thread store: facts, messages, threads, turns and contexts, as the
+//! context-builder reads and writes them. Every content change is a fact
+//! applied at most once; each new fact bumps its thread's version in the
+//! same transaction. The final state depends only on the set of facts, not
+//! on their order or how often they arrive.
+
+use prost::Message as _;
+use sha2::{Digest, Sha256};
+use sqlx::{PgConnection, PgPool};
+use threadline_domain::classify::{
+    BotIdentity, ChannelMode, Effect, MessageFacts, Speaker, TriggerPolicy,
+};
+use threadline_domain::context::{self, Built, Limits, Offer, StoredMessage};
+use threadline_domain::state::{Machine as _, ReceiptState};
+use threadline_domain::topic::Topic;
+use uuid::Uuid;
+
+use crate::audit::{self, sanitise_code};
+use crate::moves;
+
+/// An installation as the context-builder needs it.
+#[derive(Debug, Clone)]
+pub struct Installation {
+    pub id: Uuid,
+    pub identity: BotIdentity,
+    pub active: bool,
+    pub token_sealed: Option<Vec<u8>>,
+    pub token_key_id: Option<String>,
+    pub dms_allowed: bool,
+    pub approved_bots: Vec<String>,
+    pub non_marketplace: bool,
+    pub private_allowed: bool,
+    pub shared_allowed: bool,
+    /// Answers only in allow-listed channels.
+    pub allowlist_only: bool,
+    /// Granted bot scopes; empty when never recorded (a manual install).
+    pub scopes: Vec<String>,
+}
+
+/// The installation's row and its policy's, as read.
+struct InstallationRow {
+    id: Uuid,
+    app_id: String,
+    bot_id: String,
+    bot_user_id: String,
+    status: String,
+    bot_token_sealed: Option<Vec<u8>>,
+    bot_token_key_id: Option<String>,
+    dms_allowed: Option<bool>,
+    approved_bots: Option<Vec<String>>,
+    read_limits: Option<String>,
+    private_channels_allowed: Option<bool>,
+    shared_channels_allowed: Option<bool>,
+    scopes: Vec<String>,
+    allowlist_only: Option<bool>,
+}
+
+impl From<InstallationRow> for Installation {
+    fn from(r: InstallationRow) -> Self {
+        Installation {
+            id: r.id,
+            identity: BotIdentity {
+                app_id: r.app_id,
+                bot_id: r.bot_id,
+                bot_user_id: r.bot_user_id,
+            },
+            active: r.status == "active",
+            token_sealed: r.bot_token_sealed,
+            token_key_id: r.bot_token_key_id,
+            dms_allowed: r.dms_allowed.unwrap_or(false),
+            approved_bots: r.approved_bots.unwrap_or_default(),
+            non_marketplace: r.read_limits.as_deref() == Some("non_marketplace"),
+            private_allowed: r.private_channels_allowed.unwrap_or(false),
+            shared_allowed: r.shared_channels_allowed.unwrap_or(false),
+            allowlist_only: r.allowlist_only.unwrap_or(false),
+            scopes: r.scopes,
+        }
+    }
+}
+
+pub async fn installation(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Installation>> {
+    let row = sqlx::query_as!(
+        InstallationRow,
+        r#"SELECT i.id, i.app_id, i.bot_id, i.bot_user_id, i.status, i.bot_token_sealed, i.bot_token_key_id,
+                  p.dms_allowed AS "dms_allowed?", p.approved_bots AS "approved_bots?",
+                  p.read_limits AS "read_limits?", p.private_channels_allowed AS "private_channels_allowed?",
+                  p.shared_channels_allowed AS "shared_channels_allowed?", i.scopes,
+                  p.allowlist_only AS "allowlist_only?"
+             FROM installations i LEFT JOIN installation_policies p ON p.installation_id = i.id
+            WHERE i.id = $1"#,
+        id
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(Installation::from))
+}
+
+/// What handling an event starts from, read (and the receipt moved to
+/// `processing`) in one statement.
+pub struct Opened {
+    /// The installation and its trigger policy for the event's channel;
+    /// `None`: no such installation.
+    pub installation: Option<(Installation, TriggerPolicy)>,
+    /// Whether the channel is private, as learned within the hour.
+    pub channel_private: Option<bool>,
+    /// The receipt moved to `processing`; false when the installation is
+    /// missing or inactive (it was not touched) or the receipt had already
+    /// ended (a redelivery of finished work).
+    pub begun: bool,
+}
+
+/// Reads the installation, its policy for `channel` and the channel's
+/// known kind, and moves the receipt to `processing` when the installation
+/// is active: one round trip.
+pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sqlx::Result<Opened> {
+    let row = sqlx::query!(
+        r#"WITH inst AS (
+            SELECT i.id, i.app_id, i.bot_id, i.bot_user_id, i.status, i.bot_token_sealed, i.bot_token_key_id,
+                   p.dms_allowed, p.approved_bots, p.read_limits, p.private_channels_allowed,
+                   p.shared_channels_allowed, i.scopes, p.allowlist_only
+              FROM installations i LEFT JOIN installation_policies p ON p.installation_id = i.id
+             WHERE i.id = $1),
+         begun AS (
+            UPDATE event_receipts SET state = $4, updated_at = now(),
+                                      failures = CASE WHEN state = 'failed' THEN 0 ELSE failures END
+             WHERE id = $2
+               -- a dead-lettered event replayed by an operator is reopened
+               AND state = ANY($5) AND (state <> 'failed' OR state_reason = 'handler_error')
+               AND EXISTS (SELECT 1 FROM inst WHERE status = 'active')
+            RETURNING id)
+         SELECT inst.id AS "id!", inst.app_id AS "app_id!", inst.bot_id AS "bot_id!",
+                inst.bot_user_id AS "bot_user_id!", inst.status AS "status!",
+                inst.bot_token_sealed AS "bot_token_sealed?", inst.bot_token_key_id AS "bot_token_key_id?",
+                inst.dms_allowed AS "dms_allowed?", inst.approved_bots AS "approved_bots?",
+                inst.read_limits AS "read_limits?", inst.private_channels_allowed AS "private_channels_allowed?",
+                inst.shared_channels_allowed AS "shared_channels_allowed?", inst.scopes AS "scopes!",
+                inst.allowlist_only AS "allowlist_only?",
+                cp.mode AS "mode?", cp.keywords AS "keywords?", cp.allowed AS "allowed?",
+                ck.is_private AS "is_private?", EXISTS (SELECT 1 FROM begun) AS "begun!"
+           FROM inst
+           LEFT JOIN channel_policies cp ON cp.installation_id = inst.id AND cp.channel_id = $3
+           LEFT JOIN channel_kinds ck ON ck.installation_id = inst.id AND ck.channel_id = $3
+                                     AND ck.checked_at > now() - interval '1 hour'"#,
+        inst,
+        receipt,
+        channel,
+        ReceiptState::Processing.as_str(),
+        &moves(
+            &[
+                ReceiptState::Accepted,
+                ReceiptState::Processing,
+                ReceiptState::Failed
+            ],
+            ReceiptState::Processing
+        )
+    )
+    .fetch_optional(pool)
+    .await?;
+    let Some(r) = row else {
+        return Ok(Opened {
+            installation: None,
+            channel_private: None,
+            begun: false,
+        });
+    };
+    let installation = Installation::from(InstallationRow {
+        id: r.id,
+        app_id: r.app_id,
+        bot_id: r.bot_id,
+        bot_user_id: r.bot_user_id,
+        status: r.status,
+        bot_token_sealed: r.bot_token_sealed,
+        bot_token_key_id: r.bot_token_key_id,
+        dms_allowed: r.dms_allowed,
+        approved_bots: r.approved_bots,
+        read_limits: r.read_limits,
+        private_channels_allowed: r.private_channels_allowed,
+        shared_channels_allowed: r.shared_channels_allowed,
+        scopes: r.scopes,
+        allowlist_only: r.allowlist_only,
+    });
+    let allowed = r.allowed.unwrap_or(false);
+    let policy = trigger_policy(
+        &installation,
+        r.mode.zip(r.keywords).map(|(m, k)| (m, k, allowed)),
+    );
+    Ok(Opened {
+        installation: Some((installation, policy)),
+        channel_private: r.is_private,
+        begun: r.begun,
+    })
+}
+
+/// The policy for one channel: the installation's switches and the
+/// channel's row (mode, keywords, allow-listed), if it has one.
+fn trigger_policy(
+    inst: &Installation,
+    channel_row: Option<(String, Vec<String>, bool)>,
+) -> TriggerPolicy {
+    let channel_allowed = channel_row.as_ref().is_some_and(|r| r.2);
+    let channel_mode = match channel_row {
+        Some((mode, _, _)) if mode == "every_message" => ChannelMode::EveryMessage,
+        Some((mode, keywords, _)) if mode == "keywords" => ChannelMode::Keywords(keywords),
+        _ => ChannelMode::MentionsOnly,
+    };
+    TriggerPolicy {
+        dms_allowed: inst.dms_allowed,
+        channel_mode,
+        approved_bots: inst.approved_bots.clone(),
+        private_allowed: inst.private_allowed,
+        shared_allowed: inst.shared_allowed,
+        channel_allowed,
+        allowlist_only: inst.allowlist_only,
+    }
+}
+
+/// Disables an installation and purges its tokens (bot and refresh), with
+/// its audit record.
+pub async fn disable(pool: &PgPool, inst: Uuid, reason: &str) -> sqlx::Result<()> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!(
+        "UPDATE installations
+            SET status = 'disabled', disabled_reason = $2, bot_token_sealed = NULL, bot_token_key_id = NULL,
+                refresh_token_sealed = NULL, refresh_token_key_id = NULL, refresh_lease_until = NULL,
+                refresh_lease_holder = NULL, refresh_unknown_since = NULL, updated_at = now()
+          WHERE id = $1",
+        inst,
+        reason
+    )
+    .execute(&mut *tx)
+    .await?;
+    audit::append(
+        &mut tx,
+        &audit::Record {
+            stage: "lifecycle",
+            outcome: "installation_disabled",
+            reason: Some(reason),
+            installation_id: Some(inst),
+            ..Default::default()
+        },
+    )
+    .await?;
+    tx.commit().await
+}
+
+/// Counts a failure of the context-builder on this receipt that was not
+/// transient; at `limit` the receipt is failed (`handler_error`) in the
+/// same statement. Returns the count (none when the receipt has ended).
+pub async fn note_failure(pool: &PgPool, receipt: Uuid, limit: i32) -> sqlx::Result<Option<i32>> {
+    sqlx::query_scalar!(
+        "UPDATE event_receipts
+            SET failures = failures + 1, updated_at = now(),
+                state = CASE WHEN failures + 1 >= $2 THEN $3 ELSE state END,
+                state_reason = CASE WHEN failures + 1 >= $2 THEN 'handler_error' ELSE state_reason END
+          WHERE id = $1 AND state = ANY($4)
+         RETURNING failures",
+        receipt,
+        limit,
+        ReceiptState::Failed.as_str(),
+        &moves(
+            &[ReceiptState::Accepted, ReceiptState::Processing],
+            ReceiptState::Failed
+        )
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// Ends a receipt: `processing → done | ignored(reason)`, compare-and-set,
+/// with its audit record written by the same statement. `at` is the
+/// installation and channel the event named, with the channel's pseudonym
+/// (written only when the receipt agrees).
+pub async fn finish(
+    conn: &mut PgConnection,
+    receipt: Uuid,
+    state: ReceiptState,
+    reason: Option<&str>,
+    at: (Uuid, &str, Option<&str>),
+) -> sqlx::Result<bool> {
+    // Only an open receipt ends, by a move the machine allows.
+    let from = moves(&[ReceiptState::Accepted, ReceiptState::Processing], state);
+    let ended = sqlx::query_scalar!(
+        "WITH r AS (
+            UPDATE event_receipts SET state = $2, state_reason = $3, updated_at = now()
+             WHERE id = $1 AND state = ANY($9)
+            RETURNING id, installation_id, event_id, channel_id, event_type, retry_num + duplicate_deliveries AS retries)
+         INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
+                                event_type, retry_count)
+         SELECT 'context', $4, $5, r.installation_id, r.event_id, r.id,
+                CASE WHEN r.installation_id = $6 AND r.channel_id = $7 THEN $8 END,
+                coalesce(nullif(left(regexp_replace(lower(r.event_type), '[^a-z0-9_.:-]', '_', 'g'), 64), ''), 'unknown'),
+                r.retries
+           FROM r
+         RETURNING receipt_id",
+        receipt,
+        state.as_str(),
+        reason,
+        sanitise_code(state.as_str()),
+        reason.map(sanitise_code),
+        at.0,
+        at.1,
+        at.2,
+        &from
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(ended.is_some())
+}
+
+fn text_hash(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+async fn new_fact(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+    fact: &str,
+    key: &str,
+) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "INSERT INTO message_facts (installation_id, channel_id, ts, fact, fact_key) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT DO NOTHING",
+        inst,
+        channel,
+        ts,
+        fact,
+        key
+    )
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+async fn bump(conn: &mut PgConnection, inst: Uuid, channel: &str, root: &str) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        "INSERT INTO threads (installation_id, channel_id, root_ts, version) VALUES ($1, $2, $3, 1)
+         ON CONFLICT (installation_id, channel_id, root_ts)
+         DO UPDATE SET version = threads.version + 1, updated_at = now()
+         RETURNING version",
+        inst,
+        channel,
+        root
+    )
+    .fetch_one(conn)
+    .await
+}
+
+/// The thread's version, creating the thread row (version 1) if needed,
+/// without bumping it.
+async fn touch(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        r#"WITH ins AS (
+            INSERT INTO threads (installation_id, channel_id, root_ts, version) VALUES ($1, $2, $3, 1)
+            ON CONFLICT (installation_id, channel_id, root_ts) DO NOTHING
+            RETURNING version)
+         SELECT version AS "version!" FROM ins
+         UNION ALL
+         SELECT version FROM threads WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3
+         LIMIT 1"#,
+        inst,
+        channel,
+        root
+    )
+    .fetch_one(conn)
+    .await
+}
+
+/// Records the answers of thread `root` that the human message `ts`
+/// crossed in flight: replies already sent, newer than `ts`, whose context
+/// did not read it though it falls inside the window the context covered.
+/// Runs after the message's insert bumped (and so locked) the thread row,
+/// so a reply being recorded concurrently sees the message or is seen here.
+/// Each crossed answer's thread is reconsidered through the outbox, in
+/// this transaction. Returns the crossed intents.
+pub async fn crossed_answers(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+    ts: &str,
+) -> sqlx::Result<Vec<Uuid>> {
+    let crossed = sqlx::query!(
+        r#"INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by,
+                                      detected_at)
+         SELECT i.id, i.installation_id, i.channel_id, i.root_ts, i.slack_ts, $4, 'context-builder', clock_timestamp()
+           FROM reply_intents i JOIN decisions d ON d.id = i.decision_id
+          WHERE i.installation_id = $1 AND i.channel_id = $2 AND i.root_ts = $3
+            AND i.state = 'sent' AND i.slack_ts IS NOT NULL
+            AND $4::text::numeric < i.slack_ts::numeric
+            AND d.context_ts IS NOT NULL AND NOT ($4 = ANY(d.context_ts))
+            AND $4::text::numeric > coalesce(d.context_floor_ts, '0')::numeric
+         ON CONFLICT DO NOTHING
+         RETURNING intent_id, (SELECT receipt_id FROM reply_intents WHERE id = intent_id) AS "receipt_id!""#,
+        inst,
+        channel,
+        root,
+        ts
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    for c in &crossed {
+        let msg = crate::outbox::crossed_reconsider(inst, channel, root, c.receipt_id);
+        crate::outbox::enqueue(
+            conn,
+            inst,
+            c.receipt_id,
+            Topic::Reconsider,
+            &format!("recon:crossed:{}:{ts}", c.intent_id),
+            msg.encode_to_vec(),
+        )
+        .await?;
+    }
+    Ok(crossed.into_iter().map(|c| c.intent_id).collect())
+}
+
+/// Records what the reconsideration of a thread, begun at `started`,
+/// decided for the answers crossed in flight there that were recorded
+/// before it began (later ones wait for their own reconsideration).
+pub async fn crossed_reconsidered(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+    result: &str,
+    started: time::OffsetDateTime,
+) -> sqlx::Result<u64> {
+    let r = sqlx::query!(
+        "UPDATE crossed_answers SET reconsidered_at = now(), reconsideration = $4
+          WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND reconsidered_at IS NULL
+            AND detected_at <= $5",
+        inst,
+        channel,
+        root,
+        result,
+        started
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected())
+}
+
+/// The database's clock now (not the transaction's start): where a
+/// reconsideration begins, compared with `crossed_answers.detected_at`.
+pub async fn clock(pool: &PgPool) -> sqlx::Result<time::OffsetDateTime> {
+    sqlx::query_scalar!(r#"SELECT clock_timestamp() AS "now!""#)
+        .fetch_one(pool)
+        .await
+}
+
+/// The newest live human turn of a thread: its receipt, ts, whether it was
+/// answered, and its event id.
+pub struct LatestTurn {
+    pub receipt_id: Uuid,
+    pub ts: String,
+    pub answered: bool,
+    pub event_id: String,
+}
+
+pub async fn latest_turn(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+) -> sqlx::Result<Option<LatestTurn>> {
+    sqlx::query_as!(
+        LatestTurn,
+        r#"SELECT t.receipt_id, t.ts, t.answered_at IS NOT NULL AS "answered!", r.event_id
+             FROM turns t
+             JOIN thread_messages m ON m.installation_id = t.installation_id AND m.channel_id = t.channel_id AND m.ts = t.ts
+             JOIN event_receipts r ON r.id = t.receipt_id
+            WHERE t.installation_id = $1 AND t.channel_id = $2 AND m.root_ts = $3 AND NOT m.deleted
+            ORDER BY t.ts::numeric DESC LIMIT 1"#,
+        inst,
+        channel,
+        root
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+async fn stored_root(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar!(
+        "SELECT root_ts FROM thread_messages WHERE installation_id = $1 AND channel_id = $2 AND ts = $3",
+        inst,
+        channel,
+        ts
+    )
+    .fetch_optional(conn)
+    .await
+}
+
+/// Applies an effect; returns the thread it touched and its version if a
+/// new fact was recorded.
+pub async fn apply(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    effect: &Effect,
+) -> sqlx::Result<Option<(String, i64)>> {
+    match effect {
+        Effect::None => Ok(None),
+        Effect::Upsert(f) => {
+            if !new_fact(conn, inst, channel, &f.ts, "create", "").await? {
+                return Ok(None);
+            }
+            // A later edit or a tombstone may already be here: keep it.
+            insert_message(conn, inst, channel, f).await?;
+            let root = stored_root(conn, inst, channel, &f.ts)
+                .await?
+                .unwrap_or_else(|| f.root_ts.clone());
+            if f.speaker == Speaker::Assistant {
+                // Our own reply changes nothing a person asked: it is kept
+                // (later answers read it) without a new version, so the
+                // answers in flight to other requests of the thread stay
+                // current instead of going stale and costing a model call.
+                return Ok(Some((
+                    root.clone(),
+                    touch(conn, inst, channel, &root).await?,
+                )));
+            }
+            Ok(Some((
+                root.clone(),
+                bump(conn, inst, channel, &root).await?,
+            )))
+        }
+        Effect::Edit(f) => {
+            let key = f.edited_ts.clone().unwrap_or_else(|| text_hash(&f.text));
+            if !new_fact(conn, inst, channel, &f.ts, "edit", &key).await? {
+                return Ok(None);
+            }
+            edit_message(conn, inst, channel, f).await?;
+            let root = stored_root(conn, inst, channel, &f.ts)
+                .await?
+                .unwrap_or_else(|| f.root_ts.clone());
+            Ok(Some((
+                root.clone(),
+                bump(conn, inst, channel, &root).await?,
+            )))
+        }
+        Effect::Delete { ts, root_ts } => {
+            if !new_fact(conn, inst, channel, ts, "delete", "").await? {
+                return Ok(None);
+            }
+            let root = stored_root(conn, inst, channel, ts)
+                .await?
+                .unwrap_or_else(|| root_ts.clone());
+            // A tombstone keeps the identity and drops the text.
+            sqlx::query!(
+                "INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash, deleted, deleted_at)
+                 VALUES ($1, $2, $3, $4, 'user', '', '', true, now())
+                 ON CONFLICT (installation_id, channel_id, ts)
+                 DO UPDATE SET deleted = true, text = '', text_hash = '',
+                               deleted_at = coalesce(thread_messages.deleted_at, now())",
+                inst,
+                channel,
+                ts,
+                &root
+            )
+            .execute(&mut *conn)
+            .await?;
+            Ok(Some((
+                root.clone(),
+                bump(conn, inst, channel, &root).await?,
+            )))
+        }
+    }
+}
+
+/// Stores a new message; an edit or a tombstone already here is kept.
+async fn insert_message(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    f: &MessageFacts,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO thread_messages
+            (installation_id, channel_id, ts, root_ts, speaker, user_id, bot_id, text, text_hash, edited_ts)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::numeric)
+         ON CONFLICT DO NOTHING",
+        inst,
+        channel,
+        &f.ts,
+        &f.root_ts,
+        f.speaker.as_str(),
+        f.user_id.as_deref(),
+        f.bot_id.as_deref(),
+        &f.text,
+        text_hash(&f.text),
+        f.edited_ts.as_deref()
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Stores an edit: the newest edit wins, whatever order edits arrive in; a
+/// deleted message stays deleted.
+async fn edit_message(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    f: &MessageFacts,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO thread_messages
+            (installation_id, channel_id, ts, root_ts, speaker, user_id, bot_id, text, text_hash, edited_ts)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::numeric)
+         ON CONFLICT (installation_id, channel_id, ts) DO UPDATE
+            SET text = EXCLUDED.text, text_hash = EXCLUDED.text_hash, edited_ts = EXCLUDED.edited_ts
+          WHERE NOT thread_messages.deleted
+            AND (thread_messages.edited_ts IS NULL OR thread_messages.edited_ts < EXCLUDED.edited_ts)",
+        inst,
+        channel,
+        &f.ts,
+        &f.root_ts,
+        f.speaker.as_str(),
+        f.user_id.as_deref(),
+        f.bot_id.as_deref(),
+        &f.text,
+        text_hash(&f.text),
+        f.edited_ts.as_deref()
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Claims the turn of a human message for `receipt`; true when this
+/// receipt owns it (first claim, or its own earlier claim).
+pub async fn claim_turn(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+    receipt: Uuid,
+    source: &str,
+) -> sqlx::Result<bool> {
+    sqlx::query!(
+        "INSERT INTO turns (installation_id, channel_id, ts, receipt_id, source) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT DO NOTHING",
+        inst,
+        channel,
+        ts,
+        receipt,
+        source
+    )
+    .execute(&mut *conn)
+    .await?;
+    let owner = sqlx::query_scalar!(
+        "SELECT receipt_id FROM turns WHERE installation_id = $1 AND channel_id = $2 AND ts = $3",
+        inst,
+        channel,
+        ts
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(owner == receipt)
+}
+
+/// A deleted message cancels work not yet started from it.
+pub async fn cancel_pending(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+    except: Uuid,
+) -> sqlx::Result<u64> {
+    let r = sqlx::query!(
+        "UPDATE event_receipts SET state = $5, state_reason = 'source_deleted', updated_at = now()
+          WHERE installation_id = $1 AND channel_id = $2 AND message_ts = $3 AND state = ANY($6) AND id <> $4",
+        inst,
+        channel,
+        ts,
+        except,
+        ReceiptState::Ignored.as_str(),
+        &moves(&[ReceiptState::Accepted], ReceiptState::Ignored)
+    )
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected())
+}
+
+/// Marks an answered turn whose source was edited afterwards.
+pub async fn note_answered_source_changed(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE turns SET source_changed_after_answer_at = now()
+          WHERE installation_id = $1 AND channel_id = $2 AND ts = $3 AND answered_at IS NOT NULL",
+        inst,
+        channel,
+        ts
+    )
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Whether the store has the message (deleted or not).
+pub async fn has_message(pool: &PgPool, inst: Uuid, channel: &str, ts: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM thread_messages
+                           WHERE installation_id = $1 AND channel_id = $2 AND ts = $3) AS "found!""#,
+        inst,
+        channel,
+        ts
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// Records how far the thread's backfill got; `complete` is never undone.
+pub async fn set_backfill(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+    state: &str,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO threads (installation_id, channel_id, root_ts, backfill_state) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (installation_id, channel_id, root_ts) DO UPDATE
+            SET backfill_state = CASE WHEN threads.backfill_state = 'complete' THEN 'complete' ELSE EXCLUDED.backfill_state END",
+        inst,
+        channel,
+        root,
+        state
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The thread as it is now, as far as its context needs it: version,
+/// whether its backfill is partial, whether `source_ts` is deleted, and the
+/// context built from the root, the source and the newest replies within
+/// the limits.
+pub struct Snapshot {
+    pub version: i64,
+    pub backfill_partial: bool,
+    pub source_deleted: bool,
+    pub built: Built,
+}
+
+/// How many replies' sizes one read brings, beyond the count limit (room
+/// for replies skipped as too big).
+const PAGE_SLACK: usize = 16;
+
+/// One message's size, as the context's choice reads it. `part` 0: the
+/// oldest readable message; 1: the source; 2: a reply (newest first).
+struct Size {
+    part: i32,
+    ts: String,
+    len: i32,
+}
+
+/// The sizes of the oldest readable message, the source and one page of
+/// replies older than `cursor`. A message is readable when live, and
+/// another bot's only when that bot is approved.
+async fn sizes(
+    conn: &mut PgConnection,
+    inst: &Installation,
+    channel: &str,
+    root: &str,
+    source_ts: &str,
+    cursor: Option<&str>,
+    page: i64,
+) -> sqlx::Result<Vec<Size>> {
+    sqlx::query_as!(
+        Size,
+        r#"(SELECT 0 AS "part!", ts AS "ts!", octet_length(text) AS "len!" FROM thread_messages
+             WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND NOT deleted
+               AND (speaker <> 'bot' OR bot_id = ANY($4))
+             ORDER BY ts::numeric LIMIT 1)
+           UNION ALL
+           (SELECT 1, ts, octet_length(text) FROM thread_messages
+             WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND NOT deleted
+               AND (speaker <> 'bot' OR bot_id = ANY($4)) AND ts = $5)
+           UNION ALL
+           (SELECT 2, ts, octet_length(text) FROM thread_messages
+             WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND NOT deleted
+               AND (speaker <> 'bot' OR bot_id = ANY($4))
+               AND ($6::text IS NULL OR ts::numeric < $6::text::numeric)
+             ORDER BY ts::numeric DESC LIMIT $7)"#,
+        inst.id,
+        channel,
+        root,
+        &inst.approved_bots,
+        source_ts,
+        cursor,
+        page
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// Reads the context of `source_ts` in `root`'s thread without reading the
+/// whole thread: the sizes of the oldest readable message (the root), the
+/// source and the newest replies page by page until the limits are met
+/// ([`context::Chooser`], the same choice [`context::build`] makes over the
+/// whole thread), then the text of only the chosen messages and a count of
+/// the rest. Call inside one REPEATABLE READ transaction.
+pub async fn snapshot(
+    conn: &mut PgConnection,
+    inst: &Installation,
+    channel: &str,
+    root: &str,
+    source_ts: &str,
+    limits: Limits,
+) -> sqlx::Result<Snapshot> {
+    let head = sqlx::query!(
+        r#"SELECT coalesce((SELECT version FROM threads
+                             WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3), 0) AS "version!",
+                  coalesce((SELECT backfill_state FROM threads
+                             WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3), 'none') AS "backfill!",
+                  coalesce((SELECT bool_or(deleted) FROM thread_messages
+                             WHERE installation_id = $1 AND channel_id = $2 AND ts = $5), false) AS "source_deleted!",
+                  (SELECT count(*) FROM thread_messages
+                    WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND NOT deleted
+                      AND (speaker <> 'bot' OR bot_id = ANY($4))) AS "readable!""#,
+        inst.id,
+        channel,
+        root,
+        &inst.approved_bots,
+        source_ts
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let backfill_partial = head.backfill == "partial";
+    let page = (limits.max_messages + PAGE_SLACK) as i64;
+    let mut rows = sizes(conn, inst, channel, root, source_ts, None, page).await?;
+    let Some(first) = rows.iter().find(|r| r.part == 0) else {
+        return Ok(Snapshot {
+            version: head.version,
+            backfill_partial,
+            source_deleted: head.source_deleted,
+            built: context::finish(Vec::new(), 0),
+        });
+    };
+    let (first_ts, first_len) = (first.ts.clone(), first.len);
+    let source = rows
+        .iter()
+        .find(|r| r.part == 1 && r.ts != first_ts)
+        .map(|r| (r.ts.clone(), r.len as usize));
+    let mut chooser = context::Chooser::new(
+        first_len as usize,
+        source.as_ref().map(|s| s.1),
+        source_ts,
+        limits,
+    );
+    let mut chosen = vec![first_ts.clone()];
+    chosen.extend(source.map(|s| s.0));
+    'pages: loop {
+        let replies: Vec<Size> = rows.drain(..).filter(|r| r.part == 2).collect();
+        let full = replies.len() as i64 == page;
+        let mut cursor = None;
+        for r in replies {
+            cursor = Some(r.ts.clone());
+            if r.ts == first_ts || r.ts == source_ts {
+                continue;
+            }
+            match chooser.offer(&r.ts, r.len as usize) {
+                Offer::Keep => chosen.push(r.ts),
+                Offer::Skip => {}
+                Offer::Done => break 'pages,
+            }
+        }
+        if !full {
+            break;
+        }
+        rows = sizes(
+            conn,
+            inst,
+            channel,
+            root,
+            source_ts,
+            cursor.as_deref(),
+            page,
+        )
+        .await?;
+    }
+    let texts = sqlx::query!(
+        "SELECT ts, speaker, user_id, bot_id, text FROM thread_messages
+          WHERE installation_id = $1 AND channel_id = $2 AND ts = ANY($3)
+          ORDER BY ts::numeric",
+        inst.id,
+        channel,
+        &chosen
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let messages = texts
+        .into_iter()
+        .map(|m| StoredMessage {
+            ts: m.ts,
+            speaker: m.speaker,
+            user_id: m.user_id.or(m.bot_id).unwrap_or_default(),
+            text: m.text,
+        })
+        .collect();
+    Ok(Snapshot {
+        version: head.version,
+        backfill_partial,
+        source_deleted: head.source_deleted,
+        built: context::finish(messages, head.readable as usize),
+    })
+}
+
+/// What a receipt's context was built from (no text).
+pub struct ContextRecord<'a> {
+    pub event_id: &'a str,
+    pub receipt_id: Uuid,
+    pub installation_id: Uuid,
+    pub channel_id: &'a str,
+    /// The channel's pseudonym for the audit record.
+    pub channel_ref: Option<String>,
+    pub root_ts: &'a str,
+    pub source_ts: &'a str,
+    pub thread_version: i64,
+    pub content_hash: &'a str,
+    pub message_count: usize,
+    pub truncated: bool,
+    pub backfill_partial: bool,
+}
+
+/// Records the context (replacing an earlier one of the same receipt) with
+/// its audit record.
+pub async fn record_context(conn: &mut PgConnection, c: &ContextRecord<'_>) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO contexts (receipt_id, installation_id, channel_id, root_ts, source_ts, thread_version,
+                               content_hash, message_count, truncated, backfill_partial)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+         ON CONFLICT (receipt_id) DO UPDATE
+            SET thread_version = EXCLUDED.thread_version, content_hash = EXCLUDED.content_hash,
+                message_count = EXCLUDED.message_count, truncated = EXCLUDED.truncated,
+                backfill_partial = EXCLUDED.backfill_partial, captured_at = now()",
+        c.receipt_id,
+        c.installation_id,
+        c.channel_id,
+        c.root_ts,
+        c.source_ts,
+        c.thread_version,
+        c.content_hash,
+        c.message_count as i32,
+        c.truncated,
+        c.backfill_partial
+    )
+    .execute(&mut *conn)
+    .await?;
+    audit::append(
+        conn,
+        &audit::Record {
+            stage: "context",
+            outcome: "context_built",
+            reason: c.backfill_partial.then_some("backfill_partial"),
+            installation_id: Some(c.installation_id),
+            receipt_id: Some(c.receipt_id),
+            channel_ref: c.channel_ref.clone(),
+            event_id: Some(c.event_id),
+            thread_version: Some(c.thread_version),
+            ..Default::default()
+        },
+    )
+    .await
+}
