@@ -44,6 +44,27 @@ const MAX_BUF: usize = 64 * 1024;
 /// pool aside): NATS, the runtime, logs, telemetry, the Slack client.
 const RESERVED_DESCRIPTORS: usize = 64;
 
+/// Connections the kernel completes and queues for `accept` while the
+/// gateway is busy (Slack's retries and an ingress's bursts arrive
+/// together). `TcpListener::bind` asks for 128: a burst beyond the queue
+/// has its handshake dropped and comes back only with the retransmits,
+/// seconds later. The kernel lowers it to `net.core.somaxconn`.
+pub const LISTEN_BACKLOG: u32 = 1024;
+
+/// The gateway's listening socket, with [`LISTEN_BACKLOG`].
+pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As std's bind does: a restarted gateway binds while its old
+    // connections linger in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// The cap actually used: `limits.max_connections`, lowered when the
 /// process's open-files limit leaves less room beside the database pool.
 pub fn effective_cap(limits: &ConnectionLimits, db_connections: u32) -> usize {

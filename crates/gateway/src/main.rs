@@ -17,8 +17,7 @@ async fn run() -> anyhow::Result<()> {
     threadline_runtime::audit::configure(&src)?;
     let cfg = GatewayConfig::from_source(&src)?;
     let _telemetry = threadline_runtime::telemetry::init("threadline-gateway", &cfg.common)?;
-    let listener = tokio::net::TcpListener::bind(cfg.addr)
-        .await
+    let listener = threadline_gateway::listener::bind(cfg.addr)
         .with_context(|| format!("binding THREADLINE_GATEWAY_ADDR {}", cfg.addr))?;
     let shutdown = threadline_runtime::shutdown::on_signal();
     threadline_gateway::run(cfg, listener, shutdown).await
