@@ -162,7 +162,10 @@ impl Handler {
         let c = classify::classify(&event, &inst.identity, &policy);
         let mut facts = classify::ChannelFacts::of(&event, ev.is_ext_shared_channel);
         if let (Some(private), Some(_)) = (facts.private, event.get("channel_type")) {
-            store::learn_channel_kind(&self.pool, inst.id, channel, private, "event").await?;
+            // What `open` read is current: the write would change nothing.
+            if !(opened.kind_fresh && opened.channel_private == Some(private)) {
+                store::learn_channel_kind(&self.pool, inst.id, channel, private, "event").await?;
+            }
         }
         if matches!(c.outcome, Outcome::Trigger(_)) && facts.needs_lookup(&policy) {
             facts.private = match opened.channel_private {

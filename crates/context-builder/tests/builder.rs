@@ -402,6 +402,17 @@ async fn shuffled_duplicated_concurrent_changes_converge_to_one_version_and_cont
             root_ts: root.into(),
         },
         Effect::Edit(facts("500.000003", root, "b1", Some("500.000030"))),
+        // Our own reply: kept, without a version of its own.
+        Effect::Upsert(MessageFacts {
+            speaker: Speaker::Assistant,
+            user_id: None,
+            bot_id: Some("B0BOT".into()),
+            ..facts("500.000005", root, "an answer", None)
+        }),
+        // An edit that arrives before its message's create: the create
+        // keeps the edit.
+        Effect::Edit(facts("500.000006", root, "d1", Some("500.000060"))),
+        Effect::Upsert(facts("500.000006", root, "d", None)),
     ];
     let mut results = Vec::new();
     for order in 0..4u64 {
@@ -448,7 +459,10 @@ async fn shuffled_duplicated_concurrent_changes_converge_to_one_version_and_cont
     }
     assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:#?}");
     let (version, content) = &results[0];
-    assert_eq!(*version, 8, "eight distinct facts");
+    assert_eq!(
+        *version, 10,
+        "ten distinct facts of people; our reply makes no version"
+    );
     assert_eq!(
         content,
         &vec![
@@ -456,6 +470,8 @@ async fn shuffled_duplicated_concurrent_changes_converge_to_one_version_and_cont
             ("500.000002".into(), "a2".into(), false),
             ("500.000003".into(), String::new(), true),
             ("500.000004".into(), "c".into(), false),
+            ("500.000005".into(), "an answer".into(), false),
+            ("500.000006".into(), "d1".into(), false),
         ]
     );
 }

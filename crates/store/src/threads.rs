@@ -103,6 +103,9 @@ pub struct Opened {
     pub installation: Option<(Installation, TriggerPolicy)>,
     /// Whether the channel is private, as learned within the hour.
     pub channel_private: Option<bool>,
+    /// Whether that was learned within ten minutes (a channel's kind is
+    /// written again only when it changed or is older).
+    pub kind_fresh: bool,
     /// The receipt moved to `processing`; false when the installation is
     /// missing or inactive (it was not touched) or the receipt had already
     /// ended (a redelivery of finished work).
@@ -136,7 +139,9 @@ pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sq
                 inst.shared_channels_allowed AS "shared_channels_allowed?", inst.scopes AS "scopes!",
                 inst.allowlist_only AS "allowlist_only?",
                 cp.mode AS "mode?", cp.keywords AS "keywords?", cp.allowed AS "allowed?",
-                ck.is_private AS "is_private?", EXISTS (SELECT 1 FROM begun) AS "begun!"
+                ck.is_private AS "is_private?",
+                ck.checked_at >= now() - interval '10 minutes' AS "kind_fresh?",
+                EXISTS (SELECT 1 FROM begun) AS "begun!"
            FROM inst
            LEFT JOIN channel_policies cp ON cp.installation_id = inst.id AND cp.channel_id = $3
            LEFT JOIN channel_kinds ck ON ck.installation_id = inst.id AND ck.channel_id = $3
@@ -160,6 +165,7 @@ pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sq
         return Ok(Opened {
             installation: None,
             channel_private: None,
+            kind_fresh: false,
             begun: false,
         });
     };
@@ -187,6 +193,7 @@ pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sq
     Ok(Opened {
         installation: Some((installation, policy)),
         channel_private: r.is_private,
+        kind_fresh: r.kind_fresh.unwrap_or(false),
         begun: r.begun,
     })
 }
@@ -311,67 +318,6 @@ fn text_hash(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
-async fn new_fact(
-    conn: &mut PgConnection,
-    inst: Uuid,
-    channel: &str,
-    ts: &str,
-    fact: &str,
-    key: &str,
-) -> sqlx::Result<bool> {
-    let r = sqlx::query!(
-        "INSERT INTO message_facts (installation_id, channel_id, ts, fact, fact_key) VALUES ($1, $2, $3, $4, $5)
-         ON CONFLICT DO NOTHING",
-        inst,
-        channel,
-        ts,
-        fact,
-        key
-    )
-    .execute(conn)
-    .await?;
-    Ok(r.rows_affected() == 1)
-}
-
-async fn bump(conn: &mut PgConnection, inst: Uuid, channel: &str, root: &str) -> sqlx::Result<i64> {
-    sqlx::query_scalar!(
-        "INSERT INTO threads (installation_id, channel_id, root_ts, version) VALUES ($1, $2, $3, 1)
-         ON CONFLICT (installation_id, channel_id, root_ts)
-         DO UPDATE SET version = threads.version + 1, updated_at = now()
-         RETURNING version",
-        inst,
-        channel,
-        root
-    )
-    .fetch_one(conn)
-    .await
-}
-
-/// The thread's version, creating the thread row (version 1) if needed,
-/// without bumping it.
-async fn touch(
-    conn: &mut PgConnection,
-    inst: Uuid,
-    channel: &str,
-    root: &str,
-) -> sqlx::Result<i64> {
-    sqlx::query_scalar!(
-        r#"WITH ins AS (
-            INSERT INTO threads (installation_id, channel_id, root_ts, version) VALUES ($1, $2, $3, 1)
-            ON CONFLICT (installation_id, channel_id, root_ts) DO NOTHING
-            RETURNING version)
-         SELECT version AS "version!" FROM ins
-         UNION ALL
-         SELECT version FROM threads WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3
-         LIMIT 1"#,
-        inst,
-        channel,
-        root
-    )
-    .fetch_one(conn)
-    .await
-}
-
 /// Records the answers of thread `root` that the human message `ts`
 /// crossed in flight: replies already sent, newer than `ts`, whose context
 /// did not read it though it falls inside the window the context covered.
@@ -485,111 +431,75 @@ pub async fn latest_turn(
     .await
 }
 
-async fn stored_root(
-    conn: &mut PgConnection,
-    inst: Uuid,
-    channel: &str,
-    ts: &str,
-) -> sqlx::Result<Option<String>> {
-    sqlx::query_scalar!(
-        "SELECT root_ts FROM thread_messages WHERE installation_id = $1 AND channel_id = $2 AND ts = $3",
-        inst,
-        channel,
-        ts
-    )
-    .fetch_optional(conn)
-    .await
-}
-
-/// Applies an effect; returns the thread it touched and its version if a
-/// new fact was recorded.
+/// Applies an effect in one statement (a fact, the message it changes and
+/// its thread's version); returns the thread it touched and its version if
+/// the fact was new. The message's stored root wins over the event's (an
+/// edit or tombstone that arrived first keeps it), as the statement's
+/// upsert returns it.
 pub async fn apply(
     conn: &mut PgConnection,
     inst: Uuid,
     channel: &str,
     effect: &Effect,
 ) -> sqlx::Result<Option<(String, i64)>> {
-    match effect {
-        Effect::None => Ok(None),
-        Effect::Upsert(f) => {
-            if !new_fact(conn, inst, channel, &f.ts, "create", "").await? {
-                return Ok(None);
-            }
-            // A later edit or a tombstone may already be here: keep it.
-            insert_message(conn, inst, channel, f).await?;
-            let root = stored_root(conn, inst, channel, &f.ts)
-                .await?
-                .unwrap_or_else(|| f.root_ts.clone());
-            if f.speaker == Speaker::Assistant {
-                // Our own reply changes nothing a person asked: it is kept
-                // (later answers read it) without a new version, so the
-                // answers in flight to other requests of the thread stay
-                // current instead of going stale and costing a model call.
-                return Ok(Some((
-                    root.clone(),
-                    touch(conn, inst, channel, &root).await?,
-                )));
-            }
-            Ok(Some((
-                root.clone(),
-                bump(conn, inst, channel, &root).await?,
-            )))
+    let applied = match effect {
+        Effect::None => return Ok(None),
+        // Our own reply changes nothing a person asked: it is kept (later
+        // answers read it) without a new version, so the answers in flight
+        // to other requests of the thread stay current instead of going
+        // stale and costing a model call.
+        Effect::Upsert(f) if f.speaker == Speaker::Assistant => {
+            keep_reply(conn, inst, channel, f).await?
         }
-        Effect::Edit(f) => {
-            let key = f.edited_ts.clone().unwrap_or_else(|| text_hash(&f.text));
-            if !new_fact(conn, inst, channel, &f.ts, "edit", &key).await? {
-                return Ok(None);
-            }
-            edit_message(conn, inst, channel, f).await?;
-            let root = stored_root(conn, inst, channel, &f.ts)
-                .await?
-                .unwrap_or_else(|| f.root_ts.clone());
-            Ok(Some((
-                root.clone(),
-                bump(conn, inst, channel, &root).await?,
-            )))
-        }
-        Effect::Delete { ts, root_ts } => {
-            if !new_fact(conn, inst, channel, ts, "delete", "").await? {
-                return Ok(None);
-            }
-            let root = stored_root(conn, inst, channel, ts)
-                .await?
-                .unwrap_or_else(|| root_ts.clone());
-            // A tombstone keeps the identity and drops the text.
-            sqlx::query!(
-                "INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash, deleted, deleted_at)
-                 VALUES ($1, $2, $3, $4, 'user', '', '', true, now())
-                 ON CONFLICT (installation_id, channel_id, ts)
-                 DO UPDATE SET deleted = true, text = '', text_hash = '',
-                               deleted_at = coalesce(thread_messages.deleted_at, now())",
-                inst,
-                channel,
-                ts,
-                &root
-            )
-            .execute(&mut *conn)
-            .await?;
-            Ok(Some((
-                root.clone(),
-                bump(conn, inst, channel, &root).await?,
-            )))
-        }
-    }
+        Effect::Upsert(f) => create(conn, inst, channel, f).await?,
+        Effect::Edit(f) => edit(conn, inst, channel, f).await?,
+        Effect::Delete { ts, root_ts } => delete(conn, inst, channel, ts, root_ts).await?,
+    };
+    let Some(Applied { root, version }) = applied else {
+        return Ok(None);
+    };
+    let version = match version {
+        Some(v) => v,
+        // The thread row was made by a transaction that committed while
+        // the statement waited for it: read it now.
+        None => thread_version(conn, inst, channel, &root).await?,
+    };
+    Ok(Some((root, version)))
 }
 
-/// Stores a new message; an edit or a tombstone already here is kept.
-async fn insert_message(
+/// What one apply statement returns: the message's stored root (none when
+/// the fact was not new) and the thread's version (none only when the
+/// statement could not see the thread row: see [`apply`]).
+struct Applied {
+    root: String,
+    version: Option<i64>,
+}
+
+/// A new human (or another bot's) message: the fact, the message (an edit
+/// or a tombstone already here is kept: the no-op update only returns the
+/// stored root), and a new version of its thread.
+async fn create(
     conn: &mut PgConnection,
     inst: Uuid,
     channel: &str,
     f: &MessageFacts,
-) -> sqlx::Result<()> {
-    sqlx::query!(
-        "INSERT INTO thread_messages
-            (installation_id, channel_id, ts, root_ts, speaker, user_id, bot_id, text, text_hash, edited_ts)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::numeric)
-         ON CONFLICT DO NOTHING",
+) -> sqlx::Result<Option<Applied>> {
+    let r = sqlx::query!(
+        r#"WITH fact AS (
+            INSERT INTO message_facts (installation_id, channel_id, ts, fact, fact_key)
+            VALUES ($1, $2, $3, 'create', '') ON CONFLICT DO NOTHING RETURNING 1),
+         msg AS (
+            INSERT INTO thread_messages
+                   (installation_id, channel_id, ts, root_ts, speaker, user_id, bot_id, text, text_hash, edited_ts)
+            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::numeric WHERE EXISTS (SELECT 1 FROM fact)
+            ON CONFLICT (installation_id, channel_id, ts) DO UPDATE SET root_ts = thread_messages.root_ts
+            RETURNING root_ts),
+         bumped AS (
+            INSERT INTO threads (installation_id, channel_id, root_ts, version) SELECT $1, $2, root_ts, 1 FROM msg
+            ON CONFLICT (installation_id, channel_id, root_ts)
+            DO UPDATE SET version = threads.version + 1, updated_at = now()
+            RETURNING version)
+         SELECT (SELECT root_ts FROM msg) AS root, (SELECT version FROM bumped) AS version"#,
         inst,
         channel,
         &f.ts,
@@ -601,27 +511,41 @@ async fn insert_message(
         text_hash(&f.text),
         f.edited_ts.as_deref()
     )
-    .execute(conn)
+    .fetch_one(conn)
     .await?;
-    Ok(())
+    Ok(r.root.map(|root| Applied {
+        root,
+        version: r.version,
+    }))
 }
 
-/// Stores an edit: the newest edit wins, whatever order edits arrive in; a
-/// deleted message stays deleted.
-async fn edit_message(
+/// Our own reply: the fact and the message, and the thread's version as
+/// it is (the row made at version 1 if the thread is new), written nowhere
+/// else: no lock is taken on the thread row of every answer.
+async fn keep_reply(
     conn: &mut PgConnection,
     inst: Uuid,
     channel: &str,
     f: &MessageFacts,
-) -> sqlx::Result<()> {
-    sqlx::query!(
-        "INSERT INTO thread_messages
-            (installation_id, channel_id, ts, root_ts, speaker, user_id, bot_id, text, text_hash, edited_ts)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::numeric)
-         ON CONFLICT (installation_id, channel_id, ts) DO UPDATE
-            SET text = EXCLUDED.text, text_hash = EXCLUDED.text_hash, edited_ts = EXCLUDED.edited_ts
-          WHERE NOT thread_messages.deleted
-            AND (thread_messages.edited_ts IS NULL OR thread_messages.edited_ts < EXCLUDED.edited_ts)",
+) -> sqlx::Result<Option<Applied>> {
+    let r = sqlx::query!(
+        r#"WITH fact AS (
+            INSERT INTO message_facts (installation_id, channel_id, ts, fact, fact_key)
+            VALUES ($1, $2, $3, 'create', '') ON CONFLICT DO NOTHING RETURNING 1),
+         msg AS (
+            INSERT INTO thread_messages
+                   (installation_id, channel_id, ts, root_ts, speaker, user_id, bot_id, text, text_hash, edited_ts)
+            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::numeric WHERE EXISTS (SELECT 1 FROM fact)
+            ON CONFLICT (installation_id, channel_id, ts) DO UPDATE SET root_ts = thread_messages.root_ts
+            RETURNING root_ts),
+         made AS (
+            INSERT INTO threads (installation_id, channel_id, root_ts, version) SELECT $1, $2, root_ts, 1 FROM msg
+            ON CONFLICT (installation_id, channel_id, root_ts) DO NOTHING
+            RETURNING version)
+         SELECT (SELECT root_ts FROM msg) AS root,
+                coalesce((SELECT version FROM made),
+                         (SELECT t.version FROM threads t JOIN msg ON t.root_ts = msg.root_ts
+                           WHERE t.installation_id = $1 AND t.channel_id = $2)) AS version"#,
         inst,
         channel,
         &f.ts,
@@ -633,9 +557,122 @@ async fn edit_message(
         text_hash(&f.text),
         f.edited_ts.as_deref()
     )
-    .execute(conn)
+    .fetch_one(conn)
     .await?;
-    Ok(())
+    Ok(r.root.map(|root| Applied {
+        root,
+        version: r.version,
+    }))
+}
+
+/// An edit, keyed by its edited ts (or its text's hash): the newest edit
+/// wins whatever order edits arrive in, a deleted message stays deleted,
+/// and the thread gets a new version.
+async fn edit(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    f: &MessageFacts,
+) -> sqlx::Result<Option<Applied>> {
+    let key = f.edited_ts.clone().unwrap_or_else(|| text_hash(&f.text));
+    // Every column is set through one condition, so the upsert always
+    // returns the stored root, newer or not.
+    let r = sqlx::query!(
+        r#"WITH fact AS (
+            INSERT INTO message_facts (installation_id, channel_id, ts, fact, fact_key)
+            VALUES ($1, $2, $3, 'edit', $11) ON CONFLICT DO NOTHING RETURNING 1),
+         msg AS (
+            INSERT INTO thread_messages AS m
+                   (installation_id, channel_id, ts, root_ts, speaker, user_id, bot_id, text, text_hash, edited_ts)
+            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::numeric WHERE EXISTS (SELECT 1 FROM fact)
+            ON CONFLICT (installation_id, channel_id, ts) DO UPDATE
+               SET text = CASE WHEN NOT m.deleted AND (m.edited_ts IS NULL OR m.edited_ts < EXCLUDED.edited_ts)
+                               THEN EXCLUDED.text ELSE m.text END,
+                   text_hash = CASE WHEN NOT m.deleted AND (m.edited_ts IS NULL OR m.edited_ts < EXCLUDED.edited_ts)
+                                    THEN EXCLUDED.text_hash ELSE m.text_hash END,
+                   edited_ts = CASE WHEN NOT m.deleted AND (m.edited_ts IS NULL OR m.edited_ts < EXCLUDED.edited_ts)
+                                    THEN EXCLUDED.edited_ts ELSE m.edited_ts END
+            RETURNING root_ts),
+         bumped AS (
+            INSERT INTO threads (installation_id, channel_id, root_ts, version) SELECT $1, $2, root_ts, 1 FROM msg
+            ON CONFLICT (installation_id, channel_id, root_ts)
+            DO UPDATE SET version = threads.version + 1, updated_at = now()
+            RETURNING version)
+         SELECT (SELECT root_ts FROM msg) AS root, (SELECT version FROM bumped) AS version"#,
+        inst,
+        channel,
+        &f.ts,
+        &f.root_ts,
+        f.speaker.as_str(),
+        f.user_id.as_deref(),
+        f.bot_id.as_deref(),
+        &f.text,
+        text_hash(&f.text),
+        f.edited_ts.as_deref(),
+        &key
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(r.root.map(|root| Applied {
+        root,
+        version: r.version,
+    }))
+}
+
+/// A deletion: a tombstone keeps the message's identity (and its stored
+/// root) and drops the text; the thread gets a new version.
+async fn delete(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+    root_ts: &str,
+) -> sqlx::Result<Option<Applied>> {
+    let r = sqlx::query!(
+        r#"WITH fact AS (
+            INSERT INTO message_facts (installation_id, channel_id, ts, fact, fact_key)
+            VALUES ($1, $2, $3, 'delete', '') ON CONFLICT DO NOTHING RETURNING 1),
+         msg AS (
+            INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash, deleted, deleted_at)
+            SELECT $1, $2, $3, $4, 'user', '', '', true, now() WHERE EXISTS (SELECT 1 FROM fact)
+            ON CONFLICT (installation_id, channel_id, ts)
+            DO UPDATE SET deleted = true, text = '', text_hash = '',
+                          deleted_at = coalesce(thread_messages.deleted_at, now())
+            RETURNING root_ts),
+         bumped AS (
+            INSERT INTO threads (installation_id, channel_id, root_ts, version) SELECT $1, $2, root_ts, 1 FROM msg
+            ON CONFLICT (installation_id, channel_id, root_ts)
+            DO UPDATE SET version = threads.version + 1, updated_at = now()
+            RETURNING version)
+         SELECT (SELECT root_ts FROM msg) AS root, (SELECT version FROM bumped) AS version"#,
+        inst,
+        channel,
+        ts,
+        root_ts
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(r.root.map(|root| Applied {
+        root,
+        version: r.version,
+    }))
+}
+
+/// The thread's version as committed now.
+async fn thread_version(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        "SELECT version FROM threads WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3",
+        inst,
+        channel,
+        root
+    )
+    .fetch_one(conn)
+    .await
 }
 
 /// Claims the turn of a human message for `receipt`; true when this
@@ -648,17 +685,21 @@ pub async fn claim_turn(
     receipt: Uuid,
     source: &str,
 ) -> sqlx::Result<bool> {
-    sqlx::query!(
+    let claimed = sqlx::query_scalar!(
         "INSERT INTO turns (installation_id, channel_id, ts, receipt_id, source) VALUES ($1, $2, $3, $4, $5)
-         ON CONFLICT DO NOTHING",
+         ON CONFLICT DO NOTHING RETURNING receipt_id",
         inst,
         channel,
         ts,
         receipt,
         source
     )
-    .execute(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await?;
+    if claimed.is_some() {
+        return Ok(true);
+    }
+    // Claimed before: by this receipt (a redelivery) or by its twin.
     let owner = sqlx::query_scalar!(
         "SELECT receipt_id FROM turns WHERE installation_id = $1 AND channel_id = $2 AND ts = $3",
         inst,
