@@ -1405,13 +1405,19 @@ def check_dockerfile(rep, root: Path, bins):
     # statement given to sqlx as a runtime string (query(...), query_as(...),
     # raw_sql) is refused in every crate's sources but the test kit's, which
     # creates and drops the tests' databases.
-    runtime_sql = re.compile(r"\bsqlx::(query|query_as|query_scalar|raw_sql)\s*(::<[^>]*>)?\(")
+    runtime_sql = re.compile(
+        r"\bsqlx::(query|query_as|query_scalar|raw_sql)(_with)?\s*(::<.+?>)?\s*\("  # sqlx::query(…), turbofish too
+        r"|\buse\s+sqlx::[^;]*\b(query|query_as|query_scalar|raw_sql)(_with)?\b(?!!)"  # imported to call bare
+    )
+    # SQL text handed to an executor; the store's one is the snapshot
+    # transaction's BEGIN, which no macro can check.
+    sql_text = re.compile(r"\.(execute|fetch|fetch_one|fetch_all|fetch_optional|begin_with)\(\s*r?#*\"")
     for p in sorted((root / "crates").glob("*/src/**/*.rs")):
         rel = p.relative_to(root)
         if rel.parts[1] == "testkit":
             continue
         for n, line in enumerate(p.read_text().splitlines(), 1):
-            if runtime_sql.search(line):
+            if runtime_sql.search(line) or (rel.parts[1] != "store" and sql_text.search(line)):
                 rep.error(str(rel), f"line {n}: a statement checked only at run time; put it in crates/store "
                                     "as a query!/query_as!/query_scalar! macro")
     if uses_macros:

@@ -448,10 +448,7 @@ impl Handler {
         source_ts: &str,
     ) -> anyhow::Result<Step> {
         // One snapshot for the version and the messages it numbers.
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
-            .await?;
+        let mut tx = store::begin_snapshot(&self.pool).await?;
         let snap = store::snapshot(&mut tx, inst, channel, root, source_ts, self.limits).await?;
         if snap.source_deleted {
             store::finish(

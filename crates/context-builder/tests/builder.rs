@@ -414,8 +414,14 @@ async fn shuffled_duplicated_concurrent_changes_converge_to_one_version_and_cont
         Effect::Edit(facts("500.000006", root, "d1", Some("500.000060"))),
         Effect::Upsert(facts("500.000006", root, "d", None)),
     ];
+    let reply = effects
+        .iter()
+        .position(|e| matches!(e, Effect::Upsert(f) if f.speaker == Speaker::Assistant))
+        .expect("our reply is among the effects");
     let mut results = Vec::new();
-    for order in 0..4u64 {
+    // Orders 0-3: shuffled, two concurrent replicas; 4: one replica that
+    // applies our reply before anything of the thread exists.
+    for order in 0..5u64 {
         let db = TestDb::new().await;
         let inst = Uuid::now_v7();
         // Shuffle deterministically per order, and deliver everything twice
@@ -440,11 +446,17 @@ async fn shuffled_duplicated_concurrent_changes_converge_to_one_version_and_cont
                 }
             })
         };
-        let mut reversed = seq.clone();
-        reversed.reverse();
-        let (a, b) = (replica(seq), replica(reversed));
-        a.await.expect("replica a");
-        b.await.expect("replica b");
+        if order == 4 {
+            seq.retain(|i| *i != reply);
+            seq.insert(0, reply);
+            replica(seq).await.expect("replica");
+        } else {
+            let mut reversed = seq.clone();
+            reversed.reverse();
+            let (a, b) = (replica(seq), replica(reversed));
+            a.await.expect("replica a");
+            b.await.expect("replica b");
+        }
         let version: i64 = sqlx::query_scalar("SELECT version FROM threads WHERE root_ts = $1")
             .bind(root)
             .fetch_one(&db.pool)
@@ -1111,12 +1123,7 @@ async fn the_windowed_read_builds_the_same_context_as_the_whole_thread() {
                 max_age_secs: [600, 3_600, 30 * 24 * 3600][next(3) as usize],
             };
             let expected = context::build(&whole, &source, limits);
-            let mut tx = env
-                .db
-                .pool
-                .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
-                .await
-                .expect("tx");
+            let mut tx = store::begin_snapshot(&env.db.pool).await.expect("tx");
             let snap = store::snapshot(&mut tx, &inst, "C0WIN", &root, &source, limits)
                 .await
                 .expect("snapshot");

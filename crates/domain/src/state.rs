@@ -5,8 +5,9 @@
 //! exactly those in its compare-and-set, so an illegal move matches no row;
 //! [`Machine::check`] says why a move is refused to a caller holding a
 //! state. The database's check constraints list the same states (a test
-//! keeps them equal). Not every statement goes through here yet: see the
-//! store issue.
+//! keeps them equal). Every state the store writes to a receipt, a
+//! decision or a reply intent is bound from these types (a test of the
+//! store refuses a literal one).
 
 use std::fmt;
 

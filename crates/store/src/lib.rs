@@ -67,6 +67,7 @@ mod tests {
         // One line, lower case, single spaces: SQL as a tokenizer sees it.
         let sql = text
             .to_lowercase()
+            .replace('=', " = ")
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" ");
@@ -91,13 +92,24 @@ mod tests {
                 } else {
                     false
                 };
+                // The table: `UPDATE t SET`, or `INSERT INTO t … ON
+                // CONFLICT … DO UPDATE SET`.
+                let word_after = |from: usize| -> String {
+                    sql[from..]
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect()
+                };
                 let Some(update) = sql[..at].rfind("update ") else {
                     continue;
                 };
-                let table: String = sql[update + 7..]
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
+                let mut table = word_after(update + 7);
+                if table == "set" {
+                    let Some(insert) = sql[..update].rfind("insert into ") else {
+                        continue;
+                    };
+                    table = word_after(insert + 12);
+                }
                 if literal && GOVERNED.contains(&table.as_str()) {
                     let end = sql[at..]
                         .char_indices()
@@ -139,6 +151,8 @@ mod tests {
             "UPDATE reply_intents\n   SET error_code = $2,\n       state = 'held'",
             "UPDATE event_receipts SET failures = failures + 1, state = CASE WHEN x THEN 'failed' ELSE state END",
             "WITH d AS (UPDATE decisions SET status = 'published' WHERE id = $1)",
+            "UPDATE reply_intents SET state='sent' WHERE id = $1",
+            "INSERT INTO reply_intents (id, state) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET state = 'pending'",
         ] {
             assert_eq!(literal_state_writes(write).len(), 1, "{write}");
         }
@@ -149,6 +163,8 @@ mod tests {
             "UPDATE installations SET status = 'disabled' WHERE id = $1",
             "UPDATE decisions SET status_reason = 'x' WHERE status = 'review'",
             "SELECT id FROM reply_intents WHERE state = 'sent'",
+            "UPDATE reply_intents SET attempts = 1 WHERE state <= 'x' OR state >= 'y'",
+            "INSERT INTO installations (id) VALUES ($1) ON CONFLICT (id) DO UPDATE SET status = 'active'",
         ] {
             assert!(literal_state_writes(not_one).is_empty(), "{not_one}");
         }

@@ -520,8 +520,10 @@ async fn create(
 }
 
 /// Our own reply: the fact and the message, and the thread's version as
-/// it is (the row made at version 1 if the thread is new), written nowhere
-/// else: no lock is taken on the thread row of every answer.
+/// it is. An existing thread row is not written (`DO NOTHING`: no update,
+/// though a bump in flight is waited for); a thread our reply is the first
+/// to name gets its row at version 0, so the version people's facts give
+/// it does not depend on whether our reply arrived first.
 async fn keep_reply(
     conn: &mut PgConnection,
     inst: Uuid,
@@ -539,7 +541,7 @@ async fn keep_reply(
             ON CONFLICT (installation_id, channel_id, ts) DO UPDATE SET root_ts = thread_messages.root_ts
             RETURNING root_ts),
          made AS (
-            INSERT INTO threads (installation_id, channel_id, root_ts, version) SELECT $1, $2, root_ts, 1 FROM msg
+            INSERT INTO threads (installation_id, channel_id, root_ts, version) SELECT $1, $2, root_ts, 0 FROM msg
             ON CONFLICT (installation_id, channel_id, root_ts) DO NOTHING
             RETURNING version)
          SELECT (SELECT root_ts FROM msg) AS root,
@@ -849,6 +851,15 @@ async fn sizes(
     )
     .fetch_all(conn)
     .await
+}
+
+/// A transaction whose reads all see one snapshot (REPEATABLE READ): a
+/// thread's version and the messages it numbers, read together.
+pub async fn begin_snapshot(
+    pool: &PgPool,
+) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
 }
 
 /// Reads the context of `source_ts` in `root`'s thread without reading the
