@@ -248,10 +248,10 @@ impl Handler {
                 Err(e) => return Err(e.into()),
             }
         };
-        if !stored {
+        let Some(settled) = stored else {
             // Our lease ran out and another worker settled it.
             return Ok(Disposition::Done);
-        }
+        };
         metrics::counter!("threadline_decisions_total", "status" => status.as_str()).increment(1);
         if status == DecisionStatus::Review {
             for r in &reply.risks {
@@ -261,7 +261,9 @@ impl Handler {
             tracing::info!(reasons = ?reply.risks, "proposal routed to human review");
             return Ok(Disposition::Done);
         }
-        self.publish(id).await?;
+        // The row as settled: what the proposal names, read by the
+        // statement that settled it.
+        publish_proposal(&self.js, &self.topology, &settled, None).await?;
         Ok(Disposition::Done)
     }
 

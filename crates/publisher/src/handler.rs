@@ -141,7 +141,7 @@ impl Handler {
     }
 
     pub(crate) async fn bot(&self, inst: Uuid) -> anyhow::Result<Option<Bot>> {
-        let Some(token) = threadline_runtime::tokens::bot_token(
+        let Some((token, id)) = threadline_runtime::tokens::bot(
             &self.pool,
             &self.cipher,
             self.refresher.as_ref(),
@@ -151,12 +151,10 @@ impl Handler {
         else {
             return Ok(None);
         };
-        let (bot_id, scopes) =
-            threadline_store::installations::bot_identity(&self.pool, inst).await?;
         Ok(Some(Bot {
             token,
-            bot_id,
-            scopes,
+            bot_id: id.bot_id,
+            scopes: id.scopes,
         }))
     }
 

@@ -114,6 +114,7 @@ fn read_current(
         refresh_sealed: refresh,
         refresh_key_id: refresh_key,
         expires_in,
+        ..
     }) = row
     else {
         return Ok(Current::None);
@@ -150,10 +151,46 @@ pub async fn bot_token(
     refresher: Option<&Refresher>,
     inst: Uuid,
 ) -> anyhow::Result<Option<SecretString>> {
+    bot_token_seen(pool, cipher, refresher, inst, &mut None).await
+}
+
+/// The bot an installation's token speaks as: its `bot_id` and granted
+/// scopes (empty when never recorded: a manual install).
+pub struct BotIdentity {
+    pub bot_id: String,
+    pub scopes: Vec<String>,
+}
+
+/// [`bot_token`] and the bot's identity, from the same read of the row.
+pub async fn bot(
+    pool: &PgPool,
+    cipher: &TokenCipher,
+    refresher: Option<&Refresher>,
+    inst: Uuid,
+) -> anyhow::Result<Option<(SecretString, BotIdentity)>> {
+    let mut seen = None;
+    let token = bot_token_seen(pool, cipher, refresher, inst, &mut seen).await?;
+    Ok(token.zip(seen))
+}
+
+/// [`bot_token`], keeping the identity of the last read in `seen`.
+async fn bot_token_seen(
+    pool: &PgPool,
+    cipher: &TokenCipher,
+    refresher: Option<&Refresher>,
+    inst: Uuid,
+    seen: &mut Option<BotIdentity>,
+) -> anyhow::Result<Option<SecretString>> {
     let waited_since = std::time::Instant::now();
     let mut pause = Duration::from_millis(20);
     loop {
         let row = tokens::read(pool, inst).await?;
+        if let Some(r) = &row {
+            *seen = Some(BotIdentity {
+                bot_id: r.bot_id.clone(),
+                scopes: r.scopes.clone(),
+            });
+        }
         let (current, refresh, refresh_key, expires_in) =
             match read_current(cipher, refresher, inst, row)? {
                 Current::None => return Ok(None),

@@ -40,15 +40,6 @@ pub async fn lookup(pool: &PgPool, key: &InstallationKey) -> Result<Resolved, sq
     })
 }
 
-/// The bot's identity in the installation's workspace and the scopes it
-/// was granted.
-pub async fn bot_identity(pool: &PgPool, id: Uuid) -> sqlx::Result<(String, Vec<String>)> {
-    let r = sqlx::query!("SELECT bot_id, scopes FROM installations WHERE id = $1", id)
-        .fetch_one(pool)
-        .await?;
-    Ok((r.bot_id, r.scopes))
-}
-
 /// Whether the installation exists and is active (not uninstalled, revoked
 /// or disabled by an operator).
 pub async fn is_active(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {

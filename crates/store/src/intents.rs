@@ -735,11 +735,7 @@ pub async fn transition(
 ) -> sqlx::Result<bool> {
     // Only the attempt that owns the intent ends it, and only by a move
     // the machine allows from where it is.
-    let from: Vec<String> = IntentState::IN_FLIGHT
-        .into_iter()
-        .filter(|s| s.can_become(to))
-        .map(|s| s.as_str().to_owned())
-        .collect();
+    let from = moves(&IntentState::IN_FLIGHT, to);
     let r = sqlx::query!(
         "UPDATE reply_intents
             SET state = $2, error_code = $3,
@@ -854,11 +850,14 @@ pub async fn set_decision_in(
 ) -> sqlx::Result<bool> {
     // The publisher discards what was offered to it (proposed or approved)
     // and nothing else; a status that is no discard matches no row.
-    let from: Vec<String> = [DecisionStatus::Proposed, DecisionStatus::Approved]
-        .into_iter()
-        .filter(|s| status.is_discard() && s.can_become(status))
-        .map(|s| s.as_str().to_owned())
-        .collect();
+    let from = if status.is_discard() {
+        moves(
+            &[DecisionStatus::Proposed, DecisionStatus::Approved],
+            status,
+        )
+    } else {
+        Vec::new()
+    };
     let discarded = sqlx::query_scalar!(
         r#"WITH d AS (
              UPDATE decisions SET status = $2, status_reason = $3, updated_at = now()

@@ -18,6 +18,10 @@ pub struct Stored {
     /// Seconds until the bot token expires (negative once expired); none
     /// when it does not expire.
     pub expires_in: Option<f64>,
+    /// The bot the token speaks as, and its granted scopes (empty when
+    /// never recorded: a manual install).
+    pub bot_id: String,
+    pub scopes: Vec<String>,
 }
 
 pub async fn read(pool: &PgPool, inst: Uuid) -> sqlx::Result<Option<Stored>> {
@@ -25,7 +29,7 @@ pub async fn read(pool: &PgPool, inst: Uuid) -> sqlx::Result<Option<Stored>> {
         Stored,
         r#"SELECT status, bot_token_sealed AS bot_sealed, bot_token_key_id AS bot_key_id,
                   refresh_token_sealed AS refresh_sealed, refresh_token_key_id AS refresh_key_id,
-                  extract(epoch FROM token_expires_at - now())::float8 AS expires_in
+                  extract(epoch FROM token_expires_at - now())::float8 AS expires_in, bot_id, scopes
              FROM installations WHERE id = $1"#,
         inst
     )
