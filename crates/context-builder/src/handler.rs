@@ -283,7 +283,11 @@ impl Handler {
             // Crossings recorded from here on wait for the next
             // reconsideration: this one may read the thread before them.
             let started = store::clock(&self.pool).await?;
-            let Some(inst) = store::installation(&self.pool, inst_id).await? else {
+            // Gone or disabled: nothing to rebuild.
+            let active = store::installation(&self.pool, inst_id)
+                .await?
+                .filter(|i| i.active);
+            let Some(inst) = active else {
                 store::crossed_reconsidered(
                     &self.pool,
                     inst_id,
@@ -295,18 +299,6 @@ impl Handler {
                 .await?;
                 return Ok(());
             };
-            if !inst.active {
-                store::crossed_reconsidered(
-                    &self.pool,
-                    inst_id,
-                    &r.channel_id,
-                    &r.root_ts,
-                    "installation_inactive",
-                    started,
-                )
-                .await?;
-                return Ok(());
-            }
             let latest = store::latest_turn(&self.pool, inst.id, &r.channel_id, &r.root_ts).await?;
             let result = match latest {
                 Some(t) if !t.answered => {

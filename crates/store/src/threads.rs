@@ -475,6 +475,14 @@ struct Applied {
     version: Option<i64>,
 }
 
+impl Applied {
+    /// What a statement's two columns say: nothing when the fact was not
+    /// new (no root).
+    fn of(root: Option<String>, version: Option<i64>) -> Option<Self> {
+        root.map(|root| Applied { root, version })
+    }
+}
+
 /// A new human (or another bot's) message: the fact, the message (an edit
 /// or a tombstone already here is kept: the no-op update only returns the
 /// stored root), and a new version of its thread.
@@ -513,10 +521,7 @@ async fn create(
     )
     .fetch_one(conn)
     .await?;
-    Ok(r.root.map(|root| Applied {
-        root,
-        version: r.version,
-    }))
+    Ok(Applied::of(r.root, r.version))
 }
 
 /// Our own reply: the fact and the message, and the thread's version as
@@ -561,10 +566,7 @@ async fn keep_reply(
     )
     .fetch_one(conn)
     .await?;
-    Ok(r.root.map(|root| Applied {
-        root,
-        version: r.version,
-    }))
+    Ok(Applied::of(r.root, r.version))
 }
 
 /// An edit, keyed by its edited ts (or its text's hash): the newest edit
@@ -615,10 +617,7 @@ async fn edit(
     )
     .fetch_one(conn)
     .await?;
-    Ok(r.root.map(|root| Applied {
-        root,
-        version: r.version,
-    }))
+    Ok(Applied::of(r.root, r.version))
 }
 
 /// A deletion: a tombstone keeps the message's identity (and its stored
@@ -654,10 +653,7 @@ async fn delete(
     )
     .fetch_one(conn)
     .await?;
-    Ok(r.root.map(|root| Applied {
-        root,
-        version: r.version,
-    }))
+    Ok(Applied::of(r.root, r.version))
 }
 
 /// The thread's version as committed now.
