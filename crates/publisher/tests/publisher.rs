@@ -1353,6 +1353,151 @@ async fn the_recheck_before_the_post_stops_what_changed_after_the_claim() {
     env.cleanup().await;
 }
 
+/// The checks and the claim are one statement, and the channel's post
+/// slot is taken in it before the intent is written: a claim that loses the
+/// race to create the intent (another publisher's insert, not yet committed
+/// when the statement began) must give the slot back, or the channel would
+/// wait a spacing for a post that never happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_loses_the_race_for_a_new_intent_gives_its_post_slot_back() {
+    use threadline_publisher::intents::{Verdict, reserve_slot};
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Raced.").await;
+    let p = ProposalReady::decode(payload.as_slice()).expect("decode");
+    let root = env.root().await;
+    let receipt = Uuid::parse_str(&p.receipt_id).expect("receipt");
+    // Another publisher creates the intent and has not committed yet.
+    let mut other = env.db.pool.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts, body_hash, state)
+         VALUES ($1, $2, $3, 'thread_reply', $4, $5, $6, $7, 'other', 'pending')",
+    )
+    .bind(Uuid::now_v7())
+    .bind(env.inst)
+    .bind(&p.event_id)
+    .bind(receipt)
+    .bind(decision)
+    .bind(&env.channel)
+    .bind(&root)
+    .execute(&mut *other)
+    .await
+    .expect("the other publisher's intent");
+    let claiming = spawn_claim(&env, &p, decision, &root, 60.0);
+    wait_for_a_lock_wait(&env).await;
+    other.commit().await.expect("commit");
+    let verdict = claiming.await.expect("join").expect("claim");
+    assert!(
+        matches!(verdict, Verdict::NotNow(_)),
+        "the intent is the other publisher's: {verdict:?}"
+    );
+    let states: Vec<(String, i32)> =
+        sqlx::query_as("SELECT state, attempts FROM reply_intents WHERE event_id = $1")
+            .bind(&p.event_id)
+            .fetch_all(&env.db.pool)
+            .await
+            .expect("intents");
+    assert_eq!(states, vec![("pending".to_owned(), 0)], "nothing claimed");
+    assert_eq!(
+        reserve_slot(&env.db.pool, env.inst, &env.channel, 1.0)
+            .await
+            .expect("slot"),
+        None,
+        "the slot the lost claim took is free again"
+    );
+    assert_eq!(env.app_posts().await, 0);
+    env.cleanup().await;
+}
+
+/// Runs the publisher's checks and claim of `p` (thread version 1) on a
+/// task of its own.
+fn spawn_claim(
+    env: &Env,
+    p: &ProposalReady,
+    decision: Uuid,
+    root: &str,
+    spacing: f64,
+) -> tokio::task::JoinHandle<sqlx::Result<threadline_publisher::intents::Verdict>> {
+    let (pool, inst, channel, root, event_id, source_ts) = (
+        env.db.pool.clone(),
+        env.inst,
+        env.channel.clone(),
+        root.to_owned(),
+        p.event_id.clone(),
+        p.source_ts.clone(),
+    );
+    let receipt = Uuid::parse_str(&p.receipt_id).expect("receipt");
+    tokio::spawn(async move {
+        let proposal = threadline_publisher::intents::Proposal {
+            installation: inst,
+            receipt,
+            decision,
+            event_id: &event_id,
+            action_kind: "thread_reply",
+            channel: &channel,
+            root_ts: &root,
+            source_ts: &source_ts,
+            version: 1,
+            body_hash: "hash",
+            channel_ref: None,
+        };
+        threadline_publisher::intents::check_and_claim(&pool, &proposal, 300.0, spacing).await
+    })
+}
+
+/// Returns once some session of the test's database waits for a lock.
+async fn wait_for_a_lock_wait(env: &Env) {
+    for _ in 0..500 {
+        let blocked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("activity");
+        if blocked > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("nothing waited for the lock");
+}
+
+/// The checks read one snapshot, taken before the statement waits for the
+/// thread row: a content change that commits while the claim waits for it
+/// is seen through the locked row's newer version, and the proposal is
+/// stale, never claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_change_committed_while_the_claim_waits_for_the_thread_row_makes_it_stale() {
+    use threadline_publisher::intents::Verdict;
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Waited.").await;
+    let p = ProposalReady::decode(payload.as_slice()).expect("decode");
+    let root = env.root().await;
+    // The context-builder records a new message and bumps the version.
+    let mut change = env.db.pool.begin().await.expect("begin");
+    sqlx::query(
+        "UPDATE threads SET version = version + 1 WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3",
+    )
+    .bind(env.inst)
+    .bind(&env.channel)
+    .bind(&root)
+    .execute(&mut *change)
+    .await
+    .expect("bump");
+    let claiming = spawn_claim(&env, &p, decision, &root, 0.0);
+    wait_for_a_lock_wait(&env).await;
+    change.commit().await.expect("commit");
+    let verdict = claiming.await.expect("join").expect("claim");
+    assert_eq!(verdict, Verdict::Stale);
+    let intents: i64 = sqlx::query_scalar("SELECT count(*) FROM reply_intents WHERE event_id = $1")
+        .bind(&p.event_id)
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("intents");
+    assert_eq!(intents, 0, "nothing claimed");
+    assert_eq!(env.app_posts().await, 0);
+    env.cleanup().await;
+}
+
 /// A re-post first reads the thread: an earlier attempt's post found there
 /// is recorded, credited to the decision whose text Slack holds, and the
 /// decision that asked for the re-post is settled as already answered —

@@ -111,62 +111,106 @@ fn pending_wait(age: f64) -> f64 {
     (age / 10.0).clamp(0.5, 10.0)
 }
 
-/// The checks of DESIGN §5 and the claim of §6, and the channel's post
-/// slot, in one short transaction (the thread row is locked against content
-/// changes while it runs; a slot is consumed only by a claim that commits).
+/// The checks of DESIGN §5, the claim of §6 and the channel's post slot in
+/// one statement, so one round trip and one commit. The thread row is
+/// locked `FOR SHARE` for the statement, so no content change commits
+/// between the check and the claim; a content change that committed while
+/// the statement waited for that lock is seen through the locked row's
+/// version (read committed re-reads a row it had to wait for). The slot and
+/// the claim are written only when every check passed; a slot taken for a
+/// claim that then lost a race is given back at once.
 pub async fn check_and_claim(
     pool: &PgPool,
     p: &Proposal<'_>,
     sending_stale: f64,
     spacing_secs: f64,
 ) -> sqlx::Result<Verdict> {
-    struct Checks {
-        intent: Option<Uuid>,
-        state: Option<String>,
-        due_in: Option<f64>,
-        sending_for: Option<f64>,
-        /// The most binding state of the event's intents of other action
-        /// kinds: one reply per source event, whatever the action.
-        other: Option<String>,
-        switch: Option<String>,
-        deleted: bool,
-        newer_trigger: bool,
-        pending_age: Option<f64>,
-    }
-    let mut tx = pool.begin().await?;
-    // Lock the thread row so no content change commits between the check
-    // and the claim.
-    let version = sqlx::query_scalar!(
-        "SELECT version FROM threads WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 FOR SHARE",
-        p.installation,
-        p.channel,
-        p.root_ts
-    )
-    .fetch_optional(&mut *tx)
-    .await?;
-    // Something in the thread accepted and not processed yet (however
-    // old) holds the answer back: `pending_receipt_age` (migration 0019).
-    let c = sqlx::query_as!(
-        Checks,
-        r#"SELECT i.id AS "intent?", i.state AS "state?",
-                extract(epoch FROM i.next_attempt_at - now())::float8 AS "due_in?",
-                extract(epoch FROM now() - i.sending_since)::float8 AS "sending_for?",
-                (SELECT o.state FROM reply_intents o
-                  WHERE o.installation_id = $1 AND o.event_id = $6 AND o.action_kind <> $7
-                    AND (o.state IN ('sent', 'held', 'sending', 'unknown', 'reconciling')
-                         OR (o.state IN ('pending', 'failed_retryable') AND o.attempts > 0))
-                  ORDER BY CASE o.state WHEN 'sent' THEN 0 WHEN 'held' THEN 1 ELSE 2 END
-                  LIMIT 1) AS "other?",
-                (SELECT e.switch FROM engaged_switch($1::text, $8) e) AS "switch?",
-                (SELECT coalesce(bool_or(deleted), false) FROM thread_messages
-                  WHERE installation_id = $1 AND channel_id = $2 AND ts = $5) AS "deleted!",
-                EXISTS (SELECT 1 FROM turns t JOIN thread_messages m
-                          ON m.installation_id = t.installation_id AND m.channel_id = t.channel_id AND m.ts = t.ts
-                         WHERE t.installation_id = $1 AND t.channel_id = $2 AND m.root_ts = $3
-                           AND t.ts::numeric > $5::numeric AND NOT m.deleted) AS "newer_trigger!",
-                (SELECT p.age FROM pending_receipt_age($1, $2, $3, $4, $5) p) AS "pending_age?"
-           FROM (SELECT 1) one
-           LEFT JOIN reply_intents i ON i.installation_id = $1 AND i.event_id = $6 AND i.action_kind = $7"#,
+    // A new intent is created already claimed: `pending → sending` in one
+    // write, as the machine allows.
+    let claim_from = moves(
+        &[
+            IntentState::Pending,
+            IntentState::FailedRetryable,
+            IntentState::Withdrawn,
+        ],
+        IntentState::Sending,
+    );
+    debug_assert!(IntentState::Pending.can_become(IntentState::Sending));
+    let c = sqlx::query!(
+        r#"WITH th AS (
+            SELECT version FROM threads
+             WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 FOR SHARE),
+         c AS (
+            SELECT i.id AS intent, i.state, i.attempts, i.decision_id,
+                   extract(epoch FROM i.next_attempt_at - now())::float8 AS due_in,
+                   extract(epoch FROM now() - i.sending_since)::float8 AS sending_for,
+                   -- the most binding state of the event's intents of other
+                   -- action kinds: one reply per source event, whatever the action
+                   (SELECT o.state FROM reply_intents o
+                     WHERE o.installation_id = $1 AND o.event_id = $6 AND o.action_kind <> $7
+                       AND (o.state IN ('sent', 'held', 'sending', 'unknown', 'reconciling')
+                            OR (o.state IN ('pending', 'failed_retryable') AND o.attempts > 0))
+                     ORDER BY CASE o.state WHEN 'sent' THEN 0 WHEN 'held' THEN 1 ELSE 2 END
+                     LIMIT 1) AS other,
+                   (SELECT e.switch FROM engaged_switch($1::text, $8) e) AS switch,
+                   (SELECT coalesce(bool_or(deleted), false) FROM thread_messages
+                     WHERE installation_id = $1 AND channel_id = $2 AND ts = $5) AS deleted,
+                   EXISTS (SELECT 1 FROM turns t JOIN thread_messages m
+                             ON m.installation_id = t.installation_id AND m.channel_id = t.channel_id AND m.ts = t.ts
+                            WHERE t.installation_id = $1 AND t.channel_id = $2 AND m.root_ts = $3
+                              AND t.ts::numeric > $5::numeric AND NOT m.deleted) AS newer_trigger,
+                   -- something in the thread accepted and not processed yet
+                   -- (however old) holds the answer back (migration 0019)
+                   (SELECT p.age FROM pending_receipt_age($1, $2, $3, $4, $5) p) AS pending_age,
+                   (SELECT version FROM th) AS version
+              FROM (SELECT 1) one
+              LEFT JOIN reply_intents i ON i.installation_id = $1 AND i.event_id = $6 AND i.action_kind = $7),
+         go AS (
+            SELECT c.intent, c.attempts, c.decision_id FROM c
+             WHERE (c.intent IS NULL OR (c.state = ANY($15) AND c.due_in <= 0))
+               AND c.other IS NULL AND c.switch IS NULL AND c.version = $9
+               AND NOT c.deleted AND NOT c.newer_trigger AND c.pending_age IS NULL),
+         slot AS (
+            INSERT INTO post_budgets (installation_id, channel_id, next_allowed_at)
+            SELECT $1, $2, clock_timestamp() + make_interval(secs => $10) FROM go
+            ON CONFLICT (installation_id, channel_id) DO UPDATE
+               SET next_allowed_at = clock_timestamp() + make_interval(secs => $10)
+             WHERE post_budgets.next_allowed_at <= clock_timestamp()
+            RETURNING next_allowed_at),
+         fresh AS (
+            INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id,
+                                       root_ts, body_hash, state, channel_ref, sending_since, first_sending_since,
+                                       attempts, claimed_hashes)
+            SELECT $16, $1, $6, $7, $4, $11, $2, $3, $12, $14, $13, now(), now(), 1, ARRAY[$12]
+              FROM go WHERE go.intent IS NULL AND EXISTS (SELECT 1 FROM slot)
+            ON CONFLICT ON CONSTRAINT reply_intents_once DO NOTHING
+            RETURNING id, attempts, ever_unknown, decision_id AS previous_decision),
+         taken AS (
+            UPDATE reply_intents r
+               SET state = $14, sending_since = now(), first_sending_since = coalesce(r.first_sending_since, now()),
+                   attempts = r.attempts + 1, decision_id = $11, body_hash = $12,
+                   claimed_hashes = CASE WHEN $12 = ANY(r.claimed_hashes) THEN r.claimed_hashes
+                                         ELSE array_append(r.claimed_hashes, $12) END,
+                   error_code = NULL, updated_at = now()
+              FROM go
+             WHERE r.id = go.intent AND EXISTS (SELECT 1 FROM slot) AND r.state = ANY($15)
+               AND r.next_attempt_at <= now()
+            RETURNING r.id, r.attempts, r.ever_unknown,
+                      CASE WHEN go.attempts > 0 THEN go.decision_id ELSE $11 END AS previous_decision),
+         claim AS (SELECT * FROM fresh UNION ALL SELECT * FROM taken)
+         SELECT c.intent AS "intent?", c.state AS "state?", c.due_in AS "due_in?", c.sending_for AS "sending_for?",
+                c.other AS "other?", c.switch AS "switch?", c.deleted AS "deleted!",
+                c.newer_trigger AS "newer_trigger!", c.pending_age AS "pending_age?", c.version AS "version?",
+                (SELECT s.next_allowed_at FROM slot s) AS "slot_until?",
+                -- the slot as it was before this statement (what it is now,
+                -- when this statement did not take it)
+                (SELECT b.next_allowed_at FROM post_budgets b
+                  WHERE b.installation_id = $1 AND b.channel_id = $2) AS "slot_before?",
+                (SELECT greatest(extract(epoch FROM b.next_allowed_at - clock_timestamp())::float8, 0.05)
+                   FROM post_budgets b WHERE b.installation_id = $1 AND b.channel_id = $2) AS "slot_wait?",
+                k.id AS "claimed?", k.attempts AS "attempt?", k.ever_unknown AS "ever_unknown?",
+                k.previous_decision AS "previous_decision?"
+           FROM c LEFT JOIN claim k ON true"#,
         p.installation,
         p.channel,
         p.root_ts,
@@ -175,8 +219,16 @@ pub async fn check_and_claim(
         p.event_id,
         p.action_kind,
         feature_of(p.action_kind),
+        p.version,
+        spacing_secs,
+        p.decision,
+        p.body_hash,
+        p.channel_ref,
+        IntentState::Sending.as_str(),
+        &claim_from,
+        Uuid::now_v7(),
     )
-    .fetch_one(&mut *tx)
+    .fetch_one(pool)
     .await?;
     if let (Some(id), Some(state)) = (c.intent, c.state.as_deref()) {
         match state {
@@ -184,16 +236,9 @@ pub async fn check_and_claim(
             "held" | "failed_permanent" => return Ok(Verdict::Closed),
             "unknown" | "reconciling" => return Ok(Verdict::Reconcile(id)),
             "sending" if c.sending_for.is_some_and(|s| s > sending_stale) => {
-                sqlx::query!(
-                    "UPDATE reply_intents SET state = $2, unknown_since = now(), ever_unknown = true, updated_at = now()
-                      WHERE id = $1 AND state = ANY($3)",
-                    id,
-                    IntentState::Unknown.as_str(),
-                    &moves(&[IntentState::Sending], IntentState::Unknown)
-                )
-                .execute(&mut *tx)
-                .await?;
-                tx.commit().await?;
+                // Its worker died or froze between the claim and recording
+                // the outcome: reconcile before anything else.
+                mark_unknown(pool, id).await?;
                 return Ok(Verdict::Reconcile(id));
             }
             "sending" => return Ok(Verdict::NotNow(5.0)),
@@ -215,7 +260,7 @@ pub async fn check_and_claim(
     if let Some(switch) = c.switch {
         return Ok(Verdict::Suppressed(switch));
     }
-    if version != Some(p.version) {
+    if c.version != Some(p.version) {
         return Ok(Verdict::Stale);
     }
     if c.deleted {
@@ -230,77 +275,66 @@ pub async fn check_and_claim(
         // may change the thread, or be a reaction or an unchanged edit).
         return Ok(Verdict::NotNow(pending_wait(age)));
     }
-    // The channel's post slot, in this transaction: released with it if
-    // nothing is claimed.
-    if let Some(wait) = take_slot(&mut tx, p.installation, p.channel, spacing_secs).await? {
-        return Ok(Verdict::NotNow(wait));
-    }
-    let id = match c.intent {
-        Some(id) => id,
-        None => {
-            let id = Uuid::now_v7();
-            sqlx::query!(
-                "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id,
-                                            root_ts, body_hash, state, channel_ref)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', $10)
-                 ON CONFLICT ON CONSTRAINT reply_intents_once DO NOTHING",
-                id,
-                p.installation,
-                p.event_id,
-                p.action_kind,
-                p.receipt,
-                p.decision,
-                p.channel,
-                p.root_ts,
-                p.body_hash,
-                p.channel_ref,
-            )
-            .execute(&mut *tx)
-            .await?;
-            id
-        }
+    let Some(taken_until) = c.slot_until else {
+        // The channel's post slot is not free yet (a slot row another
+        // claim committed while this one waited for it is not in this
+        // statement's snapshot: wait one spacing).
+        return Ok(Verdict::NotNow(
+            c.slot_wait.unwrap_or(spacing_secs).max(0.05),
+        ));
     };
-    let claimed = sqlx::query!(
-        r#"WITH before AS (SELECT decision_id, attempts FROM reply_intents WHERE id = $1)
-         UPDATE reply_intents
-            SET state = $4, sending_since = now(), first_sending_since = coalesce(first_sending_since, now()),
-                attempts = attempts + 1, decision_id = $2, body_hash = $3,
-                claimed_hashes = CASE WHEN $3 = ANY(claimed_hashes) THEN claimed_hashes
-                                      ELSE array_append(claimed_hashes, $3) END,
-                error_code = NULL, updated_at = now()
-          WHERE id = $1 AND state = ANY($5) AND next_attempt_at <= now()
-         RETURNING attempts, ever_unknown,
-                   (SELECT CASE WHEN before.attempts > 0 THEN before.decision_id ELSE $2 END FROM before)
-                       AS "previous_decision!""#,
-        id,
-        p.decision,
-        p.body_hash,
-        IntentState::Sending.as_str(),
-        &moves(
-            &[
-                IntentState::Pending,
-                IntentState::FailedRetryable,
-                IntentState::Withdrawn
-            ],
-            IntentState::Sending
-        )
-    )
-    .fetch_optional(&mut *tx)
-    .await?;
-    match claimed {
-        Some(c) => {
-            tx.commit().await?;
+    match (c.claimed, c.attempt, c.ever_unknown, c.previous_decision) {
+        (Some(id), Some(attempt), Some(ever_unknown), Some(previous_decision)) => {
             Ok(Verdict::Claimed(Claimed {
                 id,
-                attempt: c.attempts,
-                ever_unknown: c.ever_unknown,
-                previous_decision: c.previous_decision,
+                attempt,
+                ever_unknown,
+                previous_decision,
             }))
         }
-        // Not claimable after all: the slot taken above goes back with the
-        // rollback.
-        None => Ok(Verdict::NotNow(5.0)),
+        _ => {
+            // Not claimable after all (another worker claimed or created it
+            // meanwhile): the slot taken for it goes back.
+            give_back_slot(pool, p.installation, p.channel, taken_until, c.slot_before).await?;
+            Ok(Verdict::NotNow(5.0))
+        }
     }
+}
+
+/// `sending → unknown` for an attempt whose worker is taken for dead.
+async fn mark_unknown(pool: &PgPool, id: Uuid) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE reply_intents SET state = $2, unknown_since = now(), ever_unknown = true, updated_at = now()
+          WHERE id = $1 AND state = ANY($3)",
+        id,
+        IntentState::Unknown.as_str(),
+        &moves(&[IntentState::Sending], IntentState::Unknown)
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Undoes a slot taken by a claim that did not happen, unless another claim
+/// has taken the slot since.
+async fn give_back_slot(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    taken_until: time::OffsetDateTime,
+    before: Option<time::OffsetDateTime>,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE post_budgets SET next_allowed_at = least(next_allowed_at, coalesce($4, clock_timestamp()))
+          WHERE installation_id = $1 AND channel_id = $2 AND next_allowed_at = $3",
+        installation,
+        channel,
+        taken_until,
+        before,
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// What the re-check right before the HTTP call found.
