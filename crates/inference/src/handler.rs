@@ -20,8 +20,10 @@ use threadline_runtime::worker::Disposition;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-use crate::decisions::{self, Claim, Settled};
+use crate::decisions::{self, Claim, ClaimFound, ClaimRequest, Settle, Settled};
 use crate::provider::{Breaker, Completion, OpenAiClient, ProviderError, Read, builtin};
+use threadline_runtime::batch::Batcher;
+use threadline_store::decisions::Decision;
 
 /// A model endpoint with its breaker.
 pub struct Guarded {
@@ -31,6 +33,11 @@ pub struct Guarded {
 
 pub struct Handler {
     pub pool: PgPool,
+    /// Decision claims of concurrent handlers, one statement per batch
+    /// (with each installation's status and kill switch).
+    pub claims: Batcher<ClaimRequest, ClaimFound>,
+    /// Settles of concurrent handlers, one statement per batch.
+    pub settles: Batcher<Settle, Option<Decision>>,
     pub js: jetstream::Context,
     pub topology: Topology,
     /// None: the built-in model is the provider.
@@ -118,7 +125,21 @@ impl Handler {
             inst,
             threadline_runtime::audit::channel_ref(inst, &ctx.channel_id),
         );
-        let id = match decisions::claim(&self.pool, &binding, lease, message_seq).await? {
+        let found = self
+            .claims
+            .submit(ClaimRequest::of(
+                &binding,
+                lease,
+                message_seq,
+                FEATURE_REPLIES,
+            ))
+            .await?;
+        let claim = match found.claim {
+            Some(c) => c.into(),
+            // Not decidable in the batch's snapshot: on its own.
+            None => decisions::claim(&self.pool, &binding, lease, message_seq).await?,
+        };
+        let id = match claim {
             Claim::Mine(id) => id,
             // Another delivery holds the lease: look again once it may
             // have run out (the message waits in the broker, not here).
@@ -132,21 +153,21 @@ impl Handler {
             }
         };
 
-        // A removed or revoked installation gets no more model calls.
-        if !threadline_store::installations::is_active(&self.pool, inst).await? {
+        // A removed or revoked installation gets no more model calls (its
+        // status read by the claim's statement).
+        if !found.active {
             let mut s = self.suppressed("installation_disabled");
             s.status = DecisionStatus::Cancelled;
-            decisions::settle(&self.pool, id, &s).await?;
+            self.settle(id, &s).await?;
             return Ok(Disposition::Done);
         }
-        // Kill switches, checked before the model call.
-        if let Some(switch) =
-            threadline_store::kill_switches::engaged(&self.pool, inst, FEATURE_REPLIES).await?
-        {
+        // Kill switches, checked before the model call (by the claim's
+        // statement).
+        if let Some(switch) = found.switch {
             metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "inference")
                 .increment(1);
             tracing::warn!(switch = %switch, "kill switch engaged; job suppressed before the model call");
-            decisions::settle(&self.pool, id, &self.suppressed(&switch)).await?;
+            self.settle(id, &self.suppressed(&switch)).await?;
             return Ok(Disposition::Done);
         }
 
@@ -217,7 +238,7 @@ impl Handler {
             tracing::warn!(switch = %switch, feature, "kill switch engaged; proposed action suppressed");
             let mut s = self.suppressed(&switch);
             s.action_kind = &action_kind;
-            decisions::settle(&self.pool, id, &s).await?;
+            self.settle(id, &s).await?;
             return Ok(Disposition::Done);
         }
         let settled = Settled {
@@ -239,7 +260,7 @@ impl Handler {
         let mut attempt = 0;
         let stored = loop {
             attempt += 1;
-            match decisions::settle(&self.pool, id, &settled).await {
+            match self.settle(id, &settled).await {
                 Ok(stored) => break stored,
                 Err(e) if attempt < 5 => {
                     tracing::warn!(error = %e, attempt, "recording the decision failed; trying again");
@@ -265,6 +286,13 @@ impl Handler {
         // statement that settled it.
         publish_proposal(&self.js, &self.topology, &settled, None).await?;
         Ok(Disposition::Done)
+    }
+
+    /// Settles the decision with whatever other settles are waiting; the
+    /// row as settled, none if the lease was lost and another worker
+    /// settled it.
+    async fn settle(&self, id: Uuid, s: &Settled<'_>) -> anyhow::Result<Option<Decision>> {
+        Ok(self.settles.submit(Settle::of(id, s)).await?)
     }
 
     fn suppressed<'a>(&'a self, switch: &'a str) -> Settled<'a> {

@@ -10,6 +10,7 @@ pub mod provider;
 
 use std::sync::Arc;
 
+use threadline_runtime::batch::Batcher;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::shutdown::CancellationToken;
 
@@ -50,8 +51,31 @@ pub fn handler(
         .as_ref()
         .map(|g| g.client.describe())
         .unwrap_or_else(|| "builtin".into());
+    let batch = cfg.common.statement_batch;
+    let claims = {
+        let pool = pool.clone();
+        Batcher::spawn("decision_claim", 2, batch, move |reqs: Vec<_>| {
+            let pool = pool.clone();
+            async move {
+                let r = decisions::claim_many(&pool, &reqs).await;
+                (reqs, r)
+            }
+        })
+    };
+    let settles = {
+        let pool = pool.clone();
+        Batcher::spawn("decision_settle", 2, batch, move |all: Vec<_>| {
+            let pool = pool.clone();
+            async move {
+                let r = decisions::settle_many(&pool, &all).await;
+                (all, r)
+            }
+        })
+    };
     Ok(Handler {
         pool,
+        claims,
+        settles,
         js,
         topology: Topology::from_config(&cfg.common),
         model_config_id: handler::model_config_id(&[&described, &cfg.system_prompt, &cfg.label]),

@@ -658,3 +658,169 @@ async fn the_builtin_model_quotes_a_mention_as_plain_words() {
     );
     env.cleanup().await;
 }
+
+/// Claims of concurrent handlers share one statement: in one batch, a new
+/// binding is claimed, a second request for the same binding (another
+/// delivery in the same batch) does not get it too, a lease that ran out is
+/// taken over, a live lease is busy, a settled decision is reported as
+/// settled, and each request learns its installation's status and kill
+/// switch. The settles of a batch come back in order, none for a decision
+/// no longer being called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_claim_statement_serves_a_batch_and_no_binding_is_claimed_twice() {
+    use threadline_domain::state::DecisionStatus;
+    use threadline_inference::decisions::{
+        Binding, ClaimOutcome, ClaimRequest, Settle, Settled, claim, claim_many, settle,
+        settle_many,
+    };
+    let env = Env::new(&[]).await;
+    let pool = &env.db.pool;
+    let other = threadline_testkit::slack::seed_installation(pool, "A0INF2", "T0INF2").await;
+    threadline_store::kill_switches::set(
+        pool,
+        "installation",
+        &other.to_string(),
+        true,
+        Some("incident 7"),
+        "ops",
+    )
+    .await
+    .expect("engage");
+    let ctx = |texts: &[&str], inst: Uuid| {
+        let (receipt, payload) = env.context(texts, 1);
+        let mut c = ContextReady::decode(payload.as_slice()).expect("decode");
+        c.installation_id = inst.to_string();
+        (receipt, c)
+    };
+    let (new_r, new_c) = ctx(&["new"], env.inst);
+    let (expired_r, expired_c) = ctx(&["expired"], env.inst);
+    let (busy_r, busy_c) = ctx(&["busy"], env.inst);
+    let (settled_r, settled_c) = ctx(&["settled"], env.inst);
+    let (switched_r, switched_c) = ctx(&["switched"], other);
+    fn bind(c: &ContextReady, r: Uuid) -> Binding<'_> {
+        Binding::of(
+            c,
+            r,
+            Uuid::parse_str(&c.installation_id).expect("inst"),
+            None,
+        )
+    }
+    let mine = |c| match c {
+        threadline_inference::decisions::Claim::Mine(id) => id,
+        _ => panic!("claimed alone"),
+    };
+    // An earlier holder whose lease ran out, one whose lease is live, and a
+    // decision already settled.
+    let expired_id = mine(
+        claim(pool, &bind(&expired_c, expired_r), 0.0, Some(1))
+            .await
+            .expect("claim"),
+    );
+    mine(
+        claim(pool, &bind(&busy_c, busy_r), 600.0, Some(2))
+            .await
+            .expect("claim"),
+    );
+    let settled_id = mine(
+        claim(pool, &bind(&settled_c, settled_r), 600.0, Some(3))
+            .await
+            .expect("claim"),
+    );
+    let done = Settled {
+        status: DecisionStatus::Proposed,
+        reason: None,
+        action_kind: "thread_reply",
+        review_reasons: Vec::new(),
+        model_config_id: "m",
+        provider: "builtin",
+        fallback: false,
+        prompt_tokens: None,
+        completion_tokens: None,
+        output_hash: Some("h"),
+        body_text: Some("answer"),
+        body_blocks: None,
+    };
+    settle(pool, settled_id, &done)
+        .await
+        .expect("settle")
+        .expect("settled");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let req = |c: &ContextReady, r: Uuid, seq: u64| {
+        ClaimRequest::of(&bind(c, r), 600.0, Some(seq), "replies")
+    };
+    let found = claim_many(
+        pool,
+        &[
+            req(&new_c, new_r, 10),
+            req(&new_c, new_r, 11),
+            req(&expired_c, expired_r, 12),
+            req(&busy_c, busy_r, 13),
+            req(&settled_c, settled_r, 14),
+            req(&switched_c, switched_r, 15),
+        ],
+    )
+    .await
+    .expect("one statement");
+    assert_eq!(found.len(), 6, "every request answered");
+    let Some(ClaimOutcome::Mine(new_id)) = found[0].claim else {
+        panic!("the new binding is claimed: {:?}", found[0])
+    };
+    assert_eq!(
+        found[1].claim, None,
+        "the second request for the same binding does not get it too; it is claimed alone"
+    );
+    assert!(matches!(
+        claim(pool, &bind(&new_c, new_r), 600.0, Some(11))
+            .await
+            .expect("alone"),
+        threadline_inference::decisions::Claim::Busy
+    ));
+    assert_eq!(
+        found[2].claim,
+        Some(ClaimOutcome::Mine(expired_id)),
+        "taken over"
+    );
+    assert_eq!(found[3].claim, Some(ClaimOutcome::Busy));
+    assert_eq!(
+        found[4].claim,
+        Some(ClaimOutcome::Settled(settled_id, DecisionStatus::Proposed))
+    );
+    assert!(found[..5].iter().all(|f| f.active && f.switch.is_none()));
+    assert!(found[5].active);
+    assert_eq!(found[5].switch, Some(format!("installation:{other}")));
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM decisions WHERE receipt_id = $1")
+        .bind(new_r)
+        .fetch_one(pool)
+        .await
+        .expect("count");
+    assert_eq!(rows, 1, "one decision per binding");
+
+    let settled = settle_many(
+        pool,
+        &[
+            Settle::of(new_id, &done),
+            Settle::of(settled_id, &done),
+            Settle::of(
+                expired_id,
+                &Settled {
+                    status: DecisionStatus::Review,
+                    ..done
+                },
+            ),
+        ],
+    )
+    .await
+    .expect("one statement");
+    assert_eq!(settled.len(), 3);
+    assert_eq!(
+        settled[0].as_ref().map(|d| (d.id, d.status.as_str())),
+        Some((new_id, "proposed"))
+    );
+    assert!(settled[1].is_none(), "already settled: not again");
+    assert_eq!(
+        settled[2].as_ref().map(|d| (d.id, d.status.as_str())),
+        Some((expired_id, "review"))
+    );
+    env.cleanup().await;
+}

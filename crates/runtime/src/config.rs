@@ -251,6 +251,9 @@ pub struct CommonConfig {
     /// worker's concurrency one installation may hold while more work waits
     /// behind its message (100: no limit).
     pub tenant_share_percent: u8,
+    /// `THREADLINE_STATEMENT_BATCH`, default 64: the most waiting handlers
+    /// of one worker whose statement runs as one (see [`crate::batch`]).
+    pub statement_batch: usize,
 }
 
 impl std::fmt::Debug for CommonConfig {
@@ -273,6 +276,7 @@ impl std::fmt::Debug for CommonConfig {
             .field("redelivery", &self.redelivery)
             .field("dead_letter_keys", &self.dead_letter_keys)
             .field("tenant_share_percent", &self.tenant_share_percent)
+            .field("statement_batch", &self.statement_batch)
             .finish()
     }
 }
@@ -339,6 +343,7 @@ impl CommonConfig {
                 .map(std::sync::Arc::new),
             tenant_share_percent: src.bounded("THREADLINE_TENANT_SHARE_PERCENT", 50, 1..=100)?
                 as u8,
+            statement_batch: src.bounded("THREADLINE_STATEMENT_BATCH", 64, 1..=1000)? as usize,
         })
     }
 }

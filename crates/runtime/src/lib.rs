@@ -3,6 +3,7 @@
 //! encryption, health routes and shutdown.
 
 pub mod audit;
+pub mod batch;
 pub mod bus;
 pub mod config;
 pub mod db;

@@ -317,6 +317,335 @@ pub async fn settle(pool: &PgPool, id: Uuid, s: &Settled<'_>) -> sqlx::Result<Op
     .await
 }
 
+/// One decision to claim in a batch ([`claim_many`]): a [`Binding`] with
+/// what the claim needs, owned so that it can wait for its batch.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub receipt: Uuid,
+    pub installation: Uuid,
+    pub event_id: String,
+    pub channel: String,
+    pub root_ts: String,
+    pub source_ts: String,
+    pub version: i64,
+    pub context_ts: Vec<String>,
+    pub context_floor_ts: Option<String>,
+    pub channel_ref: Option<String>,
+    /// The stream sequence of the message asking (a redelivery of it takes
+    /// its own earlier delivery's lease over).
+    pub message_seq: Option<u64>,
+    pub lease_secs: f64,
+    /// The kill-switch feature checked with the claim.
+    pub feature: String,
+}
+
+impl ClaimRequest {
+    pub fn of(b: &Binding<'_>, lease_secs: f64, message_seq: Option<u64>, feature: &str) -> Self {
+        Self {
+            receipt: b.receipt,
+            installation: b.installation,
+            event_id: b.event_id.to_owned(),
+            channel: b.channel.to_owned(),
+            root_ts: b.root_ts.to_owned(),
+            source_ts: b.source_ts.to_owned(),
+            version: b.version,
+            context_ts: b.context_ts.clone(),
+            context_floor_ts: b.context_floor_ts.clone(),
+            channel_ref: b.channel_ref.clone(),
+            message_seq,
+            lease_secs,
+            feature: feature.to_owned(),
+        }
+    }
+}
+
+/// What [`claim_many`] found for one request, with what the model call
+/// must know first, read by the same statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimFound {
+    /// None: not decidable from this statement's snapshot (a binding
+    /// another transaction created while this statement ran, or a second
+    /// request for a binding earlier in the same batch): claim it alone
+    /// with [`claim`].
+    pub claim: Option<ClaimOutcome>,
+    /// The installation exists and is active.
+    pub active: bool,
+    /// The kill switch engaged for the installation and the feature.
+    pub switch: Option<String>,
+}
+
+/// [`Claim`] as a value (comparable, for tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    Mine(Uuid),
+    Busy,
+    Settled(Uuid, DecisionStatus),
+}
+
+impl From<ClaimOutcome> for Claim {
+    fn from(c: ClaimOutcome) -> Self {
+        match c {
+            ClaimOutcome::Mine(id) => Claim::Mine(id),
+            ClaimOutcome::Busy => Claim::Busy,
+            ClaimOutcome::Settled(id, s) => Claim::Settled(id, s),
+        }
+    }
+}
+
+/// [`claim`] for many bindings in one statement (one round trip, one
+/// commit), with each installation's status and engaged kill switch read
+/// alongside. Answers every request, in order. Two requests for one
+/// binding never both get it: a new row goes to the request that created
+/// it (by its own id), a takeover to the one request the update joined.
+pub async fn claim_many(pool: &PgPool, reqs: &[ClaimRequest]) -> sqlx::Result<Vec<ClaimFound>> {
+    let n = reqs.len();
+    let col = |f: &dyn Fn(&ClaimRequest) -> String| reqs.iter().map(f).collect::<Vec<String>>();
+    let receipts: Vec<Uuid> = reqs.iter().map(|r| r.receipt).collect();
+    let installations: Vec<Uuid> = reqs.iter().map(|r| r.installation).collect();
+    let versions: Vec<i64> = reqs.iter().map(|r| r.version).collect();
+    let seqs: Vec<Option<i64>> = reqs
+        .iter()
+        .map(|r| r.message_seq.and_then(|s| i64::try_from(s).ok()))
+        .collect();
+    let context_ts: Vec<serde_json::Value> = reqs
+        .iter()
+        .map(|r| serde_json::Value::from(r.context_ts.clone()))
+        .collect();
+    let floors: Vec<Option<String>> = reqs.iter().map(|r| r.context_floor_ts.clone()).collect();
+    let refs: Vec<Option<String>> = reqs.iter().map(|r| r.channel_ref.clone()).collect();
+    let ids: Vec<Uuid> = (0..n).map(|_| Uuid::now_v7()).collect();
+    let leases: Vec<f64> = reqs.iter().map(|r| r.lease_secs).collect();
+    let rows = sqlx::query!(
+        r#"WITH u AS (
+            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[],
+                                 $8::int8[], $9::jsonb[], $10::text[], $11::text[], $12::uuid[], $13::float8[],
+                                 $14::text[])
+                   WITH ORDINALITY AS u(receipt, installation, event_id, channel, root_ts, source_ts, version, seq,
+                                        context_ts, floor_ts, channel_ref, new_id, lease, feature, n)),
+         ins AS (
+            INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts,
+                                   thread_version, status, lease_until, lease_message_seq, context_ts,
+                                   context_floor_ts, channel_ref)
+            SELECT u.new_id, u.receipt, u.installation, u.event_id, u.channel, u.root_ts, u.source_ts, u.version,
+                   'calling', now() + make_interval(secs => u.lease), u.seq,
+                   ARRAY(SELECT jsonb_array_elements_text(u.context_ts)), u.floor_ts,
+                   -- the pseudonym the context-builder wrote for this event
+                   -- when this process holds no audit key
+                   coalesce(u.channel_ref, (SELECT a.channel_ref FROM audit_log a
+                                             WHERE a.installation_id = u.installation AND a.event_id = u.event_id
+                                               AND a.channel_ref IS NOT NULL
+                                             LIMIT 1))
+              FROM u ORDER BY u.receipt, u.version, u.n
+            ON CONFLICT ON CONSTRAINT decisions_binding DO NOTHING
+            RETURNING id),
+         -- taken over once the holder's lease has run out (it crashed), or
+         -- by a redelivery of the very message whose earlier delivery holds
+         -- it (that delivery gave up)
+         took AS (
+            UPDATE decisions d
+               SET lease_until = now() + make_interval(secs => u.lease), lease_message_seq = u.seq,
+                   updated_at = now()
+              FROM u
+             WHERE d.receipt_id = u.receipt AND d.thread_version = u.version AND d.status = 'calling'
+               AND (d.lease_until < now() OR d.lease_message_seq = u.seq)
+            RETURNING u.n, d.id)
+         SELECT u.n AS "n!", coalesce(ins.id, took.id, d.id) AS "id?",
+                (ins.id IS NOT NULL OR took.id IS NOT NULL) AS "mine!", d.status AS "status?",
+                coalesce((SELECT i.status = 'active' FROM installations i WHERE i.id = u.installation), false)
+                    AS "active!",
+                (SELECT e.switch FROM engaged_switch(u.installation::text, u.feature) e) AS "switch?"
+           FROM u
+           LEFT JOIN ins ON ins.id = u.new_id
+           LEFT JOIN took ON took.n = u.n
+           LEFT JOIN decisions d ON d.receipt_id = u.receipt AND d.thread_version = u.version
+          ORDER BY u.n"#,
+        &receipts,
+        &installations,
+        &col(&|r| r.event_id.clone()),
+        &col(&|r| r.channel.clone()),
+        &col(&|r| r.root_ts.clone()),
+        &col(&|r| r.source_ts.clone()),
+        &versions,
+        &seqs as &[Option<i64>],
+        &context_ts,
+        &floors as &[Option<String>],
+        &refs as &[Option<String>],
+        &ids,
+        &leases,
+        &col(&|r| r.feature.clone()),
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            let claim = match (r.id, r.mine, r.status.as_deref()) {
+                (Some(id), true, _) => Some(ClaimOutcome::Mine(id)),
+                (Some(id), false, Some(status)) => {
+                    let status = DecisionStatus::parse(status)
+                        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+                    Some(if status == DecisionStatus::Calling {
+                        ClaimOutcome::Busy
+                    } else {
+                        ClaimOutcome::Settled(id, status)
+                    })
+                }
+                _ => None,
+            };
+            Ok(ClaimFound {
+                claim,
+                active: r.active,
+                switch: r.switch,
+            })
+        })
+        .collect()
+}
+
+/// A settle waiting for its batch ([`settle_many`]): [`Settled`], owned.
+#[derive(Debug, Clone)]
+pub struct Settle {
+    pub id: Uuid,
+    pub status: DecisionStatus,
+    pub reason: Option<String>,
+    pub action_kind: String,
+    pub review_reasons: Vec<String>,
+    pub model_config_id: String,
+    pub provider: String,
+    pub fallback: bool,
+    pub prompt_tokens: Option<i32>,
+    pub completion_tokens: Option<i32>,
+    pub output_hash: Option<String>,
+    pub body_text: Option<String>,
+    pub body_blocks: Option<serde_json::Value>,
+}
+
+impl Settle {
+    pub fn of(id: Uuid, s: &Settled<'_>) -> Self {
+        Self {
+            id,
+            status: s.status,
+            reason: s.reason.map(str::to_owned),
+            action_kind: s.action_kind.to_owned(),
+            review_reasons: s.review_reasons.clone(),
+            model_config_id: s.model_config_id.to_owned(),
+            provider: s.provider.to_owned(),
+            fallback: s.fallback,
+            prompt_tokens: s.prompt_tokens,
+            completion_tokens: s.completion_tokens,
+            output_hash: s.output_hash.map(str::to_owned),
+            body_text: s.body_text.map(str::to_owned),
+            body_blocks: s.body_blocks.cloned(),
+        }
+    }
+}
+
+/// [`settle`] for many decisions in one statement: each by
+/// compare-and-set from `calling`, by a move the machine allows. Answers
+/// every settle, in order: the row as settled, or none where the lease was
+/// lost and another worker settled it.
+pub async fn settle_many(pool: &PgPool, all: &[Settle]) -> sqlx::Result<Vec<Option<Decision>>> {
+    let ids: Vec<Uuid> = all.iter().map(|s| s.id).collect();
+    let statuses: Vec<String> = all.iter().map(|s| s.status.as_str().to_owned()).collect();
+    // The one start each settle may move from: `calling`, where the
+    // machine allows the move (`calling → calling` is a lease takeover,
+    // not a settle: no start, so no row).
+    let from: Vec<Option<String>> = all
+        .iter()
+        .map(|s| {
+            (s.status != DecisionStatus::Calling)
+                .then(|| {
+                    moves(&[DecisionStatus::Calling], s.status)
+                        .into_iter()
+                        .next()
+                })
+                .flatten()
+        })
+        .collect();
+    let reasons: Vec<Option<String>> = all.iter().map(|s| s.reason.clone()).collect();
+    let kinds: Vec<String> = all.iter().map(|s| s.action_kind.clone()).collect();
+    let review: Vec<serde_json::Value> = all
+        .iter()
+        .map(|s| serde_json::Value::from(s.review_reasons.clone()))
+        .collect();
+    let configs: Vec<String> = all.iter().map(|s| s.model_config_id.clone()).collect();
+    let providers: Vec<String> = all.iter().map(|s| s.provider.clone()).collect();
+    let fallbacks: Vec<bool> = all.iter().map(|s| s.fallback).collect();
+    let prompt: Vec<Option<i32>> = all.iter().map(|s| s.prompt_tokens).collect();
+    let completion: Vec<Option<i32>> = all.iter().map(|s| s.completion_tokens).collect();
+    let hashes: Vec<Option<String>> = all.iter().map(|s| s.output_hash.clone()).collect();
+    let bodies: Vec<Option<String>> = all.iter().map(|s| s.body_text.clone()).collect();
+    let blocks: Vec<Option<serde_json::Value>> =
+        all.iter().map(|s| s.body_blocks.clone()).collect();
+    let rows = sqlx::query!(
+        r#"WITH u AS (
+            SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[],
+                                 $7::text[], $8::text[], $9::bool[], $10::int4[], $11::int4[], $12::text[],
+                                 $13::text[], $14::jsonb[])
+                   WITH ORDINALITY AS u(id, status, from_status, reason, action_kind, review_reasons,
+                                        model_config_id, provider, fallback, prompt_tokens, completion_tokens,
+                                        output_hash, body_text, body_blocks, n)),
+         done AS (
+            UPDATE decisions d
+               SET status = u.status, status_reason = u.reason, action_kind = u.action_kind,
+                   review_reasons = ARRAY(SELECT jsonb_array_elements_text(u.review_reasons)),
+                   model_config_id = u.model_config_id, provider = u.provider, fallback = u.fallback,
+                   prompt_tokens = u.prompt_tokens, completion_tokens = u.completion_tokens,
+                   output_hash = u.output_hash, body_text = u.body_text, body_blocks = u.body_blocks,
+                   lease_until = NULL, updated_at = now()
+              FROM u
+             WHERE d.id = u.id AND d.status = u.from_status
+            RETURNING u.n, d.id, d.receipt_id, d.installation_id, d.event_id, d.channel_id, d.root_ts, d.source_ts,
+                      d.thread_version, d.action_kind, d.status, d.review_reasons, d.fallback, d.model_config_id,
+                      d.output_hash, d.body_text, d.body_blocks)
+         SELECT u.n AS "n!", done.id AS "id?", done.receipt_id AS "receipt_id?",
+                done.installation_id AS "installation_id?", done.event_id AS "event_id?",
+                done.channel_id AS "channel_id?", done.root_ts AS "root_ts?", done.source_ts AS "source_ts?",
+                done.thread_version AS "thread_version?", done.action_kind AS "action_kind?",
+                done.status AS "status?", done.review_reasons AS "review_reasons?", done.fallback AS "fallback?",
+                done.model_config_id, done.output_hash, done.body_text, done.body_blocks
+           FROM u LEFT JOIN done ON done.n = u.n
+          ORDER BY u.n"#,
+        &ids,
+        &statuses,
+        &from as &[Option<String>],
+        &reasons as &[Option<String>],
+        &kinds,
+        &review,
+        &configs,
+        &providers,
+        &fallbacks,
+        &prompt as &[Option<i32>],
+        &completion as &[Option<i32>],
+        &hashes as &[Option<String>],
+        &bodies as &[Option<String>],
+        &blocks as &[Option<serde_json::Value>],
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            Some(Decision {
+                id: r.id?,
+                receipt_id: r.receipt_id?,
+                installation_id: r.installation_id?,
+                event_id: r.event_id?,
+                channel_id: r.channel_id?,
+                root_ts: r.root_ts?,
+                source_ts: r.source_ts?,
+                thread_version: r.thread_version?,
+                action_kind: r.action_kind?,
+                status: r.status?,
+                review_reasons: r.review_reasons?,
+                fallback: r.fallback?,
+                model_config_id: r.model_config_id,
+                output_hash: r.output_hash,
+                body_text: r.body_text,
+                body_blocks: r.body_blocks,
+            })
+        })
+        .collect())
+}
+
 /// An intent held for an operator keeps its decision: a newer proposal of
 /// the event (`decision`, not the one the intent names) is cancelled.
 pub async fn cancel_for_held_intent(

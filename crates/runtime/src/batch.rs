@@ -1,0 +1,280 @@
+//! Group commit for a worker's statements: the handlers of one worker run
+//! concurrently, each on its own message, and each hands the statement it
+//! needs (claim this decision, settle that one) to a [`Batcher`]; the
+//! batcher runs whatever is waiting, up to a batch, as **one** statement
+//! (arrays with `UNNEST`: one round trip, one transaction, one commit) and
+//! answers each handler with its own row. A handler acknowledges its
+//! message only after its answer came back, so only after the commit that
+//! made its effect durable.
+//!
+//! Batching at the statement rather than at the message keeps everything
+//! else per message: a message waits for nobody else's model call or Slack
+//! read, the order of work inside a thread stays as the handlers make it,
+//! and a message's span and failure stay its own. Nothing waits to fill a
+//! batch: with one handler waiting, its statement runs at once; batches
+//! form when statements arrive while the previous batch is in flight,
+//! which is exactly when amortising the round trip and the commit pays.
+//!
+//! One bad item must not fail the others: a batch refused for a reason that
+//! is not transient (a constraint, data the statement cannot take) is run
+//! again item by item, so each handler gets its own outcome. A transient
+//! failure (the database is down) is every waiting handler's, and each
+//! sees it as such ([`crate::transient::is_transient`] finds the database
+//! error through [`BatchError`]'s source).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+/// Why a batched statement did not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    /// The statement failed (for a whole batch, the same error is every
+    /// item's: shared, with the database error as its source).
+    #[error("batched statement failed")]
+    Failed(#[source] Shared),
+    /// The batcher has stopped.
+    #[error("the statement batcher has stopped")]
+    Closed,
+}
+
+/// A database error shared by every item of the batch it failed.
+#[derive(Debug, Clone)]
+pub struct Shared(pub Arc<sqlx::Error>);
+
+impl std::fmt::Display for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Shared {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+type Reply<O> = oneshot::Sender<Result<O, BatchError>>;
+
+/// Runs one statement for many waiting callers.
+pub struct Batcher<I, O> {
+    tx: mpsc::Sender<(I, Reply<O>)>,
+}
+
+impl<I, O> Clone for Batcher<I, O> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
+    /// Starts `runners` tasks, each taking up to `max_batch` waiting items
+    /// at a time and running `statement` on them. `statement` must answer
+    /// each item, in order. The tasks stop once every clone is dropped.
+    /// `name` labels the batch-size histogram.
+    pub fn spawn<F, Fut>(name: &'static str, runners: usize, max_batch: usize, statement: F) -> Self
+    where
+        F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = (Vec<I>, sqlx::Result<Vec<O>>)> + Send,
+    {
+        let max_batch = max_batch.max(1);
+        let (tx, rx) = mpsc::channel::<(I, Reply<O>)>(runners.max(1) * max_batch * 2);
+        let rx = Arc::new(Mutex::new(rx));
+        let statement = Arc::new(statement);
+        for _ in 0..runners.max(1) {
+            let (rx, statement) = (rx.clone(), statement.clone());
+            tokio::spawn(async move {
+                let mut waiting = Vec::with_capacity(max_batch);
+                loop {
+                    if rx.lock().await.recv_many(&mut waiting, max_batch).await == 0 {
+                        break;
+                    }
+                    metrics::histogram!("threadline_statement_batch_size", "statement" => name)
+                        .record(waiting.len() as f64);
+                    run(&*statement, std::mem::take(&mut waiting)).await;
+                    waiting.reserve(max_batch);
+                }
+            });
+        }
+        Self { tx }
+    }
+
+    /// Runs `item`'s statement with whatever else is waiting; returns its
+    /// own answer once the statement has committed.
+    pub async fn submit(&self, item: I) -> Result<O, BatchError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send((item, reply))
+            .await
+            .map_err(|_| BatchError::Closed)?;
+        answer.await.map_err(|_| BatchError::Closed)?
+    }
+}
+
+/// Runs one batch and answers its callers; a batch refused for a reason
+/// that is not transient is run again one item at a time.
+async fn run<I, O, F, Fut>(statement: &F, waiting: Vec<(I, Reply<O>)>)
+where
+    F: Fn(Vec<I>) -> Fut,
+    Fut: Future<Output = (Vec<I>, sqlx::Result<Vec<O>>)>,
+{
+    let (items, replies): (Vec<I>, Vec<Reply<O>>) = waiting.into_iter().unzip();
+    let n = items.len();
+    let (items, result) = statement(items).await;
+    match result {
+        Ok(rows) if rows.len() == n => {
+            for (reply, row) in replies.into_iter().zip(rows) {
+                let _ = reply.send(Ok(row));
+            }
+        }
+        Ok(rows) => {
+            // A statement that does not answer every item is a defect: say
+            // so to every caller rather than pair rows with the wrong one.
+            tracing::error!(
+                items = n,
+                rows = rows.len(),
+                "a batched statement answered the wrong number of rows"
+            );
+            let e = Shared(Arc::new(sqlx::Error::Protocol(format!(
+                "batched statement answered {} rows for {n} items",
+                rows.len()
+            ))));
+            for reply in replies {
+                let _ = reply.send(Err(BatchError::Failed(e.clone())));
+            }
+        }
+        Err(e) if n > 1 && !crate::transient::sql_is_transient(&e) => {
+            tracing::warn!(error = %e, items = n, "a batched statement was refused; running its items one by one");
+            for (item, reply) in items.into_iter().zip(replies) {
+                let (_, one) = statement(vec![item]).await;
+                let answer = match one {
+                    Ok(mut rows) if rows.len() == 1 => Ok(rows.remove(0)),
+                    Ok(_) => Err(BatchError::Failed(Shared(Arc::new(
+                        sqlx::Error::RowNotFound,
+                    )))),
+                    Err(e) => Err(BatchError::Failed(Shared(Arc::new(e)))),
+                };
+                let _ = reply.send(answer);
+            }
+        }
+        Err(e) => {
+            let e = Shared(Arc::new(e));
+            for reply in replies {
+                let _ = reply.send(Err(BatchError::Failed(e.clone())));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// A statement that doubles numbers, refuses 13 (as a constraint
+    /// would), and records the size of every batch it ran.
+    fn doubler(sizes: Arc<std::sync::Mutex<Vec<usize>>>, pause: Duration) -> Batcher<u32, u32> {
+        Batcher::spawn("test", 1, 8, move |items: Vec<u32>| {
+            let sizes = sizes.clone();
+            async move {
+                sizes.lock().unwrap().push(items.len());
+                tokio::time::sleep(pause).await;
+                let r = if items.contains(&13) {
+                    Err(sqlx::Error::RowNotFound)
+                } else {
+                    Ok(items.iter().map(|i| i * 2).collect())
+                };
+                (items, r)
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn callers_waiting_together_share_one_statement_and_each_gets_its_own_row() {
+        let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let b = doubler(sizes.clone(), Duration::from_millis(50));
+        let calls: Vec<_> = (20..37u32)
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move { (i, b.submit(i).await.expect("answered")) })
+            })
+            .collect();
+        for c in calls {
+            let (i, doubled) = c.await.expect("join");
+            assert_eq!(doubled, i * 2, "each caller gets its own row");
+        }
+        let sizes = sizes.lock().unwrap().clone();
+        assert_eq!(sizes.iter().sum::<usize>(), 17);
+        assert!(sizes.iter().all(|&s| s <= 8), "at most a batch: {sizes:?}");
+        assert!(
+            sizes.len() < 17,
+            "callers that waited together shared a statement: {sizes:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn one_refused_item_does_not_fail_the_others_of_its_batch() {
+        let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let b = doubler(sizes.clone(), Duration::from_millis(20));
+        // Hold the runner so the next three arrive together.
+        let first = {
+            let b = b.clone();
+            tokio::spawn(async move { b.submit(1).await })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let calls: Vec<_> = [12u32, 13, 14]
+            .into_iter()
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move { (i, b.submit(i).await) })
+            })
+            .collect();
+        assert_eq!(first.await.expect("join").expect("answered"), 2);
+        for c in calls {
+            match c.await.expect("join") {
+                (13, Err(BatchError::Failed(e))) => {
+                    assert!(matches!(*e.0, sqlx::Error::RowNotFound), "its own error")
+                }
+                (13, other) => panic!("13 is refused, got {other:?}"),
+                (i, r) => assert_eq!(r.expect("the others are answered"), i * 2),
+            }
+        }
+        assert!(
+            sizes.lock().unwrap().contains(&3),
+            "the three were tried as one batch first: {:?}",
+            sizes.lock().unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_transient_failure_is_every_callers_and_is_seen_as_transient() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = runs.clone();
+        let b: Batcher<u32, u32> = Batcher::spawn("test", 1, 8, move |items: Vec<u32>| {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                (items, Err(sqlx::Error::PoolTimedOut))
+            }
+        });
+        let calls: Vec<_> = (0..4u32)
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move { b.submit(i).await })
+            })
+            .collect();
+        for c in calls {
+            let e =
+                anyhow::Error::new(c.await.expect("join").expect_err("failed")).context("claiming");
+            assert!(crate::transient::is_transient(&e), "{e:#}");
+            assert_eq!(crate::worker::error_code(&e), "database");
+        }
+        // Not split up: an outage is retried by the callers, not here.
+        assert!(runs.load(Ordering::SeqCst) <= 2);
+    }
+}
