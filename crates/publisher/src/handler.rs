@@ -114,11 +114,6 @@ struct Job<'a> {
     unfurl: bool,
 }
 
-/// The channel's unfurl setting, else the installation's, else off.
-async fn unfurl_allowed(pool: &PgPool, inst: Uuid, channel: &str) -> sqlx::Result<bool> {
-    threadline_store::policies::unfurl_allowed(pool, inst, channel).await
-}
-
 impl Handler {
     pub async fn handle(&self, payload: &[u8]) -> Disposition {
         let Ok(p) = ProposalReady::decode(payload) else {
@@ -159,7 +154,9 @@ impl Handler {
     }
 
     async fn process(&self, inst: Uuid, decision: Uuid) -> anyhow::Result<Disposition> {
-        let Some(d) = proposals::load(&self.pool, decision).await? else {
+        // The decision and the channel's unfurl policy in one read, before
+        // any claim, so that a failed read leaves nothing claimed behind.
+        let Some((d, unfurl)) = proposals::load_for_post(&self.pool, decision).await? else {
             return Ok(Disposition::Poison("ProposalReady for no decision".into()));
         };
         if d.installation_id != inst {
@@ -182,9 +179,7 @@ impl Handler {
                 channel_ref: threadline_runtime::audit::channel_ref(inst, &d.channel_id),
             },
             decision: &d,
-            // Read before any claim, so that a failed read leaves nothing
-            // claimed behind.
-            unfurl: unfurl_allowed(&self.pool, inst, &d.channel_id).await?,
+            unfurl,
         };
         let bot = self.bot(inst).await?;
         // An earlier attempt whose outcome is unknown is settled first, from

@@ -1498,6 +1498,48 @@ async fn a_thread_change_committed_while_the_claim_waits_for_the_thread_row_make
     env.cleanup().await;
 }
 
+/// A withdrawn intent (released, or paused by a 429) is claimed again only
+/// once it is due, and the claim says how long that is (not a short retry
+/// that would spin until then), while the channel's slot stays free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withdrawn_intent_not_yet_due_waits_until_it_is() {
+    use threadline_publisher::intents::{Verdict, reserve_slot};
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("Later.").await;
+    let p = ProposalReady::decode(payload.as_slice()).expect("decode");
+    let root = env.root().await;
+    sqlx::query(
+        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts, body_hash, state, attempts, next_attempt_at)
+         VALUES ($1, $2, $3, 'thread_reply', $4, $5, $6, $7, 'hash', 'withdrawn', 1, now() + interval '30 seconds')",
+    )
+    .bind(Uuid::now_v7())
+    .bind(env.inst)
+    .bind(&p.event_id)
+    .bind(Uuid::parse_str(&p.receipt_id).expect("receipt"))
+    .bind(decision)
+    .bind(&env.channel)
+    .bind(&root)
+    .execute(&env.db.pool)
+    .await
+    .expect("withdrawn intent");
+    let verdict = spawn_claim(&env, &p, decision, &root, 1.0)
+        .await
+        .expect("join")
+        .expect("claim");
+    match verdict {
+        Verdict::NotNow(w) => assert!((20.0..=30.0).contains(&w), "waits until due: {w}"),
+        other => panic!("not claimable yet: {other:?}"),
+    }
+    assert_eq!(
+        reserve_slot(&env.db.pool, env.inst, &env.channel, 1.0)
+            .await
+            .expect("slot"),
+        None,
+        "no slot spent on it"
+    );
+    env.cleanup().await;
+}
+
 /// A re-post first reads the thread: an earlier attempt's post found there
 /// is recorded, credited to the decision whose text Slack holds, and the
 /// decision that asked for the re-post is settled as already answered —

@@ -25,6 +25,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use futures::FutureExt as _;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 /// Why a batched statement did not answer.
@@ -34,7 +35,9 @@ pub enum BatchError {
     /// item's: shared, with the database error as its source).
     #[error("batched statement failed")]
     Failed(#[source] Shared),
-    /// The batcher has stopped.
+    /// The batcher has stopped, or the batch's statement panicked before
+    /// answering: transient for the caller (its message is retried, never
+    /// dead-lettered for it).
     #[error("the statement batcher has stopped")]
     Closed,
 }
@@ -94,7 +97,17 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                     }
                     metrics::histogram!("threadline_statement_batch_size", "statement" => name)
                         .record(waiting.len() as f64);
-                    run(&*statement, std::mem::take(&mut waiting)).await;
+                    // A statement that panics answers its batch with
+                    // `Closed` (the replies are dropped) and the runner
+                    // goes on.
+                    let batch = std::mem::take(&mut waiting);
+                    if std::panic::AssertUnwindSafe(run(&*statement, batch))
+                        .catch_unwind()
+                        .await
+                        .is_err()
+                    {
+                        tracing::error!(statement = name, "a batched statement panicked");
+                    }
                     waiting.reserve(max_batch);
                 }
             });
@@ -138,10 +151,14 @@ where
                 rows = rows.len(),
                 "a batched statement answered the wrong number of rows"
             );
-            let e = Shared(Arc::new(sqlx::Error::Protocol(format!(
-                "batched statement answered {} rows for {n} items",
-                rows.len()
-            ))));
+            // (a defect, so not transient, as `Protocol` would be)
+            let e = Shared(Arc::new(sqlx::Error::Decode(
+                format!(
+                    "batched statement answered {} rows for {n} items",
+                    rows.len()
+                )
+                .into(),
+            )));
             for reply in replies {
                 let _ = reply.send(Err(BatchError::Failed(e.clone())));
             }
@@ -276,5 +293,29 @@ mod tests {
         }
         // Not split up: an outage is retried by the callers, not here.
         assert!(runs.load(Ordering::SeqCst) <= 2);
+    }
+
+    #[tokio::test]
+    async fn a_statement_that_panics_fails_its_batch_as_transient_and_the_next_batch_runs() {
+        let b: Batcher<u32, u32> = Batcher::spawn("test", 1, 8, |items: Vec<u32>| async move {
+            assert!(!items.contains(&0), "a defect in the statement");
+            let r = Ok(items.iter().map(|i| i + 1).collect());
+            (items, r)
+        });
+        let e = anyhow::Error::new(b.submit(0).await.expect_err("panicked"));
+        assert!(crate::transient::is_transient(&e), "{e:#}");
+        assert_eq!(b.submit(1).await.expect("the runner goes on"), 2);
+    }
+
+    #[test]
+    fn a_statement_answering_the_wrong_number_of_rows_is_not_transient() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(async {
+            let b: Batcher<u32, u32> = Batcher::spawn("test", 1, 8, |items: Vec<u32>| async move {
+                (items, Ok(Vec::new()))
+            });
+            let e = anyhow::Error::new(b.submit(1).await.expect_err("no row"));
+            assert!(!crate::transient::is_transient(&e), "{e:#}");
+        });
     }
 }

@@ -24,6 +24,10 @@ fn cause_is_transient(cause: &(dyn std::error::Error + 'static)) -> bool {
     {
         return true;
     }
+    if let Some(e) = cause.downcast_ref::<crate::batch::BatchError>() {
+        // A failed batch's own cause is its source, looked at next.
+        return matches!(e, crate::batch::BatchError::Closed);
+    }
     if cause
         .downcast_ref::<async_nats::jetstream::context::PublishError>()
         .is_some()

@@ -47,6 +47,49 @@ pub async fn load(conn: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<Option<De
     .await
 }
 
+/// A decision with what posting it needs from the channel's policy: whether
+/// links may unfurl (the channel's setting, else the installation's, else
+/// not), read by one statement.
+pub async fn load_for_post(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<(Decision, bool)>> {
+    let row = sqlx::query!(
+        r#"SELECT d.id, d.receipt_id, d.installation_id, d.event_id, d.channel_id, d.root_ts, d.source_ts,
+                  d.thread_version, d.action_kind, d.status, d.review_reasons, d.fallback, d.model_config_id,
+                  d.output_hash, d.body_text, d.body_blocks,
+                  coalesce((SELECT c.unfurl_allowed FROM channel_policies c
+                             WHERE c.installation_id = d.installation_id AND c.channel_id = d.channel_id),
+                           (SELECT i.unfurl_allowed FROM installation_policies i
+                             WHERE i.installation_id = d.installation_id),
+                           false) AS "unfurl!"
+             FROM decisions d WHERE d.id = $1"#,
+        id
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| {
+        (
+            Decision {
+                id: r.id,
+                receipt_id: r.receipt_id,
+                installation_id: r.installation_id,
+                event_id: r.event_id,
+                channel_id: r.channel_id,
+                root_ts: r.root_ts,
+                source_ts: r.source_ts,
+                thread_version: r.thread_version,
+                action_kind: r.action_kind,
+                status: r.status,
+                review_reasons: r.review_reasons,
+                fallback: r.fallback,
+                model_config_id: r.model_config_id,
+                output_hash: r.output_hash,
+                body_text: r.body_text,
+                body_blocks: r.body_blocks,
+            },
+            r.unfurl,
+        )
+    }))
+}
+
 /// The bus message naming a decision; every field comes from the row, never
 /// from model output. The publisher posts what the row holds; the text
 /// still travels for a publisher of the previous release during a rolling

@@ -206,7 +206,7 @@ pub async fn check_and_claim(
                 -- when this statement did not take it)
                 (SELECT b.next_allowed_at FROM post_budgets b
                   WHERE b.installation_id = $1 AND b.channel_id = $2) AS "slot_before?",
-                (SELECT greatest(extract(epoch FROM b.next_allowed_at - clock_timestamp())::float8, 0.05)
+                (SELECT extract(epoch FROM b.next_allowed_at - clock_timestamp())::float8
                    FROM post_budgets b WHERE b.installation_id = $1 AND b.channel_id = $2) AS "slot_wait?",
                 k.id AS "claimed?", k.attempts AS "attempt?", k.ever_unknown AS "ever_unknown?",
                 k.previous_decision AS "previous_decision?"
@@ -275,13 +275,18 @@ pub async fn check_and_claim(
         // may change the thread, or be a reaction or an unchanged edit).
         return Ok(Verdict::NotNow(pending_wait(age)));
     }
+    // A withdrawn intent (released, or paused by a 429) is claimed again
+    // once it is due.
+    if let Some(due_in) = c.due_in.filter(|d| *d > 0.0) {
+        return Ok(Verdict::NotNow(due_in));
+    }
     let Some(taken_until) = c.slot_until else {
-        // The channel's post slot is not free yet (a slot row another
-        // claim committed while this one waited for it is not in this
-        // statement's snapshot: wait one spacing).
-        return Ok(Verdict::NotNow(
-            c.slot_wait.unwrap_or(spacing_secs).max(0.05),
-        ));
+        // The channel's post slot is not free yet. The snapshot shows when
+        // it frees, unless another claim took it while this statement
+        // waited for the row (the snapshot still shows the old, past time,
+        // or no row): then wait one spacing.
+        let wait = c.slot_wait.filter(|w| *w > 0.0).unwrap_or(spacing_secs);
+        return Ok(Verdict::NotNow(wait.max(0.05)));
     };
     match (c.claimed, c.attempt, c.ever_unknown, c.previous_decision) {
         (Some(id), Some(attempt), Some(ever_unknown), Some(previous_decision)) => {
