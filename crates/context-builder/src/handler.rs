@@ -31,6 +31,29 @@ pub struct Handler {
     pub refresher: Option<threadline_runtime::tokens::Refresher>,
     pub limits: Limits,
     pub backfill: BackfillLimits,
+    /// Opens events of concurrent handlers, one statement per batch.
+    pub opens: Opens,
+}
+
+/// The batcher of [`store::open_many`]: `(installation, receipt, channel)`.
+pub type Opens = threadline_runtime::batch::Batcher<(Uuid, Uuid, String), store::Opened>;
+
+/// Starts the batcher that opens events (at most `max_batch` in one
+/// statement).
+pub fn opens(pool: &PgPool, max_batch: usize) -> Opens {
+    let pool = pool.clone();
+    threadline_runtime::batch::Batcher::spawn(
+        "receipt_open",
+        2,
+        max_batch,
+        move |events: Vec<_>| {
+            let pool = pool.clone();
+            async move {
+                let r = store::open_many(&pool, &events).await;
+                (events, r)
+            }
+        },
+    )
 }
 
 /// `app_uninstalled`, or `tokens_revoked` naming our bot user.
@@ -119,7 +142,10 @@ impl Handler {
 
     async fn process(&self, ev: &EventAccepted, receipt: Uuid) -> anyhow::Result<Step> {
         let inst_id = Uuid::parse_str(&ev.installation_id)?;
-        let opened = store::open(&self.pool, inst_id, receipt, &ev.channel_id).await?;
+        let opened = self
+            .opens
+            .submit((inst_id, receipt, ev.channel_id.clone()))
+            .await?;
         let Some((inst, policy)) = opened.installation else {
             return self
                 .end(ev, receipt, ReceiptState::Ignored, "unknown_installation")

@@ -47,6 +47,7 @@ pub async fn run(
         refresher: cfg.refresher,
         limits: cfg.limits,
         backfill: cfg.backfill,
+        opens: handler::opens(&deps.pool, cfg.common.statement_batch),
     });
     let health = deps.serve_health(listener, shutdown.clone());
     tracing::info!(concurrency = cfg.concurrency, "context-builder consuming");

@@ -74,6 +74,7 @@ impl Env {
             refresher: None,
             limits,
             backfill,
+            opens: threadline_context_builder::handler::opens(&db.pool, 64),
         };
         Self {
             db,
@@ -1157,5 +1158,54 @@ async fn the_windowed_read_builds_the_same_context_as_the_whole_thread() {
     // The cases reached what they are for.
     assert!(truncated > 50, "only {truncated} truncated contexts");
     assert!(paged >= 3, "only {paged} reads past one page");
+    env.cleanup().await;
+}
+
+/// The events of concurrent handlers are opened by one statement: each
+/// answered in order as if alone, two deliveries of one event both begun
+/// (as two statements one after the other would), an event already
+/// finished not begun again, an unknown installation's event untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_statement_opens_a_batch_of_events_each_as_if_alone() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let (open, _) = env.receipt("EvOpen", mention("100.000010", None)).await;
+    let (done, _) = env.receipt("EvDone", mention("100.000011", None)).await;
+    sqlx::query("UPDATE event_receipts SET state = 'done' WHERE id = $1")
+        .bind(done)
+        .execute(&env.db.pool)
+        .await
+        .expect("finished before");
+    let nobody = Uuid::now_v7();
+    let ch = || "C0CHAN".to_owned();
+    let opened = store::open_many(
+        &env.db.pool,
+        &[
+            (env.inst, open, ch()),
+            (nobody, Uuid::now_v7(), ch()),
+            (env.inst, done, ch()),
+            (env.inst, open, ch()),
+        ],
+    )
+    .await
+    .expect("one statement");
+    assert_eq!(opened.len(), 4, "every event answered");
+    let (inst, _) = opened[0].installation.as_ref().expect("known installation");
+    assert_eq!(inst.id, env.inst);
+    assert!(opened[0].begun && opened[3].begun, "both deliveries begun");
+    assert_eq!(opened[0].channel_private, Some(false));
+    assert!(opened[0].kind_fresh);
+    assert!(opened[1].installation.is_none() && !opened[1].begun);
+    assert!(
+        opened[2].installation.is_some() && !opened[2].begun,
+        "finished before"
+    );
+    assert_eq!(env.state(open).await, ("processing".into(), None));
+    assert_eq!(env.state(done).await, ("done".into(), None));
     env.cleanup().await;
 }

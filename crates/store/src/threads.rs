@@ -112,43 +112,51 @@ pub struct Opened {
     pub begun: bool,
 }
 
-/// Reads the installation, its policy for `channel` and the channel's
-/// known kind, and moves the receipt to `processing` when the installation
-/// is active: one round trip.
-pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sqlx::Result<Opened> {
-    let row = sqlx::query!(
-        r#"WITH inst AS (
-            SELECT i.id, i.app_id, i.bot_id, i.bot_user_id, i.status, i.bot_token_sealed, i.bot_token_key_id,
-                   p.dms_allowed, p.approved_bots, p.read_limits, p.private_channels_allowed,
-                   p.shared_channels_allowed, i.scopes, p.allowlist_only
-              FROM installations i LEFT JOIN installation_policies p ON p.installation_id = i.id
-             WHERE i.id = $1),
+/// Reads, for each event `(installation, receipt, channel)`, the
+/// installation, its policy for the channel and the channel's known kind,
+/// and moves the receipt to `processing` when the installation is active:
+/// one statement (one round trip, one commit) for many events, answered
+/// each in order. A receipt named twice (two deliveries of one event in a
+/// batch) is begun for both, as two statements one after the other would.
+pub async fn open_many(
+    pool: &PgPool,
+    events: &[(Uuid, Uuid, String)],
+) -> sqlx::Result<Vec<Opened>> {
+    let insts: Vec<Uuid> = events.iter().map(|e| e.0).collect();
+    let receipts: Vec<Uuid> = events.iter().map(|e| e.1).collect();
+    let channels: Vec<String> = events.iter().map(|e| e.2.clone()).collect();
+    let rows = sqlx::query!(
+        r#"WITH u AS (
+            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) WITH ORDINALITY AS u(inst, receipt, channel, n)),
          begun AS (
-            UPDATE event_receipts SET state = $4, updated_at = now(),
-                                      failures = CASE WHEN state = 'failed' THEN 0 ELSE failures END
-             WHERE id = $2
+            UPDATE event_receipts r SET state = $4, updated_at = now(),
+                                        failures = CASE WHEN r.state = 'failed' THEN 0 ELSE r.failures END
+              FROM u JOIN installations i ON i.id = u.inst AND i.status = 'active'
+             WHERE r.id = u.receipt
                -- a dead-lettered event replayed by an operator is reopened
-               AND state = ANY($5) AND (state <> 'failed' OR state_reason = 'handler_error')
-               AND EXISTS (SELECT 1 FROM inst WHERE status = 'active')
-            RETURNING id)
-         SELECT inst.id AS "id!", inst.app_id AS "app_id!", inst.bot_id AS "bot_id!",
-                inst.bot_user_id AS "bot_user_id!", inst.status AS "status!",
-                inst.bot_token_sealed AS "bot_token_sealed?", inst.bot_token_key_id AS "bot_token_key_id?",
-                inst.dms_allowed AS "dms_allowed?", inst.approved_bots AS "approved_bots?",
-                inst.read_limits AS "read_limits?", inst.private_channels_allowed AS "private_channels_allowed?",
-                inst.shared_channels_allowed AS "shared_channels_allowed?", inst.scopes AS "scopes!",
-                inst.allowlist_only AS "allowlist_only?",
+               AND r.state = ANY($5) AND (r.state <> 'failed' OR r.state_reason = 'handler_error')
+            RETURNING r.id)
+         SELECT u.n AS "n!", i.id AS "id?", i.app_id AS "app_id?", i.bot_id AS "bot_id?",
+                i.bot_user_id AS "bot_user_id?", i.status AS "status?",
+                i.bot_token_sealed AS "bot_token_sealed?", i.bot_token_key_id AS "bot_token_key_id?",
+                p.dms_allowed AS "dms_allowed?", p.approved_bots AS "approved_bots?",
+                p.read_limits AS "read_limits?", p.private_channels_allowed AS "private_channels_allowed?",
+                p.shared_channels_allowed AS "shared_channels_allowed?", i.scopes AS "scopes?",
+                p.allowlist_only AS "allowlist_only?",
                 cp.mode AS "mode?", cp.keywords AS "keywords?", cp.allowed AS "allowed?",
                 ck.is_private AS "is_private?",
                 ck.checked_at >= now() - interval '10 minutes' AS "kind_fresh?",
-                EXISTS (SELECT 1 FROM begun) AS "begun!"
-           FROM inst
-           LEFT JOIN channel_policies cp ON cp.installation_id = inst.id AND cp.channel_id = $3
-           LEFT JOIN channel_kinds ck ON ck.installation_id = inst.id AND ck.channel_id = $3
-                                     AND ck.checked_at > now() - interval '1 hour'"#,
-        inst,
-        receipt,
-        channel,
+                EXISTS (SELECT 1 FROM begun WHERE begun.id = u.receipt) AS "begun!"
+           FROM u
+           LEFT JOIN installations i ON i.id = u.inst
+           LEFT JOIN installation_policies p ON p.installation_id = i.id
+           LEFT JOIN channel_policies cp ON cp.installation_id = i.id AND cp.channel_id = u.channel
+           LEFT JOIN channel_kinds ck ON ck.installation_id = i.id AND ck.channel_id = u.channel
+                                     AND ck.checked_at > now() - interval '1 hour'
+          ORDER BY u.n"#,
+        &insts,
+        &receipts,
+        &channels,
         ReceiptState::Processing.as_str(),
         &moves(
             &[
@@ -159,43 +167,56 @@ pub async fn open(pool: &PgPool, inst: Uuid, receipt: Uuid, channel: &str) -> sq
             ReceiptState::Processing
         )
     )
-    .fetch_optional(pool)
+    .fetch_all(pool)
     .await?;
-    let Some(r) = row else {
-        return Ok(Opened {
-            installation: None,
-            channel_private: None,
-            kind_fresh: false,
-            begun: false,
-        });
-    };
-    let installation = Installation::from(InstallationRow {
-        id: r.id,
-        app_id: r.app_id,
-        bot_id: r.bot_id,
-        bot_user_id: r.bot_user_id,
-        status: r.status,
-        bot_token_sealed: r.bot_token_sealed,
-        bot_token_key_id: r.bot_token_key_id,
-        dms_allowed: r.dms_allowed,
-        approved_bots: r.approved_bots,
-        read_limits: r.read_limits,
-        private_channels_allowed: r.private_channels_allowed,
-        shared_channels_allowed: r.shared_channels_allowed,
-        scopes: r.scopes,
-        allowlist_only: r.allowlist_only,
-    });
-    let allowed = r.allowed.unwrap_or(false);
-    let policy = trigger_policy(
-        &installation,
-        r.mode.zip(r.keywords).map(|(m, k)| (m, k, allowed)),
-    );
-    Ok(Opened {
-        installation: Some((installation, policy)),
-        channel_private: r.is_private,
-        kind_fresh: r.kind_fresh.unwrap_or(false),
-        begun: r.begun,
-    })
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let (
+                Some(id),
+                Some(app_id),
+                Some(bot_id),
+                Some(bot_user_id),
+                Some(status),
+                Some(scopes),
+            ) = (r.id, r.app_id, r.bot_id, r.bot_user_id, r.status, r.scopes)
+            else {
+                return Opened {
+                    installation: None,
+                    channel_private: None,
+                    kind_fresh: false,
+                    begun: false,
+                };
+            };
+            let installation = Installation::from(InstallationRow {
+                id,
+                app_id,
+                bot_id,
+                bot_user_id,
+                status,
+                bot_token_sealed: r.bot_token_sealed,
+                bot_token_key_id: r.bot_token_key_id,
+                dms_allowed: r.dms_allowed,
+                approved_bots: r.approved_bots,
+                read_limits: r.read_limits,
+                private_channels_allowed: r.private_channels_allowed,
+                shared_channels_allowed: r.shared_channels_allowed,
+                scopes,
+                allowlist_only: r.allowlist_only,
+            });
+            let allowed = r.allowed.unwrap_or(false);
+            let policy = trigger_policy(
+                &installation,
+                r.mode.zip(r.keywords).map(|(m, k)| (m, k, allowed)),
+            );
+            Opened {
+                installation: Some((installation, policy)),
+                channel_private: r.is_private,
+                kind_fresh: r.kind_fresh.unwrap_or(false),
+                begun: r.begun,
+            }
+        })
+        .collect())
 }
 
 /// The policy for one channel: the installation's switches and the

@@ -169,6 +169,25 @@ async fn statement_counts(pool: &sqlx::PgPool) -> (Option<i64>, i64) {
     (statements, commits)
 }
 
+/// Rows inserted, updated or deleted in each table of this database so
+/// far (`pg_stat_user_tables`), and the WAL the whole server has written
+/// (`pg_stat_wal`, bytes).
+async fn write_counts(
+    pool: &sqlx::PgPool,
+) -> (std::collections::BTreeMap<String, i64>, Option<i64>) {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT relname::text, (n_tup_ins + n_tup_upd + n_tup_del)::bigint FROM pg_stat_user_tables",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default();
+    let wal = sqlx::query_scalar::<_, i64>("SELECT wal_bytes::bigint FROM pg_stat_wal")
+        .fetch_one(pool)
+        .await
+        .ok();
+    (rows.into_iter().collect(), wal)
+}
+
 /// Posts `count` mentions at `rate` a second, round robin over `chans`;
 /// returns each one's channel and ts.
 async fn post_mentions(
@@ -322,6 +341,7 @@ async fn main() {
         .execute(&s.db.pool)
         .await;
     let (statements_before, commits_before) = statement_counts(&s.db.pool).await;
+    let writes_before = write_counts(&s.db.pool).await;
     let cpu_before = cpu_by_process();
 
     let started = Instant::now();
@@ -332,6 +352,10 @@ async fn main() {
 
     let cpu_after = cpu_by_process();
     let (statements_after, commits_after) = statement_counts(&s.db.pool).await;
+    // Backends report their table counters when idle for 10 s at the
+    // latest; the bot's own replies fed back are processed meanwhile too.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let writes_after = write_counts(&s.db.pool).await;
 
     // Slack's ground truth: the reply in each mention's thread.
     let mut latencies = Vec::with_capacity(mentions.len());
@@ -423,6 +447,32 @@ async fn main() {
             "Postgres per answered mention: {commits:.1} commits (statements: pg_stat_statements is not preloaded on this server; see the README's performance section)"
         ),
     }
+    let mut by_table: Vec<(String, f64)> = writes_after
+        .0
+        .iter()
+        .map(|(t, n)| {
+            let was = writes_before.0.get(t).copied().unwrap_or(0);
+            (t.clone(), (n - was) as f64 / answered)
+        })
+        .filter(|(_, n)| *n >= 0.05)
+        .collect();
+    by_table.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let rows: f64 = by_table.iter().map(|(_, n)| n).sum();
+    let wal = match (writes_before.1, writes_after.1) {
+        (Some(b), Some(a)) => format!(
+            ", WAL {:.1} kB (the whole server)",
+            (a - b) as f64 / answered / 1024.0
+        ),
+        _ => String::new(),
+    };
+    println!(
+        "Postgres writes per answered mention: {rows:.1} rows ({}){wal}",
+        by_table
+            .iter()
+            .map(|(t, n)| format!("{t} {n:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     let names = ["gateway", "context-builder", "inference", "publisher"];
     let peaks: Vec<String> = s
         .services
