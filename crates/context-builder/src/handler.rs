@@ -146,6 +146,12 @@ impl Handler {
             .opens
             .submit((inst_id, receipt, ev.channel_id.clone()))
             .await?;
+        // (the batch's statement runs outside this span)
+        tracing::debug!(
+            known = opened.installation.is_some(),
+            begun = opened.begun,
+            "event opened"
+        );
         let Some((inst, policy)) = opened.installation else {
             return self
                 .end(ev, receipt, ReceiptState::Ignored, "unknown_installation")

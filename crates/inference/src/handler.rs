@@ -134,6 +134,14 @@ impl Handler {
                 FEATURE_REPLIES,
             ))
             .await?;
+        // (the batch's statement runs outside this span: say here what it
+        // found, so that debug logs follow the event through the service)
+        tracing::debug!(
+            outcome = ?found.claim,
+            active = found.active,
+            switch = found.switch.as_deref(),
+            "decision claim"
+        );
         let claim = match found.claim {
             Some(c) => c.into(),
             // Not decidable in the batch's snapshot: on its own.
@@ -269,6 +277,11 @@ impl Handler {
                 Err(e) => return Err(e.into()),
             }
         };
+        tracing::debug!(
+            status = status.as_str(),
+            recorded = stored.is_some(),
+            "decision settled"
+        );
         let Some(settled) = stored else {
             // Our lease ran out and another worker settled it.
             return Ok(Disposition::Done);
