@@ -41,7 +41,7 @@ pub type Opens = threadline_runtime::batch::Batcher<(Uuid, Uuid, String), store:
 /// Starts the batcher that opens events (at most `max_batch` in one
 /// statement).
 pub fn opens(pool: &PgPool, max_batch: usize) -> Opens {
-    let pool = pool.clone();
+    let pool = threadline_runtime::db::generic_plan_pool(pool, 2);
     threadline_runtime::batch::Batcher::spawn(
         "receipt_open",
         2,

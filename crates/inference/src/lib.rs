@@ -52,8 +52,10 @@ pub fn handler(
         .map(|g| g.client.describe())
         .unwrap_or_else(|| "builtin".into());
     let batch = cfg.common.statement_batch;
+    // Two runners for each of the two batched statements.
+    let generic = threadline_runtime::db::generic_plan_pool(&pool, 4);
     let claims = {
-        let pool = pool.clone();
+        let pool = generic.clone();
         Batcher::spawn("decision_claim", 2, batch, move |reqs: Vec<_>| {
             let pool = pool.clone();
             async move {
@@ -63,7 +65,7 @@ pub fn handler(
         })
     };
     let settles = {
-        let pool = pool.clone();
+        let pool = generic.clone();
         Batcher::spawn("decision_settle", 2, batch, move |all: Vec<_>| {
             let pool = pool.clone();
             async move {

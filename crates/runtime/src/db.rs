@@ -30,6 +30,24 @@ pub fn pool_waking_after_commit(cfg: &CommonConfig) -> anyhow::Result<PgPool> {
         .connect_lazy_with(connect_options(cfg)?))
 }
 
+/// A pool of `connections` to `pool`'s database whose sessions always use
+/// generic plans (`plan_cache_mode = force_generic_plan`), for the batched
+/// `UNNEST` statements of [`crate::batch`]: given the arrays' values, the
+/// planner costs a custom plan for the batch in hand below the generic one
+/// (which assumes 100 rows) and so plans every execution again, about a
+/// millisecond of Postgres CPU each time; the statements look rows up by
+/// key, which a generic plan does as well.
+pub fn generic_plan_pool(pool: &PgPool, connections: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(connections.max(1))
+        .acquire_timeout(pool.options().get_acquire_timeout())
+        .connect_lazy_with(
+            (*pool.connect_options())
+                .clone()
+                .options([("plan_cache_mode", "force_generic_plan")]),
+        )
+}
+
 fn options(cfg: &CommonConfig) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(cfg.db_max_connections)
