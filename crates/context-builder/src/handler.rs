@@ -41,7 +41,8 @@ pub type Opens = threadline_runtime::batch::Batcher<(Uuid, Uuid, String), store:
 /// Starts the batcher that opens events (at most `max_batch` in one
 /// statement).
 pub fn opens(pool: &PgPool, max_batch: usize) -> Opens {
-    let pool = threadline_runtime::db::generic_plan_pool(pool, 2);
+    let pool =
+        threadline_runtime::db::generic_plan_pool(pool, threadline_runtime::batch::CONNECTIONS);
     threadline_runtime::batch::Batcher::spawn(
         "receipt_open",
         2,

@@ -30,9 +30,13 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let Some(deps) =
-        threadline_runtime::service::start(&cfg.common, "threadline-context-builder", &shutdown)
-            .await?
+    let Some(deps) = threadline_runtime::service::start(
+        // (the batched statements have connections of their own)
+        &threadline_runtime::batch::share_connections(&cfg.common),
+        "threadline-context-builder",
+        &shutdown,
+    )
+    .await?
     else {
         return Ok(());
     };

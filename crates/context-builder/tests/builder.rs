@@ -1207,5 +1207,25 @@ async fn one_statement_opens_a_batch_of_events_each_as_if_alone() {
     );
     assert_eq!(env.state(open).await, ("processing".into(), None));
     assert_eq!(env.state(done).await, ("done".into(), None));
+    // An inactive installation's event is read, never begun; nor is an
+    // event named with another installation than its receipt's.
+    let (later, _) = env.receipt("EvLater", mention("100.000012", None)).await;
+    let (foreign, _) = env.receipt("EvForeign", mention("100.000013", None)).await;
+    let opened = store::open_many(&env.db.pool, &[(nobody, foreign, ch())])
+        .await
+        .expect("one statement");
+    assert!(!opened[0].begun);
+    assert_eq!(env.state(foreign).await.0, "accepted");
+    sqlx::query("UPDATE installations SET status = 'disabled' WHERE id = $1")
+        .bind(env.inst)
+        .execute(&env.db.pool)
+        .await
+        .expect("disable");
+    let opened = store::open_many(&env.db.pool, &[(env.inst, later, ch())])
+        .await
+        .expect("one statement");
+    let (inst, _) = opened[0].installation.as_ref().expect("still known");
+    assert!(!inst.active && !opened[0].begun);
+    assert_eq!(env.state(later).await.0, "accepted", "not touched");
     env.cleanup().await;
 }

@@ -84,8 +84,6 @@ pub struct Relay {
     pool: PgPool,
     /// Claims commit here without waiting for the WAL flush.
     claims: PgPool,
-    /// Settles run here (generic plans, like the claims).
-    settles: PgPool,
     js: jetstream::Context,
     topology: Topology,
     cfg: RelayConfig,
@@ -156,18 +154,14 @@ impl Relay {
         let claims = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(pool.options().get_acquire_timeout())
-            .connect_lazy_with((*pool.connect_options()).clone().options([
-                ("synchronous_commit", "off"),
-                // (see `generic_plan_pool`: the claim and the settle take
-                // arrays and would be planned again on every round)
-                ("plan_cache_mode", "force_generic_plan"),
-            ]));
-        let settles =
-            threadline_runtime::db::generic_plan_pool(&pool, cfg.pipeline.max(1) as u32 + 1);
+            .connect_lazy_with(
+                (*pool.connect_options())
+                    .clone()
+                    .options([("synchronous_commit", "off")]),
+            );
         Self {
             pool,
             claims,
-            settles,
             js,
             topology,
             cfg: RelayConfig {
@@ -252,7 +246,7 @@ impl Relay {
                 Ok(round) if round.is_empty() => {}
                 Ok(round) => {
                     let full = round.len() as i64 >= self.cfg.batch;
-                    let (pool, wait) = (self.settles.clone(), self.cfg.ack_timeout);
+                    let (pool, wait) = (self.pool.clone(), self.cfg.ack_timeout);
                     settling.spawn(settle(pool, round, wait));
                     if full {
                         continue; // more waiting: go again at once
@@ -315,7 +309,7 @@ impl Relay {
         if round.is_empty() {
             return Ok(0);
         }
-        settle(self.settles.clone(), round, self.cfg.ack_timeout).await
+        settle(self.pool.clone(), round, self.cfg.ack_timeout).await
     }
 
     /// Claims due rows and sends them in order; their PubAcks are still to

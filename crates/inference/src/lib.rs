@@ -52,8 +52,8 @@ pub fn handler(
         .map(|g| g.client.describe())
         .unwrap_or_else(|| "builtin".into());
     let batch = cfg.common.statement_batch;
-    // Two runners for each of the two batched statements.
-    let generic = threadline_runtime::db::generic_plan_pool(&pool, 4);
+    let generic =
+        threadline_runtime::db::generic_plan_pool(&pool, threadline_runtime::batch::CONNECTIONS);
     let claims = {
         let pool = generic.clone();
         Batcher::spawn("decision_claim", 2, batch, move |reqs: Vec<_>| {
@@ -98,8 +98,13 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let Some(deps) =
-        threadline_runtime::service::start(&cfg.common, "threadline-inference", &shutdown).await?
+    let Some(deps) = threadline_runtime::service::start(
+        // (the batched statements have connections of their own)
+        &threadline_runtime::batch::share_connections(&cfg.common),
+        "threadline-inference",
+        &shutdown,
+    )
+    .await?
     else {
         return Ok(());
     };

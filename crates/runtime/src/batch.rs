@@ -28,6 +28,18 @@ use std::sync::Arc;
 use futures::FutureExt as _;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
+/// Connections a service keeps for its batched statements (a pool of
+/// their own, [`crate::db::generic_plan_pool`]), taken from its
+/// `THREADLINE_DB_MAX_CONNECTIONS` so that the documented budget holds.
+pub const CONNECTIONS: u32 = 2;
+
+/// `cfg` with its pool size less the batched statements' [`CONNECTIONS`].
+pub fn share_connections(cfg: &crate::config::CommonConfig) -> crate::config::CommonConfig {
+    let mut cfg = cfg.clone();
+    cfg.db_max_connections = cfg.db_max_connections.saturating_sub(CONNECTIONS).max(1);
+    cfg
+}
+
 /// Why a batched statement did not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {
@@ -35,11 +47,14 @@ pub enum BatchError {
     /// item's: shared, with the database error as its source).
     #[error("batched statement failed")]
     Failed(#[source] Shared),
-    /// The batcher has stopped, or the batch's statement panicked before
-    /// answering: transient for the caller (its message is retried, never
-    /// dead-lettered for it).
+    /// The batcher has stopped: transient for the caller (its message is
+    /// retried, never dead-lettered for it).
     #[error("the statement batcher has stopped")]
     Closed,
+    /// The statement panicked on this item, run alone: a defect, not
+    /// transient.
+    #[error("the batched statement panicked")]
+    Panicked,
 }
 
 /// A database error shared by every item of the batch it failed.
@@ -73,7 +88,7 @@ impl<I, O> Clone for Batcher<I, O> {
     }
 }
 
-impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
+impl<I: Clone + Send + 'static, O: Send + 'static> Batcher<I, O> {
     /// Starts `runners` tasks, each taking up to `max_batch` waiting items
     /// at a time and running `statement` on them. `statement` must answer
     /// each item, in order. The tasks stop once every clone is dropped.
@@ -97,17 +112,7 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                     }
                     metrics::histogram!("threadline_statement_batch_size", "statement" => name)
                         .record(waiting.len() as f64);
-                    // A statement that panics answers its batch with
-                    // `Closed` (the replies are dropped) and the runner
-                    // goes on.
-                    let batch = std::mem::take(&mut waiting);
-                    if std::panic::AssertUnwindSafe(run(&*statement, batch))
-                        .catch_unwind()
-                        .await
-                        .is_err()
-                    {
-                        tracing::error!(statement = name, "a batched statement panicked");
-                    }
+                    run(&*statement, std::mem::take(&mut waiting)).await;
                     waiting.reserve(max_batch);
                 }
             });
@@ -128,15 +133,33 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
 }
 
 /// Runs one batch and answers its callers; a batch refused for a reason
-/// that is not transient is run again one item at a time.
+/// that is not transient, or whose statement panicked, is run again one
+/// item at a time, so that one bad item fails alone.
 async fn run<I, O, F, Fut>(statement: &F, waiting: Vec<(I, Reply<O>)>)
 where
+    I: Clone,
     F: Fn(Vec<I>) -> Fut,
     Fut: Future<Output = (Vec<I>, sqlx::Result<Vec<O>>)>,
 {
     let (items, replies): (Vec<I>, Vec<Reply<O>>) = waiting.into_iter().unzip();
     let n = items.len();
-    let (items, result) = statement(items).await;
+    // (a panicking statement takes its items with it)
+    let kept = (n > 1).then(|| items.clone());
+    let Ok((items, result)) = std::panic::AssertUnwindSafe(statement(items))
+        .catch_unwind()
+        .await
+    else {
+        tracing::error!(items = n, "a batched statement panicked");
+        match kept {
+            Some(items) => one_by_one(statement, items, replies).await,
+            None => {
+                for reply in replies {
+                    let _ = reply.send(Err(BatchError::Panicked));
+                }
+            }
+        }
+        return;
+    };
     match result {
         Ok(rows) if rows.len() == n => {
             for (reply, row) in replies.into_iter().zip(rows) {
@@ -151,31 +174,14 @@ where
                 rows = rows.len(),
                 "a batched statement answered the wrong number of rows"
             );
-            // (a defect, so not transient, as `Protocol` would be)
-            let e = Shared(Arc::new(sqlx::Error::Decode(
-                format!(
-                    "batched statement answered {} rows for {n} items",
-                    rows.len()
-                )
-                .into(),
-            )));
+            let e = Shared(Arc::new(wrong_rows(rows.len(), n)));
             for reply in replies {
                 let _ = reply.send(Err(BatchError::Failed(e.clone())));
             }
         }
         Err(e) if n > 1 && !crate::transient::sql_is_transient(&e) => {
             tracing::warn!(error = %e, items = n, "a batched statement was refused; running its items one by one");
-            for (item, reply) in items.into_iter().zip(replies) {
-                let (_, one) = statement(vec![item]).await;
-                let answer = match one {
-                    Ok(mut rows) if rows.len() == 1 => Ok(rows.remove(0)),
-                    Ok(_) => Err(BatchError::Failed(Shared(Arc::new(
-                        sqlx::Error::RowNotFound,
-                    )))),
-                    Err(e) => Err(BatchError::Failed(Shared(Arc::new(e)))),
-                };
-                let _ = reply.send(answer);
-            }
+            one_by_one(statement, items, replies).await;
         }
         Err(e) => {
             let e = Shared(Arc::new(e));
@@ -184,6 +190,35 @@ where
             }
         }
     }
+}
+
+/// Runs each item as a batch of its own and answers its caller.
+async fn one_by_one<I, O, F, Fut>(statement: &F, items: Vec<I>, replies: Vec<Reply<O>>)
+where
+    F: Fn(Vec<I>) -> Fut,
+    Fut: Future<Output = (Vec<I>, sqlx::Result<Vec<O>>)>,
+{
+    for (item, reply) in items.into_iter().zip(replies) {
+        let answer = match std::panic::AssertUnwindSafe(statement(vec![item]))
+            .catch_unwind()
+            .await
+        {
+            Err(_) => Err(BatchError::Panicked),
+            Ok((_, Ok(mut rows))) if rows.len() == 1 => Ok(rows.remove(0)),
+            Ok((_, Ok(rows))) => Err(BatchError::Failed(Shared(Arc::new(wrong_rows(
+                rows.len(),
+                1,
+            ))))),
+            Ok((_, Err(e))) => Err(BatchError::Failed(Shared(Arc::new(e)))),
+        };
+        let _ = reply.send(answer);
+    }
+}
+
+/// A statement that answered `rows` rows for `items` items: a defect, so
+/// not transient (as `Protocol` would be).
+fn wrong_rows(rows: usize, items: usize) -> sqlx::Error {
+    sqlx::Error::Decode(format!("batched statement answered {rows} rows for {items} items").into())
 }
 
 #[cfg(test)]
@@ -296,15 +331,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_statement_that_panics_fails_its_batch_as_transient_and_the_next_batch_runs() {
+    async fn a_statement_that_panics_on_one_item_fails_that_item_alone_and_the_runner_goes_on() {
         let b: Batcher<u32, u32> = Batcher::spawn("test", 1, 8, |items: Vec<u32>| async move {
             assert!(!items.contains(&0), "a defect in the statement");
             let r = Ok(items.iter().map(|i| i + 1).collect());
             (items, r)
         });
+        // Alone, it fails as a defect (dead-lettered after its retries).
         let e = anyhow::Error::new(b.submit(0).await.expect_err("panicked"));
-        assert!(crate::transient::is_transient(&e), "{e:#}");
+        assert!(!crate::transient::is_transient(&e), "{e:#}");
         assert_eq!(b.submit(1).await.expect("the runner goes on"), 2);
+        // In a batch, it fails alone and the others are answered.
+        let calls: Vec<_> = [5u32, 0, 6]
+            .into_iter()
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move { (i, b.submit(i).await) })
+            })
+            .collect();
+        for c in calls {
+            match c.await.expect("join") {
+                (0, r) => assert!(matches!(r, Err(BatchError::Panicked)), "{r:?}"),
+                (i, r) => assert_eq!(r.expect("answered"), i + 1),
+            }
+        }
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub fn pool_waking_after_commit(cfg: &CommonConfig) -> anyhow::Result<PgPool> {
 /// generic plans (`plan_cache_mode = force_generic_plan`), for the batched
 /// `UNNEST` statements of [`crate::batch`]: given the arrays' values, the
 /// planner costs a custom plan for the batch in hand below the generic one
-/// (which assumes 100 rows) and so plans every execution again, about a
+/// (which assumes 10 rows) and so plans every execution again, about a
 /// millisecond of Postgres CPU each time; the statements look rows up by
 /// key, which a generic plan does as well.
 pub fn generic_plan_pool(pool: &PgPool, connections: u32) -> PgPool {

@@ -132,7 +132,7 @@ pub async fn open_many(
             UPDATE event_receipts r SET state = $4, updated_at = now(),
                                         failures = CASE WHEN r.state = 'failed' THEN 0 ELSE r.failures END
               FROM u JOIN installations i ON i.id = u.inst AND i.status = 'active'
-             WHERE r.id = u.receipt
+             WHERE r.id = u.receipt AND r.installation_id = u.inst
                -- a dead-lettered event replayed by an operator is reopened
                AND r.state = ANY($5) AND (r.state <> 'failed' OR r.state_reason = 'handler_error')
             RETURNING r.id)
@@ -149,9 +149,10 @@ pub async fn open_many(
                 EXISTS (SELECT 1 FROM begun WHERE begun.id = u.receipt) AS "begun!"
            FROM u
            LEFT JOIN installations i ON i.id = u.inst
-           LEFT JOIN installation_policies p ON p.installation_id = i.id
-           LEFT JOIN channel_policies cp ON cp.installation_id = i.id AND cp.channel_id = u.channel
-           LEFT JOIN channel_kinds ck ON ck.installation_id = i.id AND ck.channel_id = u.channel
+           -- (keyed by the input's columns, so each lookup uses its whole key)
+           LEFT JOIN installation_policies p ON p.installation_id = u.inst
+           LEFT JOIN channel_policies cp ON cp.installation_id = u.inst AND cp.channel_id = u.channel
+           LEFT JOIN channel_kinds ck ON ck.installation_id = u.inst AND ck.channel_id = u.channel
                                      AND ck.checked_at > now() - interval '1 hour'
           ORDER BY u.n"#,
         &insts,

@@ -169,18 +169,28 @@ async fn statement_counts(pool: &sqlx::PgPool) -> (Option<i64>, i64) {
     (statements, commits)
 }
 
+/// How long a backend may keep its statistics before reporting them
+/// (Postgres reports an idle backend's counters within 10 s).
+const STATS_LAG: Duration = Duration::from_secs(11);
+
 /// Rows inserted, updated or deleted in each table of this database so
 /// far (`pg_stat_user_tables`), and the WAL the whole server has written
 /// (`pg_stat_wal`, bytes).
 async fn write_counts(
     pool: &sqlx::PgPool,
 ) -> (std::collections::BTreeMap<String, i64>, Option<i64>) {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
+    let rows: Vec<(String, i64)> = match sqlx::query_as(
         "SELECT relname::text, (n_tup_ins + n_tup_upd + n_tup_del)::bigint FROM pg_stat_user_tables",
     )
     .fetch_all(pool)
     .await
-    .unwrap_or_default();
+    {
+        Ok(rows) => rows,
+        Err(e) => {
+            println!("(table counters unreadable: {e})");
+            Vec::new()
+        }
+    };
     let wal = sqlx::query_scalar::<_, i64>("SELECT wal_bytes::bigint FROM pg_stat_wal")
         .fetch_one(pool)
         .await
@@ -340,6 +350,10 @@ async fn main() {
     let _ = sqlx::query("SELECT pg_stat_statements_reset()")
         .execute(&s.db.pool)
         .await;
+    // Backends report their commit and table counters once idle for 10 s
+    // at the latest: let the warm-up's (and its replies fed back) land
+    // before counting from here.
+    tokio::time::sleep(STATS_LAG).await;
     let (statements_before, commits_before) = statement_counts(&s.db.pool).await;
     let writes_before = write_counts(&s.db.pool).await;
     let cpu_before = cpu_by_process();
@@ -351,10 +365,10 @@ async fn main() {
     wait_for_replies(&s, expected).await;
 
     let cpu_after = cpu_by_process();
+    // (the same wait: the run's counters land, and the bot's own replies
+    // fed back are processed, as they are part of each mention's cost)
+    tokio::time::sleep(STATS_LAG).await;
     let (statements_after, commits_after) = statement_counts(&s.db.pool).await;
-    // Backends report their table counters when idle for 10 s at the
-    // latest; the bot's own replies fed back are processed meanwhile too.
-    tokio::time::sleep(Duration::from_secs(11)).await;
     let writes_after = write_counts(&s.db.pool).await;
 
     // Slack's ground truth: the reply in each mention's thread.
