@@ -274,7 +274,7 @@ impl Handler {
                     tracing::warn!(error = %e, attempt, "recording the decision failed; trying again");
                     tokio::time::sleep(Duration::from_millis(500 * attempt)).await;
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         };
         tracing::debug!(
