@@ -325,39 +325,10 @@ pub struct Settled<'a> {
 /// machine allows from there. Returns the row as settled (none when the
 /// lease was lost and another worker settled it).
 pub async fn settle(pool: &PgPool, id: Uuid, s: &Settled<'_>) -> sqlx::Result<Option<Decision>> {
-    // (`calling → calling` is a lease takeover, not a settle.)
-    let from: Vec<String> = if s.status == DecisionStatus::Calling {
-        Vec::new()
-    } else {
-        moves(&[DecisionStatus::Calling], s.status)
-    };
-    sqlx::query_as!(
-        Decision,
-        "UPDATE decisions
-            SET status = $2, status_reason = $3, action_kind = $4, review_reasons = $5, model_config_id = $6,
-                provider = $7, fallback = $8, prompt_tokens = $9, completion_tokens = $10, output_hash = $11,
-                body_text = $12, body_blocks = $13, lease_until = NULL, updated_at = now()
-          WHERE id = $1 AND status = ANY($14)
-         RETURNING id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
-                   action_kind, status, review_reasons, fallback, model_config_id, output_hash, body_text,
-                   body_blocks",
-        id,
-        s.status.as_str(),
-        s.reason,
-        s.action_kind,
-        &s.review_reasons,
-        s.model_config_id,
-        s.provider,
-        s.fallback,
-        s.prompt_tokens,
-        s.completion_tokens,
-        s.output_hash,
-        s.body_text,
-        s.body_blocks,
-        &from,
-    )
-    .fetch_optional(pool)
-    .await
+    Ok(settle_many(pool, &[Settle::of(id, s)])
+        .await?
+        .pop()
+        .flatten())
 }
 
 /// One decision to claim in a batch ([`claim_many`]): a [`Binding`] with

@@ -40,15 +40,7 @@ pub async fn lookup(pool: &PgPool, key: &InstallationKey) -> Result<Resolved, sq
     })
 }
 
-/// Whether the installation exists and is active (not uninstalled, revoked
-/// or disabled by an operator).
-pub async fn is_active(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
-    let status = sqlx::query_scalar!("SELECT status FROM installations WHERE id = $1", id)
-        .fetch_optional(pool)
-        .await?;
-    Ok(status.as_deref() == Some("active"))
-}
-
+/// Whether the installation exists.
 pub async fn exists(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
     sqlx::query_scalar!(
         r#"SELECT EXISTS (SELECT 1 FROM installations WHERE id = $1) AS "exists!""#,
