@@ -51,7 +51,7 @@ done
 target="${CARGO_TARGET_DIR:-$root/target}/sqlx-prepare"
 CARGO_TARGET_DIR="$target" cargo clean -p threadline-store >/dev/null 2>&1 || true
 SQLX_OFFLINE=false DATABASE_URL="$url" SQLX_OFFLINE_DIR="$out" CARGO_TARGET_DIR="$target" \
-  cargo check --quiet -p threadline-store \
+  cargo check --quiet -p threadline-store --features testing \
   || die "the store's statements do not check against the migrations (see the errors above)"
 
 committed="crates/store/.sqlx"

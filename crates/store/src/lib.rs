@@ -24,6 +24,8 @@ pub mod receipts;
 pub mod rejections;
 pub mod retention;
 pub mod schema;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod threads;
 pub mod tokens;
 

@@ -1,0 +1,1 @@
+//! Test fixtures and reads for the `audit` family (see `crate::audit`).

@@ -1,0 +1,1 @@
+//! Test fixtures and reads for the `channels` family (see `crate::channels`).

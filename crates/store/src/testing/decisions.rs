@@ -1,0 +1,1 @@
+//! Test fixtures and reads for the `decisions` family (see `crate::decisions`).

@@ -1,0 +1,1 @@
+//! Test fixtures and reads for the `installations` family (see `crate::installations`).

@@ -1,0 +1,1 @@
+//! Test fixtures and reads for the `intents` family (see `crate::intents`).

@@ -1,0 +1,1 @@
+//! Test fixtures and reads for the `outbox` family (see `crate::outbox`).

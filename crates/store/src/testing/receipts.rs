@@ -1,0 +1,1 @@
+//! Test fixtures and reads for the `receipts` family (see `crate::receipts`).

@@ -1,0 +1,1 @@
+//! Test fixtures and reads for the `rejections` family (see `crate::rejections`).

@@ -1,0 +1,1 @@
+//! Test fixtures and reads for the `threads` family (see `crate::threads`).
