@@ -44,6 +44,11 @@ psql -q "$admin" -c "CREATE DATABASE $db" >/dev/null \
 for m in migrations/*.sql; do
   psql -q -v ON_ERROR_STOP=1 "$url" -f "$m" >/dev/null || die "applying $m"
 done
+# The benches read pg_stat_statements (crates/store/src/testing/server.rs):
+# the view must exist for their statements to check. Creating it needs no
+# preload; reading it does, which only the benches' private server has.
+psql -q -v ON_ERROR_STOP=1 "$url" -c 'CREATE EXTENSION IF NOT EXISTS pg_stat_statements' >/dev/null \
+  || die "cannot create pg_stat_statements in the scratch database (it ships with Postgres' contrib)"
 
 # Online expansion writes each statement's data into SQLX_OFFLINE_DIR. Only
 # the store crate is rebuilt (its own target directory keeps the

@@ -711,15 +711,9 @@ async fn end_episode(
 
 /// Acknowledged work not finished (for the log); -1 while Postgres is away.
 async fn in_flight(s: &Stack) -> i64 {
-    sqlx::query_scalar(
-        "SELECT (SELECT count(*) FROM event_receipts WHERE state IN ('accepted', 'processing'))
-              + (SELECT count(*) FROM outbox)
-              + (SELECT count(*) FROM decisions WHERE status IN ('calling', 'proposed'))
-              + (SELECT count(*) FROM reply_intents WHERE state IN ('pending', 'sending'))",
-    )
-    .fetch_one(&s.db.pool)
-    .await
-    .unwrap_or(-1)
+    threadline_store::testing::receipts::in_flight_total(&s.db.pool)
+        .await
+        .unwrap_or(-1)
 }
 
 async fn try_ctl(s: &Stack, path: &str, body: Value) -> Option<Value> {
@@ -768,15 +762,12 @@ async fn records(s: &Stack, offending: &mut BTreeSet<String>) -> Vec<(&'static s
         .filter_map(|d| d["event_id"].as_str().map(str::to_owned))
         .collect();
     let receipts: BTreeMap<String, (String, Option<String>)> =
-        sqlx::query_as::<_, (String, String, Option<String>)>(
-            "SELECT event_id, state, thread_ts FROM event_receipts",
-        )
-        .fetch_all(pool)
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(e, st, t)| (e, (st, t)))
-        .collect();
+        threadline_store::testing::receipts::receipt_outcomes(pool)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| (r.event_id, (r.state, r.thread_ts)))
+            .collect();
     for event in &acked {
         match receipts.get(event) {
             None => violations.push((
@@ -795,36 +786,26 @@ async fn records(s: &Stack, offending: &mut BTreeSet<String>) -> Vec<(&'static s
             _ => {}
         }
     }
-    let outbox: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
-        .fetch_one(pool)
+    let outbox = threadline_store::testing::outbox::count_outbox(pool)
         .await
         .unwrap_or(-1);
     if outbox != 0 {
         violations.push(("stuck", format!("{outbox} outbox rows never published")));
     }
-    let stuck: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT 'decision ' || d.id, d.status, d.root_ts FROM decisions d
-          WHERE d.status IN ('calling', 'proposed', 'approved')
-            -- waiting on an intent held for an operator is a visible reason
-            AND NOT EXISTS (SELECT 1 FROM reply_intents i
-                             WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
-                               AND i.state = 'held' AND i.error_code IS NOT NULL)
-         UNION ALL
-         SELECT 'reply intent ' || id || ' (' || coalesce(error_code, '-') || ', attempts ' || attempts
-                || ', decision ' || decision_id || ')', state, root_ts FROM reply_intents
-          WHERE state IN ('pending', 'sending', 'unknown', 'reconciling', 'failed_retryable')
-             OR (state IN ('held', 'failed_permanent') AND error_code IS NULL)",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap_or_default();
-    for (what, state, root) in stuck {
+    let stuck = threadline_store::testing::decisions::stuck_work(pool)
+        .await
+        .unwrap_or_default();
+    for threadline_store::testing::decisions::StuckWork {
+        what,
+        state,
+        root_ts: root,
+    } in stuck
+    {
         violations.push(("stuck", format!("{what} stuck in {state} (thread {root})")));
         offending.insert(root);
     }
-    let unreconsidered: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM crossed_answers WHERE reconsidered_at IS NULL")
-            .fetch_one(pool)
+    let unreconsidered =
+        threadline_store::testing::threads::count_unreconsidered_crossed_answers(pool)
             .await
             .unwrap_or(-1);
     if unreconsidered != 0 {

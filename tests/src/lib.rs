@@ -441,18 +441,6 @@ pub struct Stack {
 /// without having read it (it then crossed in flight).
 pub const ORACLE_GRACE: Duration = Duration::from_millis(500);
 
-/// What is still in flight, by kind (nothing when all are zero).
-const OPEN_WORK: &str = "SELECT (SELECT count(*) FROM event_receipts WHERE state IN ('accepted', 'processing')),
-                               (SELECT count(*) FROM outbox),
-                               (SELECT count(*) FROM decisions d WHERE d.status IN ('calling', 'proposed', 'approved')
-                                   -- waiting on a reply held for an operator is settled as far as it goes
-                                   AND NOT EXISTS (SELECT 1 FROM reply_intents i
-                                                    WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
-                                                      AND i.state = 'held')),
-                               (SELECT count(*) FROM reply_intents
-                                 WHERE state IN ('pending', 'sending', 'unknown', 'reconciling', 'failed_retryable')),
-                               (SELECT count(*) FROM crossed_answers WHERE reconsidered_at IS NULL)";
-
 /// Waits until nothing is in flight (and stays so for `quiet`), or `limit`
 /// passes; returns what was still open then (the checker reports it too).
 pub async fn quiesce(pool: &sqlx::PgPool, limit: Duration, quiet: Duration) -> Option<String> {
@@ -460,8 +448,10 @@ pub async fn quiesce(pool: &sqlx::PgPool, limit: Duration, quiet: Duration) -> O
     let mut quiet_since: Option<std::time::Instant> = None;
     let mut last = None;
     while start.elapsed() < limit {
-        let open: Option<(i64, i64, i64, i64, i64)> =
-            sqlx::query_as(OPEN_WORK).fetch_one(pool).await.ok();
+        let open = threadline_store::testing::receipts::open_work(pool)
+            .await
+            .ok()
+            .map(|w| (w.receipts, w.outbox, w.decisions, w.intents, w.crossed));
         if open == Some((0, 0, 0, 0, 0)) {
             let since = *quiet_since.get_or_insert_with(std::time::Instant::now);
             if since.elapsed() > quiet {
@@ -493,19 +483,17 @@ pub async fn explain_from_records(
 ) -> Vec<(&'static str, String)> {
     let mut v = Vec::new();
     for c in &j.crossed {
-        let row: Option<(Option<String>,)> = sqlx::query_as(
-            "SELECT reconsideration FROM crossed_answers
-              WHERE channel_id = $1 AND reply_ts = $2 AND crossing_ts = $3",
+        let row = threadline_store::testing::threads::crossed_answer_reconsideration(
+            pool,
+            &c.channel,
+            &c.reply_ts,
+            &c.crossing_ts,
         )
-        .bind(&c.channel)
-        .bind(&c.reply_ts)
-        .bind(&c.crossing_ts)
-        .fetch_optional(pool)
         .await
         .unwrap_or(None);
         match row {
-            Some((Some(_),)) => {}
-            Some((None,)) => v.push((
+            Some(Some(_)) => {}
+            Some(None) => v.push((
                 "crossed_not_reconsidered",
                 format!(
                     "reply {} crossed message {} in flight: recorded but never reconsidered",
@@ -526,32 +514,10 @@ pub async fn explain_from_records(
         // reason an operator sees (not merely superseded: a superseding
         // answer would have read it), its reply held or failed with a code,
         // or its event ignored or failed with a reason.
-        let reason: Option<String> = sqlx::query_scalar(
-            "SELECT reason FROM (
-                SELECT 'reply ' || i.state || ':' || i.error_code AS reason, 0 AS rank
-                  FROM reply_intents i JOIN decisions d ON d.id = i.decision_id
-                 WHERE d.channel_id = $1 AND d.source_ts = $2
-                   AND i.state IN ('held', 'failed_permanent') AND i.error_code IS NOT NULL
-                UNION ALL
-                SELECT 'decision ' || l.status || ':' || coalesce(l.status_reason, '-'), 1
-                  FROM (SELECT status, status_reason FROM decisions
-                         WHERE channel_id = $1 AND source_ts = $2
-                         ORDER BY created_at DESC LIMIT 1) l
-                 WHERE l.status IN ('suppressed', 'cancelled', 'rejected', 'review')
-                UNION ALL
-                SELECT 'event ' || r.state || ':' || coalesce(r.state_reason, '-'), 2
-                  FROM event_receipts r
-                 WHERE r.channel_id = $1 AND r.message_ts = $2 AND r.state IN ('ignored', 'failed', 'unparsed')
-                   AND r.state_reason IS DISTINCT FROM 'duplicate_turn'
-                   -- the question's message itself, not an edit or deletion of it
-                   AND coalesce(r.event_subtype, '') NOT IN ('message_changed', 'message_deleted')) x
-             ORDER BY rank LIMIT 1",
-        )
-        .bind(&q.channel)
-        .bind(&q.ts)
-        .fetch_optional(pool)
-        .await
-        .unwrap_or(None);
+        let reason =
+            threadline_store::testing::decisions::question_outcome_reason(pool, &q.channel, &q.ts)
+                .await
+                .unwrap_or(None);
         if reason.is_none() {
             let state = records_of(pool, &q.channel, &q.ts).await;
             v.push((
@@ -569,30 +535,13 @@ pub async fn explain_from_records(
 /// What threadline's tables say about one message (receipts, turn,
 /// decisions, intents), for a violation's diagnosis.
 async fn records_of(pool: &sqlx::PgPool, channel: &str, ts: &str) -> String {
-    let rows: Vec<(String,)> = sqlx::query_as(
-        "SELECT 'receipt ' || r.event_type || '/' || coalesce(r.event_subtype, '') || ' ' || r.state || ':' || coalesce(r.state_reason, '-')
-           FROM event_receipts r WHERE r.channel_id = $1 AND r.message_ts = $2
-         UNION ALL
-         SELECT 'turn ' || coalesce(t.answered_at::text, 'unanswered') FROM turns t WHERE t.channel_id = $1 AND t.ts = $2
-         UNION ALL
-         SELECT 'decision v' || d.thread_version || ' ' || d.status || ':' || coalesce(d.status_reason, '-') || ' ' || d.created_at::text
-           FROM decisions d WHERE d.channel_id = $1 AND d.source_ts = $2
-         UNION ALL
-         SELECT 'intent ' || i.state || ':' || coalesce(i.error_code, '-') || ' attempts ' || i.attempts
-           FROM reply_intents i JOIN decisions d ON d.id = i.decision_id WHERE d.channel_id = $1 AND d.source_ts = $2",
-    )
-    .bind(channel)
-    .bind(ts)
-    .fetch_all(pool)
-    .await
-    .unwrap_or_else(|e| vec![(format!("(unreadable: {e})"),)]);
+    let rows = threadline_store::testing::receipts::message_records(pool, channel, ts)
+        .await
+        .unwrap_or_else(|e| vec![format!("(unreadable: {e})")]);
     if rows.is_empty() {
         "nothing".to_owned()
     } else {
-        rows.into_iter()
-            .map(|(r,)| r)
-            .collect::<Vec<_>>()
-            .join("; ")
+        rows.join("; ")
     }
 }
 
@@ -925,9 +874,7 @@ impl Stack {
             &token,
         )
         .await;
-        let inst = sqlx::query_scalar("SELECT id FROM installations WHERE team_id = $1")
-            .bind(&team)
-            .fetch_one(&self.db.pool)
+        let inst = threadline_store::testing::installations::id_by_team(&self.db.pool, &team)
             .await
             .expect("the new installation");
         self.judge_also(&channel, &bot_user);

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use threadline_store::testing::{decisions, intents, receipts};
 
 use crate::{Stack, cli, sim_ctl, sim_get};
 
@@ -196,19 +197,9 @@ struct Teller<'a> {
 }
 
 impl Teller<'_> {
-    async fn scalar(&self, sql: &str, bind: &str) -> i64 {
-        sqlx::query_scalar(sql)
-            .bind(bind)
-            .fetch_one(&self.s.db.pool)
-            .await
-            .unwrap_or(-1)
-    }
-
     /// Decision statuses of the thread `root`, oldest first.
     async fn decisions(&self, root: &str) -> Vec<String> {
-        sqlx::query_scalar("SELECT status FROM decisions WHERE root_ts = $1 ORDER BY created_at")
-            .bind(root)
-            .fetch_all(&self.s.db.pool)
+        decisions::decision_statuses_of_thread(&self.s.db.pool, root)
             .await
             .unwrap_or_default()
     }
@@ -221,16 +212,9 @@ impl Teller<'_> {
         let mut quiet_since: Option<Instant> = None;
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(60) {
-            let open: Option<(i64, i64)> = sqlx::query_as(
-                "SELECT (SELECT count(*) FROM decisions WHERE root_ts = $1 AND status IN ('calling', 'proposed', 'approved'))
-                      + (SELECT count(*) FROM reply_intents WHERE root_ts = $1 AND state IN ('pending', 'sending', 'unknown', 'reconciling', 'failed_retryable'))
-                      + (SELECT count(*) FROM event_receipts WHERE (message_ts = $1 OR thread_ts = $1) AND state IN ('accepted', 'processing')),
-                        (SELECT count(*) FROM decisions WHERE root_ts = $1)",
-            )
-            .bind(root)
-            .fetch_one(&self.s.db.pool)
-            .await
-            .ok();
+            let open = decisions::thread_open_work(&self.s.db.pool, root)
+                .await
+                .ok();
             match open {
                 Some((0, n)) if n > 0 => {
                     let since = *quiet_since.get_or_insert_with(Instant::now);
@@ -251,13 +235,9 @@ impl Teller<'_> {
         until(Duration::from_secs(20), || {
             let (pool, root) = (pool.clone(), root.clone());
             async move {
-                let n: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM decisions WHERE root_ts = $1 AND status = 'calling'",
-                )
-                .bind(&root)
-                .fetch_one(&pool)
-                .await
-                .ok()?;
+                let n = decisions::count_thread_decisions_with_status(&pool, &root, "calling")
+                    .await
+                    .ok()?;
                 (n > 0).then_some(())
             }
         })
@@ -338,18 +318,13 @@ pub async fn play(s: &Stack) -> Story {
         .unwrap_or_default()
         .to_owned();
     let own: Option<(String, Option<String>)> =
-        sqlx::query_as("SELECT state, state_reason FROM event_receipts WHERE message_ts = $1")
-            .bind(&reply_ts)
-            .fetch_optional(&s.db.pool)
+        receipts::receipt_state_of_message(&s.db.pool, &reply_ts)
             .await
             .ok()
             .flatten();
-    let jobs = t
-        .scalar(
-            "SELECT count(*) FROM decisions WHERE source_ts = $1",
-            &reply_ts,
-        )
-        .await;
+    let jobs = decisions::count_decisions_of_message(&s.db.pool, &reply_ts)
+        .await
+        .unwrap_or(-1);
     // Slack's side: what it delivered back for the reply, and whether the
     // app said anything more in the thread.
     let delivered_back = sim_get(&s.sim, "deliveries").await["deliveries"]
@@ -397,20 +372,16 @@ pub async fn play(s: &Stack) -> Story {
     t.settle(&root).await;
     crate::sim_clear_faults(&s.sim).await;
     let answers = s.answers(&root).await;
-    let (receipts, dups): (i64, i64) = sqlx::query_as(
-        "SELECT count(*), coalesce(sum(duplicate_deliveries), 0)::bigint FROM event_receipts WHERE message_ts = $1",
-    )
-    .bind(&root)
-    .fetch_one(&s.db.pool)
-    .await
-    .unwrap_or((-1, -1));
+    let (receipts, dups) = receipts::receipt_and_duplicate_counts(&s.db.pool, &root)
+        .await
+        .unwrap_or((-1, -1));
     let deliveries = sim_get(&s.sim, "deliveries").await["deliveries"]
         .as_array()
         .map(|d| d.iter().filter(|x| x["attempt"].as_u64() > Some(0)).count())
         .unwrap_or(0);
-    let calls = t
-        .scalar("SELECT count(*) FROM decisions WHERE root_ts = $1", &root)
-        .await;
+    let calls = decisions::count_thread_decisions(&s.db.pool, &root)
+        .await
+        .unwrap_or(-1);
     chapters.push(Chapter {
         title: "A Slack retry storm is absorbed",
         slack: format!("{deliveries} retried deliveries so far, {}", replies(answers.len())),
@@ -463,12 +434,9 @@ pub async fn play(s: &Stack) -> Story {
     let after = answers
         .iter()
         .all(|a| a["ts"].as_str().unwrap_or("0") > human.as_str());
-    let reconsidered: i64 = t
-        .scalar(
-            "SELECT count(DISTINCT thread_version) FROM decisions WHERE root_ts = $1",
-            &root,
-        )
-        .await;
+    let reconsidered = decisions::count_thread_versions(&s.db.pool, &root)
+        .await
+        .unwrap_or(-1);
     chapters.push(Chapter {
         title: "A human reply makes the answer stale; the thread is reconsidered",
         slack: format!("{}, after the person's", replies(answers.len())),
@@ -502,13 +470,10 @@ pub async fn play(s: &Stack) -> Story {
     t.settle(&root).await;
     let answers = s.answers(&root).await;
     let posts = t.calls("chat.postMessage", &root).await;
-    let intent: Option<(String, bool)> =
-        sqlx::query_as("SELECT state, reconciled FROM reply_intents WHERE root_ts = $1")
-            .bind(&root)
-            .fetch_optional(&s.db.pool)
-            .await
-            .ok()
-            .flatten();
+    let intent: Option<(String, bool)> = intents::intent_state_of_thread(&s.db.pool, &root)
+        .await
+        .ok()
+        .flatten();
     chapters.push(Chapter {
         title: "A post accepted but its response lost is reconciled, not re-posted",
         slack: format!(

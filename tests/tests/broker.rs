@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use serde_json::json;
+use threadline_store::testing::{audit, decisions, installations, receipts};
 use threadline_testkit::eventually;
 use threadline_tests::broker::Broker;
 use threadline_tests::{Stack, cli, sim_get};
@@ -13,11 +14,7 @@ async fn decision_calling(s: &Stack) {
     eventually("the model call started", Duration::from_secs(20), || {
         let pool = s.db.pool.clone();
         async move {
-            let n: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM decisions WHERE status = 'calling'")
-                    .fetch_one(&pool)
-                    .await
-                    .ok()?;
+            let n = decisions::count_with_status(&pool, "calling").await.ok()?;
             (n > 0).then_some(())
         }
     })
@@ -63,8 +60,7 @@ async fn a_kill_switch_engaged_while_the_model_runs_posts_nothing() {
             "kill-switch",
             "engage",
             "--installation",
-            &sqlx::query_scalar::<_, uuid::Uuid>("SELECT id FROM installations")
-                .fetch_one(&s.db.pool)
+            &installations::first_id(&s.db.pool)
                 .await
                 .expect("installation")
                 .to_string(),
@@ -86,10 +82,7 @@ async fn a_kill_switch_engaged_while_the_model_runs_posts_nothing() {
     let status = eventually("the decision settled", Duration::from_secs(20), || {
         let pool = s.db.pool.clone();
         async move {
-            let st: String = sqlx::query_scalar("SELECT status FROM decisions")
-                .fetch_one(&pool)
-                .await
-                .ok()?;
+            let st = decisions::any_decision_status(&pool).await.ok()?;
             (st != "calling" && st != "proposed").then_some(st)
         }
     })
@@ -99,12 +92,9 @@ async fn a_kill_switch_engaged_while_the_model_runs_posts_nothing() {
     assert!(s.answers(&root).await.is_empty());
     let posts = sim_get(&s.sim, "calls?method=chat.postMessage").await;
     assert_eq!(posts["calls"], json!([]), "Slack was never asked to post");
-    let audit: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM audit_log WHERE stage = 'operator' AND outcome = 'kill_switch_engaged' AND reviewer = 'oncall'",
-    )
-    .fetch_one(&s.db.pool)
-    .await
-    .expect("audit");
+    let audit = audit::count_audit_entries(&s.db.pool, "operator", "kill_switch_engaged", "oncall")
+        .await
+        .expect("audit");
     assert_eq!(audit, 1, "the operator's action is in the audit log");
     s.stop().await;
 }
@@ -140,12 +130,9 @@ async fn the_database_down_before_and_after_the_intake_commit_loses_nothing_and_
         let pool = s.db.pool.clone();
         let second = second.clone();
         async move {
-            let n: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM event_receipts WHERE message_ts = $1")
-                    .bind(&second)
-                    .fetch_one(&pool)
-                    .await
-                    .ok()?;
+            let n = receipts::count_receipts_of_message(&pool, &second)
+                .await
+                .ok()?;
             (n > 0).then_some(())
         }
     })
@@ -162,12 +149,7 @@ async fn the_database_down_before_and_after_the_intake_commit_loses_nothing_and_
         "every acknowledged event finished",
         Duration::from_secs(30),
         || async {
-            let open: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM event_receipts WHERE state IN ('accepted', 'processing')",
-            )
-            .fetch_one(&s.db.pool)
-            .await
-            .ok()?;
+            let open = receipts::count_open_receipts(&s.db.pool).await.ok()?;
             (open == 0).then_some(())
         },
     )

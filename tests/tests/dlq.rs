@@ -11,6 +11,7 @@ use async_nats::jetstream;
 use prost::Message as _;
 use serde_json::{Value, json};
 use threadline_proto::v1::EventAccepted;
+use threadline_store::testing::receipts;
 use threadline_testkit::{
     TestDb, delete_streams, eventually, nats_url, slack::seed_installation, unique_prefix,
 };
@@ -99,13 +100,18 @@ async fn poison_is_dead_lettered_listed_dropped_and_a_dead_letter_replayed() {
     let receipt = uuid::Uuid::now_v7();
     let event = json!({"type": "message", "user": "U0ANA", "text": "hello all", "ts": "1700000000.000100",
                        "channel": "C0DLQ", "channel_type": "channel", "event_ts": "1700000000.000100"});
-    sqlx::query(
-        "INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, channel_id, message_ts, event_time)
-         VALUES ($1, $2, 'A0DLQ', 'Ev0DLQ', 'message', 'C0DLQ', '1700000000.000100', now())",
+    receipts::insert_accepted_receipt(
+        &db.pool,
+        &receipts::NewAcceptedReceipt {
+            id: receipt,
+            installation_id: inst,
+            api_app_id: "A0DLQ",
+            event_id: "Ev0DLQ",
+            event_type: "message",
+            channel_id: "C0DLQ",
+            message_ts: "1700000000.000100",
+        },
     )
-    .bind(receipt)
-    .bind(inst)
-    .execute(&db.pool)
     .await
     .expect("receipt");
     let msg = EventAccepted {
@@ -207,12 +213,7 @@ async fn poison_is_dead_lettered_listed_dropped_and_a_dead_letter_replayed() {
         || {
             let pool = db.pool.clone();
             async move {
-                let s: (String, Option<String>) =
-                    sqlx::query_as("SELECT state, state_reason FROM event_receipts WHERE id = $1")
-                        .bind(receipt)
-                        .fetch_one(&pool)
-                        .await
-                        .ok()?;
+                let s = receipts::receipt_state(&pool, receipt).await.ok()?;
                 (s.0 != "accepted" && s.0 != "processing").then_some(s)
             }
         },

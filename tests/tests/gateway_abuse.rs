@@ -189,8 +189,7 @@ async fn metrics(gw: &Proc) -> String {
 }
 
 async fn receipts(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM event_receipts")
-        .fetch_one(&db.pool)
+    threadline_store::testing::receipts::count_receipts(&db.pool)
         .await
         .expect("count")
 }
@@ -583,8 +582,7 @@ async fn the_install_link_is_rate_limited_purged_and_renders_names_escaped() {
         }
     };
     let states = || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM oauth_states")
-            .fetch_one(&db.pool)
+        threadline_store::testing::installations::count_oauth_states(&db.pool)
             .await
             .expect("count")
     };
@@ -661,8 +659,7 @@ async fn the_install_link_is_rate_limited_purged_and_renders_names_escaped() {
     assert_eq!(install("198.51.100.8".into()).await.status(), 302);
 
     // States past their validity are deleted.
-    sqlx::query("UPDATE oauth_states SET expires_at = now() - interval '1 second'")
-        .execute(&db.pool)
+    threadline_store::testing::installations::expire_oauth_states(&db.pool)
         .await
         .expect("expire");
     assert_eq!(install("198.51.100.9".into()).await.status(), 302);

@@ -26,8 +26,7 @@ fn event(app: &str, team: &str, id: &str) -> Vec<u8> {
 }
 
 async fn pending(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox")
-        .fetch_one(&db.pool)
+    threadline_store::testing::outbox::count_outbox(&db.pool)
         .await
         .expect("outbox")
 }
@@ -227,12 +226,13 @@ async fn operator_cli_migrates_registers_and_reports_the_ledger() {
         );
         assert!(!String::from_utf8_lossy(&out.stdout).contains("secretpart"));
     }
-    let (n, sealed, key_id): (i64, Vec<u8>, String) = sqlx::query_as(
-        "SELECT count(*) OVER (), bot_token_sealed, bot_token_key_id FROM installations",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .expect("installation");
+    let threadline_store::testing::installations::CountAndBotToken {
+        installations: n,
+        sealed,
+        key_id,
+    } = threadline_store::testing::installations::count_and_bot_token(&db.pool)
+        .await
+        .expect("installation");
     assert_eq!(
         (n, key_id.as_str()),
         (1, "k1"),
@@ -377,16 +377,14 @@ async fn review_approval_records_the_reviewer_and_hands_over_to_the_publisher() 
         .expect("topology");
     let (decision, other) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
     for (id, ev) in [(decision, "Ev0R1"), (other, "Ev0R2")] {
-        sqlx::query(
-            "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
-                                    status, review_reasons, body_text, output_hash)
-             VALUES ($1, $2, $3, $4, 'C1', '1.1', '1.2', 3, 'review', '{secret_like}', 'body', 'h')",
+        threadline_store::testing::decisions::insert_in_review(
+            &db.pool,
+            id,
+            uuid::Uuid::now_v7(),
+            uuid::Uuid::now_v7(),
+            ev,
+            "body",
         )
-        .bind(id)
-        .bind(uuid::Uuid::now_v7())
-        .bind(uuid::Uuid::now_v7())
-        .bind(ev)
-        .execute(&db.pool)
         .await
         .expect("decision");
     }
@@ -446,8 +444,7 @@ async fn review_approval_records_the_reviewer_and_hands_over_to_the_publisher() 
         "a rejected proposal stays rejected"
     );
     let rows: Vec<(String, Option<String>)> =
-        sqlx::query_as("SELECT status, reviewed_by FROM decisions ORDER BY event_id")
-            .fetch_all(&db.pool)
+        threadline_store::testing::decisions::statuses_and_reviewers(&db.pool)
             .await
             .expect("rows");
     assert_eq!(
@@ -459,13 +456,13 @@ async fn review_approval_records_the_reviewer_and_hands_over_to_the_publisher() 
     );
     // Each review is an audit record with its reviewer, in the same
     // transaction as the decision it changed.
-    let reviews: Vec<(String, Option<String>, bool)> = sqlx::query_as(
-        "SELECT outcome, reviewer, decision_id = $1 FROM audit_log WHERE stage = 'review' ORDER BY id",
-    )
-    .bind(decision)
-    .fetch_all(&db.pool)
-    .await
-    .expect("audit");
+    let reviews: Vec<(String, Option<String>, bool)> =
+        threadline_store::testing::audit::review_records(&db.pool, decision)
+            .await
+            .expect("audit")
+            .into_iter()
+            .map(|r| (r.outcome, r.reviewer, r.names_decision))
+            .collect();
     assert_eq!(
         reviews,
         vec![
@@ -477,8 +474,7 @@ async fn review_approval_records_the_reviewer_and_hands_over_to_the_publisher() 
     // outbox by the approval's own commit (the gateway's relay publishes
     // it), so a broker that is away cannot leave it approved but unsent.
     let queued: Vec<(String, String)> =
-        sqlx::query_as("SELECT topic, msg_id FROM outbox ORDER BY id")
-            .fetch_all(&db.pool)
+        threadline_store::testing::outbox::topics_and_msg_ids(&db.pool)
             .await
             .expect("outbox");
     assert_eq!(
@@ -511,18 +507,15 @@ async fn held_intents_are_listed_and_settled_by_an_operator() {
     let db = TestDb::new().await;
     let (held, sent) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
     for (id, state, ev) in [(held, "held", "Ev0H1"), (sent, "sent", "Ev0H2")] {
-        sqlx::query(
-            "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
-                                        body_hash, state, error_code)
-             VALUES ($1, $2, $3, 'thread_reply', $4, $5, 'C1', '1.1', 'h', $6, 'no_evidence_of_post')",
+        threadline_store::testing::intents::insert_with_state(
+            &db.pool,
+            id,
+            uuid::Uuid::now_v7(),
+            ev,
+            uuid::Uuid::now_v7(),
+            uuid::Uuid::now_v7(),
+            state,
         )
-        .bind(id)
-        .bind(uuid::Uuid::now_v7())
-        .bind(ev)
-        .bind(uuid::Uuid::now_v7())
-        .bind(uuid::Uuid::now_v7())
-        .bind(state)
-        .execute(&db.pool)
         .await
         .expect("intent");
     }
@@ -570,9 +563,7 @@ async fn held_intents_are_listed_and_settled_by_an_operator() {
         String::from_utf8_lossy(&out.stderr)
     );
     let state: (String, Option<String>) =
-        sqlx::query_as("SELECT state, slack_ts FROM reply_intents WHERE id = $1")
-            .bind(held)
-            .fetch_one(&db.pool)
+        threadline_store::testing::intents::state_and_slack_ts(&db.pool, held)
             .await
             .expect("intent");
     assert_eq!(state, ("sent".into(), Some("1700000000.000100".into())));
@@ -614,8 +605,7 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
     );
     // A rotating (OAuth) installation also holds a refresh token, sealed
     // with the same key.
-    let inst: uuid::Uuid = sqlx::query_scalar("SELECT id FROM installations")
-        .fetch_one(&db.pool)
+    let inst: uuid::Uuid = threadline_store::testing::installations::first_id(&db.pool)
         .await
         .expect("installation");
     let only_k1 =
@@ -626,13 +616,14 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
             &threadline_runtime::secrets::token_aad(&inst, "refresh"),
         )
         .expect("seal");
-    sqlx::query("UPDATE installations SET refresh_token_sealed = $2, refresh_token_key_id = $3 WHERE id = $1")
-        .bind(inst)
-        .bind(&refresh.bytes)
-        .bind(&refresh.key_id)
-        .execute(&db.pool)
-        .await
-        .expect("refresh token");
+    threadline_store::testing::installations::set_refresh_token(
+        &db.pool,
+        inst,
+        &refresh.bytes,
+        &refresh.key_id,
+    )
+    .await
+    .expect("refresh token");
     // Without the old key listed, rotation refuses rather than lose the token.
     let out = cli(
         &["keys", "rotate"],
@@ -658,25 +649,22 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
     );
     // Both tokens are under k2 now, and k2 alone opens them.
     let only_k2 = threadline_runtime::secrets::TokenCipher::parse(&k2.into()).expect("keys");
-    for (columns, purpose, expected) in [
+    for (kind, purpose, expected) in [
         (
-            "bot_token_sealed, bot_token_key_id",
+            threadline_store::installations::TokenKind::Bot,
             "bot",
             "xoxb-rotate-me-123",
         ),
         (
-            "refresh_token_sealed, refresh_token_key_id",
+            threadline_store::installations::TokenKind::Refresh,
             "refresh",
             "xoxe-1-refresh-me",
         ),
     ] {
-        let (bytes, key): (Vec<u8>, String) = sqlx::query_as(&format!(
-            "SELECT {columns} FROM installations WHERE id = $1"
-        ))
-        .bind(inst)
-        .fetch_one(&db.pool)
-        .await
-        .expect("row");
+        let (bytes, key): (Vec<u8>, String) =
+            threadline_store::testing::installations::sealed_token(&db.pool, kind, inst)
+                .await
+                .expect("row");
         assert_eq!(key, "k2", "the {purpose} token is re-sealed");
         let token = only_k2
             .open(
@@ -716,8 +704,7 @@ async fn policy_commands_change_what_may_trigger() {
         "xoxb-p",
     ];
     assert!(cli(&add, &env).await.status.success());
-    let id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM installations")
-        .fetch_one(&db.pool)
+    let id: uuid::Uuid = threadline_store::testing::installations::first_id(&db.pool)
         .await
         .expect("id");
     let id = id.to_string();
@@ -914,22 +901,23 @@ async fn operator_cli_lists_replays_and_purges_unparsed_events() {
     assert_eq!(r.status(), 200);
     // Held by an older gateway that refused `event_time` in microseconds,
     // and one held 40 days ago that nobody replayed.
-    let hold = |event_id: &'static str, body: serde_json::Value, age: &'static str| {
+    let hold = |event_id: &'static str, body: serde_json::Value, age: Duration| {
         let pool = db.pool.clone();
         async move {
             let id = uuid::Uuid::now_v7();
-            sqlx::query(&format!(
-                "WITH r AS (INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, team_id, event_type,
-                                                        state, parse_error, received_at)
-                            VALUES ($1, $2, 'A0UNP', $3, 'T0UNP', 'app_mention', 'unparsed',
-                                    'wrong_type: `event_time` has the wrong JSON type', now() - interval '{age}'))
-                 INSERT INTO unparsed_events (receipt_id, body, received_at) VALUES ($1, $4, now() - interval '{age}')"
-            ))
-            .bind(id)
-            .bind(inst)
-            .bind(event_id)
-            .bind(serde_json::to_vec(&body).expect("json"))
-            .execute(&pool)
+            threadline_store::testing::receipts::insert_unparsed(
+                &pool,
+                &threadline_store::testing::receipts::HeldSince {
+                    id,
+                    installation_id: inst,
+                    api_app_id: "A0UNP",
+                    event_id,
+                    team_id: "T0UNP",
+                    parse_error: "wrong_type: `event_time` has the wrong JSON type",
+                    body: &serde_json::to_vec(&body).expect("json"),
+                    ago: age,
+                },
+            )
             .await
             .expect("an unparsed receipt");
             id
@@ -937,10 +925,10 @@ async fn operator_cli_lists_replays_and_purges_unparsed_events() {
     };
     let mut upgraded = app_mention("A0UNP", "T0UNP", "Ev0UNU", "C0UNP", "1700000000.000800");
     upgraded["event_time"] = json!(1_700_000_000_000_800_i64);
-    let upgraded = hold("Ev0UNU", upgraded, "1 hour").await;
+    let upgraded = hold("Ev0UNU", upgraded, Duration::from_secs(3600)).await;
     let mut old = broken.clone();
     old["event_id"] = json!("Ev0UNO");
-    let old = hold("Ev0UNO", old, "40 days").await;
+    let old = hold("Ev0UNO", old, Duration::from_secs(40 * 86_400)).await;
 
     let ok = |out: &std::process::Output| {
         assert!(
@@ -1017,18 +1005,13 @@ async fn operator_cli_lists_replays_and_purges_unparsed_events() {
     );
     ok(&cli(&["purge"], &env).await);
     let closed: (String, Option<String>) =
-        sqlx::query_as("SELECT state, state_reason FROM event_receipts WHERE id = $1")
-            .bind(old)
-            .fetch_one(&db.pool)
+        threadline_store::testing::receipts::receipt_state(&db.pool, old)
             .await
             .expect("receipt");
     assert_eq!(closed, ("failed".into(), Some("unparsed_expired".into())));
-    let bodies: Vec<String> = sqlx::query_scalar(
-        "SELECT r.event_id FROM unparsed_events u JOIN event_receipts r ON r.id = u.receipt_id",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .expect("bodies");
+    let bodies: Vec<String> = threadline_store::testing::receipts::unparsed_event_ids(&db.pool)
+        .await
+        .expect("bodies");
     assert_eq!(bodies, ["Ev0UNB"]);
     let stats: serde_json::Value =
         serde_json::from_str(&ok(&cli(&["stats", "--json"], &env).await)).expect("stats");
@@ -1065,8 +1048,7 @@ async fn a_kill_switch_for_an_unknown_feature_is_refused_with_the_known_ones() {
         err.contains("unknown feature") && err.contains("replies, tools"),
         "{err}"
     );
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM kill_switches")
-        .fetch_one(&db.pool)
+    let n: i64 = threadline_store::testing::kill_switches::count_rows(&db.pool)
         .await
         .expect("switches");
     assert_eq!(n, 0, "nothing was recorded");
@@ -1091,8 +1073,7 @@ async fn a_kill_switch_for_an_unknown_feature_is_refused_with_the_known_ones() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    sqlx::query("INSERT INTO kill_switches (scope, target, engaged, reason, changed_by) VALUES ('feature', 'old-name', true, 'x', 'ops')")
-        .execute(&db.pool)
+    threadline_store::kill_switches::set(&db.pool, "feature", "old-name", true, Some("x"), "ops")
         .await
         .expect("an old switch");
     let out = cli(
@@ -1112,11 +1093,9 @@ async fn a_kill_switch_for_an_unknown_feature_is_refused_with_the_known_ones() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let engaged: Vec<String> =
-        sqlx::query_scalar("SELECT target FROM kill_switches WHERE engaged ORDER BY target")
-            .fetch_all(&db.pool)
-            .await
-            .expect("switches");
+    let engaged: Vec<String> = threadline_store::testing::kill_switches::engaged_targets(&db.pool)
+        .await
+        .expect("switches");
     assert_eq!(engaged, ["replies", "tools"]);
 }
 

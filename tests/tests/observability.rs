@@ -3,9 +3,14 @@
 //! retention purges what is old and nothing else.
 
 use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
 
 use serde_json::Value;
+use threadline_store::testing::audit::Rewrite;
 use threadline_tests::{CapturedSpan, Stack, cli, otlp_collector};
+
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(86_400);
 
 const SERVICES: [&str; 4] = [
     "threadline-gateway",
@@ -27,21 +32,16 @@ async fn one_event_is_one_unbroken_trace_and_one_content_free_audit_trail() {
         .await;
     assert_eq!(s.wait_answers(&root, 1).await.len(), 1);
     let event_id: String =
-        sqlx::query_scalar("SELECT event_id FROM reply_intents WHERE state = 'sent'")
-            .fetch_one(&s.db.pool)
+        threadline_store::testing::intents::event_id_in_state(&s.db.pool, "sent")
             .await
             .expect("the sent intent");
 
     // The audit trail of that event: every stage, one channel pseudonym,
     // timings in order.
-    let trail: Vec<(String, String, Option<String>, Option<String>)> = sqlx::query_as(
-        "SELECT stage, outcome, channel_ref, delivery_status FROM audit_log WHERE event_id = $1 ORDER BY id",
-    )
-    .bind(&event_id)
-    .fetch_all(&s.db.pool)
-    .await
-    .expect("audit records");
-    let stages: BTreeSet<&str> = trail.iter().map(|r| r.0.as_str()).collect();
+    let trail = threadline_store::testing::audit::trail_of_event(&s.db.pool, &event_id)
+        .await
+        .expect("audit records");
+    let stages: BTreeSet<&str> = trail.iter().map(|r| r.stage.as_str()).collect();
     assert_eq!(
         stages,
         BTreeSet::from(["context", "decision", "delivery", "intake"]),
@@ -50,50 +50,42 @@ async fn one_event_is_one_unbroken_trace_and_one_content_free_audit_trail() {
     assert!(
         trail
             .iter()
-            .any(|r| r.0 == "delivery" && r.3.as_deref() == Some("sent")),
+            .any(|r| r.stage == "delivery" && r.delivery_status.as_deref() == Some("sent")),
         "{trail:?}"
     );
     assert!(
         trail
             .iter()
-            .filter(|r| r.0 == "context" || r.0 == "intake")
-            .all(|r| r.2.is_some()),
+            .filter(|r| r.stage == "context" || r.stage == "intake")
+            .all(|r| r.channel_ref.is_some()),
         "intake and context records name the channel by its pseudonym: {trail:?}"
     );
     // The decision record names the model configuration and the output's
     // hash (never the output).
-    let (config, hash): (Option<String>, Option<String>) = sqlx::query_as(
-        "SELECT model_config_id, output_hash FROM audit_log
-          WHERE event_id = $1 AND stage = 'decision' AND outcome = 'proposed'",
-    )
-    .bind(&event_id)
-    .fetch_one(&s.db.pool)
-    .await
-    .expect("the proposed decision's record");
+    let (config, hash): (Option<String>, Option<String>) =
+        threadline_store::testing::audit::proposed_config_and_hash(&s.db.pool, &event_id)
+            .await
+            .expect("the proposed decision's record");
     assert!(
         config.is_some_and(|c| !c.is_empty()),
         "model configuration id"
     );
     assert!(hash.is_some_and(|h| h.len() == 64), "output hash");
-    let refs: BTreeSet<&str> = trail.iter().filter_map(|r| r.2.as_deref()).collect();
+    let refs: BTreeSet<&str> = trail
+        .iter()
+        .filter_map(|r| r.channel_ref.as_deref())
+        .collect();
     assert_eq!(refs.len(), 1, "one pseudonym for the channel: {trail:?}");
     let pseudonym = refs.into_iter().next().expect("a pseudonym");
     assert_eq!(pseudonym.len(), 32);
     assert!(!pseudonym.contains(&s.channel));
-    let in_order: bool = sqlx::query_scalar(
-        "SELECT received_at <= acked_at AND acked_at <= processed_at AND processed_at <= sent_at
-           FROM audit_timeline WHERE event_id = $1",
-    )
-    .bind(&event_id)
-    .fetch_one(&s.db.pool)
-    .await
-    .expect("a timeline with every time set");
+    let in_order: bool = threadline_store::testing::audit::timeline_in_order(&s.db.pool, &event_id)
+        .await
+        .expect("a timeline with every time set");
     assert!(in_order);
-    let dump: String =
-        sqlx::query_scalar("SELECT coalesce(string_agg(a::text, E'\\n'), '') FROM audit_log a")
-            .fetch_one(&s.db.pool)
-            .await
-            .expect("dump");
+    let dump: String = threadline_store::testing::audit::dump(&s.db.pool)
+        .await
+        .expect("dump");
     for (what, needle) in [
         ("message text", marker),
         ("a secret from a message", planted),
@@ -104,19 +96,11 @@ async fn one_event_is_one_unbroken_trace_and_one_content_free_audit_trail() {
         assert!(!dump.contains(needle), "{what} is in the audit log");
     }
     // Append-only, whoever asks.
-    for statement in [
-        "UPDATE audit_log SET outcome = 'changed'",
-        "DELETE FROM audit_log",
-        "TRUNCATE audit_log",
-    ] {
-        let err = sqlx::query(statement)
-            .execute(&s.db.pool)
+    for how in [Rewrite::Update, Rewrite::Delete, Rewrite::Truncate] {
+        let err = threadline_store::testing::audit::rewrite(&s.db.pool, how)
             .await
             .expect_err("refused");
-        assert!(
-            err.to_string().contains("append-only"),
-            "{statement}: {err}"
-        );
+        assert!(err.to_string().contains("append-only"), "{how:?}: {err}");
     }
 
     // The trace: stopping the services flushes their exporters.
@@ -201,53 +185,41 @@ async fn one_event_is_one_unbroken_trace_and_one_content_free_audit_trail() {
 async fn purge_removes_only_what_is_past_retention() {
     let db = threadline_testkit::TestDb::new().await;
     let inst = uuid::Uuid::now_v7();
-    sqlx::query(
-        "INSERT INTO audit_log (at, stage, outcome) VALUES (now() - interval '500 days', 'intake', 'accepted'),
-                                                           (now() - interval '10 days', 'intake', 'accepted')",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("audit");
-    for (event, age) in [("EvOLD", "40 days"), ("EvNEW", "1 hour")] {
-        sqlx::query(&format!(
-            "INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, event_time, state, updated_at)
-             VALUES ($1, $2, 'A1', $3, 'message', now(), 'done', now() - interval '{age}')"
-        ))
-        .bind(uuid::Uuid::now_v7())
-        .bind(inst)
-        .bind(event)
-        .execute(&db.pool)
+    for age in [DAY * 500, DAY * 10] {
+        threadline_store::testing::audit::insert_intake_accepted_ago(&db.pool, age)
+            .await
+            .expect("audit");
+    }
+    for (event, age) in [("EvOLD", DAY * 40), ("EvNEW", HOUR)] {
+        threadline_store::testing::receipts::insert_updated_ago(
+            &db.pool,
+            uuid::Uuid::now_v7(),
+            inst,
+            event,
+            "done",
+            age,
+        )
         .await
         .expect("receipt");
     }
-    sqlx::query(
-        "INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, event_time, state, updated_at)
-         VALUES ($1, $2, 'A1', 'EvOPEN', 'message', now(), 'processing', now() - interval '40 days')",
+    threadline_store::testing::receipts::insert_updated_ago(
+        &db.pool,
+        uuid::Uuid::now_v7(),
+        inst,
+        "EvOPEN",
+        "processing",
+        DAY * 40,
     )
-    .bind(uuid::Uuid::now_v7())
-    .bind(inst)
-    .execute(&db.pool)
     .await
     .expect("open receipt");
-    for (root, age) in [("100.000001", "40 days"), ("200.000001", "1 day")] {
-        sqlx::query(&format!(
-            "INSERT INTO threads (installation_id, channel_id, root_ts, version, updated_at)
-             VALUES ($1, 'C1', $2, 2, now() - interval '{age}')"
-        ))
-        .bind(inst)
-        .bind(root)
-        .execute(&db.pool)
-        .await
-        .expect("thread");
+    for (root, age) in [("100.000001", DAY * 40), ("200.000001", DAY)] {
+        threadline_store::testing::threads::insert_thread_updated_ago(&db.pool, inst, root, age)
+            .await
+            .expect("thread");
         for ts in [root.to_owned(), root.replace("000001", "000002")] {
-            sqlx::query(
-                "INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash)
-                 VALUES ($1, 'C1', $2, $3, 'user', 'words', 'h')",
+            threadline_store::testing::threads::insert_user_message(
+                &db.pool, inst, "C1", &ts, root, "words",
             )
-            .bind(inst)
-            .bind(&ts)
-            .bind(root)
-            .execute(&db.pool)
             .await
             .expect("message");
         }
@@ -262,13 +234,10 @@ async fn purge_removes_only_what_is_past_retention() {
         serde_json::from_slice(&out.stdout).expect("a JSON report")
     };
     let remaining = || async {
-        sqlx::query_as::<_, (i64, i64, i64, i64)>(
-            "SELECT (SELECT count(*) FROM audit_log), (SELECT count(*) FROM event_receipts),
-                    (SELECT count(*) FROM threads), (SELECT count(*) FROM thread_messages)",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .expect("counts")
+        let r = threadline_store::testing::audit::retained(&db.pool)
+            .await
+            .expect("counts");
+        (r.audit_records, r.receipts, r.threads, r.thread_messages)
     };
 
     let dry = counts(&cli(&["purge", "--dry-run"], &env).await);
@@ -296,11 +265,9 @@ async fn purge_removes_only_what_is_past_retention() {
         (1, 2, 1, 2),
         "only what is past retention"
     );
-    let kept: Vec<String> =
-        sqlx::query_scalar("SELECT event_id FROM event_receipts ORDER BY event_id")
-            .fetch_all(&db.pool)
-            .await
-            .expect("kept");
+    let kept: Vec<String> = threadline_store::testing::receipts::event_ids(&db.pool)
+        .await
+        .expect("kept");
     assert_eq!(kept, ["EvNEW", "EvOPEN"], "unfinished work is never purged");
 
     // Retention shorter than Slack's retry window is refused.

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use threadline_store::testing::{decisions, threads};
 use threadline_testkit::eventually;
 use threadline_testkit::sim::SimWorkspace;
 use threadline_tests::oracle::{self, Scope, digest};
@@ -395,35 +396,44 @@ async fn the_record_checks_catch_unrecorded_crossings_and_unexplained_questions(
     // Recorded (one reconsidered), and one question explained by a kill
     // switch; a question merely superseded is not explained.
     let (inst, intent) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
-    sqlx::query(
-        "INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by,
-                                      reconsidered_at, reconsideration)
-         VALUES ($1, $2, 'C1', '10.000000', '10.000002', '10.000001', 'publisher', now(), 'no_reply_needed'),
-                ($3, $2, 'C1', '20.000000', '20.000002', '20.000001', 'publisher', NULL, NULL)",
-    )
-    .bind(intent)
-    .bind(inst)
-    .bind(uuid::Uuid::now_v7())
-    .execute(&db.pool)
-    .await
-    .expect("crossings");
+    for (intent_id, ts, reconsideration) in [
+        (intent, "10", Some("no_reply_needed")),
+        (uuid::Uuid::now_v7(), "20", None),
+    ] {
+        threads::insert_crossed_answer(
+            &db.pool,
+            &threads::CrossedAnswerRow {
+                intent_id,
+                installation_id: inst,
+                channel_id: "C1",
+                root_ts: &format!("{ts}.000000"),
+                reply_ts: &format!("{ts}.000002"),
+                crossing_ts: &format!("{ts}.000001"),
+                detected_by: "publisher",
+                reconsideration,
+            },
+        )
+        .await
+        .expect("crossings");
+    }
     for (ts, status, reason) in [
         ("30.000001", "suppressed", "global"),
         ("40.000001", "superseded", "newer_trigger"),
     ] {
-        sqlx::query(
-            "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
-                                    status, status_reason)
-             VALUES ($1, $2, $3, $4, 'C1', $5, $5, 1, $6, $7)",
+        decisions::insert_decision_with_status(
+            &db.pool,
+            &decisions::DecisionRow {
+                id: uuid::Uuid::now_v7(),
+                receipt_id: uuid::Uuid::now_v7(),
+                installation_id: inst,
+                event_id: &format!("Ev{}", &ts[..2]),
+                channel_id: "C1",
+                ts,
+                thread_version: 1,
+                status,
+                status_reason: Some(reason),
+            },
         )
-        .bind(uuid::Uuid::now_v7())
-        .bind(uuid::Uuid::now_v7())
-        .bind(inst)
-        .bind(format!("Ev{}", &ts[..2]))
-        .bind(ts)
-        .bind(status)
-        .bind(reason)
-        .execute(&db.pool)
         .await
         .expect("decision");
     }

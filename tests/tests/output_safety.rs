@@ -91,8 +91,7 @@ async fn a_model_answer_that_pings_the_channel_waits_for_review_and_posts_escape
         || {
             let pool = s.db.pool.clone();
             async move {
-                sqlx::query_scalar("SELECT id FROM decisions WHERE status = 'review'")
-                    .fetch_optional(&pool)
+                threadline_store::testing::decisions::decision_id_with_status(&pool, "review")
                     .await
                     .ok()
                     .flatten()
@@ -101,12 +100,9 @@ async fn a_model_answer_that_pings_the_channel_waits_for_review_and_posts_escape
     )
     .await;
     assert_eq!(*calls.lock().expect("lock"), 1, "the model was asked");
-    let reasons: Vec<String> =
-        sqlx::query_scalar("SELECT review_reasons FROM decisions WHERE id = $1")
-            .bind(decision)
-            .fetch_one(&s.db.pool)
-            .await
-            .expect("reasons");
+    let reasons = threadline_store::testing::decisions::review_reasons(&s.db.pool, decision)
+        .await
+        .expect("reasons");
     assert_eq!(reasons, ["mass_mention", "disguised_link"]);
     // Slack's side: nothing was posted, not even attempted.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -146,8 +142,7 @@ async fn a_model_answer_that_pings_the_channel_waits_for_review_and_posts_escape
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unfurling_follows_the_installation_and_channel_policy() {
     let (s, _) = stack_with_model("The runbook is at https://example.com/runbook").await;
-    let inst: uuid::Uuid = sqlx::query_scalar("SELECT id FROM installations")
-        .fetch_one(&s.db.pool)
+    let inst = threadline_store::testing::installations::first_id(&s.db.pool)
         .await
         .expect("installation");
     let inst = inst.to_string();

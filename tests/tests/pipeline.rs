@@ -32,19 +32,20 @@ async fn a_mention_is_answered_once_in_its_thread_and_the_answer_is_no_new_job()
         "{text}"
     );
     assert_eq!(answer["metadata"]["event_type"], "threadline_reply");
-    let (receipt, version, source): (uuid::Uuid, i64, String) =
-        sqlx::query_as("SELECT receipt_id, thread_version, source_ts FROM contexts")
-            .fetch_one(&s.db.pool)
-            .await
-            .expect("one context");
+    let threadline_store::testing::threads::CapturedContext {
+        receipt_id: receipt,
+        thread_version: version,
+        source_ts: source,
+    } = threadline_store::testing::threads::first_context(&s.db.pool)
+        .await
+        .expect("one context");
     assert_eq!(source, ask);
-    let (intent_state, decided_version): (String, i64) = sqlx::query_as(
-        "SELECT i.state, d.thread_version FROM reply_intents i JOIN decisions d ON d.id = i.decision_id WHERE i.receipt_id = $1",
-    )
-    .bind(receipt)
-    .fetch_one(&s.db.pool)
-    .await
-    .expect("intent");
+    let (intent_state, decided_version): (String, i64) =
+        threadline_store::testing::intents::state_and_decided_version_by_receipt(
+            &s.db.pool, receipt,
+        )
+        .await
+        .expect("intent");
     assert_eq!((intent_state.as_str(), decided_version), ("sent", version));
 
     // Every receipt settles: root not addressed, one turn for the mention and
@@ -53,8 +54,7 @@ async fn a_mention_is_answered_once_in_its_thread_and_the_answer_is_no_new_job()
         let pool = s.db.pool.clone();
         async move {
             let rows: Vec<(String, Option<String>)> =
-                sqlx::query_as("SELECT state, state_reason FROM event_receipts")
-                    .fetch_all(&pool)
+                threadline_store::testing::receipts::states_and_reasons(&pool)
                     .await
                     .ok()?;
             (rows.len() == 4
@@ -80,8 +80,7 @@ async fn a_mention_is_answered_once_in_its_thread_and_the_answer_is_no_new_job()
         ]
     );
     let jobs: (i64, i64) =
-        sqlx::query_as("SELECT (SELECT count(*) FROM contexts), (SELECT count(*) FROM decisions)")
-            .fetch_one(&s.db.pool)
+        threadline_store::testing::decisions::count_contexts_and_decisions(&s.db.pool)
             .await
             .expect("counts");
     assert_eq!(
@@ -95,9 +94,7 @@ async fn a_mention_is_answered_once_in_its_thread_and_the_answer_is_no_new_job()
         json!([{"channel": s.channel, "thread_ts": root, "count": 1}]),
         "answered exactly once"
     );
-    let version: i64 = sqlx::query_scalar("SELECT version FROM threads WHERE root_ts = $1")
-        .bind(&root)
-        .fetch_one(&s.db.pool)
+    let version: i64 = threadline_store::testing::threads::thread_version(&s.db.pool, &root)
         .await
         .expect("thread");
     // The question's message and its mention; our reply is kept but is no
@@ -215,17 +212,16 @@ async fn slack_retries_and_a_lost_post_response_still_give_exactly_one_answer_in
     let intent = eventually("the intent settled", Duration::from_secs(20), || {
         let pool = s.db.pool.clone();
         async move {
-            let r: (String, bool) = sqlx::query_as("SELECT state, reconciled FROM reply_intents")
-                .fetch_one(&pool)
-                .await
-                .ok()?;
+            let r: (String, bool) =
+                threadline_store::testing::intents::first_state_and_reconciled(&pool)
+                    .await
+                    .ok()?;
             (r.0 == "sent").then_some(r)
         }
     })
     .await;
     assert_eq!(intent, ("sent".to_owned(), true));
-    let model_calls: i64 = sqlx::query_scalar("SELECT count(*) FROM decisions")
-        .fetch_one(&s.db.pool)
+    let model_calls: i64 = threadline_store::testing::decisions::count_rows(&s.db.pool)
         .await
         .expect("decisions");
     assert_eq!(model_calls, 1, "one model call for the event");
@@ -465,15 +461,14 @@ async fn retries_reached_both(s: &Stack, second_gateway: &str) {
 async fn one_receipt_one_call_one_reply(s: &Stack, root: &str) {
     let answers = s.wait_answers(root, 1).await;
     assert_eq!(answers.len(), 1, "one reply: {answers:?}");
-    let (receipts, dups, decisions): (i64, i64, i64) = sqlx::query_as(
-        "SELECT count(*), coalesce(sum(duplicate_deliveries), 0)::bigint,
-                (SELECT count(*) FROM decisions WHERE root_ts = $1)
-           FROM event_receipts WHERE message_ts = $1",
-    )
-    .bind(root)
-    .fetch_one(&s.db.pool)
-    .await
-    .expect("counts");
+    let threadline_store::testing::receipts::RootLedger {
+        receipts,
+        duplicates: dups,
+        decisions,
+        ..
+    } = threadline_store::testing::receipts::ledger_by_root(&s.db.pool, root)
+        .await
+        .expect("counts");
     assert_eq!(receipts, 2, "one receipt per event");
     assert!(
         dups >= 2,
@@ -505,13 +500,10 @@ async fn a_worker_delayed_past_three_seconds_while_slack_retries_gives_one_call_
         || {
             let pool = s.db.pool.clone();
             async move {
-                let (calling, dups): (i64, i64) = sqlx::query_as(
-                    "SELECT (SELECT count(*) FROM decisions WHERE status = 'calling'),
-                            (SELECT coalesce(sum(duplicate_deliveries), 0)::bigint FROM event_receipts)",
-                )
-                .fetch_one(&pool)
-                .await
-                .ok()?;
+                let (calling, dups): (i64, i64) =
+                    threadline_store::testing::decisions::calling_and_duplicates(&pool)
+                        .await
+                        .ok()?;
                 (calling == 1 && dups >= 1).then_some(dups)
             }
         },
@@ -534,16 +526,14 @@ async fn a_worker_delayed_past_three_seconds_while_slack_retries_gives_one_call_
         (third >= 2).then_some(())
     })
     .await;
-    let (receipts, dups, decisions, intents): (i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM event_receipts WHERE message_ts = $1),
-                (SELECT coalesce(sum(duplicate_deliveries), 0)::bigint FROM event_receipts WHERE message_ts = $1),
-                (SELECT count(*) FROM decisions WHERE root_ts = $1),
-                (SELECT count(*) FROM reply_intents WHERE root_ts = $1)",
-    )
-    .bind(&root)
-    .fetch_one(&s.db.pool)
-    .await
-    .expect("ledger");
+    let threadline_store::testing::receipts::RootLedger {
+        receipts,
+        duplicates: dups,
+        decisions,
+        intents,
+    } = threadline_store::testing::receipts::ledger_by_root(&s.db.pool, &root)
+        .await
+        .expect("ledger");
     assert_eq!(receipts, 2, "one receipt per event (mention and its twin)");
     assert!(dups >= 4, "every retry absorbed as a duplicate: {dups}");
     assert_eq!(decisions, 1, "one model call");
@@ -573,8 +563,7 @@ async fn a_post_that_never_landed_is_held_and_never_posted_again() {
         let pool = s.db.pool.clone();
         async move {
             let r: (String, Option<String>) =
-                sqlx::query_as("SELECT state, error_code FROM reply_intents")
-                    .fetch_one(&pool)
+                threadline_store::testing::intents::first_state_and_error_code(&pool)
                     .await
                     .ok()?;
             (r.0 == "held").then_some(r)
@@ -610,18 +599,14 @@ async fn an_edit_with_unchanged_text_changes_nothing() {
     eventually("the model running", Duration::from_secs(20), || {
         let pool = s.db.pool.clone();
         async move {
-            let n: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM decisions WHERE status = 'calling'")
-                    .fetch_one(&pool)
-                    .await
-                    .ok()?;
+            let n: i64 = threadline_store::testing::decisions::count_with_status(&pool, "calling")
+                .await
+                .ok()?;
             (n == 1).then_some(())
         }
     })
     .await;
-    let version_before: i64 = sqlx::query_scalar("SELECT version FROM threads WHERE root_ts = $1")
-        .bind(&root)
-        .fetch_one(&s.db.pool)
+    let version_before: i64 = threadline_store::testing::threads::thread_version(&s.db.pool, &root)
         .await
         .expect("thread");
     sim_ctl(
@@ -636,11 +621,10 @@ async fn an_edit_with_unchanged_text_changes_nothing() {
     let reason = eventually("the edit processed", Duration::from_secs(20), || {
         let pool = s.db.pool.clone();
         async move {
-            sqlx::query_scalar::<_, Option<String>>(
-                "SELECT state_reason FROM event_receipts
-                  WHERE event_subtype = 'message_changed' AND state NOT IN ('accepted', 'processing')",
+            threadline_store::testing::receipts::processed_reason_by_subtype(
+                &pool,
+                "message_changed",
             )
-            .fetch_optional(&pool)
             .await
             .ok()
             .flatten()
@@ -648,15 +632,13 @@ async fn an_edit_with_unchanged_text_changes_nothing() {
     })
     .await;
     assert_eq!(reason.as_deref(), Some("edit_without_text_change"));
-    let (version_after, decisions, stale): (i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT version FROM threads WHERE root_ts = $1),
-                (SELECT count(*) FROM decisions WHERE root_ts = $1),
-                (SELECT count(*) FROM decisions WHERE root_ts = $1 AND status = 'stale')",
-    )
-    .bind(&root)
-    .fetch_one(&s.db.pool)
-    .await
-    .expect("ledger");
+    let threadline_store::testing::threads::VersionAndDecisions {
+        version: version_after,
+        decisions,
+        stale,
+    } = threadline_store::testing::threads::version_and_decisions_by_root(&s.db.pool, &root)
+        .await
+        .expect("ledger");
     assert_eq!(
         version_after, version_before,
         "neither the unchanged edit nor our own reply changed the thread"

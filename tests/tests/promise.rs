@@ -38,15 +38,10 @@ fn fast(extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
 
 /// The reply intent of the question `ts`: id, state, reconciled, Slack ts.
 async fn intent(s: &Stack, ts: &str) -> Option<(Uuid, String, bool, Option<String>)> {
-    sqlx::query_as(
-        "SELECT i.id, i.state, i.reconciled, i.slack_ts FROM reply_intents i
-           JOIN decisions d ON d.installation_id = i.installation_id AND d.event_id = i.event_id
-          WHERE d.source_ts = $1 ORDER BY i.created_at LIMIT 1",
-    )
-    .bind(ts)
-    .fetch_optional(&s.db.pool)
-    .await
-    .expect("intent")
+    threadline_store::testing::intents::intent_of_question(&s.db.pool, ts)
+        .await
+        .expect("intent")
+        .map(|i| (i.id, i.state, i.reconciled, i.slack_ts))
 }
 
 async fn until_intent(
@@ -229,10 +224,10 @@ async fn an_eighty_second_database_outage_dead_letters_nothing_and_loses_nothing
         "the receipts committed",
         Duration::from_secs(10),
         || async {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM event_receipts WHERE event_type = 'app_mention'",
+            let n = threadline_store::testing::receipts::count_receipts_of_type(
+                &s.db.pool,
+                "app_mention",
             )
-            .fetch_one(&s.db.pool)
             .await
             .ok()?;
             (n == 3).then_some(())
@@ -345,8 +340,7 @@ async fn a_reply_that_crosses_the_answer_in_flight_is_recorded_counted_and_recon
     assert_eq!(s.wait_answers(&q, 1).await.len(), 1);
     let crossed: (String, Option<String>) =
         eventually("the crossing recorded", Duration::from_secs(20), || async {
-            sqlx::query_as("SELECT crossing_ts, reconsideration FROM crossed_answers")
-                .fetch_optional(&s.db.pool)
+            threadline_store::testing::threads::any_crossed_answer(&s.db.pool)
                 .await
                 .ok()
                 .flatten()
@@ -504,15 +498,10 @@ async fn marking_a_held_intent_sent_settles_its_decision_and_turn() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (decision, answered): (String, bool) = sqlx::query_as(
-        "SELECT d.status, t.answered_at IS NOT NULL FROM decisions d
-           JOIN turns t ON t.installation_id = d.installation_id AND t.channel_id = d.channel_id AND t.ts = d.source_ts
-          WHERE d.source_ts = $1",
-    )
-    .bind(&q)
-    .fetch_one(&s.db.pool)
-    .await
-    .expect("settled");
+    let (decision, answered) =
+        threadline_store::testing::decisions::status_and_turn_answered(&s.db.pool, &q)
+            .await
+            .expect("settled");
     assert_eq!((decision.as_str(), answered), ("published", true));
     let again = cli(
         &[

@@ -108,13 +108,13 @@ async fn slack_retries_of_a_slow_acknowledged_event_create_one_receipt() {
     .await;
     assert_eq!(deliveries.len(), 3, "{deliveries:?}");
     assert_eq!(deliveries[1]["retry_reason"], "http_timeout");
-    let (receipts, dups, retry_num): (i64, i32, i32) = sqlx::query_as(
-        "SELECT count(*) OVER (), duplicate_deliveries, retry_num FROM event_receipts WHERE event_id = $1",
-    )
-    .bind(&event_id)
-    .fetch_one(&db.pool)
-    .await
-    .expect("receipt");
+    let threadline_store::testing::receipts::DeliveryCounts {
+        receipts,
+        duplicate_deliveries: dups,
+        retry_num,
+    } = threadline_store::testing::receipts::delivery_counts_of_event(&db.pool, &event_id)
+        .await
+        .expect("receipt");
     assert_eq!((receipts, dups, retry_num), (1, 2, 0));
     eventually("three events on the bus", Duration::from_secs(15), || {
         let (js, stream) = (js.clone(), stream.clone());

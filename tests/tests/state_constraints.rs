@@ -10,13 +10,9 @@ use threadline_testkit::TestDb;
 /// The quoted names in a `CHECK (col IN ('a', 'b'))` constraint (Postgres
 /// renders it as `= ANY (ARRAY['a'::text, ...])`).
 async fn allowed(db: &TestDb, constraint: &str) -> BTreeSet<String> {
-    let def: String = sqlx::query_scalar(
-        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = $1",
-    )
-    .bind(constraint)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap_or_else(|e| panic!("constraint {constraint}: {e}"));
+    let def = threadline_store::testing::server::constraint_definition(&db.pool, constraint)
+        .await
+        .unwrap_or_else(|e| panic!("constraint {constraint}: {e}"));
     let names: BTreeSet<String> = def
         .split('\'')
         .skip(1)

@@ -11,18 +11,9 @@ use threadline_tests::{Stack, cli, sim_ctl, sim_get};
 use uuid::Uuid;
 
 async fn rows_of(s: &Stack, inst: Uuid) -> i64 {
-    sqlx::query_scalar(
-        "SELECT (SELECT count(*) FROM threads WHERE installation_id = $1)
-              + (SELECT count(*) FROM thread_messages WHERE installation_id = $1)
-              + (SELECT count(*) FROM turns WHERE installation_id = $1)
-              + (SELECT count(*) FROM channel_kinds WHERE installation_id = $1)
-              + (SELECT count(*) FROM channel_policies WHERE installation_id = $1)
-              + (SELECT count(*) FROM event_receipts WHERE installation_id = $1)",
-    )
-    .bind(inst)
-    .fetch_one(&s.db.pool)
-    .await
-    .expect("counts")
+    threadline_store::testing::threads::count_rows_of_installation(&s.db.pool, inst)
+        .await
+        .expect("counts")
 }
 
 /// Waits until every receipt is terminal.
@@ -33,12 +24,10 @@ async fn settled(s: &Stack, n: i64) {
         || {
             let pool = s.db.pool.clone();
             async move {
-                let (all, open): (i64, i64) = sqlx::query_as(
-                    "SELECT count(*), count(*) FILTER (WHERE state IN ('accepted', 'processing')) FROM event_receipts",
-                )
-                .fetch_one(&pool)
-                .await
-                .ok()?;
+                let (all, open): (i64, i64) =
+                    threadline_store::testing::receipts::count_all_and_open(&pool)
+                        .await
+                        .ok()?;
                 (all >= n && open == 0).then_some(())
             }
         },
@@ -52,9 +41,7 @@ async fn settled(s: &Stack, n: i64) {
 async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
     let s = Stack::start(&[]).await;
     let b = s.add_workspace("Beta").await;
-    let a_inst: Uuid = sqlx::query_scalar("SELECT id FROM installations WHERE team_id = $1")
-        .bind(&s.team)
-        .fetch_one(&s.db.pool)
+    let a_inst: Uuid = threadline_store::testing::installations::id_by_team(&s.db.pool, &s.team)
         .await
         .expect("A's installation");
 
@@ -102,8 +89,7 @@ async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
         let pool = s.db.pool.clone();
         async move {
             let state: String =
-                sqlx::query_scalar("SELECT state FROM reply_intents WHERE event_id = 'EvFORGED2'")
-                    .fetch_one(&pool)
+                threadline_store::testing::intents::state_by_event(&pool, "EvFORGED2")
                     .await
                     .ok()?;
             (state != "pending" && state != "sending").then_some(state)
@@ -117,12 +103,13 @@ async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
 
     // Both were taken as A's (the verified envelope decides), and Slack's
     // side shows no post in B's channel.
-    let forged_inst: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT installation_id FROM event_receipts WHERE event_id LIKE 'EvFORGED%'",
-    )
-    .fetch_all(&s.db.pool)
-    .await
-    .expect("receipts");
+    let forged_inst: Vec<Uuid> =
+        threadline_store::testing::receipts::installation_ids_by_event_like(
+            &s.db.pool,
+            "EvFORGED%",
+        )
+        .await
+        .expect("receipts");
     assert_eq!(forged_inst, [a_inst, a_inst]);
     assert!(s.answers_in(&b.channel, &b_root).await.is_empty());
     let posts = sim_get(
@@ -220,13 +207,10 @@ async fn workspace_a_never_touches_workspace_b_even_with_forged_ids() {
         .collect();
     assert_eq!(ok_in_b.len(), 1);
     assert_eq!(ok_in_b[0]["team_id"], b.team.as_str(), "with B's token");
-    let b_reasons: Vec<Option<String>> = sqlx::query_scalar(
-        "SELECT state_reason FROM event_receipts WHERE installation_id = $1 AND event_type = 'message' AND state = 'ignored' ORDER BY received_at",
-    )
-    .bind(b.inst)
-    .fetch_all(&s.db.pool)
-    .await
-    .expect("B's receipts");
+    let b_reasons: Vec<Option<String>> =
+        threadline_store::testing::receipts::ignored_message_reasons(&s.db.pool, b.inst)
+            .await
+            .expect("B's receipts");
     assert!(
         b_reasons
             .iter()
@@ -266,8 +250,7 @@ async fn removed_while_the_model_runs(how: &str, reason: &str) {
     eventually("the model call started", Duration::from_secs(20), || {
         let pool = s.db.pool.clone();
         async move {
-            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM decisions")
-                .fetch_one(&pool)
+            let n: i64 = threadline_store::testing::decisions::count_rows(&pool)
                 .await
                 .ok()?;
             (n > 0).then_some(())
@@ -286,8 +269,7 @@ async fn removed_while_the_model_runs(how: &str, reason: &str) {
         let pool = s.db.pool.clone();
         async move {
             let d: (String, Option<String>) =
-                sqlx::query_as("SELECT status, status_reason FROM decisions")
-                    .fetch_one(&pool)
+                threadline_store::testing::decisions::first_status_and_reason(&pool)
                     .await
                     .ok()?;
             (d.0 != "calling" && d.0 != "proposed").then_some(d)
@@ -302,8 +284,7 @@ async fn removed_while_the_model_runs(how: &str, reason: &str) {
         )
     );
     let status: (String, Option<String>) =
-        sqlx::query_as("SELECT status, disabled_reason FROM installations")
-            .fetch_one(&s.db.pool)
+        threadline_store::testing::installations::first_status_and_disabled_reason(&s.db.pool)
             .await
             .expect("installation");
     assert_eq!(status, ("disabled".to_owned(), Some(reason.to_owned())));
@@ -315,10 +296,10 @@ async fn removed_while_the_model_runs(how: &str, reason: &str) {
         Some(0),
         "threadline stopped itself; Slack was not even asked"
     );
-    let sealed: Option<Vec<u8>> = sqlx::query_scalar("SELECT bot_token_sealed FROM installations")
-        .fetch_one(&s.db.pool)
-        .await
-        .expect("installation");
+    let sealed: Option<Vec<u8>> =
+        threadline_store::testing::installations::first_bot_token_sealed(&s.db.pool)
+            .await
+            .expect("installation");
     assert!(sealed.is_none(), "the token is purged");
     s.stop().await;
 }

@@ -14,6 +14,7 @@ use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::secrets::{TokenCipher, token_aad};
 use threadline_runtime::worker::Disposition;
 use threadline_slack::WebClient;
+use threadline_store::{policies, testing};
 use threadline_testkit::{TestDb, delete_streams, nats_url, stream_len, unique_prefix};
 use uuid::Uuid;
 
@@ -47,17 +48,19 @@ impl Env {
         let sealed = cipher
             .seal(token.as_bytes(), &token_aad(&inst, "bot"))
             .expect("seal");
-        sqlx::query(
-            "INSERT INTO installations (id, app_id, team_id, bot_user_id, bot_id, bot_token_sealed, bot_token_key_id)
-             VALUES ($1, $2, 'T0TEAM', $3, $4, $5, $6)",
+        testing::installations::insert_installation(
+            &db.pool,
+            &testing::installations::NewInstallation {
+                id: inst,
+                app_id: APP,
+                team_id: "T0TEAM",
+                bot_user_id: BOT_USER,
+                bot_id: BOT_ID,
+                bot_token_sealed: Some(sealed.bytes.as_slice()),
+                bot_token_key_id: Some(sealed.key_id.as_str()),
+                status: "active",
+            },
         )
-        .bind(inst)
-        .bind(APP)
-        .bind(BOT_USER)
-        .bind(BOT_ID)
-        .bind(&sealed.bytes)
-        .bind(&sealed.key_id)
-        .execute(&db.pool)
         .await
         .expect("installation");
         // The test channel is known to be public, as a message event with
@@ -94,18 +97,18 @@ impl Env {
             .unwrap_or("")
             .to_owned();
         let channel = event["channel"].as_str().unwrap_or("C0CHAN").to_owned();
-        sqlx::query(
-            "INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, channel_id, message_ts, event_time)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, now())",
+        testing::receipts::insert_accepted_receipt(
+            &self.db.pool,
+            &testing::receipts::NewAcceptedReceipt {
+                id,
+                installation_id: self.inst,
+                api_app_id: APP,
+                event_id,
+                event_type: event["type"].as_str().unwrap_or("message"),
+                channel_id: &channel,
+                message_ts: &ts,
+            },
         )
-        .bind(id)
-        .bind(self.inst)
-        .bind(APP)
-        .bind(event_id)
-        .bind(event["type"].as_str().unwrap_or("message"))
-        .bind(&channel)
-        .bind(&ts)
-        .execute(&self.db.pool)
         .await
         .expect("receipt");
         let msg = EventAccepted {
@@ -132,17 +135,13 @@ impl Env {
     }
 
     async fn state(&self, receipt: Uuid) -> (String, Option<String>) {
-        sqlx::query_as("SELECT state, state_reason FROM event_receipts WHERE id = $1")
-            .bind(receipt)
-            .fetch_one(&self.db.pool)
+        testing::receipts::receipt_state(&self.db.pool, receipt)
             .await
             .expect("receipt")
     }
 
     async fn version(&self, root: &str) -> i64 {
-        sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM threads WHERE root_ts = $1")
-            .bind(root)
-            .fetch_one(&self.db.pool)
+        testing::threads::max_thread_version(&self.db.pool, root)
             .await
             .expect("version")
     }
@@ -286,12 +285,9 @@ async fn our_own_reply_fed_back_is_recorded_but_produces_no_job() {
         1,
         "our own reply does not bump the version"
     );
-    let kept: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM thread_messages WHERE ts = '200.000009' AND speaker = 'assistant'",
-    )
-    .fetch_one(&env.db.pool)
-    .await
-    .expect("message");
+    let kept = testing::threads::count_messages_by(&env.db.pool, "200.000009", "assistant")
+        .await
+        .expect("message");
     assert_eq!(kept, 1, "our reply is in the thread store");
     env.cleanup().await;
 }
@@ -320,11 +316,9 @@ async fn edits_change_the_thread_only_when_the_text_changes() {
     let changed = env.handle("Ev3", edit("final", "300.000006")).await;
     assert_eq!(env.state(changed).await.1.as_deref(), Some("state_change"));
     assert_eq!(env.version("300.000001").await, 2);
-    let text: String =
-        sqlx::query_scalar("SELECT text FROM thread_messages WHERE ts = '300.000001'")
-            .fetch_one(&env.db.pool)
-            .await
-            .expect("text");
+    let text = testing::threads::message_text(&env.db.pool, "300.000001")
+        .await
+        .expect("text");
     assert_eq!(text, "final");
     env.cleanup().await;
 }
@@ -357,9 +351,7 @@ async fn deleting_the_source_before_processing_cancels_the_work() {
     );
     // Delivered the other way round (the mention is already being worked on): the tombstone still wins.
     let (trigger, payload) = env.receipt("Ev3", mention("401.000001", None)).await;
-    sqlx::query("UPDATE event_receipts SET state = 'processing' WHERE id = $1")
-        .bind(trigger)
-        .execute(&env.db.pool)
+    testing::receipts::set_receipt_state(&env.db.pool, trigger, "processing", None)
         .await
         .expect("claim");
     env.handle("Ev4", json!({"type": "message", "subtype": "message_deleted", "channel": "C0CHAN", "deleted_ts": "401.000001",
@@ -458,16 +450,15 @@ async fn shuffled_duplicated_concurrent_changes_converge_to_one_version_and_cont
             a.await.expect("replica a");
             b.await.expect("replica b");
         }
-        let version: i64 = sqlx::query_scalar("SELECT version FROM threads WHERE root_ts = $1")
-            .bind(root)
-            .fetch_one(&db.pool)
+        let version = testing::threads::thread_version(&db.pool, root)
             .await
             .expect("v");
-        let content: Vec<(String, String, bool)> =
-            sqlx::query_as("SELECT ts, text, deleted FROM thread_messages ORDER BY ts")
-                .fetch_all(&db.pool)
-                .await
-                .expect("content");
+        let content: Vec<(String, String, bool)> = testing::threads::message_contents(&db.pool)
+            .await
+            .expect("content")
+            .into_iter()
+            .map(|m| (m.ts, m.text, m.deleted))
+            .collect();
         results.push((version, content));
     }
     assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:#?}");
@@ -558,19 +549,22 @@ async fn a_mention_in_an_unseen_thread_backfills_it_page_by_page() {
 async fn a_non_marketplace_backfill_stops_at_its_budget_and_says_so() {
     let (api, token, root, ask, _) = sim_thread(40, true).await;
     let env = Env::new(&api, &token, limits(), backfill_limits()).await;
-    sqlx::query("INSERT INTO installation_policies (installation_id, read_limits) VALUES ($1, 'non_marketplace')")
-        .bind(env.inst)
-        .execute(&env.db.pool)
-        .await
-        .expect("policy");
+    policies::set_installation_policy(
+        &env.db.pool,
+        env.inst,
+        &policies::InstallationChanges {
+            read_limits: Some("non_marketplace".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("policy");
     env.handle("Ev1", mention(&ask, Some(&root))).await;
     let c = env.contexts().await.pop().expect("a context");
     assert!(c.backfill_partial, "a partial backfill is never silent");
     // One call a minute, 15 messages a call: the first page, plus the question.
     assert_eq!(c.messages.len(), 16);
-    let state: String = sqlx::query_scalar("SELECT backfill_state FROM threads WHERE root_ts = $1")
-        .bind(&root)
-        .fetch_one(&env.db.pool)
+    let state = testing::threads::backfill_state(&env.db.pool, &root)
         .await
         .expect("thread");
     assert_eq!(state, "partial");
@@ -599,8 +593,7 @@ async fn an_edit_after_the_answer_is_recorded_never_reanswered() {
     env.handle("Ev1", mention("600.000001", None)).await;
     assert_eq!(env.contexts().await.len(), 1);
     // The publisher marks the turn answered when its reply is sent.
-    sqlx::query("UPDATE turns SET answered_at = now() WHERE ts = '600.000001'")
-        .execute(&env.db.pool)
+    testing::threads::set_turn_answered(&env.db.pool, "600.000001")
         .await
         .expect("answered");
     let edit = json!({"type": "message", "subtype": "message_changed", "channel": "C0CHAN", "ts": "600.000009",
@@ -609,12 +602,9 @@ async fn an_edit_after_the_answer_is_recorded_never_reanswered() {
         "previous_message": {"type": "message", "user": "U0ANA", "text": format!("<@{BOT_USER}> what now?"), "ts": "600.000001"}});
     let r = env.handle("Ev2", edit).await;
     assert_eq!(env.state(r).await.1.as_deref(), Some("state_change"));
-    let changed: Option<bool> = sqlx::query_scalar(
-        "SELECT source_changed_after_answer_at IS NOT NULL FROM turns WHERE ts = '600.000001'",
-    )
-    .fetch_optional(&env.db.pool)
-    .await
-    .expect("turn");
+    let changed = testing::threads::source_changed_after_answer(&env.db.pool, "600.000001")
+        .await
+        .expect("turn");
     assert_eq!(changed, Some(true), "recorded as 'answered source changed'");
     assert_eq!(env.contexts().await.len(), 1, "no second automatic answer");
     env.cleanup().await;
@@ -708,8 +698,7 @@ async fn a_reconsideration_rebuilds_the_latest_unanswered_request_at_the_new_ver
         Some("actually it's the cache")
     );
     // Once answered, a reconsideration builds nothing.
-    sqlx::query("UPDATE turns SET answered_at = now()")
-        .execute(&env.db.pool)
+    testing::threads::set_all_turns_answered(&env.db.pool)
         .await
         .expect("answered");
     env.handler.reconsider(&reconsider(2)).await;
@@ -727,13 +716,9 @@ async fn uninstalling_or_revoking_disables_the_installation_and_purges_its_token
     )
     .await;
     // An OAuth installation with token rotation also holds a refresh token.
-    sqlx::query(
-        "UPDATE installations SET refresh_token_sealed = '\\x0102'::bytea, refresh_token_key_id = 'k1' WHERE id = $1",
-    )
-    .bind(env.inst)
-    .execute(&env.db.pool)
-    .await
-    .expect("refresh token");
+    testing::installations::set_refresh_token(&env.db.pool, env.inst, &[0x01, 0x02], "k1")
+        .await
+        .expect("refresh token");
     // A revocation of some other user's token changes nothing.
     let other = env
         .handle(
@@ -755,14 +740,9 @@ async fn uninstalling_or_revoking_disables_the_installation_and_purges_its_token
         env.state(r).await,
         ("done".into(), Some("tokens_revoked".into()))
     );
-    let row: (String, bool) = sqlx::query_as(
-        "SELECT status, num_nonnulls(bot_token_sealed, bot_token_key_id, refresh_token_sealed, refresh_token_key_id) = 0
-           FROM installations WHERE id = $1",
-    )
-    .bind(env.inst)
-    .fetch_one(&env.db.pool)
-    .await
-    .expect("installation");
+    let row = testing::installations::status_and_tokens_purged(&env.db.pool, env.inst)
+        .await
+        .expect("installation");
     assert_eq!(
         row,
         ("disabled".into(), true),
@@ -805,11 +785,16 @@ async fn slack_connect_channels_are_recorded_but_never_answered_until_allowed() 
         1,
         "the message is still part of the thread"
     );
-    sqlx::query("INSERT INTO installation_policies (installation_id, shared_channels_allowed) VALUES ($1, true)")
-        .bind(env.inst)
-        .execute(&env.db.pool)
-        .await
-        .expect("allow");
+    policies::set_installation_policy(
+        &env.db.pool,
+        env.inst,
+        &policies::InstallationChanges {
+            shared_channels_allowed: Some(true),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("allow");
     let (r, payload) = shared(
         env.receipt("Ev2", mention("950.000002", Some("950.000001")))
             .await,
@@ -832,11 +817,14 @@ async fn with_an_allow_list_only_listed_channels_are_answered() {
         backfill_limits(),
     )
     .await;
-    sqlx::query(
-        "INSERT INTO installation_policies (installation_id, allowlist_only) VALUES ($1, true)",
+    policies::set_installation_policy(
+        &env.db.pool,
+        env.inst,
+        &policies::InstallationChanges {
+            allowlist_only: Some(true),
+            ..Default::default()
+        },
     )
-    .bind(env.inst)
-    .execute(&env.db.pool)
     .await
     .expect("allow-list only");
     let (r, payload) = env.receipt("Ev1", mention("960.000001", None)).await;
@@ -847,17 +835,19 @@ async fn with_an_allow_list_only_listed_channels_are_answered() {
     );
     assert!(env.contexts().await.is_empty());
     assert_eq!(env.version("960.000001").await, 1, "still recorded");
-    let channel: String = sqlx::query_scalar("SELECT channel_id FROM event_receipts WHERE id = $1")
-        .bind(r)
-        .fetch_one(&env.db.pool)
+    let channel = testing::receipts::receipt_channel(&env.db.pool, r)
         .await
-        .expect("channel");
-    sqlx::query(
-        "INSERT INTO channel_policies (installation_id, channel_id, allowed) VALUES ($1, $2, true)",
+        .expect("channel")
+        .expect("a channel");
+    policies::set_channel_policy(
+        &env.db.pool,
+        env.inst,
+        &channel,
+        &policies::ChannelChanges {
+            allowed: Some(true),
+            ..Default::default()
+        },
     )
-    .bind(env.inst)
-    .bind(&channel)
-    .execute(&env.db.pool)
     .await
     .expect("allow the channel");
     let (r, payload) = env
@@ -875,11 +865,13 @@ async fn with_an_allow_list_only_listed_channels_are_answered() {
 async fn a_backfill_without_the_history_scope_is_refused_and_marked_partial() {
     let (api, token, root, ask, base) = sim_thread(5, false).await;
     let env = Env::new(&api, &token, limits(), backfill_limits()).await;
-    sqlx::query("UPDATE installations SET scopes = '{app_mentions:read,chat:write}' WHERE id = $1")
-        .bind(env.inst)
-        .execute(&env.db.pool)
-        .await
-        .expect("scopes");
+    testing::installations::set_scopes(
+        &env.db.pool,
+        env.inst,
+        &["app_mentions:read", "chat:write"],
+    )
+    .await
+    .expect("scopes");
     env.handle("Ev1", mention(&ask, Some(&root))).await;
     let c = env
         .contexts()
@@ -970,12 +962,13 @@ async fn a_mention_in_a_private_channel_with_a_c_id_is_denied_until_private_chan
         "a public C channel is answered"
     );
     assert_eq!(env.contexts().await.len(), 1);
-    let kinds: Vec<(String, bool, String)> = sqlx::query_as(
-        "SELECT channel_id, is_private, learned_from FROM channel_kinds WHERE channel_id <> 'C0CHAN' ORDER BY channel_id",
-    )
-    .fetch_all(&env.db.pool)
-    .await
-    .expect("kinds");
+    let kinds: Vec<(String, bool, String)> =
+        testing::channels::learned_kinds_except(&env.db.pool, "C0CHAN")
+            .await
+            .expect("kinds")
+            .into_iter()
+            .map(|k| (k.channel_id, k.is_private, k.learned_from))
+            .collect();
     assert_eq!(
         kinds,
         [
@@ -986,9 +979,7 @@ async fn a_mention_in_a_private_channel_with_a_c_id_is_denied_until_private_chan
 
     // Without a scope to ask, an unknown channel is denied, and Slack is
     // not asked at all.
-    sqlx::query("UPDATE installations SET scopes = '{channels:history,chat:write}' WHERE id = $1")
-        .bind(env.inst)
-        .execute(&env.db.pool)
+    testing::installations::set_scopes(&env.db.pool, env.inst, &["channels:history", "chat:write"])
         .await
         .expect("scopes");
     let r = env.handle("Ev4", in_channel("C0ELSE", "970.000004")).await;
@@ -999,11 +990,16 @@ async fn a_mention_in_a_private_channel_with_a_c_id_is_denied_until_private_chan
     assert_eq!(info_calls().await, 2);
 
     // Allowed: no lookup needed, and the private channel is answered.
-    sqlx::query("INSERT INTO installation_policies (installation_id, private_channels_allowed) VALUES ($1, true)")
-        .bind(env.inst)
-        .execute(&env.db.pool)
-        .await
-        .expect("allow");
+    policies::set_installation_policy(
+        &env.db.pool,
+        env.inst,
+        &policies::InstallationChanges {
+            private_channels_allowed: Some(true),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("allow");
     let r = env.handle("Ev5", in_channel("C0PRIV", "970.000005")).await;
     assert_eq!(env.state(r).await.0, "done");
     assert_eq!(env.contexts().await.len(), 2);
@@ -1079,23 +1075,20 @@ async fn the_windowed_read_builds_the_same_context_as_the_whole_thread() {
             };
             rows.push((ts, speaker, user, bot, text, next(10) == 0));
         }
-        sqlx::query(
-            "INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, user_id, bot_id, text, text_hash, deleted)
-             SELECT $1, 'C0WIN', t.ts, $2, t.speaker, t.user_id, t.bot_id, t.text, 'h', t.deleted
-               FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bool[])
-                    AS t(ts, speaker, user_id, bot_id, text, deleted)",
-        )
-        .bind(env.inst)
-        .bind(&root)
-        .bind(rows.iter().map(|r| r.0.clone()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.1).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.2.clone()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.3).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.4.clone()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.5).collect::<Vec<_>>())
-        .execute(&env.db.pool)
-        .await
-        .expect("thread");
+        let messages: Vec<testing::threads::NewMessage<'_>> = rows
+            .iter()
+            .map(|r| testing::threads::NewMessage {
+                ts: &r.0,
+                speaker: r.1,
+                user_id: r.2.as_deref(),
+                bot_id: r.3,
+                text: &r.4,
+                deleted: r.5,
+            })
+            .collect();
+        testing::threads::insert_thread_messages(&env.db.pool, env.inst, "C0WIN", &root, &messages)
+            .await
+            .expect("thread");
         // The reference: every readable message, oldest first.
         let mut sorted = rows.clone();
         sorted.sort_by(|a, b| {
@@ -1176,9 +1169,7 @@ async fn one_statement_opens_a_batch_of_events_each_as_if_alone() {
     .await;
     let (open, _) = env.receipt("EvOpen", mention("100.000010", None)).await;
     let (done, _) = env.receipt("EvDone", mention("100.000011", None)).await;
-    sqlx::query("UPDATE event_receipts SET state = 'done' WHERE id = $1")
-        .bind(done)
-        .execute(&env.db.pool)
+    testing::receipts::set_receipt_state(&env.db.pool, done, "done", None)
         .await
         .expect("finished before");
     let nobody = Uuid::now_v7();
@@ -1216,9 +1207,7 @@ async fn one_statement_opens_a_batch_of_events_each_as_if_alone() {
         .expect("one statement");
     assert!(!opened[0].begun);
     assert_eq!(env.state(foreign).await.0, "accepted");
-    sqlx::query("UPDATE installations SET status = 'disabled' WHERE id = $1")
-        .bind(env.inst)
-        .execute(&env.db.pool)
+    testing::installations::disable_installation(&env.db.pool, env.inst, None)
         .await
         .expect("disable");
     let opened = store::open_many(&env.db.pool, &[(env.inst, later, ch())])

@@ -13,6 +13,7 @@ use threadline_proto::v1::EventAccepted;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::config::Source;
 use threadline_runtime::shutdown::CancellationToken;
+use threadline_store::testing;
 use threadline_testkit::slack::{
     TEST_SECRET, app_mention, deliver, now_unix, seed_installation, signature,
 };
@@ -108,20 +109,30 @@ impl Env {
         Topology::new(self.prefix.clone()).stream(Topic::Events)
     }
 
-    async fn count(&self, sql: &'static str) -> i64 {
-        sqlx::query_scalar(sql)
-            .fetch_one(&self.db.pool)
-            .await
-            .expect(sql)
+    async fn count(&self, what: Count) -> i64 {
+        let pool = &self.db.pool;
+        match what {
+            Count::Receipts => testing::receipts::count_receipts(pool).await,
+            Count::DuplicateDeliveries => testing::receipts::duplicate_deliveries_total(pool).await,
+            Count::Unparsed => testing::receipts::count_unparsed_events(pool).await,
+            Count::UnparsedOf(event_id) => {
+                testing::receipts::count_unparsed_events_of(pool, event_id).await
+            }
+            Count::Outbox => testing::outbox::count_outbox(pool).await,
+            Count::OutboxDeferred => testing::outbox::count_deferred_outbox(pool).await,
+            Count::Rejections => testing::rejections::count_rejections(pool).await,
+            Count::RateLimitNotices => {
+                testing::rejections::count_app_rate_limit_notices(pool).await
+            }
+        }
+        .unwrap_or_else(|e| panic!("{what:?}: {e}"))
     }
 
     /// Outbox rows ever written: still pending plus published.
     async fn outbox_total(&self) -> i64 {
-        self.count(
-            "SELECT (SELECT count(*) FROM outbox)
-                  + (SELECT coalesce(sum(published_total), 0) FROM outbox_ledger)::bigint",
-        )
-        .await
+        testing::outbox::outbox_total(&self.db.pool)
+            .await
+            .expect("outbox total")
     }
 
     async fn published_len(&self, expected: u64) -> u64 {
@@ -133,10 +144,7 @@ impl Env {
                 let (js, stream) = (self.js.clone(), stream.clone());
                 let pool = self.db.pool.clone();
                 async move {
-                    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
-                        .fetch_one(&pool)
-                        .await
-                        .ok()?;
+                    let pending = testing::outbox::count_outbox(&pool).await.ok()?;
                     let n = stream_len(&js, &stream).await;
                     (pending == 0 && n >= expected).then_some(n)
                 }
@@ -144,6 +152,27 @@ impl Env {
         )
         .await
     }
+}
+
+/// What [`Env::count`] counts.
+#[derive(Debug, Clone, Copy)]
+enum Count {
+    /// Receipts.
+    Receipts,
+    /// Duplicate deliveries summed over the receipts.
+    DuplicateDeliveries,
+    /// Held unparsed bodies.
+    Unparsed,
+    /// Held unparsed bodies of one event id.
+    UnparsedOf(&'static str),
+    /// Pending outbox rows.
+    Outbox,
+    /// Pending outbox rows waiting for a later try.
+    OutboxDeferred,
+    /// Rejected deliveries.
+    Rejections,
+    /// `app_rate_limited` notices.
+    RateLimitNotices,
 }
 
 impl Drop for Env {
@@ -187,13 +216,9 @@ async fn one_event_delivered_many_times_to_two_gateways_yields_one_receipt_and_o
     for r in join_all(deliveries).await {
         assert_eq!(r.expect("delivery").status(), 200);
     }
-    assert_eq!(env.count("SELECT count(*) FROM event_receipts").await, 1);
+    assert_eq!(env.count(Count::Receipts).await, 1);
     assert_eq!(env.outbox_total().await, 1);
-    assert_eq!(
-        env.count("SELECT sum(duplicate_deliveries)::bigint FROM event_receipts")
-            .await,
-        39
-    );
+    assert_eq!(env.count(Count::DuplicateDeliveries).await, 39);
     assert_eq!(env.published_len(1).await, 1);
 
     // The message is the contract, with the dedupe id and identifiers only.
@@ -221,7 +246,7 @@ async fn one_event_delivered_many_times_to_two_gateways_yields_one_receipt_and_o
     let inner: serde_json::Value = serde_json::from_slice(&ev.event_json).expect("event json");
     assert_eq!(inner["type"], "app_mention");
     // Once published, the payload no longer sits in Postgres.
-    assert_eq!(env.count("SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(env.count(Count::Outbox).await, 0);
     assert_eq!(env.outbox_total().await, 1);
 
     // Restart both instances: still one receipt, one message.
@@ -237,13 +262,9 @@ async fn one_event_delivered_many_times_to_two_gateways_yields_one_receipt_and_o
     for r in join_all(again).await {
         assert_eq!(r.expect("delivery").status(), 200);
     }
-    assert_eq!(env.count("SELECT count(*) FROM event_receipts").await, 1);
+    assert_eq!(env.count(Count::Receipts).await, 1);
     assert_eq!(env.outbox_total().await, 1);
-    assert_eq!(
-        env.count("SELECT sum(duplicate_deliveries)::bigint FROM event_receipts")
-            .await,
-        49
-    );
+    assert_eq!(env.count(Count::DuplicateDeliveries).await, 49);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(stream_len(&env.js, &env.events_stream()).await, 1);
     a.stop().await;
@@ -263,7 +284,7 @@ async fn distinct_events_each_get_a_receipt_and_a_message() {
     for r in join_all(deliveries).await {
         assert_eq!(r.expect("delivery").status(), 200);
     }
-    assert_eq!(env.count("SELECT count(*) FROM event_receipts").await, 200);
+    assert_eq!(env.count(Count::Receipts).await, 200);
     assert_eq!(env.published_len(200).await, 200);
     // Both relays ran, and no row was published by both: the ledger counts
     // each PubAck a relay committed (the stream alone would hide a double
@@ -317,8 +338,8 @@ async fn bad_signatures_get_a_bare_401_and_record_nothing() {
             "case {i}: 401 must carry no detail"
         );
     }
-    assert_eq!(env.count("SELECT count(*) FROM event_receipts").await, 0);
-    assert_eq!(env.count("SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(env.count(Count::Receipts).await, 0);
+    assert_eq!(env.count(Count::Outbox).await, 0);
     // The genuine delivery still goes through.
     assert_eq!(
         post(Some(ts), Some(sig), body)
@@ -327,7 +348,7 @@ async fn bad_signatures_get_a_bare_401_and_record_nothing() {
             .status(),
         200
     );
-    assert_eq!(env.count("SELECT count(*) FROM event_receipts").await, 1);
+    assert_eq!(env.count(Count::Receipts).await, 1);
     gw.stop().await;
 }
 
@@ -395,7 +416,7 @@ async fn url_verification_ssl_check_rotation_and_oversized_bodies() {
         .await
         .expect("request");
     assert_eq!(r.status(), 413);
-    assert_eq!(env.count("SELECT count(*) FROM event_receipts").await, 1);
+    assert_eq!(env.count(Count::Receipts).await, 1);
     gw.stop().await;
 }
 
@@ -427,12 +448,21 @@ async fn malformed_and_unroutable_deliveries_are_answered_and_recorded_minimally
             .status(),
         200
     );
-    sqlx::query("INSERT INTO installations (id, app_id, team_id, bot_user_id, bot_id, status) VALUES ($1, $2, 'T0OFF', 'U', 'B', 'disabled')")
-        .bind(uuid::Uuid::now_v7())
-        .bind(APP)
-        .execute(&env.db.pool)
-        .await
-        .expect("insert");
+    testing::installations::insert_installation(
+        &env.db.pool,
+        &testing::installations::NewInstallation {
+            id: uuid::Uuid::now_v7(),
+            app_id: APP,
+            team_id: "T0OFF",
+            bot_user_id: "U",
+            bot_id: "B",
+            bot_token_sealed: None,
+            bot_token_key_id: None,
+            status: "disabled",
+        },
+    )
+    .await
+    .expect("insert");
     let off = serde_json::to_vec(&app_mention(APP, "T0OFF", "Ev0OFF", "C1", "1.2")).expect("json");
     assert_eq!(
         deliver(&env.client, &gw.events(), TEST_SECRET, &off, None)
@@ -474,11 +504,9 @@ async fn malformed_and_unroutable_deliveries_are_answered_and_recorded_minimally
         200
     );
 
-    let reasons: Vec<(String, i64)> =
-        sqlx::query_as("SELECT reason, count(*) FROM rejections GROUP BY reason ORDER BY reason")
-            .fetch_all(&env.db.pool)
-            .await
-            .expect("rejections");
+    let reasons = testing::rejections::rejections_by_reason(&env.db.pool)
+        .await
+        .expect("rejections");
     assert_eq!(
         reasons,
         vec![
@@ -488,20 +516,14 @@ async fn malformed_and_unroutable_deliveries_are_answered_and_recorded_minimally
             ("unknown_installation".into(), 1)
         ]
     );
-    let receipts: Vec<(String, Option<String>)> =
-        sqlx::query_as("SELECT event_id, event_subtype FROM event_receipts")
-            .fetch_all(&env.db.pool)
-            .await
-            .expect("receipts");
+    let receipts = testing::receipts::event_subtypes(&env.db.pool)
+        .await
+        .expect("receipts");
     assert_eq!(
         receipts,
         vec![("Ev0OTH".into(), Some("channel_purpose".into()))]
     );
-    assert_eq!(
-        env.count("SELECT count(*) FROM app_rate_limit_notices")
-            .await,
-        1
-    );
+    assert_eq!(env.count(Count::RateLimitNotices).await, 1);
     gw.stop().await;
 }
 
@@ -521,12 +543,9 @@ async fn retry_headers_are_stored_and_never_drop_a_delivery() {
     .await
     .expect("req");
     assert_eq!(r.status(), 200);
-    let row: (i32, Option<String>) = sqlx::query_as(
-        "SELECT retry_num, retry_reason FROM event_receipts WHERE event_id = 'Ev0RTY'",
-    )
-    .fetch_one(&env.db.pool)
-    .await
-    .expect("receipt");
+    let row = testing::receipts::retry_headers(&env.db.pool, "Ev0RTY")
+        .await
+        .expect("receipt");
     assert_eq!(row, (2, Some("http_timeout".into())));
     assert_eq!(env.published_len(1).await, 1);
     gw.stop().await;
@@ -588,7 +607,7 @@ async fn database_down_gives_503_and_no_message_then_recovers() {
     .await;
     assert_eq!(r.status(), 200);
     assert_eq!(env.published_len(1).await, 1);
-    assert_eq!(env.count("SELECT count(*) FROM event_receipts").await, 1);
+    assert_eq!(env.count(Count::Receipts).await, 1);
     gw.stop().await;
 }
 
@@ -628,44 +647,27 @@ async fn a_failed_publish_leaves_the_row_for_retry() {
         .await
         .expect_err("publish must fail without a stream");
     assert!(format!("{err:#}").contains("not acknowledged"), "{err:#}");
-    let (pending, attempts): (i64, i64) = sqlx::query_as(
-        "SELECT count(*), sum(attempts)::bigint FROM outbox WHERE last_error IS NOT NULL",
-    )
-    .fetch_one(&env.db.pool)
-    .await
-    .expect("outbox");
+    let (pending, attempts) = testing::outbox::failed_outbox(&env.db.pool)
+        .await
+        .expect("outbox");
     assert_eq!((pending, attempts), (3, 3));
 
     // The failed rows wait before their next try instead of blocking others.
-    assert_eq!(
-        env.count("SELECT count(*) FROM outbox WHERE next_attempt_at > now()")
-            .await,
-        3
-    );
+    assert_eq!(env.count(Count::OutboxDeferred).await, 3);
     assert_eq!(relay.relay_once().await.expect("nothing is due yet"), 0);
-    sqlx::query("UPDATE outbox SET next_attempt_at = now()")
-        .execute(&env.db.pool)
+    testing::outbox::make_outbox_due(&env.db.pool)
         .await
         .expect("time passes");
     topology.declare(&env.js).await.expect("declare");
-    assert_eq!(
-        env.count("SELECT count(*) FROM outbox").await,
-        3,
-        "failed rows stay"
-    );
+    assert_eq!(env.count(Count::Outbox).await, 3, "failed rows stay");
     assert_eq!(relay.relay_once().await.expect("relay"), 3);
-    assert_eq!(env.count("SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(env.count(Count::Outbox).await, 0);
     assert_eq!(stream_len(&env.js, &env.events_stream()).await, 3);
     // Publishing the same rows again (a crash between PubAck and commit) is
     // dropped by the stream's duplicate window.
-    sqlx::query(
-        "INSERT INTO outbox (installation_id, receipt_id, topic, msg_id, payload)
-         SELECT installation_id, id, 'events', 'evt:' || api_app_id || ':' || event_id, '\\x00'::bytea
-           FROM event_receipts",
-    )
-    .execute(&env.db.pool)
-    .await
-    .expect("re-queue");
+    testing::outbox::requeue_every_receipt(&env.db.pool)
+        .await
+        .expect("re-queue");
     assert_eq!(relay.relay_once().await.expect("relay"), 3);
     assert_eq!(stream_len(&env.js, &env.events_stream()).await, 3);
     gw.stop().await;
@@ -682,22 +684,15 @@ async fn post(env: &Env, gw: &Gateway, body: &[u8], retry: Option<(u32, &str)>) 
     (r.status().as_u16(), no_retry)
 }
 
-/// `(state, parse_error, installation_id, duplicate_deliveries)` of a receipt.
-async fn receipt(env: &Env, event_id: &str) -> (String, Option<String>, Option<uuid::Uuid>, i32) {
-    sqlx::query_as(
-        "SELECT state, parse_error, installation_id, duplicate_deliveries FROM event_receipts WHERE event_id = $1",
-    )
-    .bind(event_id)
-    .fetch_one(&env.db.pool)
-    .await
-    .expect(event_id)
+/// The state, parse error, installation and duplicate deliveries of a receipt.
+async fn receipt(env: &Env, event_id: &str) -> testing::receipts::Intake {
+    testing::receipts::intake_by_event(&env.db.pool, event_id)
+        .await
+        .expect(event_id)
 }
 
 async fn installation(env: &Env, team: &str) -> uuid::Uuid {
-    sqlx::query_scalar("SELECT id FROM installations WHERE app_id = $1 AND team_id = $2")
-        .bind(APP)
-        .bind(team)
-        .fetch_one(&env.db.pool)
+    testing::installations::installation_id(&env.db.pool, APP, team)
         .await
         .expect("installation")
 }
@@ -718,35 +713,34 @@ async fn slacks_documented_app_mention_is_accepted_with_its_outbox_row() {
     let doc = threadline_testkit::fixture("events/app_mention.slack-docs.json");
     assert_eq!(post(&env, &gw, &doc, None).await, (200, false));
 
-    let (state, parse_error, installation_id, _) = receipt(&env, "Ev0LAN670R").await;
+    let testing::receipts::Intake {
+        state,
+        parse_error,
+        installation_id,
+        ..
+    } = receipt(&env, "Ev0LAN670R").await;
     assert_eq!(
         (state.as_str(), parse_error, installation_id),
         ("accepted", None, Some(inst))
     );
-    let (event_type, channel, thread_ts, event_time): (String, String, String, i64) =
-        sqlx::query_as(
-            "SELECT event_type, channel_id, thread_ts, extract(epoch FROM event_time)::bigint
-               FROM event_receipts WHERE event_id = 'Ev0LAN670R'",
-        )
-        .fetch_one(&env.db.pool)
+    let e = testing::receipts::parsed_event_by_event(&env.db.pool, "Ev0LAN670R")
         .await
         .expect("receipt");
     assert_eq!(
         (
-            event_type.as_str(),
-            channel.as_str(),
-            thread_ts.as_str(),
-            event_time
+            e.event_type.as_str(),
+            e.channel_id.as_deref(),
+            e.thread_ts.as_deref(),
+            e.event_time_secs
         ),
         (
             "app_mention",
-            "C0LAN2Q65",
-            "1515449522.000016",
-            1_515_449_522
+            Some("C0LAN2Q65"),
+            Some("1515449522.000016"),
+            Some(1_515_449_522)
         )
     );
-    let payload: Vec<u8> = sqlx::query_scalar("SELECT payload FROM outbox")
-        .fetch_one(&env.db.pool)
+    let payload = testing::outbox::outbox_payload(&env.db.pool)
         .await
         .expect("exactly one outbox row");
     let ev = EventAccepted::decode(payload.as_slice()).expect("EventAccepted");
@@ -754,8 +748,8 @@ async fn slacks_documented_app_mention_is_accepted_with_its_outbox_row() {
         (ev.event_id.as_str(), ev.event_time, ev.team_id.as_str()),
         ("Ev0LAN670R", 1_515_449_522, "T061EG9R6")
     );
-    assert_eq!(env.count("SELECT count(*) FROM rejections").await, 0);
-    assert_eq!(env.count("SELECT count(*) FROM unparsed_events").await, 0);
+    assert_eq!(env.count(Count::Rejections).await, 0);
+    assert_eq!(env.count(Count::Unparsed).await, 0);
     gw.stop().await;
 }
 
@@ -830,7 +824,12 @@ async fn deliveries_with_an_identity_that_do_not_parse_are_held_as_unparsed() {
     ];
     for (id, _, body, code, inst) in &cases {
         assert_eq!(post(&env, &gw, body, None).await, (200, false), "{id}");
-        let (state, parse_error, installation_id, dups) = receipt(&env, id).await;
+        let testing::receipts::Intake {
+            state,
+            parse_error,
+            installation_id,
+            duplicate_deliveries: dups,
+        } = receipt(&env, id).await;
         assert_eq!(
             (state.as_str(), installation_id, dups),
             ("unparsed", *inst, 0),
@@ -842,21 +841,18 @@ async fn deliveries_with_an_identity_that_do_not_parse_are_held_as_unparsed() {
             "{id}: {parse_error}"
         );
         // The stored body is the delivery exactly, for replay.
-        let stored: Vec<u8> = sqlx::query_scalar(
-            "SELECT u.body FROM unparsed_events u JOIN event_receipts r ON r.id = u.receipt_id WHERE r.event_id = $1",
-        )
-        .bind(id)
-        .fetch_one(&env.db.pool)
-        .await
-        .expect("stored body");
+        let stored = testing::receipts::unparsed_body(&env.db.pool, id)
+            .await
+            .expect("stored body");
         assert_eq!(&stored, body, "{id}");
     }
     // The reason names fields, never the values that were sent.
-    let reasons: Vec<String> =
-        sqlx::query_scalar("SELECT parse_error FROM event_receipts ORDER BY event_id")
-            .fetch_all(&env.db.pool)
-            .await
-            .expect("reasons");
+    let reasons: Vec<String> = testing::receipts::parse_errors(&env.db.pool)
+        .await
+        .expect("reasons")
+        .into_iter()
+        .map(|r| r.expect("a reason"))
+        .collect();
     assert!(
         reasons
             .iter()
@@ -872,18 +868,12 @@ async fn deliveries_with_an_identity_that_do_not_parse_are_held_as_unparsed() {
             (200, false)
         );
     }
-    assert_eq!(receipt(&env, "Ev0TS").await.3, 2);
-    assert_eq!(
-        env.count("SELECT count(*) FROM event_receipts").await,
-        cases.len() as i64
-    );
-    assert_eq!(
-        env.count("SELECT count(*) FROM unparsed_events").await,
-        cases.len() as i64
-    );
+    assert_eq!(receipt(&env, "Ev0TS").await.duplicate_deliveries, 2);
+    assert_eq!(env.count(Count::Receipts).await, cases.len() as i64);
+    assert_eq!(env.count(Count::Unparsed).await, cases.len() as i64);
     // Nothing goes downstream, and nothing was rejected.
-    assert_eq!(env.count("SELECT count(*) FROM outbox").await, 0);
-    assert_eq!(env.count("SELECT count(*) FROM rejections").await, 0);
+    assert_eq!(env.count(Count::Outbox).await, 0);
+    assert_eq!(env.count(Count::Rejections).await, 0);
 
     // What the parser tolerates is a normal receipt: an unknown block type
     // (blocks are not parsed at intake) and an unknown, well-named event type.
@@ -904,13 +894,10 @@ async fn deliveries_with_an_identity_that_do_not_parse_are_held_as_unparsed() {
     for body in [&blocks, &other] {
         assert_eq!(post(&env, &gw, body, None).await, (200, false));
     }
-    assert_eq!(receipt(&env, "Ev0BLK").await.0, "accepted");
-    assert_eq!(receipt(&env, "Ev0NEW").await.0, "accepted");
-    assert_eq!(env.count("SELECT count(*) FROM outbox").await, 2);
-    assert_eq!(
-        env.count("SELECT count(*) FROM unparsed_events").await,
-        cases.len() as i64
-    );
+    assert_eq!(receipt(&env, "Ev0BLK").await.state, "accepted");
+    assert_eq!(receipt(&env, "Ev0NEW").await.state, "accepted");
+    assert_eq!(env.count(Count::Outbox).await, 2);
+    assert_eq!(env.count(Count::Unparsed).await, cases.len() as i64);
     gw.stop().await;
 }
 
@@ -935,12 +922,9 @@ async fn deliveries_without_an_identity_are_refused_without_retry_and_recorded()
             String::from_utf8_lossy(body)
         );
     }
-    assert_eq!(
-        env.count("SELECT count(*) FROM rejections").await,
-        bodies.len() as i64
-    );
-    assert_eq!(env.count("SELECT count(*) FROM event_receipts").await, 0);
-    assert_eq!(env.count("SELECT count(*) FROM unparsed_events").await, 0);
+    assert_eq!(env.count(Count::Rejections).await, bodies.len() as i64);
+    assert_eq!(env.count(Count::Receipts).await, 0);
+    assert_eq!(env.count(Count::Unparsed).await, 0);
     gw.stop().await;
 }
 
@@ -970,10 +954,10 @@ async fn an_unparsed_delivery_gets_503_while_postgres_is_down_then_is_held_once(
         },
     )
     .await;
-    assert_eq!(receipt(&env, "Ev0UDN").await.0, "unparsed");
-    assert_eq!(env.count("SELECT count(*) FROM event_receipts").await, 1);
-    assert_eq!(env.count("SELECT count(*) FROM unparsed_events").await, 1);
-    assert_eq!(env.count("SELECT count(*) FROM rejections").await, 0);
+    assert_eq!(receipt(&env, "Ev0UDN").await.state, "unparsed");
+    assert_eq!(env.count(Count::Receipts).await, 1);
+    assert_eq!(env.count(Count::Unparsed).await, 1);
+    assert_eq!(env.count(Count::Rejections).await, 0);
     gw.stop().await;
 }
 
@@ -992,20 +976,20 @@ async fn replaying_an_unparsed_receipt_after_an_upgrade_accepts_it_once_and_dele
         let pool = env.db.pool.clone();
         async move {
             let rid = uuid::Uuid::now_v7();
-            sqlx::query(
-                "WITH r AS (INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, team_id, event_type,
-                                                        state, parse_error, retry_num)
-                            VALUES ($1, $2, $3, $4, $5, 'app_mention', 'unparsed',
-                                    'wrong_type: `event_time` has the wrong JSON type', 1))
-                 INSERT INTO unparsed_events (receipt_id, body) VALUES ($1, $6)",
+            testing::receipts::insert_unparsed_receipt(
+                &pool,
+                &testing::receipts::NewUnparsedReceipt {
+                    id: rid,
+                    installation_id: installation,
+                    api_app_id: APP,
+                    event_id: id,
+                    team_id: team,
+                    event_type: "app_mention",
+                    parse_error: "wrong_type: `event_time` has the wrong JSON type",
+                    retry_num: 1,
+                    body: &serde_json::to_vec(&v).expect("json"),
+                },
             )
-            .bind(rid)
-            .bind(installation)
-            .bind(APP)
-            .bind(id)
-            .bind(team)
-            .bind(serde_json::to_vec(&v).expect("json"))
-            .execute(&pool)
             .await
             .expect("an unparsed receipt");
             rid
@@ -1020,11 +1004,9 @@ async fn replaying_an_unparsed_receipt_after_an_upgrade_accepts_it_once_and_dele
         post(&env, &gw, &serde_json::to_vec(&v).expect("json"), None).await,
         (200, false)
     );
-    let bad: uuid::Uuid =
-        sqlx::query_scalar("SELECT id FROM event_receipts WHERE event_id = 'Ev0BAD'")
-            .fetch_one(&env.db.pool)
-            .await
-            .expect("id");
+    let bad = testing::receipts::receipt_id_by_event(&env.db.pool, "Ev0BAD")
+        .await
+        .expect("id");
 
     assert_eq!(
         replay(&env.db.pool, old).await.expect("replay"),
@@ -1033,31 +1015,28 @@ async fn replaying_an_unparsed_receipt_after_an_upgrade_accepts_it_once_and_dele
             event_type: "app_mention".into()
         }
     );
-    let row: (String, Option<uuid::Uuid>, Option<String>, Option<String>, i64) = sqlx::query_as(
-        "SELECT state, installation_id, channel_id, thread_ts, extract(epoch FROM event_time)::bigint
-           FROM event_receipts WHERE id = $1",
-    )
-    .bind(old)
-    .fetch_one(&env.db.pool)
-    .await
-    .expect("receipt");
+    let e = testing::receipts::parsed_event(&env.db.pool, old)
+        .await
+        .expect("receipt");
     assert_eq!(
-        row,
+        (
+            e.state,
+            e.installation_id,
+            e.channel_id,
+            e.thread_ts,
+            e.event_time_secs
+        ),
         (
             "accepted".into(),
             Some(inst),
             Some("C0TEST".into()),
             Some("1700000000.000600".into()),
-            1_700_000_000
+            Some(1_700_000_000)
         )
     );
     // The body (message text) is gone with the replay; the relay publishes
     // the event like any other, under the receipt's id.
-    assert_eq!(
-        env.count("SELECT count(*) FROM unparsed_events WHERE receipt_id IN (SELECT id FROM event_receipts WHERE event_id = 'Ev0OLD')")
-            .await,
-        0
-    );
+    assert_eq!(env.count(Count::UnparsedOf("Ev0OLD")).await, 0);
     assert_eq!(env.published_len(1).await, 1);
     let stream = env
         .js
@@ -1117,13 +1096,9 @@ async fn replaying_an_unparsed_receipt_after_an_upgrade_accepts_it_once_and_dele
             .expect("replay"),
         Replay::NotFound
     );
-    let held: Vec<String> = sqlx::query_scalar(
-        "SELECT r.event_id FROM event_receipts r JOIN unparsed_events u ON u.receipt_id = r.id
-          WHERE r.state = 'unparsed' ORDER BY r.event_id",
-    )
-    .fetch_all(&env.db.pool)
-    .await
-    .expect("held");
+    let held = testing::receipts::held_unparsed_event_ids(&env.db.pool)
+        .await
+        .expect("held");
     assert_eq!(held, ["Ev0BAD", "Ev0STR"]);
     assert_eq!(env.outbox_total().await, 1);
     gw.stop().await;

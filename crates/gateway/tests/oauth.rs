@@ -9,6 +9,7 @@ use threadline_gateway::GatewayConfig;
 use threadline_runtime::config::Source;
 use threadline_runtime::secrets::{Sealed, TokenCipher, token_aad};
 use threadline_runtime::shutdown::CancellationToken;
+use threadline_store::testing;
 use threadline_testkit::slack::TEST_SECRET;
 use threadline_testkit::{TestDb, eventually, nats_url, unique_prefix};
 
@@ -193,8 +194,7 @@ impl Flow {
     }
 
     async fn installations(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM installations")
-            .fetch_one(&self.db.pool)
+        testing::installations::count_installations(&self.db.pool)
             .await
             .expect("count")
     }
@@ -208,19 +208,17 @@ async fn an_install_stores_the_workspace_with_its_token_sealed() {
     let (status, page) = f.callback(&callback, &cookie).await;
     assert_eq!(status, 200, "{page}");
     assert!(page.contains("threadline is installed") && page.contains("Acme"));
-    let (id, team, bot_id, scopes, sealed, key): (
-        uuid::Uuid,
-        String,
-        String,
-        Vec<String>,
-        Vec<u8>,
-        String,
-    ) = sqlx::query_as(
-        "SELECT id, team_id, bot_id, scopes, bot_token_sealed, bot_token_key_id FROM installations",
-    )
-    .fetch_one(&f.db.pool)
-    .await
-    .expect("installation");
+    let installed = testing::installations::first_installation(&f.db.pool)
+        .await
+        .expect("installation");
+    let (id, team, bot_id, scopes, sealed, key) = (
+        installed.id,
+        installed.team_id.expect("a workspace install has its team"),
+        installed.bot_id,
+        installed.scopes,
+        installed.bot_token_sealed.expect("a sealed bot token"),
+        installed.bot_token_key_id.expect("the sealing key's id"),
+    );
     assert_eq!(team, f.team);
     assert!(bot_id.starts_with('B'));
     assert_eq!(
@@ -259,8 +257,7 @@ async fn foreign_expired_missing_and_declined_states_install_nothing() {
     // Expired.
     let (consent, cookie) = f.start().await;
     let callback = f.approve(&consent).await;
-    sqlx::query("UPDATE oauth_states SET expires_at = now() - interval '1 second'")
-        .execute(&f.db.pool)
+    testing::installations::expire_oauth_states(&f.db.pool)
         .await
         .expect("expire");
     assert_eq!(f.callback(&callback, &cookie).await.0, 400);
@@ -309,19 +306,17 @@ async fn an_org_wide_install_serves_every_workspace_of_the_enterprise_and_no_oth
     let (status, page) = f.callback(&callback, &cookie).await;
     assert_eq!(status, 200, "{page}");
     assert!(page.contains("E0ACME"), "{page}");
-    let (id, org_wide, enterprise, team_id, sealed, key): (
-        uuid::Uuid,
-        bool,
-        Option<String>,
-        Option<String>,
-        Vec<u8>,
-        String,
-    ) = sqlx::query_as(
-        "SELECT id, is_enterprise_install, enterprise_id, team_id, bot_token_sealed, bot_token_key_id FROM installations",
-    )
-    .fetch_one(&f.db.pool)
-    .await
-    .expect("installation");
+    let installed = testing::installations::first_installation(&f.db.pool)
+        .await
+        .expect("installation");
+    let (id, org_wide, enterprise, team_id, sealed, key) = (
+        installed.id,
+        installed.is_enterprise_install,
+        installed.enterprise_id,
+        installed.team_id,
+        installed.bot_token_sealed.expect("a sealed bot token"),
+        installed.bot_token_key_id.expect("the sealing key's id"),
+    );
     assert_eq!(
         (org_wide, enterprise.as_deref(), team_id),
         (true, Some("E0ACME"), None),
@@ -361,22 +356,22 @@ async fn an_org_wide_install_serves_every_workspace_of_the_enterprise_and_no_oth
         .expect("deliver");
         assert_eq!(r.status(), 200);
     }
-    let receipts: Vec<(String, uuid::Uuid)> =
-        sqlx::query_as("SELECT event_id, installation_id FROM event_receipts ORDER BY event_id")
-            .fetch_all(&f.db.pool)
-            .await
-            .expect("receipts");
+    let receipts = testing::receipts::event_installations(&f.db.pool)
+        .await
+        .expect("receipts");
     assert_eq!(
         receipts,
-        [("EvOPS".to_owned(), id), ("EvSALES".to_owned(), id)]
+        [
+            ("EvOPS".to_owned(), Some(id)),
+            ("EvSALES".to_owned(), Some(id))
+        ]
     );
-    let rejected: Vec<(String, String)> = sqlx::query_as("SELECT event_id, reason FROM rejections")
-        .fetch_all(&f.db.pool)
+    let rejected = testing::rejections::rejected_events(&f.db.pool)
         .await
         .expect("rejections");
     assert_eq!(
         rejected,
-        [("EvELSE".to_owned(), "unknown_installation".to_owned())]
+        [(Some("EvELSE".to_owned()), "unknown_installation".to_owned())]
     );
     f.stop.cancel();
 }

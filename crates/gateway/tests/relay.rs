@@ -11,7 +11,7 @@ use threadline_gateway::relay::{Relay, RelayConfig};
 use threadline_proto::v1::EventAccepted;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::shutdown::CancellationToken;
-use threadline_store::outbox;
+use threadline_store::{outbox, testing};
 use threadline_testkit::{TestDb, eventually, nats_url, stream_len, unique_prefix};
 use uuid::Uuid;
 
@@ -68,11 +68,18 @@ impl Env {
         ids
     }
 
-    async fn count(&self, sql: &'static str) -> i64 {
-        sqlx::query_scalar(sql)
-            .fetch_one(&self.db.pool)
+    /// Pending outbox rows.
+    async fn pending(&self) -> i64 {
+        testing::outbox::count_outbox(&self.db.pool)
             .await
-            .expect(sql)
+            .expect("pending rows")
+    }
+
+    /// The ledger's count of events published.
+    async fn published_events(&self) -> i64 {
+        testing::outbox::published_total(&self.db.pool, "events")
+            .await
+            .expect("published events")
     }
 
     /// The event ids of the events stream's messages, in stream order.
@@ -131,19 +138,15 @@ async fn a_relay_holds_no_lock_or_transaction_while_the_broker_answers() {
     }
     assert!(!round.is_finished(), "the round waits for its PubAcks");
 
-    let locked = sqlx::query_scalar::<_, i64>("SELECT id FROM outbox FOR UPDATE NOWAIT")
-        .fetch_all(&env.db.pool)
-        .await;
+    let locked = testing::outbox::lock_outbox_nowait(&env.db.pool).await;
     assert!(
         matches!(&locked, Ok(rows) if rows.len() == 3),
         "the rows are not locked while the broker answers: {locked:?}"
     );
     assert_eq!(
-        env.count(
-            "SELECT count(*) FROM pg_stat_activity
-              WHERE datname = current_database() AND state LIKE 'idle in transaction%'"
-        )
-        .await,
+        testing::server::idle_in_transaction_sessions(&env.db.pool)
+            .await
+            .expect("sessions"),
         0,
         "no session waits inside a transaction"
     );
@@ -158,10 +161,9 @@ async fn a_relay_holds_no_lock_or_transaction_while_the_broker_answers() {
         .expect_err("no PubAck came");
     assert!(format!("{err:#}").contains("not acknowledged"), "{err:#}");
     assert_eq!(
-        env.count(
-            "SELECT count(*) FROM outbox WHERE attempts = 1 AND last_error = 'puback: timed out'"
-        )
-        .await,
+        testing::outbox::count_failed_with(&env.db.pool, 1, "puback: timed out")
+            .await
+            .expect("failed rows"),
         3,
         "unacknowledged rows stay, marked for a later try"
     );
@@ -186,21 +188,16 @@ async fn rows_claimed_by_a_relay_that_died_are_published_once_after_the_lease() 
         0,
         "leased rows wait for their lease"
     );
-    assert_eq!(env.count("SELECT count(*) FROM outbox").await, 5);
+    assert_eq!(env.pending().await, 5);
 
     // The lease ends.
-    sqlx::query("UPDATE outbox SET next_attempt_at = now()")
-        .execute(&env.db.pool)
+    testing::outbox::make_outbox_due(&env.db.pool)
         .await
         .expect("time passes");
     assert_eq!(relay.relay_once().await.expect("round"), 5);
-    assert_eq!(env.count("SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(env.pending().await, 0);
     assert_eq!(env.stream_event_ids().await, queued);
-    assert_eq!(
-        env.count("SELECT published_total FROM outbox_ledger WHERE topic = 'events'")
-            .await,
-        5
-    );
+    assert_eq!(env.published_events().await, 5);
 
     // The relay that died comes back and settles what it had claimed: the
     // rows are gone, and nothing is counted again.
@@ -219,11 +216,7 @@ async fn rows_claimed_by_a_relay_that_died_are_published_once_after_the_lease() 
             .expect("settle"),
         0
     );
-    assert_eq!(
-        env.count("SELECT published_total FROM outbox_ledger WHERE topic = 'events'")
-            .await,
-        5
-    );
+    assert_eq!(env.published_events().await, 5);
 }
 
 /// A relay with several rounds in flight (small batches, a deep pipeline)
@@ -242,10 +235,7 @@ async fn a_pipelined_relay_publishes_in_outbox_order() {
     eventually("the outbox drains", Duration::from_secs(30), || {
         let pool = env.db.pool.clone();
         async move {
-            let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
-                .fetch_one(&pool)
-                .await
-                .ok()?;
+            let left = testing::outbox::count_outbox(&pool).await.ok()?;
             (left == 0).then_some(())
         }
     })
@@ -253,9 +243,5 @@ async fn a_pipelined_relay_publishes_in_outbox_order() {
     stop.cancel();
     running.await.expect("relay task");
     assert_eq!(env.stream_event_ids().await, queued);
-    assert_eq!(
-        env.count("SELECT published_total FROM outbox_ledger WHERE topic = 'events'")
-            .await,
-        300
-    );
+    assert_eq!(env.published_events().await, 300);
 }

@@ -18,6 +18,7 @@ use threadline_proto::v1::{ContextMessage, ContextReady, ProposalReady};
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::config::Source;
 use threadline_runtime::worker::Disposition;
+use threadline_store::testing;
 use threadline_testkit::{TestDb, delete_streams, nats_url, stream_len, unique_prefix};
 use uuid::Uuid;
 
@@ -183,10 +184,8 @@ impl Env {
         (receipt, msg.encode_to_vec())
     }
 
-    async fn decision(&self, receipt: Uuid) -> (String, Option<String>, Vec<String>, bool, String) {
-        sqlx::query_as("SELECT status, status_reason, review_reasons, fallback, action_kind FROM decisions WHERE receipt_id = $1")
-            .bind(receipt)
-            .fetch_one(&self.db.pool)
+    async fn decision(&self, receipt: Uuid) -> testing::decisions::Decided {
+        testing::decisions::decided_for_receipt(&self.db.pool, receipt)
             .await
             .expect("decision")
     }
@@ -255,7 +254,7 @@ async fn the_builtin_model_answers_labelled_and_bound_once_per_version() {
         "AI-generated — verify before relying on it"
     );
     assert_eq!(p.body_hash.len(), 64);
-    assert_eq!(env.decision(receipt).await.0, "proposed");
+    assert_eq!(env.decision(receipt).await.status, "proposed");
     // A newer version of the same event is a new binding.
     let msg = ContextReady {
         thread_version: 5,
@@ -297,7 +296,7 @@ async fn an_engaged_kill_switch_stops_the_model_call_and_records_why() {
     );
     let d = env.decision(second).await;
     assert_eq!(
-        (d.0.as_str(), d.1.as_deref()),
+        (d.status.as_str(), d.status_reason.as_deref()),
         (
             "suppressed",
             Some(format!("installation:{}", env.inst).as_str())
@@ -308,7 +307,7 @@ async fn an_engaged_kill_switch_stops_the_model_call_and_records_why() {
         1,
         "only the first job proposed"
     );
-    assert_eq!(env.decision(first).await.0, "proposed");
+    assert_eq!(env.decision(first).await.status, "proposed");
     threadline_store::kill_switches::set(
         &env.db.pool,
         "installation",
@@ -324,7 +323,10 @@ async fn an_engaged_kill_switch_stops_the_model_call_and_records_why() {
         .expect("engage");
     let (third, payload) = env.context(&["and again"], 1);
     env.handler.handle(&payload).await;
-    assert_eq!(env.decision(third).await.1.as_deref(), Some("global"));
+    assert_eq!(
+        env.decision(third).await.status_reason.as_deref(),
+        Some("global")
+    );
     env.cleanup().await;
 }
 
@@ -369,12 +371,12 @@ async fn prompt_injection_cannot_reach_secrets_instructions_or_tools() {
     }
     let d1 = env.decision(r1).await;
     assert_eq!(
-        (d1.0.as_str(), d1.2.clone()),
+        (d1.status.as_str(), d1.review_reasons.clone()),
         ("review", vec!["secret_like".to_owned()])
     );
     let d2 = env.decision(r2).await;
     assert_eq!(
-        (d2.0.as_str(), d2.4.as_str()),
+        (d2.status.as_str(), d2.action_kind.as_str()),
         ("review", "tool:delete_channel")
     );
     assert!(
@@ -404,7 +406,11 @@ async fn failures_fall_back_to_a_labelled_message_and_open_the_breaker() {
         let (receipt, payload) = env.context(&[&format!("q{i}")], 1);
         env.handler.handle(&payload).await;
         let d = env.decision(receipt).await;
-        assert_eq!((d.0.as_str(), d.3), ("proposed", true), "attempt {i}");
+        assert_eq!(
+            (d.status.as_str(), d.fallback),
+            ("proposed", true),
+            "attempt {i}"
+        );
     }
     assert_eq!(
         e.requests.lock().expect("lock").len(),
@@ -470,9 +476,7 @@ async fn a_removed_installation_gets_no_model_call() {
         ("THREADLINE_MODEL_NAME", "m"),
     ])
     .await;
-    sqlx::query("UPDATE installations SET status = 'disabled', disabled_reason = 'app_uninstalled' WHERE id = $1")
-        .bind(env.inst)
-        .execute(&env.db.pool)
+    testing::installations::disable_installation(&env.db.pool, env.inst, Some("app_uninstalled"))
         .await
         .expect("disable");
     let (receipt, payload) = env.context(&["help"], 1);
@@ -480,7 +484,7 @@ async fn a_removed_installation_gets_no_model_call() {
     assert_eq!(e.requests.lock().expect("lock").len(), 0);
     let d = env.decision(receipt).await;
     assert_eq!(
-        (d.0.as_str(), d.1.as_deref()),
+        (d.status.as_str(), d.status_reason.as_deref()),
         ("cancelled", Some("installation_disabled"))
     );
     assert!(env.proposals().await.is_empty());
@@ -522,7 +526,7 @@ async fn a_redelivery_takes_over_the_lease_its_failed_delivery_left_and_no_one_e
         env.handler.handle(&payload).await,
         Disposition::Defer(_)
     ));
-    assert_eq!(env.decision(receipt).await.0, "calling");
+    assert_eq!(env.decision(receipt).await.status, "calling");
     assert!(env.proposals().await.is_empty());
 
     // The redelivery of message 41 goes on without waiting 50 s.
@@ -530,7 +534,7 @@ async fn a_redelivery_takes_over_the_lease_its_failed_delivery_left_and_no_one_e
         env.handler.handle_delivery(&payload, Some(41)).await,
         Disposition::Done
     ));
-    assert_eq!(env.decision(receipt).await.0, "proposed");
+    assert_eq!(env.decision(receipt).await.status, "proposed");
     assert_eq!(env.proposals().await.len(), 1);
     // And once settled, nothing calls the model again.
     assert!(matches!(
@@ -581,7 +585,11 @@ async fn slack_markup_in_model_text_is_escaped_and_routed_to_review() {
         receipts.push(receipt);
     }
     for ((text, reasons), receipt) in cases.iter().zip(&receipts) {
-        let (status, _, got, _, _) = env.decision(*receipt).await;
+        let testing::decisions::Decided {
+            status,
+            review_reasons: got,
+            ..
+        } = env.decision(*receipt).await;
         let want: Vec<String> = reasons.iter().map(|r| (*r).to_owned()).collect();
         assert_eq!(got, want, "{text}");
         assert_eq!(
@@ -593,12 +601,10 @@ async fn slack_markup_in_model_text_is_escaped_and_routed_to_review() {
             },
             "{text}"
         );
-        let (body, blocks): (String, Value) =
-            sqlx::query_as("SELECT body_text, body_blocks FROM decisions WHERE receipt_id = $1")
-                .bind(receipt)
-                .fetch_one(&env.db.pool)
-                .await
-                .expect("stored answer");
+        let (body, blocks) = testing::decisions::decision_body(&env.db.pool, *receipt)
+            .await
+            .expect("stored answer");
+        let (body, blocks) = (body.expect("body text"), blocks.expect("body blocks"));
         let section = blocks[0]["text"]["text"]
             .as_str()
             .expect("section")
@@ -626,7 +632,7 @@ async fn slack_markup_in_model_text_is_escaped_and_routed_to_review() {
     let (receipt, payload) = env.context(&["one more"], 1);
     env.handler.handle(&payload).await;
     let d = env.decision(receipt).await;
-    assert_eq!((d.0.as_str(), d.3), ("proposed", true));
+    assert_eq!((d.status.as_str(), d.fallback), ("proposed", true));
     let ps = env.proposals().await;
     assert!(
         ps[1]
@@ -646,7 +652,7 @@ async fn the_builtin_model_quotes_a_mention_as_plain_words() {
     let env = Env::new(&[]).await;
     let (receipt, payload) = env.context(&["deploy failed", "<@U0BOT> why? see <#C1|ops>"], 3);
     env.handler.handle(&payload).await;
-    assert_eq!(env.decision(receipt).await.0, "proposed");
+    assert_eq!(env.decision(receipt).await.status, "proposed");
     let ps = env.proposals().await;
     assert_eq!(ps.len(), 1);
     assert!(
@@ -789,9 +795,7 @@ async fn one_claim_statement_serves_a_batch_and_no_binding_is_claimed_twice() {
     assert!(found[..5].iter().all(|f| f.active && f.switch.is_none()));
     assert!(found[5].active);
     assert_eq!(found[5].switch, Some(format!("installation:{other}")));
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM decisions WHERE receipt_id = $1")
-        .bind(new_r)
-        .fetch_one(pool)
+    let rows = testing::decisions::count_decisions_for_receipt(pool, new_r)
         .await
         .expect("count");
     assert_eq!(rows, 1, "one decision per binding");

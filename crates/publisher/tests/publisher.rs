@@ -12,6 +12,10 @@ use threadline_runtime::bus::Topology;
 use threadline_runtime::config::Source;
 use threadline_runtime::secrets::{TokenCipher, token_aad};
 use threadline_runtime::worker::Disposition;
+use threadline_store::testing::{
+    audit, decisions, installations, intents, outbox, receipts, server, threads,
+};
+use threadline_store::tokens::SealedPair;
 use threadline_testkit::{TestDb, delete_streams, nats_url, unique_prefix};
 use uuid::Uuid;
 
@@ -77,18 +81,36 @@ impl Env {
         let sealed = cipher
             .seal(token.as_bytes(), &token_aad(&inst, "bot"))
             .expect("seal");
-        sqlx::query("INSERT INTO installations (id, app_id, team_id, bot_user_id, bot_id, bot_token_sealed, bot_token_key_id) VALUES ($1, $2, $3, $4, $5, $6, $7)")
-            .bind(inst).bind(&app).bind(&team)
-            .bind(inst_sim["bot_user_id"].as_str()).bind(inst_sim["bot_id"].as_str())
-            .bind(&sealed.bytes).bind(&sealed.key_id)
-            .execute(&db.pool).await.expect("installation");
+        installations::insert_installation(
+            &db.pool,
+            &installations::NewInstallation {
+                id: inst,
+                app_id: &app,
+                team_id: &team,
+                bot_user_id: inst_sim["bot_user_id"].as_str().expect("bot user id"),
+                bot_id: inst_sim["bot_id"].as_str().expect("bot id"),
+                bot_token_sealed: Some(&sealed.bytes),
+                bot_token_key_id: Some(&sealed.key_id),
+                status: "active",
+            },
+        )
+        .await
+        .expect("installation");
         if let Some(refresh) = inst_sim["refresh_token"].as_str() {
             let sealed = cipher
                 .seal(refresh.as_bytes(), &token_aad(&inst, "refresh"))
                 .expect("seal");
-            sqlx::query("UPDATE installations SET refresh_token_sealed = $2, refresh_token_key_id = $3, token_expires_at = now() + interval '60 seconds' WHERE id = $1")
-                .bind(inst).bind(&sealed.bytes).bind(&sealed.key_id)
-                .execute(&db.pool).await.expect("refresh token");
+            installations::set_refresh_token_expiring(
+                &db.pool,
+                inst,
+                SealedPair {
+                    bytes: &sealed.bytes,
+                    key_id: &sealed.key_id,
+                },
+                60,
+            )
+            .await
+            .expect("refresh token");
         }
         let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
         let prefix = unique_prefix();
@@ -124,16 +146,19 @@ impl Env {
             .json()
             .await
             .expect("json");
-        sqlx::query("INSERT INTO threads (installation_id, channel_id, root_ts, version) VALUES ($1, $2, $3, 1)")
-            .bind(self.inst).bind(&self.channel).bind(root["ts"].as_str().expect("ts"))
-            .execute(&self.db.pool).await.expect("thread");
+        threads::insert_thread(
+            &self.db.pool,
+            self.inst,
+            &self.channel,
+            root["ts"].as_str().expect("ts"),
+            1,
+        )
+        .await
+        .expect("thread");
     }
 
     async fn root(&self) -> String {
-        sqlx::query_scalar("SELECT root_ts FROM threads LIMIT 1")
-            .fetch_one(&self.db.pool)
-            .await
-            .expect("root")
+        threads::one_thread_root(&self.db.pool).await.expect("root")
     }
 
     fn handler(&self, extra: &[(&str, &str)]) -> Handler {
@@ -168,19 +193,61 @@ impl Env {
             Uuid::now_v7(),
             format!("Ev{}", &Uuid::now_v7().simple().to_string()[20..]),
         );
-        sqlx::query("INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, channel_id, message_ts, thread_ts, event_time, state) VALUES ($1, $2, $3, $4, 'app_mention', $5, $6, $7, now(), 'done')")
-            .bind(receipt).bind(self.inst).bind(&self.app).bind(&event_id).bind(&self.channel).bind(&source_ts).bind(&root)
-            .execute(&self.db.pool).await.expect("receipt");
-        sqlx::query("INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash) VALUES ($1, $2, $3, $4, 'user', 'q', 'h') ON CONFLICT DO NOTHING")
-            .bind(self.inst).bind(&self.channel).bind(&source_ts).bind(&root)
-            .execute(&self.db.pool).await.expect("message");
-        sqlx::query("INSERT INTO turns (installation_id, channel_id, ts, receipt_id, source) VALUES ($1, $2, $3, $4, 'mention') ON CONFLICT DO NOTHING")
-            .bind(self.inst).bind(&self.channel).bind(&source_ts).bind(receipt)
-            .execute(&self.db.pool).await.expect("turn");
+        receipts::insert_receipt(
+            &self.db.pool,
+            &receipts::ReceiptFixture {
+                id: receipt,
+                installation_id: self.inst,
+                api_app_id: &self.app,
+                event_id: &event_id,
+                event_type: "app_mention",
+                channel_id: &self.channel,
+                message_ts: Some(&source_ts),
+                thread_ts: &root,
+                state: "done",
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("receipt");
+        threads::insert_user_message(
+            &self.db.pool,
+            self.inst,
+            &self.channel,
+            &source_ts,
+            &root,
+            "q",
+        )
+        .await
+        .expect("message");
+        threads::insert_turn(
+            &self.db.pool,
+            self.inst,
+            &self.channel,
+            &source_ts,
+            receipt,
+            "mention",
+        )
+        .await
+        .expect("turn");
         let body = format!("{text}\n\n_AI-generated — verify before relying on it_");
-        sqlx::query("INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version, status, body_text, output_hash) VALUES ($1, $2, $3, $4, $5, $6, $7, 1, 'proposed', $8, 'hash')")
-            .bind(decision).bind(receipt).bind(self.inst).bind(&event_id).bind(&self.channel).bind(&root).bind(&source_ts).bind(&body)
-            .execute(&self.db.pool).await.expect("decision");
+        decisions::insert_proposed_decision(
+            &self.db.pool,
+            &decisions::ProposedDecision {
+                id: decision,
+                receipt_id: receipt,
+                installation_id: self.inst,
+                event_id: &event_id,
+                channel_id: &self.channel,
+                root_ts: &root,
+                source_ts: &source_ts,
+                thread_version: 1,
+                body_text: &body,
+                output_hash: "hash",
+            },
+        )
+        .await
+        .expect("decision");
         let p = ProposalReady {
             schema_version: 1,
             decision_id: decision.to_string(),
@@ -229,16 +296,14 @@ impl Env {
     }
 
     async fn intent(&self) -> (String, bool, Option<String>) {
-        sqlx::query_as("SELECT state, reconciled, error_code FROM reply_intents")
-            .fetch_one(&self.db.pool)
+        let i = intents::one_intent_outcome(&self.db.pool)
             .await
-            .expect("intent")
+            .expect("intent");
+        (i.state, i.reconciled, i.error_code)
     }
 
     async fn decision(&self, id: Uuid) -> (String, Option<String>) {
-        sqlx::query_as("SELECT status, status_reason FROM decisions WHERE id = $1")
-            .bind(id)
-            .fetch_one(&self.db.pool)
+        decisions::decision_status(&self.db.pool, id)
             .await
             .expect("decision")
     }
@@ -292,8 +357,8 @@ async fn two_publishers_on_one_proposal_post_once_into_the_root() {
         "posted into the thread root"
     );
     assert_eq!(reply["metadata"]["event_type"], "threadline_reply");
-    let answered: bool = sqlx::query_scalar("SELECT answered_at IS NOT NULL FROM turns")
-        .fetch_one(&env.db.pool)
+    let p = ProposalReady::decode(payload.as_slice()).expect("decode");
+    let answered = threads::turn_answered(&env.db.pool, &p.source_ts)
         .await
         .expect("turn");
     assert!(answered);
@@ -305,8 +370,7 @@ async fn a_thread_that_moved_on_is_reconsidered_not_answered() {
     let env = Env::new().await;
     let (decision, payload) = env.proposal("Old answer.").await;
     // A human reply lands after inference read version 1.
-    sqlx::query("UPDATE threads SET version = 2")
-        .execute(&env.db.pool)
+    threads::set_thread_version(&env.db.pool, env.inst, &env.channel, &env.root().await, 2)
         .await
         .expect("bump");
     let h = env.handler(&[]);
@@ -319,11 +383,9 @@ async fn a_thread_that_moved_on_is_reconsidered_not_answered() {
     );
     // The reconsideration is queued in the outbox by the transaction that
     // made the decision stale (the relay publishes it), once.
-    let queued: Vec<(String, String)> =
-        sqlx::query_as("SELECT topic, msg_id FROM outbox ORDER BY id")
-            .fetch_all(&env.db.pool)
-            .await
-            .expect("outbox");
+    let queued: Vec<(String, String)> = outbox::topics_and_msg_ids(&env.db.pool)
+        .await
+        .expect("outbox");
     let root = env.root().await;
     assert_eq!(
         queued,
@@ -340,8 +402,10 @@ async fn a_thread_that_moved_on_is_reconsidered_not_answered() {
 async fn a_deleted_source_cancels_and_a_kill_switch_stops_the_post() {
     let env = Env::new().await;
     let (decision, payload) = env.proposal("Answer.").await;
-    sqlx::query("UPDATE thread_messages SET deleted = true")
-        .execute(&env.db.pool)
+    let source = ProposalReady::decode(payload.as_slice())
+        .expect("decode")
+        .source_ts;
+    threads::set_message_deleted(&env.db.pool, env.inst, &env.channel, &source, true)
         .await
         .expect("delete");
     let h = env.handler(&[]);
@@ -350,12 +414,10 @@ async fn a_deleted_source_cancels_and_a_kill_switch_stops_the_post() {
         env.decision(decision).await,
         ("cancelled".into(), Some("source_deleted".into()))
     );
-    sqlx::query("UPDATE thread_messages SET deleted = false")
-        .execute(&env.db.pool)
+    threads::set_message_deleted(&env.db.pool, env.inst, &env.channel, &source, false)
         .await
         .expect("undelete");
-    sqlx::query("UPDATE decisions SET status = 'proposed'")
-        .execute(&env.db.pool)
+    decisions::set_decision_status(&env.db.pool, decision, "proposed")
         .await
         .expect("reset");
     threadline_store::kill_switches::set(
@@ -464,9 +526,24 @@ async fn a_publisher_killed_after_slack_accepted_is_reconciled_after_restart() {
     // The dead worker's state: claimed, posted (Slack has it), never recorded.
     let intent = Uuid::now_v7();
     let p = ProposalReady::decode(payload.as_slice()).expect("decode");
-    sqlx::query("INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts, body_hash, state, attempts, sending_since) VALUES ($1, $2, $3, 'thread_reply', $4, $5, $6, $7, 'hash', 'sending', 1, now() - interval '5 minutes')")
-        .bind(intent).bind(env.inst).bind(&p.event_id).bind(Uuid::parse_str(&p.receipt_id).expect("id")).bind(decision).bind(&env.channel).bind(&p.root_ts)
-        .execute(&env.db.pool).await.expect("intent");
+    intents::insert_sending_intent(
+        &env.db.pool,
+        &intents::IntentFixture {
+            id: intent,
+            installation_id: env.inst,
+            event_id: &p.event_id,
+            action_kind: "thread_reply",
+            receipt_id: Uuid::parse_str(&p.receipt_id).expect("id"),
+            decision_id: decision,
+            channel_id: &env.channel,
+            root_ts: &p.root_ts,
+            body_hash: "hash",
+        },
+        1,
+        300.0,
+    )
+    .await
+    .expect("intent");
     let metadata = json!({"event_type": "threadline_reply", "event_payload": {"intent_id": intent.to_string()}}).to_string();
     let r: Value = env
         .http
@@ -496,13 +573,9 @@ async fn a_publisher_killed_after_slack_accepted_is_reconciled_after_restart() {
 async fn a_reviewed_proposal_posts_only_once_approved() {
     let env = Env::new().await;
     let (decision, payload) = env.proposal("Pinging everyone.").await;
-    sqlx::query(
-        "UPDATE decisions SET status = 'review', review_reasons = '{mass_mention}' WHERE id = $1",
-    )
-    .bind(decision)
-    .execute(&env.db.pool)
-    .await
-    .expect("review");
+    decisions::send_decision_to_review(&env.db.pool, decision, &["mass_mention".to_owned()])
+        .await
+        .expect("review");
     let mut p = ProposalReady::decode(payload.as_slice()).expect("decode");
     p.needs_review = true;
     p.review_reasons = vec!["mass_mention".into()];
@@ -510,9 +583,7 @@ async fn a_reviewed_proposal_posts_only_once_approved() {
     let h = env.handler(&[]);
     env.until_done(&h, &payload).await;
     assert_eq!(env.app_posts().await, 0, "waiting for a reviewer");
-    sqlx::query("UPDATE decisions SET status = 'approved', reviewed_by = 'ana' WHERE id = $1")
-        .bind(decision)
-        .execute(&env.db.pool)
+    decisions::approve_decision(&env.db.pool, decision, "ana")
         .await
         .expect("approve");
     env.until_done(&h, &payload).await;
@@ -527,9 +598,24 @@ async fn a_newer_unprocessed_event_in_the_thread_makes_the_publisher_wait_not_gi
     let (decision, payload) = env.proposal("Wait for it.").await;
     // Something newer in the thread, accepted but not yet processed.
     let pending = Uuid::now_v7();
-    sqlx::query("INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, channel_id, thread_ts, event_time, received_at) VALUES ($1, $2, $3, 'EvLATER', 'message', $4, $5, now(), now() + interval '1 second')")
-        .bind(pending).bind(env.inst).bind(&env.app).bind(&env.channel).bind(env.root().await)
-        .execute(&env.db.pool).await.expect("receipt");
+    receipts::insert_receipt(
+        &env.db.pool,
+        &receipts::ReceiptFixture {
+            id: pending,
+            installation_id: env.inst,
+            api_app_id: &env.app,
+            event_id: "EvLATER",
+            event_type: "message",
+            channel_id: &env.channel,
+            message_ts: None,
+            thread_ts: &env.root().await,
+            state: "accepted",
+            received_in: 1.0,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("receipt");
     let h = env.handler(&[]);
     assert!(
         matches!(h.handle(&payload).await, Disposition::Defer(_)),
@@ -537,8 +623,14 @@ async fn a_newer_unprocessed_event_in_the_thread_makes_the_publisher_wait_not_gi
     );
     assert_eq!(env.app_posts().await, 0);
     // It turns out to change nothing (an unchanged edit): the answer goes out.
-    sqlx::query("UPDATE event_receipts SET state = 'ignored', state_reason = 'edit_without_text_change' WHERE id = $1")
-        .bind(pending).execute(&env.db.pool).await.expect("processed");
+    receipts::set_receipt_state(
+        &env.db.pool,
+        pending,
+        "ignored",
+        Some("edit_without_text_change"),
+    )
+    .await
+    .expect("processed");
     env.until_done(&h, &payload).await;
     assert_eq!(env.app_posts().await, 1);
     assert_eq!(env.decision(decision).await.0, "published");
@@ -571,22 +663,26 @@ async fn an_unknown_outcome_is_still_reconciled_after_a_kill_switch_is_engaged()
 async fn a_token_about_to_expire_is_refreshed_before_posting() {
     let env = Env::rotating().await;
     let (_, payload) = env.proposal("Fresh token.").await;
-    let before: Vec<u8> = sqlx::query_scalar("SELECT bot_token_sealed FROM installations")
-        .fetch_one(&env.db.pool)
+    let before: Vec<u8> = threadline_store::tokens::read(&env.db.pool, env.inst)
         .await
-        .expect("token");
+        .expect("token")
+        .expect("installation")
+        .bot_sealed
+        .expect("bot token");
     let h = env.handler(&[
         ("SLACK_CLIENT_ID", &env.client.0),
         ("SLACK_CLIENT_SECRET", &env.client.1),
     ]);
     env.until_done(&h, &payload).await;
     assert_eq!(env.app_posts().await, 1);
-    let (after, hours): (Vec<u8>, f64) = sqlx::query_as(
-        "SELECT bot_token_sealed, extract(epoch FROM token_expires_at - now())::float8 / 3600 FROM installations",
-    )
-    .fetch_one(&env.db.pool)
-    .await
-    .expect("token");
+    let stored = threadline_store::tokens::read(&env.db.pool, env.inst)
+        .await
+        .expect("token")
+        .expect("installation");
+    let (after, hours): (Vec<u8>, f64) = (
+        stored.bot_sealed.expect("bot token"),
+        stored.expires_in.expect("expiry") / 3600.0,
+    );
     assert_ne!(before, after, "a new token was stored");
     assert!(hours > 11.0, "valid for another {hours} hours");
     env.cleanup().await;
@@ -601,10 +697,7 @@ async fn a_refused_refresh_disables_the_installation_instead_of_looping() {
     let gone = cipher
         .seal(b"xoxe-1-revoked", &token_aad(&env.inst, "refresh"))
         .expect("seal");
-    sqlx::query("UPDATE installations SET refresh_token_sealed = $1, refresh_token_key_id = $2")
-        .bind(&gone.bytes)
-        .bind(&gone.key_id)
-        .execute(&env.db.pool)
+    installations::set_refresh_token(&env.db.pool, env.inst, &gone.bytes, &gone.key_id)
         .await
         .expect("revoked refresh token");
     let h = env.handler(&[
@@ -728,17 +821,29 @@ async fn two_posts_of_one_intent_in_slack_are_an_incident_held_never_a_third() {
 async fn the_sources_own_message_twin_still_in_flight_is_not_waited_for() {
     let env = Env::new().await;
     let (decision, payload) = env.proposal("Right away.").await;
-    let source: String = sqlx::query_scalar(
-        "SELECT message_ts FROM event_receipts WHERE event_type = 'app_mention'",
-    )
-    .fetch_one(&env.db.pool)
-    .await
-    .expect("source");
+    let source: String = receipts::one_message_ts_of_type(&env.db.pool, "app_mention")
+        .await
+        .expect("source")
+        .expect("message ts");
     // The `message` event of the same mention, not yet processed: the same
     // message being created, no change to the thread.
-    sqlx::query("INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, channel_id, message_ts, thread_ts, event_time) VALUES ($1, $2, $3, 'EvTWIN', 'message', $4, $5, $6, now())")
-        .bind(Uuid::now_v7()).bind(env.inst).bind(&env.app).bind(&env.channel).bind(&source).bind(env.root().await)
-        .execute(&env.db.pool).await.expect("twin");
+    receipts::insert_receipt(
+        &env.db.pool,
+        &receipts::ReceiptFixture {
+            id: Uuid::now_v7(),
+            installation_id: env.inst,
+            api_app_id: &env.app,
+            event_id: "EvTWIN",
+            event_type: "message",
+            channel_id: &env.channel,
+            message_ts: Some(&source),
+            thread_ts: &env.root().await,
+            state: "accepted",
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("twin");
     let h = env.handler(&[]);
     assert!(matches!(h.handle(&payload).await, Disposition::Done));
     assert_eq!(env.app_posts().await, 1);
@@ -757,16 +862,9 @@ async fn a_second_decision_for_an_event_already_answered_is_settled_not_left_pro
     // same event (at a later version).
     let mut p = ProposalReady::decode(payload.as_slice()).expect("decode");
     let second = Uuid::now_v7();
-    sqlx::query(
-        "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version, status, body_text, output_hash)
-         SELECT $1, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, 2, 'proposed', body_text, output_hash
-           FROM decisions WHERE id = $2",
-    )
-    .bind(second)
-    .bind(first)
-    .execute(&env.db.pool)
-    .await
-    .expect("second decision");
+    decisions::copy_decision_at_version(&env.db.pool, second, first, 2)
+        .await
+        .expect("second decision");
     p.decision_id = second.to_string();
     p.thread_version = 2;
     assert!(matches!(
@@ -787,10 +885,13 @@ async fn a_second_decision_for_an_event_already_answered_is_settled_not_left_pro
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_chat_write_the_answer_is_refused_with_its_reason_and_never_posted() {
     let env = Env::new().await;
-    sqlx::query("UPDATE installations SET scopes = '{app_mentions:read,channels:history}'")
-        .execute(&env.db.pool)
-        .await
-        .expect("scopes");
+    installations::set_scopes(
+        &env.db.pool,
+        env.inst,
+        &["app_mentions:read", "channels:history"],
+    )
+    .await
+    .expect("scopes");
     let (decision, payload) = env.proposal("Here is the answer.").await;
     let h = env.handler(&[]);
     env.until_done(&h, &payload).await;
@@ -799,14 +900,11 @@ async fn without_chat_write_the_answer_is_refused_with_its_reason_and_never_post
         ("cancelled".into(), Some("missing_scope:chat:write".into()))
     );
     assert_eq!(env.app_posts().await, 0, "Slack was not asked to post");
-    let reason: Option<String> = sqlx::query_scalar(
-        "SELECT reason FROM audit_log WHERE decision_id = $1 AND outcome = 'cancelled'",
-    )
-    .bind(decision)
-    .fetch_optional(&env.db.pool)
-    .await
-    .expect("audit")
-    .flatten();
+    let reason: Option<String> =
+        audit::decision_outcome_reason(&env.db.pool, decision, "cancelled")
+            .await
+            .expect("audit")
+            .flatten();
     assert_eq!(
         reason.as_deref(),
         Some("missing_scope:chat:write"),
@@ -823,9 +921,25 @@ async fn an_event_of_the_thread_unprocessed_for_eleven_minutes_still_holds_the_a
     let env = Env::new().await;
     let (decision, payload) = env.proposal("Hold on.").await;
     let backlog = Uuid::now_v7();
-    sqlx::query("INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, channel_id, thread_ts, event_time, received_at, updated_at) VALUES ($1, $2, $3, 'EvBACKLOG', 'message', $4, $5, now() - interval '11 minutes', now() - interval '11 minutes', now() - interval '11 minutes')")
-        .bind(backlog).bind(env.inst).bind(&env.app).bind(&env.channel).bind(env.root().await)
-        .execute(&env.db.pool).await.expect("receipt");
+    receipts::insert_receipt(
+        &env.db.pool,
+        &receipts::ReceiptFixture {
+            id: backlog,
+            installation_id: env.inst,
+            api_app_id: &env.app,
+            event_id: "EvBACKLOG",
+            event_type: "message",
+            channel_id: &env.channel,
+            message_ts: None,
+            thread_ts: &env.root().await,
+            state: "accepted",
+            event_time_in: -660.0,
+            received_in: -660.0,
+            updated_in: -660.0,
+        },
+    )
+    .await
+    .expect("receipt");
     let h = env.handler(&[]);
     match h.handle(&payload).await {
         Disposition::Defer(d) => assert!(
@@ -839,9 +953,7 @@ async fn an_event_of_the_thread_unprocessed_for_eleven_minutes_still_holds_the_a
         0,
         "nothing posted past an unprocessed event"
     );
-    sqlx::query("UPDATE event_receipts SET state = 'done' WHERE id = $1")
-        .bind(backlog)
-        .execute(&env.db.pool)
+    receipts::set_receipt_state(&env.db.pool, backlog, "done", None)
         .await
         .expect("processed");
     env.until_done(&h, &payload).await;
@@ -861,17 +973,21 @@ async fn a_tool_action_for_an_event_already_answered_is_never_posted() {
     env.until_done(&h, &payload).await;
     assert_eq!(env.decision(first).await.0, "published");
     let tool = Uuid::now_v7();
-    sqlx::query(
-        "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
-                                status, action_kind, review_reasons, reviewed_by, body_text, output_hash)
-         SELECT $1, $3, installation_id, event_id, channel_id, root_ts, source_ts, 1, 'approved',
-                'tool:restart_service', '{action_beyond_reply}', 'ana', 'Restarting it.', 'h2'
-           FROM decisions WHERE id = $2",
+    decisions::insert_decision_for_event_of(
+        &env.db.pool,
+        &decisions::DecisionForEvent {
+            id: tool,
+            of: first,
+            receipt_id: Uuid::now_v7(),
+            thread_version: 1,
+            status: "approved",
+            action_kind: "tool:restart_service",
+            review_reasons: &["action_beyond_reply".to_owned()],
+            reviewed_by: Some("ana"),
+            body_text: "Restarting it.",
+            output_hash: "h2",
+        },
     )
-    .bind(tool)
-    .bind(first)
-    .bind(Uuid::now_v7())
-    .execute(&env.db.pool)
     .await
     .expect("tool decision");
     // (the same thread version: only "already answered" can stop it)
@@ -900,12 +1016,13 @@ async fn the_tools_switch_stops_a_tool_action_at_the_claim() {
     // `tools`.
     let other = Env::new().await;
     let (tool, tool_payload) = other.proposal("Restarting the cache.").await;
-    sqlx::query(
-        "UPDATE decisions SET status = 'approved', action_kind = 'tool:restart_cache',
-                review_reasons = '{action_beyond_reply}', reviewed_by = 'ana' WHERE id = $1",
+    decisions::approve_decision_as_action(
+        &other.db.pool,
+        tool,
+        "tool:restart_cache",
+        &["action_beyond_reply".to_owned()],
+        "ana",
     )
-    .bind(tool)
-    .execute(&other.db.pool)
     .await
     .expect("tool decision");
     threadline_store::kill_switches::set(
@@ -926,12 +1043,13 @@ async fn the_tools_switch_stops_a_tool_action_at_the_claim() {
 
     let env = Env::new().await;
     let (decision, payload) = env.proposal("Restarting the service.").await;
-    sqlx::query(
-        "UPDATE decisions SET status = 'approved', action_kind = 'tool:restart_service',
-                review_reasons = '{action_beyond_reply}', reviewed_by = 'ana' WHERE id = $1",
+    decisions::approve_decision_as_action(
+        &env.db.pool,
+        decision,
+        "tool:restart_service",
+        &["action_beyond_reply".to_owned()],
+        "ana",
     )
-    .bind(decision)
-    .execute(&env.db.pool)
     .await
     .expect("tool decision");
     threadline_store::kill_switches::set(
@@ -1025,12 +1143,9 @@ async fn a_429_in_one_channel_leaves_the_other_channels_of_the_workspace_posting
         ),
         other => panic!("expected a deferral, got {other:?}"),
     }
-    let paused: Vec<String> = sqlx::query_scalar(
-        "SELECT channel_id FROM post_budgets WHERE next_allowed_at > now() + interval '30 seconds'",
-    )
-    .fetch_all(&env.db.pool)
-    .await
-    .expect("budgets");
+    let paused: Vec<String> = intents::channels_paused_beyond(&env.db.pool, 30.0)
+        .await
+        .expect("budgets");
     assert_eq!(paused, vec![env.channel.clone()], "only that channel waits");
     // The workspace's other channel is not held back.
     let wait = threadline_publisher::intents::reserve_slot(&env.db.pool, env.inst, "C0OTHER", 1.0)
@@ -1054,11 +1169,7 @@ async fn a_post_is_recorded_whatever_became_of_its_intent_and_a_crossing_is_seen
     let p = ProposalReady::decode(payload.as_slice()).expect("decode");
     let root = env.root().await;
     // The answer read the root and the question; a person then replied.
-    sqlx::query("UPDATE decisions SET context_ts = ARRAY[$2, $3] WHERE id = $1")
-        .bind(decision)
-        .bind(&root)
-        .bind(&p.source_ts)
-        .execute(&env.db.pool)
+    decisions::set_decision_context(&env.db.pool, decision, &[root.clone(), p.source_ts.clone()])
         .await
         .expect("context");
     // After everything the answer read, before its reply (whole seconds
@@ -1069,23 +1180,33 @@ async fn a_post_is_recorded_whatever_became_of_its_intent_and_a_crossing_is_seen
         format!("{}.{micros}", whole.parse::<u64>().expect("seconds") + secs)
     };
     let crossing = later(1);
-    sqlx::query("INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash) VALUES ($1, $2, $3, $4, 'user', 'wait', 'h')")
-        .bind(env.inst).bind(&env.channel).bind(&crossing).bind(&root)
-        .execute(&env.db.pool).await.expect("message");
-    let intent = Uuid::now_v7();
-    sqlx::query(
-        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
-                                    body_hash, state, error_code)
-         VALUES ($1, $2, $3, 'thread_reply', $4, $5, $6, $7, 'hash', 'held', 'no_evidence_of_post')",
+    let inserted = threads::insert_user_message(
+        &env.db.pool,
+        env.inst,
+        &env.channel,
+        &crossing,
+        &root,
+        "wait",
     )
-    .bind(intent)
-    .bind(env.inst)
-    .bind(&p.event_id)
-    .bind(Uuid::parse_str(&p.receipt_id).expect("receipt"))
-    .bind(decision)
-    .bind(&env.channel)
-    .bind(&root)
-    .execute(&env.db.pool)
+    .await
+    .expect("message");
+    assert!(inserted, "message: a new ts");
+    let intent = Uuid::now_v7();
+    intents::insert_held_intent(
+        &env.db.pool,
+        &intents::IntentFixture {
+            id: intent,
+            installation_id: env.inst,
+            event_id: &p.event_id,
+            action_kind: "thread_reply",
+            receipt_id: Uuid::parse_str(&p.receipt_id).expect("receipt"),
+            decision_id: decision,
+            channel_id: &env.channel,
+            root_ts: &root,
+            body_hash: "hash",
+        },
+        "no_evidence_of_post",
+    )
     .await
     .expect("held intent");
     let reply_ts = later(2);
@@ -1094,27 +1215,22 @@ async fn a_post_is_recorded_whatever_became_of_its_intent_and_a_crossing_is_seen
         .expect("recorded");
     assert_eq!(r.outcome, PostRecord::Late);
     assert_eq!(r.crossed, vec![crossing.clone()]);
-    let (state, reconciled, late): (String, bool, bool) = sqlx::query_as(
-        "SELECT state, reconciled, late_recorded_at IS NOT NULL FROM reply_intents WHERE id = $1",
-    )
-    .bind(intent)
-    .fetch_one(&env.db.pool)
-    .await
-    .expect("intent");
+    let intents::IntentLateRecord {
+        state,
+        reconciled,
+        late,
+    } = intents::intent_late_record(&env.db.pool, intent)
+        .await
+        .expect("intent");
     assert_eq!((state.as_str(), reconciled, late), ("sent", true, true));
     assert_eq!(env.decision(decision).await.0, "published");
-    let answered: bool =
-        sqlx::query_scalar("SELECT answered_at IS NOT NULL FROM turns WHERE ts = $1")
-            .bind(&p.source_ts)
-            .fetch_one(&env.db.pool)
-            .await
-            .expect("turn");
+    let answered = threads::turn_answered(&env.db.pool, &p.source_ts)
+        .await
+        .expect("turn");
     assert!(answered);
-    let queued: Vec<String> =
-        sqlx::query_scalar("SELECT msg_id FROM outbox WHERE topic = 'reconsider'")
-            .fetch_all(&env.db.pool)
-            .await
-            .expect("outbox");
+    let queued: Vec<String> = outbox::msg_ids_of_topic(&env.db.pool, "reconsider")
+        .await
+        .expect("outbox");
     assert_eq!(queued, [format!("recon:crossed:{intent}:{crossing}")]);
     // The same record again changes nothing; another ts is an incident.
     assert_eq!(
@@ -1132,13 +1248,11 @@ async fn a_post_is_recorded_whatever_became_of_its_intent_and_a_crossing_is_seen
             .outcome,
         PostRecord::Duplicate
     );
-    let (slack_ts, extra): (String, Vec<String>) =
-        sqlx::query_as("SELECT slack_ts, extra_ts FROM reply_intents WHERE id = $1")
-            .bind(intent)
-            .fetch_one(&env.db.pool)
+    let (slack_ts, extra): (Option<String>, Vec<String>) =
+        intents::intent_posts(&env.db.pool, intent)
             .await
             .expect("intent");
-    assert_eq!((slack_ts, extra), (reply_ts, vec![second]));
+    assert_eq!((slack_ts, extra), (Some(reply_ts), vec![second]));
     env.cleanup().await;
 }
 
@@ -1183,20 +1297,30 @@ async fn evidence_without_metadata_is_the_body_hash_in_the_window_never_another_
     };
     let earlier = post(text).await;
     // The earlier post belongs to another intent of the thread.
-    sqlx::query(
-        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
-                                    body_hash, state, slack_ts)
-         VALUES ($1, $2, 'EvEARLIER', 'thread_reply', $3, $4, $5, $6, 'h', 'sent', $7)",
+    intents::insert_sent_intent(
+        &env.db.pool,
+        &intents::IntentFixture {
+            id: Uuid::now_v7(),
+            installation_id: env.inst,
+            event_id: "EvEARLIER",
+            action_kind: "thread_reply",
+            receipt_id: Uuid::now_v7(),
+            decision_id: Uuid::now_v7(),
+            channel_id: &env.channel,
+            root_ts: &root,
+            body_hash: "h",
+        },
+        &earlier,
     )
-    .bind(Uuid::now_v7()).bind(env.inst).bind(Uuid::now_v7()).bind(Uuid::now_v7())
-    .bind(&env.channel).bind(&root).bind(&earlier)
-    .execute(&env.db.pool).await.expect("the other intent");
+    .await
+    .expect("the other intent");
     let intent = Uuid::now_v7();
     let hash = hex::encode(sha2::Sha256::digest(text.as_bytes()));
-    let bot_id = sqlx::query_scalar::<_, String>("SELECT bot_id FROM installations")
-        .fetch_one(&env.db.pool)
+    let bot_id = threadline_store::tokens::read(&env.db.pool, env.inst)
         .await
-        .expect("bot");
+        .expect("bot")
+        .expect("installation")
+        .bot_id;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
@@ -1283,9 +1407,23 @@ async fn the_recheck_before_the_post_stops_what_changed_after_the_claim() {
     );
     // An event of the thread accepted after the claim: wait for it.
     let later = Uuid::now_v7();
-    sqlx::query("INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, event_type, channel_id, thread_ts, event_time) VALUES ($1, $2, $3, 'EvAFTER', 'message', $4, $5, now())")
-        .bind(later).bind(env.inst).bind(&env.app).bind(&env.channel).bind(&root)
-        .execute(&env.db.pool).await.expect("receipt");
+    receipts::insert_receipt(
+        &env.db.pool,
+        &receipts::ReceiptFixture {
+            id: later,
+            installation_id: env.inst,
+            api_app_id: &env.app,
+            event_id: "EvAFTER",
+            event_type: "message",
+            channel_id: &env.channel,
+            message_ts: None,
+            thread_ts: &root,
+            state: "accepted",
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("receipt");
     assert!(matches!(
         fence(&env.db.pool, &proposal, &claim, 60.0)
             .await
@@ -1293,13 +1431,10 @@ async fn the_recheck_before_the_post_stops_what_changed_after_the_claim() {
         Fence::Waiting(_)
     ));
     // It changed the thread.
-    sqlx::query("UPDATE event_receipts SET state = 'done' WHERE id = $1")
-        .bind(later)
-        .execute(&env.db.pool)
+    receipts::set_receipt_state(&env.db.pool, later, "done", None)
         .await
         .expect("processed");
-    sqlx::query("UPDATE threads SET version = 2")
-        .execute(&env.db.pool)
+    threads::set_thread_version(&env.db.pool, env.inst, &env.channel, &root, 2)
         .await
         .expect("bump");
     assert_eq!(
@@ -1308,13 +1443,11 @@ async fn the_recheck_before_the_post_stops_what_changed_after_the_claim() {
             .expect("fence"),
         Fence::Stale
     );
-    sqlx::query("UPDATE threads SET version = 1")
-        .execute(&env.db.pool)
+    threads::set_thread_version(&env.db.pool, env.inst, &env.channel, &root, 1)
         .await
         .expect("back");
     // The worker stalled between the claim and the post.
-    sqlx::query("UPDATE reply_intents SET sending_since = now() - interval '2 minutes'")
-        .execute(&env.db.pool)
+    intents::set_sending_since(&env.db.pool, claim.id, 120.0)
         .await
         .expect("old claim");
     assert_eq!(
@@ -1368,18 +1501,20 @@ async fn a_claim_that_loses_the_race_for_a_new_intent_gives_its_post_slot_back()
     let receipt = Uuid::parse_str(&p.receipt_id).expect("receipt");
     // Another publisher creates the intent and has not committed yet.
     let mut other = env.db.pool.begin().await.expect("begin");
-    sqlx::query(
-        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts, body_hash, state)
-         VALUES ($1, $2, $3, 'thread_reply', $4, $5, $6, $7, 'other', 'pending')",
+    intents::insert_pending_intent(
+        &mut other,
+        &intents::IntentFixture {
+            id: Uuid::now_v7(),
+            installation_id: env.inst,
+            event_id: &p.event_id,
+            action_kind: "thread_reply",
+            receipt_id: receipt,
+            decision_id: decision,
+            channel_id: &env.channel,
+            root_ts: &root,
+            body_hash: "other",
+        },
     )
-    .bind(Uuid::now_v7())
-    .bind(env.inst)
-    .bind(&p.event_id)
-    .bind(receipt)
-    .bind(decision)
-    .bind(&env.channel)
-    .bind(&root)
-    .execute(&mut *other)
     .await
     .expect("the other publisher's intent");
     let claiming = spawn_claim(&env, &p, decision, &root, 60.0);
@@ -1390,12 +1525,9 @@ async fn a_claim_that_loses_the_race_for_a_new_intent_gives_its_post_slot_back()
         matches!(verdict, Verdict::NotNow(_)),
         "the intent is the other publisher's: {verdict:?}"
     );
-    let states: Vec<(String, i32)> =
-        sqlx::query_as("SELECT state, attempts FROM reply_intents WHERE event_id = $1")
-            .bind(&p.event_id)
-            .fetch_all(&env.db.pool)
-            .await
-            .expect("intents");
+    let states: Vec<(String, i32)> = intents::intent_states_by_event(&env.db.pool, &p.event_id)
+        .await
+        .expect("intents");
     assert_eq!(states, vec![("pending".to_owned(), 0)], "nothing claimed");
     assert_eq!(
         reserve_slot(&env.db.pool, env.inst, &env.channel, 1.0)
@@ -1447,12 +1579,9 @@ fn spawn_claim(
 /// Returns once some session of the test's database waits for a lock.
 async fn wait_for_a_lock_wait(env: &Env) {
     for _ in 0..500 {
-        let blocked: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&env.db.pool)
-        .await
-        .expect("activity");
+        let blocked: i64 = server::sessions_waiting_for_a_lock(&env.db.pool)
+            .await
+            .expect("activity");
         if blocked > 0 {
             return;
         }
@@ -1474,23 +1603,15 @@ async fn a_thread_change_committed_while_the_claim_waits_for_the_thread_row_make
     let root = env.root().await;
     // The context-builder records a new message and bumps the version.
     let mut change = env.db.pool.begin().await.expect("begin");
-    sqlx::query(
-        "UPDATE threads SET version = version + 1 WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3",
-    )
-    .bind(env.inst)
-    .bind(&env.channel)
-    .bind(&root)
-    .execute(&mut *change)
-    .await
-    .expect("bump");
+    threads::bump_thread_version(&mut change, env.inst, &env.channel, &root)
+        .await
+        .expect("bump");
     let claiming = spawn_claim(&env, &p, decision, &root, 0.0);
     wait_for_a_lock_wait(&env).await;
     change.commit().await.expect("commit");
     let verdict = claiming.await.expect("join").expect("claim");
     assert_eq!(verdict, Verdict::Stale);
-    let intents: i64 = sqlx::query_scalar("SELECT count(*) FROM reply_intents WHERE event_id = $1")
-        .bind(&p.event_id)
-        .fetch_one(&env.db.pool)
+    let intents: i64 = intents::count_intents_by_event(&env.db.pool, &p.event_id)
         .await
         .expect("intents");
     assert_eq!(intents, 0, "nothing claimed");
@@ -1508,18 +1629,22 @@ async fn a_withdrawn_intent_not_yet_due_waits_until_it_is() {
     let (decision, payload) = env.proposal("Later.").await;
     let p = ProposalReady::decode(payload.as_slice()).expect("decode");
     let root = env.root().await;
-    sqlx::query(
-        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts, body_hash, state, attempts, next_attempt_at)
-         VALUES ($1, $2, $3, 'thread_reply', $4, $5, $6, $7, 'hash', 'withdrawn', 1, now() + interval '30 seconds')",
+    intents::insert_withdrawn_intent(
+        &env.db.pool,
+        &intents::IntentFixture {
+            id: Uuid::now_v7(),
+            installation_id: env.inst,
+            event_id: &p.event_id,
+            action_kind: "thread_reply",
+            receipt_id: Uuid::parse_str(&p.receipt_id).expect("receipt"),
+            decision_id: decision,
+            channel_id: &env.channel,
+            root_ts: &root,
+            body_hash: "hash",
+        },
+        1,
+        30.0,
     )
-    .bind(Uuid::now_v7())
-    .bind(env.inst)
-    .bind(&p.event_id)
-    .bind(Uuid::parse_str(&p.receipt_id).expect("receipt"))
-    .bind(decision)
-    .bind(&env.channel)
-    .bind(&root)
-    .execute(&env.db.pool)
     .await
     .expect("withdrawn intent");
     let verdict = spawn_claim(&env, &p, decision, &root, 1.0)
@@ -1551,34 +1676,33 @@ async fn a_repost_finds_the_earlier_post_credits_its_decision_and_settles_the_ne
     let (first, payload) = env.proposal("The first answer.").await;
     let p = ProposalReady::decode(payload.as_slice()).expect("decode");
     let root = env.root().await;
-    let text: String = sqlx::query_scalar("SELECT body_text FROM decisions WHERE id = $1")
-        .bind(first)
-        .fetch_one(&env.db.pool)
+    let text: String = threadline_store::decisions::load(&env.db.pool, first)
         .await
-        .expect("text");
+        .expect("text")
+        .expect("decision")
+        .body_text
+        .expect("body");
     let hash = hex::encode(sha2::Sha256::digest(text.as_bytes()));
-    sqlx::query("UPDATE decisions SET output_hash = $2 WHERE id = $1")
-        .bind(first)
-        .bind(&hash)
-        .execute(&env.db.pool)
+    decisions::set_decision_output_hash(&env.db.pool, first, &hash)
         .await
         .expect("hash");
     // An earlier attempt of the intent did reach Slack (its answer was lost).
     let intent = Uuid::now_v7();
-    sqlx::query(
-        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
-                                    body_hash, claimed_hashes, state, attempts, ever_unknown, sending_since, first_sending_since)
-         VALUES ($1, $2, $3, 'thread_reply', $4, $5, $6, $7, $8, ARRAY[$8], 'pending', 1, true, now(), now())",
+    intents::insert_pending_intent_once_unknown(
+        &env.db.pool,
+        &intents::IntentFixture {
+            id: intent,
+            installation_id: env.inst,
+            event_id: &p.event_id,
+            action_kind: "thread_reply",
+            receipt_id: Uuid::parse_str(&p.receipt_id).expect("receipt"),
+            decision_id: first,
+            channel_id: &env.channel,
+            root_ts: &root,
+            body_hash: &hash,
+        },
+        1,
     )
-    .bind(intent)
-    .bind(env.inst)
-    .bind(&p.event_id)
-    .bind(Uuid::parse_str(&p.receipt_id).expect("receipt"))
-    .bind(first)
-    .bind(&env.channel)
-    .bind(&root)
-    .bind(&hash)
-    .execute(&env.db.pool)
     .await
     .expect("intent");
     let metadata = json!({"event_type": "threadline_reply", "event_payload": {"intent_id": intent.to_string()}}).to_string();
@@ -1602,16 +1726,21 @@ async fn a_repost_finds_the_earlier_post_credits_its_decision_and_settles_the_ne
     // A reconsideration made another decision for the event, at the same
     // version, and its proposal comes for the re-post.
     let second = Uuid::now_v7();
-    sqlx::query(
-        "INSERT INTO decisions (id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
-                                status, body_text, output_hash)
-         SELECT $1, $3, installation_id, event_id, channel_id, root_ts, source_ts, 1, 'proposed', 'The second answer.', 'h2'
-           FROM decisions WHERE id = $2",
+    decisions::insert_decision_for_event_of(
+        &env.db.pool,
+        &decisions::DecisionForEvent {
+            id: second,
+            of: first,
+            receipt_id: Uuid::now_v7(),
+            thread_version: 1,
+            status: "proposed",
+            action_kind: "thread_reply",
+            review_reasons: &[],
+            reviewed_by: None,
+            body_text: "The second answer.",
+            output_hash: "h2",
+        },
     )
-    .bind(second)
-    .bind(first)
-    .bind(Uuid::now_v7())
-    .execute(&env.db.pool)
     .await
     .expect("second decision");
     let mut p2 = p.clone();
@@ -1619,8 +1748,7 @@ async fn a_repost_finds_the_earlier_post_credits_its_decision_and_settles_the_ne
     let h = env.handler(&[]);
     env.until_done(&h, &p2.encode_to_vec()).await;
     assert_eq!(env.intent().await, ("sent".into(), true, None));
-    let slack_ts: Option<String> = sqlx::query_scalar("SELECT slack_ts FROM reply_intents")
-        .fetch_one(&env.db.pool)
+    let slack_ts: Option<String> = intents::one_intent_slack_ts(&env.db.pool)
         .await
         .expect("ts");
     assert_eq!(slack_ts.as_deref(), Some(earlier.as_str()));
@@ -1648,23 +1776,24 @@ async fn intents_nothing_can_finish_are_held_or_withdrawn() {
     let (decision, payload) = env.proposal("Lost for words.").await;
     let p = ProposalReady::decode(payload.as_slice()).expect("decode");
     let intent = Uuid::now_v7();
-    sqlx::query(
-        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
-                                    body_hash, state, attempts, ever_unknown, unknown_since)
-         VALUES ($1, $2, $3, 'thread_reply', $4, $5, $6, $7, 'hash', 'unknown', 1, true, now())",
+    intents::insert_unknown_intent(
+        &env.db.pool,
+        &intents::IntentFixture {
+            id: intent,
+            installation_id: env.inst,
+            event_id: &p.event_id,
+            action_kind: "thread_reply",
+            receipt_id: Uuid::parse_str(&p.receipt_id).expect("receipt"),
+            decision_id: decision,
+            channel_id: &env.channel,
+            root_ts: &env.root().await,
+            body_hash: "hash",
+        },
+        1,
     )
-    .bind(intent)
-    .bind(env.inst)
-    .bind(&p.event_id)
-    .bind(Uuid::parse_str(&p.receipt_id).expect("receipt"))
-    .bind(decision)
-    .bind(&env.channel)
-    .bind(env.root().await)
-    .execute(&env.db.pool)
     .await
     .expect("intent");
-    sqlx::query("UPDATE installations SET status = 'disabled', bot_token_sealed = NULL, bot_token_key_id = NULL")
-        .execute(&env.db.pool)
+    installations::disable_without_bot_token(&env.db.pool, env.inst)
         .await
         .expect("uninstalled");
     let h = env.handler(&[]);
@@ -1686,11 +1815,12 @@ async fn intents_nothing_can_finish_are_held_or_withdrawn() {
     assert!(matches!(h.handle(&payload).await, Disposition::Defer(_)));
     assert_eq!(env.intent().await.0, "failed_retryable");
     // The thread moved on while the post waited out its Retry-After.
-    sqlx::query(
-        "UPDATE decisions SET status = 'stale', status_reason = 'thread_changed' WHERE id = $1",
+    decisions::set_decision_status_and_reason(
+        &env.db.pool,
+        decision,
+        "stale",
+        Some("thread_changed"),
     )
-    .bind(decision)
-    .execute(&env.db.pool)
     .await
     .expect("stale");
     env.until_done(&h, &payload).await;
@@ -1735,13 +1865,9 @@ impl Env {
 
     /// The installation's token expired `secs` ago (negative: expires in).
     async fn expire(&self, secs: i64) {
-        sqlx::query(
-            "UPDATE installations SET token_expires_at = now() - make_interval(secs => $1::bigint)",
-        )
-        .bind(secs)
-        .execute(&self.db.pool)
-        .await
-        .expect("expire");
+        installations::expire_bot_token(&self.db.pool, self.inst, secs)
+            .await
+            .expect("expire");
     }
 
     /// Slack's record of the refresh exchanges it received: (outcome, effect).
@@ -1784,12 +1910,10 @@ impl Env {
     }
 
     async fn installation_state(&self) -> (String, Option<String>, bool) {
-        sqlx::query_as(
-            "SELECT status, disabled_reason, bot_token_sealed IS NOT NULL AND refresh_token_sealed IS NOT NULL FROM installations",
-        )
-        .fetch_one(&self.db.pool)
-        .await
-        .expect("installation")
+        let s = installations::installation_state(&self.db.pool, self.inst)
+            .await
+            .expect("installation");
+        (s.status, s.disabled_reason, s.has_tokens)
     }
 }
 
@@ -1992,33 +2116,54 @@ async fn a_refusal_of_a_refresh_token_already_replaced_does_not_disable() {
         .await
         .expect("refresh")
         .expect("token");
-    let stored: (Vec<u8>, String, Vec<u8>, String) = sqlx::query_as(
-        "SELECT bot_token_sealed, bot_token_key_id, refresh_token_sealed, refresh_token_key_id FROM installations",
-    )
-    .fetch_one(&env.db.pool)
-    .await
-    .expect("row");
+    let row = threadline_store::tokens::read(&env.db.pool, env.inst)
+        .await
+        .expect("row")
+        .expect("installation");
+    let stored: (Vec<u8>, String, Vec<u8>, String) = (
+        row.bot_sealed.expect("bot token"),
+        row.bot_key_id.expect("bot key id"),
+        row.refresh_sealed.expect("refresh token"),
+        row.refresh_key_id.expect("refresh key id"),
+    );
     // Put back a spent refresh token, as seen by a replica that read the
     // row before the refresh: Slack refuses it (invalid_refresh_token).
     let spent = env
         .cipher()
         .seal(b"xoxe-1-spent", &token_aad(&env.inst, "refresh"))
         .expect("seal");
-    sqlx::query("UPDATE installations SET refresh_token_sealed = $1, refresh_token_key_id = $2, token_expires_at = now() - interval '5 seconds'")
-        .bind(&spent.bytes)
-        .bind(&spent.key_id)
-        .execute(&env.db.pool)
-        .await
-        .expect("spent");
+    installations::set_refresh_token_expiring(
+        &env.db.pool,
+        env.inst,
+        SealedPair {
+            bytes: &spent.bytes,
+            key_id: &spent.key_id,
+        },
+        -5,
+    )
+    .await
+    .expect("spent");
     // The other replica stores its tokens while the refusal is in flight.
     env.fault(json!({"method": "oauth.v2.access", "mode": "latency", "latency_ms": 3000}))
         .await;
-    let pool = env.db.pool.clone();
+    let (pool, inst) = (env.db.pool.clone(), env.inst);
     let restore = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        sqlx::query("UPDATE installations SET bot_token_sealed = $1, bot_token_key_id = $2, refresh_token_sealed = $3, refresh_token_key_id = $4, token_expires_at = now() + interval '12 hours'")
-            .bind(&stored.0).bind(&stored.1).bind(&stored.2).bind(&stored.3)
-            .execute(&pool).await.expect("restore");
+        installations::set_tokens(
+            &pool,
+            inst,
+            SealedPair {
+                bytes: &stored.0,
+                key_id: &stored.1,
+            },
+            SealedPair {
+                bytes: &stored.2,
+                key_id: &stored.3,
+            },
+            12 * 3600,
+        )
+        .await
+        .expect("restore");
     });
     let t = env
         .bot_token(&refresher)
@@ -2071,11 +2216,9 @@ async fn a_refresh_keeps_its_lease_when_the_database_connections_drop() {
     // The exchange is in flight (the lease taken) …
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let leased: bool =
-            sqlx::query_scalar("SELECT refresh_lease_until IS NOT NULL FROM installations")
-                .fetch_one(&env.db.pool)
-                .await
-                .expect("lease");
+        let leased: bool = installations::refresh_leased(&env.db.pool, env.inst)
+            .await
+            .expect("lease");
         if leased {
             break;
         }
@@ -2088,8 +2231,7 @@ async fn a_refresh_keeps_its_lease_when_the_database_connections_drop() {
         .connect(&env.db.url)
         .await
         .expect("admin");
-    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        .execute(&admin)
+    server::terminate_other_sessions(&admin)
         .await
         .expect("terminate");
     // Another replica needs the token now.

@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
+use threadline_store::testing::server;
 
 const PREFIX: &str = "tl_test_";
 const STALE_AFTER_SECS: u64 = 6 * 3600;
@@ -68,8 +69,7 @@ impl TestDb {
             "{PREFIX}{now}_{}",
             &uuid::Uuid::new_v4().simple().to_string()[..10]
         );
-        sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
-            .execute(&mut conn)
+        server::create_database(&mut conn, &name)
             .await
             .expect("creating the test database");
         let url = with_database(&admin, &name);
@@ -95,17 +95,11 @@ impl TestDb {
         let mut conn = PgConnection::connect(&admin_url())
             .await
             .expect("admin connection");
-        sqlx::raw_sql(&format!(
-            "ALTER DATABASE \"{}\" ALLOW_CONNECTIONS {allow}",
-            self.name
-        ))
-        .execute(&mut conn)
-        .await
-        .expect("ALTER DATABASE");
+        server::set_database_connectable(&mut conn, &self.name, allow)
+            .await
+            .expect("ALTER DATABASE");
         if !allow {
-            sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()")
-                .bind(&self.name)
-                .execute(&mut conn)
+            server::terminate_connections(&mut conn, &self.name)
                 .await
                 .expect("terminating connections");
         }
@@ -113,20 +107,16 @@ impl TestDb {
 }
 
 async fn drop_stale(conn: &mut PgConnection, now: u64) {
-    let names: Vec<String> =
-        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'tl\\_test\\_%'")
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap_or_default();
+    let names = server::database_names_like(&mut *conn, "tl\\_test\\_%")
+        .await
+        .unwrap_or_default();
     for name in names {
         let created = name
             .strip_prefix(PREFIX)
             .and_then(|rest| rest.split('_').next())
             .and_then(|s| s.parse::<u64>().ok());
         if created.is_some_and(|t| t + STALE_AFTER_SECS < now) {
-            let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                .execute(&mut *conn)
-                .await;
+            let _ = server::drop_database(&mut *conn, &name).await;
         }
     }
 }
@@ -147,10 +137,7 @@ impl Drop for TestDb {
             rt.block_on(async move {
                 pool.close().await;
                 if let Ok(mut conn) = PgConnection::connect(&admin_url()).await {
-                    let _ =
-                        sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                            .execute(&mut conn)
-                            .await;
+                    let _ = server::drop_database(&mut conn, &name).await;
                 }
             });
         })

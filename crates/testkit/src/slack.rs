@@ -70,13 +70,12 @@ pub async fn deliver(
 
 /// Registers an active installation for `(app, team)` directly (no token).
 pub async fn seed_installation(pool: &sqlx::PgPool, app: &str, team: &str) -> uuid::Uuid {
-    sqlx::query_scalar(
-        "INSERT INTO installations (id, app_id, team_id, bot_user_id, bot_id) VALUES ($1, $2, $3, 'UBOT', 'BBOT') RETURNING id",
+    threadline_store::testing::installations::insert_active_installation(
+        pool,
+        uuid::Uuid::now_v7(),
+        app,
+        team,
     )
-    .bind(uuid::Uuid::now_v7())
-    .bind(app)
-    .bind(team)
-    .fetch_one(pool)
     .await
     .expect("seeding an installation")
 }

@@ -11,6 +11,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use threadline_store::testing::server;
 use threadline_tests::{Stack, sim_ctl, sim_get};
 
 fn arg(args: &[String], name: &str, default: u64) -> u64 {
@@ -49,41 +50,23 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Where each answered mention's time went, from the ledger's own clocks
 /// (Postgres `now()`, the start of the transaction that wrote the row) and
 /// Slack's ts: p50 / p99 / max of each stage, in milliseconds.
-const STAGES: &str = "
-WITH m AS (
-  SELECT to_timestamp(r.message_ts::float8) AS mention, r.received_at, c.captured_at,
-         d.created_at AS claimed, i.created_at AS intent, i.first_sending_since AS sending,
-         to_timestamp(i.slack_ts::float8) AS posted
-    FROM reply_intents i
-    JOIN decisions d ON d.id = i.decision_id
-    JOIN event_receipts r ON r.id = d.receipt_id
-    JOIN contexts c ON c.receipt_id = d.receipt_id
-   WHERE i.state = 'sent' AND i.slack_ts IS NOT NULL AND r.message_ts::float8 >= $1),
-s(stage, ord, ms) AS (
-  SELECT 'mention → receipt insert began (slack-sim delivery)', 1, extract(epoch FROM received_at - mention) * 1000 FROM m
-  UNION ALL SELECT '→ context captured (intake commit, relay, context-builder)', 2, extract(epoch FROM captured_at - received_at) * 1000 FROM m
-  UNION ALL SELECT '→ decision claimed (inference)', 3, extract(epoch FROM claimed - captured_at) * 1000 FROM m
-  UNION ALL SELECT '→ reply intent (model, proposal, publisher intake)', 4, extract(epoch FROM intent - claimed) * 1000 FROM m
-  UNION ALL SELECT '→ claimed for sending', 5, extract(epoch FROM sending - intent) * 1000 FROM m
-  UNION ALL SELECT '→ posted in Slack', 6, extract(epoch FROM posted - sending) * 1000 FROM m
-  UNION ALL SELECT 'mention → posted in Slack (whole)', 7, extract(epoch FROM posted - mention) * 1000 FROM m)
-SELECT stage, count(*)::bigint,
-       (percentile_cont(0.5) WITHIN GROUP (ORDER BY ms))::float8,
-       (percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::float8,
-       max(ms)::float8
-  FROM s GROUP BY stage, ord ORDER BY ord";
-
 async fn stage_breakdown(pool: &sqlx::PgPool, since: f64) {
-    let rows: Vec<(String, i64, f64, f64, f64)> =
-        match sqlx::query_as(STAGES).bind(since).fetch_all(pool).await {
-            Ok(rows) => rows,
-            Err(e) => {
-                println!("stage breakdown unavailable: {e}");
-                return;
-            }
-        };
+    let rows = match threadline_store::testing::intents::stage_timings(pool, since).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            println!("stage breakdown unavailable: {e}");
+            return;
+        }
+    };
     println!("where the time went (ledger clocks, ms):            p50      p99      max   (n)");
-    for (stage, n, p50, p99, max) in rows {
+    for threadline_store::testing::intents::StageTiming {
+        stage,
+        count: n,
+        p50_ms: p50,
+        p99_ms: p99,
+        max_ms: max,
+    } in rows
+    {
         println!("  {stage:<60} {p50:>8.1} {p99:>8.1} {max:>8.1}   ({n})");
     }
 }
@@ -152,20 +135,11 @@ fn cpu_between(
 /// from `pg_stat_statements` where the server preloads it (`None`
 /// otherwise), commits from `pg_stat_database`.
 async fn statement_counts(pool: &sqlx::PgPool) -> (Option<i64>, i64) {
-    let statements = sqlx::query_scalar::<_, Option<i64>>(
-        "SELECT sum(calls)::bigint FROM pg_stat_statements
-          WHERE toplevel AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
-    )
-    .fetch_one(pool)
-    .await
-    .ok()
-    .map(|n| n.unwrap_or(0));
-    let commits = sqlx::query_scalar::<_, i64>(
-        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap_or(0);
+    let statements = server::statement_calls(pool)
+        .await
+        .ok()
+        .map(|n| n.unwrap_or(0));
+    let commits = server::commit_count(pool).await.unwrap_or(0);
     (statements, commits)
 }
 
@@ -179,22 +153,14 @@ const STATS_LAG: Duration = Duration::from_secs(11);
 async fn write_counts(
     pool: &sqlx::PgPool,
 ) -> (std::collections::BTreeMap<String, i64>, Option<i64>) {
-    let rows: Vec<(String, i64)> = match sqlx::query_as(
-        "SELECT relname::text, (n_tup_ins + n_tup_upd + n_tup_del)::bigint FROM pg_stat_user_tables",
-    )
-    .fetch_all(pool)
-    .await
-    {
+    let rows = match server::table_write_counts(pool).await {
         Ok(rows) => rows,
         Err(e) => {
             println!("(table counters unreadable: {e})");
             Vec::new()
         }
     };
-    let wal = sqlx::query_scalar::<_, i64>("SELECT wal_bytes::bigint FROM pg_stat_wal")
-        .fetch_one(pool)
-        .await
-        .ok();
+    let wal = server::wal_bytes(pool).await.ok();
     (rows.into_iter().collect(), wal)
 }
 
@@ -269,15 +235,7 @@ async fn wait_for_replies(s: &Stack, expected: u64) {
 /// The statements Postgres ran most during the measured load (with
 /// `--statements`, where `pg_stat_statements` is preloaded).
 async fn print_statements(pool: &sqlx::PgPool) {
-    let rows: Vec<(i64, f64, String)> = match sqlx::query_as(
-        "SELECT calls, total_exec_time, regexp_replace(left(query, 110), '\\s+', ' ', 'g')
-           FROM pg_stat_statements
-          WHERE toplevel AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-          ORDER BY calls DESC LIMIT 40",
-    )
-    .fetch_all(pool)
-    .await
-    {
+    let rows = match server::top_statements(pool).await {
         Ok(rows) => rows,
         Err(e) => {
             println!("statements unavailable: {e}");
@@ -285,7 +243,12 @@ async fn print_statements(pool: &sqlx::PgPool) {
         }
     };
     println!("statements by calls (calls, total ms, text):");
-    for (calls, ms, q) in rows {
+    for server::StatementCalls {
+        calls,
+        total_exec_ms: ms,
+        text: q,
+    } in rows
+    {
         println!("  {calls:>7} {ms:>9.1}  {q}");
     }
 }
@@ -344,12 +307,8 @@ async fn main() {
         );
     }
     // pg_stat_statements where the server preloads it (see the README).
-    let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .execute(&s.db.pool)
-        .await;
-    let _ = sqlx::query("SELECT pg_stat_statements_reset()")
-        .execute(&s.db.pool)
-        .await;
+    let _ = server::create_pg_stat_statements(&s.db.pool).await;
+    let _ = server::reset_pg_stat_statements(&s.db.pool).await;
     // Backends report their commit and table counters once idle for 10 s
     // at the latest: let the warm-up's (and its replies fed back) land
     // before counting from here.
