@@ -15,6 +15,7 @@ use prost::Message as _;
 use secrecy::ExposeSecret as _;
 use sqlx::PgPool;
 use threadline_proto::v1::{ProposalReady, Reconsider, SCHEMA_VERSION};
+use threadline_runtime::batch::Batcher;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::secrets::TokenCipher;
 use threadline_runtime::worker::Disposition;
@@ -22,12 +23,15 @@ use threadline_slack::{WebClient, WebError};
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-use crate::intents::{self, Claimed, Fence, PostRecord, Proposal, Recorded, Verdict};
+use crate::intents::{self, Claimed, Fence, PostRecord, PostToRecord, Proposal, Recorded, Verdict};
 use crate::proposals::{self, Decision};
 use crate::reconcile::{self, Evidence, Found, Subject};
 
 pub struct Handler {
     pub pool: PgPool,
+    /// Records of posts Slack accepted, batched across the handlers
+    /// ([`intents::record_posts`]).
+    pub records: Batcher<PostToRecord, Recorded>,
     pub js: jetstream::Context,
     pub topology: Topology,
     pub web: WebClient,
@@ -76,15 +80,16 @@ fn jitter(secs: f64, seed: &Uuid) -> f64 {
 /// Runs a database write that records what Slack did, again and again
 /// while the database is away (transient errors only): what happened in
 /// Slack must not be lost to a blip.
-async fn persist<T, F, Fut>(mut write: F) -> sqlx::Result<T>
+async fn persist<T, E, F, Fut>(mut write: F) -> anyhow::Result<T>
 where
+    E: Into<anyhow::Error>,
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = sqlx::Result<T>>,
+    Fut: std::future::Future<Output = Result<T, E>>,
 {
     let mut tries = 0u32;
     loop {
-        match write().await {
-            Err(e) if threadline_runtime::transient::sql_is_transient(&e) && tries < 1000 => {
+        match write().await.map_err(Into::into) {
+            Err(e) if threadline_runtime::transient::is_transient(&e) && tries < 1000 => {
                 tries += 1;
                 tracing::warn!(error = %e, tries, "recording what Slack did failed; trying again");
                 tokio::time::sleep(threadline_runtime::worker::backoff(tries)).await;
@@ -515,9 +520,14 @@ impl Handler {
                 // Slack has the post: record it, trying for as long as the
                 // database is away (a worker killed meanwhile leaves the
                 // intent `sending`, and reconciliation finds the post).
-                let recorded =
-                    persist(|| intents::record_post(&self.pool, intent, p.decision, &ts, false))
-                        .await?;
+                // (with the other handlers' records: one transaction)
+                let post = PostToRecord {
+                    intent,
+                    decision: p.decision,
+                    ts: ts.clone(),
+                    reconciled: false,
+                };
+                let recorded = persist(|| self.records.submit(post.clone())).await?;
                 metrics::counter!("threadline_reply_intents_total", "state" => "sent").increment(1);
                 self.after_record(&recorded, intent);
                 Ok(Disposition::Done)

@@ -16,6 +16,7 @@ pub mod sweeper;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use threadline_runtime::batch::Batcher;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::shutdown::CancellationToken;
 use threadline_slack::WebClient;
@@ -29,8 +30,27 @@ pub fn handler(
     pool: sqlx::PgPool,
     js: async_nats::jetstream::Context,
 ) -> anyhow::Result<Handler> {
+    let records = {
+        let pool = threadline_runtime::db::generic_plan_pool(
+            &pool,
+            threadline_runtime::batch::CONNECTIONS,
+        );
+        Batcher::spawn(
+            "post_record",
+            2,
+            cfg.common.statement_batch,
+            move |posts: Vec<_>| {
+                let pool = pool.clone();
+                async move {
+                    let r = intents::record_posts(&pool, &posts).await;
+                    (posts, r)
+                }
+            },
+        )
+    };
     Ok(Handler {
         pool,
+        records,
         js,
         topology: Topology::from_config(&cfg.common),
         web: WebClient::new(&cfg.common.slack_api_url, cfg.slack_timeout)
@@ -51,8 +71,13 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let Some(deps) =
-        threadline_runtime::service::start(&cfg.common, "threadline-publisher", &shutdown).await?
+    let Some(deps) = threadline_runtime::service::start(
+        // (the batched statements have connections of their own)
+        &threadline_runtime::batch::share_connections(&cfg.common),
+        "threadline-publisher",
+        &shutdown,
+    )
+    .await?
     else {
         return Ok(());
     };

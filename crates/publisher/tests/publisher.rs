@@ -1256,6 +1256,138 @@ async fn a_post_is_recorded_whatever_became_of_its_intent_and_a_crossing_is_seen
     env.cleanup().await;
 }
 
+/// Many records in one transaction (the handlers' group commit) come out
+/// as the same records one after another would: an intent named twice in
+/// a batch is recorded once and then seen as recorded (`Already` with its
+/// ts, a `Duplicate` incident with another), a missing intent is
+/// `Missing`, and a crossing message is recorded, with its
+/// reconsideration, for every answer it crossed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_post_records_reads_as_the_same_records_one_by_one() {
+    use threadline_publisher::intents::{PostRecord, PostToRecord, record_posts};
+    let env = Env::new().await;
+    let (decision, payload) = env.proposal("The answer.").await;
+    let p = ProposalReady::decode(payload.as_slice()).expect("decode");
+    let root = env.root().await;
+    decisions::set_decision_context(&env.db.pool, decision, &[root.clone(), p.source_ts.clone()])
+        .await
+        .expect("context");
+    let later = |secs: u64| {
+        let newest = root.as_str().max(p.source_ts.as_str());
+        let (whole, micros) = newest.split_once('.').expect("a Slack ts");
+        format!("{}.{micros}", whole.parse::<u64>().expect("seconds") + secs)
+    };
+    let crossing = later(1);
+    assert!(
+        threads::insert_user_message(
+            &env.db.pool,
+            env.inst,
+            &env.channel,
+            &crossing,
+            &root,
+            "wait",
+        )
+        .await
+        .expect("message")
+    );
+    // A held intent and one in flight, both posts of the same answer.
+    let (held, sending) = (Uuid::now_v7(), Uuid::now_v7());
+    let fixture = |id: Uuid, event_id: &'static str| intents::IntentFixture {
+        id,
+        installation_id: env.inst,
+        event_id,
+        action_kind: "thread_reply",
+        receipt_id: Uuid::parse_str(&p.receipt_id).expect("receipt"),
+        decision_id: decision,
+        channel_id: &env.channel,
+        root_ts: &root,
+        body_hash: "hash",
+    };
+    intents::insert_held_intent(
+        &env.db.pool,
+        &fixture(held, "EvHELD"),
+        "no_evidence_of_post",
+    )
+    .await
+    .expect("held intent");
+    intents::insert_sending_intent(&env.db.pool, &fixture(sending, "EvSENDING"), 1, 1.0)
+        .await
+        .expect("sending intent");
+    let (first, other, second) = (later(2), later(3), later(4));
+    let post = |intent: Uuid, ts: &str| PostToRecord {
+        intent,
+        decision,
+        ts: ts.to_owned(),
+        reconciled: false,
+    };
+    let batch = [
+        post(held, &first),
+        post(sending, &other),
+        post(Uuid::now_v7(), &first),
+        post(held, &first),
+        post(held, &second),
+    ];
+    let recorded = record_posts(&env.db.pool, &batch).await.expect("recorded");
+    let outcomes: Vec<PostRecord> = recorded.iter().map(|r| r.outcome).collect();
+    assert_eq!(
+        outcomes,
+        [
+            PostRecord::Late,
+            PostRecord::Sent,
+            PostRecord::Missing,
+            PostRecord::Already,
+            PostRecord::Duplicate
+        ]
+    );
+    // The crossing is news once per answer it crossed, not per record.
+    let crossed: Vec<&[String]> = recorded.iter().map(|r| r.crossed.as_slice()).collect();
+    let one = [crossing.clone()];
+    assert_eq!(crossed, [&one[..], &one[..], &[], &[], &[]]);
+    let mut queued = outbox::msg_ids_of_topic(&env.db.pool, "reconsider")
+        .await
+        .expect("outbox");
+    queued.sort();
+    let mut expected = vec![
+        format!("recon:crossed:{held}:{crossing}"),
+        format!("recon:crossed:{sending}:{crossing}"),
+    ];
+    expected.sort();
+    assert_eq!(queued, expected);
+    let late = intents::intent_late_record(&env.db.pool, held)
+        .await
+        .expect("held");
+    assert_eq!(
+        (late.state.as_str(), late.reconciled, late.late),
+        ("sent", true, true)
+    );
+    let on_time = intents::intent_late_record(&env.db.pool, sending)
+        .await
+        .expect("sending");
+    assert_eq!(
+        (on_time.state.as_str(), on_time.reconciled, on_time.late),
+        ("sent", false, false)
+    );
+    assert_eq!(
+        intents::intent_posts(&env.db.pool, held)
+            .await
+            .expect("held"),
+        (Some(first), vec![second])
+    );
+    assert_eq!(
+        intents::intent_posts(&env.db.pool, sending)
+            .await
+            .expect("sending"),
+        (Some(other), vec![])
+    );
+    assert_eq!(env.decision(decision).await.0, "published");
+    assert!(
+        threads::turn_answered(&env.db.pool, &p.source_ts)
+            .await
+            .expect("turn")
+    );
+    env.cleanup().await;
+}
+
 /// Without metadata (Slack dropped it), evidence is the approved body's
 /// hash inside the intent's window — never a message already recorded as
 /// another intent's post, nor one created before the intent's first try.

@@ -583,131 +583,237 @@ pub async fn record_post_in(
     ts: &str,
     reconciled: bool,
 ) -> sqlx::Result<Recorded> {
-    // The intent, and its thread's row: a crossing message's insert bumps
-    // that row, so one of the two transactions waits for the other and the
-    // next statement here sees its message (or it sees this reply).
+    let post = PostToRecord {
+        intent,
+        decision,
+        ts: ts.to_owned(),
+        reconciled,
+    };
+    let mut recorded = record_posts_in(conn, std::slice::from_ref(&post)).await?;
+    Ok(recorded.pop().expect("one record per post"))
+}
+
+/// A post Slack accepted, to be recorded ([`record_posts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostToRecord {
+    pub intent: Uuid,
+    pub decision: Uuid,
+    pub ts: String,
+    /// Found by reconciliation rather than seen in the post's response.
+    pub reconciled: bool,
+}
+
+/// [`record_post`] for many posts in one transaction (the publisher's
+/// group commit): the same locks, checks and writes, in three statements
+/// and one commit for the lot. Each post's [`Recorded`] in order.
+pub async fn record_posts(pool: &PgPool, posts: &[PostToRecord]) -> sqlx::Result<Vec<Recorded>> {
+    let mut tx = pool.begin().await?;
+    let recorded = record_posts_in(&mut tx, posts).await?;
+    tx.commit().await?;
+    Ok(recorded)
+}
+
+/// [`record_posts`] inside the caller's transaction. An intent named more
+/// than once is recorded once per round, in order, so that the second
+/// record sees the first (`Already` or `Duplicate`) exactly as two calls in
+/// a row would.
+pub async fn record_posts_in(
+    conn: &mut PgConnection,
+    posts: &[PostToRecord],
+) -> sqlx::Result<Vec<Recorded>> {
+    let mut out: Vec<Option<Recorded>> = vec![None; posts.len()];
+    let mut left: Vec<usize> = (0..posts.len()).collect();
+    while !left.is_empty() {
+        let mut seen = std::collections::HashSet::new();
+        let (round, later): (Vec<usize>, Vec<usize>) = left
+            .into_iter()
+            .partition(|&k| seen.insert(posts[k].intent));
+        let round_posts: Vec<&PostToRecord> = round.iter().map(|&k| &posts[k]).collect();
+        for (k, r) in round.iter().zip(record_round(conn, &round_posts).await?) {
+            out[*k] = Some(r);
+        }
+        left = later;
+    }
+    Ok(out
+        .into_iter()
+        .map(|r| r.expect("every post recorded"))
+        .collect())
+}
+
+/// One round of [`record_posts_in`]: every intent at most once.
+async fn record_round(
+    conn: &mut PgConnection,
+    posts: &[&PostToRecord],
+) -> sqlx::Result<Vec<Recorded>> {
+    // The intents, and their threads' rows: a crossing message's insert
+    // bumps that row, so one of the two transactions waits for the other
+    // and the next statement here sees its message (or it sees this reply).
+    // Intents are locked in id order, so two batches never wait on each
+    // other crosswise.
+    let ids: Vec<Uuid> = posts.iter().map(|p| p.intent).collect();
     let before = sqlx::query!(
-        r#"SELECT i.state, i.slack_ts,
+        r#"SELECT i.id, i.state, i.slack_ts,
                   (SELECT 1 FROM threads t
                     WHERE t.installation_id = i.installation_id AND t.channel_id = i.channel_id
                       AND t.root_ts = i.root_ts
                       FOR SHARE) AS thread_locked
-             FROM reply_intents i WHERE i.id = $1
+             FROM reply_intents i WHERE i.id = ANY($1)
+            ORDER BY i.id
               FOR UPDATE"#,
-        intent
+        &ids
     )
-    .fetch_optional(&mut *conn)
+    .fetch_all(&mut *conn)
     .await?;
-    let state = match &before {
-        None => None,
-        Some(b) => Some(
-            IntentState::parse(&b.state)
-                .map_err(|e| sqlx::Error::Decode(format!("reply_intents.state: {e}").into()))?,
-        ),
-    };
-    let mut crossed: Vec<String> = Vec::new();
-    let outcome = match (state, before.and_then(|b| b.slack_ts)) {
-        (None, _) => PostRecord::Missing,
-        (Some(IntentState::Sent), Some(known)) if known == ts => PostRecord::Already,
-        (Some(IntentState::Sent), _) => {
-            sqlx::query!(
-                "UPDATE reply_intents SET extra_ts = array_append(extra_ts, $2), updated_at = now()
-                  WHERE id = $1 AND NOT ($2 = ANY(extra_ts))",
-                intent,
-                ts
-            )
-            .execute(&mut *conn)
-            .await?;
-            PostRecord::Duplicate
-        }
-        (Some(state), _) => {
-            let late = !IntentState::IN_FLIGHT.contains(&state);
-            // Sent, the decision published and the turn answered, and the
-            // human messages of the thread older than the reply that the
-            // answer did not read, within the window its context covered
-            // (deleted since or not: they were there when it went out),
-            // recorded as crossing it in flight: one statement.
-            crossed = sqlx::query_scalar!(
-                r#"WITH i AS (
-                    UPDATE reply_intents
-                       SET state = $6, slack_ts = $2, reconciled = $3, decision_id = $4, error_code = NULL,
-                           next_check_at = NULL, updated_at = now(),
-                           late_recorded_at = CASE WHEN $5 THEN now() END
-                     WHERE id = $1 AND state = ANY($7)
-                    RETURNING decision_id),
-                 d AS (
-                    UPDATE decisions SET status = $8, updated_at = now()
-                     WHERE id IN (SELECT decision_id FROM i) AND status = ANY($9)
-                    RETURNING id),
-                 t AS (
-                    UPDATE turns t SET answered_at = coalesce(t.answered_at, now())
-                      FROM decisions dd
-                     WHERE dd.id = $4 AND EXISTS (SELECT 1 FROM i)
-                       AND t.installation_id = dd.installation_id AND t.channel_id = dd.channel_id AND t.ts = dd.source_ts
-                    RETURNING 1)
-                 INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by,
-                                              detected_at)
-                 SELECT $1, dd.installation_id, dd.channel_id, dd.root_ts, $2, m.ts, 'publisher', clock_timestamp()
-                   FROM decisions dd JOIN thread_messages m
-                     ON m.installation_id = dd.installation_id AND m.channel_id = dd.channel_id AND m.root_ts = dd.root_ts
-                  WHERE dd.id = $4 AND dd.context_ts IS NOT NULL AND EXISTS (SELECT 1 FROM i)
-                    AND m.speaker = 'user'
-                    -- deleted only after the context was taken: it was there
-                    -- when the answer went out
-                    AND (NOT m.deleted OR m.deleted_at > dd.created_at)
-                    AND m.ts::numeric < $2::numeric
-                    AND m.ts::numeric > coalesce(dd.context_floor_ts, '0')::numeric
-                    AND NOT (m.ts = ANY(dd.context_ts))
-                 ON CONFLICT DO NOTHING
-                 RETURNING crossing_ts"#,
-                intent,
-                ts,
-                reconciled || late,
-                decision,
-                late,
-                IntentState::Sent.as_str(),
-                &moves_from_any(IntentState::Sent),
-                DecisionStatus::Published.as_str(),
-                &moves_from_any(DecisionStatus::Published)
-            )
-            .fetch_all(&mut *conn)
-            .await?;
-            if late {
-                PostRecord::Late
-            } else {
-                PostRecord::Sent
-            }
-        }
-    };
-    if !crossed.is_empty() {
-        // Reconsider the thread, in the transaction that recorded the
-        // crossing: neither is kept without the other.
-        let d = sqlx::query!(
-            "SELECT installation_id, channel_id, root_ts, receipt_id FROM decisions WHERE id = $1",
-            decision
-        )
-        .fetch_one(&mut *conn)
-        .await?;
-        let msg = crate::outbox::crossed_reconsider(
-            d.installation_id,
-            &d.channel_id,
-            &d.root_ts,
-            d.receipt_id,
-        );
-        crate::outbox::enqueue(
-            conn,
-            d.installation_id,
-            d.receipt_id,
-            Topic::Reconsider,
-            &format!(
-                "recon:crossed:{intent}:{}",
-                crossed.iter().max().map(String::as_str).unwrap_or_default()
-            ),
-            msg.encode_to_vec(),
-        )
-        .await?;
+    let mut found = std::collections::HashMap::new();
+    for b in before {
+        let state = IntentState::parse(&b.state)
+            .map_err(|e| sqlx::Error::Decode(format!("reply_intents.state: {e}").into()))?;
+        found.insert(b.id, (state, b.slack_ts));
     }
-    Ok(Recorded { outcome, crossed })
+
+    let mut outcomes = Vec::with_capacity(posts.len());
+    // Sent (or late) now: recorded together by the next statement.
+    let (mut sent, mut sent_ts, mut sent_reconciled, mut sent_decision, mut sent_late) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for p in posts {
+        let outcome = match found.get(&p.intent) {
+            None => PostRecord::Missing,
+            Some((IntentState::Sent, Some(known))) if *known == p.ts => PostRecord::Already,
+            Some((IntentState::Sent, _)) => {
+                sqlx::query!(
+                    "UPDATE reply_intents SET extra_ts = array_append(extra_ts, $2), updated_at = now()
+                      WHERE id = $1 AND NOT ($2 = ANY(extra_ts))",
+                    p.intent,
+                    p.ts
+                )
+                .execute(&mut *conn)
+                .await?;
+                PostRecord::Duplicate
+            }
+            Some((state, _)) => {
+                let late = !IntentState::IN_FLIGHT.contains(state);
+                sent.push(p.intent);
+                sent_ts.push(p.ts.clone());
+                sent_reconciled.push(p.reconciled || late);
+                sent_decision.push(p.decision);
+                sent_late.push(late);
+                if late {
+                    PostRecord::Late
+                } else {
+                    PostRecord::Sent
+                }
+            }
+        };
+        outcomes.push(outcome);
+    }
+
+    let mut crossed: std::collections::HashMap<Uuid, Vec<String>> = Default::default();
+    if !sent.is_empty() {
+        // Sent, the decision published and the turn answered, and the
+        // human messages of the thread older than the reply that the
+        // answer did not read, within the window its context covered
+        // (deleted since or not: they were there when it went out),
+        // recorded as crossing it in flight: one statement for the round.
+        let rows = sqlx::query!(
+            r#"WITH u AS (
+                SELECT * FROM unnest($1::uuid[], $2::text[], $3::bool[], $4::uuid[], $5::bool[])
+                    AS u(id, ts, reconciled, decision, late)),
+             i AS (
+                UPDATE reply_intents r
+                   SET state = $6, slack_ts = u.ts, reconciled = u.reconciled, decision_id = u.decision,
+                       error_code = NULL, next_check_at = NULL, updated_at = now(),
+                       late_recorded_at = CASE WHEN u.late THEN now() END
+                  FROM u
+                 WHERE r.id = u.id AND r.state = ANY($7)
+                RETURNING r.id, r.decision_id, u.ts),
+             d AS (
+                UPDATE decisions SET status = $8, updated_at = now()
+                 WHERE id IN (SELECT decision_id FROM i) AND status = ANY($9)
+                RETURNING id),
+             t AS (
+                UPDATE turns t SET answered_at = coalesce(t.answered_at, now())
+                  FROM i JOIN decisions dd ON dd.id = i.decision_id
+                 WHERE t.installation_id = dd.installation_id AND t.channel_id = dd.channel_id
+                   AND t.ts = dd.source_ts
+                RETURNING 1)
+             INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by,
+                                          detected_at)
+             SELECT i.id, dd.installation_id, dd.channel_id, dd.root_ts, i.ts, m.ts, 'publisher', clock_timestamp()
+               FROM i JOIN decisions dd ON dd.id = i.decision_id
+               JOIN thread_messages m
+                 ON m.installation_id = dd.installation_id AND m.channel_id = dd.channel_id AND m.root_ts = dd.root_ts
+              WHERE dd.context_ts IS NOT NULL
+                AND m.speaker = 'user'
+                -- deleted only after the context was taken: it was there
+                -- when the answer went out
+                AND (NOT m.deleted OR m.deleted_at > dd.created_at)
+                AND m.ts::numeric < i.ts::numeric
+                AND m.ts::numeric > coalesce(dd.context_floor_ts, '0')::numeric
+                AND NOT (m.ts = ANY(dd.context_ts))
+             ON CONFLICT DO NOTHING
+             RETURNING intent_id, crossing_ts"#,
+            &sent,
+            &sent_ts,
+            &sent_reconciled,
+            &sent_decision,
+            &sent_late,
+            IntentState::Sent.as_str(),
+            &moves_from_any(IntentState::Sent),
+            DecisionStatus::Published.as_str(),
+            &moves_from_any(DecisionStatus::Published)
+        )
+        .fetch_all(&mut *conn)
+        .await?;
+        for r in rows {
+            crossed.entry(r.intent_id).or_default().push(r.crossing_ts);
+        }
+    }
+
+    let mut recorded = Vec::with_capacity(posts.len());
+    for (p, outcome) in posts.iter().zip(outcomes) {
+        let crossed = crossed.remove(&p.intent).unwrap_or_default();
+        if !crossed.is_empty() {
+            reconsider_crossed(conn, p.intent, p.decision, &crossed).await?;
+        }
+        recorded.push(Recorded { outcome, crossed });
+    }
+    Ok(recorded)
+}
+
+/// Queues the reconsideration of the thread of an answer that human
+/// messages crossed in flight, in the transaction that recorded the
+/// crossing: neither is kept without the other.
+async fn reconsider_crossed(
+    conn: &mut PgConnection,
+    intent: Uuid,
+    decision: Uuid,
+    crossed: &[String],
+) -> sqlx::Result<()> {
+    let d = sqlx::query!(
+        "SELECT installation_id, channel_id, root_ts, receipt_id FROM decisions WHERE id = $1",
+        decision
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let msg = crate::outbox::crossed_reconsider(
+        d.installation_id,
+        &d.channel_id,
+        &d.root_ts,
+        d.receipt_id,
+    );
+    crate::outbox::enqueue(
+        conn,
+        d.installation_id,
+        d.receipt_id,
+        Topic::Reconsider,
+        &format!(
+            "recon:crossed:{intent}:{}",
+            crossed.iter().max().map(String::as_str).unwrap_or_default()
+        ),
+        msg.encode_to_vec(),
+    )
+    .await?;
+    Ok(())
 }
 
 /// What evidence of an intent's posts looks like: the body hash of every
