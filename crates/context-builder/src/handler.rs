@@ -7,7 +7,7 @@ use futures::FutureExt as _;
 use prost::Message as _;
 use secrecy::ExposeSecret as _;
 use sqlx::PgPool;
-use threadline_domain::classify::{self, Effect, Outcome};
+use threadline_domain::classify::{self, Outcome};
 use threadline_domain::state::ReceiptState;
 use threadline_proto::v1::{ContextMessage, ContextReady, EventAccepted, SCHEMA_VERSION};
 use threadline_runtime::bus::{Topic, Topology};
@@ -33,6 +33,8 @@ pub struct Handler {
     pub backfill: BackfillLimits,
     /// Opens events of concurrent handlers, one statement per batch.
     pub opens: Opens,
+    /// Applies events of concurrent handlers, one transaction per batch.
+    pub applies: Applies,
 }
 
 /// The batcher of [`store::open_many`]: `(installation, receipt, channel)`.
@@ -55,6 +57,24 @@ pub fn opens(pool: &PgPool, max_batch: usize) -> Opens {
             }
         },
     )
+}
+
+/// The batcher of [`store::apply_many`].
+pub type Applies = threadline_runtime::batch::Batcher<store::ApplyJob, store::ApplyOutcome>;
+
+/// Starts the batcher that applies events (at most `max_batch` in one
+/// transaction). One runner: a process's applies never wait for each
+/// other's locks crosswise (an `app_mention` and its `message` twin write
+/// the same fact; in two open transactions each could wait for the other).
+pub fn applies(pool: &PgPool, max_batch: usize) -> Applies {
+    let pool = pool.clone();
+    threadline_runtime::batch::Batcher::spawn("event_apply", 1, max_batch, move |jobs: Vec<_>| {
+        let pool = pool.clone();
+        async move {
+            let r = store::apply_many(&pool, &jobs).await;
+            (jobs, r)
+        }
+    })
 }
 
 /// `app_uninstalled`, or `tokens_revoked` naming our bot user.
@@ -208,90 +228,41 @@ impl Handler {
         }
         let c = classify::apply_channel_policy(c, facts, &policy);
 
-        let mut tx = self.pool.begin().await?;
-        let applied = store::apply(&mut tx, inst.id, channel, &c.effect).await?;
-        // A human message older than a reply already sent in its thread that
-        // the reply did not read crossed that answer in flight.
-        let crossed = match (&c.effect, &applied) {
-            (Effect::Upsert(f), Some((root, _))) if f.speaker == classify::Speaker::Human => {
-                store::crossed_answers(&mut tx, inst.id, channel, root, &f.ts).await?
-            }
-            _ => Vec::new(),
-        };
-        if !crossed.is_empty() {
-            // (its reconsideration is queued in this transaction)
-            threadline_runtime::outbox::crossed_in_flight(crossed.len(), "context-builder");
-        }
-        match &c.effect {
-            Effect::Delete { ts, .. } => {
-                let n = store::cancel_pending(&mut tx, inst.id, channel, ts, receipt).await?;
-                if n > 0 {
-                    tracing::info!(cancelled = n, "deleted source cancelled pending work");
-                }
-            }
-            Effect::Edit(f)
-                if store::note_answered_source_changed(&mut tx, inst.id, channel, &f.ts)
-                    .await? =>
-            {
-                // Policy: record and notify; never a second automatic answer.
-                metrics::counter!("threadline_answered_source_changed_total").increment(1);
-                tracing::warn!(
-                    alert = "answered_source_changed",
-                    channel,
-                    "a message was edited after it was answered"
-                );
-            }
-            _ => {}
-        }
-        let (source_ts, root, trigger) = match (c.outcome, &c.effect) {
-            (Outcome::Trigger(t), Effect::Upsert(f)) => (f.ts.clone(), f.root_ts.clone(), t),
-            (Outcome::Trigger(_), _) => {
-                store::finish(
-                    &mut tx,
-                    receipt,
-                    ReceiptState::Ignored,
-                    Some("unhandled_type"),
-                    (inst.id, channel),
-                )
-                .await?;
-                tx.commit().await?;
-                return ignored("unhandled_type");
-            }
-            (Outcome::Ignore(reason), _) => {
-                store::finish(
-                    &mut tx,
-                    receipt,
-                    ReceiptState::Ignored,
-                    Some(reason.as_str()),
-                    (inst.id, channel),
-                )
-                .await?;
-                tx.commit().await?;
-                return ignored(reason.as_str());
-            }
-        };
-        if !store::claim_turn(
-            &mut tx,
-            inst.id,
-            channel,
-            &source_ts,
-            receipt,
-            trigger.as_str(),
-        )
-        .await?
-        {
-            store::finish(
-                &mut tx,
+        // (with the other handlers' events: one transaction)
+        let applied = self
+            .applies
+            .submit(store::ApplyJob {
+                installation: inst.id,
+                channel: channel.to_owned(),
                 receipt,
-                ReceiptState::Ignored,
-                Some("duplicate_turn"),
-                (inst.id, channel),
-            )
+                classified: c,
+            })
             .await?;
-            tx.commit().await?;
-            return ignored("duplicate_turn");
+        if applied.crossed > 0 {
+            // (its reconsideration was queued in the same transaction)
+            threadline_runtime::outbox::crossed_in_flight(applied.crossed, "context-builder");
         }
-        tx.commit().await?;
+        if applied.cancelled > 0 {
+            tracing::info!(
+                cancelled = applied.cancelled,
+                "deleted source cancelled pending work"
+            );
+        }
+        if applied.answered_source_changed {
+            // Policy: record and notify; never a second automatic answer.
+            metrics::counter!("threadline_answered_source_changed_total").increment(1);
+            tracing::warn!(
+                alert = "answered_source_changed",
+                channel,
+                "a message was edited after it was answered"
+            );
+        }
+        let (source_ts, root) = match applied.next {
+            store::Next::Ignored(reason) => return ignored(reason),
+            store::Next::Build {
+                source_ts, root, ..
+            } => (source_ts, root),
+        };
 
         // A reply in a thread never seen: read the thread from Slack first
         // (no transaction is open during the call).

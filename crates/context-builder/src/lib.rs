@@ -52,6 +52,7 @@ pub async fn run(
         limits: cfg.limits,
         backfill: cfg.backfill,
         opens: handler::opens(&deps.pool, cfg.common.statement_batch),
+        applies: handler::applies(&deps.pool, cfg.common.statement_batch),
     });
     let health = deps.serve_health(listener, shutdown.clone());
     tracing::info!(concurrency = cfg.concurrency, "context-builder consuming");

@@ -2,7 +2,8 @@
 //! statements (threads, channels), with the channel's audit pseudonym
 //! under this process's key.
 
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
+use threadline_domain::classify::{Classification, Effect, Outcome, Speaker, TriggerSource};
 use threadline_domain::state::ReceiptState;
 use threadline_runtime::audit;
 pub use threadline_store::channels::{channel_kind, learn_channel_kind};
@@ -39,4 +40,120 @@ pub async fn note_failure(pool: &sqlx::PgPool, receipt: Uuid) -> sqlx::Result<Op
         threadline_runtime::worker::FAILURE_LIMIT as i32,
     )
     .await
+}
+
+/// An event's change to the thread store, as its handler hands it to the
+/// batch of applies ([`apply_many`]).
+#[derive(Debug, Clone)]
+pub struct ApplyJob {
+    pub installation: Uuid,
+    pub channel: String,
+    pub receipt: Uuid,
+    /// What the event is, after the channel's policy.
+    pub classified: Classification,
+}
+
+/// What applying an event came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplyOutcome {
+    pub next: Next,
+    /// Answers already sent that this human message crossed in flight
+    /// (their reconsideration is queued in the same transaction).
+    pub crossed: usize,
+    /// Pending work cancelled because its source was deleted.
+    pub cancelled: u64,
+    /// An answered message was edited (recorded; never answered again).
+    pub answered_source_changed: bool,
+}
+
+/// Where the event goes after its change is committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Finished as ignored, with this reason, in the same transaction.
+    Ignored(&'static str),
+    /// This receipt owns the turn of `source_ts` in the thread `root`: build
+    /// and publish its context.
+    Build {
+        source_ts: String,
+        root: String,
+        trigger: TriggerSource,
+    },
+}
+
+/// Applies the events of concurrent handlers in one transaction (group
+/// commit: one commit for the lot), each exactly as it would be alone and
+/// in the order given, so that an `app_mention` and its `message` twin in
+/// one batch still give the turn to the first. Each event's outcome in
+/// order. A failure fails the whole transaction; the batcher then runs
+/// each event alone, so one bad event fails by itself.
+pub async fn apply_many(pool: &PgPool, jobs: &[ApplyJob]) -> sqlx::Result<Vec<ApplyOutcome>> {
+    let mut tx = pool.begin().await?;
+    let mut out = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        out.push(apply_one(&mut tx, job).await?);
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// One event of [`apply_many`]: its fact, message and thread version; the
+/// answers a human message crossed; a deletion's cancelled work; an edited
+/// answered source; then the turn's claim, or the receipt finished as
+/// ignored.
+async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<ApplyOutcome> {
+    let (inst, channel, receipt) = (job.installation, job.channel.as_str(), job.receipt);
+    let c = &job.classified;
+    let applied = apply(conn, inst, channel, &c.effect).await?;
+    // A human message older than a reply already sent in its thread that
+    // the reply did not read crossed that answer in flight.
+    let crossed = match (&c.effect, &applied) {
+        (Effect::Upsert(f), Some((root, _))) if f.speaker == Speaker::Human => {
+            crossed_answers(conn, inst, channel, root, &f.ts)
+                .await?
+                .len()
+        }
+        _ => 0,
+    };
+    let (mut cancelled, mut answered_source_changed) = (0, false);
+    match &c.effect {
+        Effect::Delete { ts, .. } => {
+            cancelled = cancel_pending(conn, inst, channel, ts, receipt).await?;
+        }
+        Effect::Edit(f) => {
+            answered_source_changed =
+                note_answered_source_changed(conn, inst, channel, &f.ts).await?;
+        }
+        _ => {}
+    }
+    let next = match (c.outcome, &c.effect) {
+        (Outcome::Trigger(t), Effect::Upsert(f)) => {
+            if claim_turn(conn, inst, channel, &f.ts, receipt, t.as_str()).await? {
+                Next::Build {
+                    source_ts: f.ts.clone(),
+                    root: f.root_ts.clone(),
+                    trigger: t,
+                }
+            } else {
+                Next::Ignored("duplicate_turn")
+            }
+        }
+        (Outcome::Trigger(_), _) => Next::Ignored("unhandled_type"),
+        (Outcome::Ignore(reason), _) => Next::Ignored(reason.as_str()),
+    };
+    if let Next::Ignored(reason) = next {
+        finish(
+            conn,
+            receipt,
+            ReceiptState::Ignored,
+            Some(reason),
+            (inst, channel),
+        )
+        .await?;
+    }
+    Ok(ApplyOutcome {
+        next,
+        crossed,
+        cancelled,
+        answered_source_changed,
+    })
 }

@@ -78,6 +78,7 @@ impl Env {
             limits,
             backfill,
             opens: threadline_context_builder::handler::opens(&db.pool, 64),
+            applies: threadline_context_builder::handler::applies(&db.pool, 64),
         };
         Self {
             db,
@@ -1216,5 +1217,142 @@ async fn one_statement_opens_a_batch_of_events_each_as_if_alone() {
     let (inst, _) = opened[0].installation.as_ref().expect("still known");
     assert!(!inst.active && !opened[0].begun);
     assert_eq!(env.state(later).await.0, "accepted", "not touched");
+    env.cleanup().await;
+}
+
+/// Applies of concurrent handlers share one transaction, each event as it
+/// would be alone and in order: a mention's `message` twin in the same
+/// batch finds the turn taken, an unaddressed reply is finished as ignored,
+/// and the same batch delivered again changes nothing. A batch with an
+/// event Postgres refuses commits nothing; run through the batcher, that
+/// event fails alone and the others are applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_applies_reads_as_the_same_applies_one_by_one_and_a_bad_event_fails_alone() {
+    use threadline_domain::classify::{Classification, IgnoreReason, Outcome, TriggerSource};
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let root = "300.000001";
+    let (asked, twin, aside) = ("300.000002", "300.000002", "300.000003");
+    let mut receipts = Vec::new();
+    for (event_id, event) in [
+        ("EvAsk", mention(asked, Some(root))),
+        ("EvTwin", human(twin, "what now?", Some(root))),
+        ("EvAside", human(aside, "never mind", Some(root))),
+    ] {
+        let (id, _) = env.receipt(event_id, event).await;
+        testing::receipts::set_receipt_state(&env.db.pool, id, "processing", None)
+            .await
+            .expect("begun");
+        receipts.push(id);
+    }
+    let job = |receipt: Uuid, effect: Effect, outcome: Outcome| store::ApplyJob {
+        installation: env.inst,
+        channel: "C0CHAN".into(),
+        receipt,
+        classified: Classification { effect, outcome },
+    };
+    let mention_source = Outcome::Trigger(TriggerSource::Mention);
+    let jobs = vec![
+        job(
+            receipts[0],
+            Effect::Upsert(facts(asked, root, "what now?", None)),
+            mention_source,
+        ),
+        job(
+            receipts[1],
+            Effect::Upsert(facts(twin, root, "what now?", None)),
+            mention_source,
+        ),
+        job(
+            receipts[2],
+            Effect::Upsert(facts(aside, root, "never mind", None)),
+            Outcome::Ignore(IgnoreReason::NotAddressed),
+        ),
+    ];
+    let expected = vec![
+        store::Next::Build {
+            source_ts: asked.into(),
+            root: root.into(),
+            trigger: TriggerSource::Mention,
+        },
+        store::Next::Ignored("duplicate_turn"),
+        store::Next::Ignored("not_addressed"),
+    ];
+    let applied = store::apply_many(&env.db.pool, &jobs)
+        .await
+        .expect("one transaction");
+    let next: Vec<store::Next> = applied.iter().map(|a| a.next.clone()).collect();
+    assert_eq!(next, expected);
+    assert_eq!(env.version(root).await, 2, "two new messages, two versions");
+    assert_eq!(
+        env.state(receipts[0]).await.0,
+        "processing",
+        "its context is next"
+    );
+    assert_eq!(
+        env.state(receipts[1]).await,
+        ("ignored".into(), Some("duplicate_turn".into()))
+    );
+    assert_eq!(
+        env.state(receipts[2]).await,
+        ("ignored".into(), Some("not_addressed".into()))
+    );
+    // Delivered again: the same outcomes, and the thread unchanged.
+    let again = store::apply_many(&env.db.pool, &jobs).await.expect("again");
+    let next: Vec<store::Next> = again.iter().map(|a| a.next.clone()).collect();
+    assert_eq!(next, expected);
+    assert_eq!(env.version(root).await, 2);
+
+    // Text Postgres cannot store (a NUL character) fails the whole batch:
+    // nothing of it is kept.
+    let (fine, bad) = ("300.000004", "300.000005");
+    let (fine_receipt, _) = env
+        .receipt("EvFine", human(fine, "hello", Some(root)))
+        .await;
+    let (bad_receipt, _) = env.receipt("EvBad", human(bad, "nul", Some(root))).await;
+    for id in [fine_receipt, bad_receipt] {
+        testing::receipts::set_receipt_state(&env.db.pool, id, "processing", None)
+            .await
+            .expect("begun");
+    }
+    let unaddressed = Outcome::Ignore(IgnoreReason::NotAddressed);
+    let fine_job = job(
+        fine_receipt,
+        Effect::Upsert(facts(fine, root, "hello", None)),
+        unaddressed,
+    );
+    let bad_job = job(
+        bad_receipt,
+        Effect::Upsert(facts(bad, root, "a\u{0}b", None)),
+        unaddressed,
+    );
+    assert!(
+        store::apply_many(&env.db.pool, &[fine_job.clone(), bad_job.clone()])
+            .await
+            .is_err()
+    );
+    assert_eq!(env.version(root).await, 2, "the batch kept nothing");
+    assert_eq!(env.state(fine_receipt).await.0, "processing");
+    // Through the handlers' batcher, the bad event fails by itself.
+    let (fine_done, bad_done) = tokio::join!(
+        env.handler.applies.submit(fine_job),
+        env.handler.applies.submit(bad_job)
+    );
+    assert_eq!(
+        fine_done.expect("applied").next,
+        store::Next::Ignored("not_addressed")
+    );
+    let refused = anyhow::Error::from(bad_done.expect_err("refused"));
+    assert!(
+        !threadline_runtime::transient::is_transient(&refused),
+        "a refused event is not an outage: {refused:#}"
+    );
+    assert_eq!(env.version(root).await, 3, "the good event was applied");
+    assert_eq!(env.state(bad_receipt).await.0, "processing");
     env.cleanup().await;
 }
