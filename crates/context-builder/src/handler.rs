@@ -63,9 +63,11 @@ pub fn opens(pool: &PgPool, max_batch: usize) -> Opens {
 pub type Applies = threadline_runtime::batch::Batcher<store::ApplyJob, store::ApplyOutcome>;
 
 /// Starts the batcher that applies events (at most `max_batch` in one
-/// transaction). One runner: a process's applies never wait for each
-/// other's locks crosswise (an `app_mention` and its `message` twin write
-/// the same fact; in two open transactions each could wait for the other).
+/// transaction). One runner: a process's batches never wait for each
+/// other's locks (an `app_mention` and its `message` twin write the same
+/// fact; in two open transactions each could wait for the other). Across
+/// replicas, batches take threads in key order; a cycle that remains is a
+/// deadlock Postgres breaks, and the batcher reruns its events one by one.
 pub fn applies(pool: &PgPool, max_batch: usize) -> Applies {
     let pool = pool.clone();
     threadline_runtime::batch::Batcher::spawn("event_apply", 1, max_batch, move |jobs: Vec<_>| {

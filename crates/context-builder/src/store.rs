@@ -80,20 +80,52 @@ pub enum Next {
     },
 }
 
+/// How long a batch of applies waits for a lock held elsewhere (a thread
+/// row another batch or a publisher's record holds) before it is rerun
+/// event by event.
+pub const APPLY_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Applies the events of concurrent handlers in one transaction (group
 /// commit: one commit for the lot), each exactly as it would be alone and
-/// in the order given, so that an `app_mention` and its `message` twin in
-/// one batch still give the turn to the first. Each event's outcome in
-/// order. A failure fails the whole transaction; the batcher then runs
-/// each event alone, so one bad event fails by itself.
+/// the events of one thread in the order given, so that an `app_mention`
+/// and its `message` twin in one batch still give the turn to the first.
+/// Each event's outcome in the order given. A failure fails the whole
+/// transaction; when it is the data's (a refused event) or a lost lock
+/// race (a deadlock, the lock timeout), the batcher then runs each event
+/// alone, so one bad event fails by itself. Timestamps written with
+/// `now()` (audit records, a turn's creation) are the batch's start.
 pub async fn apply_many(pool: &PgPool, jobs: &[ApplyJob]) -> sqlx::Result<Vec<ApplyOutcome>> {
+    // Threads in key order (a stable sort: one thread's events keep their
+    // order), as the publisher's batched records lock them, so that two
+    // batches holding several threads never wait on each other crosswise.
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by_key(|&k| jobs[k].thread());
     let mut tx = pool.begin().await?;
-    let mut out = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        out.push(apply_one(&mut tx, job).await?);
+    // Every event of the batch waits while one of them waits for a lock:
+    // bounded, and a batch that times out is rerun event by event.
+    threadline_store::schema::lock_timeout_local(&mut tx, APPLY_LOCK_TIMEOUT).await?;
+    let mut out: Vec<Option<ApplyOutcome>> = vec![None; jobs.len()];
+    for k in order {
+        out[k] = Some(apply_one(&mut tx, &jobs[k]).await?);
     }
     tx.commit().await?;
-    Ok(out)
+    Ok(out
+        .into_iter()
+        .map(|o| o.expect("every event applied"))
+        .collect())
+}
+
+impl ApplyJob {
+    /// The thread the event names (`(installation, channel, root)`; the
+    /// root is empty for an event that changes no message).
+    fn thread(&self) -> (Uuid, &str, &str) {
+        let root = match &self.classified.effect {
+            Effect::Upsert(f) | Effect::Edit(f) => f.root_ts.as_str(),
+            Effect::Delete { root_ts, .. } => root_ts.as_str(),
+            Effect::None => "",
+        };
+        (self.installation, self.channel.as_str(), root)
+    }
 }
 
 /// One event of [`apply_many`]: its fact, message and thread version; the

@@ -1338,21 +1338,47 @@ async fn a_batch_of_applies_reads_as_the_same_applies_one_by_one_and_a_bad_event
     );
     assert_eq!(env.version(root).await, 2, "the batch kept nothing");
     assert_eq!(env.state(fine_receipt).await.0, "processing");
-    // Through the handlers' batcher, the bad event fails by itself.
-    let (fine_done, bad_done) = tokio::join!(
-        env.handler.applies.submit(fine_job),
-        env.handler.applies.submit(bad_job)
-    );
+    // Through the handlers' batcher: while a first event waits for the
+    // thread's row, which this test holds, the good and the bad event queue
+    // up behind it and are taken as one batch, which Postgres refuses; run
+    // again one by one, the bad event fails by itself.
+    let (waiting, _) = env
+        .receipt("EvWaiting", human("300.000006", "hold on", Some(root)))
+        .await;
+    testing::receipts::set_receipt_state(&env.db.pool, waiting, "processing", None)
+        .await
+        .expect("begun");
+    let mut hold = env.db.pool.begin().await.expect("begin");
+    testing::threads::bump_thread_version(&mut hold, env.inst, "C0CHAN", root)
+        .await
+        .expect("hold the thread's row");
+    let submit = |j: store::ApplyJob| {
+        let applies = env.handler.applies.clone();
+        tokio::spawn(async move { applies.submit(j).await })
+    };
+    let first = submit(job(
+        waiting,
+        Effect::Upsert(facts("300.000006", root, "hold on", None)),
+        unaddressed,
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (fine_done, bad_done) = (submit(fine_job), submit(bad_job));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    hold.rollback().await.expect("release the thread");
     assert_eq!(
-        fine_done.expect("applied").next,
+        first.await.expect("task").expect("applied").next,
         store::Next::Ignored("not_addressed")
     );
-    let refused = anyhow::Error::from(bad_done.expect_err("refused"));
+    assert_eq!(
+        fine_done.await.expect("task").expect("applied").next,
+        store::Next::Ignored("not_addressed")
+    );
+    let refused = anyhow::Error::from(bad_done.await.expect("task").expect_err("refused"));
     assert!(
         !threadline_runtime::transient::is_transient(&refused),
         "a refused event is not an outage: {refused:#}"
     );
-    assert_eq!(env.version(root).await, 3, "the good event was applied");
+    assert_eq!(env.version(root).await, 4, "the good events were applied");
     assert_eq!(env.state(bad_receipt).await.0, "processing");
     env.cleanup().await;
 }

@@ -92,7 +92,13 @@ where
             Err(e) if threadline_runtime::transient::is_transient(&e) && tries < 1000 => {
                 tries += 1;
                 tracing::warn!(error = %e, tries, "recording what Slack did failed; trying again");
-                tokio::time::sleep(threadline_runtime::worker::backoff(tries)).await;
+                // (jittered: records that failed together, a batch that
+                // lost a deadlock, do not all come back at once)
+                let wait = jitter(
+                    threadline_runtime::worker::backoff(tries).as_secs_f64(),
+                    &Uuid::now_v7(),
+                );
+                tokio::time::sleep(Duration::from_secs_f64(wait)).await;
             }
             r => return r,
         }

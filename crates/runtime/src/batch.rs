@@ -14,12 +14,17 @@
 //! batch: with one handler waiting, its statement runs at once; batches
 //! form when statements arrive while the previous batch is in flight,
 //! which is exactly when amortising the round trip and the commit pays.
+//! Where a batch is a transaction of several statements (the
+//! context-builder's applies), its items also share its lock waits: such a
+//! batch bounds them with a lock timeout, and losing to it reruns the items
+//! one by one.
 //!
 //! One bad item must not fail the others: a batch refused for a reason that
-//! is not transient (a constraint, data the statement cannot take) is run
-//! again item by item, so each handler gets its own outcome. A transient
-//! failure (the database is down) is every waiting handler's, and each
-//! sees it as such ([`crate::transient::is_transient`] finds the database
+//! is not transient (a constraint, data the statement cannot take), or
+//! that lost to a concurrent transaction (a deadlock, a lock timeout), is
+//! run again item by item, so each handler gets its own outcome. Any other
+//! transient failure (the database is down) is every waiting handler's,
+//! and each sees it as such ([`crate::transient::is_transient`] finds the database
 //! error through [`BatchError`]'s source).
 
 use std::future::Future;
@@ -183,6 +188,14 @@ where
             tracing::warn!(error = %e, items = n, "a batched statement was refused; running its items one by one");
             one_by_one(statement, items, replies).await;
         }
+        Err(e) if n > 1 && lost_to_concurrency(&e) => {
+            // A deadlock, serialization failure or lock timeout of the
+            // batch as a whole: the same items batched again could meet the
+            // same cycle, so each runs alone (an item that still loses
+            // fails as transient, its own).
+            tracing::warn!(error = %e, items = n, "a batched statement lost to a concurrent one; running its items one by one");
+            one_by_one(statement, items, replies).await;
+        }
         Err(e) => {
             let e = Shared(Arc::new(e));
             for reply in replies {
@@ -213,6 +226,13 @@ where
         };
         let _ = reply.send(answer);
     }
+}
+
+/// A failure of concurrency rather than of the database or the data:
+/// deadlock (40P01), serialization failure (40001), lock not available
+/// (55P03, a lock timeout).
+fn lost_to_concurrency(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| matches!(&*c, "40P01" | "40001" | "55P03")))
 }
 
 /// A statement that answered `rows` rows for `items` items: a defect, so
@@ -367,5 +387,79 @@ mod tests {
             let e = anyhow::Error::new(b.submit(1).await.expect_err("no row"));
             assert!(!crate::transient::is_transient(&e), "{e:#}");
         });
+    }
+
+    /// A deadlock as Postgres reports it.
+    #[derive(Debug)]
+    struct Deadlock;
+
+    impl std::fmt::Display for Deadlock {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("deadlock detected")
+        }
+    }
+
+    impl std::error::Error for Deadlock {}
+
+    impl sqlx::error::DatabaseError for Deadlock {
+        fn message(&self) -> &str {
+            "deadlock detected"
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some("40P01".into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_loses_a_deadlock_is_run_again_item_by_item() {
+        let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let b: Batcher<u32, u32> = {
+            let sizes = sizes.clone();
+            Batcher::spawn("test", 1, 8, move |items: Vec<u32>| {
+                let sizes = sizes.clone();
+                async move {
+                    sizes.lock().unwrap().push(items.len());
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    // Together they deadlock (with each other's locks
+                    // elsewhere); alone each goes through.
+                    let r = if items.len() > 1 {
+                        Err(sqlx::Error::Database(Box::new(Deadlock)))
+                    } else {
+                        Ok(items.iter().map(|i| i * 2).collect())
+                    };
+                    (items, r)
+                }
+            })
+        };
+        let first = {
+            let b = b.clone();
+            tokio::spawn(async move { b.submit(1).await })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let calls: Vec<_> = [5u32, 6, 7]
+            .into_iter()
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move { (i, b.submit(i).await) })
+            })
+            .collect();
+        assert_eq!(first.await.expect("join").expect("answered"), 2);
+        for c in calls {
+            let (i, r) = c.await.expect("join");
+            assert_eq!(r.expect("answered after the rerun"), i * 2);
+        }
+        assert_eq!(*sizes.lock().unwrap(), [1, 3, 1, 1, 1]);
     }
 }

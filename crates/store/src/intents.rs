@@ -604,8 +604,9 @@ pub struct PostToRecord {
 }
 
 /// [`record_post`] for many posts in one transaction (the publisher's
-/// group commit): the same locks, checks and writes, in three statements
-/// and one commit for the lot. Each post's [`Recorded`] in order.
+/// group commit): the same locks, checks and writes, one commit for the
+/// lot (three statements per round, plus one per `Duplicate` and two per
+/// answer crossed in flight). Each post's [`Recorded`] in order.
 pub async fn record_posts(pool: &PgPool, posts: &[PostToRecord]) -> sqlx::Result<Vec<Recorded>> {
     let mut tx = pool.begin().await?;
     let recorded = record_posts_in(&mut tx, posts).await?;
@@ -645,21 +646,26 @@ async fn record_round(
     conn: &mut PgConnection,
     posts: &[&PostToRecord],
 ) -> sqlx::Result<Vec<Recorded>> {
-    // The intents, and their threads' rows: a crossing message's insert
-    // bumps that row, so one of the two transactions waits for the other
-    // and the next statement here sees its message (or it sees this reply).
-    // Intents are locked in id order, so two batches never wait on each
-    // other crosswise.
+    // The intents' threads' rows first, then the intents: a crossing
+    // message's insert bumps its thread's row, so one of the two
+    // transactions waits for the other and the statements after this one
+    // see its message (or it sees this reply). Threads are locked in key
+    // order and intents in id order, as the context-builder's batches take
+    // threads in key order, so that two batches never wait on each other
+    // crosswise.
     let ids: Vec<Uuid> = posts.iter().map(|p| p.intent).collect();
+    sqlx::query!(
+        r#"SELECT 1 AS "locked!" FROM threads t
+            WHERE (t.installation_id, t.channel_id, t.root_ts) IN
+                  (SELECT i.installation_id, i.channel_id, i.root_ts FROM reply_intents i WHERE i.id = ANY($1))
+            ORDER BY t.installation_id, t.channel_id, t.root_ts
+              FOR SHARE"#,
+        &ids
+    )
+    .fetch_all(&mut *conn)
+    .await?;
     let before = sqlx::query!(
-        r#"SELECT i.id, i.state, i.slack_ts,
-                  (SELECT 1 FROM threads t
-                    WHERE t.installation_id = i.installation_id AND t.channel_id = i.channel_id
-                      AND t.root_ts = i.root_ts
-                      FOR SHARE) AS thread_locked
-             FROM reply_intents i WHERE i.id = ANY($1)
-            ORDER BY i.id
-              FOR UPDATE"#,
+        "SELECT id, state, slack_ts FROM reply_intents WHERE id = ANY($1) ORDER BY id FOR UPDATE",
         &ids
     )
     .fetch_all(&mut *conn)

@@ -643,7 +643,11 @@ async fn edit(
 }
 
 /// A deletion: a tombstone keeps the message's identity (and its stored
-/// root) and drops the text; the thread gets a new version.
+/// root) and drops the text; the thread gets a new version. The deletion's
+/// time is the statement's own (`clock_timestamp()`), not its
+/// transaction's start: a batch of applies can start before the decision
+/// it is compared with (a crossing is a message deleted after the answer's
+/// context was taken).
 async fn delete(
     conn: &mut PgConnection,
     inst: Uuid,
@@ -657,10 +661,10 @@ async fn delete(
             VALUES ($1, $2, $3, 'delete', '') ON CONFLICT DO NOTHING RETURNING 1),
          msg AS (
             INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash, deleted, deleted_at)
-            SELECT $1, $2, $3, $4, 'user', '', '', true, now() WHERE EXISTS (SELECT 1 FROM fact)
+            SELECT $1, $2, $3, $4, 'user', '', '', true, clock_timestamp() WHERE EXISTS (SELECT 1 FROM fact)
             ON CONFLICT (installation_id, channel_id, ts)
             DO UPDATE SET deleted = true, text = '', text_hash = '',
-                          deleted_at = coalesce(thread_messages.deleted_at, now())
+                          deleted_at = coalesce(thread_messages.deleted_at, clock_timestamp())
             RETURNING root_ts),
          bumped AS (
             INSERT INTO threads (installation_id, channel_id, root_ts, version) SELECT $1, $2, root_ts, 1 FROM msg
