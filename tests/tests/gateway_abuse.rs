@@ -582,7 +582,7 @@ async fn the_install_link_is_rate_limited_purged_and_renders_names_escaped() {
         }
     };
     let states = || async {
-        threadline_store::testing::installations::count_oauth_states(&db.pool)
+        threadline_store::testing::oauth_states::count_oauth_states(&db.pool)
             .await
             .expect("count")
     };
@@ -659,7 +659,7 @@ async fn the_install_link_is_rate_limited_purged_and_renders_names_escaped() {
     assert_eq!(install("198.51.100.8".into()).await.status(), 302);
 
     // States past their validity are deleted.
-    threadline_store::testing::installations::expire_oauth_states(&db.pool)
+    threadline_store::testing::oauth_states::expire_oauth_states(&db.pool)
         .await
         .expect("expire");
     assert_eq!(install("198.51.100.9".into()).await.status(), 302);

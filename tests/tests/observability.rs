@@ -217,11 +217,12 @@ async fn purge_removes_only_what_is_past_retention() {
             .await
             .expect("thread");
         for ts in [root.to_owned(), root.replace("000001", "000002")] {
-            threadline_store::testing::threads::insert_user_message(
+            let inserted = threadline_store::testing::threads::insert_user_message(
                 &db.pool, inst, "C1", &ts, root, "words",
             )
             .await
             .expect("message");
+            assert!(inserted, "a new message");
         }
     }
     let env = [("DATABASE_URL", db.url.clone())];

@@ -257,7 +257,7 @@ async fn foreign_expired_missing_and_declined_states_install_nothing() {
     // Expired.
     let (consent, cookie) = f.start().await;
     let callback = f.approve(&consent).await;
-    testing::installations::expire_oauth_states(&f.db.pool)
+    testing::oauth_states::expire_oauth_states(&f.db.pool)
         .await
         .expect("expire");
     assert_eq!(f.callback(&callback, &cookie).await.0, 400);

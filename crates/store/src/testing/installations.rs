@@ -1,4 +1,4 @@
-//! Test fixtures and reads for the `installations` family (see `crate::installations`, `crate::tokens` and `crate::oauth_states`).
+//! Test fixtures and reads for the `installations` family (see `crate::installations` and `crate::tokens`).
 /// Replaces the installation's sealed refresh token and sets its bot token to expire `expires_in_secs` from now (negative: ago).
 pub async fn set_refresh_token_expiring(
     pool: &sqlx::PgPool,
@@ -248,14 +248,6 @@ pub async fn first_installation(pool: &sqlx::PgPool) -> sqlx::Result<Installed> 
     .await
 }
 
-/// Makes every pending OAuth state expired (a second ago).
-pub async fn expire_oauth_states(pool: &sqlx::PgPool) -> sqlx::Result<()> {
-    sqlx::query!("UPDATE oauth_states SET expires_at = now() - interval '1 second'")
-        .execute(pool)
-        .await?;
-    Ok(())
-}
-
 /// How many installations there are, with the first one's sealed bot token and its key id.
 #[derive(Debug, Clone)]
 pub struct CountAndBotToken {
@@ -345,11 +337,4 @@ pub async fn insert_active_installation(
     )
     .fetch_one(pool)
     .await
-}
-
-/// How many OAuth states are stored.
-pub async fn count_oauth_states(pool: &sqlx::PgPool) -> sqlx::Result<i64> {
-    sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM oauth_states"#)
-        .fetch_one(pool)
-        .await
 }

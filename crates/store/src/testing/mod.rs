@@ -15,6 +15,7 @@ pub mod decisions;
 pub mod installations;
 pub mod intents;
 pub mod kill_switches;
+pub mod oauth_states;
 pub mod outbox;
 pub mod receipts;
 pub mod rejections;

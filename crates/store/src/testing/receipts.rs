@@ -42,7 +42,7 @@ pub async fn insert_receipt(pool: &sqlx::PgPool, r: &ReceiptFixture<'_>) -> sqlx
     Ok(())
 }
 
-/// Sets a receipt's state and the reason for it.
+/// Sets a receipt's state and, when given, the reason for it (else the reason is left as it is).
 pub async fn set_receipt_state(
     pool: &sqlx::PgPool,
     id: uuid::Uuid,
@@ -50,7 +50,7 @@ pub async fn set_receipt_state(
     reason: Option<&str>,
 ) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE event_receipts SET state = $2, state_reason = $3 WHERE id = $1",
+        "UPDATE event_receipts SET state = $2, state_reason = coalesce($3, state_reason) WHERE id = $1",
         id,
         state,
         reason
