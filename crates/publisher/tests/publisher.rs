@@ -1155,6 +1155,61 @@ async fn a_429_in_one_channel_leaves_the_other_channels_of_the_workspace_posting
     env.cleanup().await;
 }
 
+/// A proposal whose answer read the thread's root and the question, and a
+/// person's reply after both that it did not read: an answer the reply
+/// crossed once it is posted.
+struct Crossed {
+    decision: Uuid,
+    p: ProposalReady,
+    root: String,
+    /// The person's reply: one second after the newest message the answer
+    /// read.
+    crossing: String,
+    /// A ts `secs` whole seconds after the newest message the answer read
+    /// (whole seconds: a ts's last digits say nothing of its order with the
+    /// root's).
+    later: Box<dyn Fn(u64) -> String>,
+}
+
+impl Env {
+    async fn crossed_answer(&self) -> Crossed {
+        let (decision, payload) = self.proposal("The answer.").await;
+        let p = ProposalReady::decode(payload.as_slice()).expect("decode");
+        let root = self.root().await;
+        decisions::set_decision_context(
+            &self.db.pool,
+            decision,
+            &[root.clone(), p.source_ts.clone()],
+        )
+        .await
+        .expect("context");
+        let newest = root.as_str().max(p.source_ts.as_str()).to_owned();
+        let later = move |secs: u64| {
+            let (whole, micros) = newest.split_once('.').expect("a Slack ts");
+            format!("{}.{micros}", whole.parse::<u64>().expect("seconds") + secs)
+        };
+        let crossing = later(1);
+        let inserted = threads::insert_user_message(
+            &self.db.pool,
+            self.inst,
+            &self.channel,
+            &crossing,
+            &root,
+            "wait",
+        )
+        .await
+        .expect("message");
+        assert!(inserted, "message: a new ts");
+        Crossed {
+            decision,
+            p,
+            root,
+            crossing,
+            later: Box::new(later),
+        }
+    }
+}
+
 /// A post Slack accepted is recorded whatever became of its intent: from
 /// `held` it is `sent` (late, its decision published, its turn answered);
 /// a second post of an intent already sent is kept as an incident; and a
@@ -1165,32 +1220,13 @@ async fn a_429_in_one_channel_leaves_the_other_channels_of_the_workspace_posting
 async fn a_post_is_recorded_whatever_became_of_its_intent_and_a_crossing_is_seen() {
     use threadline_publisher::intents::{PostRecord, record_post};
     let env = Env::new().await;
-    let (decision, payload) = env.proposal("The answer.").await;
-    let p = ProposalReady::decode(payload.as_slice()).expect("decode");
-    let root = env.root().await;
-    // The answer read the root and the question; a person then replied.
-    decisions::set_decision_context(&env.db.pool, decision, &[root.clone(), p.source_ts.clone()])
-        .await
-        .expect("context");
-    // After everything the answer read, before its reply (whole seconds
-    // later: a ts's last digits say nothing of its order with the root's).
-    let later = |secs: u64| {
-        let newest = root.as_str().max(p.source_ts.as_str());
-        let (whole, micros) = newest.split_once('.').expect("a Slack ts");
-        format!("{}.{micros}", whole.parse::<u64>().expect("seconds") + secs)
-    };
-    let crossing = later(1);
-    let inserted = threads::insert_user_message(
-        &env.db.pool,
-        env.inst,
-        &env.channel,
-        &crossing,
-        &root,
-        "wait",
-    )
-    .await
-    .expect("message");
-    assert!(inserted, "message: a new ts");
+    let Crossed {
+        decision,
+        p,
+        root,
+        crossing,
+        later,
+    } = env.crossed_answer().await;
     let intent = Uuid::now_v7();
     intents::insert_held_intent(
         &env.db.pool,
@@ -1266,30 +1302,13 @@ async fn a_post_is_recorded_whatever_became_of_its_intent_and_a_crossing_is_seen
 async fn a_batch_of_post_records_reads_as_the_same_records_one_by_one() {
     use threadline_publisher::intents::{PostRecord, PostToRecord, record_posts};
     let env = Env::new().await;
-    let (decision, payload) = env.proposal("The answer.").await;
-    let p = ProposalReady::decode(payload.as_slice()).expect("decode");
-    let root = env.root().await;
-    decisions::set_decision_context(&env.db.pool, decision, &[root.clone(), p.source_ts.clone()])
-        .await
-        .expect("context");
-    let later = |secs: u64| {
-        let newest = root.as_str().max(p.source_ts.as_str());
-        let (whole, micros) = newest.split_once('.').expect("a Slack ts");
-        format!("{}.{micros}", whole.parse::<u64>().expect("seconds") + secs)
-    };
-    let crossing = later(1);
-    assert!(
-        threads::insert_user_message(
-            &env.db.pool,
-            env.inst,
-            &env.channel,
-            &crossing,
-            &root,
-            "wait",
-        )
-        .await
-        .expect("message")
-    );
+    let Crossed {
+        decision,
+        p,
+        root,
+        crossing,
+        later,
+    } = env.crossed_answer().await;
     // A held intent and one in flight, both posts of the same answer.
     let (held, sending) = (Uuid::now_v7(), Uuid::now_v7());
     let fixture = |id: Uuid, event_id: &'static str| intents::IntentFixture {
