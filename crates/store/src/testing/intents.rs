@@ -14,17 +14,39 @@ pub struct IntentFixture<'a> {
     pub body_hash: &'a str,
 }
 
-/// Inserts an intent `sending` since `sending_secs_ago` seconds, after `attempts` attempts (a worker that died mid-post).
-pub async fn insert_sending_intent(
-    pool: &sqlx::PgPool,
+/// How an intent a test writes stands, beyond its state (each field
+/// unset leaves its column as a new intent has it).
+#[derive(Debug, Clone, Default)]
+pub struct Standing<'a> {
+    pub attempts: i32,
+    pub error_code: Option<&'a str>,
+    pub slack_ts: Option<&'a str>,
+    /// `sending_since` this many seconds ago.
+    pub sending_secs_ago: Option<f64>,
+    /// `next_attempt_at` this many seconds from now (else now).
+    pub due_in_secs: Option<f64>,
+    /// Once of unknown outcome (and `unknown_since` now when its state is
+    /// `unknown`).
+    pub ever_unknown: bool,
+    /// Its body hash among the claimed ones, first sent now.
+    pub hash_claimed: bool,
+}
+
+/// Inserts an intent in `state`, standing as `s` says.
+pub async fn insert_intent<'e>(
+    db: impl sqlx::PgExecutor<'e>,
     i: &IntentFixture<'_>,
-    attempts: i32,
-    sending_secs_ago: f64,
+    state: &str,
+    s: &Standing<'_>,
 ) -> sqlx::Result<()> {
     sqlx::query!(
         "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
-                                    body_hash, state, attempts, sending_since)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'sending', $10, now() - make_interval(secs => $11))",
+                                    body_hash, state, attempts, error_code, slack_ts, sending_since, next_attempt_at,
+                                    ever_unknown, unknown_since, claimed_hashes, first_sending_since)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
+                 now() - make_interval(secs => $14), now() + make_interval(secs => coalesce($15::float8, 0)),
+                 $16, CASE WHEN $16 AND $10 = 'unknown' THEN now() END,
+                 CASE WHEN $17 THEN ARRAY[$9] ELSE '{}' END, CASE WHEN $17 THEN now() END)",
         i.id,
         i.installation_id,
         i.event_id,
@@ -34,12 +56,33 @@ pub async fn insert_sending_intent(
         i.channel_id,
         i.root_ts,
         i.body_hash,
-        attempts,
-        sending_secs_ago
+        state,
+        s.attempts,
+        s.error_code,
+        s.slack_ts,
+        s.sending_secs_ago,
+        s.due_in_secs,
+        s.ever_unknown,
+        s.hash_claimed
     )
-    .execute(pool)
+    .execute(db)
     .await?;
     Ok(())
+}
+
+/// Inserts an intent `sending` since `sending_secs_ago` seconds, after `attempts` attempts (a worker that died mid-post).
+pub async fn insert_sending_intent(
+    pool: &sqlx::PgPool,
+    i: &IntentFixture<'_>,
+    attempts: i32,
+    sending_secs_ago: f64,
+) -> sqlx::Result<()> {
+    let standing = Standing {
+        attempts,
+        sending_secs_ago: Some(sending_secs_ago),
+        ..Standing::default()
+    };
+    insert_intent(pool, i, "sending", &standing).await
 }
 
 /// Inserts an intent `held` with `error_code`.
@@ -48,24 +91,11 @@ pub async fn insert_held_intent(
     i: &IntentFixture<'_>,
     error_code: &str,
 ) -> sqlx::Result<()> {
-    sqlx::query!(
-        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
-                                    body_hash, state, error_code)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'held', $10)",
-        i.id,
-        i.installation_id,
-        i.event_id,
-        i.action_kind,
-        i.receipt_id,
-        i.decision_id,
-        i.channel_id,
-        i.root_ts,
-        i.body_hash,
-        error_code
-    )
-    .execute(pool)
-    .await?;
-    Ok(())
+    let standing = Standing {
+        error_code: Some(error_code),
+        ..Standing::default()
+    };
+    insert_intent(pool, i, "held", &standing).await
 }
 
 /// Inserts an intent `sent` as the message `slack_ts`.
@@ -74,24 +104,11 @@ pub async fn insert_sent_intent(
     i: &IntentFixture<'_>,
     slack_ts: &str,
 ) -> sqlx::Result<()> {
-    sqlx::query!(
-        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
-                                    body_hash, state, slack_ts)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'sent', $10)",
-        i.id,
-        i.installation_id,
-        i.event_id,
-        i.action_kind,
-        i.receipt_id,
-        i.decision_id,
-        i.channel_id,
-        i.root_ts,
-        i.body_hash,
-        slack_ts
-    )
-    .execute(pool)
-    .await?;
-    Ok(())
+    let standing = Standing {
+        slack_ts: Some(slack_ts),
+        ..Standing::default()
+    };
+    insert_intent(pool, i, "sent", &standing).await
 }
 
 /// Inserts a `pending` intent never tried, on `conn` (inside the caller's transaction when it has one).
@@ -99,23 +116,7 @@ pub async fn insert_pending_intent(
     conn: &mut sqlx::PgConnection,
     i: &IntentFixture<'_>,
 ) -> sqlx::Result<()> {
-    sqlx::query!(
-        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
-                                    body_hash, state)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending')",
-        i.id,
-        i.installation_id,
-        i.event_id,
-        i.action_kind,
-        i.receipt_id,
-        i.decision_id,
-        i.channel_id,
-        i.root_ts,
-        i.body_hash
-    )
-    .execute(conn)
-    .await?;
-    Ok(())
+    insert_intent(conn, i, "pending", &Standing::default()).await
 }
 
 /// Inserts an intent `withdrawn` after `attempts` attempts, due again `due_in_secs` from now.
@@ -125,25 +126,12 @@ pub async fn insert_withdrawn_intent(
     attempts: i32,
     due_in_secs: f64,
 ) -> sqlx::Result<()> {
-    sqlx::query!(
-        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
-                                    body_hash, state, attempts, next_attempt_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'withdrawn', $10, now() + make_interval(secs => $11))",
-        i.id,
-        i.installation_id,
-        i.event_id,
-        i.action_kind,
-        i.receipt_id,
-        i.decision_id,
-        i.channel_id,
-        i.root_ts,
-        i.body_hash,
+    let standing = Standing {
         attempts,
-        due_in_secs
-    )
-    .execute(pool)
-    .await?;
-    Ok(())
+        due_in_secs: Some(due_in_secs),
+        ..Standing::default()
+    };
+    insert_intent(pool, i, "withdrawn", &standing).await
 }
 
 /// Inserts a `pending` intent after `attempts` attempts, one of them of unknown outcome, its body hash claimed and its sending times now.
@@ -152,25 +140,14 @@ pub async fn insert_pending_intent_once_unknown(
     i: &IntentFixture<'_>,
     attempts: i32,
 ) -> sqlx::Result<()> {
-    sqlx::query!(
-        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
-                                    body_hash, claimed_hashes, state, attempts, ever_unknown, sending_since,
-                                    first_sending_since)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, ARRAY[$9], 'pending', $10, true, now(), now())",
-        i.id,
-        i.installation_id,
-        i.event_id,
-        i.action_kind,
-        i.receipt_id,
-        i.decision_id,
-        i.channel_id,
-        i.root_ts,
-        i.body_hash,
-        attempts
-    )
-    .execute(pool)
-    .await?;
-    Ok(())
+    let standing = Standing {
+        attempts,
+        sending_secs_ago: Some(0.0),
+        ever_unknown: true,
+        hash_claimed: true,
+        ..Standing::default()
+    };
+    insert_intent(pool, i, "pending", &standing).await
 }
 
 /// Inserts an intent `unknown` since now, after `attempts` attempts.
@@ -179,24 +156,12 @@ pub async fn insert_unknown_intent(
     i: &IntentFixture<'_>,
     attempts: i32,
 ) -> sqlx::Result<()> {
-    sqlx::query!(
-        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
-                                    body_hash, state, attempts, ever_unknown, unknown_since)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'unknown', $10, true, now())",
-        i.id,
-        i.installation_id,
-        i.event_id,
-        i.action_kind,
-        i.receipt_id,
-        i.decision_id,
-        i.channel_id,
-        i.root_ts,
-        i.body_hash,
-        attempts
-    )
-    .execute(pool)
-    .await?;
-    Ok(())
+    let standing = Standing {
+        attempts,
+        ever_unknown: true,
+        ..Standing::default()
+    };
+    insert_intent(pool, i, "unknown", &standing).await
 }
 
 /// An intent's state, whether it was reconciled, and its error code.
@@ -320,20 +285,22 @@ pub async fn insert_with_state(
     decision_id: uuid::Uuid,
     state: &str,
 ) -> sqlx::Result<()> {
-    sqlx::query!(
-        "INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id, root_ts,
-                                    body_hash, state, error_code)
-         VALUES ($1, $2, $3, 'thread_reply', $4, $5, 'C1', '1.1', 'h', $6, 'no_evidence_of_post')",
+    let fixture = IntentFixture {
         id,
         installation_id,
         event_id,
+        action_kind: "thread_reply",
         receipt_id,
         decision_id,
-        state
-    )
-    .execute(pool)
-    .await?;
-    Ok(())
+        channel_id: "C1",
+        root_ts: "1.1",
+        body_hash: "h",
+    };
+    let standing = Standing {
+        error_code: Some("no_evidence_of_post"),
+        ..Standing::default()
+    };
+    insert_intent(pool, &fixture, state, &standing).await
 }
 
 /// Intent `id`'s state and the ts of its post in Slack.
