@@ -35,16 +35,26 @@ pub struct Handler {
     pub opens: Opens,
     /// Applies events of concurrent handlers, one transaction per batch.
     pub applies: Applies,
+    /// Builds contexts of concurrent handlers, one transaction per batch.
+    pub builds: Builds,
+    /// Finishes receipts as done once their contexts are published, one
+    /// statement per batch.
+    pub finishes: Finishes,
 }
 
 /// The batcher of [`store::open_many`]: `(installation, receipt, channel)`.
 pub type Opens = threadline_runtime::batch::Batcher<(Uuid, Uuid, String), store::Opened>;
 
+/// The pool of the single-statement batches (opens and finishes), their
+/// share of the process's connections.
+pub fn statement_pool(pool: &PgPool) -> PgPool {
+    threadline_runtime::db::generic_plan_pool(pool, threadline_runtime::batch::CONNECTIONS)
+}
+
 /// Starts the batcher that opens events (at most `max_batch` in one
-/// statement).
+/// statement), on [`statement_pool`].
 pub fn opens(pool: &PgPool, max_batch: usize) -> Opens {
-    let pool =
-        threadline_runtime::db::generic_plan_pool(pool, threadline_runtime::batch::CONNECTIONS);
+    let pool = pool.clone();
     threadline_runtime::batch::Batcher::spawn(
         "receipt_open",
         2,
@@ -87,6 +97,50 @@ pub fn applies(pool: &PgPool, max_batch: usize) -> Applies {
             async move {
                 let r = store::apply_many(&pool, &jobs).await;
                 (jobs, r)
+            }
+        },
+    )
+}
+
+/// The batcher of [`store::build_many`].
+pub type Builds = threadline_runtime::batch::Batcher<store::BuildJob, store::BuildOutcome>;
+
+/// Starts the batcher that builds contexts (at most `max_batch` in one
+/// transaction, [`APPLY_RUNNERS`] transactions at once: a batch reads a
+/// further page of a long thread's replies on its own connection, one
+/// thread after another).
+pub fn builds(pool: &PgPool, max_batch: usize) -> Builds {
+    let pool = pool.clone();
+    threadline_runtime::batch::Batcher::spawn(
+        "context_build",
+        APPLY_RUNNERS,
+        max_batch,
+        move |jobs: Vec<_>| {
+            let pool = pool.clone();
+            async move {
+                let r = store::build_many(&pool, &jobs).await;
+                (jobs, r)
+            }
+        },
+    )
+}
+
+/// The batcher of [`store::finish_done_many`].
+pub type Finishes = threadline_runtime::batch::Batcher<store::Ending, bool>;
+
+/// Starts the batcher that finishes receipts as done (at most `max_batch`
+/// in one statement), on [`statement_pool`].
+pub fn finishes(pool: &PgPool, max_batch: usize) -> Finishes {
+    let pool = pool.clone();
+    threadline_runtime::batch::Batcher::spawn(
+        "receipt_done",
+        2,
+        max_batch,
+        move |endings: Vec<_>| {
+            let pool = pool.clone();
+            async move {
+                let r = store::finish_done_many(&pool, &endings).await;
+                (endings, r)
             }
         },
     )
@@ -458,42 +512,30 @@ impl Handler {
         root: &str,
         source_ts: &str,
     ) -> anyhow::Result<Step> {
-        // One snapshot for the version and the messages it numbers.
-        let mut tx = store::begin_snapshot(&self.pool).await?;
-        let snap = store::snapshot(&mut tx, inst, channel, root, source_ts, self.limits).await?;
-        if snap.source_deleted {
-            store::finish(
-                &mut tx,
+        // One snapshot for the version and the messages it numbers (with
+        // the other handlers' builds: one transaction).
+        let channel_ref = threadline_runtime::audit::channel_ref(inst.id, channel);
+        let outcome = self
+            .builds
+            .submit(store::BuildJob {
+                snapshot: store::SnapshotJob {
+                    inst: inst.id,
+                    approved_bots: inst.approved_bots.clone(),
+                    channel: channel.to_owned(),
+                    root: root.to_owned(),
+                    source_ts: source_ts.to_owned(),
+                    limits: self.limits,
+                },
                 receipt,
-                ReceiptState::Ignored,
-                Some("source_deleted"),
-                (inst.id, channel),
-            )
+                event_id: event_id.to_owned(),
+                channel_ref: channel_ref.clone(),
+            })
             .await?;
-            tx.commit().await?;
-            return ignored("source_deleted");
-        }
+        let snap = match outcome {
+            store::BuildOutcome::SourceDeleted => return ignored("source_deleted"),
+            store::BuildOutcome::Recorded(snap) => snap,
+        };
         let built = &snap.built;
-        store::record_context(
-            &mut tx,
-            &store::ContextRecord {
-                event_id,
-                receipt_id: receipt,
-                installation_id: inst.id,
-                channel_id: channel,
-                channel_ref: threadline_runtime::audit::channel_ref(inst.id, channel),
-                root_ts: root,
-                source_ts,
-                thread_version: snap.version,
-                content_hash: &built.content_hash,
-                message_count: built.messages.len(),
-                truncated: built.omitted > 0,
-                backfill_partial: snap.backfill_partial,
-            },
-        )
-        .await?;
-        tx.commit().await?;
-
         let msg = ContextReady {
             schema_version: SCHEMA_VERSION,
             receipt_id: receipt.to_string(),
@@ -532,15 +574,15 @@ impl Handler {
             .send_publish(self.topology.subject(Topic::Contexts), publish)
             .await?
             .await?;
-        let mut conn = self.pool.acquire().await?;
-        store::finish(
-            &mut conn,
-            receipt,
-            ReceiptState::Done,
-            None,
-            (inst.id, channel),
-        )
-        .await?;
+        // (with the other handlers' receipts: one statement)
+        self.finishes
+            .submit(store::Ending {
+                receipt,
+                installation: inst.id,
+                channel: channel.to_owned(),
+                pseudonym: channel_ref,
+            })
+            .await?;
         metrics::counter!("threadline_contexts_built_total", "truncated" => if built.omitted > 0 { "true" } else { "false" })
             .increment(1);
         Ok(Step::Done)

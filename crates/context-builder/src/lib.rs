@@ -42,6 +42,7 @@ pub async fn run(
     };
     let web = WebClient::new(&cfg.common.slack_api_url, cfg.slack_timeout)
         .context("building the Slack client")?;
+    let statements = handler::statement_pool(&deps.pool);
     let handler = Arc::new(Handler {
         pool: deps.pool.clone(),
         js: deps.js.clone(),
@@ -51,8 +52,10 @@ pub async fn run(
         refresher: cfg.refresher,
         limits: cfg.limits,
         backfill: cfg.backfill,
-        opens: handler::opens(&deps.pool, cfg.common.statement_batch),
+        opens: handler::opens(&statements, cfg.common.statement_batch),
         applies: handler::applies(&deps.pool, cfg.common.statement_batch),
+        builds: handler::builds(&deps.pool, cfg.common.statement_batch),
+        finishes: handler::finishes(&statements, cfg.common.statement_batch),
     });
     let health = deps.serve_health(listener, shutdown.clone());
     tracing::info!(concurrency = cfg.concurrency, "context-builder consuming");

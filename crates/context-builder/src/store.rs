@@ -189,3 +189,100 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
         answered_source_changed,
     })
 }
+
+/// A trigger's context to build: the thread to read ([`SnapshotJob`]) and
+/// what its record names.
+#[derive(Debug, Clone)]
+pub struct BuildJob {
+    pub snapshot: SnapshotJob,
+    pub receipt: Uuid,
+    pub event_id: String,
+    /// The channel's audit pseudonym under this process's key.
+    pub channel_ref: Option<String>,
+}
+
+/// What building a context came to.
+pub enum BuildOutcome {
+    /// The source message was deleted: the receipt is finished as ignored
+    /// (`source_deleted`), in the same transaction.
+    SourceDeleted,
+    /// The context is recorded (version, hash, counts; no text) and may be
+    /// published.
+    Recorded(Snapshot),
+}
+
+/// Builds the contexts of concurrent handlers in one REPEATABLE READ
+/// transaction (group commit): every thread's version read together with
+/// the messages it numbers ([`snapshot_many`]: a statement for the heads
+/// and sizes, one for the texts), the receipts of deleted sources finished
+/// in one statement and the contexts recorded with their audit records in
+/// another, then one commit. Each job's outcome in the order given. A
+/// failure fails the transaction; the batcher reruns a refused or
+/// concurrency-lost batch job by job.
+pub async fn build_many(pool: &PgPool, jobs: &[BuildJob]) -> sqlx::Result<Vec<BuildOutcome>> {
+    let mut tx = begin_snapshot(pool).await?;
+    let reads: Vec<SnapshotJob> = jobs.iter().map(|j| j.snapshot.clone()).collect();
+    let snaps = snapshot_many(&mut tx, &reads).await?;
+    let deleted: Vec<Ending> = jobs
+        .iter()
+        .zip(&snaps)
+        .filter(|(_, s)| s.source_deleted)
+        .map(|(j, _)| Ending {
+            receipt: j.receipt,
+            installation: j.snapshot.inst,
+            channel: j.snapshot.channel.clone(),
+            pseudonym: j.channel_ref.clone(),
+        })
+        .collect();
+    if !deleted.is_empty() {
+        finish_many(
+            &mut tx,
+            &deleted,
+            ReceiptState::Ignored,
+            Some("source_deleted"),
+        )
+        .await?;
+    }
+    {
+        let records: Vec<ContextRecord<'_>> = jobs
+            .iter()
+            .zip(&snaps)
+            .filter(|(_, s)| !s.source_deleted)
+            .map(|(j, s)| ContextRecord {
+                event_id: &j.event_id,
+                receipt_id: j.receipt,
+                installation_id: j.snapshot.inst,
+                channel_id: &j.snapshot.channel,
+                channel_ref: j.channel_ref.clone(),
+                root_ts: &j.snapshot.root,
+                source_ts: &j.snapshot.source_ts,
+                thread_version: s.version,
+                content_hash: &s.built.content_hash,
+                message_count: s.built.messages.len(),
+                truncated: s.built.omitted > 0,
+                backfill_partial: s.backfill_partial,
+            })
+            .collect();
+        if !records.is_empty() {
+            record_contexts(&mut tx, &records).await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(snaps
+        .into_iter()
+        .map(|s| {
+            if s.source_deleted {
+                BuildOutcome::SourceDeleted
+            } else {
+                BuildOutcome::Recorded(s)
+            }
+        })
+        .collect())
+}
+
+/// Finishes the receipts of concurrent handlers as `done`, in one
+/// statement (with their audit records).
+pub async fn finish_done_many(pool: &PgPool, endings: &[Ending]) -> sqlx::Result<Vec<bool>> {
+    let mut conn = pool.acquire().await?;
+    finish_many(&mut conn, endings, ReceiptState::Done, None).await
+}

@@ -9,6 +9,7 @@ use threadline_context_builder::backfill::BackfillLimits;
 use threadline_context_builder::context::Limits;
 use threadline_context_builder::{Handler, store};
 use threadline_domain::classify::{Effect, MessageFacts, Speaker};
+use threadline_domain::state::ReceiptState;
 use threadline_proto::v1::{ContextReady, EventAccepted};
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::secrets::{TokenCipher, token_aad};
@@ -79,6 +80,8 @@ impl Env {
             backfill,
             opens: threadline_context_builder::handler::opens(&db.pool, 64),
             applies: threadline_context_builder::handler::applies(&db.pool, 64),
+            builds: threadline_context_builder::handler::builds(&db.pool, 64),
+            finishes: threadline_context_builder::handler::finishes(&db.pool, 64),
         };
         Self {
             db,
@@ -366,6 +369,134 @@ async fn deleting_the_source_before_processing_cancels_the_work() {
         ("ignored".into(), Some("source_deleted".into()))
     );
     assert!(env.contexts().await.is_empty());
+    env.cleanup().await;
+}
+
+/// A batch of builds (one transaction) reads as the builds one by one: a
+/// source deleted after its turn was claimed finishes only its own receipt
+/// as ignored; a receipt built twice in one batch keeps one context and
+/// gets a record per build; the others are recorded and left for their
+/// publish. Finishing a batch as done ends each receipt once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_builds_reads_as_the_builds_one_by_one() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let mut receipts = Vec::new();
+    for (i, (root, deleted)) in [
+        ("500.000001", false),
+        ("501.000001", true),
+        ("502.000001", false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (id, _) = env.receipt(&format!("EvB{i}"), mention(root, None)).await;
+        testing::receipts::set_receipt_state(&env.db.pool, id, "processing", None)
+            .await
+            .expect("claim");
+        let message = testing::threads::NewMessage {
+            ts: root,
+            speaker: "user",
+            user_id: Some("U0ANA"),
+            bot_id: None,
+            text: "a question",
+            deleted,
+        };
+        testing::threads::insert_thread_messages(
+            &env.db.pool,
+            env.inst,
+            "C0CHAN",
+            root,
+            &[message],
+        )
+        .await
+        .expect("message");
+        receipts.push((id, format!("EvB{i}"), root));
+    }
+    let job = |k: usize| store::BuildJob {
+        snapshot: store::SnapshotJob {
+            inst: env.inst,
+            approved_bots: Vec::new(),
+            channel: "C0CHAN".into(),
+            root: receipts[k].2.into(),
+            source_ts: receipts[k].2.into(),
+            limits: limits(),
+        },
+        receipt: receipts[k].0,
+        event_id: receipts[k].1.clone(),
+        channel_ref: Some("ref".into()),
+    };
+    let outcomes = store::build_many(&env.db.pool, &[job(0), job(1), job(0), job(2)])
+        .await
+        .expect("builds");
+    let recorded: Vec<Option<usize>> = outcomes
+        .iter()
+        .map(|o| match o {
+            store::BuildOutcome::Recorded(s) => Some(s.built.messages.len()),
+            store::BuildOutcome::SourceDeleted => None,
+        })
+        .collect();
+    assert_eq!(recorded, [Some(1), None, Some(1), Some(1)]);
+    assert_eq!(
+        env.state(receipts[1].0).await,
+        ("ignored".into(), Some("source_deleted".into()))
+    );
+    for k in [0, 2] {
+        assert_eq!(
+            env.state(receipts[k].0).await.0,
+            "processing",
+            "left for its publish"
+        );
+    }
+    for (k, contexts, built) in [(0, 1, 2), (1, 0, 0), (2, 1, 1)] {
+        let n = testing::threads::context_count(&env.db.pool, receipts[k].0)
+            .await
+            .expect("contexts");
+        assert_eq!(n, contexts, "contexts of receipt {k}");
+        let trail = testing::audit::trail_of_event(&env.db.pool, &receipts[k].1)
+            .await
+            .expect("trail");
+        let records = trail
+            .iter()
+            .filter(|r| r.outcome == "context_built")
+            .count();
+        assert_eq!(records, built, "context records of receipt {k}");
+    }
+    // Done, in one statement: the twice-named receipt ends once, the
+    // ignored one not at all.
+    let ending = |k: usize| store::Ending {
+        receipt: receipts[k].0,
+        installation: env.inst,
+        channel: "C0CHAN".into(),
+        pseudonym: Some("ref".into()),
+    };
+    let mut conn = env.db.pool.acquire().await.expect("conn");
+    let ended = store::finish_many(
+        &mut conn,
+        &[ending(0), ending(1), ending(2), ending(0)],
+        ReceiptState::Done,
+        None,
+    )
+    .await
+    .expect("finish");
+    assert_eq!(ended, [true, false, true, false]);
+    for (k, state) in [(0, "done"), (1, "ignored"), (2, "done")] {
+        assert_eq!(env.state(receipts[k].0).await.0, state, "receipt {k}");
+        let trail = testing::audit::trail_of_event(&env.db.pool, &receipts[k].1)
+            .await
+            .expect("trail");
+        let done = trail.iter().filter(|r| r.outcome == "done").count();
+        assert_eq!(
+            done,
+            usize::from(state == "done"),
+            "done records of receipt {k}"
+        );
+    }
     env.cleanup().await;
 }
 
@@ -1011,7 +1142,9 @@ async fn a_mention_in_a_private_channel_with_a_c_id_is_denied_until_private_chan
 /// only the chosen messages) is exactly the one the whole thread gives:
 /// random threads with deleted messages (the root too), approved and
 /// unapproved bots, multi-byte text, oversized pastes, long gaps in time
-/// and threads longer than a page, under random limits and sources.
+/// and threads longer than a page, under random limits, sources and
+/// approved bots; read one by one, and again many threads in one batch
+/// ([`store::snapshot_many`], as the context-builder's builds read them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_windowed_read_builds_the_same_context_as_the_whole_thread() {
     use threadline_context_builder::context::{self, StoredMessage};
@@ -1026,7 +1159,6 @@ async fn the_windowed_read_builds_the_same_context_as_the_whole_thread() {
         .await
         .expect("installation")
         .expect("installed");
-    inst.approved_bots = vec!["B0GOOD".into()];
     let mut seed: u64 = 0x5eed_c0de;
     let mut next = move |n: u64| {
         seed = seed
@@ -1035,6 +1167,7 @@ async fn the_windowed_read_builds_the_same_context_as_the_whole_thread() {
         (seed >> 33) % n.max(1)
     };
     let (mut truncated, mut paged) = (0, 0);
+    let mut batch = Vec::new();
     for case in 0..80u64 {
         let mut secs = 1_000_000 + case * 1_000_000;
         let root = format!("{secs}.000000");
@@ -1096,17 +1229,20 @@ async fn the_windowed_read_builds_the_same_context_as_the_whole_thread() {
             let f = |ts: &str| ts.parse::<f64>().unwrap_or(0.0);
             f(&a.0).total_cmp(&f(&b.0))
         });
-        let whole: Vec<StoredMessage> = sorted
-            .iter()
-            .filter(|r| !r.5 && (r.1 != "bot" || r.3 == Some("B0GOOD")))
-            .map(|r| StoredMessage {
-                ts: r.0.clone(),
-                speaker: r.1.to_owned(),
-                user_id: r.2.clone().or(r.3.map(str::to_owned)).unwrap_or_default(),
-                text: r.4.clone(),
-            })
-            .collect();
         for _ in 0..4 {
+            // Which other bots this read may see (a batch mixes them).
+            let approved: &[&str] = [&["B0GOOD"][..], &[], &["B0BAD", "B0GOOD"]][next(3) as usize];
+            let whole: Vec<StoredMessage> = sorted
+                .iter()
+                .filter(|r| !r.5 && (r.1 != "bot" || r.3.is_some_and(|b| approved.contains(&b))))
+                .map(|r| StoredMessage {
+                    ts: r.0.clone(),
+                    speaker: r.1.to_owned(),
+                    user_id: r.2.clone().or(r.3.map(str::to_owned)).unwrap_or_default(),
+                    text: r.4.clone(),
+                })
+                .collect();
+            inst.approved_bots = approved.iter().map(|b| b.to_string()).collect();
             let source = match next(6) {
                 0 => root.clone(),
                 1 => "1.000000".to_owned(),
@@ -1134,6 +1270,17 @@ async fn the_windowed_read_builds_the_same_context_as_the_whole_thread() {
                 rows.iter().any(|r| r.0 == source && r.5),
                 "case {case}: source {source} deleted"
             );
+            batch.push((
+                store::SnapshotJob {
+                    inst: inst.id,
+                    approved_bots: inst.approved_bots.clone(),
+                    channel: "C0WIN".into(),
+                    root: root.clone(),
+                    source_ts: source.clone(),
+                    limits,
+                },
+                snap,
+            ));
             truncated += usize::from(expected.omitted > 0);
             // A kept reply further back than one page of sizes proves a
             // read past the first page.
@@ -1149,7 +1296,48 @@ async fn the_windowed_read_builds_the_same_context_as_the_whole_thread() {
             );
         }
     }
+    // The same reads in batches of every size from 1 to 40 (a thread read
+    // twice in one batch included) give each read's own snapshot.
+    let (mut from, mut size, mut batches) = (0, 1, 0);
+    while from < batch.len() {
+        let chunk = &batch[from..(from + size).min(batch.len())];
+        let mut jobs: Vec<store::SnapshotJob> = chunk.iter().map(|(j, _)| j.clone()).collect();
+        jobs.push(jobs[0].clone());
+        let mut tx = store::begin_snapshot(&env.db.pool).await.expect("tx");
+        let snaps = store::snapshot_many(&mut tx, &jobs)
+            .await
+            .expect("snapshots");
+        tx.commit().await.expect("commit");
+        assert_eq!(snaps.len(), jobs.len(), "one snapshot per read");
+        for (k, (job, one)) in chunk.iter().chain(&chunk[..1]).enumerate() {
+            let many = &snaps[k];
+            assert_eq!(
+                (
+                    &many.built,
+                    many.version,
+                    many.source_deleted,
+                    many.backfill_partial
+                ),
+                (
+                    &one.built,
+                    one.version,
+                    one.source_deleted,
+                    one.backfill_partial
+                ),
+                "batch of {}: read {k} ({} {} {:?}, bots {:?})",
+                jobs.len(),
+                job.root,
+                job.source_ts,
+                job.limits,
+                job.approved_bots
+            );
+        }
+        from += size;
+        size = size % 40 + 1;
+        batches += 1;
+    }
     // The cases reached what they are for.
+    assert!(batches > 10, "only {batches} batches");
     assert!(truncated > 50, "only {truncated} truncated contexts");
     assert!(paged >= 3, "only {paged} reads past one page");
     env.cleanup().await;

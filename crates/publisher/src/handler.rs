@@ -167,7 +167,13 @@ impl Handler {
     async fn process(&self, inst: Uuid, decision: Uuid) -> anyhow::Result<Disposition> {
         // The decision and the channel's unfurl policy in one read, before
         // any claim, so that a failed read leaves nothing claimed behind.
-        let Some((d, unfurl)) = proposals::load_for_post(&self.pool, decision).await? else {
+        // (with an earlier attempt whose outcome is unknown: see below)
+        let Some(proposals::ForPost {
+            decision: d,
+            unfurl,
+            unsettled,
+        }) = proposals::load_for_post(&self.pool, decision, self.sending_stale).await?
+        else {
             return Ok(Disposition::Poison("ProposalReady for no decision".into()));
         };
         if d.installation_id != inst {
@@ -195,15 +201,7 @@ impl Handler {
         let bot = self.bot(inst).await?;
         // An earlier attempt whose outcome is unknown is settled first, from
         // evidence, whatever else changed since: reading is not posting.
-        if let Some(id) = intents::unsettled(
-            &self.pool,
-            inst,
-            &d.event_id,
-            &d.action_kind,
-            self.sending_stale,
-        )
-        .await?
-        {
+        if let Some(id) = unsettled {
             let Some(bot) = &bot else {
                 // No token to read Slack with any more (uninstalled,
                 // revoked): held for an operator, never re-posted.

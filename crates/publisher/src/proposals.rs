@@ -8,7 +8,7 @@ use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use prost::Message as _;
 use threadline_runtime::bus::{Topic, Topology};
-pub use threadline_store::decisions::{Decision, load, load_for_post};
+pub use threadline_store::decisions::{Decision, ForPost, load, load_for_post};
 use threadline_store::decisions::{proposal, proposal_msg_id};
 
 /// Publishes the decision's proposal again (`Nats-Msg-Id:

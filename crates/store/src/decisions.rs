@@ -7,7 +7,7 @@
 
 use prost::Message as _;
 use sqlx::{PgConnection, PgExecutor, PgPool};
-use threadline_domain::state::{DecisionStatus, Machine as _};
+use threadline_domain::state::{DecisionStatus, IntentState, Machine as _};
 use threadline_proto::v1::{ProposalReady, SCHEMA_VERSION};
 use uuid::Uuid;
 
@@ -47,46 +47,82 @@ pub async fn load(conn: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<Option<De
     .await
 }
 
-/// A decision with what posting it needs from the channel's policy: whether
-/// links may unfurl (the channel's setting, else the installation's, else
-/// not), read by one statement.
-pub async fn load_for_post(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<(Decision, bool)>> {
+/// A decision as its publisher reads it before any claim.
+#[derive(Debug, Clone)]
+pub struct ForPost {
+    pub decision: Decision,
+    /// Whether links may unfurl: the channel's setting, else the
+    /// installation's, else not.
+    pub unfurl: bool,
+    /// An earlier attempt of the decision's reply intent whose outcome is
+    /// not known: to be settled from evidence before anything else.
+    pub unsettled: Option<Uuid>,
+}
+
+/// A decision with what posting it needs, in one statement: the channel's
+/// unfurl policy, and the event's reply intent if an earlier attempt's
+/// outcome is unknown: `unknown`, `reconciling`, or `sending` for longer
+/// than `sending_stale` seconds (its worker died or froze between the claim
+/// and recording the outcome; configured longer than twice the Slack
+/// timeout, so a post still in flight is never taken for dead), which this
+/// statement moves to `unknown`.
+pub async fn load_for_post(
+    pool: &PgPool,
+    id: Uuid,
+    sending_stale: f64,
+) -> sqlx::Result<Option<ForPost>> {
     let row = sqlx::query!(
-        r#"SELECT d.id, d.receipt_id, d.installation_id, d.event_id, d.channel_id, d.root_ts, d.source_ts,
-                  d.thread_version, d.action_kind, d.status, d.review_reasons, d.fallback, d.model_config_id,
-                  d.output_hash, d.body_text, d.body_blocks,
-                  coalesce((SELECT c.unfurl_allowed FROM channel_policies c
-                             WHERE c.installation_id = d.installation_id AND c.channel_id = d.channel_id),
-                           (SELECT i.unfurl_allowed FROM installation_policies i
-                             WHERE i.installation_id = d.installation_id),
-                           false) AS "unfurl!"
-             FROM decisions d WHERE d.id = $1"#,
-        id
+        r#"WITH d AS (
+            SELECT * FROM decisions WHERE id = $1),
+         i AS (
+            SELECT r.id, r.state, extract(epoch FROM now() - r.sending_since)::float8 AS sending_for
+              FROM reply_intents r JOIN d
+                ON r.installation_id = d.installation_id AND r.event_id = d.event_id
+               AND r.action_kind = d.action_kind),
+         gone AS (
+            UPDATE reply_intents r SET state = $3, unknown_since = now(), ever_unknown = true, updated_at = now()
+              FROM i WHERE r.id = i.id AND r.state = ANY($4) AND i.sending_for > $2
+            RETURNING r.id)
+         SELECT d.id, d.receipt_id, d.installation_id, d.event_id, d.channel_id, d.root_ts, d.source_ts,
+                d.thread_version, d.action_kind, d.status, d.review_reasons, d.fallback, d.model_config_id,
+                d.output_hash, d.body_text, d.body_blocks,
+                coalesce((SELECT c.unfurl_allowed FROM channel_policies c
+                           WHERE c.installation_id = d.installation_id AND c.channel_id = d.channel_id),
+                         (SELECT p.unfurl_allowed FROM installation_policies p
+                           WHERE p.installation_id = d.installation_id),
+                         false) AS "unfurl!",
+                (SELECT u.id FROM (SELECT id FROM i WHERE state = ANY($5) UNION SELECT id FROM gone) u
+                  LIMIT 1) AS unsettled
+           FROM d"#,
+        id,
+        sending_stale,
+        IntentState::Unknown.as_str(),
+        &moves(&[IntentState::Sending], IntentState::Unknown),
+        &[IntentState::Unknown.as_str(), IntentState::Reconciling.as_str()] as &[&str]
     )
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|r| {
-        (
-            Decision {
-                id: r.id,
-                receipt_id: r.receipt_id,
-                installation_id: r.installation_id,
-                event_id: r.event_id,
-                channel_id: r.channel_id,
-                root_ts: r.root_ts,
-                source_ts: r.source_ts,
-                thread_version: r.thread_version,
-                action_kind: r.action_kind,
-                status: r.status,
-                review_reasons: r.review_reasons,
-                fallback: r.fallback,
-                model_config_id: r.model_config_id,
-                output_hash: r.output_hash,
-                body_text: r.body_text,
-                body_blocks: r.body_blocks,
-            },
-            r.unfurl,
-        )
+    Ok(row.map(|r| ForPost {
+        decision: Decision {
+            id: r.id,
+            receipt_id: r.receipt_id,
+            installation_id: r.installation_id,
+            event_id: r.event_id,
+            channel_id: r.channel_id,
+            root_ts: r.root_ts,
+            source_ts: r.source_ts,
+            thread_version: r.thread_version,
+            action_kind: r.action_kind,
+            status: r.status,
+            review_reasons: r.review_reasons,
+            fallback: r.fallback,
+            model_config_id: r.model_config_id,
+            output_hash: r.output_hash,
+            body_text: r.body_text,
+            body_blocks: r.body_blocks,
+        },
+        unfurl: r.unfurl,
+        unsettled: r.unsettled,
     }))
 }
 

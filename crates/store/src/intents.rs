@@ -66,38 +66,6 @@ pub struct Proposal<'a> {
     pub channel_ref: Option<String>,
 }
 
-/// An earlier attempt of this intent whose outcome is not known: `unknown`,
-/// `reconciling`, or `sending` for longer than `sending_stale` seconds (its
-/// worker died or froze between the claim and recording the outcome;
-/// configured longer than twice the Slack timeout, so a post still in
-/// flight is never taken for dead).
-pub async fn unsettled(
-    pool: &PgPool,
-    installation: Uuid,
-    event_id: &str,
-    action_kind: &str,
-    sending_stale: f64,
-) -> sqlx::Result<Option<Uuid>> {
-    sqlx::query_scalar!(
-        r#"WITH i AS (
-            SELECT id, state, extract(epoch FROM now() - sending_since)::float8 AS sending_for
-              FROM reply_intents WHERE installation_id = $1 AND event_id = $2 AND action_kind = $3),
-         gone AS (
-            UPDATE reply_intents r SET state = $5, unknown_since = now(), ever_unknown = true, updated_at = now()
-              FROM i WHERE r.id = i.id AND r.state = ANY($6) AND i.sending_for > $4
-            RETURNING r.id)
-         SELECT id AS "id!" FROM i WHERE state IN ('unknown', 'reconciling') UNION SELECT id FROM gone"#,
-        installation,
-        event_id,
-        action_kind,
-        sending_stale,
-        IntentState::Unknown.as_str(),
-        &moves(&[IntentState::Sending], IntentState::Unknown)
-    )
-    .fetch_optional(pool)
-    .await
-}
-
 /// How long to wait for an unprocessed event of the thread that has been
 /// waiting `age` seconds: soon at first, then less often.
 fn pending_wait(age: f64) -> f64 {

@@ -306,34 +306,73 @@ pub async fn finish(
     reason: Option<&str>,
     at: (Uuid, &str, Option<&str>),
 ) -> sqlx::Result<bool> {
+    let ending = Ending {
+        receipt,
+        installation: at.0,
+        channel: at.1.to_owned(),
+        pseudonym: at.2.map(str::to_owned),
+    };
+    let ended = finish_many(conn, std::slice::from_ref(&ending), state, reason).await?;
+    Ok(ended[0])
+}
+
+/// A receipt for [`finish_many`]: its id and the installation, channel and
+/// channel pseudonym its event named.
+#[derive(Debug, Clone)]
+pub struct Ending {
+    pub receipt: Uuid,
+    pub installation: Uuid,
+    pub channel: String,
+    pub pseudonym: Option<String>,
+}
+
+/// [`finish`] for several receipts in one statement, each ending in
+/// `state` with `reason`. Returns, in the order given, whether each ended
+/// here (a receipt named twice ends once, as two calls in a row would
+/// leave it).
+pub async fn finish_many(
+    conn: &mut PgConnection,
+    endings: &[Ending],
+    state: ReceiptState,
+    reason: Option<&str>,
+) -> sqlx::Result<Vec<bool>> {
     // Only an open receipt ends, by a move the machine allows.
     let from = moves(&[ReceiptState::Accepted, ReceiptState::Processing], state);
     let ended = sqlx::query_scalar!(
-        "WITH r AS (
-            UPDATE event_receipts SET state = $2, state_reason = $3, updated_at = now()
-             WHERE id = $1 AND state = ANY($9)
-            RETURNING id, installation_id, event_id, channel_id, event_type, retry_num + duplicate_deliveries AS retries)
+        r#"WITH e AS (
+            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]) AS e(receipt, inst, channel, pseudonym)),
+         r AS (
+            UPDATE event_receipts SET state = $5, state_reason = $6, updated_at = now()
+              FROM e
+             WHERE id = e.receipt AND state = ANY($9)
+            RETURNING id, installation_id, event_id, channel_id, event_type, retry_num + duplicate_deliveries AS retries,
+                      e.inst, e.channel, e.pseudonym)
          INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
                                 event_type, retry_count)
-         SELECT 'context', $4, $5, r.installation_id, r.event_id, r.id,
-                CASE WHEN r.installation_id = $6 AND r.channel_id = $7 THEN $8 END,
+         SELECT 'context', $7, $8, r.installation_id, r.event_id, r.id,
+                CASE WHEN r.installation_id = r.inst AND r.channel_id = r.channel THEN r.pseudonym END,
                 coalesce(nullif(left(regexp_replace(lower(r.event_type), '[^a-z0-9_.:-]', '_', 'g'), 64), ''), 'unknown'),
                 r.retries
            FROM r
-         RETURNING receipt_id",
-        receipt,
+         RETURNING receipt_id AS "receipt_id!""#,
+        &endings.iter().map(|e| e.receipt).collect::<Vec<_>>(),
+        &endings.iter().map(|e| e.installation).collect::<Vec<_>>(),
+        &endings.iter().map(|e| e.channel.clone()).collect::<Vec<_>>(),
+        &endings.iter().map(|e| e.pseudonym.clone()).collect::<Vec<_>>() as &[Option<String>],
         state.as_str(),
         reason,
         sanitise_code(state.as_str()),
         reason.map(sanitise_code),
-        at.0,
-        at.1,
-        at.2,
         &from
     )
-    .fetch_optional(conn)
+    .fetch_all(conn)
     .await?;
-    Ok(ended.is_some())
+    let ended: std::collections::HashSet<Uuid> = ended.into_iter().collect();
+    let mut once = std::collections::HashSet::new();
+    Ok(endings
+        .iter()
+        .map(|e| ended.contains(&e.receipt) && once.insert(e.receipt))
+        .collect())
 }
 
 fn text_hash(text: &str) -> String {
@@ -835,44 +874,30 @@ struct Size {
     len: i32,
 }
 
-/// The sizes of the oldest readable message, the source and one page of
-/// replies older than `cursor`. A message is readable when live, and
-/// another bot's only when that bot is approved.
-async fn sizes(
+/// The sizes of a page of `j`'s replies older than `cursor`, newest first
+/// (the pages after [`snapshot_many`]'s first).
+async fn replies_page(
     conn: &mut PgConnection,
-    inst: &Installation,
-    channel: &str,
-    root: &str,
-    source_ts: &str,
+    j: &SnapshotJob,
     cursor: Option<&str>,
     page: i64,
-) -> sqlx::Result<Vec<Size>> {
-    sqlx::query_as!(
-        Size,
-        r#"(SELECT 0 AS "part!", ts AS "ts!", octet_length(text) AS "len!" FROM thread_messages
-             WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND NOT deleted
-               AND (speaker <> 'bot' OR bot_id = ANY($4))
-             ORDER BY ts::numeric LIMIT 1)
-           UNION ALL
-           (SELECT 1, ts, octet_length(text) FROM thread_messages
-             WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND NOT deleted
-               AND (speaker <> 'bot' OR bot_id = ANY($4)) AND ts = $5)
-           UNION ALL
-           (SELECT 2, ts, octet_length(text) FROM thread_messages
-             WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND NOT deleted
-               AND (speaker <> 'bot' OR bot_id = ANY($4))
-               AND ($6::text IS NULL OR ts::numeric < $6::text::numeric)
-             ORDER BY ts::numeric DESC LIMIT $7)"#,
-        inst.id,
-        channel,
-        root,
-        &inst.approved_bots,
-        source_ts,
+) -> sqlx::Result<Vec<(String, i32)>> {
+    let rows = sqlx::query!(
+        r#"SELECT ts, octet_length(text) AS "len!" FROM thread_messages
+            WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND NOT deleted
+              AND (speaker <> 'bot' OR bot_id = ANY($4))
+              AND ($5::text IS NULL OR ts::numeric < $5::text::numeric)
+            ORDER BY ts::numeric DESC LIMIT $6"#,
+        j.inst,
+        j.channel,
+        j.root,
+        &j.approved_bots,
         cursor,
         page
     )
     .fetch_all(conn)
-    .await
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.ts, r.len)).collect())
 }
 
 /// A transaction whose reads all see one snapshot (REPEATABLE READ): a
@@ -884,12 +909,22 @@ pub async fn begin_snapshot(
         .await
 }
 
+/// A context to read: the thread `root` of `channel` in the installation
+/// `inst`, for its message `source_ts`, within `limits`. A message is
+/// readable when live, and another bot's only when one of `approved_bots`.
+#[derive(Debug, Clone)]
+pub struct SnapshotJob {
+    pub inst: Uuid,
+    pub approved_bots: Vec<String>,
+    pub channel: String,
+    pub root: String,
+    pub source_ts: String,
+    pub limits: Limits,
+}
+
 /// Reads the context of `source_ts` in `root`'s thread without reading the
-/// whole thread: the sizes of the oldest readable message (the root), the
-/// source and the newest replies page by page until the limits are met
-/// ([`context::Chooser`], the same choice [`context::build`] makes over the
-/// whole thread), then the text of only the chosen messages and a count of
-/// the rest. Call inside one REPEATABLE READ transaction.
+/// whole thread ([`snapshot_many`] of one). Call inside one REPEATABLE READ
+/// transaction.
 pub async fn snapshot(
     conn: &mut PgConnection,
     inst: &Installation,
@@ -898,37 +933,181 @@ pub async fn snapshot(
     source_ts: &str,
     limits: Limits,
 ) -> sqlx::Result<Snapshot> {
-    let head = sqlx::query!(
-        r#"SELECT coalesce((SELECT version FROM threads
-                             WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3), 0) AS "version!",
-                  coalesce((SELECT backfill_state FROM threads
-                             WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3), 'none') AS "backfill!",
-                  coalesce((SELECT bool_or(deleted) FROM thread_messages
-                             WHERE installation_id = $1 AND channel_id = $2 AND ts = $5), false) AS "source_deleted!",
-                  (SELECT count(*) FROM thread_messages
-                    WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND NOT deleted
-                      AND (speaker <> 'bot' OR bot_id = ANY($4))) AS "readable!""#,
-        inst.id,
-        channel,
-        root,
-        &inst.approved_bots,
-        source_ts
-    )
-    .fetch_one(&mut *conn)
-    .await?;
-    let backfill_partial = head.backfill == "partial";
-    let page = (limits.max_messages + PAGE_SLACK) as i64;
-    let mut rows = sizes(conn, inst, channel, root, source_ts, None, page).await?;
-    let Some(first) = rows.iter().find(|r| r.part == 0) else {
-        return Ok(Snapshot {
-            version: head.version,
-            backfill_partial,
-            source_deleted: head.source_deleted,
-            built: context::finish(Vec::new(), 0),
-        });
+    let job = SnapshotJob {
+        inst: inst.id,
+        approved_bots: inst.approved_bots.clone(),
+        channel: channel.to_owned(),
+        root: root.to_owned(),
+        source_ts: source_ts.to_owned(),
+        limits,
     };
+    let mut snaps = snapshot_many(conn, std::slice::from_ref(&job)).await?;
+    Ok(snaps.pop().expect("one snapshot per job"))
+}
+
+/// Reads the contexts of several threads at once, each without reading its
+/// whole thread: in one statement, each thread's version, backfill state,
+/// source's deletion and readable count with the sizes of its oldest
+/// readable message (the root), its source and a first page of its newest
+/// replies; the choice of [`context::Chooser`] (the same choice
+/// [`context::build`] makes over the whole thread), with a further page
+/// read for a thread only when its first did not meet the limits; then in
+/// one statement the text of only the chosen messages of every thread.
+/// Each snapshot in the order given. Call inside one REPEATABLE READ
+/// transaction, so that each version and the messages it numbers are read
+/// together.
+pub async fn snapshot_many(
+    conn: &mut PgConnection,
+    jobs: &[SnapshotJob],
+) -> sqlx::Result<Vec<Snapshot>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let page = |j: &SnapshotJob| (j.limits.max_messages + PAGE_SLACK) as i64;
+    let (mut bot_k, mut bots) = (Vec::new(), Vec::new());
+    for (k, j) in jobs.iter().enumerate() {
+        for b in &j.approved_bots {
+            bot_k.push(k as i64 + 1);
+            bots.push(b.clone());
+        }
+    }
+    // Rows in job order; a job's sizes by part, its replies newest first; a
+    // thread with no readable message gives one row without sizes.
+    let rows = sqlx::query!(
+        r#"SELECT j.k AS "k!", coalesce(t.version, 0) AS "version!",
+                  coalesce(t.backfill_state, 'none') AS "backfill!",
+                  coalesce((SELECT bool_or(m.deleted) FROM thread_messages m
+                             WHERE m.installation_id = j.inst AND m.channel_id = j.channel AND m.ts = j.source),
+                           false) AS "source_deleted!",
+                  (SELECT count(*) FROM thread_messages m
+                    WHERE m.installation_id = j.inst AND m.channel_id = j.channel AND m.root_ts = j.root
+                      AND NOT m.deleted AND (m.speaker <> 'bot' OR m.bot_id = ANY(b.bots))) AS "readable!",
+                  s.part AS "part?", s.ts AS "ts?", s.len AS "len?"
+             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[])
+                  WITH ORDINALITY AS j(inst, channel, root, source, page, k)
+             LEFT JOIN threads t ON t.installation_id = j.inst AND t.channel_id = j.channel AND t.root_ts = j.root
+            CROSS JOIN LATERAL (SELECT coalesce(array_agg(x.b), '{}') AS bots
+                                  FROM unnest($6::int8[], $7::text[]) AS x(k, b) WHERE x.k = j.k) b
+             LEFT JOIN LATERAL (
+                  (SELECT 0 AS part, 0::int8 AS o, m.ts, octet_length(m.text) AS len FROM thread_messages m
+                    WHERE m.installation_id = j.inst AND m.channel_id = j.channel AND m.root_ts = j.root
+                      AND NOT m.deleted AND (m.speaker <> 'bot' OR m.bot_id = ANY(b.bots))
+                    ORDER BY m.ts::numeric LIMIT 1)
+                  UNION ALL
+                  (SELECT 1, 0, m.ts, octet_length(m.text) FROM thread_messages m
+                    WHERE m.installation_id = j.inst AND m.channel_id = j.channel AND m.root_ts = j.root
+                      AND NOT m.deleted AND (m.speaker <> 'bot' OR m.bot_id = ANY(b.bots)) AND m.ts = j.source)
+                  UNION ALL
+                  (SELECT 2, row_number() OVER (ORDER BY m.ts::numeric DESC), m.ts, octet_length(m.text)
+                     FROM thread_messages m
+                    WHERE m.installation_id = j.inst AND m.channel_id = j.channel AND m.root_ts = j.root
+                      AND NOT m.deleted AND (m.speaker <> 'bot' OR m.bot_id = ANY(b.bots))
+                    ORDER BY m.ts::numeric DESC LIMIT j.page)
+             ) s ON true
+            ORDER BY j.k, s.part, s.o"#,
+        &jobs.iter().map(|j| j.inst).collect::<Vec<_>>(),
+        &jobs.iter().map(|j| j.channel.clone()).collect::<Vec<_>>(),
+        &jobs.iter().map(|j| j.root.clone()).collect::<Vec<_>>(),
+        &jobs.iter().map(|j| j.source_ts.clone()).collect::<Vec<_>>(),
+        &jobs.iter().map(page).collect::<Vec<_>>(),
+        &bot_k,
+        &bots
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    struct Head {
+        version: i64,
+        backfill_partial: bool,
+        source_deleted: bool,
+        readable: i64,
+        sizes: Vec<Size>,
+    }
+    let mut heads: Vec<Option<Head>> = (0..jobs.len()).map(|_| None).collect();
+    for r in rows {
+        let head = heads
+            .get_mut((r.k - 1) as usize)
+            .expect("a row names one of the jobs")
+            .get_or_insert_with(|| Head {
+                version: r.version,
+                backfill_partial: r.backfill == "partial",
+                source_deleted: r.source_deleted,
+                readable: r.readable,
+                sizes: Vec::new(),
+            });
+        if let (Some(part), Some(ts), Some(len)) = (r.part, r.ts, r.len) {
+            head.sizes.push(Size { part, ts, len });
+        }
+    }
+    let heads: Vec<Head> = heads
+        .into_iter()
+        .map(|h| h.expect("one row at least per job"))
+        .collect();
+    // Each thread's choice; `None` where it has no readable message.
+    let mut chosen: Vec<Option<Vec<String>>> = Vec::with_capacity(jobs.len());
+    for (j, head) in jobs.iter().zip(&heads) {
+        chosen.push(choose(conn, j, &head.sizes, page(j)).await?);
+    }
+    let (mut text_k, mut text_inst, mut text_channel, mut text_ts) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (k, (j, c)) in jobs.iter().zip(&chosen).enumerate() {
+        for ts in c.iter().flatten() {
+            text_k.push(k as i64 + 1);
+            text_inst.push(j.inst);
+            text_channel.push(j.channel.clone());
+            text_ts.push(ts.clone());
+        }
+    }
+    let mut messages: Vec<Vec<StoredMessage>> = vec![Vec::new(); jobs.len()];
+    if !text_k.is_empty() {
+        let texts = sqlx::query!(
+            r#"SELECT x.k AS "k!", m.ts, m.speaker, m.user_id, m.bot_id, m.text
+                 FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[]) AS x(k, inst, channel, ts)
+                 JOIN thread_messages m ON m.installation_id = x.inst AND m.channel_id = x.channel AND m.ts = x.ts
+                ORDER BY x.k, m.ts::numeric"#,
+            &text_k,
+            &text_inst,
+            &text_channel,
+            &text_ts
+        )
+        .fetch_all(&mut *conn)
+        .await?;
+        for m in texts {
+            messages[(m.k - 1) as usize].push(StoredMessage {
+                ts: m.ts,
+                speaker: m.speaker,
+                user_id: m.user_id.or(m.bot_id).unwrap_or_default(),
+                text: m.text,
+            });
+        }
+    }
+    Ok(heads
+        .into_iter()
+        .zip(messages)
+        .map(|(h, messages)| Snapshot {
+            version: h.version,
+            backfill_partial: h.backfill_partial,
+            source_deleted: h.source_deleted,
+            built: context::finish(messages, h.readable as usize),
+        })
+        .collect())
+}
+
+/// The messages of `j`'s context, from the sizes of its first page (the
+/// oldest readable message, the source, the newest replies), reading
+/// further pages of replies while the limits are not met. `None` when the
+/// thread has no readable message.
+async fn choose(
+    conn: &mut PgConnection,
+    j: &SnapshotJob,
+    first_page: &[Size],
+    page: i64,
+) -> sqlx::Result<Option<Vec<String>>> {
+    let Some(first) = first_page.iter().find(|r| r.part == 0) else {
+        return Ok(None);
+    };
+    let source_ts = j.source_ts.as_str();
     let (first_ts, first_len) = (first.ts.clone(), first.len);
-    let source = rows
+    let source = first_page
         .iter()
         .find(|r| r.part == 1 && r.ts != first_ts)
         .map(|r| (r.ts.clone(), r.len as usize));
@@ -936,21 +1115,25 @@ pub async fn snapshot(
         first_len as usize,
         source.as_ref().map(|s| s.1),
         source_ts,
-        limits,
+        j.limits,
     );
     let mut chosen = vec![first_ts.clone()];
     chosen.extend(source.map(|s| s.0));
+    let mut replies: Vec<(String, i32)> = first_page
+        .iter()
+        .filter(|r| r.part == 2)
+        .map(|r| (r.ts.clone(), r.len))
+        .collect();
     'pages: loop {
-        let replies: Vec<Size> = rows.drain(..).filter(|r| r.part == 2).collect();
         let full = replies.len() as i64 == page;
         let mut cursor = None;
-        for r in replies {
-            cursor = Some(r.ts.clone());
-            if r.ts == first_ts || r.ts == source_ts {
+        for (ts, len) in replies.drain(..) {
+            cursor = Some(ts.clone());
+            if ts == first_ts || ts == source_ts {
                 continue;
             }
-            match chooser.offer(&r.ts, r.len as usize) {
-                Offer::Keep => chosen.push(r.ts),
+            match chooser.offer(&ts, len as usize) {
+                Offer::Keep => chosen.push(ts),
                 Offer::Skip => {}
                 Offer::Done => break 'pages,
             }
@@ -958,42 +1141,9 @@ pub async fn snapshot(
         if !full {
             break;
         }
-        rows = sizes(
-            conn,
-            inst,
-            channel,
-            root,
-            source_ts,
-            cursor.as_deref(),
-            page,
-        )
-        .await?;
+        replies = replies_page(conn, j, cursor.as_deref(), page).await?;
     }
-    let texts = sqlx::query!(
-        "SELECT ts, speaker, user_id, bot_id, text FROM thread_messages
-          WHERE installation_id = $1 AND channel_id = $2 AND ts = ANY($3)
-          ORDER BY ts::numeric",
-        inst.id,
-        channel,
-        &chosen
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    let messages = texts
-        .into_iter()
-        .map(|m| StoredMessage {
-            ts: m.ts,
-            speaker: m.speaker,
-            user_id: m.user_id.or(m.bot_id).unwrap_or_default(),
-            text: m.text,
-        })
-        .collect();
-    Ok(Snapshot {
-        version: head.version,
-        backfill_partial,
-        source_deleted: head.source_deleted,
-        built: context::finish(messages, head.readable as usize),
-    })
+    Ok(Some(chosen))
 }
 
 /// What a receipt's context was built from (no text).
@@ -1016,40 +1166,66 @@ pub struct ContextRecord<'a> {
 /// Records the context (replacing an earlier one of the same receipt) with
 /// its audit record.
 pub async fn record_context(conn: &mut PgConnection, c: &ContextRecord<'_>) -> sqlx::Result<()> {
+    record_contexts(conn, std::slice::from_ref(c)).await
+}
+
+/// Records several contexts, each replacing an earlier one of the same
+/// receipt, with their audit records, in one statement. A receipt named
+/// twice is recorded in turn (one statement cannot change a row twice), the
+/// later record last, as calls in a row would leave it.
+pub async fn record_contexts(
+    conn: &mut PgConnection,
+    cs: &[ContextRecord<'_>],
+) -> sqlx::Result<()> {
+    let mut rest = cs;
+    while !rest.is_empty() {
+        // The longest prefix without a receipt named twice.
+        let mut seen = std::collections::HashSet::new();
+        let n = rest
+            .iter()
+            .take_while(|c| seen.insert(c.receipt_id))
+            .count();
+        let (round, later) = rest.split_at(n);
+        record_round(conn, round).await?;
+        rest = later;
+    }
+    Ok(())
+}
+
+async fn record_round(conn: &mut PgConnection, cs: &[ContextRecord<'_>]) -> sqlx::Result<()> {
     sqlx::query!(
-        "INSERT INTO contexts (receipt_id, installation_id, channel_id, root_ts, source_ts, thread_version,
-                               content_hash, message_count, truncated, backfill_partial)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-         ON CONFLICT (receipt_id) DO UPDATE
-            SET thread_version = EXCLUDED.thread_version, content_hash = EXCLUDED.content_hash,
-                message_count = EXCLUDED.message_count, truncated = EXCLUDED.truncated,
-                backfill_partial = EXCLUDED.backfill_partial, captured_at = now()",
-        c.receipt_id,
-        c.installation_id,
-        c.channel_id,
-        c.root_ts,
-        c.source_ts,
-        c.thread_version,
-        c.content_hash,
-        c.message_count as i32,
-        c.truncated,
-        c.backfill_partial
+        r#"WITH c AS (
+            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[],
+                                 $8::int4[], $9::bool[], $10::bool[], $11::text[], $12::text[])
+                AS c(receipt_id, installation_id, channel_id, root_ts, source_ts, thread_version, content_hash,
+                     message_count, truncated, backfill_partial, event_id, channel_ref)),
+         recorded AS (
+            INSERT INTO contexts (receipt_id, installation_id, channel_id, root_ts, source_ts, thread_version,
+                                  content_hash, message_count, truncated, backfill_partial)
+            SELECT receipt_id, installation_id, channel_id, root_ts, source_ts, thread_version, content_hash,
+                   message_count, truncated, backfill_partial FROM c
+            ON CONFLICT (receipt_id) DO UPDATE
+               SET thread_version = EXCLUDED.thread_version, content_hash = EXCLUDED.content_hash,
+                   message_count = EXCLUDED.message_count, truncated = EXCLUDED.truncated,
+                   backfill_partial = EXCLUDED.backfill_partial, captured_at = now())
+         INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref, thread_version)
+         SELECT 'context', 'context_built', CASE WHEN c.backfill_partial THEN 'backfill_partial' END,
+                c.installation_id, c.event_id, c.receipt_id, c.channel_ref, c.thread_version
+           FROM c"#,
+        &cs.iter().map(|c| c.receipt_id).collect::<Vec<_>>(),
+        &cs.iter().map(|c| c.installation_id).collect::<Vec<_>>(),
+        &cs.iter().map(|c| c.channel_id.to_owned()).collect::<Vec<_>>(),
+        &cs.iter().map(|c| c.root_ts.to_owned()).collect::<Vec<_>>(),
+        &cs.iter().map(|c| c.source_ts.to_owned()).collect::<Vec<_>>(),
+        &cs.iter().map(|c| c.thread_version).collect::<Vec<_>>(),
+        &cs.iter().map(|c| c.content_hash.to_owned()).collect::<Vec<_>>(),
+        &cs.iter().map(|c| c.message_count as i32).collect::<Vec<_>>(),
+        &cs.iter().map(|c| c.truncated).collect::<Vec<_>>(),
+        &cs.iter().map(|c| c.backfill_partial).collect::<Vec<_>>(),
+        &cs.iter().map(|c| c.event_id.to_owned()).collect::<Vec<_>>(),
+        &cs.iter().map(|c| c.channel_ref.clone()).collect::<Vec<_>>() as &[Option<String>]
     )
     .execute(&mut *conn)
     .await?;
-    audit::append(
-        conn,
-        &audit::Record {
-            stage: "context",
-            outcome: "context_built",
-            reason: c.backfill_partial.then_some("backfill_partial"),
-            installation_id: Some(c.installation_id),
-            receipt_id: Some(c.receipt_id),
-            channel_ref: c.channel_ref.clone(),
-            event_id: Some(c.event_id),
-            thread_version: Some(c.thread_version),
-            ..Default::default()
-        },
-    )
-    .await
+    Ok(())
 }

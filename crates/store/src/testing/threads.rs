@@ -425,3 +425,14 @@ pub async fn count_unreconsidered_crossed_answers(pool: &sqlx::PgPool) -> sqlx::
     .fetch_one(pool)
     .await
 }
+
+/// How many contexts receipt `receipt` has recorded (one at most: a later
+/// build replaces the earlier).
+pub async fn context_count(pool: &sqlx::PgPool, receipt: uuid::Uuid) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM contexts WHERE receipt_id = $1"#,
+        receipt
+    )
+    .fetch_one(pool)
+    .await
+}
