@@ -339,18 +339,20 @@ pub async fn finish_many(
     // Only an open receipt ends, by a move the machine allows.
     let from = moves(&[ReceiptState::Accepted, ReceiptState::Processing], state);
     let ended = sqlx::query_scalar!(
-        r#"WITH e AS (
-            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]) AS e(receipt, inst, channel, pseudonym)),
-         r AS (
+        // (the receipts are found by `id = ANY`: an index scan whatever the
+        // plan guesses of the array, where a join with the unnested input
+        // may be planned as a scan of the whole table)
+        r#"WITH r AS (
             UPDATE event_receipts SET state = $5, state_reason = $6, updated_at = now()
-              FROM e
-             WHERE id = e.receipt AND state = ANY($9)
-            RETURNING id, installation_id, event_id, channel_id, event_type, retry_num + duplicate_deliveries AS retries,
-                      e.inst, e.channel, e.pseudonym)
+             WHERE id = ANY($1) AND state = ANY($9)
+            RETURNING id, installation_id, event_id, channel_id, event_type, retry_num + duplicate_deliveries AS retries)
          INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
                                 event_type, retry_count)
          SELECT 'context', $7, $8, r.installation_id, r.event_id, r.id,
-                CASE WHEN r.installation_id = r.inst AND r.channel_id = r.channel THEN r.pseudonym END,
+                (SELECT e.pseudonym
+                   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]) AS e(receipt, inst, channel, pseudonym)
+                  WHERE e.receipt = r.id AND e.inst = r.installation_id AND e.channel = r.channel_id
+                  LIMIT 1),
                 coalesce(nullif(left(regexp_replace(lower(r.event_type), '[^a-z0-9_.:-]', '_', 'g'), 64), ''), 'unknown'),
                 r.retries
            FROM r
@@ -985,7 +987,9 @@ pub async fn snapshot_many(
                   s.part AS "part?", s.ts AS "ts?", s.len AS "len?"
              FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[])
                   WITH ORDINALITY AS j(inst, channel, root, source, page, k)
-             LEFT JOIN threads t ON t.installation_id = j.inst AND t.channel_id = j.channel AND t.root_ts = j.root
+             -- (lateral lookups by key: index scans whatever the plan guesses of the arrays)
+             LEFT JOIN LATERAL (SELECT version, backfill_state FROM threads
+                                 WHERE installation_id = j.inst AND channel_id = j.channel AND root_ts = j.root) t ON true
             CROSS JOIN LATERAL (SELECT coalesce(array_agg(x.b), '{}') AS bots
                                   FROM unnest($6::int8[], $7::text[]) AS x(k, b) WHERE x.k = j.k) b
              LEFT JOIN LATERAL (
@@ -1062,7 +1066,8 @@ pub async fn snapshot_many(
         let texts = sqlx::query!(
             r#"SELECT x.k AS "k!", m.ts, m.speaker, m.user_id, m.bot_id, m.text
                  FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[]) AS x(k, inst, channel, ts)
-                 JOIN thread_messages m ON m.installation_id = x.inst AND m.channel_id = x.channel AND m.ts = x.ts
+                CROSS JOIN LATERAL (SELECT ts, speaker, user_id, bot_id, text FROM thread_messages
+                                     WHERE installation_id = x.inst AND channel_id = x.channel AND ts = x.ts) m
                 ORDER BY x.k, m.ts::numeric"#,
             &text_k,
             &text_inst,
