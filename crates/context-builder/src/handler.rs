@@ -105,15 +105,19 @@ pub fn applies(pool: &PgPool, max_batch: usize) -> Applies {
 /// The batcher of [`store::build_many`].
 pub type Builds = threadline_runtime::batch::Batcher<store::BuildJob, store::BuildOutcome>;
 
+/// Batches of builds in flight at once in one process. A batch takes about
+/// five statements whatever its size; only a long thread's further pages
+/// of replies are read one thread after another, so two runners keep a
+/// second batch going while one waits, within the process's connections.
+pub const BUILD_RUNNERS: usize = 2;
+
 /// Starts the batcher that builds contexts (at most `max_batch` in one
-/// transaction, [`APPLY_RUNNERS`] transactions at once: a batch reads a
-/// further page of a long thread's replies on its own connection, one
-/// thread after another).
+/// transaction, [`BUILD_RUNNERS`] transactions at once).
 pub fn builds(pool: &PgPool, max_batch: usize) -> Builds {
     let pool = pool.clone();
     threadline_runtime::batch::Batcher::spawn(
         "context_build",
-        APPLY_RUNNERS,
+        BUILD_RUNNERS,
         max_batch,
         move |jobs: Vec<_>| {
             let pool = pool.clone();

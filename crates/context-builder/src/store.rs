@@ -80,9 +80,9 @@ pub enum Next {
     },
 }
 
-/// How long a batch of applies waits for a lock held elsewhere (a thread
-/// row another batch or a publisher's record holds) before it is rerun
-/// event by event.
+/// How long a batch of applies (or of builds) waits for a lock held
+/// elsewhere (a thread row another batch or a publisher's record holds)
+/// before it is rerun event by event.
 pub const APPLY_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Applies the events of concurrent handlers in one transaction (group
@@ -221,6 +221,10 @@ pub enum BuildOutcome {
 /// concurrency-lost batch job by job.
 pub async fn build_many(pool: &PgPool, jobs: &[BuildJob]) -> sqlx::Result<Vec<BuildOutcome>> {
     let mut tx = begin_snapshot(pool).await?;
+    // A lock another transaction holds (a context being recorded by
+    // another build of the receipt, a receipt being finished) would hold
+    // every job of the batch: bounded, and rerun job by job.
+    threadline_store::schema::lock_timeout_local(&mut tx, APPLY_LOCK_TIMEOUT).await?;
     let reads: Vec<SnapshotJob> = jobs.iter().map(|j| j.snapshot.clone()).collect();
     let snaps = snapshot_many(&mut tx, &reads).await?;
     let deleted: Vec<Ending> = jobs

@@ -475,10 +475,16 @@ async fn a_batch_of_builds_reads_as_the_builds_one_by_one() {
         channel: "C0CHAN".into(),
         pseudonym: Some("ref".into()),
     };
+    // (receipt 2 named with another channel than its event's: its record
+    // gets no pseudonym)
+    let elsewhere = store::Ending {
+        channel: "C0ELSE".into(),
+        ..ending(2)
+    };
     let mut conn = env.db.pool.acquire().await.expect("conn");
     let ended = store::finish_many(
         &mut conn,
-        &[ending(0), ending(1), ending(2), ending(0)],
+        &[ending(0), ending(1), elsewhere, ending(0)],
         ReceiptState::Done,
         None,
     )
@@ -490,12 +496,20 @@ async fn a_batch_of_builds_reads_as_the_builds_one_by_one() {
         let trail = testing::audit::trail_of_event(&env.db.pool, &receipts[k].1)
             .await
             .expect("trail");
-        let done = trail.iter().filter(|r| r.outcome == "done").count();
+        let done: Vec<_> = trail.iter().filter(|r| r.outcome == "done").collect();
         assert_eq!(
-            done,
+            done.len(),
             usize::from(state == "done"),
             "done records of receipt {k}"
         );
+        if let Some(d) = done.first() {
+            let pseudonym = (k == 0).then_some("ref");
+            assert_eq!(
+                d.channel_ref.as_deref(),
+                pseudonym,
+                "receipt {k}'s pseudonym"
+            );
+        }
     }
     env.cleanup().await;
 }
@@ -1223,6 +1237,23 @@ async fn the_windowed_read_builds_the_same_context_as_the_whole_thread() {
         testing::threads::insert_thread_messages(&env.db.pool, env.inst, "C0WIN", &root, &messages)
             .await
             .expect("thread");
+        // Each thread its own version and backfill state (none for some),
+        // so a read that takes another thread's shows.
+        let (version, partial) = (case as i64 * 7 + 3, case % 4 == 1);
+        if case % 5 != 4 {
+            let backfill = if partial { "partial" } else { "complete" };
+            store::set_backfill(&env.db.pool, env.inst, "C0WIN", &root, backfill)
+                .await
+                .expect("thread row");
+            testing::threads::set_thread_version(&env.db.pool, env.inst, "C0WIN", &root, version)
+                .await
+                .expect("version");
+        }
+        let (version, partial) = if case % 5 == 4 {
+            (0, false)
+        } else {
+            (version, partial)
+        };
         // The reference: every readable message, oldest first.
         let mut sorted = rows.clone();
         sorted.sort_by(|a, b| {
@@ -1270,6 +1301,11 @@ async fn the_windowed_read_builds_the_same_context_as_the_whole_thread() {
                 rows.iter().any(|r| r.0 == source && r.5),
                 "case {case}: source {source} deleted"
             );
+            assert_eq!(
+                (snap.version, snap.backfill_partial),
+                (version, partial),
+                "case {case}: the thread's own version and backfill state"
+            );
             batch.push((
                 store::SnapshotJob {
                     inst: inst.id,
@@ -1296,8 +1332,9 @@ async fn the_windowed_read_builds_the_same_context_as_the_whole_thread() {
             );
         }
     }
-    // The same reads in batches of every size from 1 to 40 (a thread read
-    // twice in one batch included) give each read's own snapshot.
+    // The same reads in batches of growing size (1, 2, 3, ..., up to what
+    // the reads allow; each with its first read again at the end) give
+    // each read's own snapshot.
     let (mut from, mut size, mut batches) = (0, 1, 0);
     while from < batch.len() {
         let chunk = &batch[from..(from + size).min(batch.len())];

@@ -978,12 +978,7 @@ pub async fn snapshot_many(
     let rows = sqlx::query!(
         r#"SELECT j.k AS "k!", coalesce(t.version, 0) AS "version!",
                   coalesce(t.backfill_state, 'none') AS "backfill!",
-                  coalesce((SELECT bool_or(m.deleted) FROM thread_messages m
-                             WHERE m.installation_id = j.inst AND m.channel_id = j.channel AND m.ts = j.source),
-                           false) AS "source_deleted!",
-                  (SELECT count(*) FROM thread_messages m
-                    WHERE m.installation_id = j.inst AND m.channel_id = j.channel AND m.root_ts = j.root
-                      AND NOT m.deleted AND (m.speaker <> 'bot' OR m.bot_id = ANY(b.bots))) AS "readable!",
+                  h.source_deleted AS "source_deleted!", h.readable AS "readable!",
                   s.part AS "part?", s.ts AS "ts?", s.len AS "len?"
              FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[])
                   WITH ORDINALITY AS j(inst, channel, root, source, page, k)
@@ -992,6 +987,14 @@ pub async fn snapshot_many(
                                  WHERE installation_id = j.inst AND channel_id = j.channel AND root_ts = j.root) t ON true
             CROSS JOIN LATERAL (SELECT coalesce(array_agg(x.b), '{}') AS bots
                                   FROM unnest($6::int8[], $7::text[]) AS x(k, b) WHERE x.k = j.k) b
+            -- (once per thread, not once per row of its sizes)
+            CROSS JOIN LATERAL (
+                  SELECT coalesce((SELECT bool_or(m.deleted) FROM thread_messages m
+                                    WHERE m.installation_id = j.inst AND m.channel_id = j.channel AND m.ts = j.source),
+                                  false) AS source_deleted,
+                         (SELECT count(*) FROM thread_messages m
+                           WHERE m.installation_id = j.inst AND m.channel_id = j.channel AND m.root_ts = j.root
+                             AND NOT m.deleted AND (m.speaker <> 'bot' OR m.bot_id = ANY(b.bots))) AS readable) h
              LEFT JOIN LATERAL (
                   (SELECT 0 AS part, 0::int8 AS o, m.ts, octet_length(m.text) AS len FROM thread_messages m
                     WHERE m.installation_id = j.inst AND m.channel_id = j.channel AND m.root_ts = j.root
@@ -1191,13 +1194,16 @@ pub async fn record_contexts(
             .take_while(|c| seen.insert(c.receipt_id))
             .count();
         let (round, later) = rest.split_at(n);
-        record_round(conn, round).await?;
+        // (rows locked in key order, as another batch would lock them)
+        let mut round: Vec<&ContextRecord<'_>> = round.iter().collect();
+        round.sort_by_key(|c| c.receipt_id);
+        record_round(conn, &round).await?;
         rest = later;
     }
     Ok(())
 }
 
-async fn record_round(conn: &mut PgConnection, cs: &[ContextRecord<'_>]) -> sqlx::Result<()> {
+async fn record_round(conn: &mut PgConnection, cs: &[&ContextRecord<'_>]) -> sqlx::Result<()> {
     sqlx::query!(
         r#"WITH c AS (
             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[],
