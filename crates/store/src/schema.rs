@@ -62,23 +62,3 @@ pub async fn lock_timeout_local(
     .await?;
     Ok(())
 }
-
-/// Settings for the rest of the caller's transaction when it is a batch of
-/// `UNNEST` statements: lock waits bounded by `lock_timeout` (`55P03`
-/// after it), and generic plans. Given the arrays' values, Postgres costs
-/// a custom plan below the generic one and so plans such a statement
-/// again at every execution; the batched statements look rows up by key,
-/// which a generic plan does as well. One statement for both.
-pub async fn batch_transaction_local(
-    conn: &mut sqlx::PgConnection,
-    lock_timeout: std::time::Duration,
-) -> sqlx::Result<()> {
-    sqlx::query_scalar!(
-        r#"SELECT set_config('lock_timeout', $1, true) || set_config('plan_cache_mode', 'force_generic_plan', true)
-                  AS "set!""#,
-        format!("{}ms", lock_timeout.as_millis())
-    )
-    .fetch_one(conn)
-    .await?;
-    Ok(())
-}

@@ -349,8 +349,7 @@ pub struct Ending {
 }
 
 /// [`finish`] for several receipts in one statement, each ending in
-/// `state` with `reason` (run with generic plans: see
-/// [`crate::schema::batch_transaction_local`]). Returns, in the order given, whether each ended
+/// `state` with `reason`. Returns, in the order given, whether each ended
 /// here (a receipt named twice ends once, as two calls in a row would
 /// leave it).
 pub async fn finish_many(
