@@ -1076,27 +1076,36 @@ pub async fn snapshot_many(
     for (j, head) in jobs.iter().zip(&heads) {
         chosen.push(choose(conn, j, &head.sizes, page(j)).await?);
     }
-    let (mut text_k, mut text_inst, mut text_channel, mut text_ts) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut text_k, mut text_inst, mut text_channel, mut text_root, mut text_ts) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (k, (j, c)) in jobs.iter().zip(&chosen).enumerate() {
         for ts in c.iter().flatten() {
             text_k.push(k as i64 + 1);
             text_inst.push(j.inst);
             text_channel.push(j.channel.clone());
+            text_root.push(j.root.clone());
             text_ts.push(ts.clone());
         }
     }
     let mut messages: Vec<Vec<StoredMessage>> = vec![Vec::new(); jobs.len()];
     if !text_k.is_empty() {
         let texts = sqlx::query!(
+            // Every chosen message is in its thread, so the lookup names the
+            // thread's root too: whichever index the planner takes (the key,
+            // or the thread window before the table has statistics) finds
+            // the thread's messages only; OFFSET 0 keeps the lookup a lateral
+            // one, never folded into a hash join over the table.
             r#"SELECT x.k AS "k!", m.ts, m.speaker, m.user_id, m.bot_id, m.text
-                 FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[]) AS x(k, inst, channel, ts)
+                 FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[], $5::text[]) AS x(k, inst, channel, root, ts)
                 CROSS JOIN LATERAL (SELECT ts, speaker, user_id, bot_id, text FROM thread_messages
-                                     WHERE installation_id = x.inst AND channel_id = x.channel AND ts = x.ts) m
+                                     WHERE installation_id = x.inst AND channel_id = x.channel
+                                       AND root_ts = x.root AND ts = x.ts
+                                    OFFSET 0) m
                 ORDER BY x.k, m.ts::numeric"#,
             &text_k,
             &text_inst,
             &text_channel,
+            &text_root,
             &text_ts
         )
         .fetch_all(&mut *conn)
