@@ -39,6 +39,12 @@ ifeq ($(NEXTEST),yes)
 else
 	THREADLINE_LOG_RUN="test-$$(date +%Y%m%dT%H%M%S)-$$$$" cargo test --workspace
 endif
+	./scripts/sdk-check.sh
+
+.PHONY: sdk-check
+sdk-check: ## slack-sim checked by Slack's own Python SDK (slack_sdk: WebClient, chat_stream, SignatureVerifier)
+	cargo build -p threadline-slack-sim
+	./scripts/sdk-check.sh
 
 .PHONY: images
 images: ## Container images of the services and the CLI (threadline-<name>:dev and :<version>); ARGS=--from-source uses deploy/Dockerfile's build stage

@@ -70,6 +70,9 @@ pub struct SettingsReq {
     posts_per_second: Option<f64>,
     post_burst: Option<f64>,
     tier3_per_minute: Option<u32>,
+    tier2_per_minute: Option<u32>,
+    tier4_per_minute: Option<u32>,
+    stream_lifetime_ms: Option<u64>,
     reorder_window: Option<usize>,
 }
 
@@ -93,6 +96,15 @@ pub async fn settings(State(sim): State<Sim>, Json(r): Json<SettingsReq>) -> Api
     }
     if let Some(v) = r.tier3_per_minute {
         s.tier3_per_minute = v;
+    }
+    if let Some(v) = r.tier2_per_minute {
+        s.tier2_per_minute = v;
+    }
+    if let Some(v) = r.tier4_per_minute {
+        s.tier4_per_minute = v;
+    }
+    if let Some(v) = r.stream_lifetime_ms {
+        s.stream_lifetime_ms = v;
     }
     if let Some(v) = r.reorder_window {
         s.reorder_window = v;
@@ -538,6 +550,8 @@ pub(crate) fn human_post(w: &mut World, r: PostReq) -> Result<(String, Vec<Envel
         created_at_micros: now_micros(),
         deleted_at_micros: None,
         edits: Vec::new(),
+        streaming_state: None,
+        stream: None,
     };
     let envs = events::post(w, &channel, msg);
     Ok((ts, envs))
@@ -593,6 +607,8 @@ pub async fn act_bot_post(State(sim): State<Sim>, Json(r): Json<BotPostReq>) -> 
             created_at_micros: now_micros(),
             deleted_at_micros: None,
             edits: Vec::new(),
+            streaming_state: None,
+            stream: None,
         };
         let envs = events::post(&mut w, &channel, msg);
         (ts, envs)
@@ -667,6 +683,22 @@ pub async fn act_delete(State(sim): State<Sim>, Json(r): Json<DeleteReq>) -> Api
     Ok(announce(&sim, None, envs))
 }
 
+#[derive(Deserialize)]
+pub struct StopStreamReq {
+    channel: String,
+    ts: String,
+}
+
+/// The person receiving a stream presses Stop: the message is final with
+/// what it has (`message_changed`), and later appends get `stopped_by_user`.
+pub async fn act_stop_stream(State(sim): State<Sim>, Json(r): Json<StopStreamReq>) -> ApiResult {
+    let envs = {
+        let mut w = sim.lock();
+        crate::streams::stop_by_user(&mut w, &r.channel, &r.ts).map_err(bad)?
+    };
+    Ok(announce(&sim, None, envs))
+}
+
 pub async fn add_fault(State(sim): State<Sim>, Json(f): Json<Fault>) -> ApiResult {
     if !(0.0..=1.0).contains(&f.probability) {
         return Err(bad("probability must be within 0..=1"));
@@ -682,8 +714,13 @@ pub async fn add_fault(State(sim): State<Sim>, Json(f): Json<Fault>) -> ApiResul
 /// `inject_reply` needs a person who can reply where the fault may fire:
 /// a member of the fault's `channel`, or of some channel when it names none.
 fn check_inject_reply(w: &World, f: &Fault) -> Result<(), Refusal> {
-    if f.method != "chat.postMessage" {
-        return Err(bad("inject_reply is a chat.postMessage fault"));
+    if !matches!(
+        f.method.as_str(),
+        "chat.postMessage" | "chat.startStream" | "chat.appendStream" | "chat.stopStream"
+    ) {
+        return Err(bad(
+            "inject_reply is a fault of chat.postMessage and the chat.*Stream methods",
+        ));
     }
     let user = f
         .user

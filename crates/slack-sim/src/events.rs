@@ -133,6 +133,9 @@ fn message_event(w: &World, channel: &Channel, m: &Message) -> Value {
     if let Some(n) = &m.username {
         o.insert("username".into(), n.clone().into());
     }
+    if let Some(s) = &m.streaming_state {
+        o.insert("streaming_state".into(), s.clone().into());
+    }
     if let Some(t) = &m.thread_ts {
         o.insert("thread_ts".into(), t.clone().into());
         if t != &m.ts

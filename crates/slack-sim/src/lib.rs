@@ -13,6 +13,7 @@ pub mod control;
 pub mod delivery;
 pub mod events;
 pub mod model;
+pub mod streams;
 pub mod webapi;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -85,6 +86,7 @@ pub fn router(sim: Sim) -> Router {
         .route("/_sim/act/bot_post", post(control::act_bot_post))
         .route("/_sim/act/edit", post(control::act_edit))
         .route("/_sim/act/delete", post(control::act_delete))
+        .route("/_sim/act/stop_stream", post(control::act_stop_stream))
         .route(
             "/_sim/faults",
             post(control::add_fault).delete(control::clear_faults),

@@ -237,6 +237,34 @@ pub struct Message {
     pub edits: Vec<Edit>,
     /// The text as first posted (before any edit).
     pub original_text: String,
+    /// A streamed message's `streaming_state` as the Web API and events
+    /// show it: `in_progress` from `chat.startStream`, `completed` after
+    /// `chat.stopStream` (or the person's Stop), `errored` once the stream
+    /// expired unstopped. `None` for a message that was never streamed.
+    pub streaming_state: Option<String>,
+    /// Inspection only: how the stream went (`None` when never streamed).
+    pub stream: Option<Stream>,
+}
+
+/// How a streamed message went, for inspection (never in Web API answers).
+#[derive(Debug, Clone, Serialize)]
+pub struct Stream {
+    /// What the stream carries its text in: `markdown_text` or `chunks`,
+    /// set by the first call that carried content (an empty start, as the
+    /// SDK helpers send for short replies, sets nothing).
+    pub mode: Option<String>,
+    pub recipient_user_id: Option<String>,
+    pub recipient_team_id: Option<String>,
+    pub started_at_micros: u64,
+    /// `chat.appendStream` calls applied.
+    pub appends: u32,
+    /// Chunks other than text (`task_update`, `plan_update`, `blocks`), in
+    /// the order received.
+    pub other_chunks: Vec<Value>,
+    pub ended_at_micros: Option<u64>,
+    /// How it ended: `stopped` (`chat.stopStream`), `stopped_by_user` (the
+    /// person pressed Stop) or `expired` (still open at the lifetime).
+    pub ended: Option<String>,
 }
 
 /// One edit of a message, for inspection.
@@ -300,6 +328,9 @@ impl Message {
         }
         if include_metadata && let Some(md) = &self.metadata {
             o.insert("metadata".into(), md.clone());
+        }
+        if let Some(s) = &self.streaming_state {
+            o.insert("streaming_state".into(), s.clone().into());
         }
         m
     }
@@ -446,7 +477,8 @@ pub enum FaultMode {
     Duplicate,
     /// Events: count the delivery as timed out whatever the app answered.
     HoldPastDeadline,
-    /// `chat.postMessage`: when the call arrives, `user` replies in the
+    /// `chat.postMessage` (or a `chat.*Stream` method, whose thread is
+    /// the stream's): when the call arrives, `user` replies in the
     /// thread it targets (or top level), with all its events; then, after
     /// `latency_ms`, the post is applied (even if the client gives up).
     /// It fires only on a call that authenticates and targets a
@@ -467,6 +499,16 @@ pub struct Settings {
     pub post_burst: f64,
     /// Requests per minute per app and workspace for Tier 3 read methods.
     pub tier3_per_minute: u32,
+    /// Requests per minute per app and workspace for a Tier 2 method
+    /// (`chat.startStream`, `chat.stopStream`; Slack: 20).
+    pub tier2_per_minute: u32,
+    /// Requests per minute per app and workspace for a Tier 4 method
+    /// (`chat.appendStream`; Slack: 100).
+    pub tier4_per_minute: u32,
+    /// How long a stream stays open after `chat.startStream`, appends or
+    /// not (undocumented by Slack; observed at about 300 s): later appends
+    /// and stops get `message_not_in_streaming_state`.
+    pub stream_lifetime_ms: u64,
     /// Deliveries held back and released in reverse order, when > 1.
     pub reorder_window: usize,
 }
@@ -479,6 +521,9 @@ impl Default for Settings {
             posts_per_second: 1.0,
             post_burst: 3.0,
             tier3_per_minute: 50,
+            tier2_per_minute: 20,
+            tier4_per_minute: 100,
+            stream_lifetime_ms: 300_000,
             reorder_window: 0,
         }
     }
@@ -520,6 +565,8 @@ pub struct World {
     pub event_contexts: HashMap<String, (String, String)>,
     /// Events waiting to be released in reverse order (reorder fault).
     pub reorder_queue: Vec<crate::delivery::Envelope>,
+    /// Streams started and not yet ended: (channel, ts).
+    pub open_streams: BTreeSet<(String, TsKey)>,
 }
 
 impl World {
@@ -544,6 +591,7 @@ impl World {
             call_seq: 0,
             event_contexts: HashMap::new(),
             reorder_queue: Vec::new(),
+            open_streams: BTreeSet::new(),
         }
     }
 

@@ -23,6 +23,7 @@ use crate::model::{
     App, Bucket, CallRecord, ChannelKind, DEFAULT_INJECTED_TEXT, Edit, Fault, FaultMode, Install,
     Message, World, now_micros, now_unix, ts_key,
 };
+use crate::streams;
 
 /// Longest text `chat.postMessage` accepts (Slack truncates display at 4,000
 /// and refuses above 40,000 characters).
@@ -695,8 +696,17 @@ fn can_inject(w: &World, f: &Fault, token: Option<&str>, p: &Params) -> bool {
         return false;
     };
     bot_auth(w, token).is_ok()
-        && crate::control::human_post_target(w, user, &channel, p.str("thread_ts").as_deref())
+        && crate::control::human_post_target(w, user, &channel, target_thread(w, p).as_deref())
             .is_ok()
+}
+
+/// The thread a call writes in: its `thread_ts`, else (an append to or a
+/// stop of a stream) the thread of the message `ts` names.
+fn target_thread(w: &World, p: &Params) -> Option<String> {
+    p.str("thread_ts").or_else(|| {
+        let (channel, ts) = (p.str("channel")?, p.str("ts")?);
+        w.message(&channel, &ts)?.thread_ts.clone()
+    })
 }
 
 /// Posts the `inject_reply` fault's human reply where the call targets:
@@ -709,7 +719,7 @@ fn inject_reply(w: &mut World, f: &Fault, p: &Params) -> Option<(String, Vec<Env
             .text
             .clone()
             .unwrap_or_else(|| DEFAULT_INJECTED_TEXT.to_owned()),
-        thread_ts: p.str("thread_ts"),
+        thread_ts: target_thread(w, p),
         reply_broadcast: false,
         blocks: None,
     };
@@ -840,6 +850,7 @@ fn call(w: &mut World, method: &str, token: Option<&str>, p: &Params) -> Outcome
         Ok(x) => x,
         Err(e) => return Outcome::err(e),
     };
+    streams::expire(w);
     let mut out = Outcome {
         result: Ok(json!({})),
         envelopes: Vec::new(),
@@ -856,9 +867,20 @@ fn call(w: &mut World, method: &str, token: Option<&str>, p: &Params) -> Outcome
         "chat.postMessage" => post_message(w, &app, &install, p, &mut out.envelopes),
         "chat.update" => update(w, &install, p, &mut out.envelopes),
         "chat.delete" => delete(w, &install, p, &mut out.envelopes),
+        "chat.startStream" => streams::start(w, &app, &install, p, &mut out.envelopes),
+        "chat.appendStream" => streams::append(w, &app, &install, p),
+        "chat.stopStream" => streams::stop(w, &app, &install, p, &mut out.envelopes),
         _ => Err(ApiError::new("unknown_method")),
     };
-    if matches!(method, "chat.postMessage" | "chat.update" | "chat.delete") {
+    if matches!(
+        method,
+        "chat.postMessage"
+            | "chat.update"
+            | "chat.delete"
+            | "chat.startStream"
+            | "chat.appendStream"
+            | "chat.stopStream"
+    ) {
         out.ts = out
             .result
             .as_ref()
@@ -910,8 +932,21 @@ fn read_budget(w: &mut World, app: &App, install: &Install, method: &str) -> Res
     let per_minute = if app.non_marketplace_limits && method == "conversations.replies" {
         1
     } else {
-        w.settings.tier3_per_minute.max(1)
-    } as usize;
+        w.settings.tier3_per_minute
+    };
+    tier_budget(w, app, install, method, per_minute)
+}
+
+/// A method's budget of `per_minute` requests per app and workspace, over
+/// a sliding minute (Slack's tiers), or `ratelimited` with the wait.
+pub(crate) fn tier_budget(
+    w: &mut World,
+    app: &App,
+    install: &Install,
+    method: &str,
+    per_minute: u32,
+) -> Result<(), ApiError> {
+    let per_minute = per_minute.max(1) as usize;
     let now = now_micros();
     let window = w
         .read_windows
@@ -1016,7 +1051,7 @@ fn info(w: &mut World, app: &App, install: &Install, p: &Params) -> Result<Value
 }
 
 /// The posting budget of a channel: about `posts_per_second`, with a burst.
-fn post_budget(w: &mut World, team: &str, channel: &str) -> Result<(), ApiError> {
+pub(crate) fn post_budget(w: &mut World, team: &str, channel: &str) -> Result<(), ApiError> {
     let (rate, burst) = (
         w.settings.posts_per_second.max(0.001),
         w.settings.post_burst.max(1.0),
@@ -1039,13 +1074,13 @@ fn post_budget(w: &mut World, team: &str, channel: &str) -> Result<(), ApiError>
     Ok(())
 }
 
-fn post_message(
-    w: &mut World,
-    app: &App,
+/// The channel a call writes to, where the bot may write: a member, or
+/// any public channel with `chat:write.public`; not archived.
+pub(crate) fn writable_channel(
+    w: &World,
     install: &Install,
     p: &Params,
-    envs: &mut Vec<Envelope>,
-) -> Result<Value, ApiError> {
+) -> Result<crate::model::Channel, ApiError> {
     need_scope(install, "chat:write")?;
     let channel = channel_of(w, install, p)?;
     if channel.is_archived {
@@ -1061,6 +1096,17 @@ fn post_message(
             ApiError::new("channel_not_found")
         });
     }
+    Ok(channel)
+}
+
+fn post_message(
+    w: &mut World,
+    app: &App,
+    install: &Install,
+    p: &Params,
+    envs: &mut Vec<Envelope>,
+) -> Result<Value, ApiError> {
+    let channel = writable_channel(w, install, p)?;
     let text = p.str("text").unwrap_or_default();
     let (blocks, attachments) = (blocks_of(p)?, attachments_of(p)?);
     let non_empty = |v: &Option<Value>| {
@@ -1104,6 +1150,8 @@ fn post_message(
         created_at_micros: now_micros(),
         deleted_at_micros: None,
         edits: Vec::new(),
+        streaming_state: None,
+        stream: None,
     };
     envs.extend(events::post(w, &channel, msg.clone()));
     let parent = msg
@@ -1122,7 +1170,7 @@ fn post_message(
 const MAX_ATTACHMENTS: usize = 100;
 
 /// `blocks`: a JSON array, sent as one (JSON bodies) or JSON-encoded (forms).
-fn blocks_of(p: &Params) -> Result<Option<Value>, ApiError> {
+pub(crate) fn blocks_of(p: &Params) -> Result<Option<Value>, ApiError> {
     match p.json("blocks", "invalid_blocks_format")? {
         Some(b) if !b.is_array() => Err(ApiError::new("invalid_blocks_format")),
         b => Ok(b),
@@ -1141,7 +1189,7 @@ fn attachments_of(p: &Params) -> Result<Option<Value>, ApiError> {
 }
 
 /// `metadata`: an object with an `event_type`, as `blocks` is sent.
-fn metadata_of(p: &Params) -> Result<Option<Value>, ApiError> {
+pub(crate) fn metadata_of(p: &Params) -> Result<Option<Value>, ApiError> {
     let metadata = p.json("metadata", "invalid_metadata_format")?;
     if let Some(md) = &metadata
         && md

@@ -2782,3 +2782,497 @@ async fn content_types_charsets_and_bad_bodies_answer_as_slack_does() {
         .await;
     assert_eq!(r["ok"], true, "{r}");
 }
+
+impl World {
+    /// A Web API call with a JSON body, as python-slack-sdk sends the
+    /// `chat.*Stream` methods; `token` overrides the app's.
+    async fn api_json(&self, method: &str, body: Value, token: Option<&str>) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}/api/{method}", self.base))
+            .bearer_auth(token.unwrap_or(&self.token))
+            .header("content-type", "application/json;charset=utf-8")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("web api");
+        let s = r.status().as_u16();
+        (s, r.json().await.expect("json"))
+    }
+
+    /// `conversations.replies` of `root`, its messages.
+    async fn thread_of(&self, root: &str) -> Vec<Value> {
+        let (_, _, r) = self
+            .api(
+                "conversations.replies",
+                &[
+                    ("channel", &self.channel),
+                    ("ts", root),
+                    ("include_all_metadata", "true"),
+                ],
+            )
+            .await;
+        r["messages"].as_array().cloned().unwrap_or_default()
+    }
+}
+
+fn md(text: &str) -> Value {
+    json!([{"type": "markdown_text", "text": text}])
+}
+
+/// A streamed reply from start to stop, as Slack's method reference, the
+/// SDKs' types and captured events describe it: the message exists from
+/// the start (an event with empty text, `streaming_state: in_progress`),
+/// grows by appends that keep to the stream's form, and ends with a hidden
+/// `message_changed` carrying the whole text, without `edited`.
+#[tokio::test]
+async fn a_stream_starts_grows_and_stops_as_slacks_does() {
+    let (side, url) = app_side().await;
+    let w = World::new(
+        41,
+        vec![url],
+        &["message.channels"],
+        &["chat:write", "channels:history"],
+    )
+    .await;
+    let root = w.person_posts("question", None).await;
+    received(&side, 1).await;
+    let stream_args = json!({"channel": w.channel, "thread_ts": root,
+                             "recipient_user_id": w.user, "recipient_team_id": w.team});
+
+    // An empty start, as the SDK helpers send for a short reply.
+    let (s, start) = w
+        .api_json("chat.startStream", stream_args.clone(), None)
+        .await;
+    assert_eq!((s, start["ok"].clone()), (200, json!(true)), "{start}");
+    assert_eq!(start["channel"], w.channel.as_str());
+    let ts = start["ts"].as_str().expect("ts").to_owned();
+    assert_ne!(ts, root, "the stream is a new message in the thread");
+    let got = received(&side, 2).await;
+    let opening = &got[1].body["event"];
+    assert_eq!(
+        (
+            opening["type"].as_str(),
+            opening.get("subtype"),
+            opening["text"].as_str(),
+            opening["streaming_state"].as_str(),
+            opening["thread_ts"].as_str(),
+            opening["bot_id"].as_str(),
+        ),
+        (
+            Some("message"),
+            None,
+            Some(""),
+            Some("in_progress"),
+            Some(root.as_str()),
+            Some(w.bot_id.as_str())
+        ),
+        "{opening}"
+    );
+
+    // Appends: chunks, as slack_sdk 3.40 and later send text.
+    let append = |content: Value| {
+        let mut b = json!({"channel": w.channel, "ts": ts});
+        b.as_object_mut()
+            .expect("object")
+            .extend(content.as_object().expect("object").clone());
+        b
+    };
+    let (_, r) = w
+        .api_json(
+            "chat.appendStream",
+            append(json!({"chunks": md("Hello ")})),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (r["ok"].clone(), r["ts"].clone()),
+        (json!(true), json!(ts)),
+        "{r}"
+    );
+    let thread = w.thread_of(&root).await;
+    assert_eq!(
+        (
+            thread[1]["text"].as_str(),
+            thread[1]["streaming_state"].as_str()
+        ),
+        (Some("Hello "), Some("in_progress")),
+        "readers see what was streamed so far"
+    );
+    // Refusals change nothing.
+    for (content, code) in [
+        (json!({"markdown_text": "x"}), "streaming_mode_mismatch"),
+        (json!({}), "markdown_text_or_chunks_required"),
+        (
+            json!({"markdown_text": "x", "chunks": md("y")}),
+            "cannot_provide_both_markdown_text_and_chunks",
+        ),
+        (
+            json!({"chunks": [{"type": "markdown_text"}]}),
+            "invalid_chunks",
+        ),
+        (
+            json!({"chunks": [{"type": "poem", "text": "x"}]}),
+            "invalid_chunks",
+        ),
+        (
+            json!({"chunks": {"type": "markdown_text"}}),
+            "invalid_chunks",
+        ),
+        (json!({"chunks": md(&"a".repeat(12_001))}), "msg_too_long"),
+    ] {
+        let (s, r) = w
+            .api_json("chat.appendStream", append(content.clone()), None)
+            .await;
+        assert_eq!(
+            (s, r["error"].as_str()),
+            (200, Some(code)),
+            "{content}: {r}"
+        );
+    }
+    let (_, r) = w
+        .api_json(
+            "chat.appendStream",
+            append(json!({"chunks": [{"type": "task_update", "id": "t1", "title": "Reading the thread", "status": "in_progress"},
+                                     {"type": "markdown_text", "text": "wor"}]})),
+            None,
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(
+        side.got.lock().expect("lock").len(),
+        2,
+        "appends send no event"
+    );
+
+    // The stop: the rest, blocks below and metadata.
+    let metadata = json!({"event_type": "threadline_reply", "event_payload": {"intent_id": "i-1"}});
+    let blocks =
+        json!([{"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}]);
+    let (_, stop) = w
+        .api_json(
+            "chat.stopStream",
+            append(json!({"chunks": md("ld"), "blocks": blocks, "metadata": metadata})),
+            None,
+        )
+        .await;
+    assert_eq!(stop["ok"], true, "{stop}");
+    let m = &stop["message"];
+    assert_eq!(
+        (
+            m["text"].as_str(),
+            m["streaming_state"].as_str(),
+            m["ts"].as_str(),
+            m["thread_ts"].as_str(),
+            m["bot_id"].as_str(),
+            m["parent_user_id"].as_str(),
+        ),
+        (
+            Some("Hello world"),
+            Some("completed"),
+            Some(ts.as_str()),
+            Some(root.as_str()),
+            Some(w.bot_id.as_str()),
+            Some(w.user.as_str())
+        ),
+        "{stop}"
+    );
+    assert_eq!((&m["blocks"], &m["metadata"]), (&blocks, &metadata));
+    let got = received(&side, 3).await;
+    let changed = &got[2].body["event"];
+    assert_eq!(
+        (
+            changed["subtype"].as_str(),
+            changed["hidden"].as_bool(),
+            changed["message"]["text"].as_str(),
+            changed["message"]["streaming_state"].as_str(),
+            changed["previous_message"]["text"].as_str(),
+            changed["previous_message"]["streaming_state"].as_str(),
+        ),
+        (
+            Some("message_changed"),
+            Some(true),
+            Some("Hello world"),
+            Some("completed"),
+            Some(""),
+            Some("in_progress")
+        ),
+        "{changed}"
+    );
+    assert!(changed["message"].get("edited").is_none(), "{changed}");
+    let thread = w.thread_of(&root).await;
+    assert_eq!(thread.len(), 2);
+    assert_eq!(
+        (
+            thread[1]["text"].as_str(),
+            thread[1]["streaming_state"].as_str()
+        ),
+        (Some("Hello world"), Some("completed"))
+    );
+    assert_eq!(thread[1]["metadata"], metadata);
+
+    // An ended stream takes nothing more.
+    for method in ["chat.appendStream", "chat.stopStream"] {
+        let (_, r) = w
+            .api_json(method, append(json!({"chunks": md("!")})), None)
+            .await;
+        assert_eq!(
+            r["error"], "message_not_in_streaming_state",
+            "{method}: {r}"
+        );
+    }
+    // The call log names the streamed message for every applied call.
+    let calls = w.list("calls", "calls").await;
+    let streamed: Vec<(&str, &str)> = calls
+        .iter()
+        .filter(|c| c["ts"] == ts.as_str())
+        .map(|c| {
+            (
+                c["method"].as_str().unwrap_or(""),
+                c["outcome"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        streamed,
+        [
+            ("chat.startStream", "ok"),
+            ("chat.appendStream", "ok"),
+            ("chat.appendStream", "ok"),
+            ("chat.stopStream", "ok")
+        ]
+    );
+    // One reply in the thread, counted once.
+    let posts = w.get(&format!("app_posts?app_id={}", w.app)).await;
+    assert_eq!(
+        posts["per_thread"],
+        json!([{"channel": w.channel, "thread_ts": root, "count": 1}])
+    );
+}
+
+/// Who may stream where, and how a stream ends when nobody stops it: the
+/// recipient channels require, another app's refusal, the person's Stop,
+/// the stream's lifetime, the Tier 2 budget of starts, and a human reply
+/// injected when an append arrives.
+#[tokio::test]
+async fn streams_refuse_what_slack_refuses_and_end_by_stop_or_lifetime() {
+    let (side, url) = app_side().await;
+    let w = World::new(
+        42,
+        vec![url],
+        &["message.channels"],
+        &["chat:write", "channels:history"],
+    )
+    .await;
+    w.ctl(
+        "settings",
+        json!({"posts_per_second": 100.0, "post_burst": 100.0}),
+    )
+    .await;
+    let root = w.person_posts("question", None).await;
+    received(&side, 1).await;
+    let args = json!({"channel": w.channel, "thread_ts": root,
+                      "recipient_user_id": w.user, "recipient_team_id": w.team});
+    let without = |key: &str| {
+        let mut a = args.clone();
+        a.as_object_mut().expect("object").remove(key);
+        a
+    };
+    for (body, code) in [
+        (without("recipient_user_id"), "missing_recipient_user_id"),
+        (without("recipient_team_id"), "missing_recipient_team_id"),
+        (
+            {
+                let mut a = args.clone();
+                a["recipient_user_id"] = "U0NOBODY00".into();
+                a
+            },
+            "user_not_found",
+        ),
+        (
+            {
+                let mut a = args.clone();
+                a["channel"] = "C0NOWHERE0".into();
+                a
+            },
+            "channel_not_found",
+        ),
+        (
+            {
+                let mut a = args.clone();
+                a["markdown_text"] = "x".repeat(12_001).into();
+                a
+            },
+            "msg_too_long",
+        ),
+    ] {
+        let (_, r) = w.api_json("chat.startStream", body.clone(), None).await;
+        assert_eq!(r["error"].as_str(), Some(code), "{body}: {r}");
+    }
+
+    // Text given at the start sets the stream's form.
+    let mut with_text = args.clone();
+    with_text["markdown_text"] = "Thinking".into();
+    let (_, r) = w.api_json("chat.startStream", with_text, None).await;
+    let ts = r["ts"].as_str().expect("ts").to_owned();
+    let (_, r) = w
+        .api_json(
+            "chat.appendStream",
+            json!({"channel": w.channel, "ts": ts, "chunks": md("x")}),
+            None,
+        )
+        .await;
+    assert_eq!(r["error"], "streaming_mode_mismatch", "{r}");
+
+    // Another app in the workspace may not touch it.
+    let other = w.ctl("apps", json!({"name": "Other"})).await;
+    let other_token = w
+        .ctl(
+            &format!("apps/{}/installs", other["id"].as_str().expect("id")),
+            json!({"team_id": w.team, "scopes": ["chat:write"], "join_channels": [w.channel]}),
+        )
+        .await["bot_token"]
+        .as_str()
+        .expect("token")
+        .to_owned();
+    for method in ["chat.appendStream", "chat.stopStream"] {
+        let (_, r) = w
+            .api_json(
+                method,
+                json!({"channel": w.channel, "ts": ts, "markdown_text": "mine"}),
+                Some(&other_token),
+            )
+            .await;
+        assert_eq!(r["error"], "message_not_owned_by_app", "{method}: {r}");
+    }
+    // A message that was posted, not streamed, is not a stream.
+    let (_, _, posted) = w
+        .api(
+            "chat.postMessage",
+            &[
+                ("channel", &w.channel),
+                ("thread_ts", &root),
+                ("text", "plain"),
+            ],
+        )
+        .await;
+    let (_, r) = w
+        .api_json(
+            "chat.appendStream",
+            json!({"channel": w.channel, "ts": posted["ts"], "markdown_text": "more"}),
+            None,
+        )
+        .await;
+    assert_eq!(r["error"], "message_not_in_streaming_state", "{r}");
+
+    // The person presses Stop: appends are refused as stopped by the user.
+    w.ctl("act/stop_stream", json!({"channel": w.channel, "ts": ts}))
+        .await;
+    let (_, r) = w
+        .api_json(
+            "chat.appendStream",
+            json!({"channel": w.channel, "ts": ts, "markdown_text": " more"}),
+            None,
+        )
+        .await;
+    assert_eq!(r["error"], "stopped_by_user", "{r}");
+    let (_, r) = w
+        .api_json(
+            "chat.stopStream",
+            json!({"channel": w.channel, "ts": ts}),
+            None,
+        )
+        .await;
+    assert_eq!(r["error"], "message_not_in_streaming_state", "{r}");
+    let thread = w.thread_of(&root).await;
+    let stopped = thread
+        .iter()
+        .find(|m| m["ts"] == ts.as_str())
+        .expect("streamed");
+    assert_eq!(
+        (
+            stopped["text"].as_str(),
+            stopped["streaming_state"].as_str()
+        ),
+        (Some("Thinking"), Some("completed"))
+    );
+    assert_eq!(
+        w.ctl_status("act/stop_stream", json!({"channel": w.channel, "ts": ts}))
+            .await,
+        400,
+        "a stream ends once"
+    );
+
+    // A stream still open at its lifetime ends as errored, with its text.
+    w.ctl("settings", json!({"stream_lifetime_ms": 300})).await;
+    let (_, r) = w.api_json("chat.startStream", args.clone(), None).await;
+    let short = r["ts"].as_str().expect("ts").to_owned();
+    let (_, r) = w
+        .api_json(
+            "chat.appendStream",
+            json!({"channel": w.channel, "ts": short, "chunks": md("partial")}),
+            None,
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (_, r) = w
+        .api_json(
+            "chat.appendStream",
+            json!({"channel": w.channel, "ts": short, "chunks": md(" more")}),
+            None,
+        )
+        .await;
+    assert_eq!(r["error"], "message_not_in_streaming_state", "{r}");
+    let thread = w.thread_of(&root).await;
+    let expired = thread
+        .iter()
+        .find(|m| m["ts"] == short.as_str())
+        .expect("streamed");
+    assert_eq!(
+        (
+            expired["text"].as_str(),
+            expired["streaming_state"].as_str()
+        ),
+        (Some("partial"), Some("errored"))
+    );
+    w.ctl("settings", json!({"stream_lifetime_ms": 300_000}))
+        .await;
+
+    // A human reply injected when an append arrives lands in the stream's
+    // thread before the append is applied.
+    let (_, r) = w.api_json("chat.startStream", args.clone(), None).await;
+    let live = r["ts"].as_str().expect("ts").to_owned();
+    w.ctl(
+        "faults",
+        json!({"method": "chat.appendStream", "mode": "inject_reply", "user": w.user,
+               "text": "actually, never mind"}),
+    )
+    .await;
+    let (_, r) = w
+        .api_json(
+            "chat.appendStream",
+            json!({"channel": w.channel, "ts": live, "chunks": md("Sure")}),
+            None,
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let call = w
+        .list("calls?method=chat.appendStream", "calls")
+        .await
+        .into_iter()
+        .find(|c| !c["injected_ts"].is_null())
+        .expect("the append carried the injected reply");
+    let injected = call["injected_ts"].as_str().expect("ts").to_owned();
+    let thread = w.thread_of(&root).await;
+    let reply = thread
+        .iter()
+        .find(|m| m["ts"] == injected.as_str())
+        .expect("the injected reply is in the stream's thread");
+    assert_eq!(reply["text"], "actually, never mind");
+
+    // Tier 2: starts beyond the minute's budget are rate limited.
+    w.ctl("settings", json!({"tier2_per_minute": 1})).await;
+    let (s, r) = w.api_json("chat.startStream", args.clone(), None).await;
+    assert_eq!((s, r["error"].as_str()), (429, Some("ratelimited")), "{r}");
+}

@@ -1,0 +1,167 @@
+"""slack-sim checked by Slack's own Python SDK (slack_sdk), a client nobody
+here wrote: its WebClient reads slack-sim's answers, its chat_stream helper
+streams a reply through chat.startStream / appendStream / stopStream the way
+it does against Slack, and its SignatureVerifier accepts slack-sim's Events
+API deliveries. Run by scripts/sdk-check.sh against a running slack-sim:
+
+    python check_slack_sdk.py http://127.0.0.1:PORT
+
+Exits non-zero with the failed check's message."""
+
+import http.server
+import json
+import sys
+import threading
+import time
+import urllib.request
+
+import slack_sdk
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+from slack_sdk.signature import SignatureVerifier
+
+BASE = sys.argv[1].rstrip("/")
+checks = []
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    checks.append(what)
+
+
+def ctl(path, body):
+    req = urllib.request.Request(
+        f"{BASE}/_sim/{path}",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def get(path):
+    with urllib.request.urlopen(f"{BASE}/_sim/{path}", timeout=10) as r:
+        return json.loads(r.read())
+
+
+# An app endpoint that verifies every delivery with the SDK's verifier.
+deliveries = []
+secret_box = {}
+
+
+class Receiver(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", "0")))
+        ok = SignatureVerifier(secret_box["secret"]).is_valid(
+            body=body.decode(),
+            timestamp=self.headers.get("x-slack-request-timestamp", ""),
+            signature=self.headers.get("x-slack-signature", ""),
+        )
+        deliveries.append((ok, json.loads(body)))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+url = f"http://127.0.0.1:{server.server_address[1]}/slack/events"
+
+team = ctl("teams", {"name": "SDK"})["id"]
+user = ctl("users", {"team_id": team, "name": "ana"})["id"]
+channel = ctl("channels", {"team_id": team, "name": "sdk", "kind": "public", "members": [user]})["id"]
+app = ctl("apps", {"name": "SDK check", "request_urls": [url], "events": ["message.channels"]})
+secret_box["secret"] = app["signing_secret"]
+install = ctl(
+    f"apps/{app['id']}/installs",
+    {"team_id": team, "scopes": ["chat:write", "channels:history"], "join_channels": [channel]},
+)
+ctl("settings", {"posts_per_second": 100.0, "post_burst": 100.0})
+client = WebClient(token=install["bot_token"], base_url=f"{BASE}/api/")
+
+auth = client.auth_test()
+check(auth["bot_id"] == install["bot_id"], "auth.test names the bot")
+
+root = ctl("act/post", {"user": user, "channel": channel, "text": "a question"})["ts"]
+
+# 1. The helper, short reply: an empty start, then one stop with the text.
+stream = client.chat_stream(
+    channel=channel, thread_ts=root, recipient_team_id=team, recipient_user_id=user
+)
+stream.append(markdown_text="Short ")
+stream.append(markdown_text="answer.")
+stopped = stream.stop()
+check(stopped["ok"] and stopped["message"]["text"] == "Short answer.", "chat_stream: a short reply is one start and one stop")
+check(stopped["message"]["streaming_state"] == "completed", "chat_stream: the stopped message is completed")
+short_ts = stream.ts
+
+# 2. The helper, buffered past its size: start with content, appends, stop
+#    with blocks and metadata.
+stream = client.chat_stream(
+    channel=channel, thread_ts=root, recipient_team_id=team, recipient_user_id=user, buffer_size=8
+)
+pieces = ["The thread ", "asks about ", "streaming; ", "here is ", "a longer answer."]
+for p in pieces:
+    stream.append(markdown_text=p)
+meta = {"event_type": "threadline_reply", "event_payload": {"intent_id": "sdk-1"}}
+label = [{"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}]
+stopped = stream.stop(blocks=label, metadata=meta)
+long_ts = stream.ts
+check(stopped["message"]["text"] == "".join(pieces), "chat_stream: appends and the stop add up to the text sent")
+calls = [c for c in get(f"calls?channel={channel}")["calls"] if c.get("ts") == long_ts]
+methods = [c["method"] for c in calls]
+check(
+    methods[0] == "chat.startStream" and methods[-1] == "chat.stopStream"
+    and methods.count("chat.appendStream") >= 1 and all(c["outcome"] == "ok" for c in calls),
+    f"chat_stream: start, appends, stop, all ok ({methods})",
+)
+
+# 3. Reading back: replies show both streamed messages, final, with metadata.
+replies = client.conversations_replies(channel=channel, ts=root, include_all_metadata=True)
+by_ts = {m["ts"]: m for m in replies["messages"]}
+check(by_ts[short_ts]["text"] == "Short answer.", "conversations.replies shows the short stream's text")
+check(by_ts[long_ts]["metadata"] == meta, "conversations.replies shows the stop's metadata")
+check(by_ts[long_ts]["streaming_state"] == "completed", "conversations.replies shows streaming_state")
+
+# 4. The raw methods and their errors, as SlackApiError.
+started = client.chat_startStream(
+    channel=channel, thread_ts=root, recipient_team_id=team, recipient_user_id=user,
+    markdown_text="Raw",
+)
+client.chat_appendStream(channel=channel, ts=started["ts"], markdown_text=" start")
+try:
+    client.chat_appendStream(channel=channel, ts=started["ts"], chunks=[{"type": "markdown_text", "text": "x"}])
+    check(False, "a chunk appended to a markdown_text stream is refused")
+except SlackApiError as e:
+    check(e.response["error"] == "streaming_mode_mismatch", "streaming_mode_mismatch as SlackApiError")
+client.chat_stopStream(channel=channel, ts=started["ts"])
+try:
+    client.chat_appendStream(channel=channel, ts=started["ts"], markdown_text="late")
+    check(False, "an append after the stop is refused")
+except SlackApiError as e:
+    check(e.response["error"] == "message_not_in_streaming_state", "message_not_in_streaming_state after the stop")
+try:
+    client.chat_startStream(channel=channel, thread_ts=root, markdown_text="no recipient")
+    check(False, "a channel stream without its recipient is refused")
+except SlackApiError as e:
+    check(e.response["error"] == "missing_recipient_user_id", "missing_recipient_user_id in a channel")
+
+# 5. Every delivery (the question, three opening events, three
+#    message_changed) passed the SDK's signature verifier.
+deadline = time.time() + 10
+while len(deliveries) < 7 and time.time() < deadline:
+    time.sleep(0.05)
+check(len(deliveries) >= 7, f"seven deliveries arrived ({len(deliveries)})")
+check(all(ok for ok, _ in deliveries), "SignatureVerifier accepts every delivery")
+kinds = [(d["event"].get("subtype"), d["event"].get("streaming_state")) for _, d in deliveries]
+check(kinds.count((None, "in_progress")) == 3, f"three opening events ({kinds})")
+check(kinds.count(("message_changed", None)) == 3, f"three message_changed at the stops ({kinds})")
+
+server.shutdown()
+print(f"slack_sdk {slack_sdk.version.__version__}: {len(checks)} checks passed")
+for c in checks:
+    print(f"  ok  {c}")
