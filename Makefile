@@ -40,6 +40,11 @@ else
 	THREADLINE_LOG_RUN="test-$$(date +%Y%m%dT%H%M%S)-$$$$" cargo test --workspace
 endif
 	./scripts/sdk-check.sh
+	./scripts/real-model-check.sh
+
+.PHONY: real-model-check
+real-model-check: ## End-to-end tests with a real model: llama.cpp's OpenAI-compatible server (xllamacpp) serving SmolLM2-135M-Instruct, installed once into a cached virtualenv
+	./scripts/with-services.sh ./scripts/real-model-check.sh
 
 .PHONY: sdk-check
 sdk-check: ## slack-sim checked by Slack's own Python SDK (slack_sdk: WebClient, chat_stream, SignatureVerifier)

@@ -256,6 +256,22 @@ pub async fn decided_for_receipt(
     .await
 }
 
+/// Which model answered the decision for `receipt`: its provider's name,
+/// whether the answer was the fallback, and the completion tokens the
+/// provider reported.
+pub async fn answered_by(
+    pool: &sqlx::PgPool,
+    receipt: uuid::Uuid,
+) -> sqlx::Result<(Option<String>, bool, Option<i32>)> {
+    let r = sqlx::query!(
+        "SELECT provider, fallback, completion_tokens FROM decisions WHERE receipt_id = $1",
+        receipt
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((r.provider, r.fallback, r.completion_tokens))
+}
+
 /// The answer stored with the decision for `receipt`: its text and its Block Kit blocks.
 pub async fn decision_body(
     pool: &sqlx::PgPool,
