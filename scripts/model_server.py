@@ -31,6 +31,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
 
+    # The server's own threads must not take the signals that stop it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     import xllamacpp as xlc
 
     p = xlc.CommonParams()

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use threadline_testkit::eventually;
-use threadline_tests::{Stack, free_port, sim_get};
+use threadline_tests::{Stack, cli, free_port, sim_get};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const LABEL: &str = "_AI-generated — verify before relying on it_";
@@ -89,9 +89,31 @@ async fn bound_version(s: &Stack) -> (uuid::Uuid, i64, String, i64) {
     (ctx.receipt_id, ctx.thread_version, state, decided)
 }
 
+/// Runs the CLI against the stack's database and bus.
+async fn run_cli(s: &Stack, args: &[&str]) {
+    let env = [
+        ("DATABASE_URL", s.db.url.clone()),
+        ("NATS_URL", threadline_testkit::nats_url()),
+        ("THREADLINE_BUS_PREFIX", s.prefix.clone()),
+    ];
+    let out = cli(args, &env).await;
+    assert!(
+        out.status.success(),
+        "threadline {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Review reasons a small model's words can earn by echoing Slack markup
+/// (the thread it reads holds the bot's mention).
+const MARKUP_REASONS: &[&str] = &["mention", "mass_mention", "disguised_link", "slack_command"];
+
 /// A mention answered by the real model: one post in the thread, the
 /// model's own words (not the built-in model's, not the fallback), the AI
-/// label, decided at the thread version its context read.
+/// label, decided at the thread version its context read. A small model
+/// may echo the mention it read, which holds the answer for a reviewer:
+/// then nothing reaches Slack until a reviewer approves, and the approved
+/// answer is posted once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the model virtualenv: scripts/real-model-check.sh runs it"]
 async fn a_real_model_answers_a_mention_once_bound_to_its_thread_version() {
@@ -109,6 +131,40 @@ async fn a_real_model_answers_a_mention_once_bound_to_its_thread_version() {
         Some(&root),
     )
     .await;
+    let held = eventually(
+        "the answer is posted or held for review",
+        Duration::from_secs(60),
+        || {
+            let (s, root) = (&s, root.clone());
+            async move {
+                if !s.answers(&root).await.is_empty() {
+                    return Some(None);
+                }
+                threadline_store::testing::decisions::decision_id_with_status(&s.db.pool, "review")
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(Some)
+            }
+        },
+    )
+    .await;
+    if let Some(decision) = held {
+        let reasons = threadline_store::testing::decisions::review_reasons(&s.db.pool, decision)
+            .await
+            .expect("reasons");
+        assert!(
+            !reasons.is_empty() && reasons.iter().all(|r| MARKUP_REASONS.contains(&r.as_str())),
+            "held only for markup the model echoed: {reasons:?}"
+        );
+        assert!(posts(&s).await.is_empty(), "nothing posted while held");
+        eprintln!("the model's answer was held for review ({reasons:?}); approving it");
+        run_cli(
+            &s,
+            &["review", "approve", &decision.to_string(), "--by", "ana"],
+        )
+        .await;
+    }
     let answers = s.wait_answers(&root, 1).await;
     assert_eq!(answers.len(), 1, "{answers:?}");
     let text = answers[0]["text"].as_str().expect("text");
@@ -143,32 +199,76 @@ async fn a_real_model_answers_a_mention_once_bound_to_its_thread_version() {
     drop(model);
 }
 
-/// A proxy in front of the model server that, on the first request, hands
-/// it to the server and kills the server at once: the model is mid-answer
-/// when it dies, and the caller's connection is closed without an answer.
+/// One HTTP/1.1 request as the client sent it: its head and a body of
+/// its `Content-Length`.
+async fn read_request(client: &mut tokio::net::TcpStream) -> Vec<u8> {
+    let (mut buf, mut chunk) = (Vec::new(), [0u8; 8192]);
+    loop {
+        let n = client.read(&mut chunk).await.unwrap_or(0);
+        if n == 0 {
+            return buf;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return buf;
+            }
+        }
+    }
+}
+
+/// Whether the model server is generating an answer now (its `/slots`).
+async fn generating(port: u16) -> bool {
+    let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/slots")).await else {
+        return false;
+    };
+    r.json::<Value>()
+        .await
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .is_some_and(|slots| slots.iter().any(|s| s["is_processing"] == true))
+}
+
+/// A proxy in front of the model server: the first request goes to the
+/// server whole; once the server says it is generating the answer, the
+/// server is killed and the caller's connection closed without an answer.
+/// The flag says the kill happened while the model was answering.
 async fn killing_proxy(mut model: ModelServer) -> (String, Arc<AtomicBool>) {
-    let killed = Arc::new(AtomicBool::new(false));
+    let killed_mid_answer = Arc::new(AtomicBool::new(false));
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let url = format!("http://{}/v1", l.local_addr().expect("addr"));
-    let upstream = format!("127.0.0.1:{}", model.port);
-    let flag = killed.clone();
+    let port = model.port;
+    let flag = killed_mid_answer.clone();
     tokio::spawn(async move {
         while let Ok((mut client, _)) = l.accept().await {
-            let mut buf = vec![0u8; 64 * 1024];
-            let n = client.read(&mut buf).await.unwrap_or(0);
-            if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
-                let _ = server.write_all(&buf[..n]).await;
-                // Let the server take the request in, then kill it.
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            let request = read_request(&mut client).await;
+            let upstream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+            if let Ok(mut server) = upstream {
+                let _ = server.write_all(&request).await;
+                let mut answering = false;
+                for _ in 0..1000 {
+                    if generating(port).await {
+                        answering = true;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                let _ = model.child.kill().await;
+                flag.fetch_or(answering, Ordering::SeqCst);
+                drop(server);
             }
-            let _ = model.child.kill().await;
-            flag.store(true, Ordering::SeqCst);
             drop(client);
         }
     });
-    (url, killed)
+    (url, killed_mid_answer)
 }
 
 /// The model server dies in the middle of an answer: the policy's fallback
