@@ -73,6 +73,7 @@ pub struct SettingsReq {
     tier2_per_minute: Option<u32>,
     tier4_per_minute: Option<u32>,
     stream_lifetime_ms: Option<u64>,
+    assistant_status_timeout_ms: Option<u64>,
     reorder_window: Option<usize>,
 }
 
@@ -105,6 +106,9 @@ pub async fn settings(State(sim): State<Sim>, Json(r): Json<SettingsReq>) -> Api
     }
     if let Some(v) = r.stream_lifetime_ms {
         s.stream_lifetime_ms = v;
+    }
+    if let Some(v) = r.assistant_status_timeout_ms {
+        s.assistant_status_timeout_ms = v;
     }
     if let Some(v) = r.reorder_window {
         s.reorder_window = v;
@@ -699,6 +703,88 @@ pub async fn act_stop_stream(State(sim): State<Sim>, Json(r): Json<StopStreamReq
     Ok(announce(&sim, None, envs))
 }
 
+#[derive(Deserialize)]
+pub struct AssistantOpenReq {
+    user: String,
+    app_id: String,
+    context_channel: Option<String>,
+}
+
+/// A person opens the app's assistant pane: a new thread in their DM with
+/// the app, and `assistant_thread_started` for the app.
+pub async fn act_assistant_open(
+    State(sim): State<Sim>,
+    Json(r): Json<AssistantOpenReq>,
+) -> ApiResult {
+    let (channel, envs) = {
+        let mut w = sim.lock();
+        let (channel, ts, envs) =
+            crate::assistant::open(&mut w, &r.user, &r.app_id, r.context_channel.as_deref())
+                .map_err(bad)?;
+        ((channel, ts), envs)
+    };
+    let mut v = announce(&sim, Some(channel.1), envs).0;
+    v["channel"] = channel.0.into();
+    Ok(Json(v))
+}
+
+#[derive(Deserialize)]
+pub struct AssistantContextReq {
+    channel: String,
+    thread_ts: String,
+    context_channel: String,
+}
+
+/// The person looks at another channel: `assistant_thread_context_changed`.
+pub async fn act_assistant_context(
+    State(sim): State<Sim>,
+    Json(r): Json<AssistantContextReq>,
+) -> ApiResult {
+    let envs = {
+        let mut w = sim.lock();
+        crate::assistant::change_context(&mut w, &r.channel, &r.thread_ts, &r.context_channel)
+            .map_err(bad)?
+    };
+    Ok(announce(&sim, None, envs))
+}
+
+#[derive(Deserialize)]
+pub struct AssistantThreadsQuery {
+    channel: Option<String>,
+}
+
+/// Every assistant thread (and thread with a status): who opened it, its
+/// context, every status with how it ended, the one showing, prompts, title.
+pub async fn assistant_threads(
+    State(sim): State<Sim>,
+    Query(q): Query<AssistantThreadsQuery>,
+) -> ApiResult {
+    let mut w = sim.lock();
+    crate::assistant::expire(&mut w);
+    let threads: Vec<Value> = w
+        .assistant
+        .iter()
+        .filter(|((c, _), _)| q.channel.as_deref().is_none_or(|x| x == c))
+        .map(|((c, key), t)| {
+            let ts = w
+                .messages
+                .get(c)
+                .and_then(|m| m.get(key))
+                .map(|m| m.ts.clone())
+                .unwrap_or_default();
+            let mut v = serde_json::to_value(t).unwrap_or_default();
+            v["channel"] = c.clone().into();
+            v["thread_ts"] = ts.into();
+            v["showing"] = t
+                .showing()
+                .map(|s| json!({"status": s.status, "loading_messages": s.loading_messages}))
+                .unwrap_or(Value::Null);
+            v
+        })
+        .collect();
+    Ok(Json(json!({"threads": threads})))
+}
+
 pub async fn add_fault(State(sim): State<Sim>, Json(f): Json<Fault>) -> ApiResult {
     if !(0.0..=1.0).contains(&f.probability) {
         return Err(bad("probability must be within 0..=1"));
@@ -756,7 +842,8 @@ pub async fn thread(
     State(sim): State<Sim>,
     Path((channel, ts)): Path<(String, String)>,
 ) -> ApiResult {
-    let w = sim.lock();
+    let mut w = sim.lock();
+    crate::streams::expire(&mut w);
     let msgs = w.thread_with_deleted(&channel, &ts);
     if msgs.is_empty() {
         return Err(not_found("thread", &ts));
@@ -767,7 +854,8 @@ pub async fn thread(
 /// Every message of a channel, threads and deleted ones included, oldest
 /// first: what a checker that trusts only Slack reads.
 pub async fn channel_messages(State(sim): State<Sim>, Path(channel): Path<String>) -> ApiResult {
-    let w = sim.lock();
+    let mut w = sim.lock();
+    crate::streams::expire(&mut w);
     if !w.channels.contains_key(&channel) {
         return Err(not_found("channel", &channel));
     }
@@ -833,7 +921,8 @@ pub struct AppPostsQuery {
 /// The trigger of a post is `metadata.event_payload.source_ts` when the app
 /// says so, else the latest message by someone else before it in the thread.
 pub async fn app_posts(State(sim): State<Sim>, Query(q): Query<AppPostsQuery>) -> ApiResult {
-    let w = sim.lock();
+    let mut w = sim.lock();
+    crate::streams::expire(&mut w);
     let mut per_thread: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut per_trigger: BTreeMap<(String, String, String), usize> = BTreeMap::new();
     for (channel, msgs) in &w.messages {

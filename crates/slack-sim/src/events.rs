@@ -71,6 +71,17 @@ fn envelope(
     }
 }
 
+/// An event for one app about `channel` (the assistant pane's events).
+pub fn for_app(
+    w: &mut World,
+    app: &App,
+    channel: &Channel,
+    event: Value,
+    event_type: &str,
+) -> Envelope {
+    envelope(w, app, channel, event, event_type)
+}
+
 /// What an event is about, for the delivery log.
 struct About {
     channel: Option<String>,

@@ -9,6 +9,7 @@
 //!
 //! State is in memory and every id comes from a seeded generator.
 
+pub mod assistant;
 pub mod control;
 pub mod delivery;
 pub mod events;
@@ -87,6 +88,15 @@ pub fn router(sim: Sim) -> Router {
         .route("/_sim/act/edit", post(control::act_edit))
         .route("/_sim/act/delete", post(control::act_delete))
         .route("/_sim/act/stop_stream", post(control::act_stop_stream))
+        .route(
+            "/_sim/act/assistant_open",
+            post(control::act_assistant_open),
+        )
+        .route(
+            "/_sim/act/assistant_context",
+            post(control::act_assistant_context),
+        )
+        .route("/_sim/assistant_threads", get(control::assistant_threads))
         .route(
             "/_sim/faults",
             post(control::add_fault).delete(control::clear_faults),

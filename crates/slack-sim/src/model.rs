@@ -263,7 +263,8 @@ pub struct Stream {
     pub other_chunks: Vec<Value>,
     pub ended_at_micros: Option<u64>,
     /// How it ended: `stopped` (`chat.stopStream`), `stopped_by_user` (the
-    /// person pressed Stop) or `expired` (still open at the lifetime).
+    /// person pressed Stop), `expired` (still open at the lifetime) or
+    /// `deleted` (deleted while open).
     pub ended: Option<String>,
 }
 
@@ -356,8 +357,8 @@ pub struct CallRecord {
     pub at_micros: u64,
     /// When the request arrived, before any fault latency.
     pub received_at_micros: u64,
-    /// For an applied `chat.postMessage` / `chat.update` / `chat.delete`:
-    /// the message it created or touched.
+    /// For an applied `chat.postMessage` / `chat.update` / `chat.delete` /
+    /// `chat.*Stream`: the message it created or touched.
     pub ts: Option<String>,
     /// For an `inject_reply` fault: the human reply posted when the call
     /// arrived.
@@ -509,6 +510,8 @@ pub struct Settings {
     /// not (undocumented by Slack; observed at about 300 s): later appends
     /// and stops get `message_not_in_streaming_state`.
     pub stream_lifetime_ms: u64,
+    /// How long an assistant status shows without a reply (Slack: 2 min).
+    pub assistant_status_timeout_ms: u64,
     /// Deliveries held back and released in reverse order, when > 1.
     pub reorder_window: usize,
 }
@@ -524,6 +527,7 @@ impl Default for Settings {
             tier2_per_minute: 20,
             tier4_per_minute: 100,
             stream_lifetime_ms: 300_000,
+            assistant_status_timeout_ms: 120_000,
             reorder_window: 0,
         }
     }
@@ -567,6 +571,8 @@ pub struct World {
     pub reorder_queue: Vec<crate::delivery::Envelope>,
     /// Streams started and not yet ended: (channel, ts).
     pub open_streams: BTreeSet<(String, TsKey)>,
+    /// Assistant threads, and threads with a status: (channel, root ts).
+    pub assistant: BTreeMap<(String, TsKey), crate::assistant::ThreadState>,
 }
 
 impl World {
@@ -592,6 +598,7 @@ impl World {
             event_contexts: HashMap::new(),
             reorder_queue: Vec::new(),
             open_streams: BTreeSet::new(),
+            assistant: BTreeMap::new(),
         }
     }
 
@@ -619,16 +626,22 @@ impl World {
             .insert(key, msg);
     }
 
-    /// Marks a message deleted (it stays for inspection).
+    /// Marks a message deleted (it stays for inspection); a stream still
+    /// open on it ends as `deleted`.
     pub fn mark_deleted(&mut self, channel: &str, ts: &str) {
-        if let Some(m) = self
-            .messages
-            .get_mut(channel)
-            .and_then(|m| m.get_mut(&ts_key(ts)))
-        {
+        let key = ts_key(ts);
+        if let Some(m) = self.messages.get_mut(channel).and_then(|m| m.get_mut(&key)) {
+            let now = now_micros();
             m.deleted = true;
-            m.deleted_at_micros = Some(now_micros());
+            m.deleted_at_micros = Some(now);
+            if let Some(s) = m.stream.as_mut()
+                && s.ended.is_none()
+            {
+                s.ended = Some("deleted".into());
+                s.ended_at_micros = Some(now);
+            }
         }
+        self.open_streams.remove(&(channel.to_owned(), key));
     }
 
     /// The root and its replies, oldest first, deleted ones included.

@@ -22,8 +22,13 @@
 //! Not documented by Slack and chosen here: while a stream is open, the
 //! Web API shows the text streamed so far (with `streaming_state`); a
 //! stream still open at `stream_lifetime_ms` ends as `errored` with the
-//! text it had, without an event; a stream without `thread_ts` is allowed
-//! only in channels (top-level streams), not in DMs.
+//! text it had, without an event (seen by the next call or inspection); a
+//! stream without `thread_ts` is allowed only in channels (top-level
+//! streams), not in DMs; recipients are required in channels only, as the
+//! reference says (some report Slack asking for them in DMs too);
+//! `chat.update` of a stream still open is refused (`cant_update_message`);
+//! the final message's blocks are one `rich_text` block of the streamed
+//! text, then the stop's `blocks`.
 
 use serde_json::{Value, json};
 
@@ -164,14 +169,12 @@ pub fn start(
         }
     }
     let c = content(p)?;
-    crate::webapi::tier_budget(
-        w,
-        app,
-        install,
-        "chat.startStream",
-        w.settings.tier2_per_minute,
-    )?;
+    // Both budgets are checked before either is taken: a start refused by
+    // one takes nothing from the other.
+    let tier2 = w.settings.tier2_per_minute;
+    crate::webapi::tier_check(w, app, install, "chat.startStream", tier2)?;
     crate::webapi::post_budget(w, &install.team_id, &channel.id)?;
+    crate::webapi::tier_budget(w, app, install, "chat.startStream", tier2)?;
     let thread_ts = thread_ts.map(|t| {
         // A reply's ts resolves to its thread's root, as a post's does.
         w.message(&channel.id, &t)
@@ -221,6 +224,7 @@ pub fn start(
         ..msg
     };
     envs.extend(events::new_message(w, &channel, &opening));
+    crate::assistant::replied(w, &channel.id, opening.thread_ts.as_deref());
     Ok(json!({"channel": channel.id, "ts": ts}))
 }
 
@@ -321,8 +325,23 @@ pub fn stop(
         "chat.stopStream",
         w.settings.tier2_per_minute,
     )?;
-    if blocks.is_some() {
-        after.blocks = blocks;
+    // The streamed text as Slack renders it (a `rich_text` block), then
+    // the stop's blocks below it.
+    let mut rendered = Vec::new();
+    if !after.text.is_empty() {
+        rendered.push(
+            json!({"type": "rich_text", "block_id": format!("s{}", after.ts.replace('.', "")),
+                             "elements": [{"type": "rich_text_section",
+                                           "elements": [{"type": "text", "text": after.text}]}]}),
+        );
+    }
+    rendered.extend(
+        blocks
+            .and_then(|b| b.as_array().cloned())
+            .unwrap_or_default(),
+    );
+    if !rendered.is_empty() {
+        after.blocks = Some(Value::Array(rendered));
     }
     if metadata.is_some() {
         after.metadata = metadata;

@@ -312,6 +312,11 @@ impl Params {
         }
     }
 
+    /// Whether the call names `key` at all (even empty).
+    pub fn has(&self, key: &str) -> bool {
+        self.args.contains_key(key)
+    }
+
     pub fn flag(&self, key: &str) -> bool {
         self.boolean(key).unwrap_or(false)
     }
@@ -544,10 +549,11 @@ pub async fn api(
     }
     // A call refused before it is applied is still recorded with what it
     // was about (ground truth for "was this post rate-limited?").
+    let refused_thread = thread_of_call(&sim.lock(), &method, &params);
     let refused = |e: ApiError| Outcome {
         app_id: app.clone(),
         channel: params.str("channel"),
-        thread_ts: params.str("thread_ts").or_else(|| params.str("ts")),
+        thread_ts: refused_thread.clone(),
         ..Outcome::err(e)
     };
     if let Some(f) = &fault {
@@ -698,6 +704,16 @@ fn can_inject(w: &World, f: &Fault, token: Option<&str>, p: &Params) -> bool {
     bot_auth(w, token).is_ok()
         && crate::control::human_post_target(w, user, &channel, target_thread(w, p).as_deref())
             .is_ok()
+}
+
+/// The thread a call is about, for the call log: its `thread_ts`; for an
+/// append to or a stop of a stream, the stream's thread; else the message
+/// `ts` names.
+fn thread_of_call(w: &World, method: &str, p: &Params) -> Option<String> {
+    if matches!(method, "chat.appendStream" | "chat.stopStream") {
+        return target_thread(w, p).or_else(|| p.str("ts"));
+    }
+    p.str("thread_ts").or_else(|| p.str("ts"))
 }
 
 /// The thread a call writes in: its `thread_ts`, else (an append to or a
@@ -851,13 +867,14 @@ fn call(w: &mut World, method: &str, token: Option<&str>, p: &Params) -> Outcome
         Err(e) => return Outcome::err(e),
     };
     streams::expire(w);
+    crate::assistant::expire(w);
     let mut out = Outcome {
         result: Ok(json!({})),
         envelopes: Vec::new(),
         app_id: Some(app.id.clone()),
         team_id: Some(install.team_id.clone()),
         channel: p.str("channel"),
-        thread_ts: p.str("thread_ts").or_else(|| p.str("ts")),
+        thread_ts: thread_of_call(w, method, p),
         ts: None,
     };
     out.result = match method {
@@ -870,6 +887,11 @@ fn call(w: &mut World, method: &str, token: Option<&str>, p: &Params) -> Outcome
         "chat.startStream" => streams::start(w, &app, &install, p, &mut out.envelopes),
         "chat.appendStream" => streams::append(w, &app, &install, p),
         "chat.stopStream" => streams::stop(w, &app, &install, p, &mut out.envelopes),
+        "assistant.threads.setStatus" => crate::assistant::set_status(w, &app, &install, p),
+        "assistant.threads.setSuggestedPrompts" => {
+            crate::assistant::set_suggested_prompts(w, &app, &install, p)
+        }
+        "assistant.threads.setTitle" => crate::assistant::set_title(w, &app, &install, p),
         _ => Err(ApiError::new("unknown_method")),
     };
     if matches!(
@@ -935,6 +957,24 @@ fn read_budget(w: &mut World, app: &App, install: &Install, method: &str) -> Res
         w.settings.tier3_per_minute
     };
     tier_budget(w, app, install, method, per_minute)
+}
+
+/// Whether `method`'s budget has room for one more call, without taking it.
+pub(crate) fn tier_check(
+    w: &mut World,
+    app: &App,
+    install: &Install,
+    method: &str,
+    per_minute: u32,
+) -> Result<(), ApiError> {
+    tier_budget(w, app, install, method, per_minute)?;
+    if let Some(window) =
+        w.read_windows
+            .get_mut(&(app.id.clone(), install.team_id.clone(), method.to_owned()))
+    {
+        window.pop_back();
+    }
+    Ok(())
 }
 
 /// A method's budget of `per_minute` requests per app and workspace, over
@@ -1154,6 +1194,7 @@ fn post_message(
         stream: None,
     };
     envs.extend(events::post(w, &channel, msg.clone()));
+    crate::assistant::replied(w, &channel.id, msg.thread_ts.as_deref());
     let parent = msg
         .thread_ts
         .as_deref()
@@ -1229,6 +1270,10 @@ fn update(
     let channel = channel_of(w, install, p)?;
     let ts = p.str("ts").ok_or(ApiError::new("message_not_found"))?;
     let before = own_message(w, install, &channel.id, &ts, "cant_update_message")?;
+    if before.stream.as_ref().is_some_and(|s| s.ended.is_none()) {
+        // A stream still open is finished by its own methods.
+        return Err(ApiError::new("cant_update_message"));
+    }
     let mut after = before.clone();
     if let Some(t) = p.str("text") {
         if t.chars().count() > MAX_TEXT_CHARS {

@@ -2939,11 +2939,6 @@ async fn a_stream_starts_grows_and_stops_as_slacks_does() {
         )
         .await;
     assert_eq!(r["ok"], true, "{r}");
-    assert_eq!(
-        side.got.lock().expect("lock").len(),
-        2,
-        "appends send no event"
-    );
 
     // The stop: the rest, blocks below and metadata.
     let metadata = json!({"event_type": "threadline_reply", "event_payload": {"intent_id": "i-1"}});
@@ -2977,7 +2972,16 @@ async fn a_stream_starts_grows_and_stops_as_slacks_does() {
         ),
         "{stop}"
     );
-    assert_eq!((&m["blocks"], &m["metadata"]), (&blocks, &metadata));
+    assert_eq!(
+        m["blocks"],
+        json!([{"type": "rich_text", "block_id": format!("s{}", ts.replace('.', "")),
+                "elements": [{"type": "rich_text_section",
+                              "elements": [{"type": "text", "text": "Hello world"}]}]},
+               blocks[0]]),
+        "the streamed text as a rich_text block, the stop's blocks below it"
+    );
+    assert_eq!(m["metadata"], metadata);
+    assert!(m.get("edited").is_none(), "{m}");
     let got = received(&side, 3).await;
     let changed = &got[2].body["event"];
     assert_eq!(
@@ -2999,9 +3003,25 @@ async fn a_stream_starts_grows_and_stops_as_slacks_does() {
         ),
         "{changed}"
     );
-    assert!(changed["message"].get("edited").is_none(), "{changed}");
     let thread = w.thread_of(&root).await;
     assert_eq!(thread.len(), 2);
+    assert!(thread[1].get("edited").is_none(), "{}", thread[1]);
+    // Two events in all about the streamed message: none for the appends.
+    let about = eventually("both deliveries logged", Duration::from_secs(10), || {
+        let (w, ts) = (&w, ts.clone());
+        async move {
+            let about: Vec<Value> = w
+                .list(&format!("deliveries?app_id={}", w.app), "deliveries")
+                .await
+                .into_iter()
+                .filter(|d| d["message_ts"] == ts.as_str())
+                .map(|d| d["subtype"].clone())
+                .collect();
+            (about.len() >= 2).then_some(about)
+        }
+    })
+    .await;
+    assert_eq!(about, [Value::Null, json!("message_changed")]);
     assert_eq!(
         (
             thread[1]["text"].as_str(),
@@ -3204,7 +3224,6 @@ async fn streams_refuse_what_slack_refuses_and_end_by_stop_or_lifetime() {
     );
 
     // A stream still open at its lifetime ends as errored, with its text.
-    w.ctl("settings", json!({"stream_lifetime_ms": 300})).await;
     let (_, r) = w.api_json("chat.startStream", args.clone(), None).await;
     let short = r["ts"].as_str().expect("ts").to_owned();
     let (_, r) = w
@@ -3215,7 +3234,8 @@ async fn streams_refuse_what_slack_refuses_and_end_by_stop_or_lifetime() {
         )
         .await;
     assert_eq!(r["ok"], true, "{r}");
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    w.ctl("settings", json!({"stream_lifetime_ms": 1})).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
     let (_, r) = w
         .api_json(
             "chat.appendStream",
@@ -3271,8 +3291,342 @@ async fn streams_refuse_what_slack_refuses_and_end_by_stop_or_lifetime() {
         .expect("the injected reply is in the stream's thread");
     assert_eq!(reply["text"], "actually, never mind");
 
-    // Tier 2: starts beyond the minute's budget are rate limited.
-    w.ctl("settings", json!({"tier2_per_minute": 1})).await;
+    // The open stream cannot be edited; its calls are logged in its
+    // thread; deleted, it ends as deleted and takes nothing more.
+    let (_, _, r) = w
+        .api(
+            "chat.update",
+            &[("channel", &w.channel), ("ts", &live), ("text", "edited")],
+        )
+        .await;
+    assert_eq!(r["error"], "cant_update_message", "{r}");
+    let appends = w.list("calls?method=chat.appendStream", "calls").await;
+    let live_append = appends
+        .iter()
+        .find(|c| c["ts"] == live.as_str())
+        .expect("the live stream's append");
+    assert_eq!(live_append["thread_ts"], root.as_str(), "{live_append}");
+    let (_, _, r) = w
+        .api("chat.delete", &[("channel", &w.channel), ("ts", &live)])
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let (_, r) = w
+        .api_json(
+            "chat.appendStream",
+            json!({"channel": w.channel, "ts": live, "chunks": md("late")}),
+            None,
+        )
+        .await;
+    assert_eq!(r["error"], "message_not_found", "{r}");
+    let inspected = w
+        .list(
+            &format!("channels/{}/threads/{root}", w.channel),
+            "messages",
+        )
+        .await;
+    let gone = inspected
+        .iter()
+        .find(|m| m["ts"] == live.as_str())
+        .expect("kept for inspection");
+    assert_eq!(gone["stream"]["ended"], "deleted", "{gone}");
+
+    // Tier 2 (three starts taken so far this minute): a start the channel's
+    // post budget refuses takes nothing from it, and the budget's end is a 429.
+    w.ctl(
+        "settings",
+        json!({"tier2_per_minute": 5, "posts_per_second": 0.0001, "post_burst": 1.0}),
+    )
+    .await;
+    let (_, r) = w.api_json("chat.startStream", args.clone(), None).await;
+    assert_eq!(r["ok"], true, "the fourth start: {r}");
     let (s, r) = w.api_json("chat.startStream", args.clone(), None).await;
-    assert_eq!((s, r["error"].as_str()), (429, Some("ratelimited")), "{r}");
+    assert_eq!(
+        (s, r["error"].as_str()),
+        (429, Some("ratelimited")),
+        "no post budget: {r}"
+    );
+    w.ctl(
+        "settings",
+        json!({"posts_per_second": 100.0, "post_burst": 100.0}),
+    )
+    .await;
+    // (the channel's bucket refills at 100 a second)
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (_, r) = w.api_json("chat.startStream", args.clone(), None).await;
+    assert_eq!(r["ok"], true, "the refused start took no Tier 2 slot: {r}");
+    let (s, r) = w.api_json("chat.startStream", args.clone(), None).await;
+    assert_eq!(
+        (s, r["error"].as_str()),
+        (429, Some("ratelimited")),
+        "Tier 2 spent: {r}"
+    );
+}
+
+impl World {
+    /// The assistant state of one thread, as inspection shows it.
+    async fn assistant_thread(&self, channel: &str, ts: &str) -> Value {
+        self.list(&format!("assistant_threads?channel={channel}"), "threads")
+            .await
+            .into_iter()
+            .find(|t| t["thread_ts"] == ts)
+            .unwrap_or(Value::Null)
+    }
+}
+
+/// The assistant pane as Slack's reference and the SDKs describe it: a
+/// person opens it (a thread in their DM with the app, whose root is
+/// `assistant_app_thread`) and the app hears `assistant_thread_started`
+/// with the channel they look at, then `assistant_thread_context_changed`;
+/// a status shows until the app replies, is cleared, or two minutes pass;
+/// prompts and titles need an assistant thread and `assistant:write`.
+#[tokio::test]
+async fn the_assistant_pane_starts_threads_shows_a_status_and_takes_prompts_and_titles() {
+    let (side, url) = app_side().await;
+    let w = World::new(
+        43,
+        vec![url],
+        &[
+            "assistant_thread_started",
+            "assistant_thread_context_changed",
+            "message.im",
+        ],
+        &["chat:write", "assistant:write", "im:history"],
+    )
+    .await;
+    w.ctl(
+        "settings",
+        json!({"posts_per_second": 100.0, "post_burst": 100.0}),
+    )
+    .await;
+    let opened = w
+        .ctl(
+            "act/assistant_open",
+            json!({"user": w.user, "app_id": w.app, "context_channel": w.channel}),
+        )
+        .await;
+    let dm = opened["channel"].as_str().expect("channel").to_owned();
+    let thread = opened["ts"].as_str().expect("ts").to_owned();
+    assert!(dm.starts_with('D'), "{dm}");
+    let got = received(&side, 1).await;
+    verify(&w.secret, &got[0]);
+    let e = &got[0].body["event"];
+    assert_eq!(e["type"], "assistant_thread_started", "{e}");
+    assert_eq!(
+        e["assistant_thread"],
+        json!({"user_id": w.user, "channel_id": dm, "thread_ts": thread,
+               "context": {"channel_id": w.channel, "team_id": w.team, "enterprise_id": null}})
+    );
+    assert!(e["event_ts"].is_string());
+    // The thread's root is the app's `assistant_app_thread` message.
+    let (_, _, r) = w
+        .api(
+            "conversations.replies",
+            &[("channel", &dm), ("ts", &thread)],
+        )
+        .await;
+    assert_eq!(r["messages"][0]["subtype"], "assistant_app_thread", "{r}");
+    // A second opening reuses the DM, with a new thread.
+    let again = w
+        .ctl(
+            "act/assistant_open",
+            json!({"user": w.user, "app_id": w.app}),
+        )
+        .await;
+    assert_eq!(again["channel"], dm.as_str());
+    assert_ne!(again["ts"], thread.as_str());
+    let got = received(&side, 2).await;
+    assert_eq!(
+        got[1].body["event"]["assistant_thread"]["context"],
+        json!({})
+    );
+    // The person looks at another channel.
+    let other = w.second_channel("random").await;
+    w.ctl(
+        "act/assistant_context",
+        json!({"channel": dm, "thread_ts": thread, "context_channel": other}),
+    )
+    .await;
+    let got = received(&side, 3).await;
+    let e = &got[2].body["event"];
+    assert_eq!(e["type"], "assistant_thread_context_changed");
+    assert_eq!(
+        e["assistant_thread"]["context"]["channel_id"],
+        other.as_str()
+    );
+
+    // A status, refused when malformed, shown when set.
+    let status = |extra: Value| {
+        let mut b = json!({"channel_id": dm, "thread_ts": thread});
+        b.as_object_mut()
+            .expect("object")
+            .extend(extra.as_object().expect("object").clone());
+        b
+    };
+    for (body, code) in [
+        (status(json!({})), "invalid_arguments"),
+        (
+            status(json!({"status": "x", "loading_messages": vec!["m"; 11]})),
+            "invalid_arguments",
+        ),
+        (
+            json!({"channel_id": dm, "thread_ts": "1.000001", "status": "x"}),
+            "invalid_thread_ts",
+        ),
+        (
+            json!({"channel_id": "D0NOWHERE0", "thread_ts": thread, "status": "x"}),
+            "channel_not_found",
+        ),
+    ] {
+        let (_, r) = w
+            .api_json("assistant.threads.setStatus", body.clone(), None)
+            .await;
+        assert_eq!(r["error"].as_str(), Some(code), "{body}: {r}");
+    }
+    assert!(
+        w.assistant_thread(&dm, &thread).await["statuses"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+    );
+    let (_, r) = w
+        .api_json(
+            "assistant.threads.setStatus",
+            status(json!({"status": "is thinking…", "loading_messages": ["Reading the thread"]})),
+            None,
+        )
+        .await;
+    assert_eq!(r, json!({"ok": true}));
+    assert_eq!(
+        w.assistant_thread(&dm, &thread).await["showing"],
+        json!({"status": "is thinking…", "loading_messages": ["Reading the thread"]})
+    );
+    // The app's reply in the thread ends it.
+    let (_, _, r) = w
+        .api(
+            "chat.postMessage",
+            &[
+                ("channel", &dm),
+                ("thread_ts", &thread),
+                ("text", "the answer"),
+            ],
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let t = w.assistant_thread(&dm, &thread).await;
+    assert_eq!(
+        (t["showing"].clone(), t["statuses"][0]["ended"].clone()),
+        (Value::Null, json!("replied"))
+    );
+    // An empty status clears one; two minutes (scaled here) end another.
+    w.api_json(
+        "assistant.threads.setStatus",
+        status(json!({"status": "again"})),
+        None,
+    )
+    .await;
+    w.api_json(
+        "assistant.threads.setStatus",
+        status(json!({"status": ""})),
+        None,
+    )
+    .await;
+    assert_eq!(
+        w.assistant_thread(&dm, &thread).await["statuses"][1]["ended"],
+        "cleared"
+    );
+    w.ctl("settings", json!({"assistant_status_timeout_ms": 200}))
+        .await;
+    w.api_json(
+        "assistant.threads.setStatus",
+        status(json!({"status": "slow"})),
+        None,
+    )
+    .await;
+    assert_eq!(
+        w.assistant_thread(&dm, &thread).await["showing"]["status"],
+        "slow"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = w.assistant_thread(&dm, &thread).await;
+    assert_eq!(
+        (t["showing"].clone(), t["statuses"][2]["ended"].clone()),
+        (Value::Null, json!("timeout"))
+    );
+
+    // Suggested prompts and a title, on assistant threads only.
+    let prompts = json!([{"title": "Summarise", "message": "Summarise this channel"},
+                         {"title": "Explain", "message": "Explain the last error"}]);
+    let (_, r) = w
+        .api_json(
+            "assistant.threads.setSuggestedPrompts",
+            status(json!({"prompts": prompts, "title": "Try"})),
+            None,
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    for bad in [
+        json!([]),
+        json!([{"title": "no message"}]),
+        json!(vec![json!({"title": "t", "message": "m"}); 5]),
+    ] {
+        let (_, r) = w
+            .api_json(
+                "assistant.threads.setSuggestedPrompts",
+                status(json!({"prompts": bad})),
+                None,
+            )
+            .await;
+        assert_eq!(r["error"], "invalid_arguments", "{bad}: {r}");
+    }
+    let channel_root = w.person_posts("not an assistant thread", None).await;
+    let (_, r) = w
+        .api_json(
+            "assistant.threads.setTitle",
+            json!({"channel_id": w.channel, "thread_ts": channel_root, "title": "x"}),
+            None,
+        )
+        .await;
+    assert_eq!(r["error"], "invalid_thread_ts", "{r}");
+    let (_, r) = w
+        .api_json(
+            "assistant.threads.setTitle",
+            status(json!({"title": "Exit code 137"})),
+            None,
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let t = w.assistant_thread(&dm, &thread).await;
+    assert_eq!(
+        (&t["title"], &t["suggested_prompts"], &t["prompts_title"]),
+        (&json!("Exit code 137"), &prompts, &json!("Try"))
+    );
+    // A status in a channel thread needs no assistant thread.
+    let (_, r) = w
+        .api_json(
+            "assistant.threads.setStatus",
+            json!({"channel_id": w.channel, "thread_ts": channel_root, "status": "is reading…"}),
+            None,
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+
+    // Without assistant:write: a status with chat:write, no title.
+    let w2 = World::new(44, vec![], &[], &["chat:write"]).await;
+    let opened = w2
+        .ctl(
+            "act/assistant_open",
+            json!({"user": w2.user, "app_id": w2.app}),
+        )
+        .await;
+    let body = json!({"channel_id": opened["channel"], "thread_ts": opened["ts"],
+                      "status": "x", "title": "x"});
+    let (_, r) = w2
+        .api_json("assistant.threads.setStatus", body.clone(), None)
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let (_, r) = w2.api_json("assistant.threads.setTitle", body, None).await;
+    assert_eq!(
+        (r["error"].as_str(), r["needed"].as_str()),
+        (Some("missing_scope"), Some("assistant:write")),
+        "{r}"
+    );
 }
