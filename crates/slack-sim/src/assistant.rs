@@ -14,17 +14,21 @@
 //! * `setSuggestedPrompts` (`prompts`: `[{title, message}]`, `title`) and
 //!   `setTitle` (`title`) take `assistant:write` and need an assistant
 //!   thread;
-//! * `channel_not_found` for a conversation the bot cannot see,
-//!   `invalid_thread_ts` for a thread that is not there (or, for prompts
-//!   and titles, not an assistant thread), `invalid_arguments` for a
-//!   missing or malformed argument.
+//! * `channel_not_found` for a conversation the bot cannot see (or no
+//!   `channel_id`), `invalid_thread_ts` for a thread that is not there (no
+//!   `thread_ts`, a reply's ts rather than its root's, or, for prompts and
+//!   titles, not the app's assistant thread), checked in that order, then
+//!   `invalid_arguments` for a missing or malformed `status`, `prompts`,
+//!   `title` or `loading_messages`.
 //!
 //! Chosen where Slack documents nothing: `setStatus` works in any thread
-//! the bot can see (Slack accepts `chat:write` for it since 2026-03);
-//! at most 4 suggested prompts; a title is kept for inspection without the
-//! root's hidden `message_changed`; the thread's root has empty text and
-//! sends no event of its own; the three methods share the Tier 4 budget
-//! (Slack: "special" for `setStatus`, Tier 3 or 4 for the others).
+//! the bot can see (Slack accepts `chat:write` for it since 2026-03), and
+//! each app has its own status in a thread; at most 4 suggested prompts; a
+//! title is kept for inspection without the root's hidden
+//! `message_changed`; the thread's root has empty text, sends no event of
+//! its own and is not counted as a post; each method has a Tier 4 budget
+//! of its own (Slack: "special" for `setStatus`, Tier 3 or 4 for the
+//! others).
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -60,6 +64,8 @@ pub struct ThreadState {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct StatusRecord {
+    /// The app that set it (each app has its own status in a thread).
+    pub app_id: String,
     pub status: String,
     pub loading_messages: Vec<String>,
     pub set_at_micros: u64,
@@ -71,17 +77,18 @@ pub struct StatusRecord {
 }
 
 impl ThreadState {
-    /// The status showing now, if any.
-    pub fn showing(&self) -> Option<&StatusRecord> {
-        self.statuses.last().filter(|s| s.ended.is_none())
+    /// The statuses showing now, one per app at most.
+    pub fn showing(&self) -> impl Iterator<Item = &StatusRecord> {
+        self.statuses.iter().filter(|s| s.ended.is_none())
     }
 
-    fn end_status(&mut self, how: &str, at: u64) {
-        if let Some(s) = self.statuses.last_mut()
-            && s.ended.is_none()
-        {
-            s.ended = Some(how.to_owned());
-            s.ended_at_micros = Some(at);
+    /// Ends `app`'s status, if one shows.
+    fn end_status(&mut self, app: &str, how: &str, at: u64) {
+        for s in &mut self.statuses {
+            if s.app_id == app && s.ended.is_none() {
+                s.ended = Some(how.to_owned());
+                s.ended_at_micros = Some(at);
+            }
         }
     }
 }
@@ -92,21 +99,21 @@ pub fn expire(w: &mut World) {
     let now = now_micros();
     let timeout = w.settings.assistant_status_timeout_ms.saturating_mul(1000);
     for t in w.assistant.values_mut() {
-        if let Some(s) = t.statuses.last()
-            && s.ended.is_none()
-            && now.saturating_sub(s.set_at_micros) >= timeout
-        {
-            let at = s.set_at_micros + timeout;
-            t.end_status("timeout", at);
+        for s in &mut t.statuses {
+            if s.ended.is_none() && now.saturating_sub(s.set_at_micros) >= timeout {
+                s.ended = Some("timeout".into());
+                s.ended_at_micros = Some(s.set_at_micros + timeout);
+            }
         }
     }
 }
 
-/// The app posted in `thread_ts` of `channel`: a status there stops showing.
-pub fn replied(w: &mut World, channel: &str, thread_ts: Option<&str>) {
+/// `app` posted in `thread_ts` (a root) of `channel`: its status there
+/// stops showing.
+pub fn replied(w: &mut World, app: &str, channel: &str, thread_ts: Option<&str>) {
     let Some(root) = thread_ts else { return };
     if let Some(t) = w.assistant.get_mut(&(channel.to_owned(), ts_key(root))) {
-        t.end_status("replied", now_micros());
+        t.end_status(app, "replied", now_micros());
     }
 }
 
@@ -180,8 +187,8 @@ pub fn set_status(
 ) -> Result<Value, ApiError> {
     need_any_scope(install, &["chat:write", "assistant:write"])?;
     let (channel, _, key) = thread_of(w, install, p)?;
-    // `status` is required; an empty one clears.
-    if !p.has("status") {
+    // `status` is required, as text; an empty one clears.
+    if !p.is_text("status") {
         return Err(ApiError::new("invalid_arguments"));
     }
     let status = p.str("status").unwrap_or_default();
@@ -204,10 +211,11 @@ pub fn set_status(
     let now = now_micros();
     let t = w.assistant.entry((channel.id, key)).or_default();
     if status.is_empty() {
-        t.end_status("cleared", now);
+        t.end_status(&app.id, "cleared", now);
     } else {
-        t.end_status("replaced", now);
+        t.end_status(&app.id, "replaced", now);
         t.statuses.push(StatusRecord {
+            app_id: app.id.clone(),
             status,
             loading_messages: loading,
             set_at_micros: now,
@@ -323,7 +331,10 @@ pub fn open(
     let dm = match dm {
         Some(c) => c,
         None => {
-            let id = w.rng.id("D", 10);
+            let mut id = w.rng.id("D", 10);
+            while w.channels.contains_key(&id) {
+                id = w.rng.id("D", 10);
+            }
             let c = crate::model::Channel {
                 id: id.clone(),
                 team_id: person.team_id.clone(),
@@ -399,15 +410,21 @@ pub fn change_context(
 ) -> Result<Vec<Envelope>, &'static str> {
     let context = context_of(w, Some(context_channel))?;
     let key = (channel.to_owned(), ts_key(thread_ts));
-    let t = w
+    let app_id = w
         .assistant
-        .get_mut(&key)
-        .ok_or("no such assistant thread")?;
-    let app_id = t.app_id.clone().ok_or("not an assistant thread")?;
-    t.context = context;
-    let t = t.clone();
+        .get(&key)
+        .ok_or("no such assistant thread")?
+        .app_id
+        .clone()
+        .ok_or("not an assistant thread")?;
     let app = w.apps.get(&app_id).cloned().ok_or("no such app")?;
     let dm = w.channels.get(channel).cloned().ok_or("no such channel")?;
+    if w.install_of(&app, &dm.team_id).is_none() {
+        return Err("the app is no longer installed");
+    }
+    let t = w.assistant.get_mut(&key).expect("checked above");
+    t.context = context;
+    let t = t.clone();
     let event = json!({"type": "assistant_thread_context_changed",
                        "assistant_thread": assistant_thread(&t, channel, thread_ts),
                        "event_ts": w.clock.next_ts()});

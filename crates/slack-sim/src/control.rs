@@ -777,8 +777,9 @@ pub async fn assistant_threads(
             v["thread_ts"] = ts.into();
             v["showing"] = t
                 .showing()
-                .map(|s| json!({"status": s.status, "loading_messages": s.loading_messages}))
-                .unwrap_or(Value::Null);
+                .map(|s| json!({"app_id": s.app_id, "status": s.status, "loading_messages": s.loading_messages}))
+                .collect::<Vec<_>>()
+                .into();
             v
         })
         .collect();
@@ -930,7 +931,11 @@ pub async fn app_posts(State(sim): State<Sim>, Query(q): Query<AppPostsQuery>) -
             continue;
         }
         for m in msgs.values() {
-            if m.deleted || m.app_id.as_deref() != Some(q.app_id.as_str()) {
+            // (an assistant thread's root is the app's, but not a post)
+            if m.deleted
+                || m.app_id.as_deref() != Some(q.app_id.as_str())
+                || m.subtype.as_deref() == Some("assistant_app_thread")
+            {
                 continue;
             }
             let root = m.thread_ts.clone().unwrap_or_else(|| m.ts.clone());

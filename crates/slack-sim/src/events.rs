@@ -101,7 +101,9 @@ impl About {
             _ => text(&event["ts"]),
         };
         Self {
-            channel: text(&event["channel"]),
+            // (the assistant pane's events name their DM inside)
+            channel: text(&event["channel"])
+                .or_else(|| text(&event["assistant_thread"]["channel_id"])),
             message_ts,
             subtype,
         }

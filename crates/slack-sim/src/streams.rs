@@ -130,8 +130,9 @@ pub fn expire(w: &mut World) {
         };
         if now.saturating_sub(s.started_at_micros) >= lifetime {
             s.ended = Some("expired".into());
-            s.ended_at_micros = Some(now);
+            s.ended_at_micros = Some(s.started_at_micros + lifetime);
             m.streaming_state = Some("errored".into());
+            render(m, Vec::new());
             w.open_streams.remove(&(channel, key));
         }
     }
@@ -224,7 +225,7 @@ pub fn start(
         ..msg
     };
     envs.extend(events::new_message(w, &channel, &opening));
-    crate::assistant::replied(w, &channel.id, opening.thread_ts.as_deref());
+    crate::assistant::replied(w, &app.id, &channel.id, opening.thread_ts.as_deref());
     Ok(json!({"channel": channel.id, "ts": ts}))
 }
 
@@ -325,24 +326,12 @@ pub fn stop(
         "chat.stopStream",
         w.settings.tier2_per_minute,
     )?;
-    // The streamed text as Slack renders it (a `rich_text` block), then
-    // the stop's blocks below it.
-    let mut rendered = Vec::new();
-    if !after.text.is_empty() {
-        rendered.push(
-            json!({"type": "rich_text", "block_id": format!("s{}", after.ts.replace('.', "")),
-                             "elements": [{"type": "rich_text_section",
-                                           "elements": [{"type": "text", "text": after.text}]}]}),
-        );
-    }
-    rendered.extend(
+    render(
+        &mut after,
         blocks
             .and_then(|b| b.as_array().cloned())
             .unwrap_or_default(),
     );
-    if !rendered.is_empty() {
-        after.blocks = Some(Value::Array(rendered));
-    }
     if metadata.is_some() {
         after.metadata = metadata;
     }
@@ -361,6 +350,23 @@ pub fn stop(
                                     "user_id": install.bot_user_id, "updated": now_unix(), "icons": {},
                                     "team_id": install.team_id});
     Ok(json!({"channel": channel.id, "ts": after.ts, "message": message}))
+}
+
+/// A stream's final blocks: the streamed text as Slack renders it (a
+/// `rich_text` block), then `below` (the stop's blocks), however it ended.
+fn render(m: &mut Message, below: Vec<Value>) {
+    let mut blocks = Vec::new();
+    if !m.text.is_empty() {
+        blocks.push(
+            json!({"type": "rich_text", "block_id": format!("s{}", m.ts.replace('.', "")),
+                           "elements": [{"type": "rich_text_section",
+                                         "elements": [{"type": "text", "text": m.text}]}]}),
+        );
+    }
+    blocks.extend(below);
+    if !blocks.is_empty() {
+        m.blocks = Some(Value::Array(blocks));
+    }
 }
 
 /// Ends a stream (`how`: `stopped`, `stopped_by_user`) with `after` as its
@@ -405,5 +411,7 @@ pub fn stop_by_user(w: &mut World, channel: &str, ts: &str) -> Result<Vec<Envelo
         Some(false) => return Err("the stream has already ended"),
         None => return Err("the message was not streamed"),
     }
-    Ok(finish(w, &ch, &m, m.clone(), "stopped_by_user"))
+    let mut after = m.clone();
+    render(&mut after, Vec::new());
+    Ok(finish(w, &ch, &m, after, "stopped_by_user"))
 }

@@ -312,9 +312,10 @@ impl Params {
         }
     }
 
-    /// Whether the call names `key` at all (even empty).
-    pub fn has(&self, key: &str) -> bool {
-        self.args.contains_key(key)
+    /// Whether `key` is given as text (even empty), not as another JSON
+    /// value.
+    pub fn is_text(&self, key: &str) -> bool {
+        matches!(self.args.get(key), Some(Value::String(_)))
     }
 
     pub fn flag(&self, key: &str) -> bool {
@@ -1194,7 +1195,7 @@ fn post_message(
         stream: None,
     };
     envs.extend(events::post(w, &channel, msg.clone()));
-    crate::assistant::replied(w, &channel.id, msg.thread_ts.as_deref());
+    crate::assistant::replied(w, &app.id, &channel.id, msg.thread_ts.as_deref());
     let parent = msg
         .thread_ts
         .as_deref()

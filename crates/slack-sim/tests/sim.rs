@@ -3217,6 +3217,10 @@ async fn streams_refuse_what_slack_refuses_and_end_by_stop_or_lifetime() {
         (Some("Thinking"), Some("completed"))
     );
     assert_eq!(
+        stopped["blocks"][0]["elements"][0]["elements"][0]["text"], "Thinking",
+        "stopped by the person, it still renders its text: {stopped}"
+    );
+    assert_eq!(
         w.ctl_status("act/stop_stream", json!({"channel": w.channel, "ts": ts}))
             .await,
         400,
@@ -3497,7 +3501,7 @@ async fn the_assistant_pane_starts_threads_shows_a_status_and_takes_prompts_and_
     assert_eq!(r, json!({"ok": true}));
     assert_eq!(
         w.assistant_thread(&dm, &thread).await["showing"],
-        json!({"status": "is thinking…", "loading_messages": ["Reading the thread"]})
+        json!([{"app_id": w.app, "status": "is thinking…", "loading_messages": ["Reading the thread"]}])
     );
     // The app's reply in the thread ends it.
     let (_, _, r) = w
@@ -3514,7 +3518,15 @@ async fn the_assistant_pane_starts_threads_shows_a_status_and_takes_prompts_and_
     let t = w.assistant_thread(&dm, &thread).await;
     assert_eq!(
         (t["showing"].clone(), t["statuses"][0]["ended"].clone()),
-        (Value::Null, json!("replied"))
+        (json!([]), json!("replied"))
+    );
+    // The thread's root is the app's, but only the reply is a post.
+    let posts = w
+        .get(&format!("app_posts?app_id={}&channel={dm}", w.app))
+        .await;
+    assert_eq!(
+        posts["per_thread"],
+        json!([{"channel": dm, "thread_ts": thread, "count": 1}])
     );
     // An empty status clears one; two minutes (scaled here) end another.
     w.api_json(
@@ -3541,15 +3553,32 @@ async fn the_assistant_pane_starts_threads_shows_a_status_and_takes_prompts_and_
         None,
     )
     .await;
+    // (recorded whether or not it already timed out on a slow machine)
     assert_eq!(
-        w.assistant_thread(&dm, &thread).await["showing"]["status"],
+        w.assistant_thread(&dm, &thread).await["statuses"][2]["status"],
         "slow"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t = w.assistant_thread(&dm, &thread).await;
     assert_eq!(
         (t["showing"].clone(), t["statuses"][2]["ended"].clone()),
-        (Value::Null, json!("timeout"))
+        (json!([]), json!("timeout"))
+    );
+    // A status given as something other than text is refused, and the
+    // statuses stay as they were.
+    let (_, r) = w
+        .api_json(
+            "assistant.threads.setStatus",
+            status(json!({"status": ["not", "text"]})),
+            None,
+        )
+        .await;
+    assert_eq!(r["error"], "invalid_arguments", "{r}");
+    assert_eq!(
+        w.assistant_thread(&dm, &thread).await["statuses"]
+            .as_array()
+            .map(Vec::len),
+        Some(3)
     );
 
     // Suggested prompts and a title, on assistant threads only.
