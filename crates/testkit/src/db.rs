@@ -123,6 +123,15 @@ async fn drop_stale(conn: &mut PgConnection, now: u64) {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
+        // THREADLINE_KEEP_TEST_DB=1 keeps it for diagnosis (a chaos soak's
+        // violation is read from its tables); old ones go as above.
+        if std::env::var("THREADLINE_KEEP_TEST_DB").is_ok_and(|v| v == "1") {
+            eprintln!(
+                "kept the test database {} (THREADLINE_KEEP_TEST_DB=1)",
+                self.name
+            );
+            return;
+        }
         // Drop the database from a separate thread with its own runtime: the
         // test's runtime may be shutting down.
         let name = self.name.clone();

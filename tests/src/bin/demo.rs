@@ -5,31 +5,43 @@
 
 use std::time::Duration;
 
-use threadline_tests::{Stack, story};
+use threadline_testkit::eventually;
+use threadline_tests::model_server::ModelServer;
+use threadline_tests::{Stack, sim_get, story};
 
-const USAGE: &str = "usage: threadline-demo [--keep-running]
+const USAGE: &str = "usage: threadline-demo [--keep-running] [--real-model]
 
 Plays a scripted Slack story against slack-sim (Slack's stand-in) and the
 four threadline services, and prints a report. Needs Postgres and NATS
 (`make demo` starts them when absent) and the workspace binaries built.
 
-  --keep-running   leave everything running after the report, until Ctrl-C";
+  --keep-running   leave everything running after the report, until Ctrl-C
+  --real-model     a real model answers instead of the built-in one:
+                   llama.cpp's server with SmolLM2-135M-Instruct (make demo
+                   installs it once); plays one question instead of the
+                   story, whose scenes are timed to the built-in model";
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let keep = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        [] => false,
-        ["--keep-running"] => true,
-        ["-h" | "--help"] => {
-            println!("{USAGE}");
-            return std::process::ExitCode::SUCCESS;
+    let (mut keep, mut real_model) = (false, false);
+    for a in &args {
+        match a.as_str() {
+            "--keep-running" => keep = true,
+            "--real-model" => real_model = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return std::process::ExitCode::SUCCESS;
+            }
+            _ => {
+                eprintln!("{USAGE}");
+                return std::process::ExitCode::from(2);
+            }
         }
-        _ => {
-            eprintln!("{USAGE}");
-            return std::process::ExitCode::from(2);
-        }
-    };
+    }
+    if real_model {
+        return with_real_model(keep).await;
+    }
     println!("starting slack-sim, a fresh database, NATS streams and the four services…");
     let settings = story::settings();
     let mut extra: Vec<(&str, String)> = settings.iter().map(|(k, v)| (*k, v.clone())).collect();
@@ -56,6 +68,94 @@ async fn main() -> std::process::ExitCode {
     s.stop().await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     if told.passed() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
+/// `--real-model`: one question answered by a real model, from Slack's side.
+async fn with_real_model(keep: bool) -> std::process::ExitCode {
+    println!("starting llama.cpp's server with SmolLM2-135M-Instruct…");
+    let model = ModelServer::start().await;
+    println!("starting slack-sim, a fresh database, NATS streams and the four services…");
+    let mut s = Stack::start(&model.inference_env()).await;
+    s.unjudged = Some("a real model's answer does not say which messages it read");
+    let root = s
+        .post(
+            "The deploy of the api service failed at 14:00 with exit code 137.",
+            None,
+        )
+        .await;
+    let ask = format!("<@{}> what does exit code 137 usually mean?", s.bot_user);
+    s.post(&ask, Some(&root)).await;
+    println!(
+        "\nin #{}: a message, then a person asks the bot in its thread:",
+        s.channel
+    );
+    println!("  > The deploy of the api service failed at 14:00 with exit code 137.");
+    println!("  > {ask}\n");
+    let outcome = eventually(
+        "the answer is posted or held for review",
+        Duration::from_secs(60),
+        || {
+            let (s, root) = (&s, root.clone());
+            async move {
+                if let Some(a) = s.answers(&root).await.into_iter().next() {
+                    return Some(Ok(a));
+                }
+                let held = threadline_store::testing::decisions::decision_id_with_status(
+                    &s.db.pool, "review",
+                )
+                .await
+                .ok()
+                .flatten()?;
+                let reasons =
+                    threadline_store::testing::decisions::review_reasons(&s.db.pool, held)
+                        .await
+                        .unwrap_or_default();
+                Some(Err(reasons))
+            }
+        },
+    )
+    .await;
+    let passed = match outcome {
+        Ok(answer) => {
+            println!(
+                "Slack shows the bot's reply in the thread, posted once, by the real model:\n"
+            );
+            for line in answer["text"].as_str().unwrap_or_default().lines() {
+                println!("  | {line}");
+            }
+            let posts = sim_get(&s.sim, "calls?method=chat.postMessage").await["calls"]
+                .as_array()
+                .map(Vec::len)
+                .unwrap_or(0);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let answers = s.answers(&root).await.len();
+            println!("\nchat.postMessage calls: {posts}; replies in the thread: {answers}");
+            posts == 1 && answers == 1
+        }
+        Err(reasons) => {
+            println!(
+                "the model's answer waits for a reviewer ({reasons:?}): it echoed Slack markup, \
+                 so nothing was posted; `threadline review list` shows it"
+            );
+            sim_get(&s.sim, "calls?method=chat.postMessage").await["calls"]
+                .as_array()
+                .is_some_and(Vec::is_empty)
+        }
+    };
+    println!("{}", if passed { "ok" } else { "FAIL" });
+    if keep {
+        println!("{}", explore(&s));
+        println!("  model server       {}", model.url());
+        let _ = tokio::signal::ctrl_c().await;
+        println!("stopping…");
+    }
+    s.stop().await;
+    drop(model);
+    if passed {
         std::process::ExitCode::SUCCESS
     } else {
         std::process::ExitCode::FAILURE
