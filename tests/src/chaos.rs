@@ -636,6 +636,7 @@ pub async fn soak(
     let acting = started.elapsed();
     let unsettled = crate::quiesce(
         &s.db.pool,
+        Some((&s.js, &s.prefix)),
         Duration::from_secs(120 + cfg.events as u64 / 20),
         Duration::from_secs(3),
     )

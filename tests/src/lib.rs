@@ -444,16 +444,38 @@ pub const ORACLE_GRACE: Duration = Duration::from_millis(500);
 
 /// Waits until nothing is in flight (and stays so for `quiet`), or `limit`
 /// passes; returns what was still open then (the checker reports it too).
-pub async fn quiesce(pool: &sqlx::PgPool, limit: Duration, quiet: Duration) -> Option<String> {
+/// With `bus` (a JetStream context and the bus prefix), a message still in
+/// a work queue counts as open too: a context waiting out its redelivery
+/// backoff after an outage leaves no open row behind it (its receipt is
+/// done, its decision not yet claimed).
+pub async fn quiesce(
+    pool: &sqlx::PgPool,
+    bus: Option<(&async_nats::jetstream::Context, &str)>,
+    limit: Duration,
+    quiet: Duration,
+) -> Option<String> {
     let start = std::time::Instant::now();
     let mut quiet_since: Option<std::time::Instant> = None;
     let mut last = None;
     while start.elapsed() < limit {
+        let queued = match bus {
+            Some((js, prefix)) => work_queued(js, prefix).await,
+            None => 0,
+        };
         let open = threadline_store::testing::receipts::open_work(pool)
             .await
             .ok()
-            .map(|w| (w.receipts, w.outbox, w.decisions, w.intents, w.crossed));
-        if open == Some((0, 0, 0, 0, 0)) {
+            .map(|w| {
+                (
+                    w.receipts,
+                    w.outbox,
+                    w.decisions,
+                    w.intents,
+                    w.crossed,
+                    queued,
+                )
+            });
+        if open == Some((0, 0, 0, 0, 0, 0)) {
             let since = *quiet_since.get_or_insert_with(std::time::Instant::now);
             if since.elapsed() > quiet {
                 return None;
@@ -465,12 +487,31 @@ pub async fn quiesce(pool: &sqlx::PgPool, limit: Duration, quiet: Duration) -> O
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     Some(match last {
-        Some((r, o, d, i, c)) => format!(
-            "still open after {:.0} s: {r} receipts, {o} outbox rows, {d} decisions, {i} reply intents, {c} crossed answers awaiting reconsideration",
+        Some((r, o, d, i, c, q)) => format!(
+            "still open after {:.0} s: {r} receipts, {o} outbox rows, {d} decisions, {i} reply intents, {c} crossed answers awaiting reconsideration, {q} messages the workers' consumers have yet to deliver or see acknowledged",
             limit.as_secs_f64()
         ),
         None => "the database did not answer".to_owned(),
     })
+}
+
+/// Messages the workers' consumers still have to deliver or await an
+/// acknowledgement for: a message deferred or waiting for its redelivery
+/// counts. (Not the streams' message counts: nats-server 2.9 can keep a
+/// message acknowledged before a restart in a work-queue stream, below its
+/// consumer's ack floor, where no worker will ever see it again.) A broker
+/// that does not answer counts as one (not quiet).
+pub async fn work_queued(js: &async_nats::jetstream::Context, prefix: &str) -> u64 {
+    let mut n = 0;
+    for topic in threadline_domain::topic::Topic::ALL {
+        let name = format!("{prefix}_{}", topic.as_str()).to_ascii_uppercase();
+        let info = match js.get_stream(&name).await {
+            Ok(s) => s.consumer_info(topic.consumer()).await.ok(),
+            Err(_) => None,
+        };
+        n += info.map_or(1, |i| i.num_pending + i.num_ack_pending as u64);
+    }
+    n
 }
 
 /// What Slack cannot show: each crossed-in-flight answer the oracle found
@@ -977,6 +1018,7 @@ impl Stack {
             // finish first; the oracle reports what never does.
             if let Some(open) = quiesce(
                 &self.db.pool,
+                Some((&self.js, &self.prefix)),
                 Duration::from_secs(30),
                 Duration::from_millis(500),
             )

@@ -606,6 +606,7 @@ pub async fn play(s: &Stack) -> Story {
 async fn settled_totals(s: &Stack) -> Totals {
     let _ = crate::quiesce(
         &s.db.pool,
+        Some((&s.js, &s.prefix)),
         Duration::from_secs(15),
         Duration::from_millis(500),
     )
