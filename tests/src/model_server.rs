@@ -62,6 +62,49 @@ impl ModelServer {
     }
 }
 
+/// The question the tests and the demo ask a real model: a message, then a
+/// mention in its thread. Returns the thread's root and the mention's text.
+pub async fn ask_about_exit_code(s: &crate::Stack) -> (String, String) {
+    let root = s.post(CONTEXT, None).await;
+    let ask = format!("<@{}> what does exit code 137 usually mean?", s.bot_user);
+    s.post(&ask, Some(&root)).await;
+    (root, ask)
+}
+
+/// The message the question is asked under.
+pub const CONTEXT: &str = "The deploy of the api service failed at 14:00 with exit code 137.";
+
+/// How a real model's answer came out: posted in the thread `root` (the
+/// reply as Slack shows it), or held for a reviewer (the decision and its
+/// review reasons; a small model may echo the mention it read).
+pub enum Outcome {
+    Posted(serde_json::Value),
+    Held(uuid::Uuid, Vec<String>),
+}
+
+/// Waits (up to 60 s) until the answer in `root` is posted or held.
+pub async fn outcome(s: &crate::Stack, root: &str) -> Outcome {
+    eventually(
+        "the answer is posted or held for review",
+        Duration::from_secs(60),
+        || async move {
+            if let Some(a) = s.answers(root).await.into_iter().next() {
+                return Some(Outcome::Posted(a));
+            }
+            let held =
+                threadline_store::testing::decisions::decision_id_with_status(&s.db.pool, "review")
+                    .await
+                    .ok()
+                    .flatten()?;
+            let reasons = threadline_store::testing::decisions::review_reasons(&s.db.pool, held)
+                .await
+                .ok()?;
+            Some(Outcome::Held(held, reasons))
+        },
+    )
+    .await
+}
+
 /// The inference service's settings for an OpenAI-compatible server at `url`.
 pub fn inference_env(url: String) -> Vec<(&'static str, String)> {
     vec![

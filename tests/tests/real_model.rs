@@ -10,8 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
-use threadline_testkit::eventually;
-use threadline_tests::model_server::{ModelServer, inference_env};
+use threadline_tests::model_server::{
+    ModelServer, Outcome, ask_about_exit_code, inference_env, outcome,
+};
 use threadline_tests::{Stack, cli, sim_get};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -72,39 +73,8 @@ async fn a_real_model_answers_a_mention_once_bound_to_its_thread_version() {
     let model = ModelServer::start().await;
     let mut s = Stack::start(&model.inference_env()).await;
     s.unjudged = Some("a real model's answer does not say which messages it read");
-    let root = s
-        .post(
-            "The deploy of the api service failed at 14:00 with exit code 137.",
-            None,
-        )
-        .await;
-    s.post(
-        &format!("<@{}> what does exit code 137 usually mean?", s.bot_user),
-        Some(&root),
-    )
-    .await;
-    let held = eventually(
-        "the answer is posted or held for review",
-        Duration::from_secs(60),
-        || {
-            let (s, root) = (&s, root.clone());
-            async move {
-                if !s.answers(&root).await.is_empty() {
-                    return Some(None);
-                }
-                threadline_store::testing::decisions::decision_id_with_status(&s.db.pool, "review")
-                    .await
-                    .ok()
-                    .flatten()
-                    .map(Some)
-            }
-        },
-    )
-    .await;
-    if let Some(decision) = held {
-        let reasons = threadline_store::testing::decisions::review_reasons(&s.db.pool, decision)
-            .await
-            .expect("reasons");
+    let (root, _) = ask_about_exit_code(&s).await;
+    if let Outcome::Held(decision, reasons) = outcome(&s, &root).await {
         assert!(
             !reasons.is_empty() && reasons.iter().all(|r| MARKUP_REASONS.contains(&r.as_str())),
             "held only for markup the model echoed: {reasons:?}"

@@ -5,8 +5,7 @@
 
 use std::time::Duration;
 
-use threadline_testkit::eventually;
-use threadline_tests::model_server::ModelServer;
+use threadline_tests::model_server::{CONTEXT, ModelServer, Outcome, ask_about_exit_code, outcome};
 use threadline_tests::{Stack, sim_get, story};
 
 const USAGE: &str = "usage: threadline-demo [--keep-running] [--real-model]
@@ -81,46 +80,15 @@ async fn with_real_model(keep: bool) -> std::process::ExitCode {
     println!("starting slack-sim, a fresh database, NATS streams and the four services…");
     let mut s = Stack::start(&model.inference_env()).await;
     s.unjudged = Some("a real model's answer does not say which messages it read");
-    let root = s
-        .post(
-            "The deploy of the api service failed at 14:00 with exit code 137.",
-            None,
-        )
-        .await;
-    let ask = format!("<@{}> what does exit code 137 usually mean?", s.bot_user);
-    s.post(&ask, Some(&root)).await;
+    let (root, ask) = ask_about_exit_code(&s).await;
     println!(
         "\nin #{}: a message, then a person asks the bot in its thread:",
         s.channel
     );
-    println!("  > The deploy of the api service failed at 14:00 with exit code 137.");
+    println!("  > {CONTEXT}");
     println!("  > {ask}\n");
-    let outcome = eventually(
-        "the answer is posted or held for review",
-        Duration::from_secs(60),
-        || {
-            let (s, root) = (&s, root.clone());
-            async move {
-                if let Some(a) = s.answers(&root).await.into_iter().next() {
-                    return Some(Ok(a));
-                }
-                let held = threadline_store::testing::decisions::decision_id_with_status(
-                    &s.db.pool, "review",
-                )
-                .await
-                .ok()
-                .flatten()?;
-                let reasons =
-                    threadline_store::testing::decisions::review_reasons(&s.db.pool, held)
-                        .await
-                        .unwrap_or_default();
-                Some(Err(reasons))
-            }
-        },
-    )
-    .await;
-    let passed = match outcome {
-        Ok(answer) => {
+    let passed = match outcome(&s, &root).await {
+        Outcome::Posted(answer) => {
             println!(
                 "Slack shows the bot's reply in the thread, posted once, by the real model:\n"
             );
@@ -136,7 +104,7 @@ async fn with_real_model(keep: bool) -> std::process::ExitCode {
             println!("\nchat.postMessage calls: {posts}; replies in the thread: {answers}");
             posts == 1 && answers == 1
         }
-        Err(reasons) => {
+        Outcome::Held(_, reasons) => {
             println!(
                 "the model's answer waits for a reviewer ({reasons:?}): it echoed Slack markup, \
                  so nothing was posted; `threadline review list` shows it"
