@@ -20,6 +20,9 @@
 //!   the message had before the reply was posted, and no older than an edit
 //!   threadline acknowledged `grace` before the post; a message whose
 //!   deletion was acknowledged by then is not read at all;
+//! * a streamed reply counts as posted when its stream stopped; one that
+//!   was ended early with its closing line (an italic last line) answered
+//!   nothing and is not judged as an answer;
 //! * **no reply to a question whose deletion was acknowledged** `grace`
 //!   before the reply was posted;
 //! * **every question answered or explained**: each human message that
@@ -71,6 +74,8 @@ pub struct Judgement {
     /// Threads the violations concern (channel, root).
     pub offending: BTreeSet<(String, String)>,
     pub crossed: Vec<Crossed>,
+    /// Streamed replies ended early with a closing line (not answers).
+    pub interrupted: usize,
     /// Questions with no reply that Slack does not explain: the caller
     /// must find an operator-visible reason for each.
     pub unexplained: Vec<Question>,
@@ -202,20 +207,34 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
         edits.sort();
         acks.entry(key).or_default().edits = edits;
     }
-    // When each post reached Slack: the reply's ts → arrival micros.
-    let calls = get(sim, "calls?method=chat.postMessage").await;
-    let arrived: BTreeMap<String, u64> = calls["calls"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|c| {
-            Some((
-                c["ts"].as_str()?.to_owned(),
-                c["received_at_micros"].as_u64()?,
-            ))
-        })
-        .collect();
+    // When each post reached Slack: the reply's ts → arrival micros. A
+    // streamed reply is there from its `chat.startStream`, and its answer
+    // is whole when its `chat.stopStream` arrived: that is when it counts
+    // as posted (what it had not read by then, it missed).
+    let arrivals = |method: &'static str| async move {
+        let calls = get(sim, &format!("calls?method={method}")).await;
+        calls["calls"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c["outcome"] == "ok" || method == "chat.postMessage")
+            .filter_map(|c| {
+                Some((
+                    c["ts"].as_str()?.to_owned(),
+                    c["received_at_micros"].as_u64()?,
+                ))
+            })
+            .collect::<BTreeMap<String, u64>>()
+    };
+    let mut arrived = arrivals("chat.postMessage").await;
+    let started = arrivals("chat.startStream").await;
+    let stopped = arrivals("chat.stopStream").await;
+    for (ts, at) in &started {
+        arrived
+            .entry(ts.clone())
+            .or_insert(*stopped.get(ts).unwrap_or(at));
+    }
     let none = Acks::default();
 
     for scope in scopes {
@@ -251,6 +270,17 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
             for r in &replies {
                 j.replies += 1;
                 let rts = s(r, "ts");
+                // A stream ended early says so in its last line (an italic
+                // line of threadline's own): it answered nothing.
+                let text = r["text"].as_str().unwrap_or_default();
+                let closing = text
+                    .lines()
+                    .last()
+                    .is_some_and(|l| l.len() > 2 && l.starts_with('_') && l.ends_with('_'));
+                if started.contains_key(&rts) && closing {
+                    j.interrupted += 1;
+                    continue;
+                }
                 let Some(st) = stated(r["text"].as_str().unwrap_or_default()) else {
                     j.violations.push((
                         "unattributed_reply",

@@ -236,6 +236,8 @@ states! {
         Reconciling = "reconciling",
         Held = "held",
         Withdrawn = "withdrawn",
+        Streaming = "streaming",
+        Interrupted = "interrupted",
     }
 }
 
@@ -250,6 +252,15 @@ impl IntentState {
         use IntentState::*;
         match (self, to) {
             (Pending | FailedRetryable | Withdrawn, Sending) => true,
+            // A streamed answer: the start is the claimed side effect; once
+            // Slack gave the stream's ts it is `streaming` until it stops
+            // with the whole answer (`sent`) or is ended early with a
+            // closing line (`interrupted`). An interrupted intent answered
+            // nothing, so the one complete answer that may follow claims it
+            // again (the publisher never streams it a second time).
+            (Sending, Streaming) => true,
+            (Streaming, Interrupted) => true,
+            (Interrupted, Sending) => true,
             // The attempt that owns it ends it one way or another.
             (
                 Sending | Unknown | Reconciling,
@@ -263,7 +274,9 @@ impl IntentState {
             (Held, Pending | FailedPermanent) => true,
             // A post seen in Slack is recorded whatever the intent's state
             // (a late answer to an attempt given up on, a reconciliation).
-            (from, Sent) => from != Sent,
+            // (an interrupted stream is not an answer: only a new claim's
+            // post, through `sending`, is)
+            (from, Sent) => !matches!(from, Sent | Interrupted),
             _ => false,
         }
     }
@@ -309,6 +322,10 @@ mod tests {
             (Pending, Withdrawn),
             (FailedRetryable, Withdrawn),
             (Withdrawn, Sending),
+            (Sending, Streaming),
+            (Streaming, Sent),
+            (Streaming, Interrupted),
+            (Interrupted, Sending),
         ] {
             assert_eq!(IntentState::check(from, to), Ok(()), "{from} → {to}");
         }
@@ -347,8 +364,13 @@ mod tests {
         }
         assert_eq!(
             IntentState::from_states(Sending),
-            ["pending", "failed_retryable", "withdrawn"]
+            ["pending", "failed_retryable", "withdrawn", "interrupted"]
         );
+        // A stream is never started again for an intent, nor ended twice.
+        assert_eq!(IntentState::from_states(Streaming), ["sending"]);
+        assert_eq!(IntentState::from_states(Interrupted), ["streaming"]);
+        assert!(!Interrupted.can_become(Sent));
+        assert!(!Streaming.can_become(Pending));
         // An unknown outcome is never simply retried: it is read first.
         assert!(!Unknown.can_become(Sending));
         assert!(!Held.can_become(Sending));

@@ -52,6 +52,15 @@ pub struct InferenceConfig {
     pub fallback_text: String,
     /// `THREADLINE_REPLY_MAX_CHARS`, default 2900 (a Slack section's limit).
     pub reply_max_chars: usize,
+    /// `THREADLINE_STREAMING`, default false: answers are streamed into
+    /// Slack as the model writes them (the OpenAI-compatible provider is
+    /// called with `stream: true`; the built-in model writes word by word).
+    /// The publisher streams only where the installation's and channel's
+    /// policy allow it. With it: `THREADLINE_STREAM_RELEASE_MS` (300), how
+    /// often the text so far is handed to the publisher, and
+    /// `THREADLINE_BUILTIN_STREAM_PACE_MS` (0), the built-in model's time
+    /// per word.
+    pub streaming: Option<crate::handler::Streaming>,
 }
 
 fn model(src: &Source, prefix: &str) -> Result<ModelConfig, ConfigError> {
@@ -110,6 +119,14 @@ impl InferenceConfig {
             label: src.string("THREADLINE_AI_LABEL", DEFAULT_LABEL),
             fallback_text: src.string("THREADLINE_FALLBACK_TEXT", DEFAULT_FALLBACK),
             reply_max_chars: src.bounded("THREADLINE_REPLY_MAX_CHARS", 2900, 100..=2900)? as usize,
+            streaming: if src.flag("THREADLINE_STREAMING", false)? {
+                Some(crate::handler::Streaming {
+                    release_every: src.millis("THREADLINE_STREAM_RELEASE_MS", 300, 10..=10_000)?,
+                    builtin_pace: src.millis("THREADLINE_BUILTIN_STREAM_PACE_MS", 0, 0..=10_000)?,
+                })
+            } else {
+                None
+            },
         })
     }
 }

@@ -53,6 +53,119 @@ pub struct Handler {
     pub builtin_latency: Duration,
     /// Identifies provider, model and instructions in each decision.
     pub model_config_id: String,
+    /// Answers are streamed ([`Streaming`]); `None`: one post at the end.
+    pub streaming: Option<Streaming>,
+}
+
+/// How answers are streamed.
+#[derive(Debug, Clone, Copy)]
+pub struct Streaming {
+    /// How often the text released so far is stored for the publisher.
+    pub release_every: Duration,
+    /// The built-in model's pace: the time between two of its words.
+    pub builtin_pace: Duration,
+}
+
+/// Releases a streamed answer's text as the model writes it: only whole
+/// words, only while the text so far passes the output policy (once it
+/// would need a reviewer nothing more is released: the reviewer sees the
+/// rest first), escaped as the final body is and short enough that the
+/// final body still starts with it.
+pub struct Releaser<'a> {
+    pool: &'a PgPool,
+    decision: Uuid,
+    label: &'a str,
+    max_chars: usize,
+    every: Duration,
+    raw: String,
+    released: usize,
+    last: Option<std::time::Instant>,
+    /// Nothing more is released (a risk, the length, another attempt).
+    held: bool,
+    /// The decision is no longer being called: stop the model.
+    gone: bool,
+}
+
+impl<'a> Releaser<'a> {
+    fn new(
+        pool: &'a PgPool,
+        decision: Uuid,
+        label: &'a str,
+        max_chars: usize,
+        every: Duration,
+    ) -> Self {
+        Self {
+            pool,
+            decision,
+            label,
+            max_chars,
+            every,
+            raw: String::new(),
+            released: 0,
+            last: None,
+            held: false,
+            gone: false,
+        }
+    }
+
+    /// What may be shown of `raw` now: its whole words, escaped, or `None`
+    /// once a risk or the length stops the release.
+    pub fn releasable(raw: &str, label: &str, max_chars: usize) -> Option<String> {
+        let cut = raw.rfind(char::is_whitespace)?;
+        let words = raw[..cut].trim();
+        let checked = output::prepare(output::Body::Model(words), label, max_chars, false);
+        if !checked.risks.is_empty() {
+            return None;
+        }
+        let text = threadline_domain::output::markup::escape(words);
+        // (room for the truncation marker the final body may end with)
+        (text.chars().count() + 20 <= max_chars.min(2900)).then_some(text)
+    }
+
+    /// Another model attempt starts: what the first one released stays,
+    /// nothing of the new one is released (the final answer is posted).
+    fn restart(&mut self) {
+        self.raw.clear();
+        self.held |= self.released > 0;
+    }
+
+    async fn flush(&mut self) -> bool {
+        self.last = Some(std::time::Instant::now());
+        if self.held {
+            return !self.gone;
+        }
+        let Some(text) = Self::releasable(&self.raw, self.label, self.max_chars) else {
+            self.held = !self.raw.trim().is_empty() && self.raw.contains(char::is_whitespace);
+            return true;
+        };
+        if text.len() <= self.released {
+            return true;
+        }
+        match threadline_store::streams::release_text(self.pool, self.decision, &text, self.label)
+            .await
+        {
+            Ok(alive) => {
+                self.released = text.len();
+                self.gone = !alive;
+                alive
+            }
+            Err(e) => {
+                // Not shown yet is not lost: the final body holds it.
+                tracing::warn!(error = %e, "storing released text failed; the answer goes on");
+                true
+            }
+        }
+    }
+}
+
+impl crate::provider::Sink for Releaser<'_> {
+    async fn text(&mut self, delta: &str) -> bool {
+        self.raw.push_str(delta);
+        if self.last.is_some_and(|t| t.elapsed() < self.every) {
+            return true;
+        }
+        self.flush().await
+    }
 }
 
 /// A short, stable id of the model configuration (no secrets in it).
@@ -185,7 +298,44 @@ impl Handler {
             provider = tracing::field::Empty,
             outcome = tracing::field::Empty
         );
-        let answer = self.ask(ctx).instrument(model_span.clone()).await;
+        let mut releaser = match &self.streaming {
+            Some(st) => {
+                // The publisher may start the stream now: the decision is
+                // named before the first word exists.
+                if let Err(e) = self.announce(id).await {
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        "announcing the stream failed; the answer will be posted whole"
+                    );
+                }
+                Some(Releaser::new(
+                    &self.pool,
+                    id,
+                    &self.label,
+                    self.reply_max_chars,
+                    st.release_every,
+                ))
+            }
+            None => None,
+        };
+        let answer = self
+            .ask(ctx, releaser.as_mut())
+            .instrument(model_span.clone())
+            .await;
+        if let Some(r) = releaser.as_mut()
+            && !r.gone
+            && matches!(answer, Answer::Model { .. })
+        {
+            // The last words (the settled body holds them all anyway).
+            r.raw.push(' ');
+            r.flush().await;
+        }
+        if releaser.as_ref().is_some_and(|r| r.gone) {
+            // The publisher ended the stream (the thread moved on) and
+            // settled the decision: nothing to record.
+            tracing::info!("streamed answer ended by the publisher; model call stopped");
+            return Ok(Disposition::Done);
+        }
         match &answer {
             Answer::Model { provider, .. } => {
                 model_span.record("provider", provider.as_str());
@@ -328,7 +478,33 @@ impl Handler {
     /// The model chain: primary (behind its breaker), a tested-equivalent
     /// backup, else the deterministic fallback. The built-in model answers
     /// when no endpoint is configured.
-    async fn ask(&self, ctx: &ContextReady) -> Answer {
+    /// Publishes the decision being called as a stream to start
+    /// (`Nats-Msg-Id: prop:<decision>:stream`).
+    async fn announce(&self, id: Uuid) -> anyhow::Result<()> {
+        // (the label first: a stream ended before any word still shows it)
+        threadline_store::streams::release_text(&self.pool, id, "", &self.label).await?;
+        let d = threadline_store::decisions::load(&self.pool, id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("decision {id} is gone"))?;
+        let mut msg = threadline_store::decisions::proposal(&d);
+        msg.stream = true;
+        let mut headers = async_nats::HeaderMap::new();
+        threadline_runtime::telemetry::inject_current(&mut headers);
+        let publish = PublishMessage::build()
+            .payload(Bytes::from(msg.encode_to_vec()))
+            .headers(headers)
+            .message_id(threadline_store::decisions::proposal_msg_id(
+                d.id,
+                Some("stream"),
+            ));
+        self.js
+            .send_publish(self.topology.subject(Topic::Proposals), publish)
+            .await?
+            .await?;
+        Ok(())
+    }
+
+    async fn ask(&self, ctx: &ContextReady, mut releaser: Option<&mut Releaser<'_>>) -> Answer {
         let Some(primary) = &self.primary else {
             let thread: Vec<Read<'_>> = ctx
                 .messages
@@ -342,10 +518,22 @@ impl Handler {
             if !self.builtin_latency.is_zero() {
                 tokio::time::sleep(self.builtin_latency).await;
             }
+            let completion = builtin(&thread, &ctx.source_ts, ctx.thread_version);
+            if let (Some(r), Some(st)) = (releaser, &self.streaming) {
+                // Word by word at the configured pace, as a model writes.
+                for word in completion.text.split_inclusive(char::is_whitespace) {
+                    if !st.builtin_pace.is_zero() {
+                        tokio::time::sleep(st.builtin_pace).await;
+                    }
+                    if !crate::provider::Sink::text(r, word).await {
+                        break;
+                    }
+                }
+            }
             metrics::counter!("threadline_model_calls_total", "provider" => "builtin", "result" => "ok").increment(1);
             return Answer::Model {
                 provider: "builtin".into(),
-                completion: builtin(&thread, &ctx.source_ts, ctx.thread_version),
+                completion,
             };
         };
         let quoted: Vec<Quoted<'_>> = ctx
@@ -367,9 +555,25 @@ impl Handler {
                 continue;
             }
             let started = std::time::Instant::now();
-            let r = tokio::time::timeout(self.model_timeout, g.client.complete(&messages))
-                .await
-                .unwrap_or(Err(ProviderError::Timeout));
+            let r = match releaser.as_deref_mut() {
+                Some(sink) => {
+                    sink.restart();
+                    tokio::time::timeout(
+                        self.model_timeout,
+                        g.client.complete_streaming(&messages, sink),
+                    )
+                    .await
+                }
+                None => {
+                    tokio::time::timeout(self.model_timeout, g.client.complete(&messages)).await
+                }
+            }
+            .unwrap_or(Err(ProviderError::Timeout));
+            if r == Err(ProviderError::Stopped) {
+                // Not the provider's failure: nobody wants the answer.
+                g.breaker.record(true);
+                return Answer::Fallback { reason: "stopped" };
+            }
             metrics::histogram!("threadline_model_latency_seconds", "provider" => g.client.name.clone())
                 .record(started.elapsed().as_secs_f64());
             g.breaker.record(r.is_ok());

@@ -89,6 +89,7 @@ pub fn handler(
         reply_max_chars: cfg.reply_max_chars,
         model_timeout: cfg.timeout,
         builtin_latency: cfg.builtin_latency,
+        streaming: cfg.streaming,
     })
 }
 

@@ -31,6 +31,10 @@ pub enum ProviderError {
     Transport,
     #[error("malformed answer")]
     Malformed,
+    /// A streamed call ended by threadline (the answer is not wanted any
+    /// more: the thread moved on).
+    #[error("stopped")]
+    Stopped,
 }
 
 impl ProviderError {
@@ -41,6 +45,7 @@ impl ProviderError {
             Self::Http(_) => "http_error",
             Self::Transport => "transport",
             Self::Malformed => "malformed",
+            Self::Stopped => "stopped",
         }
     }
 }
@@ -152,6 +157,129 @@ impl OpenAiClient {
             prompt_tokens: tokens("prompt_tokens"),
             completion_tokens: tokens("completion_tokens"),
         })
+    }
+}
+
+/// What a streamed answer does with each piece of text as it arrives:
+/// false stops the call (nobody needs the rest).
+pub trait Sink {
+    fn text(&mut self, delta: &str) -> impl std::future::Future<Output = bool> + Send;
+}
+
+impl OpenAiClient {
+    /// One chat completion streamed as server-sent events (`stream: true`):
+    /// each piece of content goes to `sink` as it arrives; the whole
+    /// completion is returned at the end. A stream that ends without its
+    /// `[DONE]` (the server died, the connection dropped) is an error, as
+    /// is one the sink stopped.
+    pub async fn complete_streaming<S: Sink + Send>(
+        &self,
+        messages: &[Value],
+        sink: &mut S,
+    ) -> Result<Completion, ProviderError> {
+        let body = json!({"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
+                          "temperature": 0.2, "stream": true, "stream_options": {"include_usage": true}});
+        let mut req = self
+            .http
+            .post(format!("{}/chat/completions", self.base_url))
+            .json(&body);
+        if let Some(key) = &self.api_key {
+            req = req.bearer_auth(key.expose_secret());
+        }
+        let transport = |e: reqwest::Error| {
+            if e.is_timeout() {
+                ProviderError::Timeout
+            } else {
+                ProviderError::Transport
+            }
+        };
+        let mut r = req.send().await.map_err(transport)?;
+        let status = r.status().as_u16();
+        if !(200..300).contains(&status) {
+            return Err(ProviderError::Http(status));
+        }
+        let mut events = SseLines::default();
+        let mut out = Completion {
+            text: String::new(),
+            tool_calls: Vec::new(),
+            prompt_tokens: None,
+            completion_tokens: None,
+        };
+        while let Some(chunk) = r.chunk().await.map_err(transport)? {
+            for data in events.push(&chunk)? {
+                if data == "[DONE]" {
+                    if out.text.trim().is_empty() && out.tool_calls.is_empty() {
+                        return Err(ProviderError::Malformed);
+                    }
+                    return Ok(out);
+                }
+                let v: Value = serde_json::from_str(&data).map_err(|_| ProviderError::Malformed)?;
+                if v.get("error").is_some() {
+                    return Err(ProviderError::Malformed);
+                }
+                let delta = v.pointer("/choices/0/delta");
+                if let Some(calls) = delta
+                    .and_then(|d| d.get("tool_calls"))
+                    .and_then(Value::as_array)
+                {
+                    for c in calls {
+                        if let Some(name) = c.pointer("/function/name").and_then(Value::as_str) {
+                            out.tool_calls.push(name.to_owned());
+                        }
+                    }
+                }
+                if let Some(text) = delta
+                    .and_then(|d| d.get("content"))
+                    .and_then(Value::as_str)
+                    .filter(|t| !t.is_empty())
+                {
+                    out.text.push_str(text);
+                    if !sink.text(text).await {
+                        return Err(ProviderError::Stopped);
+                    }
+                }
+                let tokens = |k: &str| {
+                    v.pointer(&format!("/usage/{k}"))
+                        .and_then(Value::as_i64)
+                        .map(|n| n as i32)
+                };
+                out.prompt_tokens = tokens("prompt_tokens").or(out.prompt_tokens);
+                out.completion_tokens = tokens("completion_tokens").or(out.completion_tokens);
+            }
+        }
+        // The body ended without `[DONE]`: cut off.
+        Err(ProviderError::Transport)
+    }
+}
+
+/// Splits a server-sent event stream into the `data` of its events.
+#[derive(Default)]
+struct SseLines {
+    buf: Vec<u8>,
+    data: Vec<String>,
+}
+
+impl SseLines {
+    /// The events completed by `chunk`, each event's `data` lines joined.
+    fn push(&mut self, chunk: &[u8]) -> Result<Vec<String>, ProviderError> {
+        self.buf.extend_from_slice(chunk);
+        let mut done = Vec::new();
+        while let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.buf.drain(..=nl).collect();
+            let line = std::str::from_utf8(&line)
+                .map_err(|_| ProviderError::Malformed)?
+                .trim_end_matches(['\n', '\r']);
+            if line.is_empty() {
+                if !self.data.is_empty() {
+                    done.push(self.data.join("\n"));
+                    self.data.clear();
+                }
+            } else if let Some(d) = line.strip_prefix("data:") {
+                self.data.push(d.strip_prefix(' ').unwrap_or(d).to_owned());
+            }
+            // (comments, `event:`, `id:` and `retry:` lines carry nothing here)
+        }
+        Ok(done)
     }
 }
 
@@ -327,6 +455,18 @@ mod tests {
         b.record(true);
         assert_eq!(b.state(), BreakerState::Closed);
         assert!(b.admit());
+    }
+
+    #[test]
+    fn server_sent_events_split_into_their_data_across_chunks() {
+        let mut s = SseLines::default();
+        assert_eq!(s.push(b"data: {\"a\"").unwrap(), Vec::<String>::new());
+        assert_eq!(
+            s.push(b":1}\r\n\r\n: keep-alive\n\ndata: x\ndata: y\n\nevent: e\ndata:[DONE]\n")
+                .unwrap(),
+            vec!["{\"a\":1}".to_owned(), "x\ny".to_owned()]
+        );
+        assert_eq!(s.push(b"\n").unwrap(), vec!["[DONE]".to_owned()]);
     }
 
     #[test]

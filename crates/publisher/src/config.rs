@@ -38,6 +38,15 @@ pub struct PublisherConfig {
     /// how often the sweeper looks for reply intents no delivery is driving,
     /// and how long past due (or without progress) an intent must be to count.
     pub sweep: crate::sweeper::Sweep,
+    /// `THREADLINE_STREAMING`, default true: answers inference streams are
+    /// streamed into Slack where the installation's and channel's policy
+    /// allow it (false: every answer is posted whole). With it:
+    /// `THREADLINE_STREAM_APPEND_MS` (1000), the time between two appends
+    /// of one stream (`chat.appendStream` is Tier 4, shared by the
+    /// workspace's streams), and `THREADLINE_STREAM_STALE_MS` (15000), how
+    /// long a stream may go without a step before another publisher takes
+    /// its publisher for dead and ends it.
+    pub streams: Option<crate::stream::Streams>,
 }
 
 impl PublisherConfig {
@@ -76,6 +85,16 @@ impl PublisherConfig {
                     });
                 }
                 stale
+            },
+            streams: if src.flag("THREADLINE_STREAMING", true)? {
+                Some(crate::stream::Streams {
+                    append_every: src.millis("THREADLINE_STREAM_APPEND_MS", 1000, 50..=60_000)?,
+                    stale: src
+                        .millis("THREADLINE_STREAM_STALE_MS", 15_000, 1_000..=600_000)?
+                        .as_secs_f64(),
+                })
+            } else {
+                None
             },
             sweep: crate::sweeper::Sweep {
                 every: src.millis("THREADLINE_SWEEP_MS", 5_000, 100..=600_000)?,

@@ -50,6 +50,8 @@ pub struct Handler {
     /// `sending_stale - slack_timeout` is too old to start a post (another
     /// worker may take it for lost before the post could finish).
     pub slack_timeout: f64,
+    /// Streamed answers (`None`: every answer is posted whole).
+    pub streams: Option<crate::stream::Streams>,
 }
 
 /// Codes after which Slack certainly did not post and never will.
@@ -73,14 +75,14 @@ const PERMANENT: &[&str] = &[
     "too_many_attachments",
 ];
 
-fn jitter(secs: f64, seed: &Uuid) -> f64 {
+pub(crate) fn jitter(secs: f64, seed: &Uuid) -> f64 {
     secs + (seed.as_u128() % 1000) as f64 / 1000.0
 }
 
 /// Runs a database write that records what Slack did, again and again
 /// while the database is away (transient errors only): what happened in
 /// Slack must not be lost to a blip.
-async fn persist<T, E, F, Fut>(mut write: F) -> anyhow::Result<T>
+pub(crate) async fn persist<T, E, F, Fut>(mut write: F) -> anyhow::Result<T>
 where
     E: Into<anyhow::Error>,
     F: FnMut() -> Fut,
@@ -105,7 +107,7 @@ where
     }
 }
 
-fn defer(secs: f64) -> Disposition {
+pub(crate) fn defer(secs: f64) -> Disposition {
     Disposition::Defer(Duration::from_secs_f64(secs.clamp(0.05, 900.0)))
 }
 
@@ -113,16 +115,16 @@ pub(crate) struct Bot {
     pub(crate) token: secrecy::SecretString,
     pub(crate) bot_id: String,
     /// Granted bot scopes; empty when never recorded (a manual install).
-    scopes: Vec<String>,
+    pub(crate) scopes: Vec<String>,
 }
 
 /// What is being posted: the ids from the bus message, everything else
 /// from the decision row.
-struct Job<'a> {
-    proposal: Proposal<'a>,
-    decision: &'a Decision,
+pub(crate) struct Job<'a> {
+    pub(crate) proposal: Proposal<'a>,
+    pub(crate) decision: &'a Decision,
     /// Whether the policy lets Slack unfurl the reply's links and media.
-    unfurl: bool,
+    pub(crate) unfurl: bool,
 }
 
 impl Handler {
@@ -136,6 +138,16 @@ impl Handler {
         ) else {
             return Disposition::Poison("ProposalReady without ids".into());
         };
+        if p.stream {
+            let span = tracing::info_span!("publisher.stream", event_id = %p.event_id, decision_id = %decision, version = p.thread_version);
+            return match self.stream(inst, decision).instrument(span.clone()).await {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(parent: &span, error = format!("{e:#}"), "streaming failed; retrying");
+                    Disposition::of_error(&e)
+                }
+            };
+        }
         let span = tracing::info_span!("publisher.publish", event_id = %p.event_id, decision_id = %decision, version = p.thread_version);
         match self.process(inst, decision).instrument(span.clone()).await {
             Ok(d) => d,
@@ -172,6 +184,8 @@ impl Handler {
             decision: d,
             unfurl,
             unsettled,
+            intent,
+            ..
         }) = proposals::load_for_post(&self.pool, decision, self.sending_stale).await?
         else {
             return Ok(Disposition::Poison("ProposalReady for no decision".into()));
@@ -251,6 +265,14 @@ impl Handler {
             .await?;
             return Ok(Disposition::Done);
         }
+        // A stream of this event whose publisher died is ended first (with
+        // its closing line); the whole answer is then posted once.
+        if intent
+            .as_ref()
+            .is_some_and(|(state, _)| state == "streaming")
+        {
+            self.end_orphaned_stream(&job.proposal, &bot).await?;
+        }
         // The checks, the channel's post slot and the claim, in one
         // transaction: a slot is spent only by a claim, which a post follows.
         let verdict = intents::check_and_claim(
@@ -306,7 +328,11 @@ impl Handler {
         self.post_claimed(&claim, &job, &bot).await
     }
 
-    async fn suppressed(&self, decision: Uuid, switch: &str) -> anyhow::Result<Disposition> {
+    pub(crate) async fn suppressed(
+        &self,
+        decision: Uuid,
+        switch: &str,
+    ) -> anyhow::Result<Disposition> {
         metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "publisher")
             .increment(1);
         intents::set_decision(
@@ -324,7 +350,7 @@ impl Handler {
     /// stale and the thread reconsidered, in one transaction (the
     /// reconsideration goes through the outbox, so a broker that is away
     /// cannot lose it).
-    async fn stale(&self, job: &Job<'_>) -> anyhow::Result<Disposition> {
+    pub(crate) async fn stale(&self, job: &Job<'_>) -> anyhow::Result<Disposition> {
         metrics::counter!("threadline_stale_proposals_total").increment(1);
         self.discard_and_reconsider(
             job,
@@ -339,7 +365,7 @@ impl Handler {
     /// The source was deleted: its decision is cancelled and the thread
     /// reconsidered (an older request a deleted newer one had superseded is
     /// decided again).
-    async fn source_deleted(&self, job: &Job<'_>) -> anyhow::Result<Disposition> {
+    pub(crate) async fn source_deleted(&self, job: &Job<'_>) -> anyhow::Result<Disposition> {
         self.discard_and_reconsider(
             job,
             DecisionStatus::Cancelled,
@@ -350,7 +376,7 @@ impl Handler {
         Ok(Disposition::Done)
     }
 
-    async fn discard_and_reconsider(
+    pub(crate) async fn discard_and_reconsider(
         &self,
         job: &Job<'_>,
         status: DecisionStatus,
@@ -536,10 +562,28 @@ impl Handler {
                 self.after_record(&recorded, intent);
                 Ok(Disposition::Done)
             }
-            Err(WebError::RateLimited { retry_after }) => {
-                metrics::counter!("threadline_slack_rate_limited_total", "method" => "chat.postMessage").increment(1);
+            Err(e) => self.failed(claim, p, e, "chat.postMessage").await,
+        }
+    }
+
+    /// What a refused or uncertain post (or stream start) leaves: a
+    /// 429 waits out `Retry-After`, a refused connection is tried again, a
+    /// permanent refusal cancels the answer, anything else may have landed
+    /// and is reconciled, never repeated.
+    pub(crate) async fn failed(
+        &self,
+        claim: &Claimed,
+        p: &Proposal<'_>,
+        e: WebError,
+        method: &'static str,
+    ) -> anyhow::Result<Disposition> {
+        let intent = claim.id;
+        match e {
+            WebError::RateLimited { retry_after } => {
+                metrics::counter!("threadline_slack_rate_limited_total", "method" => method)
+                    .increment(1);
                 let wait = jitter(retry_after.as_secs_f64(), &intent);
-                metrics::histogram!("threadline_slack_rate_limit_wait_seconds", "method" => "chat.postMessage")
+                metrics::histogram!("threadline_slack_rate_limit_wait_seconds", "method" => method)
                     .record(wait);
                 // Slack did not post: recorded even through a database blip,
                 // or the intent would go stale and be held for lack of
@@ -568,7 +612,7 @@ impl Handler {
                     None => Ok(Disposition::Done),
                 }
             }
-            Err(WebError::Transport(kind)) if kind == "connect" => {
+            WebError::Transport(kind) if kind == "connect" => {
                 // The request never left: safe to try again.
                 persist(|| {
                     intents::transition(
@@ -583,7 +627,7 @@ impl Handler {
                 .await?;
                 Ok(defer(2.0))
             }
-            Err(WebError::Api { code }) if PERMANENT.contains(&code.as_str()) => {
+            WebError::Api { code } if PERMANENT.contains(&code.as_str()) => {
                 let code: &'static str = PERMANENT
                     .iter()
                     .find(|c| **c == code)
@@ -612,7 +656,7 @@ impl Handler {
                 tracing::warn!(alert = "reply_refused", code, "Slack refused the post");
                 Ok(Disposition::Done)
             }
-            Err(e) => {
+            e => {
                 // Timeout, reset after sending, 5xx, fatal_error, internal_error,
                 // an unexpected code: it may have landed. Reconcile, never re-post.
                 let code = match &e {
@@ -670,7 +714,7 @@ impl Handler {
     /// After a post is recorded: a late or duplicate post is raised, and a
     /// human message that crossed the answer in flight is counted and its
     /// thread reconsidered.
-    fn after_record(&self, r: &Recorded, intent: Uuid) {
+    pub(crate) fn after_record(&self, r: &Recorded, intent: Uuid) {
         match r.outcome {
             PostRecord::Late => {
                 metrics::counter!("threadline_reconciliations_total", "result" => "late_post_recorded").increment(1);

@@ -11,6 +11,7 @@ pub mod intents;
 pub mod ledger;
 pub mod proposals;
 pub mod reconcile;
+pub mod stream;
 pub mod sweeper;
 
 use std::sync::Arc;
@@ -62,6 +63,7 @@ pub fn handler(
         max_attempts: cfg.max_attempts,
         sending_stale: cfg.sending_stale.as_secs_f64(),
         slack_timeout: cfg.slack_timeout.as_secs_f64(),
+        streams: cfg.streams,
     })
 }
 

@@ -5,7 +5,8 @@
 //! to a publisher again. It also reads the thread again, on a widening
 //! schedule, for intents held because no evidence of their post was found,
 //! so that a post which lands after its intent was given up on is recorded
-//! (and a later re-post refused), never forgotten. Every replica sweeps;
+//! (and a later re-post refused), never forgotten. A stream whose
+//! publisher stopped driving it is ended with its closing line. Every replica sweeps;
 //! rows are taken with `SKIP LOCKED`, so none is swept twice at once.
 
 use std::sync::Arc;
@@ -60,6 +61,9 @@ pub async fn round(h: &Handler, sweep: Sweep) -> anyhow::Result<()> {
     let idle = sweep.idle.as_secs_f64();
     // Take undriven intents (a `sending` one past the stale time becomes
     // unknown on the way), then hand their proposals back.
+    // Streams whose publisher died are ended with their closing line (the
+    // whole answer is then posted by its proposal).
+    h.sweep_streams().await?;
     let undriven = intents::take_undriven(&h.pool, h.sending_stale, idle).await?;
     for intents::Undriven {
         intent,

@@ -232,6 +232,76 @@ impl WebClient {
             .ok_or(WebError::Decode)
     }
 
+    /// `chat.startStream` in thread `thread_ts`, for `recipient` (user,
+    /// team; Slack asks for them in channels); the stream's ts. Never
+    /// retried here: the start is a post, and an unknown outcome is
+    /// reconciled.
+    pub async fn start_stream(
+        &self,
+        token: &str,
+        channel: &str,
+        thread_ts: &str,
+        recipient: (Option<&str>, Option<&str>),
+    ) -> Result<String, WebError> {
+        let mut form = vec![("channel", channel), ("thread_ts", thread_ts)];
+        if let Some(u) = recipient.0 {
+            form.push(("recipient_user_id", u));
+        }
+        if let Some(t) = recipient.1 {
+            form.push(("recipient_team_id", t));
+        }
+        let v = self.call("chat.startStream", token, &form).await?;
+        v.get("ts")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or(WebError::Decode)
+    }
+
+    /// `chat.appendStream`: adds `markdown_text` to the open stream `ts`.
+    pub async fn append_stream(
+        &self,
+        token: &str,
+        channel: &str,
+        ts: &str,
+        markdown_text: &str,
+    ) -> Result<(), WebError> {
+        self.call(
+            "chat.appendStream",
+            token,
+            &[
+                ("channel", channel),
+                ("ts", ts),
+                ("markdown_text", markdown_text),
+            ],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// `chat.stopStream`: the last text (may be empty), blocks shown below
+    /// the streamed text, and the message's metadata.
+    pub async fn stop_stream(
+        &self,
+        token: &str,
+        channel: &str,
+        ts: &str,
+        markdown_text: &str,
+        blocks_json: &str,
+        metadata_json: &str,
+    ) -> Result<(), WebError> {
+        let mut form = vec![("channel", channel), ("ts", ts)];
+        if !markdown_text.is_empty() {
+            form.push(("markdown_text", markdown_text));
+        }
+        if !blocks_json.is_empty() {
+            form.push(("blocks", blocks_json));
+        }
+        if !metadata_json.is_empty() {
+            form.push(("metadata", metadata_json));
+        }
+        self.call("chat.stopStream", token, &form).await.map(|_| ())
+    }
+
     pub async fn conversations_replies(
         &self,
         token: &str,

@@ -57,6 +57,12 @@ pub struct ForPost {
     /// An earlier attempt of the decision's reply intent whose outcome is
     /// not known: to be settled from evidence before anything else.
     pub unsettled: Option<Uuid>,
+    /// Whether answers may be streamed here: the channel's setting, else
+    /// the installation's, else yes.
+    pub streaming_allowed: bool,
+    /// The event's reply intent as it was read: its state and whether an
+    /// attempt's outcome was ever unknown (none: no intent yet).
+    pub intent: Option<(String, bool)>,
 }
 
 /// A decision with what posting it needs, in one statement: the channel's
@@ -75,7 +81,7 @@ pub async fn load_for_post(
         r#"WITH d AS (
             SELECT * FROM decisions WHERE id = $1),
          i AS (
-            SELECT r.id, r.state, extract(epoch FROM now() - r.sending_since)::float8 AS sending_for
+            SELECT r.id, r.state, r.ever_unknown, extract(epoch FROM now() - r.sending_since)::float8 AS sending_for
               FROM reply_intents r JOIN d
                 ON r.installation_id = d.installation_id AND r.event_id = d.event_id
                AND r.action_kind = d.action_kind),
@@ -91,6 +97,13 @@ pub async fn load_for_post(
                          (SELECT p.unfurl_allowed FROM installation_policies p
                            WHERE p.installation_id = d.installation_id),
                          false) AS "unfurl!",
+                coalesce((SELECT c.streaming_allowed FROM channel_policies c
+                           WHERE c.installation_id = d.installation_id AND c.channel_id = d.channel_id),
+                         (SELECT p.streaming_allowed FROM installation_policies p
+                           WHERE p.installation_id = d.installation_id),
+                         true) AS "streaming_allowed!",
+                (SELECT state FROM i LIMIT 1) AS "intent_state?",
+                (SELECT ever_unknown FROM i LIMIT 1) AS "intent_ever_unknown?",
                 (SELECT u.id FROM (SELECT id FROM i WHERE state = ANY($5) UNION SELECT id FROM gone) u
                   LIMIT 1) AS unsettled
            FROM d"#,
@@ -123,6 +136,10 @@ pub async fn load_for_post(
         },
         unfurl: r.unfurl,
         unsettled: r.unsettled,
+        streaming_allowed: r.streaming_allowed,
+        intent: r
+            .intent_state
+            .map(|s| (s, r.intent_ever_unknown.unwrap_or(false))),
     }))
 }
 
@@ -154,6 +171,7 @@ pub fn proposal(d: &Decision) -> ProposalReady {
         body_hash: d.output_hash.clone().unwrap_or_default(),
         review_reasons: d.review_reasons.clone(),
         model_config_id: d.model_config_id.clone().unwrap_or_default(),
+        stream: false,
     }
 }
 

@@ -93,16 +93,38 @@ pub async fn check_and_claim(
     sending_stale: f64,
     spacing_secs: f64,
 ) -> sqlx::Result<Verdict> {
+    claim_for(pool, p, sending_stale, spacing_secs, Claim::Post).await
+}
+
+/// What a claim is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// One post of the whole answer (also after an interrupted stream).
+    Post,
+    /// The start of a stream: never for an intent that already streamed.
+    Stream,
+}
+
+/// [`check_and_claim`] for a post or a stream's start.
+pub async fn claim_for(
+    pool: &PgPool,
+    p: &Proposal<'_>,
+    sending_stale: f64,
+    spacing_secs: f64,
+    what: Claim,
+) -> sqlx::Result<Verdict> {
     // A new intent is created already claimed: `pending → sending` in one
-    // write, as the machine allows.
-    let claim_from = moves(
-        &[
-            IntentState::Pending,
-            IntentState::FailedRetryable,
-            IntentState::Withdrawn,
-        ],
-        IntentState::Sending,
-    );
+    // write, as the machine allows. An interrupted stream's intent is
+    // claimed again only by a post.
+    let mut from = vec![
+        IntentState::Pending,
+        IntentState::FailedRetryable,
+        IntentState::Withdrawn,
+    ];
+    if what == Claim::Post {
+        from.push(IntentState::Interrupted);
+    }
+    let claim_from = moves(&from, IntentState::Sending);
     debug_assert!(IntentState::Pending.can_become(IntentState::Sending));
     let c = sqlx::query!(
         r#"WITH th AS (
@@ -116,7 +138,7 @@ pub async fn check_and_claim(
                    -- action kinds: one reply per source event, whatever the action
                    (SELECT o.state FROM reply_intents o
                      WHERE o.installation_id = $1 AND o.event_id = $6 AND o.action_kind <> $7
-                       AND (o.state IN ('sent', 'held', 'sending', 'unknown', 'reconciling')
+                       AND (o.state IN ('sent', 'held', 'sending', 'unknown', 'reconciling', 'streaming')
                             OR (o.state IN ('pending', 'failed_retryable') AND o.attempts > 0))
                      ORDER BY CASE o.state WHEN 'sent' THEN 0 WHEN 'held' THEN 1 ELSE 2 END
                      LIMIT 1) AS other,
@@ -210,6 +232,10 @@ pub async fn check_and_claim(
                 return Ok(Verdict::Reconcile(id));
             }
             "sending" => return Ok(Verdict::NotNow(5.0)),
+            // A stream is on its way: its publisher finishes it (one whose
+            // publisher died is ended first, see `streams::orphan_of`).
+            "streaming" => return Ok(Verdict::NotNow(2.0)),
+            "interrupted" if what == Claim::Stream => return Ok(Verdict::Closed),
             "failed_retryable" | "pending" if c.due_in.is_some_and(|d| d > 0.0) => {
                 return Ok(Verdict::NotNow(c.due_in.unwrap_or(1.0)));
             }
@@ -341,6 +367,22 @@ pub async fn fence(
     claim: &Claimed,
     max_claim_age: f64,
 ) -> sqlx::Result<Fence> {
+    fence_for(pool, p, claim, max_claim_age, Claim::Post).await
+}
+
+/// [`fence`] for a post or a stream's start (whose decision is still being
+/// called: it stands while `calling`).
+pub async fn fence_for(
+    pool: &PgPool,
+    p: &Proposal<'_>,
+    claim: &Claimed,
+    max_claim_age: f64,
+    what: Claim,
+) -> sqlx::Result<Fence> {
+    let standing: &[&str] = match what {
+        Claim::Post => &["proposed", "approved"],
+        Claim::Stream => &["calling"],
+    };
     struct Row {
         state: Option<String>,
         attempts: Option<i32>,
@@ -384,7 +426,7 @@ pub async fn fence(
         } else if r
             .decision
             .as_deref()
-            .is_some_and(|s| s != "proposed" && s != "approved")
+            .is_some_and(|s| !standing.contains(&s))
         {
             Fence::Discarded(r.decision.unwrap_or_default())
         } else if r.version != Some(p.version) {
@@ -665,7 +707,9 @@ async fn record_round(
                 PostRecord::Duplicate
             }
             Some((state, _)) => {
-                let late = !IntentState::IN_FLIGHT.contains(state);
+                // (a stream that stops with the whole answer is on time)
+                let late =
+                    !IntentState::IN_FLIGHT.contains(state) && *state != IntentState::Streaming;
                 sent.push(p.intent);
                 sent_ts.push(p.ts.clone());
                 sent_reconciled.push(p.reconciled || late);

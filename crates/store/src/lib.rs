@@ -24,6 +24,7 @@ pub mod receipts;
 pub mod rejections;
 pub mod retention;
 pub mod schema;
+pub mod streams;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod threads;

@@ -647,7 +647,7 @@ pub async fn open_work(pool: &sqlx::PgPool) -> sqlx::Result<OpenWork> {
                                        WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
                                          AND i.state = 'held')) AS "decisions!",
                   (SELECT count(*) FROM reply_intents
-                    WHERE state IN ('pending', 'sending', 'unknown', 'reconciling', 'failed_retryable')) AS "intents!",
+                    WHERE state IN ('pending', 'sending', 'unknown', 'reconciling', 'failed_retryable', 'streaming')) AS "intents!",
                   (SELECT count(*) FROM crossed_answers WHERE reconsidered_at IS NULL) AS "crossed!""#
     )
     .fetch_one(pool)

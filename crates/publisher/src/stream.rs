@@ -1,0 +1,679 @@
+//! Streamed answers: the start of a stream is the claimed side effect of
+//! the reply intent (the same checks, budget and claim as a post), the text
+//! inference releases is appended as it comes, and the stream stops with
+//! the AI label and the metadata reconciliation reads. Between two appends
+//! the staleness check of a post runs again: a new human message, an edit
+//! or deletion in the context, a kill switch or an uninstall ends the
+//! stream at once with a short closing line that says why, records the
+//! intent as `interrupted`, and (for a thread that moved on) hands the
+//! thread to reconsideration. An interrupted intent answered nothing: the
+//! one complete answer that may follow claims it again and is posted whole,
+//! never streamed a second time. A stream whose publisher died is ended
+//! the same way by whichever publisher next handles its event or by the
+//! sweeper.
+
+use std::time::Duration;
+
+use secrecy::ExposeSecret as _;
+use serde_json::json;
+use threadline_domain::state::DecisionStatus;
+use threadline_runtime::worker::Disposition;
+use threadline_slack::WebError;
+use threadline_store::streams::{self, Orphan, Tick};
+use uuid::Uuid;
+
+use crate::handler::{Bot, Handler, Job, defer, persist};
+use crate::intents::{self, Claim, Claimed, Fence, PostToRecord, Proposal, Verdict};
+use crate::proposals;
+
+/// Streaming settings (see `PublisherConfig::streams`).
+#[derive(Debug, Clone, Copy)]
+pub struct Streams {
+    pub append_every: Duration,
+    pub stale: f64,
+}
+
+/// How long a stream may go without a step when streaming is off here (a
+/// stream started before the switch is still ended in time).
+const DEFAULT_STALE: f64 = 15.0;
+
+/// The AI label when the decision has none yet (an answer ended before
+/// inference wrote its first words).
+const FALLBACK_LABEL: &str = "AI-generated";
+
+/// Why a stream ended before the whole answer, and what it then says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    ThreadChanged,
+    SourceDeleted,
+    SwitchedOff,
+    NeedsReview,
+    /// The model failed, the answer changed, an append failed, or the
+    /// stream's publisher died.
+    Interrupted,
+}
+
+impl Ending {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::ThreadChanged => "thread_changed",
+            Self::SourceDeleted => "source_deleted",
+            Self::SwitchedOff => "switched_off",
+            Self::NeedsReview => "needs_review",
+            Self::Interrupted => "interrupted",
+        }
+    }
+
+    /// The closing line, threadline's own words (no message content).
+    pub fn line(self) -> &'static str {
+        match self {
+            Self::ThreadChanged => {
+                "The thread changed while I was answering, so I stopped here. I'm reconsidering with the new messages."
+            }
+            Self::SourceDeleted => "The question was deleted, so I stopped here.",
+            Self::SwitchedOff => "Answers were switched off here, so I stopped.",
+            Self::NeedsReview => {
+                "The rest of this answer needs a person's review before it is shown."
+            }
+            Self::Interrupted => "This answer was interrupted before it finished.",
+        }
+    }
+}
+
+/// The text that closes an interrupted stream, after what it showed.
+pub fn closing(shown: bool, ending: Ending) -> String {
+    format!("{}_{}_", if shown { "\n\n" } else { "" }, ending.line())
+}
+
+fn label_blocks(label: &str) -> String {
+    json!([{"type": "context", "elements": [{"type": "mrkdwn", "text": label}]}]).to_string()
+}
+
+/// What the next step of a stream does, from what the tick read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Append this text.
+    Append(String),
+    /// Nothing new yet.
+    Wait,
+    /// Stop with the rest of the whole answer.
+    Finish(String),
+    /// End early.
+    End(Ending),
+    /// The stream is not this publisher's any more.
+    Lost,
+}
+
+/// Decides the next step of a stream that has shown `shown` (a pure rule:
+/// the thread first, then the decision).
+pub fn step(t: &Tick, version: i64, shown: &str) -> Step {
+    if !t.mine {
+        return Step::Lost;
+    }
+    if t.switch.is_some() || !t.installation_active {
+        return Step::End(Ending::SwitchedOff);
+    }
+    if t.source_deleted {
+        return Step::End(Ending::SourceDeleted);
+    }
+    if t.version != Some(version) {
+        return Step::End(Ending::ThreadChanged);
+    }
+    match t.decision_status.as_str() {
+        "calling" => match &t.released {
+            Some(r) if r.len() > shown.len() && r.starts_with(shown) => {
+                Step::Append(r[shown.len()..].to_owned())
+            }
+            _ => Step::Wait,
+        },
+        "proposed" | "approved"
+            if t.review_reasons.is_empty() || t.decision_status == "approved" =>
+        {
+            match &t.body {
+                // (an event of the thread not processed yet may change it)
+                Some(_) if t.pending => Step::Wait,
+                Some(b) if b.starts_with(shown) => Step::Finish(b[shown.len()..].to_owned()),
+                _ => Step::End(Ending::Interrupted),
+            }
+        }
+        "review" | "proposed" => Step::End(Ending::NeedsReview),
+        "suppressed" => Step::End(Ending::SwitchedOff),
+        "stale" | "superseded" => Step::End(Ending::ThreadChanged),
+        _ => Step::End(Ending::Interrupted),
+    }
+}
+
+impl Handler {
+    fn stream_stale(&self) -> f64 {
+        self.streams.map(|s| s.stale).unwrap_or(DEFAULT_STALE)
+    }
+
+    /// A stream to start for a decision still being called (`ProposalReady`
+    /// with `stream`). Anything that is not a clean start is left to the
+    /// settled decision's own proposal, which posts the whole answer.
+    pub(crate) async fn stream(&self, inst: Uuid, decision: Uuid) -> anyhow::Result<Disposition> {
+        let Some(cfg) = self.streams else {
+            return Ok(Disposition::Done);
+        };
+        let Some(proposals::ForPost {
+            decision: d,
+            unfurl,
+            streaming_allowed,
+            intent,
+            ..
+        }) = proposals::load_for_post(&self.pool, decision, self.sending_stale).await?
+        else {
+            return Ok(Disposition::Poison("ProposalReady for no decision".into()));
+        };
+        if d.installation_id != inst {
+            return Ok(Disposition::Poison(
+                "ProposalReady names another installation than its decision".into(),
+            ));
+        }
+        // Settled already (the model was quicker than this message), not
+        // allowed here, or this event's intent was ever started or unknown:
+        // the settled proposal posts the answer whole.
+        let fresh_intent = match &intent {
+            None => true,
+            Some((state, ever_unknown)) => {
+                !ever_unknown
+                    && matches!(state.as_str(), "pending" | "withdrawn" | "failed_retryable")
+            }
+        };
+        if d.status != "calling" || !streaming_allowed || !fresh_intent {
+            return Ok(Disposition::Done);
+        }
+        let Some(bot) = self.bot(inst).await? else {
+            return Ok(Disposition::Done);
+        };
+        if !bot.scopes.is_empty() && !bot.scopes.iter().any(|s| s == "chat:write") {
+            return Ok(Disposition::Done);
+        }
+        let job = Job {
+            proposal: Proposal {
+                installation: inst,
+                receipt: d.receipt_id,
+                decision,
+                event_id: &d.event_id,
+                action_kind: &d.action_kind,
+                channel: &d.channel_id,
+                root_ts: &d.root_ts,
+                source_ts: &d.source_ts,
+                version: d.thread_version,
+                body_hash: "",
+                channel_ref: threadline_runtime::audit::channel_ref(inst, &d.channel_id),
+            },
+            decision: &d,
+            unfurl,
+        };
+        let p = &job.proposal;
+        let claim = match intents::claim_for(
+            &self.pool,
+            p,
+            self.sending_stale,
+            self.post_spacing,
+            Claim::Stream,
+        )
+        .await?
+        {
+            Verdict::Claimed(c) => c,
+            // The thread already moved on: the same as for a post, at once
+            // (the model call stops when it next releases text).
+            Verdict::Stale => return self.stale(&job).await,
+            Verdict::SourceDeleted => return self.source_deleted(&job).await,
+            Verdict::Suppressed(switch) => return self.suppressed(decision, &switch).await,
+            // A slot or an event of the thread to wait for: try again while
+            // the model runs (once it settled, the answer is posted whole).
+            Verdict::NotNow(wait) => return Ok(defer(wait.clamp(0.05, 2.0))),
+            _ => return Ok(Disposition::Done),
+        };
+        if claim.ever_unknown {
+            intents::release(&self.pool, &claim, "stream_not_restarted", 0.0).await?;
+            return Ok(Disposition::Done);
+        }
+        let max_age = (self.sending_stale - self.slack_timeout).max(self.slack_timeout);
+        match intents::fence_for(&self.pool, p, &claim, max_age, Claim::Stream).await? {
+            Fence::Go => {}
+            Fence::Lost => return Ok(Disposition::Done),
+            _ => {
+                // Whatever stopped it is the settled proposal's to handle.
+                intents::release(&self.pool, &claim, "stream_not_started", 0.0).await?;
+                return Ok(Disposition::Done);
+            }
+        }
+        let to = streams::recipient(&self.pool, inst, p.channel, p.source_ts).await?;
+        let started = std::time::Instant::now();
+        let r = self
+            .web
+            .start_stream(
+                bot.token.expose_secret(),
+                p.channel,
+                p.root_ts,
+                (to.user.as_deref(), to.team.as_deref()),
+            )
+            .await;
+        metrics::histogram!("threadline_slack_post_seconds")
+            .record(started.elapsed().as_secs_f64());
+        let ts = match r {
+            Ok(ts) => ts,
+            Err(e) => return self.failed(&claim, p, e, "chat.startStream").await,
+        };
+        metrics::counter!("threadline_streams_started_total").increment(1);
+        if !persist(|| streams::started(&self.pool, &claim, &ts)).await? {
+            // (cannot happen while the claim is young: ended all the same)
+            self.end(
+                claim.id,
+                &bot,
+                p.channel,
+                &ts,
+                None,
+                false,
+                Ending::Interrupted,
+            )
+            .await?;
+            return Ok(Disposition::Done);
+        }
+        self.drive(&claim, &job, &bot, &ts, cfg).await
+    }
+
+    /// Appends what inference releases, checking the thread between two
+    /// appends, until the answer is whole or the stream must end.
+    async fn drive(
+        &self,
+        claim: &Claimed,
+        job: &Job<'_>,
+        bot: &Bot,
+        ts: &str,
+        cfg: Streams,
+    ) -> anyhow::Result<Disposition> {
+        let p = &job.proposal;
+        let token = bot.token.expose_secret();
+        let mut shown = String::new();
+        let mut pause = Duration::ZERO;
+        loop {
+            tokio::time::sleep(cfg.append_every.max(pause)).await;
+            pause = Duration::ZERO;
+            let t = persist(|| streams::tick(&self.pool, p, claim)).await?;
+            match step(&t, p.version, &shown) {
+                Step::Lost => return Ok(Disposition::Done),
+                Step::Wait => {}
+                Step::Append(more) => {
+                    match self.web.append_stream(token, p.channel, ts, &more).await {
+                        Ok(()) => shown.push_str(&more),
+                        Err(WebError::RateLimited { retry_after }) => {
+                            metrics::counter!("threadline_slack_rate_limited_total", "method" => "chat.appendStream").increment(1);
+                            pause = retry_after;
+                        }
+                        Err(WebError::Api { code })
+                            if code == "stopped_by_user"
+                                || code == "message_not_in_streaming_state" =>
+                        {
+                            // The person pressed Stop (or the stream ended
+                            // in Slack): what it shows is the answer.
+                            return self.record_stream(claim, p, ts).await;
+                        }
+                        Err(e) => {
+                            // It may or may not have landed: what the
+                            // stream shows is no longer known, so it ends
+                            // and the whole answer follows.
+                            tracing::warn!(error = %e, "append failed; ending the stream");
+                            let label = t.label.as_deref();
+                            self.end(
+                                claim.id,
+                                bot,
+                                p.channel,
+                                ts,
+                                label,
+                                true,
+                                Ending::Interrupted,
+                            )
+                            .await?;
+                            return Ok(Disposition::Done);
+                        }
+                    }
+                }
+                Step::Finish(rest) => {
+                    let label = t.label.as_deref().unwrap_or(FALLBACK_LABEL);
+                    let metadata = json!({
+                        "event_type": "threadline_reply",
+                        "event_payload": {"intent_id": claim.id.to_string(),
+                                          "body_hash": t.output_hash.as_deref().unwrap_or_default(),
+                                          "source_ts": p.source_ts}
+                    })
+                    .to_string();
+                    return match self
+                        .stop(token, p.channel, ts, &rest, &label_blocks(label), &metadata)
+                        .await
+                    {
+                        Stopped::Yes | Stopped::AlreadyEnded => {
+                            self.record_stream(claim, p, ts).await
+                        }
+                        Stopped::RateLimited(wait) => {
+                            pause = wait;
+                            continue;
+                        }
+                        Stopped::Failed => {
+                            // Slack did not take the stop: the stream ends
+                            // at its lifetime; the answer is not lost, it
+                            // is posted whole.
+                            persist(|| streams::interrupted(&self.pool, claim.id, "stop_failed"))
+                                .await?;
+                            Ok(defer(1.0))
+                        }
+                    };
+                }
+                Step::End(ending) => {
+                    let label = t.label.as_deref();
+                    self.end(
+                        claim.id,
+                        bot,
+                        p.channel,
+                        ts,
+                        label,
+                        !shown.is_empty(),
+                        ending,
+                    )
+                    .await?;
+                    return self.after_ending(job, &t, ending).await;
+                }
+            }
+        }
+    }
+
+    /// What an ended stream leaves for its decision: a thread that moved on
+    /// is reconsidered, a switch or deletion settles it; a decision that
+    /// needs review waits for its reviewer (the approved answer is posted
+    /// whole); anything else is posted whole by its settled proposal.
+    async fn after_ending(
+        &self,
+        job: &Job<'_>,
+        t: &Tick,
+        ending: Ending,
+    ) -> anyhow::Result<Disposition> {
+        let calling = t.decision_status == "calling";
+        let proposed = t.decision_status == "proposed" || t.decision_status == "approved";
+        match ending {
+            Ending::ThreadChanged if calling || proposed => self.stale(job).await,
+            Ending::SourceDeleted if calling || proposed => self.source_deleted(job).await,
+            Ending::SwitchedOff if calling || proposed => match &t.switch {
+                Some(s) => self.suppressed(job.proposal.decision, s).await,
+                None => {
+                    intents::set_decision(
+                        &self.pool,
+                        job.proposal.decision,
+                        DecisionStatus::Cancelled,
+                        Some("installation_unavailable"),
+                    )
+                    .await?;
+                    Ok(Disposition::Done)
+                }
+            },
+            _ => Ok(Disposition::Done),
+        }
+    }
+
+    /// The stream stopped with the whole answer (or the person stopped it):
+    /// recorded like a post Slack accepted.
+    async fn record_stream(
+        &self,
+        claim: &Claimed,
+        p: &Proposal<'_>,
+        ts: &str,
+    ) -> anyhow::Result<Disposition> {
+        let post = PostToRecord {
+            intent: claim.id,
+            decision: p.decision,
+            ts: ts.to_owned(),
+            reconciled: false,
+        };
+        let recorded = persist(|| self.records.submit(post.clone())).await?;
+        metrics::counter!("threadline_reply_intents_total", "state" => "sent").increment(1);
+        metrics::counter!("threadline_streams_finished_total").increment(1);
+        self.after_record(&recorded, claim.id);
+        Ok(Disposition::Done)
+    }
+
+    /// `chat.stopStream`, tried again while its outcome is unknown (a stop
+    /// that landed answers the next one `message_not_in_streaming_state`).
+    async fn stop(
+        &self,
+        token: &str,
+        channel: &str,
+        ts: &str,
+        text: &str,
+        blocks: &str,
+        metadata: &str,
+    ) -> Stopped {
+        for attempt in 1..=4u32 {
+            match self
+                .web
+                .stop_stream(token, channel, ts, text, blocks, metadata)
+                .await
+            {
+                Ok(()) => return Stopped::Yes,
+                Err(WebError::Api { code })
+                    if code == "message_not_in_streaming_state" || code == "stopped_by_user" =>
+                {
+                    return Stopped::AlreadyEnded;
+                }
+                Err(WebError::RateLimited { retry_after }) => {
+                    return Stopped::RateLimited(retry_after);
+                }
+                Err(WebError::Api { code })
+                    if !matches!(code.as_str(), "internal_error" | "fatal_error") =>
+                {
+                    tracing::warn!(code, "Slack refused to stop the stream");
+                    return Stopped::Failed;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, attempt, "stopping the stream: outcome unknown; trying again");
+                    tokio::time::sleep(Duration::from_millis(500 * u64::from(attempt))).await;
+                }
+            }
+        }
+        Stopped::Failed
+    }
+
+    /// Ends a stream early with its closing line and the AI label, and
+    /// records its intent `interrupted` (with why).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn end(
+        &self,
+        intent: Uuid,
+        bot: &Bot,
+        channel: &str,
+        ts: &str,
+        label: Option<&str>,
+        shown: bool,
+        ending: Ending,
+    ) -> anyhow::Result<()> {
+        // Not `intent_id`: reconciliation of the answer that may follow
+        // must never take this message for it.
+        let metadata = json!({
+            "event_type": "threadline_reply",
+            "event_payload": {"interrupted_intent_id": intent.to_string(), "reason": ending.reason()}
+        })
+        .to_string();
+        let blocks = label_blocks(label.unwrap_or(FALLBACK_LABEL));
+        let token = bot.token.expose_secret();
+        let text = closing(shown, ending);
+        let mut outcome = self
+            .stop(token, channel, ts, &text, &blocks, &metadata)
+            .await;
+        if let Stopped::RateLimited(wait) = outcome {
+            tokio::time::sleep(wait.min(Duration::from_secs(30))).await;
+            outcome = self
+                .stop(token, channel, ts, &text, &blocks, &metadata)
+                .await;
+        }
+        if !matches!(outcome, Stopped::Yes | Stopped::AlreadyEnded) {
+            // Slack ends it at its lifetime; the intent is not left open.
+            tracing::warn!(alert = "stream_not_closed", intent_id = %intent, "the stream could not be stopped; Slack ends it at its lifetime");
+        }
+        persist(|| streams::interrupted(&self.pool, intent, ending.reason())).await?;
+        metrics::counter!("threadline_streams_interrupted_total", "reason" => ending.reason())
+            .increment(1);
+        tracing::info!(
+            reason = ending.reason(),
+            "stream ended before the whole answer"
+        );
+        Ok(())
+    }
+
+    /// Ends the event's stream if its publisher stopped driving it.
+    pub(crate) async fn end_orphaned_stream(
+        &self,
+        p: &Proposal<'_>,
+        bot: &Bot,
+    ) -> anyhow::Result<()> {
+        let Some(o) = streams::orphan_of(
+            &self.pool,
+            p.installation,
+            p.event_id,
+            p.action_kind,
+            self.stream_stale(),
+        )
+        .await?
+        else {
+            return Ok(());
+        };
+        self.end_orphan(&o, Some(bot)).await
+    }
+
+    /// Ends a stream whose publisher died (the sweeper's and a handler's).
+    pub(crate) async fn end_orphan(&self, o: &Orphan, bot: Option<&Bot>) -> anyhow::Result<()> {
+        match bot {
+            Some(bot) => {
+                tracing::warn!(intent_id = %o.intent, "a stream's publisher stopped driving it; ending it");
+                self.end(
+                    o.intent,
+                    bot,
+                    &o.channel,
+                    &o.stream_ts,
+                    None,
+                    true,
+                    Ending::Interrupted,
+                )
+                .await
+            }
+            None => {
+                // No token any more: Slack ends it at its lifetime.
+                persist(|| streams::interrupted(&self.pool, o.intent, "installation_unavailable"))
+                    .await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// The sweeper's pass over streams nobody drives.
+    pub(crate) async fn sweep_streams(&self) -> anyhow::Result<usize> {
+        let orphans = streams::orphans(&self.pool, self.stream_stale(), 50).await?;
+        for o in &orphans {
+            let bot = self.bot(o.installation).await?;
+            self.end_orphan(o, bot.as_ref()).await?;
+        }
+        Ok(orphans.len())
+    }
+}
+
+enum Stopped {
+    Yes,
+    AlreadyEnded,
+    RateLimited(Duration),
+    Failed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tick(status: &str) -> Tick {
+        Tick {
+            mine: true,
+            version: Some(3),
+            source_deleted: false,
+            switch: None,
+            installation_active: true,
+            decision_status: status.into(),
+            released: None,
+            body: None,
+            label: Some("AI".into()),
+            output_hash: None,
+            review_reasons: Vec::new(),
+            pending: false,
+        }
+    }
+
+    #[test]
+    fn a_stream_appends_what_is_new_and_finishes_with_the_rest() {
+        let mut t = tick("calling");
+        assert_eq!(step(&t, 3, ""), Step::Wait);
+        t.released = Some("Restart the".into());
+        assert_eq!(step(&t, 3, ""), Step::Append("Restart the".into()));
+        assert_eq!(step(&t, 3, "Restart the"), Step::Wait);
+        // Text that no longer extends what was shown is not appended.
+        t.released = Some("Something else".into());
+        assert_eq!(step(&t, 3, "Restart the"), Step::Wait);
+        let mut t = tick("proposed");
+        t.body = Some("Restart the pod.".into());
+        assert_eq!(step(&t, 3, "Restart the"), Step::Finish(" pod.".into()));
+        t.pending = true;
+        assert_eq!(
+            step(&t, 3, "Restart the"),
+            Step::Wait,
+            "an unprocessed event first"
+        );
+        t.pending = false;
+        t.body = Some("threadline could not process this request.".into());
+        assert_eq!(step(&t, 3, "Restart the"), Step::End(Ending::Interrupted));
+    }
+
+    #[test]
+    fn the_thread_moving_on_ends_a_stream_before_anything_else() {
+        let mut t = tick("calling");
+        t.released = Some("more".into());
+        t.version = Some(4);
+        assert_eq!(step(&t, 3, ""), Step::End(Ending::ThreadChanged));
+        t.source_deleted = true;
+        assert_eq!(step(&t, 3, ""), Step::End(Ending::SourceDeleted));
+        t.switch = Some("global".into());
+        assert_eq!(step(&t, 3, ""), Step::End(Ending::SwitchedOff));
+        let mut t = tick("calling");
+        t.installation_active = false;
+        assert_eq!(step(&t, 3, ""), Step::End(Ending::SwitchedOff));
+        let mut t = tick("proposed");
+        t.mine = false;
+        assert_eq!(step(&t, 3, ""), Step::Lost);
+    }
+
+    #[test]
+    fn an_answer_that_needs_review_ends_the_stream_until_approved() {
+        let mut t = tick("review");
+        t.body = Some("ask <@U1>".into());
+        assert_eq!(step(&t, 3, "ask"), Step::End(Ending::NeedsReview));
+        let mut t = tick("proposed");
+        t.review_reasons = vec!["mention".into()];
+        assert_eq!(step(&t, 3, ""), Step::End(Ending::NeedsReview));
+        assert_eq!(
+            step(&tick("suppressed"), 3, ""),
+            Step::End(Ending::SwitchedOff)
+        );
+        assert_eq!(
+            step(&tick("stale"), 3, ""),
+            Step::End(Ending::ThreadChanged)
+        );
+        assert_eq!(
+            step(&tick("cancelled"), 3, ""),
+            Step::End(Ending::Interrupted)
+        );
+    }
+
+    #[test]
+    fn closing_lines_are_threadlines_own_words_after_what_was_shown() {
+        assert_eq!(
+            closing(true, Ending::ThreadChanged),
+            "\n\n_The thread changed while I was answering, so I stopped here. I'm reconsidering with the new messages._"
+        );
+        assert!(closing(false, Ending::Interrupted).starts_with('_'));
+    }
+}

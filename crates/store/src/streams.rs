@@ -1,0 +1,226 @@
+//! Streamed answers: the text inference releases while the model runs, and
+//! the reply intent of a stream (`sending → streaming → sent |
+//! interrupted`, migration 0020). The claim, the budgets and the record of
+//! the finished answer are the ones every post uses ([`crate::intents`]).
+
+use sqlx::PgPool;
+use threadline_domain::kill_switch::feature_of;
+use threadline_domain::state::{DecisionStatus, IntentState, Machine as _};
+use uuid::Uuid;
+
+use crate::intents::{Claimed, Proposal};
+use crate::moves;
+
+/// Stores the answer's text released so far (escaped, a prefix of the
+/// final body) while the decision is still being called; false when it is
+/// not any more (settled, or ended by the publisher because the thread
+/// moved on): the model call may stop.
+pub async fn release_text(
+    pool: &PgPool,
+    decision: Uuid,
+    text: &str,
+    label: &str,
+) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE decisions SET stream_text = $2, stream_label = $4 WHERE id = $1 AND status = $3",
+        decision,
+        text,
+        DecisionStatus::Calling.as_str(),
+        label,
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Who a stream is for: Slack asks for the recipient of a stream in a
+/// channel (the person who asked, and their team).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recipient {
+    pub user: Option<String>,
+    pub team: Option<String>,
+}
+
+pub async fn recipient(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    source_ts: &str,
+) -> sqlx::Result<Recipient> {
+    let r = sqlx::query!(
+        r#"SELECT (SELECT m.user_id FROM thread_messages m
+                    WHERE m.installation_id = $1 AND m.channel_id = $2 AND m.ts = $3) AS "user?",
+                  (SELECT coalesce(i.team_id, i.enterprise_id) FROM installations i WHERE i.id = $1) AS "team?""#,
+        installation,
+        channel,
+        source_ts,
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(Recipient {
+        user: r.user,
+        team: r.team,
+    })
+}
+
+/// Slack started the stream: `sending → streaming`, with its ts, unless
+/// another attempt took the intent over meanwhile.
+pub async fn started(pool: &PgPool, c: &Claimed, stream_ts: &str) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE reply_intents SET state = $3, stream_ts = $4, error_code = NULL, updated_at = now()
+          WHERE id = $1 AND attempts = $2 AND state = ANY($5)",
+        c.id,
+        c.attempt,
+        IntentState::Streaming.as_str(),
+        stream_ts,
+        &moves(&[IntentState::Sending], IntentState::Streaming),
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// What the publisher streaming an answer sees at each step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tick {
+    /// The intent is still this attempt's stream (its age refreshed).
+    pub mine: bool,
+    pub version: Option<i64>,
+    pub source_deleted: bool,
+    pub switch: Option<String>,
+    pub installation_active: bool,
+    pub decision_status: String,
+    /// Released so far while the model runs.
+    pub released: Option<String>,
+    /// The settled answer's body (escaped, without the label).
+    pub body: Option<String>,
+    /// The AI label the stream ends with.
+    pub label: Option<String>,
+    /// The settled answer's hash (its reconciliation evidence).
+    pub output_hash: Option<String>,
+    pub review_reasons: Vec<String>,
+    /// Something in the thread accepted and not processed yet (it may
+    /// change the thread): the answer does not finish before it is.
+    pub pending: bool,
+}
+
+/// One statement per step of a stream: keeps the stream's intent fresh (a
+/// stream whose publisher died is seen by its age) and reads what decides
+/// whether it goes on: the thread's version, the source, kill switches,
+/// the installation, and the decision with its text.
+pub async fn tick(pool: &PgPool, p: &Proposal<'_>, c: &Claimed) -> sqlx::Result<Tick> {
+    let r = sqlx::query!(
+        r#"WITH fresh AS (
+            UPDATE reply_intents SET updated_at = now()
+             WHERE id = $6 AND attempts = $7 AND state = $8
+            RETURNING id)
+         SELECT EXISTS (SELECT 1 FROM fresh) AS "mine!",
+                (SELECT version FROM threads WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3)
+                    AS "version?",
+                (SELECT coalesce(bool_or(deleted), false) FROM thread_messages
+                  WHERE installation_id = $1 AND channel_id = $2 AND ts = $4) AS "deleted!",
+                (SELECT e.switch FROM engaged_switch($1::text, $9) e) AS "switch?",
+                (SELECT p.age FROM pending_receipt_age($1, $2, $3, $10, $4) p) IS NOT NULL AS "pending!",
+                coalesce((SELECT i.status = 'active' FROM installations i WHERE i.id = $1), false) AS "active!",
+                d.status, d.stream_text, d.body_blocks -> 0 -> 'text' ->> 'text' AS "body?",
+                coalesce(d.body_blocks -> 1 -> 'elements' -> 0 ->> 'text', d.stream_label) AS "label?",
+                d.output_hash, d.review_reasons
+           FROM decisions d WHERE d.id = $5"#,
+        p.installation,
+        p.channel,
+        p.root_ts,
+        p.source_ts,
+        p.decision,
+        c.id,
+        c.attempt,
+        IntentState::Streaming.as_str(),
+        feature_of(p.action_kind),
+        p.receipt,
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(Tick {
+        mine: r.mine,
+        version: r.version,
+        source_deleted: r.deleted,
+        switch: r.switch,
+        installation_active: r.active,
+        decision_status: r.status,
+        released: r.stream_text,
+        body: r.body,
+        label: r.label,
+        output_hash: r.output_hash,
+        review_reasons: r.review_reasons,
+        pending: r.pending,
+    })
+}
+
+/// The stream was ended early with a closing line: `streaming →
+/// interrupted`, with why. Any attempt's stream (a stream whose publisher
+/// died is ended by another).
+pub async fn interrupted(pool: &PgPool, intent: Uuid, reason: &str) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE reply_intents SET state = $2, interrupted_reason = $3, updated_at = now()
+          WHERE id = $1 AND state = ANY($4)",
+        intent,
+        IntentState::Interrupted.as_str(),
+        reason,
+        &moves(&[IntentState::Streaming], IntentState::Interrupted),
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// A stream whose publisher stopped driving it: `streaming` for longer
+/// than `stale` seconds without a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    pub intent: Uuid,
+    pub installation: Uuid,
+    pub channel: String,
+    pub stream_ts: String,
+    pub decision: Uuid,
+}
+
+/// The event's stream intent if its publisher stopped driving it.
+pub async fn orphan_of(
+    pool: &PgPool,
+    installation: Uuid,
+    event_id: &str,
+    action_kind: &str,
+    stale: f64,
+) -> sqlx::Result<Option<Orphan>> {
+    sqlx::query_as!(
+        Orphan,
+        r#"SELECT id AS intent, installation_id AS installation, channel_id AS channel,
+                  stream_ts AS "stream_ts!", decision_id AS decision
+             FROM reply_intents
+            WHERE installation_id = $1 AND event_id = $2 AND action_kind = $3 AND state = $4
+              AND stream_ts IS NOT NULL AND updated_at < now() - make_interval(secs => $5)"#,
+        installation,
+        event_id,
+        action_kind,
+        IntentState::Streaming.as_str(),
+        stale,
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// Every stream whose publisher stopped driving it (the sweeper's list).
+pub async fn orphans(pool: &PgPool, stale: f64, limit: i64) -> sqlx::Result<Vec<Orphan>> {
+    sqlx::query_as!(
+        Orphan,
+        r#"SELECT id AS intent, installation_id AS installation, channel_id AS channel,
+                  stream_ts AS "stream_ts!", decision_id AS decision
+             FROM reply_intents
+            WHERE state = $1 AND stream_ts IS NOT NULL AND updated_at < now() - make_interval(secs => $2)
+            ORDER BY updated_at LIMIT $3"#,
+        IntentState::Streaming.as_str(),
+        stale,
+        limit,
+    )
+    .fetch_all(pool)
+    .await
+}

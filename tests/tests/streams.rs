@@ -1,0 +1,193 @@
+//! Streamed answers against the compiled services, judged from Slack's
+//! side (slack-sim's messages and call log, and the oracle at `stop`): a
+//! stream grows and stops once with the label and metadata; a human reply
+//! mid-stream ends it with the closing line and exactly one reconsidered
+//! answer follows; a publisher killed mid-stream leaves one stream, ended
+//! honestly, and never a second stream.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use threadline_testkit::eventually;
+use threadline_tests::{Stack, sim_get};
+
+/// Streaming on, the built-in model writing a word every `pace_ms`.
+fn streaming(pace_ms: u64, extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    let mut v: Vec<(&'static str, String)> = vec![
+        ("THREADLINE_STREAMING", "true".into()),
+        ("THREADLINE_BUILTIN_LATENCY_MS", "100".into()),
+        ("THREADLINE_BUILTIN_STREAM_PACE_MS", pace_ms.to_string()),
+        ("THREADLINE_STREAM_RELEASE_MS", "100".into()),
+        ("THREADLINE_STREAM_APPEND_MS", "250".into()),
+    ];
+    for (k, val) in extra {
+        v.retain(|(kk, _)| kk != k);
+        v.push((k, (*val).to_owned()));
+    }
+    v
+}
+
+async fn calls(s: &Stack, method: &str) -> Vec<Value> {
+    sim_get(&s.sim, &format!("calls?method={method}")).await["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["outcome"] == "ok")
+        .collect()
+}
+
+const CHANGED: &str = "_The thread changed while I was answering, so I stopped here. I'm reconsidering with the new messages._";
+const INTERRUPTED: &str = "_This answer was interrupted before it finished._";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_grows_in_slack_and_stops_once_with_its_label_and_metadata() {
+    let s = Stack::start(&streaming(20, &[])).await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    // (the message is there from the start; the answer once it stopped)
+    eventually("the stream stopped", Duration::from_secs(30), || async {
+        let a = s.answers(&q).await;
+        a.iter()
+            .any(|m| m["streaming_state"] == "completed")
+            .then_some(())
+    })
+    .await;
+    let answers = s.wait_answers(&q, 1).await;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    let a = &answers[0];
+    let text = a["text"].as_str().expect("text");
+    assert!(
+        text.starts_with("[threadline built-in model]")
+            && text.contains(&format!("Answering {q}; read")),
+        "the whole answer: {text}"
+    );
+    assert_eq!(a["streaming_state"], "completed", "{a}");
+    assert_eq!(
+        a["metadata"]["event_type"], "threadline_reply",
+        "metadata reconciliation reads: {a}"
+    );
+    assert!(
+        a["metadata"]["event_payload"]["intent_id"].is_string(),
+        "{a}"
+    );
+    let blocks = a["blocks"].to_string();
+    assert!(
+        blocks.contains("AI-generated"),
+        "the AI label below the streamed text: {blocks}"
+    );
+    // From Slack's call log: one stream, grown in several appends, stopped
+    // once; nothing posted whole.
+    let ts = a["ts"].as_str().expect("ts");
+    assert_eq!(calls(&s, "chat.startStream").await.len(), 1);
+    let appends: Vec<Value> = calls(&s, "chat.appendStream")
+        .await
+        .into_iter()
+        .filter(|c| c["ts"] == ts)
+        .collect();
+    assert!(appends.len() >= 2, "grown as the model wrote: {appends:?}");
+    assert_eq!(calls(&s, "chat.stopStream").await.len(), 1);
+    assert!(calls(&s, "chat.postMessage").await.is_empty());
+    s.assert_at_most_one_reply_per_message().await;
+    assert!(
+        s.metrics()
+            .await
+            .contains("threadline_streams_finished_total")
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_human_reply_mid_stream_ends_it_with_the_closing_line_and_one_reconsidered_answer_follows()
+ {
+    // About 50 words at 150 ms: the stream runs for seconds.
+    let s = Stack::start(&streaming(150, &[])).await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    // The answer is on its way in Slack: some words shown.
+    eventually(
+        "the stream showing words",
+        Duration::from_secs(30),
+        || async { (!calls(&s, "chat.appendStream").await.is_empty()).then_some(()) },
+    )
+    .await;
+    let reply = s.post("it only fails on Mondays", Some(&q)).await;
+    let answers = s.wait_answers(&q, 2).await;
+    assert_eq!(
+        answers.len(),
+        2,
+        "the ended stream and one answer: {answers:?}"
+    );
+    let first = answers[0]["text"].as_str().expect("text");
+    assert!(
+        first.ends_with(CHANGED),
+        "the stream ends with its closing line: {first}"
+    );
+    assert!(
+        !first.contains("Answering"),
+        "and shows only part of the answer: {first}"
+    );
+    let second = answers[1]["text"].as_str().expect("text");
+    assert!(
+        second.contains(&format!("Answering {q}; read")) && second.contains(&format!("{reply}/")),
+        "the reconsidered answer read the reply: {second}"
+    );
+    // Never streamed twice: the reconsidered answer is posted whole.
+    assert_eq!(calls(&s, "chat.startStream").await.len(), 1);
+    assert_eq!(calls(&s, "chat.postMessage").await.len(), 1);
+    assert!(
+        s.metrics()
+            .await
+            .contains("threadline_streams_interrupted_total{reason=\"thread_changed\"}")
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_killed_mid_stream_leaves_one_stream_ended_honestly_and_no_second() {
+    let mut s = Stack::start(&streaming(
+        200,
+        &[
+            ("THREADLINE_STREAM_STALE_MS", "2000"),
+            ("THREADLINE_REDELIVERY_MS", "3000"),
+            ("THREADLINE_SWEEP_MS", "500"),
+        ],
+    ))
+    .await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    eventually(
+        "the stream showing words",
+        Duration::from_secs(30),
+        || async { (!calls(&s, "chat.appendStream").await.is_empty()).then_some(()) },
+    )
+    .await;
+    s.kill_and_restart(3).await;
+    let answers = s.wait_answers(&q, 2).await;
+    assert_eq!(
+        answers.len(),
+        2,
+        "the ended stream and the answer: {answers:?}"
+    );
+    let first = answers[0]["text"].as_str().expect("text");
+    assert!(first.ends_with(INTERRUPTED), "ended honestly: {first}");
+    assert_eq!(answers[0]["streaming_state"], "completed", "{}", answers[0]);
+    let second = answers[1]["text"].as_str().expect("text");
+    assert!(second.contains(&format!("Answering {q}; read")), "{second}");
+    // One stream only, whatever the restart redelivered.
+    assert_eq!(calls(&s, "chat.startStream").await.len(), 1);
+    assert_eq!(calls(&s, "chat.postMessage").await.len(), 1);
+    s.stop().await;
+}
