@@ -15,6 +15,10 @@ ALTER TABLE reply_intents ADD CONSTRAINT reply_intents_state_check
 -- When the stream was started, and why it was ended early.
 ALTER TABLE reply_intents ADD COLUMN stream_ts text;
 ALTER TABLE reply_intents ADD COLUMN interrupted_reason text;
+-- An attempt of this intent started, or tried to start, a stream: it is
+-- never streamed again, and an unknown outcome is reconciled from the
+-- stream Slack may hold.
+ALTER TABLE reply_intents ADD COLUMN streamed boolean NOT NULL DEFAULT false;
 
 -- The answer's text released so far while the model is still running
 -- (escaped by the output policy, a prefix of the final body): written by

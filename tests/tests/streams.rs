@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use threadline_testkit::eventually;
-use threadline_tests::{Stack, sim_get};
+use threadline_tests::{Stack, sim_ctl, sim_get};
 
 /// Streaming on, the built-in model writing a word every `pace_ms`.
 fn streaming(pace_ms: u64, extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
@@ -188,6 +188,55 @@ async fn a_publisher_killed_mid_stream_leaves_one_stream_ended_honestly_and_no_s
     assert!(second.contains(&format!("Answering {q}; read")), "{second}");
     // One stream only, whatever the restart redelivered.
     assert_eq!(calls(&s, "chat.startStream").await.len(), 1);
+    assert_eq!(calls(&s, "chat.postMessage").await.len(), 1);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_whose_answer_was_lost_is_found_in_slack_ended_and_never_started_again() {
+    let s = Stack::start(&streaming(
+        50,
+        &[
+            ("THREADLINE_SLACK_TIMEOUT_MS", "1000"),
+            ("THREADLINE_SENDING_STALE_MS", "4000"),
+            ("THREADLINE_RECONCILE_WINDOW_MS", "1500"),
+            ("THREADLINE_REDELIVERY_MS", "3000"),
+        ],
+    ))
+    .await;
+    sim_ctl(
+        &s.sim,
+        "faults",
+        serde_json::json!({"method": "chat.startStream", "mode": "lost_response", "times": 1}),
+    )
+    .await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    let answers = s.wait_answers(&q, 2).await;
+    assert_eq!(
+        answers.len(),
+        2,
+        "the found stream and the answer: {answers:?}"
+    );
+    let first = answers[0]["text"].as_str().expect("text");
+    assert_eq!(
+        first, INTERRUPTED,
+        "the stream Slack made is ended honestly"
+    );
+    assert_eq!(answers[0]["streaming_state"], "completed", "{}", answers[0]);
+    let second = answers[1]["text"].as_str().expect("text");
+    assert!(second.contains(&format!("Answering {q}; read")), "{second}");
+    // Slack's call log: the one start (whose answer was lost) and no other.
+    let starts = sim_get(&s.sim, "calls?method=chat.startStream").await["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(starts.len(), 1, "{starts:?}");
+    assert_eq!(starts[0]["effect"], "applied_response_lost");
     assert_eq!(calls(&s, "chat.postMessage").await.len(), 1);
     s.stop().await;
 }

@@ -260,6 +260,9 @@ impl IntentState {
             // again (the publisher never streams it a second time).
             (Sending, Streaming) => true,
             (Streaming, Interrupted) => true,
+            // A start whose outcome was unknown, found in Slack by
+            // reconciliation: that stream is ended, never continued.
+            (Unknown | Reconciling, Interrupted) => true,
             (Interrupted, Sending) => true,
             // The attempt that owns it ends it one way or another.
             (
@@ -368,7 +371,10 @@ mod tests {
         );
         // A stream is never started again for an intent, nor ended twice.
         assert_eq!(IntentState::from_states(Streaming), ["sending"]);
-        assert_eq!(IntentState::from_states(Interrupted), ["streaming"]);
+        assert_eq!(
+            IntentState::from_states(Interrupted),
+            ["unknown", "reconciling", "streaming"]
+        );
         assert!(!Interrupted.can_become(Sent));
         assert!(!Streaming.can_become(Pending));
         // An unknown outcome is never simply retried: it is read first.

@@ -660,6 +660,7 @@ impl Handler {
                 // Timeout, reset after sending, 5xx, fatal_error, internal_error,
                 // an unexpected code: it may have landed. Reconcile, never re-post.
                 let code = match &e {
+                    _ if method == "chat.startStream" => "stream_start_unknown",
                     WebError::Api { .. } => "api_error_unknown_outcome",
                     WebError::Http(_) => "http_5xx",
                     WebError::Decode => "undecodable_answer",
@@ -755,6 +756,7 @@ impl Handler {
             bot_id,
             hashes,
             window,
+            stream: false,
         })
     }
 
@@ -765,7 +767,8 @@ impl Handler {
         bot: &Bot,
     ) -> anyhow::Result<Disposition> {
         let p = &job.proposal;
-        let subject = self.subject(intent, p, &bot.bot_id).await?;
+        let mut subject = self.subject(intent, p, &bot.bot_id).await?;
+        subject.stream = threadline_store::streams::streamed(&self.pool, intent).await?;
         match reconcile::run(
             &self.pool,
             &self.web,
@@ -795,6 +798,19 @@ impl Handler {
                 threadline_store::decisions::cancel_for_held_intent(&self.pool, p.decision, intent)
                     .await?;
                 Ok(Disposition::Done)
+            }
+            Found::Stream(ts) => {
+                self.end(
+                    intent,
+                    bot,
+                    p.channel,
+                    &ts,
+                    None,
+                    false,
+                    crate::stream::Ending::Interrupted,
+                )
+                .await?;
+                Ok(defer(0.5))
             }
             Found::Repost => Ok(defer(1.0)),
             Found::Again => Ok(defer(

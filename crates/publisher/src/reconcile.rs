@@ -35,6 +35,9 @@ pub struct Evidence {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found {
     Sent(String),
+    /// The stream an unknown start created (its ts): ended, then the whole
+    /// answer is posted.
+    Stream(String),
     Held(&'static str),
     Repost,
     /// Not yet decided: read again after a pause.
@@ -54,6 +57,9 @@ pub struct Subject<'a> {
     /// The window a post of any attempt can have been created in (unix
     /// seconds: from its first attempt on); metadata matches need no window.
     pub window: (f64, f64),
+    /// An attempt started a stream whose outcome was unknown: a stream of
+    /// our bot in the window that no intent recorded may be its start.
+    pub stream: bool,
 }
 
 /// What one read of the thread found.
@@ -67,6 +73,9 @@ pub struct Seen {
     /// The body hash of each message found (ts → SHA-256 of its text): which
     /// decision's text Slack holds.
     pub hashes: std::collections::BTreeMap<String, String>,
+    /// For a stream's start: streams of our bot without metadata, inside
+    /// the window, that no intent recorded.
+    pub by_stream: Vec<String>,
 }
 
 impl Seen {
@@ -91,6 +100,9 @@ fn classify(m: &Value, s: &Subject<'_>, others: &[String]) -> (bool, bool) {
     if !ours {
         return (false, false);
     }
+    if stream_start(m, s, others) {
+        return (false, false);
+    }
     let named = m
         .pointer("/metadata/event_payload/intent_id")
         .and_then(Value::as_str);
@@ -108,6 +120,22 @@ fn classify(m: &Value, s: &Subject<'_>, others: &[String]) -> (bool, bool) {
         && t <= s.window.1
         && !others.iter().any(|o| o == ts);
     (false, by_body)
+}
+
+/// Whether `m` may be the stream an unknown start of `s` created: a
+/// stream (it has a streaming state) of our bot without any metadata yet
+/// (a stream gets its metadata when it stops), inside the window, that no
+/// other intent recorded.
+fn stream_start(m: &Value, s: &Subject<'_>, others: &[String]) -> bool {
+    let ts = m.get("ts").and_then(Value::as_str).unwrap_or_default();
+    let t = ts_secs(ts);
+    s.stream
+        && m.get("bot_id").and_then(Value::as_str) == Some(s.bot_id)
+        && m.get("streaming_state").is_some_and(Value::is_string)
+        && m.get("metadata").is_none_or(Value::is_null)
+        && t >= s.window.0
+        && t <= s.window.1
+        && !others.iter().any(|o| o == ts)
 }
 
 /// Reads the thread once for evidence of the intent's post (no state
@@ -135,6 +163,10 @@ pub async fn read(
                 .to_owned();
             let text = m.get("text").and_then(Value::as_str).unwrap_or_default();
             let hash = || hex::encode(Sha256::digest(text.as_bytes()));
+            if stream_start(m, s, &others) {
+                seen.by_stream.push(ts);
+                continue;
+            }
             match classify(m, s, &others) {
                 (true, _) => {
                     seen.hashes.insert(ts.clone(), hash());
@@ -188,6 +220,8 @@ pub async fn run(
         (n, _) if n > 1 => Found::Held("duplicate_posts_found"),
         (1, _) => Found::Sent(seen.by_metadata[0].clone()),
         (0, 1) => Found::Sent(seen.by_body[0].clone()),
+        (0, 0) if seen.by_stream.len() == 1 => Found::Stream(seen.by_stream[0].clone()),
+        (0, 0) if seen.by_stream.len() > 1 => Found::Held("ambiguous_evidence"),
         (0, 0) if reads >= ev.reads && unknown_for >= ev.window_secs => {
             if ev.allow_repost {
                 Found::Repost
@@ -215,6 +249,13 @@ pub async fn run(
             metrics::counter!("threadline_reconciliations_total", "result" => "held").increment(1);
             tracing::warn!(alert = "reply_held", reason = *why, intent_id = %s.intent, "reply held for an operator");
         }
+        Found::Stream(ts) => {
+            // The start landed: that stream is ended by the caller with its
+            // closing line, and the whole answer posted once.
+            threadline_store::streams::adopt_unknown_start(pool, s.intent, ts).await?;
+            metrics::counter!("threadline_reconciliations_total", "result" => "stream_found")
+                .increment(1);
+        }
         Found::Repost => {
             intents::repost_after_reconciling(pool, s.intent).await?;
             metrics::counter!("threadline_reconciliations_total", "result" => "repost")
@@ -240,7 +281,32 @@ mod tests {
             bot_id: "B1",
             hashes: vec!["another decision's hash".into(), hash.to_owned()],
             window: (200.0, 300.0),
+            stream: false,
         }
+    }
+
+    #[test]
+    fn an_unknown_start_is_looked_for_as_a_stream_nobody_recorded() {
+        let intent = Uuid::now_v7();
+        let mut s = subject(intent, "h");
+        let open = json!({"ts": "250.000001", "bot_id": "B1", "text": "", "streaming_state": "in_progress"});
+        // Not for a post: a stream is never a post's evidence.
+        assert!(!stream_start(&open, &s, &[]));
+        s.stream = true;
+        assert!(stream_start(&open, &s, &[]));
+        assert_eq!(classify(&open, &s, &[]), (false, false));
+        // Another intent's stream, one with metadata (finished or ended), one
+        // outside the window, another bot's, a message that is no stream.
+        assert!(!stream_start(&open, &s, &["250.000001".to_owned()]));
+        let finished = json!({"ts": "250.000002", "bot_id": "B1", "text": "x", "streaming_state": "completed",
+                              "metadata": {"event_type": "threadline_reply", "event_payload": {"interrupted_intent_id": "x"}}});
+        assert!(!stream_start(&finished, &s, &[]));
+        let early = json!({"ts": "150.000001", "bot_id": "B1", "text": "", "streaming_state": "in_progress"});
+        assert!(!stream_start(&early, &s, &[]));
+        let theirs = json!({"ts": "250.000003", "bot_id": "B2", "text": "", "streaming_state": "in_progress"});
+        assert!(!stream_start(&theirs, &s, &[]));
+        let post = json!({"ts": "250.000004", "bot_id": "B1", "text": ""});
+        assert!(!stream_start(&post, &s, &[]));
     }
 
     #[test]

@@ -242,6 +242,9 @@ impl Handler {
             }
         }
         let to = streams::recipient(&self.pool, inst, p.channel, p.source_ts).await?;
+        if !streams::starting(&self.pool, &claim).await? {
+            return Ok(Disposition::Done);
+        }
         let started = std::time::Instant::now();
         let r = self
             .web

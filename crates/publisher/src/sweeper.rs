@@ -127,6 +127,9 @@ async fn late_check(h: &Handler, due: intents::LateCheck) -> anyhow::Result<()> 
         bot_id: &bot.bot_id,
         hashes,
         window,
+        // (a late check records posts; a stream an unknown start left is
+        // the operator's, as the held intent is)
+        stream: false,
     };
     let seen = reconcile::read(&h.pool, &h.web, bot.token.expose_secret(), &subject).await;
     if let Some((ts, seen)) = seen.as_ref().ok().and_then(|s| s.post().map(|t| (t, s))) {

@@ -61,7 +61,8 @@ pub struct ForPost {
     /// the installation's, else yes.
     pub streaming_allowed: bool,
     /// The event's reply intent as it was read: its state and whether an
-    /// attempt's outcome was ever unknown (none: no intent yet).
+    /// attempt's outcome was ever unknown or an attempt streamed (none: no
+    /// intent yet).
     pub intent: Option<(String, bool)>,
 }
 
@@ -81,7 +82,7 @@ pub async fn load_for_post(
         r#"WITH d AS (
             SELECT * FROM decisions WHERE id = $1),
          i AS (
-            SELECT r.id, r.state, r.ever_unknown, extract(epoch FROM now() - r.sending_since)::float8 AS sending_for
+            SELECT r.id, r.state, r.ever_unknown OR r.streamed AS ever_unknown, extract(epoch FROM now() - r.sending_since)::float8 AS sending_for
               FROM reply_intents r JOIN d
                 ON r.installation_id = d.installation_id AND r.event_id = d.event_id
                AND r.action_kind = d.action_kind),

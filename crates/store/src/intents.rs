@@ -1073,7 +1073,7 @@ pub async fn other_posts_in_thread(
     intent: Uuid,
 ) -> sqlx::Result<Vec<String>> {
     sqlx::query_scalar!(
-        r#"SELECT t AS "t!" FROM reply_intents, unnest(array_append(extra_ts, slack_ts)) AS t
+        r#"SELECT t AS "t!" FROM reply_intents, unnest(array_append(array_append(extra_ts, slack_ts), stream_ts)) AS t
             WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 AND id <> $4 AND t IS NOT NULL"#,
         installation,
         channel,

@@ -63,6 +63,51 @@ pub async fn recipient(
     })
 }
 
+/// The start is about to be sent: the intent is marked as streamed (never
+/// streamed again; an unknown outcome is looked for as a stream).
+pub async fn starting(pool: &PgPool, c: &Claimed) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE reply_intents SET streamed = true, updated_at = now()
+          WHERE id = $1 AND attempts = $2 AND state = $3",
+        c.id,
+        c.attempt,
+        IntentState::Sending.as_str(),
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Whether an attempt of the intent started, or tried to start, a stream.
+pub async fn streamed(pool: &PgPool, intent: Uuid) -> sqlx::Result<bool> {
+    Ok(
+        sqlx::query_scalar!("SELECT streamed FROM reply_intents WHERE id = $1", intent)
+            .fetch_optional(pool)
+            .await?
+            .unwrap_or(false),
+    )
+}
+
+/// A start whose outcome was unknown, found in Slack as the stream `ts`:
+/// `unknown | reconciling → interrupted` (it is ended, never continued).
+pub async fn adopt_unknown_start(pool: &PgPool, intent: Uuid, ts: &str) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE reply_intents SET state = $2, stream_ts = $3, interrupted_reason = 'start_unknown',
+                unknown_since = NULL, reconcile_reads = 0, updated_at = now()
+          WHERE id = $1 AND state = ANY($4)",
+        intent,
+        IntentState::Interrupted.as_str(),
+        ts,
+        &moves(
+            &[IntentState::Unknown, IntentState::Reconciling],
+            IntentState::Interrupted
+        ),
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
 /// Slack started the stream: `sending → streaming`, with its ts, unless
 /// another attempt took the intent over meanwhile.
 pub async fn started(pool: &PgPool, c: &Claimed, stream_ts: &str) -> sqlx::Result<bool> {
