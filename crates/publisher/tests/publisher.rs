@@ -1484,6 +1484,7 @@ async fn evidence_without_metadata_is_the_body_hash_in_the_window_never_another_
         bot_id: &bot_id,
         hashes: vec![hash.clone()],
         window,
+        stream: false,
     };
     let seen = read(
         &env.db.pool,
