@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use threadline_testkit::eventually;
-use threadline_tests::{Stack, sim_ctl, sim_get};
+use threadline_tests::{Stack, cli, sim_ctl, sim_get};
 
 /// Streaming on, the built-in model writing a word every `pace_ms`.
 fn streaming(pace_ms: u64, extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
@@ -238,5 +238,105 @@ async fn a_start_whose_answer_was_lost_is_found_in_slack_ended_and_never_started
     assert_eq!(starts.len(), 1, "{starts:?}");
     assert_eq!(starts[0]["effect"], "applied_response_lost");
     assert_eq!(calls(&s, "chat.postMessage").await.len(), 1);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_switched_off_for_a_channel_or_installation_posts_answers_whole() {
+    let s = Stack::start(&streaming(20, &[])).await;
+    let inst = threadline_store::testing::installations::first_id(&s.db.pool)
+        .await
+        .expect("installation")
+        .to_string();
+    let env = vec![("DATABASE_URL", s.db.url.clone())];
+    let policy = |args: Vec<String>| {
+        let env = env.clone();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = cli(&args, &env).await;
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+    };
+    let args = |v: &[&str]| v.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    let said = policy(args(&[
+        "policy",
+        "channel",
+        "--installation",
+        &inst,
+        "--channel",
+        &s.channel,
+        "--streaming",
+        "off",
+    ]))
+    .await;
+    assert!(said.contains("never streams"), "{said}");
+    let q1 = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    assert_eq!(s.wait_answers(&q1, 1).await.len(), 1);
+    assert!(calls(&s, "chat.startStream").await.is_empty());
+    assert_eq!(calls(&s, "chat.postMessage").await.len(), 1);
+
+    // The channel follows the installation again, which is off too.
+    policy(args(&[
+        "policy",
+        "channel",
+        "--installation",
+        &inst,
+        "--channel",
+        &s.channel,
+        "--streaming",
+        "inherit",
+    ]))
+    .await;
+    policy(args(&[
+        "policy",
+        "set",
+        "--installation",
+        &inst,
+        "--streaming",
+        "off",
+    ]))
+    .await;
+    let shown: Value =
+        serde_json::from_str(&policy(args(&["policy", "show", "--installation", &inst])).await)
+            .expect("json");
+    assert_eq!(shown["streaming"], false, "{shown}");
+    let q2 = s
+        .post(&format!("<@{}> and the cache?", s.bot_user), None)
+        .await;
+    assert_eq!(s.wait_answers(&q2, 1).await.len(), 1);
+    assert!(calls(&s, "chat.startStream").await.is_empty());
+
+    // On again: streamed.
+    policy(args(&[
+        "policy",
+        "set",
+        "--installation",
+        &inst,
+        "--streaming",
+        "on",
+    ]))
+    .await;
+    let q3 = s
+        .post(&format!("<@{}> and the queue?", s.bot_user), None)
+        .await;
+    eventually(
+        "the third answer streamed",
+        Duration::from_secs(30),
+        || async { (calls(&s, "chat.stopStream").await.len() == 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(s.wait_answers(&q3, 1).await.len(), 1);
+    assert_eq!(calls(&s, "chat.startStream").await.len(), 1);
+    assert_eq!(calls(&s, "chat.postMessage").await.len(), 2);
     s.stop().await;
 }

@@ -65,6 +65,10 @@ pub enum PolicyCommand {
         /// an unfurl fetches a link nobody clicked).
         #[arg(long, value_enum)]
         unfurl: Option<Toggle>,
+        /// Stream answers into Slack as the model writes them (default on;
+        /// takes effect where inference streams, `THREADLINE_STREAMING`).
+        #[arg(long, value_enum)]
+        streaming: Option<Toggle>,
     },
     /// How one channel triggers answers (default: mentions only), and
     /// whether it is on the allow-list (which also admits it when it is
@@ -74,7 +78,7 @@ pub enum PolicyCommand {
         installation: Uuid,
         #[arg(long)]
         channel: String,
-        #[arg(long, value_enum, required_unless_present_any = ["allow", "unfurl"])]
+        #[arg(long, value_enum, required_unless_present_any = ["allow", "unfurl", "streaming"])]
         mode: Option<Mode>,
         #[arg(long, value_enum)]
         allow: Option<Toggle>,
@@ -82,6 +86,10 @@ pub enum PolicyCommand {
         /// (`inherit`: as the installation says).
         #[arg(long, value_enum)]
         unfurl: Option<ChannelToggle>,
+        /// Streamed answers in this channel (`inherit`: as the
+        /// installation says).
+        #[arg(long, value_enum)]
+        streaming: Option<ChannelToggle>,
         /// Words that trigger in `keywords` mode.
         #[arg(long, value_delimiter = ',')]
         keywords: Vec<String>,
@@ -102,10 +110,12 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                     "private_channels": p.private_channels_allowed, "shared_channels": p.shared_channels_allowed,
                     "approved_bots": p.approved_bots, "read_limits": p.read_limits,
                     "allowlist_only": p.allowlist_only, "unfurl": p.unfurl_allowed,
+                    "streaming": p.streaming_allowed,
                     "channels": channels.into_iter().map(|c| serde_json::json!({
                         "channel": c.channel_id, "mode": c.mode, "keywords": c.keywords, "allowed": c.allowed,
                         // null: as the installation says
                         "unfurl": c.unfurl_allowed,
+                        "streaming": c.streaming_allowed,
                     })).collect::<Vec<_>>(),
                 }))?
             );
@@ -119,6 +129,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
             read_limits,
             allowlist_only,
             unfurl,
+            streaming,
         } => {
             let exists = threadline_store::installations::exists(pool, installation).await?;
             if !exists {
@@ -141,6 +152,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                     read_limits,
                     allowlist_only: allowlist_only.map(Toggle::on),
                     unfurl_allowed: unfurl.map(Toggle::on),
+                    streaming_allowed: streaming.map(Toggle::on),
                 },
             )
             .await?;
@@ -152,6 +164,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
             mode,
             allow,
             unfurl,
+            streaming,
             keywords,
         } => {
             threadline_domain::ChannelId::parse(channel.clone())
@@ -171,11 +184,11 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
             }
             // Only what is given changes; a new row starts as mentions only,
             // not allow-listed, unfurling as the installation says.
-            let (unfurl_given, unfurl_value) = match unfurl {
-                None => (false, None),
-                Some(ChannelToggle::On) => (true, Some(true)),
-                Some(ChannelToggle::Off) => (true, Some(false)),
-                Some(ChannelToggle::Inherit) => (true, None),
+            let given = |t: Option<ChannelToggle>| match t {
+                None => None,
+                Some(ChannelToggle::On) => Some(Some(true)),
+                Some(ChannelToggle::Off) => Some(Some(false)),
+                Some(ChannelToggle::Inherit) => Some(None),
             };
             let now = threadline_store::policies::set_channel_policy(
                 pool,
@@ -185,18 +198,24 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                     mode,
                     keywords: &keywords,
                     allowed: allow.map(Toggle::on),
-                    unfurl_allowed: unfurl_given.then_some(unfurl_value),
+                    unfurl_allowed: given(unfurl),
+                    streaming_allowed: given(streaming),
                 },
             )
             .await?;
             let (mode, allowed, unfurl) = (now.mode, now.allowed, now.unfurl_allowed);
             println!(
-                "channel {channel}: {mode}{}{}",
+                "channel {channel}: {mode}{}{}{}",
                 if allowed { ", allow-listed" } else { "" },
                 match unfurl {
                     None => "",
                     Some(true) => ", unfurls links and media",
                     Some(false) => ", never unfurls",
+                },
+                match now.streaming_allowed {
+                    None => "",
+                    Some(true) => ", streams answers",
+                    Some(false) => ", never streams",
                 }
             );
         }

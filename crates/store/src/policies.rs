@@ -15,6 +15,8 @@ pub struct InstallationPolicy {
     pub read_limits: String,
     pub allowlist_only: bool,
     pub unfurl_allowed: bool,
+    /// Answers may be streamed (on by default).
+    pub streaming_allowed: bool,
 }
 
 impl Default for InstallationPolicy {
@@ -30,6 +32,7 @@ impl Default for InstallationPolicy {
             read_limits: "tier3".into(),
             allowlist_only: false,
             unfurl_allowed: false,
+            streaming_allowed: true,
         }
     }
 }
@@ -41,7 +44,7 @@ pub async fn installation_policy(
     sqlx::query_as!(
         InstallationPolicy,
         "SELECT dms_allowed, private_channels_allowed, shared_channels_allowed, approved_bots, read_limits,
-                allowlist_only, unfurl_allowed
+                allowlist_only, unfurl_allowed, streaming_allowed
            FROM installation_policies WHERE installation_id = $1",
         installation
     )
@@ -58,6 +61,8 @@ pub struct ChannelPolicy {
     pub keywords: Vec<String>,
     pub allowed: bool,
     pub unfurl_allowed: Option<bool>,
+    /// `None`: as the installation says.
+    pub streaming_allowed: Option<bool>,
 }
 
 pub async fn channel_policies(
@@ -66,7 +71,7 @@ pub async fn channel_policies(
 ) -> sqlx::Result<Vec<ChannelPolicy>> {
     sqlx::query_as!(
         ChannelPolicy,
-        "SELECT channel_id, mode, keywords, allowed, unfurl_allowed FROM channel_policies
+        "SELECT channel_id, mode, keywords, allowed, unfurl_allowed, streaming_allowed FROM channel_policies
           WHERE installation_id = $1 ORDER BY channel_id",
         installation
     )
@@ -84,6 +89,7 @@ pub struct InstallationChanges {
     pub read_limits: Option<String>,
     pub allowlist_only: Option<bool>,
     pub unfurl_allowed: Option<bool>,
+    pub streaming_allowed: Option<bool>,
 }
 
 /// Applies `c` to the installation's policy (made from the defaults first
@@ -109,6 +115,7 @@ pub async fn set_installation_policy(
                 read_limits = coalesce($6, read_limits),
                 allowlist_only = coalesce($7, allowlist_only),
                 unfurl_allowed = coalesce($8, unfurl_allowed),
+                streaming_allowed = coalesce($9, streaming_allowed),
                 updated_at = now()
           WHERE installation_id = $1",
         installation,
@@ -119,6 +126,7 @@ pub async fn set_installation_policy(
         c.read_limits.as_deref(),
         c.allowlist_only,
         c.unfurl_allowed,
+        c.streaming_allowed,
     )
     .execute(&mut *tx)
     .await?;
@@ -135,6 +143,8 @@ pub struct ChannelChanges<'a> {
     pub allowed: Option<bool>,
     /// `Some(None)`: as the installation says again.
     pub unfurl_allowed: Option<Option<bool>>,
+    /// `Some(None)`: as the installation says again.
+    pub streaming_allowed: Option<Option<bool>>,
 }
 
 /// Applies `c` to the channel's policy; returns the channel's policy now.
@@ -146,15 +156,17 @@ pub async fn set_channel_policy(
 ) -> sqlx::Result<ChannelPolicy> {
     sqlx::query_as!(
         ChannelPolicy,
-        "INSERT INTO channel_policies (installation_id, channel_id, mode, keywords, allowed, unfurl_allowed)
-         VALUES ($1, $2, coalesce($3, 'mentions'), $4, coalesce($5, false), $7)
+        "INSERT INTO channel_policies (installation_id, channel_id, mode, keywords, allowed, unfurl_allowed,
+                                       streaming_allowed)
+         VALUES ($1, $2, coalesce($3, 'mentions'), $4, coalesce($5, false), $7, $9)
          ON CONFLICT (installation_id, channel_id) DO UPDATE
             SET mode = coalesce($3, channel_policies.mode),
                 keywords = CASE WHEN $3 IS NULL THEN channel_policies.keywords ELSE EXCLUDED.keywords END,
                 allowed = coalesce($5, channel_policies.allowed),
                 unfurl_allowed = CASE WHEN $6 THEN $7 ELSE channel_policies.unfurl_allowed END,
+                streaming_allowed = CASE WHEN $8 THEN $9 ELSE channel_policies.streaming_allowed END,
                 updated_at = now()
-         RETURNING channel_id, mode, keywords, allowed, unfurl_allowed",
+         RETURNING channel_id, mode, keywords, allowed, unfurl_allowed, streaming_allowed",
         installation,
         channel,
         c.mode,
@@ -162,6 +174,8 @@ pub async fn set_channel_policy(
         c.allowed,
         c.unfurl_allowed.is_some(),
         c.unfurl_allowed.flatten(),
+        c.streaming_allowed.is_some(),
+        c.streaming_allowed.flatten(),
     )
     .fetch_one(pool)
     .await
