@@ -36,6 +36,16 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+/// The closing lines a stream ended early shows, as a reader sees them
+/// (written out here, not imported: the oracle trusts Slack's text).
+const CLOSING_LINES: [&str; 5] = [
+    "The thread changed while I was answering, so I stopped here. I'm reconsidering with the new messages.",
+    "The question was deleted, so I stopped here.",
+    "Answers were switched off here, so I stopped.",
+    "The rest of this answer needs a person's review before it is shown.",
+    "This answer was interrupted before it finished.",
+];
+
 /// One conversation the oracle judges, and the bot a mention must name.
 #[derive(Debug, Clone)]
 pub struct Scope {
@@ -69,7 +79,8 @@ pub struct Judgement {
     /// Each violation with its kind (`duplicate_reply`,
     /// `reply_outside_thread`, `missed_message`, `read_outdated_text`,
     /// `read_deleted_message`, `text_never_had`, `answered_deleted_question`,
-    /// `unattributed_reply`, `post_without_call`).
+    /// `unattributed_reply`, `post_without_call`, `unlabelled_reply`,
+    /// `stream_left_open`).
     pub violations: Vec<(&'static str, String)>,
     /// Threads the violations concern (channel, root).
     pub offending: BTreeSet<(String, String)>,
@@ -270,13 +281,32 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
             for r in &replies {
                 j.replies += 1;
                 let rts = s(r, "ts");
-                // A stream ended early says so in its last line (an italic
-                // line of threadline's own): it answered nothing.
+                // Every reply carries the AI label (a context block).
+                let labelled = r["blocks"]
+                    .as_array()
+                    .is_some_and(|b| b.iter().any(|b| b["type"] == "context"));
+                if !labelled {
+                    j.violations.push((
+                        "unlabelled_reply",
+                        format!("reply {rts} in thread {root} carries no AI label"),
+                    ));
+                    offend(&mut j);
+                }
+                if r["streaming_state"] == "in_progress" {
+                    j.violations.push((
+                        "stream_left_open",
+                        format!("reply {rts} in thread {root} is a stream still open after the run settled"),
+                    ));
+                    offend(&mut j);
+                    continue;
+                }
+                // A stream ended early says so in its last line (one of
+                // threadline's closing lines): it answered nothing.
                 let text = r["text"].as_str().unwrap_or_default();
                 let closing = text
                     .lines()
                     .last()
-                    .is_some_and(|l| l.len() > 2 && l.starts_with('_') && l.ends_with('_'));
+                    .is_some_and(|l| CLOSING_LINES.iter().any(|c| l == format!("_{c}_")));
                 if started.contains_key(&rts) && closing {
                     j.interrupted += 1;
                     continue;

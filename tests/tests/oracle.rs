@@ -111,6 +111,9 @@ impl World {
             .map(|(ts, text)| format!("{ts}/{}", digest(text)))
             .collect();
         let text = format!("an answer\nAnswering {question}; read {}", read.join(" "));
+        let blocks = json!([{"type": "section", "text": {"type": "mrkdwn", "text": "an answer"}},
+                            {"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}])
+        .to_string();
         let r: Value = self
             .ws
             .http
@@ -120,6 +123,7 @@ impl World {
                 ("channel", self.ws.channel.as_str()),
                 ("thread_ts", thread),
                 ("text", text.as_str()),
+                ("blocks", blocks.as_str()),
             ])
             .send()
             .await
@@ -285,6 +289,12 @@ async fn a_reply_to_a_question_whose_deletion_was_delivered_is_caught() {
     let j = w.judge().await;
     assert!(
         j.violations.iter().any(|v| v.0 == "unattributed_reply"),
+        "{:?}",
+        j.violations
+    );
+    // It carries no AI label either: that is reported too.
+    assert!(
+        j.violations.iter().any(|v| v.0 == "unlabelled_reply"),
         "{:?}",
         j.violations
     );

@@ -157,6 +157,7 @@ async fn a_publisher_killed_mid_stream_leaves_one_stream_ended_honestly_and_no_s
         200,
         &[
             ("THREADLINE_STREAM_STALE_MS", "2000"),
+            ("THREADLINE_SLACK_TIMEOUT_MS", "500"),
             ("THREADLINE_REDELIVERY_MS", "3000"),
             ("THREADLINE_SWEEP_MS", "500"),
         ],
@@ -338,5 +339,123 @@ async fn streaming_switched_off_for_a_channel_or_installation_posts_answers_whol
     assert_eq!(s.wait_answers(&q3, 1).await.len(), 1);
     assert_eq!(calls(&s, "chat.startStream").await.len(), 1);
     assert_eq!(calls(&s, "chat.postMessage").await.len(), 2);
+    s.stop().await;
+}
+
+/// An OpenAI-compatible endpoint that streams `pieces`, one every `gap`,
+/// as server-sent events.
+async fn streaming_model(pieces: &'static [&'static str], gap: Duration) -> String {
+    use futures::StreamExt as _;
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || async move {
+            let chunk = |p: &str| {
+                let c = serde_json::json!({"id": "c1", "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": null}]});
+                format!("data: {c}\n\n")
+            };
+            let events = futures::stream::iter(pieces.iter().map(move |p| chunk(p)))
+                .then(move |e| async move {
+                    tokio::time::sleep(gap).await;
+                    Ok::<_, std::convert::Infallible>(e)
+                })
+                .chain(futures::stream::once(async {
+                    Ok("data: [DONE]\n\n".to_owned())
+                }));
+            (
+                [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                axum::body::Body::from_stream(events),
+            )
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/v1", l.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(l, app).await });
+    url
+}
+
+const REVIEW: &str = "_The rest of this answer needs a person's review before it is shown._";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_that_turns_risky_shows_nothing_risky_and_waits_for_its_reviewer() {
+    let url = streaming_model(
+        &[
+            "The job fails ",
+            "because the cache ",
+            "is cold. Ask ",
+            "<@U0SECRET> about ",
+            "the warmer, ",
+            "then retry.",
+        ],
+        Duration::from_millis(300),
+    )
+    .await;
+    let mut s = Stack::start(&streaming(
+        0,
+        &[
+            ("THREADLINE_MODEL_PROVIDER", "openai"),
+            ("THREADLINE_MODEL_BASE_URL", &url),
+            ("THREADLINE_MODEL_NAME", "m"),
+        ],
+    ))
+    .await;
+    s.unjudged = Some("the scripted model's answers do not state what they read");
+    let q = s
+        .post(&format!("<@{}> why does the job fail?", s.bot_user), None)
+        .await;
+    eventually(
+        "the stream ended for review",
+        Duration::from_secs(30),
+        || async {
+            let a = s.answers(&q).await;
+            a.first()
+                .filter(|m| m["text"].as_str().is_some_and(|t| t.ends_with(REVIEW)))
+                .cloned()
+        },
+    )
+    .await;
+    let shown = s.answers(&q).await[0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        shown.starts_with("The job fails because the cache is cold."),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains("U0SECRET") && !shown.contains("warmer"),
+        "nothing from the risky part on is shown: {shown}"
+    );
+    let decision =
+        threadline_store::testing::decisions::decision_id_with_status(&s.db.pool, "review")
+            .await
+            .expect("read")
+            .expect("the answer waits for a reviewer");
+    let env = vec![
+        ("DATABASE_URL", s.db.url.clone()),
+        ("NATS_URL", threadline_testkit::nats_url()),
+        ("THREADLINE_BUS_PREFIX", s.prefix.clone()),
+    ];
+    let out = cli(
+        &["review", "approve", &decision.to_string(), "--by", "ana"],
+        &env,
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers = s.wait_answers(&q, 2).await;
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    let approved = answers[1]["text"].as_str().expect("text");
+    assert!(
+        approved.contains("Ask &lt;@U0SECRET&gt; about the warmer, then retry."),
+        "the approved answer, whole and escaped: {approved}"
+    );
+    assert_eq!(calls(&s, "chat.startStream").await.len(), 1);
+    assert_eq!(calls(&s, "chat.postMessage").await.len(), 1);
     s.stop().await;
 }

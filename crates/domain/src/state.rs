@@ -272,6 +272,10 @@ impl IntentState {
             // A late answer of the attempt that owns it may find it already
             // marked unknown (by the sweeper): its code is recorded again.
             (Sending | Unknown | Reconciling, Unknown) => true,
+            // A stream that ended where its publisher could not see how (a
+            // stop whose answer was lost, a stream already ended by another
+            // publisher or in Slack): reconciled from what Slack shows.
+            (Streaming, Unknown) => true,
             (Unknown, Reconciling) => true,
             (Pending | FailedRetryable, Withdrawn) => true,
             (Held, Pending | FailedPermanent) => true,
@@ -377,6 +381,7 @@ mod tests {
         );
         assert!(!Interrupted.can_become(Sent));
         assert!(!Streaming.can_become(Pending));
+        assert!(Streaming.can_become(Unknown));
         // An unknown outcome is never simply retried: it is read first.
         assert!(!Unknown.can_become(Sending));
         assert!(!Held.can_become(Sending));

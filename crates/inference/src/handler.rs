@@ -159,6 +159,10 @@ impl<'a> Releaser<'a> {
 }
 
 impl crate::provider::Sink for Releaser<'_> {
+    fn hold(&mut self) {
+        self.held = true;
+    }
+
     async fn text(&mut self, delta: &str) -> bool {
         self.raw.push_str(delta);
         if self.last.is_some_and(|t| t.elapsed() < self.every) {
@@ -520,15 +524,20 @@ impl Handler {
             }
             let completion = builtin(&thread, &ctx.source_ts, ctx.thread_version);
             if let (Some(r), Some(st)) = (releaser, &self.streaming) {
-                // Word by word at the configured pace, as a model writes.
-                for word in completion.text.split_inclusive(char::is_whitespace) {
-                    if !st.builtin_pace.is_zero() {
-                        tokio::time::sleep(st.builtin_pace).await;
+                // Word by word at the configured pace, as a model writes,
+                // within the model's time limit like any model call (the
+                // answer is whole already: a slow pace only shows less).
+                let words = async {
+                    for word in completion.text.split_inclusive(char::is_whitespace) {
+                        if !st.builtin_pace.is_zero() {
+                            tokio::time::sleep(st.builtin_pace).await;
+                        }
+                        if !crate::provider::Sink::text(r, word).await {
+                            break;
+                        }
                     }
-                    if !crate::provider::Sink::text(r, word).await {
-                        break;
-                    }
-                }
+                };
+                let _ = tokio::time::timeout(self.model_timeout, words).await;
             }
             metrics::counter!("threadline_model_calls_total", "provider" => "builtin", "result" => "ok").increment(1);
             return Answer::Model {
@@ -625,4 +634,32 @@ pub async fn publish_proposal(
         .await?
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Releaser;
+
+    #[test]
+    fn only_whole_words_that_pass_the_policy_are_released_escaped() {
+        let r = |raw| Releaser::releasable(raw, "AI", 2900);
+        assert_eq!(r("Restart"), None, "no whole word yet");
+        assert_eq!(r("Restart the po").as_deref(), Some("Restart the"));
+        assert_eq!(
+            r("  a & b ").as_deref(),
+            Some("a &amp; b"),
+            "escaped as posted"
+        );
+        // What the final body starts with: the release is its prefix.
+        let raw = "Use <https://example.com> & retry. Then check";
+        let body = threadline_domain::output::markup::escape_within(raw.trim(), 2900);
+        assert!(body.starts_with(&r(raw).expect("released")));
+        // A mention, a secret: nothing is released from there on.
+        assert_eq!(r("ask <@U1> now "), None);
+        assert_eq!(r("the key is xoxb-1234-5678-abcdefgh "), None);
+        // Near the length limit nothing more is released (the final body
+        // may end with a truncation marker there).
+        let long = "word ".repeat(600);
+        assert_eq!(Releaser::releasable(&long, "AI", 2900), None);
+    }
 }

@@ -120,50 +120,58 @@ impl OpenAiClient {
                 ProviderError::Malformed
             }
         })?;
-        let msg = v
-            .pointer("/choices/0/message")
-            .ok_or(ProviderError::Malformed)?;
-        let text = msg
-            .get("content")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
-        let tool_calls: Vec<String> = msg
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .map(|calls| {
-                calls
-                    .iter()
-                    .map(|c| {
-                        c.pointer("/function/name")
-                            .and_then(Value::as_str)
-                            .unwrap_or("unknown")
-                            .to_owned()
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        if text.trim().is_empty() && tool_calls.is_empty() {
-            return Err(ProviderError::Malformed);
-        }
-        let tokens = |k: &str| {
-            v.pointer(&format!("/usage/{k}"))
-                .and_then(Value::as_i64)
-                .map(|n| n as i32)
-        };
-        Ok(Completion {
-            text,
-            tool_calls,
-            prompt_tokens: tokens("prompt_tokens"),
-            completion_tokens: tokens("completion_tokens"),
-        })
+        completion_of(&v)
     }
+}
+
+/// A whole (not streamed) chat completion's answer.
+fn completion_of(v: &Value) -> Result<Completion, ProviderError> {
+    let msg = v
+        .pointer("/choices/0/message")
+        .ok_or(ProviderError::Malformed)?;
+    let text = msg
+        .get("content")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let tool_calls: Vec<String> = msg
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .map(|c| {
+                    c.pointer("/function/name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("unknown")
+                        .to_owned()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if text.trim().is_empty() && tool_calls.is_empty() {
+        return Err(ProviderError::Malformed);
+    }
+    let tokens = |k: &str| {
+        v.pointer(&format!("/usage/{k}"))
+            .and_then(Value::as_i64)
+            .map(|n| n as i32)
+    };
+    Ok(Completion {
+        text,
+        tool_calls,
+        prompt_tokens: tokens("prompt_tokens"),
+        completion_tokens: tokens("completion_tokens"),
+    })
 }
 
 /// What a streamed answer does with each piece of text as it arrives:
 /// false stops the call (nobody needs the rest).
 pub trait Sink {
     fn text(&mut self, delta: &str) -> impl std::future::Future<Output = bool> + Send;
+    /// The answer will need a reviewer whatever its text (the model asked
+    /// for a tool): release nothing more.
+    fn hold(&mut self);
 }
 
 impl OpenAiClient {
@@ -198,6 +206,21 @@ impl OpenAiClient {
         if !(200..300).contains(&status) {
             return Err(ProviderError::Http(status));
         }
+        let is_json = r
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        if is_json {
+            // A server that does not stream answers whole: that is the
+            // answer (nothing released before it; posted at the end).
+            let v: Value = r.json().await.map_err(|_| ProviderError::Malformed)?;
+            let c = completion_of(&v)?;
+            if !c.tool_calls.is_empty() {
+                sink.hold();
+            }
+            return Ok(c);
+        }
         let mut events = SseLines::default();
         let mut out = Completion {
             text: String::new(),
@@ -227,6 +250,7 @@ impl OpenAiClient {
                             out.tool_calls.push(name.to_owned());
                         }
                     }
+                    sink.hold();
                 }
                 if let Some(text) = delta
                     .and_then(|d| d.get("content"))

@@ -29,6 +29,12 @@ enum Reply {
     Status(u16),
     Slow(u64),
     Garbage,
+    /// A streamed answer in these pieces (server-sent events), with usage.
+    Sse(&'static [&'static str]),
+    /// A streamed answer cut off before its `[DONE]`.
+    SseCut(&'static [&'static str]),
+    /// A streamed tool call.
+    SseTool(&'static str),
 }
 
 #[derive(Clone, Default)]
@@ -66,7 +72,121 @@ async fn completions(
             answer(json!({"role": "assistant", "content": "late"}))
         }
         Reply::Garbage => (StatusCode::OK, "<html>not json</html>").into_response(),
+        Reply::Sse(pieces) | Reply::SseCut(pieces) => {
+            let mut body = String::new();
+            for p in pieces {
+                let chunk = json!({"id": "c1", "object": "chat.completion.chunk",
+                                   "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": null}]});
+                body.push_str(&format!("data: {chunk}\n\n"));
+            }
+            if matches!(next, Reply::Sse(_)) {
+                let usage = json!({"id": "c1", "object": "chat.completion.chunk", "choices": [],
+                                   "usage": {"prompt_tokens": 12, "completion_tokens": 3}});
+                body.push_str(&format!(
+                    ": keep-alive\n\ndata: {usage}\n\ndata: [DONE]\n\n"
+                ));
+            }
+            (
+                [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                body,
+            )
+                .into_response()
+        }
+        Reply::SseTool(name) => {
+            let chunk = json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "id": "t1", "type": "function", "function": {"name": name, "arguments": ""}}]}}]});
+            let text = json!({"choices": [{"index": 0, "delta": {"content": "sure "}}]});
+            let body = format!("data: {chunk}\n\ndata: {text}\n\ndata: [DONE]\n\n");
+            (
+                [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                body,
+            )
+                .into_response()
+        }
     }
+}
+
+/// Collects what a streamed call hands over.
+#[derive(Default)]
+struct Collect {
+    pieces: Vec<String>,
+    held: bool,
+}
+
+impl threadline_inference::provider::Sink for Collect {
+    fn hold(&mut self) {
+        self.held = true;
+    }
+
+    async fn text(&mut self, delta: &str) -> bool {
+        self.pieces.push(delta.to_owned());
+        true
+    }
+}
+
+#[tokio::test]
+async fn the_streaming_client_reads_events_as_they_come_and_servers_that_answer_whole() {
+    let (e, url) = endpoint().await;
+    let client =
+        OpenAiClient::new("t", &url, "m", None, Duration::from_secs(5), 100).expect("client");
+    let msgs = vec![json!({"role": "user", "content": "hi"})];
+    e.script.lock().expect("lock").extend([
+        Reply::Sse(&["Hel", "lo ", "world"]),
+        Reply::SseCut(&["half an ", "answ"]),
+        Reply::Text("answered whole"),
+        Reply::SseTool("delete_channel"),
+        Reply::Status(400),
+    ]);
+    let mut sink = Collect::default();
+    let c = client
+        .complete_streaming(&msgs, &mut sink)
+        .await
+        .expect("streamed");
+    assert_eq!(
+        (c.text.as_str(), c.prompt_tokens, c.completion_tokens),
+        ("Hello world", Some(12), Some(3))
+    );
+    assert_eq!(
+        sink.pieces,
+        ["Hel", "lo ", "world"],
+        "each piece as it came"
+    );
+    assert!(!sink.held);
+    let sent = e.requests.lock().expect("lock")[0].clone();
+    assert_eq!(sent["stream"], true);
+    assert!(sent.get("tools").is_none(), "no tools are ever offered");
+
+    // Cut off before [DONE] (the server died): an error, not an answer.
+    let mut sink = Collect::default();
+    assert_eq!(
+        client.complete_streaming(&msgs, &mut sink).await,
+        Err(ProviderError::Transport)
+    );
+    assert_eq!(sink.pieces, ["half an ", "answ"]);
+
+    // A server that does not stream answers whole: that is the answer.
+    let mut sink = Collect::default();
+    let c = client
+        .complete_streaming(&msgs, &mut sink)
+        .await
+        .expect("whole");
+    assert_eq!(c.text, "answered whole");
+    assert!(sink.pieces.is_empty());
+
+    // A tool call holds the release: the answer goes to a reviewer.
+    let mut sink = Collect::default();
+    let c = client
+        .complete_streaming(&msgs, &mut sink)
+        .await
+        .expect("tool call");
+    assert_eq!(c.tool_calls, ["delete_channel"]);
+    assert!(sink.held, "nothing more is released after a tool call");
+
+    let mut sink = Collect::default();
+    assert_eq!(
+        client.complete_streaming(&msgs, &mut sink).await,
+        Err(ProviderError::Http(400))
+    );
 }
 
 async fn endpoint() -> (Endpoint, String) {

@@ -43,9 +43,12 @@ pub struct PublisherConfig {
     /// allow it (false: every answer is posted whole). With it:
     /// `THREADLINE_STREAM_APPEND_MS` (1000), the time between two appends
     /// of one stream (`chat.appendStream` is Tier 4, shared by the
-    /// workspace's streams), and `THREADLINE_STREAM_STALE_MS` (15000), how
+    /// workspace's streams); `THREADLINE_STREAM_STALE_MS` (30000), how
     /// long a stream may go without a step before another publisher takes
-    /// its publisher for dead and ends it.
+    /// its publisher for dead and ends it (more than twice the Slack
+    /// timeout plus the append time); `THREADLINE_STREAM_MAX_MS` (240000),
+    /// the longest a stream stays open before it ends with its closing line
+    /// (Slack ends streams after five minutes).
     pub streams: Option<crate::stream::Streams>,
 }
 
@@ -87,11 +90,24 @@ impl PublisherConfig {
                 stale
             },
             streams: if src.flag("THREADLINE_STREAMING", true)? {
+                let append_every = src.millis("THREADLINE_STREAM_APPEND_MS", 1000, 50..=60_000)?;
+                let stale = src.millis("THREADLINE_STREAM_STALE_MS", 30_000, 1_000..=600_000)?;
+                let timeout = src.millis("THREADLINE_SLACK_TIMEOUT_MS", 10_000, 100..=120_000)?;
+                // A live publisher goes this long without a step at most:
+                // two tries of a stop, and an append's wait.
+                if stale <= timeout * 2 + append_every {
+                    return Err(ConfigError::Invalid {
+                        key: "THREADLINE_STREAM_STALE_MS".into(),
+                        message: format!(
+                            "must be more than twice THREADLINE_SLACK_TIMEOUT_MS plus THREADLINE_STREAM_APPEND_MS ({} ms), or a stream still driven could be taken for orphaned",
+                            (timeout * 2 + append_every).as_millis()
+                        ),
+                    });
+                }
                 Some(crate::stream::Streams {
-                    append_every: src.millis("THREADLINE_STREAM_APPEND_MS", 1000, 50..=60_000)?,
-                    stale: src
-                        .millis("THREADLINE_STREAM_STALE_MS", 15_000, 1_000..=600_000)?
-                        .as_secs_f64(),
+                    append_every,
+                    stale: stale.as_secs_f64(),
+                    max_open: src.millis("THREADLINE_STREAM_MAX_MS", 240_000, 1_000..=290_000)?,
                 })
             } else {
                 None

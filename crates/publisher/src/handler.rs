@@ -812,6 +812,7 @@ impl Handler {
                 .await?;
                 Ok(defer(0.5))
             }
+            Found::Ended(_) => Ok(defer(0.5)),
             Found::Repost => Ok(defer(1.0)),
             Found::Again => Ok(defer(
                 (self.evidence.window_secs / self.evidence.reads.max(1) as f64).clamp(0.5, 60.0),

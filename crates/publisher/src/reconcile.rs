@@ -38,6 +38,9 @@ pub enum Found {
     /// The stream an unknown start created (its ts): ended, then the whole
     /// answer is posted.
     Stream(String),
+    /// The intent's stream, already ended with its closing line: the whole
+    /// answer is posted.
+    Ended(String),
     Held(&'static str),
     Repost,
     /// Not yet decided: read again after a pause.
@@ -76,6 +79,9 @@ pub struct Seen {
     /// For a stream's start: streams of our bot without metadata, inside
     /// the window, that no intent recorded.
     pub by_stream: Vec<String>,
+    /// Streams of this intent already ended with their closing line (their
+    /// metadata names the intent as interrupted).
+    pub ended: Vec<String>,
 }
 
 impl Seen {
@@ -167,6 +173,14 @@ pub async fn read(
                 seen.by_stream.push(ts);
                 continue;
             }
+            if m.get("bot_id").and_then(Value::as_str) == Some(s.bot_id)
+                && m.pointer("/metadata/event_payload/interrupted_intent_id")
+                    .and_then(Value::as_str)
+                    == Some(s.intent.to_string().as_str())
+            {
+                seen.ended.push(ts);
+                continue;
+            }
             match classify(m, s, &others) {
                 (true, _) => {
                     seen.hashes.insert(ts.clone(), hash());
@@ -219,6 +233,8 @@ pub async fn run(
     let found = match (seen.by_metadata.len(), seen.by_body.len()) {
         (n, _) if n > 1 => Found::Held("duplicate_posts_found"),
         (1, _) => Found::Sent(seen.by_metadata[0].clone()),
+        // Its stream was ended with its closing line: it answered nothing.
+        (0, _) if !seen.ended.is_empty() => Found::Ended(seen.ended[0].clone()),
         (0, 1) => Found::Sent(seen.by_body[0].clone()),
         (0, 0) if seen.by_stream.len() == 1 => Found::Stream(seen.by_stream[0].clone()),
         (0, 0) if seen.by_stream.len() > 1 => Found::Held("ambiguous_evidence"),
@@ -252,8 +268,14 @@ pub async fn run(
         Found::Stream(ts) => {
             // The start landed: that stream is ended by the caller with its
             // closing line, and the whole answer posted once.
-            threadline_store::streams::adopt_unknown_start(pool, s.intent, ts).await?;
+            threadline_store::streams::found_ended(pool, s.intent, ts, "start_unknown").await?;
             metrics::counter!("threadline_reconciliations_total", "result" => "stream_found")
+                .increment(1);
+        }
+        Found::Ended(ts) => {
+            threadline_store::streams::found_ended(pool, s.intent, ts, "ended_with_closing_line")
+                .await?;
+            metrics::counter!("threadline_reconciliations_total", "result" => "stream_ended")
                 .increment(1);
         }
         Found::Repost => {

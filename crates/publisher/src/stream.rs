@@ -31,11 +31,14 @@ use crate::proposals;
 pub struct Streams {
     pub append_every: Duration,
     pub stale: f64,
+    /// The longest a stream may stay open (Slack ends streams after five
+    /// minutes): longer, it ends with its closing line.
+    pub max_open: Duration,
 }
 
 /// How long a stream may go without a step when streaming is off here (a
 /// stream started before the switch is still ended in time).
-const DEFAULT_STALE: f64 = 15.0;
+const DEFAULT_STALE: f64 = 30.0;
 
 /// The AI label when the decision has none yet (an answer ended before
 /// inference wrote its first words).
@@ -293,11 +296,21 @@ impl Handler {
         let token = bot.token.expose_secret();
         let mut shown = String::new();
         let mut pause = Duration::ZERO;
+        let opened = std::time::Instant::now();
         loop {
-            tokio::time::sleep(cfg.append_every.max(pause)).await;
+            // (a pause never outlasts a third of the stale time: the steps
+            // keep the stream's intent fresh)
+            let most = Duration::from_secs_f64(cfg.stale / 3.0);
+            tokio::time::sleep(cfg.append_every.max(pause.min(most))).await;
             pause = Duration::ZERO;
             let t = persist(|| streams::tick(&self.pool, p, claim)).await?;
-            match step(&t, p.version, &shown) {
+            let next = match step(&t, p.version, &shown) {
+                Step::Append(_) | Step::Wait if opened.elapsed() > cfg.max_open => {
+                    Step::End(Ending::Interrupted)
+                }
+                s => s,
+            };
+            match next {
                 Step::Lost => return Ok(Disposition::Done),
                 Step::Wait => {}
                 Step::Append(more) => {
@@ -307,13 +320,18 @@ impl Handler {
                             metrics::counter!("threadline_slack_rate_limited_total", "method" => "chat.appendStream").increment(1);
                             pause = retry_after;
                         }
-                        Err(WebError::Api { code })
-                            if code == "stopped_by_user"
-                                || code == "message_not_in_streaming_state" =>
-                        {
-                            // The person pressed Stop (or the stream ended
-                            // in Slack): what it shows is the answer.
+                        Err(WebError::Api { code }) if code == "stopped_by_user" => {
+                            // The person pressed Stop: what it shows is
+                            // the answer they wanted.
                             return self.record_stream(claim, p, ts).await;
+                        }
+                        Err(WebError::Api { code }) if code == "message_not_in_streaming_state" => {
+                            // Ended elsewhere (another publisher took it for
+                            // dead, its lifetime, a deletion): reconciled
+                            // from what Slack shows.
+                            streams::to_unknown(&self.pool, claim.id, "stream_ended_elsewhere")
+                                .await?;
+                            return Ok(Disposition::Done);
                         }
                         Err(e) => {
                             // It may or may not have landed: what the
@@ -348,19 +366,20 @@ impl Handler {
                         .stop(token, p.channel, ts, &rest, &label_blocks(label), &metadata)
                         .await
                     {
-                        Stopped::Yes | Stopped::AlreadyEnded => {
-                            self.record_stream(claim, p, ts).await
-                        }
+                        Stopped::Yes => self.record_stream(claim, p, ts).await,
                         Stopped::RateLimited(wait) => {
                             pause = wait;
                             continue;
                         }
-                        Stopped::Failed => {
-                            // Slack did not take the stop: the stream ends
-                            // at its lifetime; the answer is not lost, it
-                            // is posted whole.
-                            persist(|| streams::interrupted(&self.pool, claim.id, "stop_failed"))
-                                .await?;
+                        Stopped::AlreadyEnded | Stopped::Failed => {
+                            // Whether this stop landed (an earlier try whose
+                            // answer was lost) or the stream was ended
+                            // elsewhere, Slack's metadata tells: reconciled,
+                            // never posted again blindly.
+                            persist(|| {
+                                streams::to_unknown(&self.pool, claim.id, "stream_stop_unknown")
+                            })
+                            .await?;
                             Ok(defer(1.0))
                         }
                     };
@@ -447,7 +466,8 @@ impl Handler {
         blocks: &str,
         metadata: &str,
     ) -> Stopped {
-        for attempt in 1..=4u32 {
+        // (two tries at most: the stream's intent is not refreshed meanwhile)
+        for attempt in 1..=2u32 {
             match self
                 .web
                 .stop_stream(token, channel, ts, text, blocks, metadata)
@@ -504,14 +524,18 @@ impl Handler {
             .stop(token, channel, ts, &text, &blocks, &metadata)
             .await;
         if let Stopped::RateLimited(wait) = outcome {
-            tokio::time::sleep(wait.min(Duration::from_secs(30))).await;
+            tokio::time::sleep(wait.min(Duration::from_secs(5))).await;
             outcome = self
                 .stop(token, channel, ts, &text, &blocks, &metadata)
                 .await;
         }
-        if !matches!(outcome, Stopped::Yes | Stopped::AlreadyEnded) {
-            // Slack ends it at its lifetime; the intent is not left open.
-            tracing::warn!(alert = "stream_not_closed", intent_id = %intent, "the stream could not be stopped; Slack ends it at its lifetime");
+        if !matches!(outcome, Stopped::Yes) {
+            // Ended elsewhere, or the stop's outcome is not known: what
+            // Slack shows decides (its metadata says whether it stopped with
+            // the whole answer or a closing line).
+            tracing::warn!(intent_id = %intent, "the stream's end is not known; reconciling it");
+            persist(|| streams::to_unknown(&self.pool, intent, "stream_end_unknown")).await?;
+            return Ok(());
         }
         persist(|| streams::interrupted(&self.pool, intent, ending.reason())).await?;
         metrics::counter!("threadline_streams_interrupted_total", "reason" => ending.reason())
@@ -545,6 +569,11 @@ impl Handler {
 
     /// Ends a stream whose publisher died (the sweeper's and a handler's).
     pub(crate) async fn end_orphan(&self, o: &Orphan, bot: Option<&Bot>) -> anyhow::Result<()> {
+        // Taken over first (a new attempt): its old publisher, should it
+        // wake, finds it no longer its own; another sweeper finds it taken.
+        if !streams::take_orphan(&self.pool, o.intent, self.stream_stale()).await? {
+            return Ok(());
+        }
         match bot {
             Some(bot) => {
                 tracing::warn!(intent_id = %o.intent, "a stream's publisher stopped driving it; ending it");
@@ -553,7 +582,7 @@ impl Handler {
                     bot,
                     &o.channel,
                     &o.stream_ts,
-                    None,
+                    o.label.as_deref(),
                     true,
                     Ending::Interrupted,
                 )
@@ -572,8 +601,15 @@ impl Handler {
     pub(crate) async fn sweep_streams(&self) -> anyhow::Result<usize> {
         let orphans = streams::orphans(&self.pool, self.stream_stale(), 50).await?;
         for o in &orphans {
-            let bot = self.bot(o.installation).await?;
-            self.end_orphan(o, bot.as_ref()).await?;
+            // (one installation's failure does not keep the others' open)
+            let ended = async {
+                let bot = self.bot(o.installation).await?;
+                self.end_orphan(o, bot.as_ref()).await
+            }
+            .await;
+            if let Err(e) = ended {
+                tracing::warn!(error = format!("{e:#}"), intent_id = %o.intent, "ending an orphaned stream failed; next round");
+            }
         }
         Ok(orphans.len())
     }

@@ -63,7 +63,12 @@ pub async fn round(h: &Handler, sweep: Sweep) -> anyhow::Result<()> {
     // unknown on the way), then hand their proposals back.
     // Streams whose publisher died are ended with their closing line (the
     // whole answer is then posted by its proposal).
-    h.sweep_streams().await?;
+    if let Err(e) = h.sweep_streams().await {
+        tracing::warn!(
+            error = format!("{e:#}"),
+            "sweeping streams failed; next round"
+        );
+    }
     let undriven = intents::take_undriven(&h.pool, h.sending_stale, idle).await?;
     for intents::Undriven {
         intent,

@@ -131,7 +131,7 @@ pub async fn claim_for(
             SELECT version FROM threads
              WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3 FOR SHARE),
          c AS (
-            SELECT i.id AS intent, i.state, i.attempts, i.decision_id,
+            SELECT i.id AS intent, i.state, i.attempts, i.decision_id, coalesce(i.streamed, false) AS streamed,
                    extract(epoch FROM i.next_attempt_at - now())::float8 AS due_in,
                    extract(epoch FROM now() - i.sending_since)::float8 AS sending_for,
                    -- the most binding state of the event's intents of other
@@ -157,7 +157,7 @@ pub async fn claim_for(
               LEFT JOIN reply_intents i ON i.installation_id = $1 AND i.event_id = $6 AND i.action_kind = $7),
          go AS (
             SELECT c.intent, c.attempts, c.decision_id FROM c
-             WHERE (c.intent IS NULL OR (c.state = ANY($15) AND c.due_in <= 0))
+             WHERE (c.intent IS NULL OR (c.state = ANY($15) AND c.due_in <= 0 AND NOT ($17 AND c.streamed)))
                AND c.other IS NULL AND c.switch IS NULL AND c.version = $9
                AND NOT c.deleted AND NOT c.newer_trigger AND c.pending_age IS NULL),
          slot AS (
@@ -184,13 +184,14 @@ pub async fn claim_for(
                    error_code = NULL, updated_at = now()
               FROM go
              WHERE r.id = go.intent AND EXISTS (SELECT 1 FROM slot) AND r.state = ANY($15)
-               AND r.next_attempt_at <= now()
+               AND r.next_attempt_at <= now() AND NOT ($17 AND r.streamed)
             RETURNING r.id, r.attempts, r.ever_unknown,
                       CASE WHEN go.attempts > 0 THEN go.decision_id ELSE $11 END AS previous_decision),
          claim AS (SELECT * FROM fresh UNION ALL SELECT * FROM taken)
          SELECT c.intent AS "intent?", c.state AS "state?", c.due_in AS "due_in?", c.sending_for AS "sending_for?",
                 c.other AS "other?", c.switch AS "switch?", c.deleted AS "deleted!",
                 c.newer_trigger AS "newer_trigger!", c.pending_age AS "pending_age?", c.version AS "version?",
+                c.streamed AS "streamed!",
                 (SELECT s.next_allowed_at FROM slot s) AS "slot_until?",
                 -- the slot as it was before this statement (what it is now,
                 -- when this statement did not take it)
@@ -217,6 +218,8 @@ pub async fn claim_for(
         IntentState::Sending.as_str(),
         &claim_from,
         Uuid::now_v7(),
+        // (a stream is started once per intent, whatever its state now)
+        what == Claim::Stream,
     )
     .fetch_one(pool)
     .await?;
@@ -236,6 +239,7 @@ pub async fn claim_for(
             // publisher died is ended first, see `streams::orphan_of`).
             "streaming" => return Ok(Verdict::NotNow(2.0)),
             "interrupted" if what == Claim::Stream => return Ok(Verdict::Closed),
+            _ if what == Claim::Stream && c.streamed => return Ok(Verdict::Closed),
             "failed_retryable" | "pending" if c.due_in.is_some_and(|d| d > 0.0) => {
                 return Ok(Verdict::NotNow(c.due_in.unwrap_or(1.0)));
             }

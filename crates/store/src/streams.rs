@@ -88,11 +88,18 @@ pub async fn streamed(pool: &PgPool, intent: Uuid) -> sqlx::Result<bool> {
     )
 }
 
-/// A start whose outcome was unknown, found in Slack as the stream `ts`:
-/// `unknown | reconciling → interrupted` (it is ended, never continued).
-pub async fn adopt_unknown_start(pool: &PgPool, intent: Uuid, ts: &str) -> sqlx::Result<bool> {
+/// A stream reconciliation found in Slack as the stream `ts`: one an
+/// unknown start created (then ended by the caller, never continued), or
+/// one already ended with its closing line: `unknown | reconciling →
+/// interrupted`, with why.
+pub async fn found_ended(
+    pool: &PgPool,
+    intent: Uuid,
+    ts: &str,
+    reason: &str,
+) -> sqlx::Result<bool> {
     let r = sqlx::query!(
-        "UPDATE reply_intents SET state = $2, stream_ts = $3, interrupted_reason = 'start_unknown',
+        "UPDATE reply_intents SET state = $2, stream_ts = $3, interrupted_reason = $5,
                 unknown_since = NULL, reconcile_reads = 0, updated_at = now()
           WHERE id = $1 AND state = ANY($4)",
         intent,
@@ -102,6 +109,7 @@ pub async fn adopt_unknown_start(pool: &PgPool, intent: Uuid, ts: &str) -> sqlx:
             &[IntentState::Unknown, IntentState::Reconciling],
             IntentState::Interrupted
         ),
+        reason,
     )
     .execute(pool)
     .await?;
@@ -217,6 +225,42 @@ pub async fn interrupted(pool: &PgPool, intent: Uuid, reason: &str) -> sqlx::Res
     Ok(r.rows_affected() == 1)
 }
 
+/// A stream whose end its publisher could not see (a stop whose answer
+/// was lost, a stream another publisher or Slack had ended): `streaming →
+/// unknown`, reconciled from what Slack shows (its metadata says whether
+/// it stopped with the whole answer or with a closing line).
+pub async fn to_unknown(pool: &PgPool, intent: Uuid, code: &str) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE reply_intents SET state = $2, error_code = $3, unknown_since = now(), ever_unknown = true,
+                updated_at = now()
+          WHERE id = $1 AND state = ANY($4)",
+        intent,
+        IntentState::Unknown.as_str(),
+        code,
+        &moves(&[IntentState::Streaming], IntentState::Unknown),
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Takes over a stream whose publisher stopped driving it (no step for
+/// `stale` seconds): a new attempt, so that its old publisher, should it
+/// wake, finds the stream no longer its own. False: it is driven again, or
+/// another took it.
+pub async fn take_orphan(pool: &PgPool, intent: Uuid, stale: f64) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE reply_intents SET attempts = attempts + 1, updated_at = now()
+          WHERE id = $1 AND state = $2 AND updated_at < now() - make_interval(secs => $3)",
+        intent,
+        IntentState::Streaming.as_str(),
+        stale,
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
 /// A stream whose publisher stopped driving it: `streaming` for longer
 /// than `stale` seconds without a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,6 +270,8 @@ pub struct Orphan {
     pub channel: String,
     pub stream_ts: String,
     pub decision: Uuid,
+    /// The AI label its answer carries.
+    pub label: Option<String>,
 }
 
 /// The event's stream intent if its publisher stopped driving it.
@@ -238,11 +284,13 @@ pub async fn orphan_of(
 ) -> sqlx::Result<Option<Orphan>> {
     sqlx::query_as!(
         Orphan,
-        r#"SELECT id AS intent, installation_id AS installation, channel_id AS channel,
-                  stream_ts AS "stream_ts!", decision_id AS decision
-             FROM reply_intents
-            WHERE installation_id = $1 AND event_id = $2 AND action_kind = $3 AND state = $4
-              AND stream_ts IS NOT NULL AND updated_at < now() - make_interval(secs => $5)"#,
+        r#"SELECT r.id AS intent, r.installation_id AS installation, r.channel_id AS channel,
+                  r.stream_ts AS "stream_ts!", r.decision_id AS decision,
+                  (SELECT coalesce(d.body_blocks -> 1 -> 'elements' -> 0 ->> 'text', d.stream_label)
+                     FROM decisions d WHERE d.id = r.decision_id) AS "label?"
+             FROM reply_intents r
+            WHERE r.installation_id = $1 AND r.event_id = $2 AND r.action_kind = $3 AND r.state = $4
+              AND r.stream_ts IS NOT NULL AND r.updated_at < now() - make_interval(secs => $5)"#,
         installation,
         event_id,
         action_kind,
@@ -257,11 +305,14 @@ pub async fn orphan_of(
 pub async fn orphans(pool: &PgPool, stale: f64, limit: i64) -> sqlx::Result<Vec<Orphan>> {
     sqlx::query_as!(
         Orphan,
-        r#"SELECT id AS intent, installation_id AS installation, channel_id AS channel,
-                  stream_ts AS "stream_ts!", decision_id AS decision
-             FROM reply_intents
-            WHERE state = $1 AND stream_ts IS NOT NULL AND updated_at < now() - make_interval(secs => $2)
-            ORDER BY updated_at LIMIT $3"#,
+        r#"SELECT r.id AS intent, r.installation_id AS installation, r.channel_id AS channel,
+                  r.stream_ts AS "stream_ts!", r.decision_id AS decision,
+                  (SELECT coalesce(d.body_blocks -> 1 -> 'elements' -> 0 ->> 'text', d.stream_label)
+                     FROM decisions d WHERE d.id = r.decision_id) AS "label?"
+             FROM reply_intents r
+            WHERE r.state = $1 AND r.stream_ts IS NOT NULL
+              AND r.updated_at < now() - make_interval(secs => $2)
+            ORDER BY r.updated_at LIMIT $3"#,
         IntentState::Streaming.as_str(),
         stale,
         limit,

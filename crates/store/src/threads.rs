@@ -537,6 +537,11 @@ pub async fn apply(
             keep_reply(conn, inst, channel, f).await?
         }
         Effect::Upsert(f) => create(conn, inst, channel, f).await?,
+        // The same for our own reply's edits (a streamed answer's final
+        // text arrives as one): kept, no new version.
+        Effect::Edit(f) if f.speaker == Speaker::Assistant => {
+            edit_own_reply(conn, inst, channel, f).await?
+        }
         Effect::Edit(f) => edit(conn, inst, channel, f).await?,
         Effect::Delete { ts, root_ts } => delete(conn, inst, channel, ts, root_ts).await?,
     };
@@ -688,6 +693,56 @@ async fn edit(
             DO UPDATE SET version = threads.version + 1, updated_at = now()
             RETURNING version)
          SELECT (SELECT root_ts FROM msg) AS root, (SELECT version FROM bumped) AS version"#,
+        inst,
+        channel,
+        &f.ts,
+        &f.root_ts,
+        f.speaker.as_str(),
+        f.user_id.as_deref(),
+        f.bot_id.as_deref(),
+        &f.text,
+        text_hash(&f.text),
+        f.edited_ts.as_deref(),
+        &key
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(Applied::of(r.root, r.version))
+}
+
+/// An edit of our own reply (a streamed answer's final text): kept as
+/// [`edit`] keeps an edit, without a new version of its thread.
+async fn edit_own_reply(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    f: &MessageFacts,
+) -> sqlx::Result<Option<Applied>> {
+    let key = f.edited_ts.clone().unwrap_or_else(|| text_hash(&f.text));
+    let r = sqlx::query!(
+        r#"WITH fact AS (
+            INSERT INTO message_facts (installation_id, channel_id, ts, fact, fact_key)
+            VALUES ($1, $2, $3, 'edit', $11) ON CONFLICT DO NOTHING RETURNING 1),
+         msg AS (
+            INSERT INTO thread_messages AS m
+                   (installation_id, channel_id, ts, root_ts, speaker, user_id, bot_id, text, text_hash, edited_ts)
+            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::numeric WHERE EXISTS (SELECT 1 FROM fact)
+            ON CONFLICT (installation_id, channel_id, ts) DO UPDATE
+               SET text = CASE WHEN NOT m.deleted AND (m.edited_ts IS NULL OR m.edited_ts < EXCLUDED.edited_ts)
+                               THEN EXCLUDED.text ELSE m.text END,
+                   text_hash = CASE WHEN NOT m.deleted AND (m.edited_ts IS NULL OR m.edited_ts < EXCLUDED.edited_ts)
+                                    THEN EXCLUDED.text_hash ELSE m.text_hash END,
+                   edited_ts = CASE WHEN NOT m.deleted AND (m.edited_ts IS NULL OR m.edited_ts < EXCLUDED.edited_ts)
+                                    THEN EXCLUDED.edited_ts ELSE m.edited_ts END
+            RETURNING root_ts),
+         made AS (
+            INSERT INTO threads (installation_id, channel_id, root_ts, version) SELECT $1, $2, root_ts, 0 FROM msg
+            ON CONFLICT (installation_id, channel_id, root_ts) DO NOTHING
+            RETURNING version)
+         SELECT (SELECT root_ts FROM msg) AS root,
+                coalesce((SELECT version FROM made),
+                         (SELECT t.version FROM threads t JOIN msg ON t.root_ts = msg.root_ts
+                           WHERE t.installation_id = $1 AND t.channel_id = $2)) AS version"#,
         inst,
         channel,
         &f.ts,
