@@ -223,3 +223,199 @@ async fn a_model_server_killed_mid_answer_leads_to_one_fallback_reply() {
     assert_eq!(posts(&s).await.len(), 1);
     s.stop().await;
 }
+
+/// The settings that stream answers (on top of the model server's).
+fn streamed(mut env: Vec<(&'static str, String)>) -> Vec<(&'static str, String)> {
+    env.extend([
+        ("THREADLINE_STREAMING", "true".to_owned()),
+        ("THREADLINE_STREAM_RELEASE_MS", "100".to_owned()),
+        ("THREADLINE_STREAM_APPEND_MS", "200".to_owned()),
+    ]);
+    env
+}
+
+async fn ok_calls(s: &Stack, method: &str) -> Vec<Value> {
+    sim_get(&s.sim, &format!("calls?method={method}")).await["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["outcome"] == "ok")
+        .collect()
+}
+
+fn labelled(m: &Value) -> bool {
+    m["blocks"].as_array().is_some_and(|b| {
+        b.iter().any(|b| {
+            b["type"] == "context"
+                && b.to_string()
+                    .contains("AI-generated — verify before relying on it")
+        })
+    })
+}
+
+const REVIEW_LINE: &str = "_The rest of this answer needs a person's review before it is shown._";
+const INTERRUPTED_LINE: &str = "_This answer was interrupted before it finished._";
+
+/// The real model's answer streamed through `/v1/chat/completions` with
+/// `stream: true`: one stream in the thread, grown as the server wrote,
+/// stopped with the AI label and the intent's metadata, bound to the
+/// thread version its context read. Should the model echo markup, the
+/// stream ends for review showing none of it, and the approved answer is
+/// posted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the model virtualenv: scripts/real-model-check.sh runs it"]
+async fn a_real_model_streams_its_answer_once_labelled_and_bound() {
+    let model = ModelServer::start().await;
+    let mut s = Stack::start(&streamed(model.inference_env())).await;
+    s.unjudged = Some("a real model's answer does not say which messages it read");
+    let (root, _) = ask_about_exit_code(&s).await;
+    let done =
+        threadline_testkit::eventually("the stream stopped", Duration::from_secs(60), || async {
+            s.answers(&root)
+                .await
+                .into_iter()
+                .find(|m| m["streaming_state"] == "completed")
+        })
+        .await;
+    let text = done["text"].as_str().expect("text").to_owned();
+    assert!(labelled(&done), "labelled: {done}");
+    if text.ends_with(REVIEW_LINE) {
+        let decision =
+            threadline_store::testing::decisions::decision_id_with_status(&s.db.pool, "review")
+                .await
+                .expect("read")
+                .expect("held for review");
+        eprintln!("the streamed answer went to review; approving it");
+        run_cli(
+            &s,
+            &["review", "approve", &decision.to_string(), "--by", "ana"],
+        )
+        .await;
+        let answers = s.wait_answers(&root, 2).await;
+        assert_eq!(answers.len(), 2, "{answers:?}");
+        assert_eq!(ok_calls(&s, "chat.postMessage").await.len(), 1);
+    } else {
+        assert!(
+            !text.starts_with("[threadline built-in model]") && text.trim().len() > 10,
+            "the real model's words: {text}"
+        );
+        assert_eq!(done["metadata"]["event_type"], "threadline_reply");
+        let (receipt, version, state, decided) = bound_version(&s).await;
+        assert_eq!((state.as_str(), decided), ("sent", version));
+        let (provider, fallback, _) =
+            threadline_store::testing::decisions::answered_by(&s.db.pool, receipt)
+                .await
+                .expect("decision");
+        assert!(!fallback && provider.as_deref().is_some_and(|p| p != "builtin"));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(s.answers(&root).await.len(), 1);
+        assert!(ok_calls(&s, "chat.postMessage").await.is_empty());
+    }
+    // One stream, never a second.
+    assert_eq!(ok_calls(&s, "chat.startStream").await.len(), 1);
+    assert_eq!(ok_calls(&s, "chat.stopStream").await.len(), 1);
+    s.stop().await;
+    drop(model);
+}
+
+/// A proxy that relays the model server's streamed answer and, after
+/// `events` of its server-sent events, kills the server and drops the
+/// connection: the answer is cut off mid-stream. The flag says the cut
+/// came after some of the answer had been relayed.
+async fn cutting_proxy(mut model: ModelServer, events: usize) -> (String, Arc<AtomicBool>) {
+    let cut_mid_answer = Arc::new(AtomicBool::new(false));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/v1", l.local_addr().expect("addr"));
+    let port = model.port();
+    let flag = cut_mid_answer.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = l.accept().await {
+            let request = read_request(&mut client).await;
+            let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+                drop(client);
+                continue;
+            };
+            let _ = server.write_all(&request).await;
+            let (mut seen, mut buf) = (0usize, [0u8; 4096]);
+            loop {
+                let n = server.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                let _ = client.write_all(&buf[..n]).await;
+                seen += String::from_utf8_lossy(&buf[..n])
+                    .matches("\"content\":\"")
+                    .count();
+                if seen >= events {
+                    flag.store(true, Ordering::SeqCst);
+                    break;
+                }
+            }
+            model.kill().await;
+            drop(server);
+            drop(client);
+        }
+    });
+    (url, cut_mid_answer)
+}
+
+/// The model server dies in the middle of a streamed answer: the stream is
+/// closed honestly (its closing line, the label) and the policy's fallback
+/// follows once; or, when nothing had been shown yet, the fallback is what
+/// the one stream says. Never a second stream, never a partial answer
+/// left as if it were whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the model virtualenv: scripts/real-model-check.sh runs it"]
+async fn a_model_server_killed_mid_stream_closes_the_stream_honestly_and_falls_back_once() {
+    let model = ModelServer::start().await;
+    let (url, cut) = cutting_proxy(model, 12).await;
+    let mut s = Stack::start(&streamed(inference_env(url))).await;
+    s.unjudged = Some("the fallback does not say which messages it read");
+    let root = s
+        .post(&format!("<@{}> summarise the incident", s.bot_user), None)
+        .await;
+    threadline_testkit::eventually("the stream stopped", Duration::from_secs(60), || async {
+        s.answers(&root)
+            .await
+            .into_iter()
+            .find(|m| m["streaming_state"] == "completed")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let answers = s.answers(&root).await;
+    assert!(cut.load(Ordering::SeqCst), "the answer was cut mid-stream");
+    for a in &answers {
+        assert!(labelled(a), "labelled: {a}");
+    }
+    let first = answers[0]["text"].as_str().expect("text");
+    eprintln!(
+        "after the cut Slack shows {} message(s); the stream says: {first:?}",
+        answers.len()
+    );
+    if answers.len() == 2 {
+        assert!(
+            first.ends_with(INTERRUPTED_LINE),
+            "closed honestly: {first}"
+        );
+        assert_eq!(ok_calls(&s, "chat.postMessage").await.len(), 1);
+    } else {
+        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert!(
+            first.starts_with("threadline could not process this request"),
+            "nothing was shown before the cut, so the one stream is the fallback: {first}"
+        );
+    }
+    let receipt = threadline_store::testing::threads::first_context(&s.db.pool)
+        .await
+        .expect("one context")
+        .receipt_id;
+    let (_, fallback, _) = threadline_store::testing::decisions::answered_by(&s.db.pool, receipt)
+        .await
+        .expect("decision");
+    assert!(fallback, "the answer is the fallback");
+    assert_eq!(ok_calls(&s, "chat.startStream").await.len(), 1);
+    s.stop().await;
+}
