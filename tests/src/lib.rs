@@ -442,6 +442,14 @@ pub struct Stack {
 /// without having read it (it then crossed in flight).
 pub const ORACLE_GRACE: Duration = Duration::from_millis(500);
 
+/// The stack's installation id (the first registered), as the CLI takes it.
+pub async fn first_installation(s: &Stack) -> String {
+    threadline_store::testing::installations::first_id(&s.db.pool)
+        .await
+        .expect("an installation")
+        .to_string()
+}
+
 /// Waits until nothing is in flight (and stays so for `quiet`), or `limit`
 /// passes; returns what was still open then (the checker reports it too).
 /// With `bus` (a JetStream context and the bus prefix), a message still in

@@ -38,13 +38,25 @@ use serde_json::Value;
 
 /// The closing lines a stream ended early shows, as a reader sees them
 /// (written out here, not imported: the oracle trusts Slack's text).
-const CLOSING_LINES: [&str; 5] = [
+pub const CLOSING_LINES: [&str; 5] = [
     "The thread changed while I was answering, so I stopped here. I'm reconsidering with the new messages.",
     "The question was deleted, so I stopped here.",
     "Answers were switched off here, so I stopped.",
     "The rest of this answer needs a person's review before it is shown.",
     "This answer was interrupted before it finished.",
 ];
+
+/// Whether a message of the app is a stream ended early: a stream (it has
+/// a streaming state) whose last line is one of the closing lines.
+pub fn ended_early(m: &Value) -> bool {
+    m["streaming_state"].is_string() && closes(m["text"].as_str().unwrap_or_default())
+}
+
+fn closes(text: &str) -> bool {
+    text.lines()
+        .last()
+        .is_some_and(|l| CLOSING_LINES.iter().any(|c| l == format!("_{c}_")))
+}
 
 /// One conversation the oracle judges, and the bot a mention must name.
 #[derive(Debug, Clone)]
@@ -303,10 +315,7 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                 // A stream ended early says so in its last line (one of
                 // threadline's closing lines): it answered nothing.
                 let text = r["text"].as_str().unwrap_or_default();
-                let closing = text
-                    .lines()
-                    .last()
-                    .is_some_and(|l| CLOSING_LINES.iter().any(|c| l == format!("_{c}_")));
+                let closing = closes(text);
                 if started.contains_key(&rts) && closing {
                     j.interrupted += 1;
                     continue;

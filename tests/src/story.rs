@@ -23,6 +23,12 @@ pub fn settings() -> Vec<(&'static str, String)> {
         ),
         ("THREADLINE_SLACK_TIMEOUT_MS", "1000".to_owned()),
         ("THREADLINE_RECONCILE_WINDOW_MS", "2000".to_owned()),
+        // Streaming is on in the services, and switched on by policy for
+        // the streaming chapter only (the story switches it off first).
+        ("THREADLINE_STREAMING", "true".to_owned()),
+        ("THREADLINE_BUILTIN_STREAM_PACE_MS", "120".to_owned()),
+        ("THREADLINE_STREAM_RELEASE_MS", "100".to_owned()),
+        ("THREADLINE_STREAM_APPEND_MS", "300".to_owned()),
     ]
 }
 
@@ -49,6 +55,9 @@ pub struct Totals {
     pub stale: i64,
     pub reconciled: i64,
     pub duplicate_replies: i64,
+    /// Of the replies, streams ended early with their closing line (each
+    /// followed by at most one answer: not a duplicate).
+    pub ended_early: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -141,8 +150,9 @@ impl Story {
             plural(t.reconciled, "reconciled post", "reconciled posts"),
         ));
         out.push_str(&format!(
-            "totals, as Slack shows them: {}, {}\n",
+            "totals, as Slack shows them: {} ({} ended early, each followed by one answer), {}\n",
             plural(t.replies, "reply", "replies"),
+            plural(t.ended_early, "stream", "streams"),
             plural(t.duplicate_replies, "duplicate reply", "duplicate replies"),
         ));
         if let Some(why) = self.totals_disagree() {
@@ -287,6 +297,24 @@ fn label_ok(answer: &Value) -> bool {
 pub async fn play(s: &Stack) -> Story {
     let t = Teller { s };
     let mut chapters = Vec::new();
+    // Answers are posted whole until the streaming chapter.
+    let inst = crate::first_installation(s).await;
+    let db = [("DATABASE_URL", s.db.url.clone())];
+    let off = cli(
+        &[
+            "policy",
+            "set",
+            "--installation",
+            &inst,
+            "--streaming",
+            "off",
+        ],
+        &db,
+    )
+    .await
+    .status
+    .success();
+    assert!(off, "streaming switched off for the story's first chapters");
 
     // 1. A mention answered once.
     let root = s.post("deploy of api-7 failed at 02:10", None).await;
@@ -579,6 +607,73 @@ pub async fn play(s: &Stack) -> Story {
         ]),
     });
 
+    // 9. A streamed answer the thread overtakes.
+    let on = cli(
+        &[
+            "policy",
+            "set",
+            "--installation",
+            &inst,
+            "--streaming",
+            "on",
+        ],
+        &db,
+    )
+    .await
+    .status
+    .success();
+    let root = s.post("the queue is backing up", None).await;
+    t.mention("what should we check first?", Some(&root)).await;
+    let showing = until(Duration::from_secs(20), || async {
+        (!t.calls("chat.appendStream", &root).await.is_empty()).then_some(())
+    })
+    .await
+    .is_some();
+    let human = s
+        .post("it's the consumer, it just restarted", Some(&root))
+        .await;
+    t.settle(&root).await;
+    let answers = s.answers(&root).await;
+    let decisions = t.decisions(&root).await;
+    let starts = t.calls("chat.startStream", &root).await.len();
+    let appends = t.calls("chat.appendStream", &root).await.len();
+    let text = |i: usize| {
+        answers
+            .get(i)
+            .and_then(|a| a["text"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let closing = "_The thread changed while I was answering, so I stopped here. I'm reconsidering with the new messages._";
+    chapters.push(Chapter {
+        title: "A streamed answer stops when a person replies; one reconsidered answer follows",
+        slack: format!(
+            "a stream grown in {appends} appends, ended with its closing line; then {}",
+            replies(answers.len().saturating_sub(1))
+        ),
+        recorded: chain(&decisions),
+        verdict: check(&[
+            (
+                on && showing,
+                "the answer was streaming when the person replied".into(),
+            ),
+            (starts == 1, "one stream, never a second".into()),
+            (
+                text(0).ends_with(closing),
+                "the stream ends with its closing line".into(),
+            ),
+            (answers.len() == 2, "then exactly one answer".into()),
+            (
+                text(1).contains(&format!("{human}/")),
+                "the answer read the person's reply".into(),
+            ),
+            (
+                answers.get(1).is_some_and(label_ok),
+                "the answer is labelled".into(),
+            ),
+        ]),
+    });
+
     let (j, violations) = s.verdict(crate::ORACLE_GRACE).await;
     Story {
         chapters,
@@ -636,20 +731,39 @@ async fn totals(s: &Stack) -> Totals {
     };
     let stat = |key: &str| stats[key].as_i64().unwrap_or(-1);
     let posts = sim_get(&s.sim, &format!("app_posts?app_id={}", s.app)).await;
-    let count = |key: &str, over: i64| {
-        posts[key]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|x| x["count"].as_i64().unwrap_or(0))
-                    .filter(|n| *n > over)
-                    .count() as i64
-            })
-            .unwrap_or(-1)
-    };
     let replies = posts["per_thread"]
         .as_array()
         .map(|a| a.iter().map(|x| x["count"].as_i64().unwrap_or(0)).sum())
+        .unwrap_or(-1);
+    // Streams ended early, per thread (from the channel's messages).
+    let messages = sim_get(&s.sim, &format!("channels/{}/messages", s.channel)).await;
+    let mut ended: std::collections::BTreeMap<String, i64> = Default::default();
+    for m in messages["messages"].as_array().cloned().unwrap_or_default() {
+        if m["app_id"].as_str() == Some(s.app.as_str()) && crate::oracle::ended_early(&m) {
+            let root = m["thread_ts"]
+                .as_str()
+                .or(m["ts"].as_str())
+                .unwrap_or_default();
+            *ended.entry(root.to_owned()).or_default() += 1;
+        }
+    }
+    // From Slack's side: source messages with more than one reply, a
+    // stream ended early in the thread not counted.
+    let duplicates = posts["per_trigger"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|x| {
+                    let n = x["count"].as_i64().unwrap_or(0);
+                    let early = x["thread_ts"]
+                        .as_str()
+                        .and_then(|t| ended.get(t))
+                        .copied()
+                        .unwrap_or(0);
+                    n - early > 1
+                })
+                .count() as i64
+        })
         .unwrap_or(-1);
     Totals {
         events: stat("receipts_total"),
@@ -659,8 +773,8 @@ async fn totals(s: &Stack) -> Totals {
         replies,
         stale: stat("stale_proposals_total"),
         reconciled: stat("reconciled_total"),
-        // From Slack's side: source messages with more than one reply.
-        duplicate_replies: count("per_trigger", 1),
+        duplicate_replies: duplicates,
+        ended_early: ended.values().sum(),
     }
 }
 

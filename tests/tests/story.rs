@@ -20,8 +20,12 @@ async fn the_demo_story_holds_every_invariant() {
     assert!(told.oracle.violations.is_empty(), "{report}");
     assert_eq!(
         (told.oracle.questions, told.oracle.answered),
-        (7, 6),
-        "seven questions, one stopped by the kill switch: {report}"
+        (8, 7),
+        "eight questions, one stopped by the kill switch: {report}"
+    );
+    assert_eq!(
+        told.totals.ended_early, 1,
+        "the streamed chapter's stream: {report}"
     );
     assert!(told.totals.stale >= 2, "{report}");
     assert!(told.totals.reconciled >= 1, "{report}");

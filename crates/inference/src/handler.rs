@@ -302,8 +302,16 @@ impl Handler {
             provider = tracing::field::Empty,
             outcome = tracing::field::Empty
         );
+        // Streamed only where the policy allows it (the publisher checks it
+        // again): elsewhere nothing is released and the answer is posted whole.
+        let stream_here = match &self.streaming {
+            Some(_) => {
+                threadline_store::streams::allowed(&self.pool, inst, &ctx.channel_id).await?
+            }
+            None => false,
+        };
         let mut releaser = match &self.streaming {
-            Some(st) => {
+            Some(st) if stream_here => {
                 // The publisher may start the stream now: the decision is
                 // named before the first word exists.
                 if let Err(e) = self.announce(id).await {
@@ -320,7 +328,7 @@ impl Handler {
                     st.release_every,
                 ))
             }
-            None => None,
+            _ => None,
         };
         let answer = self
             .ask(ctx, releaser.as_mut())

@@ -33,6 +33,22 @@ pub async fn release_text(
     Ok(r.rows_affected() == 1)
 }
 
+/// Whether answers may be streamed in `channel`: its setting, else the
+/// installation's, else yes.
+pub async fn allowed(pool: &PgPool, installation: Uuid, channel: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT coalesce((SELECT c.streaming_allowed FROM channel_policies c
+                             WHERE c.installation_id = $1 AND c.channel_id = $2),
+                           (SELECT p.streaming_allowed FROM installation_policies p
+                             WHERE p.installation_id = $1),
+                           true) AS "allowed!""#,
+        installation,
+        channel,
+    )
+    .fetch_one(pool)
+    .await
+}
+
 /// Who a stream is for: Slack asks for the recipient of a stream in a
 /// channel (the person who asked, and their team).
 #[derive(Debug, Clone, PartialEq, Eq)]
