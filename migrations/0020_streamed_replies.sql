@@ -19,6 +19,10 @@ ALTER TABLE reply_intents ADD COLUMN interrupted_reason text;
 -- never streamed again, and an unknown outcome is reconciled from the
 -- stream Slack may hold.
 ALTER TABLE reply_intents ADD COLUMN streamed boolean NOT NULL DEFAULT false;
+-- The attempt that streamed: only that attempt's unknown outcome is looked
+-- for as a stream (a later attempt posts the whole answer, and is
+-- reconciled like any post).
+ALTER TABLE reply_intents ADD COLUMN stream_attempt integer;
 
 -- The answer's text released so far while the model is still running
 -- (escaped by the output policy, a prefix of the final body): written by

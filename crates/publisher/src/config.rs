@@ -43,10 +43,10 @@ pub struct PublisherConfig {
     /// allow it (false: every answer is posted whole). With it:
     /// `THREADLINE_STREAM_APPEND_MS` (1000), the time between two appends
     /// of one stream (`chat.appendStream` is Tier 4, shared by the
-    /// workspace's streams); `THREADLINE_STREAM_STALE_MS` (30000), how
+    /// workspace's streams); `THREADLINE_STREAM_STALE_MS` (45000), how
     /// long a stream may go without a step before another publisher takes
-    /// its publisher for dead and ends it (more than twice the Slack
-    /// timeout plus the append time); `THREADLINE_STREAM_MAX_MS` (240000),
+    /// its publisher for dead and ends it (more than three times the Slack
+    /// timeout plus the append time: an append and two tries of a stop); `THREADLINE_STREAM_MAX_MS` (240000),
     /// the longest a stream stays open before it ends with its closing line
     /// (Slack ends streams after five minutes).
     pub streams: Option<crate::stream::Streams>,
@@ -91,16 +91,17 @@ impl PublisherConfig {
             },
             streams: if src.flag("THREADLINE_STREAMING", true)? {
                 let append_every = src.millis("THREADLINE_STREAM_APPEND_MS", 1000, 50..=60_000)?;
-                let stale = src.millis("THREADLINE_STREAM_STALE_MS", 30_000, 1_000..=600_000)?;
+                let stale = src.millis("THREADLINE_STREAM_STALE_MS", 45_000, 1_000..=600_000)?;
                 let timeout = src.millis("THREADLINE_SLACK_TIMEOUT_MS", 10_000, 100..=120_000)?;
                 // A live publisher goes this long without a step at most:
-                // two tries of a stop, and an append's wait.
-                if stale <= timeout * 2 + append_every {
+                // an append that times out, then two tries of a stop, and
+                // the wait before the next step.
+                if stale <= timeout * 3 + append_every {
                     return Err(ConfigError::Invalid {
                         key: "THREADLINE_STREAM_STALE_MS".into(),
                         message: format!(
-                            "must be more than twice THREADLINE_SLACK_TIMEOUT_MS plus THREADLINE_STREAM_APPEND_MS ({} ms), or a stream still driven could be taken for orphaned",
-                            (timeout * 2 + append_every).as_millis()
+                            "must be more than three times THREADLINE_SLACK_TIMEOUT_MS plus THREADLINE_STREAM_APPEND_MS ({} ms), or a stream still driven could be taken for orphaned",
+                            (timeout * 3 + append_every).as_millis()
                         ),
                     });
                 }

@@ -800,12 +800,13 @@ impl Handler {
                 Ok(Disposition::Done)
             }
             Found::Stream(ts) => {
+                let label = threadline_store::streams::label_of(&self.pool, intent).await?;
                 self.end(
                     intent,
                     bot,
                     p.channel,
                     &ts,
-                    None,
+                    label.as_deref(),
                     false,
                     crate::stream::Ending::Interrupted,
                 )

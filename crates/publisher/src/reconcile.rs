@@ -170,10 +170,20 @@ pub async fn read(
             let text = m.get("text").and_then(Value::as_str).unwrap_or_default();
             let hash = || hex::encode(Sha256::digest(text.as_bytes()));
             if stream_start(m, s, &others) {
-                seen.by_stream.push(ts);
+                // A stream that stopped without our metadata was stopped by
+                // the person (our stops all carry it): what it shows is the
+                // answer they wanted. One still open (or expired) is a start
+                // to end.
+                if m.get("streaming_state").and_then(Value::as_str) == Some("completed") {
+                    seen.hashes.insert(ts.clone(), hash());
+                    seen.by_body.push(ts);
+                } else {
+                    seen.by_stream.push(ts);
+                }
                 continue;
             }
-            if m.get("bot_id").and_then(Value::as_str) == Some(s.bot_id)
+            if s.stream
+                && m.get("bot_id").and_then(Value::as_str) == Some(s.bot_id)
                 && m.pointer("/metadata/event_payload/interrupted_intent_id")
                     .and_then(Value::as_str)
                     == Some(s.intent.to_string().as_str())

@@ -38,7 +38,7 @@ pub struct Streams {
 
 /// How long a stream may go without a step when streaming is off here (a
 /// stream started before the switch is still ended in time).
-const DEFAULT_STALE: f64 = 30.0;
+const DEFAULT_STALE: f64 = 45.0;
 
 /// The AI label when the decision has none yet (an answer ended before
 /// inference wrote its first words).
@@ -262,6 +262,17 @@ impl Handler {
             .record(started.elapsed().as_secs_f64());
         let ts = match r {
             Ok(ts) => ts,
+            // Slack said no (a recipient it does not know, an argument it
+            // refuses): no stream exists; the claim goes back and the
+            // answer is posted whole (the intent never streams again).
+            Err(WebError::Api { code })
+                if !matches!(code.as_str(), "internal_error" | "fatal_error") =>
+            {
+                tracing::warn!(code = %code, "Slack refused the stream's start; the answer will be posted whole");
+                metrics::counter!("threadline_streams_refused_total").increment(1);
+                intents::release(&self.pool, &claim, "stream_refused", 0.0).await?;
+                return Ok(Disposition::Done);
+            }
             Err(e) => return self.failed(&claim, p, e, "chat.startStream").await,
         };
         metrics::counter!("threadline_streams_started_total").increment(1);
@@ -367,11 +378,11 @@ impl Handler {
                         .await
                     {
                         Stopped::Yes => self.record_stream(claim, p, ts).await,
-                        Stopped::RateLimited(wait) => {
+                        Stopped::RateLimited(wait) if opened.elapsed() < cfg.max_open => {
                             pause = wait;
                             continue;
                         }
-                        Stopped::AlreadyEnded | Stopped::Failed => {
+                        Stopped::RateLimited(_) | Stopped::AlreadyEnded | Stopped::Failed => {
                             // Whether this stop landed (an earlier try whose
                             // answer was lost) or the stream was ended
                             // elsewhere, Slack's metadata tells: reconciled,
@@ -520,15 +531,12 @@ impl Handler {
         let blocks = label_blocks(label.unwrap_or(FALLBACK_LABEL));
         let token = bot.token.expose_secret();
         let text = closing(shown, ending);
-        let mut outcome = self
+        // (one stop, tried twice at most: a 429 or an unknown outcome is
+        // settled by reconciliation, so the stream's intent is never left
+        // unrefreshed longer than the stale time allows)
+        let outcome = self
             .stop(token, channel, ts, &text, &blocks, &metadata)
             .await;
-        if let Stopped::RateLimited(wait) = outcome {
-            tokio::time::sleep(wait.min(Duration::from_secs(5))).await;
-            outcome = self
-                .stop(token, channel, ts, &text, &blocks, &metadata)
-                .await;
-        }
         if !matches!(outcome, Stopped::Yes) {
             // Ended elsewhere, or the stop's outcome is not known: what
             // Slack shows decides (its metadata says whether it stopped with

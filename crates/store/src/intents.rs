@@ -761,7 +761,8 @@ async fn record_round(
              INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by,
                                           detected_at)
              SELECT i.id, dd.installation_id, dd.channel_id, dd.root_ts, i.ts, m.ts, 'publisher', clock_timestamp()
-               FROM i JOIN decisions dd ON dd.id = i.decision_id
+                              FROM i JOIN decisions dd ON dd.id = i.decision_id
+               JOIN reply_intents ri ON ri.id = i.id
                JOIN thread_messages m
                  ON m.installation_id = dd.installation_id AND m.channel_id = dd.channel_id AND m.root_ts = dd.root_ts
               WHERE dd.context_ts IS NOT NULL
@@ -769,7 +770,10 @@ async fn record_round(
                 -- deleted only after the context was taken: it was there
                 -- when the answer went out
                 AND (NOT m.deleted OR m.deleted_at > dd.created_at)
-                AND m.ts::numeric < i.ts::numeric
+                                -- (a streamed reply was whole when it stopped, now: what a
+                -- person said while it streamed crossed it)
+                AND m.ts::numeric < CASE WHEN ri.stream_ts = i.ts THEN extract(epoch FROM now())::numeric
+                                         ELSE i.ts::numeric END
                 AND m.ts::numeric > coalesce(dd.context_floor_ts, '0')::numeric
                 AND NOT (m.ts = ANY(dd.context_ts))
              ON CONFLICT DO NOTHING

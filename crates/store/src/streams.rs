@@ -66,7 +66,7 @@ pub async fn recipient(
     let r = sqlx::query!(
         r#"SELECT (SELECT m.user_id FROM thread_messages m
                     WHERE m.installation_id = $1 AND m.channel_id = $2 AND m.ts = $3) AS "user?",
-                  (SELECT coalesce(i.team_id, i.enterprise_id) FROM installations i WHERE i.id = $1) AS "team?""#,
+                  (SELECT i.team_id FROM installations i WHERE i.id = $1) AS "team?""#,
         installation,
         channel,
         source_ts,
@@ -83,7 +83,7 @@ pub async fn recipient(
 /// streamed again; an unknown outcome is looked for as a stream).
 pub async fn starting(pool: &PgPool, c: &Claimed) -> sqlx::Result<bool> {
     let r = sqlx::query!(
-        "UPDATE reply_intents SET streamed = true, updated_at = now()
+        "UPDATE reply_intents SET streamed = true, stream_attempt = attempts, updated_at = now()
           WHERE id = $1 AND attempts = $2 AND state = $3",
         c.id,
         c.attempt,
@@ -94,14 +94,30 @@ pub async fn starting(pool: &PgPool, c: &Claimed) -> sqlx::Result<bool> {
     Ok(r.rows_affected() == 1)
 }
 
-/// Whether an attempt of the intent started, or tried to start, a stream.
+/// Whether the intent's current attempt is the one that started, or tried
+/// to start, a stream (then its unknown outcome is looked for as a
+/// stream; a later attempt's is a post's).
 pub async fn streamed(pool: &PgPool, intent: Uuid) -> sqlx::Result<bool> {
-    Ok(
-        sqlx::query_scalar!("SELECT streamed FROM reply_intents WHERE id = $1", intent)
-            .fetch_optional(pool)
-            .await?
-            .unwrap_or(false),
+    Ok(sqlx::query_scalar!(
+        r#"SELECT (streamed AND stream_attempt = attempts) AS "current!" FROM reply_intents WHERE id = $1"#,
+        intent
     )
+    .fetch_optional(pool)
+    .await?
+    .unwrap_or(false))
+}
+
+/// The AI label of the decision an intent names (its settled blocks', else
+/// the one inference wrote with the stream's first words).
+pub async fn label_of(pool: &PgPool, intent: Uuid) -> sqlx::Result<Option<String>> {
+    Ok(sqlx::query_scalar!(
+        r#"SELECT coalesce(d.body_blocks -> 1 -> 'elements' -> 0 ->> 'text', d.stream_label) AS "label?"
+             FROM reply_intents r JOIN decisions d ON d.id = r.decision_id WHERE r.id = $1"#,
+        intent
+    )
+    .fetch_optional(pool)
+    .await?
+    .flatten())
 }
 
 /// A stream reconciliation found in Slack as the stream `ts`: one an
@@ -117,7 +133,7 @@ pub async fn found_ended(
     let r = sqlx::query!(
         "UPDATE reply_intents SET state = $2, stream_ts = $3, interrupted_reason = $5,
                 unknown_since = NULL, reconcile_reads = 0, updated_at = now()
-          WHERE id = $1 AND state = ANY($4)",
+          WHERE id = $1 AND state = ANY($4) AND streamed AND stream_attempt = attempts",
         intent,
         IntentState::Interrupted.as_str(),
         ts,
