@@ -459,3 +459,93 @@ async fn a_streamed_answer_that_turns_risky_shows_nothing_risky_and_waits_for_it
     assert_eq!(calls(&s, "chat.postMessage").await.len(), 1);
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_of_the_question_mid_stream_ends_it_and_the_edited_question_is_answered_once() {
+    let s = Stack::start(&streaming(150, &[])).await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    eventually(
+        "the stream showing words",
+        Duration::from_secs(30),
+        || async { (!calls(&s, "chat.appendStream").await.is_empty()).then_some(()) },
+    )
+    .await;
+    let edited = format!("<@{}> why does the deploy fail on Mondays?", s.bot_user);
+    sim_ctl(
+        &s.sim,
+        "act/edit",
+        serde_json::json!({"user": s.user, "channel": s.channel, "ts": q, "text": edited}),
+    )
+    .await;
+    let answers = s.wait_answers(&q, 2).await;
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    let first = answers[0]["text"].as_str().expect("text");
+    assert!(first.ends_with(CHANGED), "{first}");
+    let second = answers[1]["text"].as_str().expect("text");
+    assert!(
+        second.contains("on Mondays?") && second.contains(&format!("Answering {q}; read")),
+        "the edited question answered: {second}"
+    );
+    assert_eq!(calls(&s, "chat.startStream").await.len(), 1);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_switch_engaged_mid_stream_ends_it_and_nothing_more_is_posted() {
+    let s = Stack::start(&streaming(150, &[])).await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    eventually(
+        "the stream showing words",
+        Duration::from_secs(30),
+        || async { (!calls(&s, "chat.appendStream").await.is_empty()).then_some(()) },
+    )
+    .await;
+    let env = vec![("DATABASE_URL", s.db.url.clone())];
+    let out = cli(
+        &[
+            "kill-switch",
+            "engage",
+            "--global",
+            "--reason",
+            "test",
+            "--by",
+            "ops",
+        ],
+        &env,
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eventually("the stream ended", Duration::from_secs(30), || async {
+        s.answers(&q)
+            .await
+            .into_iter()
+            .find(|m| m["streaming_state"] == "completed")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let answers = s.answers(&q).await;
+    assert_eq!(answers.len(), 1, "nothing after the switch: {answers:?}");
+    let text = answers[0]["text"].as_str().expect("text");
+    assert!(
+        text.ends_with("_Answers were switched off here, so I stopped._"),
+        "{text}"
+    );
+    assert!(calls(&s, "chat.postMessage").await.is_empty());
+    let out = cli(&["kill-switch", "release", "--global", "--by", "ops"], &env).await;
+    assert!(out.status.success());
+    s.stop().await;
+}
