@@ -810,7 +810,8 @@ async fn policy_commands_change_what_may_trigger() {
     assert_eq!(after["approved_bots"], json!(["B0OTHER"]));
     assert_eq!(
         after["channels"],
-        json!([{"channel": "C0OPS", "mode": "keywords", "keywords": ["incident", "outage"], "allowed": false, "unfurl": null}])
+        json!([{"channel": "C0OPS", "mode": "keywords", "keywords": ["incident", "outage"], "allowed": false, "unfurl": null,
+                 "streaming": null}])
     );
     // The allow-list: one private channel admitted by name, the keywords
     // channel listed without losing its mode, and answers only there.
@@ -862,8 +863,8 @@ async fn policy_commands_change_what_may_trigger() {
     assert_eq!(
         listed["channels"],
         json!([
-            {"channel": "C0OPS", "mode": "keywords", "keywords": ["incident", "outage"], "allowed": true, "unfurl": null},
-            {"channel": "G0PRIV", "mode": "mentions", "keywords": [], "allowed": true, "unfurl": null},
+            {"channel": "C0OPS", "mode": "keywords", "keywords": ["incident", "outage"], "allowed": true, "unfurl": null, "streaming": null},
+            {"channel": "G0PRIV", "mode": "mentions", "keywords": [], "allowed": true, "unfurl": null, "streaming": null},
         ])
     );
 }
