@@ -301,7 +301,17 @@ async fn a_real_model_streams_its_answer_once_labelled_and_bound() {
             "the real model's words: {text}"
         );
         assert_eq!(done["metadata"]["event_type"], "threadline_reply");
-        let (receipt, version, state, decided) = bound_version(&s).await;
+        // (Slack shows the stream stopped a moment before the publisher
+        // has recorded it)
+        let (receipt, version, state, decided) = threadline_testkit::eventually(
+            "the stream recorded as sent",
+            Duration::from_secs(10),
+            || async {
+                let b = bound_version(&s).await;
+                (b.2 == "sent").then_some(b)
+            },
+        )
+        .await;
         assert_eq!((state.as_str(), decided), ("sent", version));
         let (provider, fallback, _) =
             threadline_store::testing::decisions::answered_by(&s.db.pool, receipt)
