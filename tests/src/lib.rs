@@ -12,6 +12,38 @@ use std::time::Duration;
 use threadline_testkit::{bin_path, eventually};
 use tokio::process::{Child, Command};
 
+/// An OpenAI-compatible chat-completions endpoint that answers every
+/// request with `answer`: its base URL (`…/v1`) and how many requests it
+/// got.
+pub async fn fixed_model(
+    answer: &'static str,
+) -> (String, std::sync::Arc<std::sync::Mutex<usize>>) {
+    use axum::Json;
+    use axum::extract::State;
+    use serde_json::{Value, json};
+    use std::sync::{Arc, Mutex};
+    let calls = Arc::new(Mutex::new(0usize));
+    let app = axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(
+                move |State(n): State<Arc<Mutex<usize>>>, Json(_): Json<Value>| async move {
+                    *n.lock().expect("lock") += 1;
+                    Json(json!({"id": "c1", "object": "chat.completion",
+                                "choices": [{"index": 0, "finish_reason": "stop",
+                                             "message": {"role": "assistant", "content": answer}}]}))
+                },
+            ),
+        )
+        .with_state(calls.clone());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/v1", l.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (url, calls)
+}
+
 /// A running threadline binary.
 pub struct Proc {
     pub child: Child,

@@ -674,6 +674,10 @@ pub async fn play(s: &Stack) -> Story {
         ]),
     });
 
+    // 10. Review by button, in the review channel.
+    let chapter = review_by_button(&t, &inst, &db).await;
+    chapters.push(chapter);
+
     let (j, violations) = s.verdict(crate::ORACLE_GRACE).await;
     Story {
         chapters,
@@ -790,6 +794,161 @@ pub fn model_calls_answered(metrics: &str) -> i64 {
 
 fn plural(n: i64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// Chapter 10: an answer that would repeat a credential-like string waits
+/// for a reviewer in the installation's review channel; a click from a
+/// member who is not a reviewer is refused; the reviewer's double click
+/// approves once; the request then says who approved it and where it went.
+async fn review_by_button(t: &Teller<'_>, inst: &str, db: &[(&'static str, String)]) -> Chapter {
+    let s = t.s;
+    let user = |name: &'static str| async move {
+        sim_ctl(&s.sim, "users", json!({"team_id": s.team, "name": name})).await["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (rita, otto) = (user("rita").await, user("otto").await);
+    let review = sim_ctl(
+        &s.sim,
+        "channels",
+        json!({"team_id": s.team, "name": "answers-review", "kind": "public",
+               "members": [rita, otto, s.bot_user]}),
+    )
+    .await["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    sim_ctl(
+        &s.sim,
+        &format!("apps/{}/interactivity", s.app),
+        json!({"url": format!("{}/slack/interactions", s.services[0].base_url)}),
+    )
+    .await;
+    // (answers are posted whole again: this chapter is about the review)
+    let whole = cli(
+        &[
+            "policy",
+            "set",
+            "--installation",
+            inst,
+            "--streaming",
+            "off",
+        ],
+        db,
+    )
+    .await
+    .status
+    .success();
+    let setup = whole
+        && cli(
+            &[
+                "review",
+                "setup",
+                "--installation",
+                inst,
+                "--channel",
+                &review,
+                "--reviewers",
+                &rita,
+            ],
+            db,
+        )
+        .await
+        .status
+        .success();
+    let root = s.post("the deploy docs show a token", None).await;
+    t.mention(
+        "is xoxb-example-placeholder the token the deploy uses?",
+        Some(&root),
+    )
+    .await;
+    let requests = || async {
+        sim_get(&s.sim, &format!("channels/{review}/messages")).await["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| m["app_id"].is_string())
+            .collect::<Vec<Value>>()
+    };
+    let request = until(Duration::from_secs(30), || async { requests().await.pop() }).await;
+    let ts = request
+        .as_ref()
+        .and_then(|m| m["ts"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let shown = request
+        .as_ref()
+        .map(|m| m["blocks"].to_string())
+        .unwrap_or_default();
+    let held = s.answers(&root).await.is_empty();
+    let click = |user: String| {
+        let (review, ts) = (review.clone(), ts.clone());
+        async move {
+            sim_ctl(
+                &s.sim,
+                "act/click",
+                json!({"user": user, "channel": review, "ts": ts,
+                       "action_id": threadline_domain::review::APPROVE_ACTION}),
+            )
+            .await
+        }
+    };
+    click(otto.clone()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let refused = s.answers(&root).await.is_empty();
+    let (a, b) = tokio::join!(click(rita.clone()), click(rita.clone()));
+    let clicked = a["status"] == 200 && b["status"] == 200;
+    t.settle(&root).await;
+    let approved_line = format!("Approved by <@{rita}>: posted in <#{}>.", s.channel);
+    let outcome = until(Duration::from_secs(20), || async {
+        requests()
+            .await
+            .into_iter()
+            .find(|m| m["ts"] == json!(ts) && m["blocks"].to_string().contains(&approved_line))
+    })
+    .await;
+    let answers = s.answers(&root).await;
+    let decisions = t.decisions(&root).await;
+    let requests_n = requests().await.len();
+    Chapter {
+        title: "An answer that needs review is approved by button in the review channel",
+        slack: format!(
+            "a review request in #answers-review (the token redacted), a non-reviewer's click refused, \
+             the reviewer's double click: {}; the request now says who approved it",
+            replies(answers.len())
+        ),
+        recorded: chain(&decisions),
+        verdict: check(&[
+            (
+                setup && request.is_some(),
+                "a review request was posted in the review channel".into(),
+            ),
+            (
+                shown.contains("[redacted]") && !shown.contains("xoxb-example"),
+                "the request shows the answer with the token redacted".into(),
+            ),
+            (
+                held && refused,
+                "nothing posted before a reviewer approved".into(),
+            ),
+            (clicked, "Slack delivered both clicks".into()),
+            (
+                answers.len() == 1,
+                "exactly one answer after the double click".into(),
+            ),
+            (
+                answers.first().is_some_and(label_ok),
+                "the answer is labelled".into(),
+            ),
+            (
+                outcome.is_some(),
+                "the request says who approved it, without buttons".into(),
+            ),
+            (requests_n == 1, "one request for the decision".into()),
+        ]),
+    }
 }
 
 #[cfg(test)]

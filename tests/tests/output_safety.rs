@@ -6,38 +6,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Json;
-use axum::extract::State;
 use serde_json::{Value, json};
 use threadline_testkit::eventually;
 use threadline_tests::{Stack, cli, sim_get};
 
-/// A chat-completions endpoint that answers every request with `answer`.
-async fn model(answer: &'static str) -> (String, Arc<Mutex<usize>>) {
-    let calls = Arc::new(Mutex::new(0usize));
-    let app = axum::Router::new()
-        .route(
-            "/v1/chat/completions",
-            axum::routing::post(
-                move |State(n): State<Arc<Mutex<usize>>>, Json(_): Json<Value>| async move {
-                    *n.lock().expect("lock") += 1;
-                    Json(json!({"id": "c1", "object": "chat.completion",
-                                "choices": [{"index": 0, "finish_reason": "stop",
-                                             "message": {"role": "assistant", "content": answer}}]}))
-                },
-            ),
-        )
-        .with_state(calls.clone());
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}/v1", l.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(l, app).await });
-    (url, calls)
-}
-
 async fn stack_with_model(answer: &'static str) -> (Stack, Arc<Mutex<usize>>) {
-    let (url, calls) = model(answer).await;
+    let (url, calls) = threadline_tests::fixed_model(answer).await;
     let mut s = Stack::start(&[
         ("THREADLINE_MODEL_PROVIDER", "openai".to_owned()),
         ("THREADLINE_MODEL_BASE_URL", url),

@@ -20,8 +20,8 @@ async fn the_demo_story_holds_every_invariant() {
     assert!(told.oracle.violations.is_empty(), "{report}");
     assert_eq!(
         (told.oracle.questions, told.oracle.answered),
-        (8, 7),
-        "eight questions, one stopped by the kill switch: {report}"
+        (9, 8),
+        "nine questions, one stopped by the kill switch: {report}"
     );
     assert_eq!(
         told.totals.ended_early, 1,

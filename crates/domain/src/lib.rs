@@ -11,6 +11,7 @@ pub mod ids;
 pub mod kill_switch;
 pub mod output;
 pub mod prompt;
+pub mod review;
 pub mod state;
 pub mod topic;
 

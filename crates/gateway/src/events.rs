@@ -18,7 +18,7 @@ use threadline_store::receipts::{ReceiptMeta, build as build_receipt, parse_erro
 
 /// What a delivery came to; the label of the ack-latency histogram.
 #[derive(Debug, Clone, Copy)]
-enum Answer {
+pub(crate) enum Answer {
     Accepted,
     /// Held as an `unparsed` receipt: signed, identified, not parseable.
     Unparsed,
@@ -32,7 +32,7 @@ enum Answer {
 }
 
 impl Answer {
-    fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Answer::Accepted => "accepted",
             Answer::Unparsed => "unparsed",
@@ -80,7 +80,7 @@ fn now_unix() -> i64 {
 /// are missing, malformed or stale are refused before the body is read; the
 /// body is read only within the budget for unverified bytes (else 503,
 /// unread), and that share is given back once the signature is checked.
-async fn receive(
+pub(crate) async fn receive(
     app: &AppState,
     headers: &HeaderMap,
     body: Body,

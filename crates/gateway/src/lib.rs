@@ -7,6 +7,7 @@ pub mod config;
 pub mod events;
 pub mod installations;
 pub mod intake;
+pub mod interactions;
 pub mod listener;
 pub mod oauth;
 pub mod page;
@@ -48,6 +49,9 @@ pub struct AppState {
     pub body_timeout: Duration,
     /// Bytes of bodies not yet verified that may be in memory at once.
     pub unverified: unverified::Budget,
+    /// Wakes the outbox relays after a commit outside the intake (a
+    /// reviewer's click).
+    pub wake: Wake,
 }
 
 /// The gateway's routes: Slack intake, the OAuth install flow (when
@@ -71,6 +75,7 @@ pub fn router(state: AppState, oauth: Option<oauth::OAuthState>, readiness: Read
     };
     Router::new()
         .route("/slack/events", post(events::slack_events))
+        .route("/slack/interactions", post(interactions::slack_interactions))
         .with_state(state)
         .merge(install)
         .merge(health::router(readiness))
@@ -144,7 +149,7 @@ pub async fn run(
         cfg.intake_writers,
         cfg.intake_max_batch,
         cfg.intake_timeout,
-        wake,
+        wake.clone(),
     );
     let state = AppState {
         verifier: Arc::new(verifier),
@@ -154,6 +159,7 @@ pub async fn run(
         max_body_bytes: cfg.max_body_bytes,
         unverified: unverified::Budget::new(cfg.unverified_bytes, cfg.max_body_bytes),
         body_timeout: cfg.body_timeout,
+        wake,
     };
     let mut readiness = Readiness::default().postgres(pool.clone());
     if let Some(nats) = &nats {

@@ -409,3 +409,24 @@ fn the_app_manifest_requests_exactly_the_default_bot_scopes() {
     assert!(!listed.is_empty(), "no bot scopes found in the manifest");
     assert_eq!(listed, default);
 }
+
+/// The manifest sends interactivity (review clicks) and events to the
+/// gateway's own routes.
+#[test]
+fn the_app_manifest_points_at_the_gateway_routes() {
+    let manifest =
+        std::fs::read_to_string(threadline_testkit::repo_root().join("deploy/slack/manifest.yaml"))
+            .expect("deploy/slack/manifest.yaml");
+    let urls: Vec<&str> = manifest
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("request_url: "))
+        .collect();
+    assert_eq!(
+        urls,
+        [
+            "https://threadline.example.com/slack/events",
+            "https://threadline.example.com/slack/interactions"
+        ]
+    );
+    assert!(manifest.contains("interactivity:\n") && manifest.contains("is_enabled: true"));
+}

@@ -271,7 +271,7 @@ impl Handler {
             Claim::Busy => return Ok(Disposition::Defer(Duration::from_secs(10))),
             Claim::Settled(id, status) => {
                 // A redelivery: never a second model call for this binding.
-                if status == DecisionStatus::Proposed {
+                if matches!(status, DecisionStatus::Proposed | DecisionStatus::Review) {
                     self.publish(id).await?;
                 }
                 return Ok(Disposition::Done);
@@ -455,7 +455,7 @@ impl Handler {
                     .increment(1);
             }
             tracing::info!(reasons = ?reply.risks, "proposal routed to human review");
-            return Ok(Disposition::Done);
+            // (the publisher asks in the review channel, when there is one)
         }
         // The row as settled: what the proposal names, read by the
         // statement that settled it.

@@ -499,8 +499,13 @@ async fn prompt_injection_cannot_reach_secrets_instructions_or_tools() {
         (d2.status.as_str(), d2.action_kind.as_str()),
         ("review", "tool:delete_channel")
     );
+    // Handed to the publisher only to be asked about in the review channel:
+    // marked as needing review, which it never posts unapproved.
+    let ps = env.proposals().await;
+    assert_eq!(ps.len(), 2, "both held answers go to review");
     assert!(
-        env.proposals().await.is_empty(),
+        ps.iter()
+            .all(|p| p.needs_review && !p.review_reasons.is_empty()),
         "risky output is never proposed for posting"
     );
     env.cleanup().await;
@@ -740,7 +745,12 @@ async fn slack_markup_in_model_text_is_escaped_and_routed_to_review() {
             );
         }
     }
-    let ps = env.proposals().await;
+    let ps: Vec<_> = env
+        .proposals()
+        .await
+        .into_iter()
+        .filter(|p| !p.needs_review)
+        .collect();
     assert_eq!(ps.len(), 1, "only the answer without markup is proposed");
     assert_eq!(
         ps[0].text,
@@ -753,7 +763,12 @@ async fn slack_markup_in_model_text_is_escaped_and_routed_to_review() {
     env.handler.handle(&payload).await;
     let d = env.decision(receipt).await;
     assert_eq!((d.status.as_str(), d.fallback), ("proposed", true));
-    let ps = env.proposals().await;
+    let ps: Vec<_> = env
+        .proposals()
+        .await
+        .into_iter()
+        .filter(|p| !p.needs_review)
+        .collect();
     assert!(
         ps[1]
             .text

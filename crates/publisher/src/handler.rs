@@ -149,7 +149,18 @@ impl Handler {
             };
         }
         let span = tracing::info_span!("publisher.publish", event_id = %p.event_id, decision_id = %decision, version = p.thread_version);
-        match self.process(inst, decision).instrument(span.clone()).await {
+        let done = self.process(inst, decision).instrument(span.clone()).await;
+        // A reviewed answer's review request shows what became of it (off
+        // the path of answers that need no reviewer).
+        let done = match done {
+            Ok(Disposition::Done) if p.needs_review => {
+                self.review_follow_up(decision)
+                    .instrument(span.clone())
+                    .await
+            }
+            other => other,
+        };
+        match done {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(parent: &span, error = format!("{e:#}"), "publishing failed; retrying");
@@ -229,6 +240,8 @@ impl Handler {
         match d.status.as_str() {
             "proposed" if d.review_reasons.is_empty() => {}
             "approved" => {}
+            // Waiting for a reviewer: asked in the review channel, if any.
+            "review" => return self.request_review(&d).await,
             _ => {
                 // Discarded while an attempt was out (a 429, a refused
                 // connection): nothing keeps its intent waiting.

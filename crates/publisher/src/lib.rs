@@ -11,6 +11,7 @@ pub mod intents;
 pub mod ledger;
 pub mod proposals;
 pub mod reconcile;
+pub mod review;
 pub mod stream;
 pub mod sweeper;
 

@@ -1,8 +1,10 @@
 """slack-sim checked by Slack's own Python SDK (slack_sdk), a client nobody
 here wrote: its WebClient reads slack-sim's answers, its chat_stream helper
 streams a reply through chat.startStream / appendStream / stopStream the way
-it does against Slack, and its SignatureVerifier accepts slack-sim's Events
-API deliveries. Run by scripts/sdk-check.sh against a running slack-sim:
+it does against Slack, its conversations_history (and its cursor paging)
+reads the channel, and its SignatureVerifier accepts slack-sim's Events API
+deliveries and a button click's block_actions form (and refuses it
+tampered). Run by scripts/sdk-check.sh against a running slack-sim:
 
     python check_slack_sdk.py http://127.0.0.1:PORT
 
@@ -13,6 +15,7 @@ import json
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 import slack_sdk
@@ -46,14 +49,28 @@ def get(path):
         return json.loads(r.read())
 
 
-# An app endpoint that verifies every delivery with the SDK's verifier.
+# An app endpoint that verifies every delivery and interaction with the
+# SDK's verifier.
 deliveries = []
+interactions = []
 secret_box = {}
 
 
 class Receiver(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
+        if self.path == "/slack/interactivity":
+            verifier = SignatureVerifier(secret_box["secret"])
+            headers = dict(self.headers.items())
+            interactions.append({
+                "valid": verifier.is_valid_request(body, headers),
+                "tampered_valid": verifier.is_valid_request(body + b"&x=1", headers),
+                "content_type": self.headers.get("content-type", ""),
+                "form": urllib.parse.parse_qs(body.decode(), keep_blank_values=True),
+            })
+            self.send_response(200)
+            self.end_headers()
+            return
         ok = SignatureVerifier(secret_box["secret"]).is_valid(
             body=body.decode(),
             timestamp=self.headers.get("x-slack-request-timestamp", ""),
@@ -70,6 +87,7 @@ class Receiver(http.server.BaseHTTPRequestHandler):
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 url = f"http://127.0.0.1:{server.server_address[1]}/slack/events"
+interactivity_url = f"http://127.0.0.1:{server.server_address[1]}/slack/interactivity"
 
 team = ctl("teams", {"name": "SDK"})["id"]
 user = ctl("users", {"team_id": team, "name": "ana"})["id"]
@@ -160,6 +178,49 @@ check(all(ok for ok, _ in deliveries), "SignatureVerifier accepts every delivery
 kinds = [(d["event"].get("subtype"), d["event"].get("streaming_state")) for _, d in deliveries]
 check(kinds.count((None, "in_progress")) == 3, f"three opening events ({kinds})")
 check(kinds.count(("message_changed", None)) == 3, f"three message_changed at the stops ({kinds})")
+
+# 6. conversations.history: a post with a button and metadata reads back,
+#    metadata only when asked; thread replies stay out; the SDK's own
+#    cursor paging walks the same messages.
+approve = {"type": "button", "action_id": "approve", "style": "primary",
+           "text": {"type": "plain_text", "text": "Approve"}, "value": "yes"}
+blocks = [{"type": "section", "block_id": "ask",
+           "text": {"type": "mrkdwn", "text": "Ship it?"}, "accessory": approve}]
+meta2 = {"event_type": "threadline_review", "event_payload": {"decision_id": "sdk-2"}}
+posted = client.chat_postMessage(channel=channel, text="Ship it?", blocks=blocks, metadata=meta2)
+button_ts = posted["ts"]
+history = client.conversations_history(channel=channel, include_all_metadata=True)
+check(history["messages"][0]["ts"] == button_ts, "conversations_history: newest first")
+check(history["messages"][0]["metadata"] == meta2, "conversations_history: the post's metadata with include_all_metadata")
+check(history["messages"][0]["blocks"] == blocks, "conversations_history: the post's blocks")
+tss = [m["ts"] for m in history["messages"]]
+check(root in tss and short_ts not in tss and long_ts not in tss, "conversations_history: the root, not its replies")
+plain = client.conversations_history(channel=channel)
+check("metadata" not in plain["messages"][0], "conversations_history: no metadata unless asked")
+pages = [[m["ts"] for m in page["messages"]] for page in client.conversations_history(channel=channel, limit=1)]
+check(sum(pages, []) == tss, f"conversations_history: the SDK's cursor paging walks every message once ({len(pages)} pages)")
+
+# 7. A click on the button: one block_actions form at the interactivity URL,
+#    which the SDK's verifier accepts, and refuses tampered.
+set_url = ctl(f"apps/{app['id']}/interactivity", {"url": interactivity_url})
+check(set_url == {"ok": True, "url": interactivity_url}, "the interactivity request URL is set")
+entry = ctl("act/click", {"user": user, "channel": channel, "ts": button_ts, "action_id": "approve"})
+check(entry["status"] == 200 and entry["value"] == "yes", f"the click reached the app ({entry})")
+check(len(interactions) == 1, f"one interaction arrived ({len(interactions)})")
+got = interactions[0]
+check(got["content_type"] == "application/x-www-form-urlencoded", "the interaction is a form")
+check(got["valid"], "SignatureVerifier.is_valid_request accepts the interaction")
+check(not got["tampered_valid"], "SignatureVerifier.is_valid_request refuses it tampered")
+check(list(got["form"]) == ["payload"] and len(got["form"]["payload"]) == 1, "the form has one field, payload")
+payload = json.loads(got["form"]["payload"][0])
+check(payload["type"] == "block_actions", "the payload is block_actions")
+action = payload["actions"][0]
+check((action["action_id"], action["value"], action["block_id"]) == ("approve", "yes", "ask"),
+      "the payload's action is the button clicked")
+check(payload["container"]["message_ts"] == button_ts and payload["user"]["id"] == user
+      and payload["api_app_id"] == app["id"], "the payload names the message, the person and the app")
+check("metadata" not in payload["message"], "the payload's message leaves the metadata out")
+check(get("interactions")["interactions"] == [entry], "the interaction log holds the click")
 
 server.shutdown()
 print(f"slack_sdk {slack_sdk.version.__version__}: {len(checks)} checks passed")

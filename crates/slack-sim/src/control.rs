@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::header::HOST;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -21,15 +22,15 @@ use crate::model::{
 };
 
 /// A refusal of the control API: status and `{"error": …}`.
-type Refusal = (StatusCode, Json<Value>);
+pub(crate) type Refusal = (StatusCode, Json<Value>);
 
 type ApiResult = Result<Json<Value>, Refusal>;
 
-fn bad(msg: impl Into<String>) -> Refusal {
+pub(crate) fn bad(msg: impl Into<String>) -> Refusal {
     (StatusCode::BAD_REQUEST, Json(json!({"error": msg.into()})))
 }
 
-fn not_found(what: &str, id: &str) -> Refusal {
+pub(crate) fn not_found(what: &str, id: &str) -> Refusal {
     (
         StatusCode::NOT_FOUND,
         Json(json!({"error": format!("no {what} {id:?}")})),
@@ -270,6 +271,7 @@ pub struct AppReq {
     signing_secret: Option<String>,
     #[serde(default)]
     request_urls: Vec<String>,
+    interactivity_url: Option<String>,
     #[serde(default)]
     events: Vec<String>,
     #[serde(default)]
@@ -294,6 +296,7 @@ pub async fn create_app(State(sim): State<Sim>, Json(r): Json<AppReq>) -> ApiRes
         verification_token: w.rng.id("", 24),
         app_token: format!("xapp-1-{id}-{}", w.rng.hex(24)),
         request_urls: r.request_urls,
+        interactivity_url: r.interactivity_url,
         events: r.events.into_iter().collect(),
         token_rotation: r.token_rotation,
         non_marketplace_limits: r.non_marketplace_limits,
@@ -454,6 +457,34 @@ pub async fn set_request_urls(
         .ok_or_else(|| not_found("app", &app_id))?;
     app.request_urls = r.request_urls;
     Ok(Json(json!({"ok": true, "request_urls": app.request_urls})))
+}
+
+#[derive(Deserialize)]
+pub struct InteractivityReq {
+    url: Option<String>,
+}
+
+/// Changes where the app's interactions go (Interactivity's request URL);
+/// `null` turns interactivity off.
+pub async fn set_interactivity(
+    State(sim): State<Sim>,
+    Path(app_id): Path<String>,
+    Json(r): Json<InteractivityReq>,
+) -> ApiResult {
+    if let Some(u) = &r.url
+        && !(u.starts_with("http://") || u.starts_with("https://"))
+    {
+        return Err(bad(
+            "the interactivity request URL must be http:// or https://",
+        ));
+    }
+    let mut w = sim.lock();
+    let app = w
+        .apps
+        .get_mut(&app_id)
+        .ok_or_else(|| not_found("app", &app_id))?;
+    app.interactivity_url = r.url;
+    Ok(Json(json!({"ok": true, "url": app.interactivity_url})))
 }
 
 pub async fn uninstall_app(
@@ -701,6 +732,33 @@ pub async fn act_stop_stream(State(sim): State<Sim>, Json(r): Json<StopStreamReq
         crate::streams::stop_by_user(&mut w, &r.channel, &r.ts).map_err(bad)?
     };
     Ok(announce(&sim, None, envs))
+}
+
+/// A person clicks a button on an app's message: the app gets a
+/// `block_actions` payload at its interactivity request URL, once (Slack
+/// does not retry interactions). Answers with the interaction's log entry
+/// once the app answered, or not within the deadline.
+pub async fn act_click(
+    State(sim): State<Sim>,
+    headers: HeaderMap,
+    Json(r): Json<crate::interactivity::ClickReq>,
+) -> ApiResult {
+    let host = headers
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("127.0.0.1");
+    let out = {
+        let mut w = sim.lock();
+        crate::interactivity::prepare(&mut w, &r, host)?
+    };
+    let record = crate::interactivity::send(&sim, out).await;
+    Ok(Json(serde_json::to_value(record).unwrap_or_default()))
+}
+
+/// Every interaction sent, in the order their outcomes were known.
+pub async fn interactions(State(sim): State<Sim>) -> ApiResult {
+    let w = sim.lock();
+    Ok(Json(json!({"ok": true, "interactions": w.interactions})))
 }
 
 #[derive(Deserialize)]

@@ -2,6 +2,8 @@
 //! sides of Slack's contract with a bot:
 //!
 //! * Events API (Slack → app): signed deliveries with Slack's retry rules.
+//! * Interactivity (Slack → app): a person's click on a button of an app's
+//!   message, sent signed as a `block_actions` payload, once.
 //! * Web API (app → Slack) under `/api/`: the methods bots use, with Slack's
 //!   error codes, rate limits and injectable faults.
 //! * Control and inspection under `/_sim/`: build scenarios, act as people,
@@ -13,6 +15,7 @@ pub mod assistant;
 pub mod control;
 pub mod delivery;
 pub mod events;
+pub mod interactivity;
 pub mod model;
 pub mod streams;
 pub mod webapi;
@@ -82,11 +85,16 @@ pub fn router(sim: Sim) -> Router {
             "/_sim/apps/{app}/request_urls",
             post(control::set_request_urls),
         )
+        .route(
+            "/_sim/apps/{app}/interactivity",
+            post(control::set_interactivity),
+        )
         .route("/_sim/apps/{app}/revoke", post(control::revoke_tokens))
         .route("/_sim/act/post", post(control::act_post))
         .route("/_sim/act/bot_post", post(control::act_bot_post))
         .route("/_sim/act/edit", post(control::act_edit))
         .route("/_sim/act/delete", post(control::act_delete))
+        .route("/_sim/act/click", post(control::act_click))
         .route("/_sim/act/stop_stream", post(control::act_stop_stream))
         .route(
             "/_sim/act/assistant_open",
@@ -103,6 +111,7 @@ pub fn router(sim: Sim) -> Router {
         )
         .route("/_sim/calls", get(control::calls))
         .route("/_sim/deliveries", get(control::deliveries))
+        .route("/_sim/interactions", get(control::interactions))
         .route("/_sim/app_posts", get(control::app_posts))
         .with_state(sim)
 }

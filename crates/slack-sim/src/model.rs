@@ -200,12 +200,16 @@ pub struct App {
     pub app_token: String,
     /// Events API request URLs; normally only the first is used.
     pub request_urls: Vec<String>,
+    /// Interactivity request URL: where a person's clicks on the app's
+    /// buttons go as `block_actions` payloads (none: they go nowhere).
+    pub interactivity_url: Option<String>,
     /// Bot event subscriptions: `app_mention`, `message.channels`, …
     pub events: BTreeSet<String>,
     /// Token rotation on: tokens expire and come with refresh tokens.
     pub token_rotation: bool,
     /// A non-Marketplace app created after May 2025: `conversations.replies`
-    /// is limited to 1 request a minute and 15 messages.
+    /// and `conversations.history` are limited to 1 request a minute and 15
+    /// messages.
     pub non_marketplace_limits: bool,
     pub installs: BTreeMap<String, Install>,
 }
@@ -396,6 +400,35 @@ pub struct DeliveryRecord {
     pub subtype: Option<String>,
 }
 
+/// One interaction sent to an app: a person's click on a button of the
+/// app's message, sent once (Slack does not retry interactions).
+#[derive(Debug, Clone, Serialize)]
+pub struct InteractionRecord {
+    /// 1, 2, … in the order the interactions' outcomes were known.
+    pub id: u64,
+    pub app_id: String,
+    /// The workspace the click happened in.
+    pub team_id: String,
+    pub user: String,
+    pub channel: String,
+    pub message_ts: String,
+    pub action_id: String,
+    /// The button's `value` (none when it has none).
+    pub value: Option<String>,
+    pub status: InteractionStatus,
+    /// From sending the request to its outcome.
+    pub elapsed_ms: u64,
+}
+
+/// How the app answered an interaction: its HTTP status, or `timeout` (no
+/// answer within the deadline) or `connect_error`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum InteractionStatus {
+    Http(u16),
+    Failed(&'static str),
+}
+
 /// A fault armed by `POST /_sim/faults`. Each matching call takes at most
 /// one fault (the first armed that matches).
 ///
@@ -492,7 +525,8 @@ pub struct Settings {
     /// Multiplies Slack's retry delays (1 minute, 5 minutes); 0.01 makes
     /// them 0.6 s and 3 s.
     pub time_scale: f64,
-    /// How long an app has to answer a delivery (Slack: 3 s).
+    /// How long an app has to answer a delivery or an interaction
+    /// (Slack: 3 s).
     pub delivery_deadline_ms: u64,
     /// Posts per second per channel before 429s (Slack: about 1).
     pub posts_per_second: f64,
@@ -555,6 +589,7 @@ pub struct World {
     pub replies: HashMap<String, HashMap<TsKey, BTreeSet<TsKey>>>,
     pub calls: Vec<CallRecord>,
     pub deliveries: Vec<DeliveryRecord>,
+    pub interactions: Vec<InteractionRecord>,
     pub faults: Vec<Fault>,
     /// (team, channel) → post budget
     pub post_buckets: HashMap<(String, String), Bucket>,
@@ -589,6 +624,7 @@ impl World {
             replies: HashMap::new(),
             calls: Vec::new(),
             deliveries: Vec::new(),
+            interactions: Vec::new(),
             faults: Vec::new(),
             post_buckets: HashMap::new(),
             read_windows: HashMap::new(),

@@ -881,6 +881,7 @@ fn call(w: &mut World, method: &str, token: Option<&str>, p: &Params) -> Outcome
     out.result = match method {
         "auth.test" => Ok(auth_test(w, &app, &install)),
         "conversations.replies" => replies(w, &app, &install, p),
+        "conversations.history" => history(w, &app, &install, p),
         "conversations.info" => info(w, &app, &install, p),
         "chat.postMessage" => post_message(w, &app, &install, p, &mut out.envelopes),
         "chat.update" => update(w, &install, p, &mut out.envelopes),
@@ -952,7 +953,9 @@ fn channel_of(w: &World, install: &Install, p: &Params) -> Result<crate::model::
 
 /// Tier 3 (or the non-Marketplace 1-per-minute) budget of a read method.
 fn read_budget(w: &mut World, app: &App, install: &Install, method: &str) -> Result<(), ApiError> {
-    let per_minute = if app.non_marketplace_limits && method == "conversations.replies" {
+    let per_minute = if app.non_marketplace_limits
+        && matches!(method, "conversations.replies" | "conversations.history")
+    {
         1
     } else {
         w.settings.tier3_per_minute
@@ -1065,6 +1068,93 @@ fn replies(w: &mut World, app: &App, install: &Install, p: &Params) -> Result<Va
     let mut v = json!({"messages": page, "has_more": has_more});
     if has_more {
         let last = &thread[limit - 1].ts;
+        v["response_metadata"] = json!({"next_cursor": encode_cursor(last)});
+    }
+    Ok(v)
+}
+
+/// `conversations.history`: the conversation's top-level messages and
+/// thread broadcasts (not the other replies), newest first, from `latest`
+/// down to `oldest` (`inclusive` takes the bounds in), `limit` at a time
+/// (default 100, clamped to 999; 15 for a non-Marketplace app), then on
+/// from `response_metadata.next_cursor`. A bot token reads only where the
+/// bot is a member: `not_in_channel` in a public channel, else
+/// `channel_not_found`. Metadata only with `include_all_metadata`.
+fn history(w: &mut World, app: &App, install: &Install, p: &Params) -> Result<Value, ApiError> {
+    let channel = channel_of(w, install, p)?;
+    need_scope(install, channel.kind.history_scope())?;
+    if !channel.members.contains(&install.bot_user_id) {
+        return Err(ApiError::new(if channel.kind == ChannelKind::Public {
+            "not_in_channel"
+        } else {
+            "channel_not_found"
+        }));
+    }
+    read_budget(w, app, install, "conversations.history")?;
+    let (default, max) = if app.non_marketplace_limits {
+        (15, 15)
+    } else {
+        (100, 999)
+    };
+    let limit = p
+        .str("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .unwrap_or(default)
+        .clamp(1, max);
+    let include_metadata = p.flag("include_all_metadata");
+    let inclusive = p.flag("inclusive");
+    let oldest = p.str("oldest").map(|t| ts_key(&t));
+    let latest = p.str("latest").map(|t| ts_key(&t));
+    let before = match p.str("cursor") {
+        Some(c) => Some(decode_cursor(&c).ok_or(ApiError::new("invalid_cursor"))?),
+        None => None,
+    };
+    let in_history = |m: &&Message| {
+        let k = ts_key(&m.ts);
+        let top_level = m.thread_ts.as_deref().is_none_or(|t| t == m.ts)
+            || m.subtype.as_deref() == Some("thread_broadcast");
+        let lower = oldest.is_none_or(|o| if inclusive { k >= o } else { k > o });
+        let upper = latest.is_none_or(|l| if inclusive { k <= l } else { k < l });
+        !m.deleted && top_level && lower && upper && before.is_none_or(|b| k < b)
+    };
+    // Newest first; one more than the page tells whether there is more.
+    let found: Vec<&Message> = w
+        .messages
+        .get(&channel.id)
+        .map(|msgs| {
+            msgs.values()
+                .rev()
+                .filter(in_history)
+                .take(limit + 1)
+                .collect()
+        })
+        .unwrap_or_default();
+    let has_more = found.len() > limit;
+    let page: Vec<Value> = found
+        .iter()
+        .take(limit)
+        .map(|m| {
+            let root = m
+                .thread_ts
+                .as_deref()
+                .filter(|t| *t != m.ts)
+                .and_then(|t| w.message(&channel.id, t));
+            let mut v = m.to_api(
+                root.and_then(|r| r.user.as_deref()),
+                w.reply_count(&channel.id, &m.ts),
+                include_metadata,
+            );
+            // A broadcast carries its thread's root, as in its event.
+            if let Some(r) = root.filter(|r| !r.deleted) {
+                v["root"] = r.to_api(None, w.reply_count(&channel.id, &r.ts), false);
+            }
+            v
+        })
+        .collect();
+    let mut v = json!({"messages": page, "has_more": has_more, "pin_count": 0,
+                       "channel_actions_ts": null, "channel_actions_count": 0});
+    if has_more {
+        let last = &found[limit - 1].ts;
         v["response_metadata"] = json!({"next_cursor": encode_cursor(last)});
     }
     Ok(v)

@@ -3659,3 +3659,881 @@ async fn the_assistant_pane_starts_threads_shows_a_status_and_takes_prompts_and_
         "{r}"
     );
 }
+
+/// A control call that may be refused: its status and body.
+async fn ctl_raw(w: &World, path: &str, body: Value) -> (u16, Value) {
+    let r = w
+        .http
+        .post(format!("{}/_sim/{path}", w.base))
+        .json(&body)
+        .send()
+        .await
+        .expect("control call");
+    (r.status().as_u16(), r.json().await.expect("json"))
+}
+
+/// The fields of a form body, in order.
+fn form_fields(raw: &[u8]) -> Vec<(String, String)> {
+    serde_urlencoded::from_bytes(raw).expect("a form body")
+}
+
+/// A message with a section button (with `block_id` and `style`), and an
+/// `actions` block without a `block_id` holding a button and a select.
+fn button_blocks() -> Value {
+    json!([
+        {"type": "section", "block_id": "ask",
+         "text": {"type": "mrkdwn", "text": "Ship it?"},
+         "accessory": {"type": "button", "action_id": "approve", "style": "primary",
+                       "text": {"type": "plain_text", "text": "Approve"}, "value": "yes"}},
+        {"type": "actions", "elements": [
+            {"type": "button", "action_id": "reject",
+             "text": {"type": "plain_text", "text": "Reject"}, "value": "no"},
+            {"type": "static_select", "action_id": "pick",
+             "placeholder": {"type": "plain_text", "text": "Pick"},
+             "options": [{"text": {"type": "plain_text", "text": "A"}, "value": "a"}]}
+        ]}
+    ])
+}
+
+#[tokio::test]
+async fn a_click_sends_one_signed_block_actions_form_shaped_like_slacks() {
+    let (side, url) = app_side().await;
+    let w = World::new(31, vec![], &[], &[]).await;
+    w.ctl(
+        "settings",
+        json!({"posts_per_second": 100.0, "post_burst": 100.0}),
+    )
+    .await;
+    // An app created with its interactivity URL, posting a message with buttons.
+    let app = w
+        .ctl("apps", json!({"name": "Clicky", "interactivity_url": url}))
+        .await;
+    let app_id = app["id"].as_str().expect("id").to_owned();
+    let secret = app["signing_secret"].as_str().expect("secret").to_owned();
+    assert_eq!(app["interactivity_url"], url.as_str());
+    let inst = w
+        .ctl(
+            &format!("apps/{app_id}/installs"),
+            json!({"team_id": w.team, "scopes": ["chat:write"], "join_channels": [w.channel]}),
+        )
+        .await;
+    let metadata = json!({"event_type": "threadline_reply", "event_payload": {"intent_id": "i-9"}});
+    let posted: Value = w
+        .http
+        .post(format!("{}/api/chat.postMessage", w.base))
+        .bearer_auth(inst["bot_token"].as_str().expect("token"))
+        .form(&[
+            ("channel", w.channel.as_str()),
+            ("text", "Ship it?"),
+            ("blocks", &button_blocks().to_string()),
+            ("metadata", &metadata.to_string()),
+        ])
+        .send()
+        .await
+        .expect("post")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(posted["ok"], true, "{posted}");
+    let ts = posted["ts"].as_str().expect("ts").to_owned();
+
+    let click = |action_id: &str| {
+        w.ctl(
+            "act/click",
+            json!({"user": w.user, "channel": w.channel, "ts": ts, "action_id": action_id}),
+        )
+    };
+    let entry = click("approve").await;
+    assert_eq!(entry["status"], 200, "{entry}");
+    assert_eq!(
+        keys(&entry),
+        [
+            "action_id",
+            "app_id",
+            "channel",
+            "elapsed_ms",
+            "id",
+            "message_ts",
+            "status",
+            "team_id",
+            "user",
+            "value"
+        ]
+    );
+    assert_eq!(
+        (
+            &entry["id"],
+            &entry["app_id"],
+            &entry["team_id"],
+            &entry["user"]
+        ),
+        (&json!(1), &json!(app_id), &json!(w.team), &json!(w.user))
+    );
+    assert_eq!(
+        (
+            &entry["channel"],
+            &entry["message_ts"],
+            &entry["action_id"],
+            &entry["value"]
+        ),
+        (
+            &json!(w.channel),
+            &json!(ts),
+            &json!("approve"),
+            &json!("yes")
+        )
+    );
+    assert!(entry["elapsed_ms"].as_u64().is_some());
+
+    // What arrived: a signed form with one field, `payload`.
+    let got = received(&side, 1).await;
+    let r = &got[0];
+    assert_eq!(
+        r.headers.get("content-type").map(|v| v.as_bytes()),
+        Some(&b"application/x-www-form-urlencoded"[..])
+    );
+    verify(&secret, r);
+    let mut tampered = r.clone();
+    tampered.raw.extend_from_slice(b"&x=1");
+    let v = Verifier::new(vec![SigningSecret::new(&secret).expect("secret")]).expect("verifier");
+    assert!(
+        v.verify(
+            tampered
+                .headers
+                .get("x-slack-request-timestamp")
+                .map(|h| h.as_bytes()),
+            tampered
+                .headers
+                .get("x-slack-signature")
+                .map(|h| h.as_bytes()),
+            &tampered.raw,
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_secs() as i64,
+        )
+        .is_err(),
+        "a tampered body fails the signature"
+    );
+    let fields = form_fields(&r.raw);
+    assert_eq!(fields.len(), 1);
+    assert_eq!(fields[0].0, "payload");
+    let p: Value = serde_json::from_str(&fields[0].1).expect("payload is JSON");
+    assert_eq!(
+        keys(&p),
+        [
+            "actions",
+            "api_app_id",
+            "channel",
+            "container",
+            "enterprise",
+            "is_enterprise_install",
+            "message",
+            "response_url",
+            "state",
+            "team",
+            "token",
+            "trigger_id",
+            "type",
+            "user"
+        ]
+    );
+    assert_eq!(p["type"], "block_actions");
+    assert_eq!(
+        p["user"],
+        json!({"id": w.user, "username": "ana", "name": "ana", "team_id": w.team})
+    );
+    assert_eq!(p["api_app_id"], app_id.as_str());
+    assert_eq!(p["token"], app["verification_token"]);
+    assert_eq!(
+        p["container"],
+        json!({"type": "message", "message_ts": ts, "channel_id": w.channel, "is_ephemeral": false})
+    );
+    let trigger: Vec<&str> = p["trigger_id"]
+        .as_str()
+        .expect("trigger")
+        .split('.')
+        .collect();
+    assert!(
+        trigger.len() == 3
+            && trigger[..2]
+                .iter()
+                .all(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            && !trigger[2].is_empty(),
+        "{trigger:?}"
+    );
+    assert_eq!(p["team"], json!({"id": w.team, "domain": "acme"}));
+    assert_eq!(p["enterprise"], Value::Null);
+    assert_eq!(p["is_enterprise_install"], false);
+    assert_eq!(p["channel"], json!({"id": w.channel, "name": "general"}));
+    assert_eq!(p["state"], json!({"values": {}}));
+    assert!(
+        p["response_url"]
+            .as_str()
+            .expect("response_url")
+            .starts_with(&format!("{}/actions/{}/", w.base, w.team)),
+        "{}",
+        p["response_url"]
+    );
+    // The message as the Web API shows it, blocks in, metadata out.
+    let m = &p["message"];
+    assert_eq!(
+        (
+            &m["type"],
+            &m["ts"],
+            &m["text"],
+            &m["app_id"],
+            &m["bot_id"],
+            &m["team"]
+        ),
+        (
+            &json!("message"),
+            &json!(ts),
+            &json!("Ship it?"),
+            &json!(app_id),
+            &inst["bot_id"],
+            &json!(w.team)
+        )
+    );
+    assert!(m.get("metadata").is_none(), "{m}");
+    assert_eq!(m["blocks"][0], button_blocks()[0]);
+    let derived = m["blocks"][1]["block_id"]
+        .as_str()
+        .expect("a block_id")
+        .to_owned();
+    assert_eq!(
+        p["actions"],
+        json!([{"action_id": "approve", "block_id": "ask", "type": "button", "style": "primary",
+                "text": {"type": "plain_text", "text": "Approve"}, "value": "yes",
+                "action_ts": p["actions"][0]["action_ts"]}])
+    );
+    let action_ts = p["actions"][0]["action_ts"].as_str().expect("action_ts");
+    assert!(
+        ts_key(action_ts) > ts_key(&ts),
+        "an action_ts after the message"
+    );
+
+    // A button of an `actions` block without a block_id: the same derived
+    // id in the message and the action, click after click; no style.
+    side.script
+        .lock()
+        .expect("lock")
+        .push_back(Behave::Status(500, false));
+    let entry = click("reject").await;
+    assert_eq!((&entry["id"], &entry["status"]), (&json!(2), &json!(500)));
+    click("reject").await;
+    let got = received(&side, 3).await;
+    let payloads: Vec<Value> = got[1..]
+        .iter()
+        .map(|r| serde_json::from_str(&form_fields(&r.raw)[0].1).expect("json"))
+        .collect();
+    for p in &payloads {
+        assert_eq!(p["actions"][0]["block_id"], derived.as_str());
+        assert_eq!(p["message"]["blocks"][1]["block_id"], derived.as_str());
+        assert_eq!(p["actions"][0]["value"], "no");
+        assert!(p["actions"][0].get("style").is_none());
+    }
+    assert_ne!(
+        payloads[0]["trigger_id"], payloads[1]["trigger_id"],
+        "each click has its own trigger_id"
+    );
+    // Not retried after the 500: exactly the three clicks arrived.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(side.got.lock().expect("lock").len(), 3);
+    let log = w.get("interactions").await;
+    assert_eq!(log["ok"], true);
+    let statuses: Vec<(u64, Value)> = log["interactions"]
+        .as_array()
+        .expect("interactions")
+        .iter()
+        .map(|i| (i["id"].as_u64().expect("id"), i["status"].clone()))
+        .collect();
+    assert_eq!(
+        statuses,
+        [(1, json!(200)), (2, json!(500)), (3, json!(200))]
+    );
+    w.ctl("reset", json!({})).await;
+    assert_eq!(w.get("interactions").await["interactions"], json!([]));
+}
+
+#[tokio::test]
+async fn a_reply_in_a_thread_names_its_thread_and_an_org_install_its_enterprise() {
+    let (side, url) = app_side().await;
+    let base = serve(threadline_slack_sim::router(Sim::new(32))).await;
+    let w = World {
+        base,
+        http: reqwest::Client::new(),
+        team: String::new(),
+        user: String::new(),
+        channel: String::new(),
+        app: String::new(),
+        secret: String::new(),
+        token: String::new(),
+        bot_user: String::new(),
+        bot_id: String::new(),
+    };
+    let team = w
+        .ctl(
+            "teams",
+            json!({"name": "Grid One", "enterprise_id": "E0GRID"}),
+        )
+        .await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let user = w.ctl("users", json!({"team_id": team, "name": "bo"})).await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let other = w.ctl("users", json!({"team_id": team, "name": "cy"})).await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let channel = w
+        .ctl(
+            "channels",
+            json!({"team_id": team, "name": "dm", "kind": "im", "members": [user, other]}),
+        )
+        .await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let app = w
+        .ctl("apps", json!({"name": "Org", "interactivity_url": url}))
+        .await;
+    let app_id = app["id"].as_str().expect("id").to_owned();
+    let inst = w
+        .ctl(
+            &format!("apps/{app_id}/installs"),
+            json!({"team_id": "E0GRID", "scopes": ["chat:write"], "join_channels": [channel]}),
+        )
+        .await;
+    assert_eq!(inst["is_enterprise_install"], true);
+    let root = w
+        .ctl(
+            "act/post",
+            json!({"user": user, "channel": channel, "text": "help"}),
+        )
+        .await["ts"]
+        .as_str()
+        .expect("ts")
+        .to_owned();
+    let posted: Value = w
+        .http
+        .post(format!("{}/api/chat.postMessage", w.base))
+        .bearer_auth(inst["bot_token"].as_str().expect("token"))
+        .form(&[
+            ("channel", channel.as_str()),
+            ("thread_ts", root.as_str()),
+            ("text", "Ship it?"),
+            ("blocks", &button_blocks().to_string()),
+        ])
+        .send()
+        .await
+        .expect("post")
+        .json()
+        .await
+        .expect("json");
+    let ts = posted["ts"].as_str().expect("ts").to_owned();
+    let entry = w
+        .ctl(
+            "act/click",
+            json!({"user": user, "channel": channel, "ts": ts, "action_id": "approve"}),
+        )
+        .await;
+    assert_eq!(entry["status"], 200, "{entry}");
+    let got = received(&side, 1).await;
+    let p: Value = serde_json::from_str(&form_fields(&got[0].raw)[0].1).expect("json");
+    assert_eq!(p["container"]["thread_ts"], root.as_str());
+    assert_eq!(p["message"]["thread_ts"], root.as_str());
+    assert_eq!(p["message"]["parent_user_id"], user.as_str());
+    assert_eq!(p["team"], Value::Null);
+    assert_eq!(p["enterprise"], json!({"id": "E0GRID", "name": "E0GRID"}));
+    assert_eq!(p["is_enterprise_install"], true);
+    assert_eq!(p["user"]["team_id"], team.as_str());
+    assert_eq!(
+        p["channel"],
+        json!({"id": channel, "name": "directmessage"})
+    );
+    assert!(
+        p["response_url"]
+            .as_str()
+            .expect("url")
+            .contains("/actions/E0GRID/")
+    );
+}
+
+#[tokio::test]
+async fn clicks_are_refused_without_a_button_a_posting_app_or_its_url() {
+    let (_side, url) = app_side().await;
+    let w = World::new(33, vec![], &[], &["chat:write"]).await;
+    let click = |ts: &str, action_id: &str| {
+        ctl_raw(
+            &w,
+            "act/click",
+            json!({"user": w.user, "channel": w.channel, "ts": ts, "action_id": action_id}),
+        )
+    };
+    let (_, _, posted) = w
+        .api(
+            "chat.postMessage",
+            &[
+                ("channel", &w.channel),
+                ("text", "Ship it?"),
+                ("blocks", &button_blocks().to_string()),
+            ],
+        )
+        .await;
+    let ts = posted["ts"].as_str().expect("ts").to_owned();
+
+    // The app has no interactivity URL yet.
+    let (s, b) = click(&ts, "approve").await;
+    assert_eq!(s, 400, "{b}");
+    assert!(
+        b["error"]
+            .as_str()
+            .expect("error")
+            .contains("no interactivity request URL"),
+        "{b}"
+    );
+    let (s, b) = ctl_raw(
+        &w,
+        &format!("apps/{}/interactivity", w.app),
+        json!({"url": "ftp://nope"}),
+    )
+    .await;
+    assert_eq!(s, 400, "{b}");
+    let set = w
+        .ctl(
+            &format!("apps/{}/interactivity", w.app),
+            json!({"url": url}),
+        )
+        .await;
+    assert_eq!(set, json!({"ok": true, "url": url}));
+    assert_eq!(click(&ts, "approve").await.0, 200);
+
+    // No such button; a select is not a button.
+    let (s, b) = click(&ts, "nothing").await;
+    assert_eq!(s, 400, "{b}");
+    assert!(
+        b["error"]
+            .as_str()
+            .expect("error")
+            .contains("no button with action_id \"nothing\""),
+        "{b}"
+    );
+    let (s, b) = click(&ts, "pick").await;
+    assert_eq!(s, 400, "{b}");
+    assert!(
+        b["error"]
+            .as_str()
+            .expect("error")
+            .contains("static_select"),
+        "{b}"
+    );
+
+    // A person's message (blocks and all) was not posted by an app.
+    let human = w
+        .ctl(
+            "act/post",
+            json!({"user": w.user, "channel": w.channel, "text": "mine", "blocks": button_blocks()}),
+        )
+        .await["ts"]
+        .as_str()
+        .expect("ts")
+        .to_owned();
+    let (s, b) = click(&human, "approve").await;
+    assert_eq!(s, 400, "{b}");
+    assert!(
+        b["error"]
+            .as_str()
+            .expect("error")
+            .contains("not posted by an app"),
+        "{b}"
+    );
+
+    // Absent and deleted messages are not found; unknown channels and users neither.
+    let (s, _) = click("1.000001", "approve").await;
+    assert_eq!(s, 404);
+    let (s, _) = ctl_raw(
+        &w,
+        "act/click",
+        json!({"user": "UNOBODY", "channel": w.channel, "ts": ts, "action_id": "approve"}),
+    )
+    .await;
+    assert_eq!(s, 404);
+    let (_, _, deleted) = w
+        .api("chat.delete", &[("channel", &w.channel), ("ts", &ts)])
+        .await;
+    assert_eq!(deleted["ok"], true, "{deleted}");
+    let (s, b) = click(&ts, "approve").await;
+    assert_eq!(s, 404, "{b}");
+
+    // Cleared: clicks go nowhere again.
+    let (_, _, posted) = w
+        .api(
+            "chat.postMessage",
+            &[
+                ("channel", &w.channel),
+                ("text", "again"),
+                ("blocks", &button_blocks().to_string()),
+            ],
+        )
+        .await;
+    let cleared = w
+        .ctl(
+            &format!("apps/{}/interactivity", w.app),
+            json!({"url": null}),
+        )
+        .await;
+    assert_eq!(cleared, json!({"ok": true, "url": null}));
+    let (s, _) = click(posted["ts"].as_str().expect("ts"), "approve").await;
+    assert_eq!(s, 400);
+    // Only the one good click was sent.
+    let log = w.get("interactions").await;
+    assert_eq!(log["interactions"].as_array().map(Vec::len), Some(1));
+}
+
+#[tokio::test]
+async fn an_app_that_never_answers_a_click_times_out_at_the_deadline_without_blocking_the_world() {
+    // Accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let silent_url = format!(
+        "http://{}/slack/interactivity",
+        silent.local_addr().expect("addr")
+    );
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    // A port nobody listens on.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let closed_url = format!("http://{}/", closed.local_addr().expect("addr"));
+    drop(closed);
+
+    let w = World::new(34, vec![], &[], &["chat:write"]).await;
+    let (_, _, posted) = w
+        .api(
+            "chat.postMessage",
+            &[
+                ("channel", &w.channel),
+                ("text", "Ship it?"),
+                ("blocks", &button_blocks().to_string()),
+            ],
+        )
+        .await;
+    let ts = posted["ts"].as_str().expect("ts").to_owned();
+    let wr = &w;
+    let set_url = |u: String| {
+        let path = format!("apps/{}/interactivity", wr.app);
+        async move { wr.ctl(&path, json!({"url": u})).await }
+    };
+    let click = || {
+        w.ctl(
+            "act/click",
+            json!({"user": w.user, "channel": w.channel, "ts": ts, "action_id": "approve"}),
+        )
+    };
+
+    // Slack's 3 seconds; the world answers meanwhile.
+    set_url(silent_url).await;
+    let started = std::time::Instant::now();
+    let (entry, during) = tokio::join!(click(), async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t = std::time::Instant::now();
+        let (_, _, auth) = w.api("auth.test", &[]).await;
+        w.get("interactions").await;
+        (auth, t.elapsed())
+    });
+    assert_eq!(entry["status"], "timeout", "{entry}");
+    let ms = entry["elapsed_ms"].as_u64().expect("elapsed_ms");
+    assert!((2900..4500).contains(&ms), "{ms} ms");
+    assert!(started.elapsed() >= Duration::from_millis(2900));
+    assert_eq!(during.0["ok"], true);
+    assert!(
+        during.1 < Duration::from_millis(1000),
+        "the Web API answered while a click waited ({:?})",
+        during.1
+    );
+
+    // The deadline is the delivery deadline setting.
+    w.ctl("settings", json!({"delivery_deadline_ms": 300}))
+        .await;
+    let entry = click().await;
+    assert_eq!(entry["status"], "timeout", "{entry}");
+    let ms = entry["elapsed_ms"].as_u64().expect("elapsed_ms");
+    assert!((250..1500).contains(&ms), "{ms} ms");
+
+    // Nobody listening: a connection error, at once.
+    set_url(closed_url).await;
+    let entry = click().await;
+    assert_eq!(entry["status"], "connect_error", "{entry}");
+    let log = w.get("interactions").await["interactions"].clone();
+    let statuses: Vec<&Value> = log
+        .as_array()
+        .expect("interactions")
+        .iter()
+        .map(|i| &i["status"])
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            &json!("timeout"),
+            &json!("timeout"),
+            &json!("connect_error")
+        ]
+    );
+}
+
+/// `conversations.history` with `form`; the answer.
+async fn history(w: &World, form: &[(&str, &str)]) -> Value {
+    let mut f = vec![("channel", w.channel.as_str())];
+    f.extend_from_slice(form);
+    let (s, _, v) = w.api("conversations.history", &f).await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+fn texts(v: &Value) -> Vec<String> {
+    v["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["text"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn history_is_newest_first_top_level_and_broadcasts_paged_with_slacks_rules() {
+    let w = World::new(35, vec![], &[], &["chat:write", "channels:history"]).await;
+    w.ctl(
+        "settings",
+        json!({"posts_per_second": 1000.0, "post_burst": 1000.0}),
+    )
+    .await;
+    let wr = &w;
+    let post = |text: &str, thread_ts: Option<&str>, broadcast: bool| {
+        let mut body = json!({"user": w.user, "channel": w.channel, "text": text,
+                              "reply_broadcast": broadcast});
+        if let Some(t) = thread_ts {
+            body["thread_ts"] = t.into();
+        }
+        async move {
+            wr.ctl("act/post", body).await["ts"]
+                .as_str()
+                .expect("ts")
+                .to_owned()
+        }
+    };
+    let t1 = post("one", None, false).await;
+    post("reply in one", Some(&t1), false).await;
+    post("broadcast from one", Some(&t1), true).await;
+    let t2 = post("two", None, false).await;
+    let metadata = json!({"event_type": "threadline_reply", "event_payload": {"intent_id": "h-1"}});
+    let (_, _, bot) = w
+        .api(
+            "chat.postMessage",
+            &[
+                ("channel", &w.channel),
+                ("text", "bot three"),
+                ("metadata", &metadata.to_string()),
+            ],
+        )
+        .await;
+    let t3 = bot["ts"].as_str().expect("ts").to_owned();
+    let gone = post("deleted four", None, false).await;
+    w.ctl("act/delete", json!({"channel": w.channel, "ts": gone}))
+        .await;
+    let t5 = post("five", None, false).await;
+
+    let all = history(&w, &[]).await;
+    assert_eq!(all["ok"], true, "{all}");
+    assert_eq!(
+        texts(&all),
+        ["five", "bot three", "two", "broadcast from one", "one"]
+    );
+    assert_eq!(
+        (&all["has_more"], &all["pin_count"]),
+        (&json!(false), &json!(0))
+    );
+    assert!(all.get("response_metadata").is_none(), "{all}");
+    let msgs = all["messages"].as_array().expect("messages");
+    // Metadata only when asked; the root shows its replies; the broadcast
+    // names its thread and carries the root.
+    assert!(msgs[1].get("metadata").is_none());
+    assert_eq!(msgs[1]["bot_id"], w.bot_id.as_str());
+    assert_eq!(msgs[4]["reply_count"], 2);
+    assert_eq!(msgs[4]["thread_ts"], t1.as_str());
+    assert_eq!(msgs[3]["subtype"], "thread_broadcast");
+    assert_eq!(msgs[3]["thread_ts"], t1.as_str());
+    assert_eq!(msgs[3]["root"]["ts"], t1.as_str());
+    let with_md = history(&w, &[("include_all_metadata", "true")]).await;
+    assert_eq!(with_md["messages"][1]["metadata"], metadata);
+
+    // Pages of two, newest first, each message once.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut form = vec![("limit", "2".to_owned())];
+        if let Some(c) = &cursor {
+            form.push(("cursor", c.clone()));
+        }
+        let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let page = history(&w, &form).await;
+        pages += 1;
+        seen.extend(texts(&page));
+        match page["response_metadata"]["next_cursor"].as_str() {
+            Some(c) if page["has_more"] == true => cursor = Some(c.to_owned()),
+            _ => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(seen, texts(&all));
+    let bad = history(&w, &[("cursor", "!!")]).await;
+    assert_eq!(bad["error"], "invalid_cursor");
+
+    // Bounds: exclusive unless `inclusive`.
+    let between = history(&w, &[("oldest", &t2), ("latest", &t5)]).await;
+    assert_eq!(texts(&between), ["bot three"]);
+    let between = history(&w, &[("oldest", &t2), ("latest", &t5), ("inclusive", "1")]).await;
+    assert_eq!(texts(&between), ["five", "bot three", "two"]);
+    let before = history(&w, &[("latest", &t3), ("limit", "1")]).await;
+    assert_eq!(texts(&before), ["two"]);
+    assert_eq!(before["has_more"], true);
+
+    // The limit is clamped to 999.
+    for i in 0..1000 {
+        w.ctl(
+            "act/post",
+            json!({"user": w.user, "channel": w.channel, "text": format!("m{i}")}),
+        )
+        .await;
+    }
+    let big = history(&w, &[("limit", "5000")]).await;
+    assert_eq!(big["messages"].as_array().map(Vec::len), Some(999));
+    assert_eq!(big["has_more"], true);
+    assert_eq!(big["messages"][0]["text"], "m999");
+    let default = history(&w, &[]).await;
+    assert_eq!(default["messages"].as_array().map(Vec::len), Some(100));
+}
+
+#[tokio::test]
+async fn history_needs_the_kinds_scope_membership_and_keeps_to_the_non_marketplace_limits() {
+    let w = World::new(
+        36,
+        vec![],
+        &[],
+        &["chat:write", "channels:history", "groups:history"],
+    )
+    .await;
+    for i in 0..20 {
+        w.ctl(
+            "act/post",
+            json!({"user": w.user, "channel": w.channel, "text": format!("m{i}")}),
+        )
+        .await;
+    }
+    // A private channel without the bot; a public one without it; a DM
+    // with the bot but no im:history.
+    let wr = &w;
+    let mk = |name: &str, kind: &str, members: Vec<&str>| {
+        let body = json!({"team_id": w.team, "name": name, "kind": kind, "members": members});
+        async move {
+            wr.ctl("channels", body).await["id"]
+                .as_str()
+                .expect("id")
+                .to_owned()
+        }
+    };
+    let private_out = mk("secret", "private", vec![&w.user]).await;
+    let public_out = mk("elsewhere", "public", vec![&w.user]).await;
+    let dm = mk("dm", "im", vec![&w.user, &w.bot_user]).await;
+    let call = |channel: String| async move {
+        wr.api("conversations.history", &[("channel", &channel)])
+            .await
+            .2
+    };
+    assert_eq!(call(private_out).await["error"], "channel_not_found");
+    assert_eq!(call(public_out).await["error"], "not_in_channel");
+    let missing = call(dm).await;
+    assert_eq!(
+        (&missing["error"], &missing["needed"]),
+        (&json!("missing_scope"), &json!("im:history"))
+    );
+    assert_eq!(call("CNOWHERE".into()).await["error"], "channel_not_found");
+    let (_, _, none) = w.api("conversations.history", &[]).await;
+    assert_eq!(none["error"], "channel_not_found");
+
+    // Tier 3, per method: the 51st call in a minute waits.
+    w.ctl("settings", json!({"tier3_per_minute": 2})).await;
+    assert_eq!(history(&w, &[]).await["ok"], true);
+    assert_eq!(history(&w, &[]).await["ok"], true);
+    let (s, h, b) = w
+        .api("conversations.history", &[("channel", &w.channel)])
+        .await;
+    assert_eq!((s, &b["error"]), (429, &json!("ratelimited")));
+    assert!(h.get("retry-after").is_some());
+
+    // A non-Marketplace app: 15 messages at most (and by default), one call a minute.
+    let app = w
+        .ctl(
+            "apps",
+            json!({"name": "Limited", "non_marketplace_limits": true}),
+        )
+        .await;
+    let inst = w
+        .ctl(&format!("apps/{}/installs", app["id"].as_str().expect("id")), json!({"team_id": w.team, "scopes": ["channels:history"], "join_channels": [w.channel]}))
+        .await;
+    let limited = || {
+        w.http
+            .post(format!("{}/api/conversations.history", w.base))
+            .bearer_auth(inst["bot_token"].as_str().expect("token"))
+            .form(&[("channel", w.channel.as_str()), ("limit", "200")])
+            .send()
+    };
+    let r = limited().await.expect("req");
+    let page: Value = r.json().await.expect("json");
+    assert_eq!(page["messages"].as_array().map(Vec::len), Some(15));
+    assert_eq!(page["has_more"], true);
+    let r = limited().await.expect("req");
+    assert_eq!(r.status(), 429);
+}
+
+#[tokio::test]
+async fn the_testkit_workspace_sets_the_url_clicks_and_reads_the_log() {
+    let (side, url) = app_side().await;
+    let base = serve(threadline_slack_sim::router(Sim::new(37))).await;
+    let ws = threadline_testkit::sim::SimWorkspace::create(&base, json!({}), &["chat:write"], None)
+        .await;
+    ws.set_interactivity_url(&url).await;
+    let posted: Value = ws
+        .http
+        .post(format!("{base}/api/chat.postMessage"))
+        .bearer_auth(ws.token())
+        .form(&[
+            ("channel", ws.channel.as_str()),
+            ("text", "Ship it?"),
+            ("blocks", &button_blocks().to_string()),
+        ])
+        .send()
+        .await
+        .expect("post")
+        .json()
+        .await
+        .expect("json");
+    let ts = posted["ts"].as_str().expect("ts");
+    let entry = ws.click(&ws.user, &ws.channel, ts, "approve").await;
+    assert_eq!(
+        (&entry["status"], &entry["value"], &entry["app_id"]),
+        (&json!(200), &json!("yes"), &json!(ws.app_id()))
+    );
+    received(&side, 1).await;
+    assert_eq!(ws.interactions().await, json!([entry]));
+}

@@ -23,6 +23,7 @@ pub mod policies;
 pub mod receipts;
 pub mod rejections;
 pub mod retention;
+pub mod review;
 pub mod schema;
 pub mod streams;
 #[cfg(feature = "testing")]

@@ -116,6 +116,31 @@ impl SimWorkspace {
             .expect("json")
     }
 
+    /// Sets where the app's interactions (button clicks) go.
+    pub async fn set_interactivity_url(&self, url: &str) {
+        self.ctl(
+            &format!("apps/{}/interactivity", self.app_id()),
+            json!({"url": url}),
+        )
+        .await;
+    }
+
+    /// `user` clicks the button `action_id` on the message `ts` in
+    /// `channel`; returns the interaction's log entry once the app
+    /// answered (or did not in time).
+    pub async fn click(&self, user: &str, channel: &str, ts: &str, action_id: &str) -> Value {
+        self.ctl(
+            "act/click",
+            json!({"user": user, "channel": channel, "ts": ts, "action_id": action_id}),
+        )
+        .await
+    }
+
+    /// Every interaction sent so far, in the order their outcomes were known.
+    pub async fn interactions(&self) -> Value {
+        self.get("interactions").await["interactions"].take()
+    }
+
     /// The person posts (a reply when `thread_ts` is given); returns its ts.
     pub async fn post(&self, text: &str, thread_ts: Option<&str>) -> String {
         let mut body = json!({"user": self.user, "channel": self.channel, "text": text});

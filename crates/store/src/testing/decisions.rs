@@ -596,3 +596,10 @@ pub async fn stuck_work(pool: &sqlx::PgPool) -> sqlx::Result<Vec<StuckWork>> {
     .fetch_all(pool)
     .await
 }
+
+/// Who reviewed a decision (`None`: nobody yet).
+pub async fn reviewed_by(pool: &sqlx::PgPool, id: uuid::Uuid) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar!("SELECT reviewed_by FROM decisions WHERE id = $1", id)
+        .fetch_one(pool)
+        .await
+}

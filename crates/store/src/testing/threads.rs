@@ -436,3 +436,10 @@ pub async fn context_count(pool: &sqlx::PgPool, receipt: uuid::Uuid) -> sqlx::Re
     .fetch_one(pool)
     .await
 }
+
+/// The version of the thread rooted at `root_ts` (`None`: not in the store).
+pub async fn version_of(pool: &sqlx::PgPool, root_ts: &str) -> sqlx::Result<Option<i64>> {
+    sqlx::query_scalar!("SELECT version FROM threads WHERE root_ts = $1", root_ts)
+        .fetch_optional(pool)
+        .await
+}

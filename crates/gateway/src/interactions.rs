@@ -1,0 +1,142 @@
+//! `POST /slack/interactions`: a click on a review request's Approve or
+//! Reject button. Verified like an event delivery (signature and timestamp
+//! on the raw body, read within the budget for unverified bytes); then the
+//! verdict and what it asks of the publisher (post the approved answer, or
+//! show the rejection on the request) commit in one transaction, the CLI's
+//! code path (`threadline_store::review::decide`), before Slack gets its
+//! 200. A click counts only from a user on the installation's reviewer
+//! list, on the decision's own review request; a second click changes
+//! nothing. Slack does not retry interactions: a click that could not be
+//! recorded gets a 503, which Slack shows the person as a failed action,
+//! so they can click again.
+
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use threadline_domain::review::{Interaction, parse_form};
+use threadline_domain::state::Machine as _;
+use threadline_store::review::{Click, Decided, Verdict, decide};
+use uuid::Uuid;
+
+use crate::AppState;
+use crate::installations::Resolved;
+
+pub async fn slack_interactions(State(app): State<AppState>, request: Request) -> Response {
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let (outcome, response) = match crate::events::receive(&app, &parts.headers, body).await {
+        Ok(body) => handle(&app, &body).await,
+        Err((answer, mut response)) => {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            (answer.label(), response)
+        }
+    };
+    metrics::histogram!("threadline_gateway_interaction_seconds", "outcome" => outcome)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+#[tracing::instrument(skip_all, fields(decision_id, installation_id))]
+async fn handle(app: &AppState, body: &Bytes) -> (&'static str, Response) {
+    let click = match parse_form(body) {
+        Ok(Interaction::Review(c)) => c,
+        Ok(Interaction::Other { kind, action }) => {
+            // (codes only: an action id is the app's own identifier)
+            tracing::debug!(kind = %kind.chars().take(40).collect::<String>(), has_action = action.is_some(), "interaction not handled; acknowledged");
+            return ("ignored", StatusCode::OK.into_response());
+        }
+        Err(e) => {
+            tracing::warn!(reason = e.code(), error = %e, "signed interaction is malformed; refused");
+            metrics::counter!("threadline_review_clicks_total", "outcome" => "malformed")
+                .increment(1);
+            return (
+                "rejected",
+                (StatusCode::BAD_REQUEST, "malformed interaction payload").into_response(),
+            );
+        }
+    };
+    let Ok(decision) = Uuid::parse_str(&click.decision) else {
+        tracing::warn!("review click names no decision; refused");
+        metrics::counter!("threadline_review_clicks_total", "outcome" => "malformed").increment(1);
+        return (
+            "rejected",
+            (StatusCode::BAD_REQUEST, "malformed interaction payload").into_response(),
+        );
+    };
+    let span = tracing::Span::current();
+    span.record("decision_id", tracing::field::display(decision));
+    let installation = match app.resolver.resolve(&click.key).await {
+        Ok(Resolved::Active(id)) => id,
+        Ok(Resolved::Disabled(_) | Resolved::Unknown) => {
+            tracing::warn!("review click for an installation that is not active; not counted");
+            metrics::counter!("threadline_review_clicks_total", "outcome" => "no_installation")
+                .increment(1);
+            return ("refused", StatusCode::OK.into_response());
+        }
+        Err(e) => return unavailable(&e),
+    };
+    span.record("installation_id", tracing::field::display(installation));
+    let verdict = if click.approve {
+        Verdict::Approve
+    } else {
+        Verdict::Reject
+    };
+    let by = format!("slack:{}", click.user.as_str());
+    let r = decide(
+        &app.pool,
+        decision,
+        verdict,
+        &by,
+        Some(Click {
+            installation,
+            channel: click.channel.as_str(),
+            message_ts: click.message_ts.as_str(),
+            user: click.user.as_str(),
+        }),
+    )
+    .await;
+    let outcome = match r {
+        Err(e) => return unavailable(&e),
+        Ok(Decided::Recorded(status)) => {
+            tracing::info!(verdict = status.as_str(), reviewer = %click.user.as_str(), "review recorded from Slack");
+            "recorded"
+        }
+        Ok(Decided::NotWaiting { status, .. }) => {
+            tracing::info!(
+                status = status.as_str(),
+                "review click on a decision no longer waiting; nothing changed"
+            );
+            "not_waiting"
+        }
+        Ok(Decided::Refused(why)) => {
+            tracing::warn!(
+                alert = "review_click_refused",
+                reason = why.as_str(),
+                user = %click.user.as_str(),
+                "review click not counted"
+            );
+            why.as_str()
+        }
+        Ok(Decided::NotFound) => {
+            tracing::warn!("review click for an unknown decision; not counted");
+            "not_found"
+        }
+    };
+    // What was committed may have queued work for the publisher.
+    app.wake.wake();
+    metrics::counter!("threadline_review_clicks_total", "outcome" => outcome).increment(1);
+    ("handled", StatusCode::OK.into_response())
+}
+
+fn unavailable(e: &dyn std::fmt::Display) -> (&'static str, Response) {
+    tracing::error!(error = %e, "could not record a review click; answering 503");
+    (
+        "unavailable",
+        StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    )
+}

@@ -1,0 +1,554 @@
+//! Review in Slack: the publisher posts a review request for a decision
+//! that needs a reviewer into the installation's review channel (once:
+//! claimed like a reply, and an unknown outcome is looked for in the
+//! channel's history by the request's metadata before another post), with
+//! the proposed answer as far as the settings show it and Approve / Reject
+//! buttons. A click reaches the gateway (`POST /slack/interactions`), which
+//! records the verdict and queues the decision's proposal in one
+//! transaction; once the decision came to something (posted, rejected,
+//! stale, discarded) the request is updated to say so and by whom, and
+//! loses its buttons.
+
+use secrecy::ExposeSecret as _;
+use serde_json::{Value, json};
+use threadline_runtime::worker::Disposition;
+use threadline_slack::WebError;
+use threadline_store::decisions::Decision;
+use threadline_store::review::{self, PostClaim};
+use uuid::Uuid;
+
+use crate::handler::{Handler, defer, jitter};
+
+/// The request's action ids (the gateway accepts clicks on these only).
+pub const APPROVE: &str = threadline_domain::review::APPROVE_ACTION;
+pub const REJECT: &str = threadline_domain::review::REJECT_ACTION;
+/// The `event_type` of a review request's metadata.
+pub const METADATA_TYPE: &str = "threadline_review";
+
+/// Slack's codes after which the request may be tried again at once.
+const UNKNOWN_CODES: &[&str] = &["fatal_error", "internal_error", "service_unavailable"];
+
+impl Handler {
+    /// Posts the review request of decision `d` (status `review`) when the
+    /// installation has a review channel; without one, only the CLI
+    /// reviews it.
+    pub(crate) async fn request_review(&self, d: &Decision) -> anyhow::Result<Disposition> {
+        let settings = review::settings(&self.pool, d.installation_id).await?;
+        let Some(channel) = settings.channel_id.as_deref() else {
+            return Ok(Disposition::Done);
+        };
+        let Some(bot) = self.bot(d.installation_id).await? else {
+            tracing::warn!("no token to post the review request with; the CLI still reviews it");
+            return Ok(Disposition::Done);
+        };
+        let token = bot.token.expose_secret();
+        let attempt = match review::claim_post(
+            &self.pool,
+            d.id,
+            d.installation_id,
+            channel,
+            self.sending_stale,
+        )
+        .await?
+        {
+            PostClaim::Posted | PostClaim::Failed => return self.review_follow_up(d.id).await,
+            PostClaim::Busy => return Ok(defer(jitter(self.sending_stale / 2.0, &d.id))),
+            PostClaim::Post { attempt } => attempt,
+            PostClaim::Reconcile { attempt, since } => {
+                match self.find_request(token, channel, d.id, since).await {
+                    Ok(Some(ts)) => {
+                        review::posted(&self.pool, d.id, &ts).await?;
+                        metrics::counter!("threadline_review_requests_total", "outcome" => "found")
+                            .increment(1);
+                        return self.review_follow_up(d.id).await;
+                    }
+                    Ok(None) => attempt,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the review channel failed; trying later");
+                        review::unknown(&self.pool, d.id, attempt).await?;
+                        return Ok(defer(jitter(2.0, &d.id)));
+                    }
+                }
+            }
+        };
+        let (text, blocks) = render(d, &settings, None);
+        let metadata = json!({
+            "event_type": METADATA_TYPE,
+            "event_payload": {"decision_id": d.id.to_string()},
+        })
+        .to_string();
+        let blocks = blocks.to_string();
+        let form = [
+            ("channel", channel),
+            ("text", text.as_str()),
+            ("blocks", blocks.as_str()),
+            ("metadata", metadata.as_str()),
+            ("unfurl_links", "false"),
+            ("unfurl_media", "false"),
+        ];
+        match self.web.call("chat.postMessage", token, &form).await {
+            Ok(v) => {
+                let Some(ts) = v.get("ts").and_then(Value::as_str) else {
+                    review::unknown(&self.pool, d.id, attempt).await?;
+                    return Ok(defer(jitter(2.0, &d.id)));
+                };
+                crate::handler::persist(|| review::posted(&self.pool, d.id, ts)).await?;
+                metrics::counter!("threadline_review_requests_total", "outcome" => "posted")
+                    .increment(1);
+                // (a verdict the CLI gave meanwhile shows at once)
+                self.review_follow_up(d.id).await
+            }
+            Err(WebError::RateLimited { retry_after }) => {
+                review::release(&self.pool, d.id, attempt).await?;
+                Ok(defer(jitter(retry_after.as_secs_f64(), &d.id)))
+            }
+            Err(WebError::Transport(t)) if t == "connect" => {
+                review::release(&self.pool, d.id, attempt).await?;
+                Ok(defer(jitter(2.0, &d.id)))
+            }
+            Err(WebError::Api { code }) if !UNKNOWN_CODES.contains(&code.as_str()) => {
+                metrics::counter!("threadline_review_requests_total", "outcome" => "refused")
+                    .increment(1);
+                tracing::warn!(
+                    alert = "review_request_refused",
+                    installation_id = %d.installation_id,
+                    code = %code,
+                    "Slack refused the review request (is the bot in the review channel?); the CLI still reviews it"
+                );
+                review::failed(&self.pool, d.id, attempt, &code).await?;
+                Ok(Disposition::Done)
+            }
+            Err(e) => {
+                // The request may have reached Slack: looked for before
+                // another post.
+                tracing::warn!(error = %e, "review request outcome unknown; reconciling");
+                review::unknown(&self.pool, d.id, attempt).await?;
+                Ok(defer(jitter(2.0, &d.id)))
+            }
+        }
+    }
+
+    /// The ts of decision `id`'s review request in `channel`, if Slack holds
+    /// one posted since `since` (Unix seconds), by its metadata.
+    async fn find_request(
+        &self,
+        token: &str,
+        channel: &str,
+        id: Uuid,
+        since: f64,
+    ) -> Result<Option<String>, WebError> {
+        let oldest = format!("{:.6}", (since - 5.0).max(0.0));
+        let mut cursor = String::new();
+        for _ in 0..20 {
+            let mut form = vec![
+                ("channel", channel),
+                ("oldest", oldest.as_str()),
+                ("include_all_metadata", "true"),
+                ("limit", "200"),
+            ];
+            if !cursor.is_empty() {
+                form.push(("cursor", cursor.as_str()));
+            }
+            let v = self.web.call("conversations.history", token, &form).await?;
+            let found = v
+                .get("messages")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .find(|m| {
+                    let meta = m.get("metadata");
+                    meta.and_then(|x| x.get("event_type"))
+                        .and_then(Value::as_str)
+                        == Some(METADATA_TYPE)
+                        && meta
+                            .and_then(|x| x.get("event_payload"))
+                            .and_then(|p| p.get("decision_id"))
+                            .and_then(Value::as_str)
+                            == Some(id.to_string().as_str())
+                });
+            if let Some(ts) = found.and_then(|m| m.get("ts")).and_then(Value::as_str) {
+                return Ok(Some(ts.to_owned()));
+            }
+            match v
+                .pointer("/response_metadata/next_cursor")
+                .and_then(Value::as_str)
+            {
+                Some(c) if !c.is_empty() => cursor = c.to_owned(),
+                _ => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Updates decision `id`'s review request with what the decision came
+    /// to, once it came to something and the request does not show it yet.
+    pub(crate) async fn review_follow_up(&self, id: Uuid) -> anyhow::Result<Disposition> {
+        let Some(r) = review::posted_request(&self.pool, id).await? else {
+            return Ok(Disposition::Done);
+        };
+        let Some(outcome) = Outcome::of(&r) else {
+            return Ok(Disposition::Done);
+        };
+        if r.shown.as_deref() == Some(outcome.code.as_str()) {
+            return Ok(Disposition::Done);
+        }
+        let Some(d) = threadline_store::decisions::load(&self.pool, id).await? else {
+            return Ok(Disposition::Done);
+        };
+        let Some(bot) = self.bot(d.installation_id).await? else {
+            return Ok(Disposition::Done);
+        };
+        let settings = review::settings(&self.pool, d.installation_id).await?;
+        let (text, blocks) = render(&d, &settings, Some(&outcome));
+        let blocks = blocks.to_string();
+        let form = [
+            ("channel", r.channel_id.as_str()),
+            ("ts", r.ts.as_str()),
+            ("text", text.as_str()),
+            ("blocks", blocks.as_str()),
+        ];
+        match self
+            .web
+            .call("chat.update", bot.token.expose_secret(), &form)
+            .await
+        {
+            Ok(_) => {
+                review::mark_shown(&self.pool, id, &outcome.code).await?;
+                Ok(Disposition::Done)
+            }
+            Err(WebError::RateLimited { retry_after }) => {
+                Ok(defer(jitter(retry_after.as_secs_f64(), &id)))
+            }
+            Err(WebError::Api { code })
+                if matches!(
+                    code.as_str(),
+                    "message_not_found"
+                        | "cant_update_message"
+                        | "channel_not_found"
+                        | "is_archived"
+                ) =>
+            {
+                // The request is gone or frozen: nothing more to show.
+                tracing::warn!(code = %code, "the review request cannot be updated; its outcome is in the decision");
+                review::mark_shown(&self.pool, id, &outcome.code).await?;
+                Ok(Disposition::Done)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "updating the review request failed; trying later");
+                Ok(defer(jitter(2.0, &id)))
+            }
+        }
+    }
+}
+
+/// What a reviewed decision came to, as its review request shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The decision's status (and reason) it shows: shown once.
+    pub code: String,
+    pub line: String,
+}
+
+impl Outcome {
+    /// `None` while the decision waits for review or for its publish.
+    pub fn of(r: &review::Posted) -> Option<Outcome> {
+        let who = r.reviewed_by.as_deref().map(reviewer);
+        let approved = match &who {
+            Some(w) => format!("Approved by {w}, but "),
+            None => String::new(),
+        };
+        let line = match r.status.as_str() {
+            "published" => format!(
+                "Approved by {}: posted in <#{}>.",
+                who.as_deref().unwrap_or("a reviewer"),
+                r.answer_channel
+            ),
+            "rejected" => format!(
+                "Rejected by {}: not posted.",
+                who.as_deref().unwrap_or("a reviewer")
+            ),
+            "stale" => capitalise(&format!(
+                "{approved}the thread changed while this waited for review: not posted. The thread is being reconsidered."
+            )),
+            "superseded" if r.status_reason.as_deref() == Some("already_answered") => capitalise(
+                &format!("{approved}the request was already answered: not posted."),
+            ),
+            "superseded" => capitalise(&format!(
+                "{approved}a newer request in the thread replaced this one: not posted."
+            )),
+            "suppressed" => capitalise(&format!("{approved}a kill switch is engaged: not posted.")),
+            "cancelled" => {
+                let why = match r.status_reason.as_deref() {
+                    Some("source_deleted") => "the question was deleted",
+                    Some("installation_unavailable") => "the installation is no longer available",
+                    Some(s) if s.starts_with("missing_scope") => {
+                        "the bot lacks the scope to post it"
+                    }
+                    _ => "it was cancelled",
+                };
+                capitalise(&format!("{approved}{why}: not posted."))
+            }
+            _ => return None,
+        };
+        let code = match &r.status_reason {
+            Some(reason) => format!("{}:{reason}", r.status),
+            None => r.status.clone(),
+        };
+        Some(Outcome { code, line })
+    }
+}
+
+fn capitalise(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
+
+/// A reviewer as the request names them: a Slack user as a mention, an
+/// operator (CLI) by name.
+fn reviewer(by: &str) -> String {
+    match by.strip_prefix("slack:") {
+        Some(user) if user.chars().all(|c| c.is_ascii_alphanumeric()) => format!("<@{user}>"),
+        _ => format!("`{}` (CLI)", escape(by)),
+    }
+}
+
+/// `&`, `<` and `>` as Slack's mrkdwn needs them escaped.
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Section text is limited to 3,000 characters by Slack.
+const SECTION_MAX: usize = 3000;
+
+/// The review request: fallback text and blocks. With `outcome`, the
+/// buttons give way to it.
+pub fn render(
+    d: &Decision,
+    settings: &review::Settings,
+    outcome: Option<&Outcome>,
+) -> (String, Value) {
+    let text = format!(
+        "An answer needs review before it is posted in <#{}>.",
+        d.channel_id
+    );
+    let reasons = if d.review_reasons.is_empty() {
+        "policy".to_owned()
+    } else {
+        d.review_reasons.join(", ")
+    };
+    let mut blocks = vec![
+        json!({"type": "section", "text": {"type": "mrkdwn", "text": format!(
+            "*An answer needs review* before it is posted in <#{}> (a reply in the thread of `{}`).",
+            d.channel_id, d.root_ts
+        )}}),
+        json!({"type": "context", "elements": [{"type": "mrkdwn", "text": format!(
+            "Why: {reasons}. Proposed by an AI model; nothing is posted until a reviewer approves, and the thread is checked again first."
+        )}]}),
+    ];
+    // The answer without its label, with anything that looks like a
+    // credential redacted: a review channel is no place for a secret (an
+    // operator reads the whole text with the CLI).
+    let body = d
+        .body_blocks
+        .as_ref()
+        .and_then(|b| b.pointer("/0/text/text"))
+        .and_then(Value::as_str)
+        .or(d.body_text.as_deref())
+        .unwrap_or_default();
+    let body = threadline_domain::output::redact_secrets(body);
+    let preview = preview(&body, settings.preview_chars);
+    match preview {
+        Some(p) => blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": p}})),
+        None => blocks.push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": format!(
+            "The answer's text is not shown here; an operator reads it with `threadline review show {}`.",
+            d.id
+        )}]})),
+    }
+    match outcome {
+        None => blocks.push(json!({
+            "type": "actions",
+            "block_id": "threadline_review",
+            "elements": [
+                {"type": "button", "action_id": APPROVE, "value": d.id.to_string(), "style": "primary",
+                 "text": {"type": "plain_text", "text": "Approve"}},
+                {"type": "button", "action_id": REJECT, "value": d.id.to_string(), "style": "danger",
+                 "text": {"type": "plain_text", "text": "Reject"}},
+            ],
+        })),
+        Some(o) => blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": o.line}})),
+    }
+    blocks.push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": format!("Decision `{}`", d.id)}]}));
+    let text = match outcome {
+        Some(o) => format!("{text} {}", o.line),
+        None => text,
+    };
+    (text, Value::Array(blocks))
+}
+
+/// The first `max` characters of the answer as a quote, cut at a word
+/// where it can be; `None` when nothing of it is to be shown.
+fn preview(body: &str, max: i32) -> Option<String> {
+    let max = usize::try_from(max).unwrap_or(0);
+    if max == 0 || body.trim().is_empty() {
+        return None;
+    }
+    let mut cut: String = body.chars().take(max).collect();
+    if cut.len() < body.len() {
+        if let Some(i) = cut.rfind(char::is_whitespace).filter(|i| *i > max / 2) {
+            cut.truncate(i);
+        }
+        // (an entity cut in half would show as text)
+        if let Some(i) = cut.rfind('&').filter(|i| !cut[*i..].contains(';')) {
+            cut.truncate(i);
+        }
+        cut.push('…');
+    }
+    let quoted: String = cut
+        .lines()
+        .map(|l| format!("> {l}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    Some(quoted.chars().take(SECTION_MAX).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn posted(status: &str, reason: Option<&str>, by: Option<&str>) -> review::Posted {
+        review::Posted {
+            channel_id: "CREVIEW".into(),
+            ts: "1.2".into(),
+            shown: None,
+            status: status.into(),
+            status_reason: reason.map(str::to_owned),
+            reviewed_by: by.map(str::to_owned),
+            answer_channel: "CANSWER".into(),
+            intent_state: None,
+        }
+    }
+
+    #[test]
+    fn the_outcome_names_the_reviewer_and_what_became_of_the_answer() {
+        let o = |s, r, b| Outcome::of(&posted(s, r, b)).map(|o| o.line);
+        assert_eq!(o("review", None, None), None, "still asking");
+        assert_eq!(o("approved", None, Some("slack:U1")), None, "publishing");
+        assert_eq!(
+            o("published", None, Some("slack:U1")).as_deref(),
+            Some("Approved by <@U1>: posted in <#CANSWER>.")
+        );
+        assert_eq!(
+            o("rejected", None, Some("ana")).as_deref(),
+            Some("Rejected by `ana` (CLI): not posted.")
+        );
+        assert_eq!(
+            o("stale", Some("thread_changed"), Some("slack:U1")).as_deref(),
+            Some(
+                "Approved by <@U1>, but the thread changed while this waited for review: not posted. The thread is being reconsidered."
+            )
+        );
+        assert_eq!(
+            o("cancelled", Some("source_deleted"), None).as_deref(),
+            Some("The question was deleted: not posted.")
+        );
+        assert_eq!(
+            Outcome::of(&posted("stale", Some("thread_changed"), None))
+                .unwrap()
+                .code,
+            "stale:thread_changed"
+        );
+    }
+
+    #[test]
+    fn a_reviewer_name_cannot_become_markup() {
+        assert_eq!(reviewer("slack:U0ABC"), "<@U0ABC>");
+        assert!(!reviewer("slack:<!here>").contains("<!"));
+        assert!(!reviewer("<!channel>").contains("<!"));
+    }
+
+    #[test]
+    fn the_preview_is_quoted_limited_and_never_cuts_an_entity() {
+        assert_eq!(preview("anything", 0), None);
+        assert_eq!(
+            preview("two\nlines", 100).as_deref(),
+            Some("> two\n> lines")
+        );
+        let p = preview("restart the pool &amp; wait for it", 24).unwrap();
+        assert_eq!(p, "> restart the pool &amp;…", "cut at a word");
+        assert_eq!(
+            preview("x&amp;y", 3).as_deref(),
+            Some("> x…"),
+            "never half an entity"
+        );
+        let p = preview("aaaa &amp;", 7).unwrap();
+        assert_eq!(p, "> aaaa…");
+        let long = "word ".repeat(2000);
+        assert!(preview(&long, 2500).unwrap().chars().count() <= SECTION_MAX);
+    }
+
+    #[test]
+    fn the_request_carries_buttons_until_it_shows_an_outcome() {
+        let d = Decision {
+            id: Uuid::nil(),
+            receipt_id: Uuid::nil(),
+            installation_id: Uuid::nil(),
+            event_id: "Ev1".into(),
+            channel_id: "C1".into(),
+            root_ts: "1.1".into(),
+            source_ts: "1.1".into(),
+            thread_version: 1,
+            action_kind: "thread_reply".into(),
+            status: "review".into(),
+            review_reasons: vec!["mention".into()],
+            fallback: false,
+            model_config_id: None,
+            output_hash: None,
+            body_text: Some("ping &lt;!here&gt;".into()),
+            body_blocks: None,
+        };
+        let s = review::Settings::default();
+        let (_, blocks) = render(&d, &s, None);
+        let actions = blocks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["type"] == "actions")
+            .expect("buttons");
+        assert_eq!(actions["elements"][0]["action_id"], APPROVE);
+        assert_eq!(actions["elements"][1]["value"], Uuid::nil().to_string());
+        let o = Outcome::of(&posted("rejected", None, Some("slack:U1"))).unwrap();
+        let (text, blocks) = render(&d, &s, Some(&o));
+        assert!(
+            blocks
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|b| b["type"] != "actions")
+        );
+        assert!(text.contains("Rejected by <@U1>"));
+        let secret = Decision {
+            body_text: Some("use xoxb-1234567890-abcdefghij now".into()),
+            ..d.clone()
+        };
+        let (_, blocks) = render(&secret, &s, None);
+        assert!(!blocks.to_string().contains("xoxb-1234567890"), "{blocks}");
+        assert!(
+            blocks.to_string().contains("use [redacted] now"),
+            "{blocks}"
+        );
+        let hidden = review::Settings {
+            preview_chars: 0,
+            ..s
+        };
+        let (_, blocks) = render(&d, &hidden, None);
+        assert!(
+            !blocks.to_string().contains("ping"),
+            "no text when the settings show none"
+        );
+    }
+}

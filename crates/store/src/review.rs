@@ -1,0 +1,385 @@
+//! Human review in Slack: each installation's review settings (channel,
+//! reviewers, how much of an answer a request shows), the review request
+//! the publisher posts for a decision, and a reviewer's verdict — one code
+//! path for the CLI and for a click on Approve / Reject that the gateway
+//! received. A verdict and what it asks of the publisher (post the answer,
+//! or show the outcome on the request) commit together through the outbox.
+
+use sqlx::{PgConnection, PgPool};
+use threadline_domain::state::{DecisionStatus, Machine as _};
+use uuid::Uuid;
+
+/// An installation's review settings.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Settings {
+    /// Where review requests are posted (`None`: only the CLI reviews).
+    pub channel_id: Option<String>,
+    /// Slack user ids whose clicks count.
+    pub reviewers: Vec<String>,
+    /// How many characters of the proposed answer a request shows (0: none).
+    pub preview_chars: i32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            channel_id: None,
+            reviewers: Vec::new(),
+            preview_chars: 600,
+        }
+    }
+}
+
+pub async fn settings(pool: &PgPool, installation: Uuid) -> sqlx::Result<Settings> {
+    let row = sqlx::query_as!(
+        Settings,
+        "SELECT channel_id, reviewers, preview_chars FROM review_settings WHERE installation_id = $1",
+        installation
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.unwrap_or_default())
+}
+
+/// Changes to the review settings; `None` leaves a setting as it is.
+#[derive(Debug, Clone, Default)]
+pub struct Changes {
+    /// `Some(None)`: no review channel (CLI review only).
+    pub channel_id: Option<Option<String>>,
+    pub reviewers: Option<Vec<String>>,
+    pub preview_chars: Option<i32>,
+}
+
+pub async fn set_settings(pool: &PgPool, installation: Uuid, c: &Changes) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO review_settings AS s (installation_id, channel_id, reviewers, preview_chars)
+         VALUES ($1, $3::text, coalesce($4::text[], '{}'), coalesce($5::int, 600))
+         ON CONFLICT (installation_id) DO UPDATE
+            SET channel_id = CASE WHEN $2::bool THEN $3::text ELSE s.channel_id END,
+                reviewers = coalesce($4, s.reviewers),
+                preview_chars = coalesce($5, s.preview_chars),
+                updated_at = now()",
+        installation,
+        c.channel_id.is_some(),
+        c.channel_id.clone().flatten(),
+        c.reviewers.as_deref(),
+        c.preview_chars,
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// What posting a decision's review request may do now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PostClaim {
+    /// This publisher posts it (attempt number).
+    Post { attempt: i32 },
+    /// An earlier attempt's outcome is unknown (its answer was lost, or its
+    /// publisher died): read the channel's history from `since` (Unix
+    /// seconds) for the request first; this publisher holds `attempt`.
+    Reconcile { attempt: i32, since: f64 },
+    /// Already posted.
+    Posted,
+    /// Slack refused it for good earlier.
+    Failed,
+    /// Another publisher is posting it now.
+    Busy,
+}
+
+/// Claims the post of a decision's review request in `channel`. An attempt
+/// still `posting` after `stale` seconds counts as unknown.
+pub async fn claim_post(
+    pool: &PgPool,
+    decision: Uuid,
+    installation: Uuid,
+    channel: &str,
+    stale: f64,
+) -> sqlx::Result<PostClaim> {
+    let r = sqlx::query!(
+        r#"WITH old AS (
+             SELECT state, extract(epoch FROM posting_since)::float8 AS since
+               FROM review_messages WHERE decision_id = $1),
+         ins AS (
+             INSERT INTO review_messages (decision_id, installation_id, channel_id, state)
+             VALUES ($1, $2, $3, 'posting') ON CONFLICT (decision_id) DO NOTHING
+             RETURNING attempt),
+         retake AS (
+             UPDATE review_messages r
+                SET state = 'posting', attempt = r.attempt + 1, posting_since = now(), updated_at = now()
+              WHERE r.decision_id = $1
+                AND (r.state = 'unknown'
+                     OR (r.state = 'posting' AND r.posting_since < now() - make_interval(secs => $4)))
+             RETURNING r.attempt)
+         SELECT (SELECT attempt FROM ins) AS new_attempt,
+                (SELECT attempt FROM retake) AS retake_attempt,
+                (SELECT state FROM old) AS old_state,
+                (SELECT since FROM old) AS since"#,
+        decision,
+        installation,
+        channel,
+        stale,
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(
+        match (r.new_attempt, r.retake_attempt, r.old_state.as_deref()) {
+            (Some(attempt), _, _) => PostClaim::Post { attempt },
+            (None, Some(attempt), _) => PostClaim::Reconcile {
+                attempt,
+                since: r.since.unwrap_or(0.0),
+            },
+            (None, None, Some("posted")) => PostClaim::Posted,
+            (None, None, Some("failed")) => PostClaim::Failed,
+            _ => PostClaim::Busy,
+        },
+    )
+}
+
+/// Records the request Slack holds at `ts` (whichever attempt posted it:
+/// a post that landed is recorded, never forgotten).
+pub async fn posted(pool: &PgPool, decision: Uuid, ts: &str) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE review_messages SET state = 'posted', ts = $2, error_code = NULL, updated_at = now()
+          WHERE decision_id = $1 AND state <> 'posted'",
+        decision,
+        ts
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Attempt `attempt` got no answer it could read: Slack may hold the post.
+pub async fn unknown(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE review_messages SET state = 'unknown', updated_at = now()
+          WHERE decision_id = $1 AND attempt = $2 AND state = 'posting'",
+        decision,
+        attempt
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Attempt `attempt` certainly posted nothing and may be tried again (a
+/// 429, a refused connection): the claim is given back.
+pub async fn release(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Result<()> {
+    sqlx::query!(
+        "DELETE FROM review_messages WHERE decision_id = $1 AND attempt = $2 AND state = 'posting'",
+        decision,
+        attempt
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Slack refused the request for good (`code`): the CLI still reviews it.
+pub async fn failed(pool: &PgPool, decision: Uuid, attempt: i32, code: &str) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE review_messages SET state = 'failed', error_code = $3, updated_at = now()
+          WHERE decision_id = $1 AND attempt = $2 AND state = 'posting'",
+        decision,
+        attempt,
+        code
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// A posted review request and what its decision came to.
+#[derive(Debug, Clone)]
+pub struct Posted {
+    pub channel_id: String,
+    pub ts: String,
+    /// The outcome the message shows (`None`: still asking).
+    pub shown: Option<String>,
+    pub status: String,
+    pub status_reason: Option<String>,
+    pub reviewed_by: Option<String>,
+    /// Where the answer was (or would have been) posted.
+    pub answer_channel: String,
+    /// The event's reply intent: its state (none: never claimed).
+    pub intent_state: Option<String>,
+}
+
+pub async fn posted_request(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Posted>> {
+    sqlx::query_as!(
+        Posted,
+        r#"SELECT r.channel_id, r.ts AS "ts!", r.shown, d.status, d.status_reason, d.reviewed_by,
+                  d.channel_id AS answer_channel,
+                  (SELECT i.state FROM reply_intents i
+                    WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
+                      AND i.action_kind = d.action_kind) AS "intent_state?"
+             FROM review_messages r JOIN decisions d ON d.id = r.decision_id
+            WHERE r.decision_id = $1 AND r.state = 'posted'"#,
+        decision
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// The request now shows `shown`.
+pub async fn mark_shown(pool: &PgPool, decision: Uuid, shown: &str) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE review_messages SET shown = $2, updated_at = now() WHERE decision_id = $1",
+        decision,
+        shown
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Approve,
+    Reject,
+}
+
+impl Verdict {
+    pub fn status(self) -> DecisionStatus {
+        match self {
+            Verdict::Approve => DecisionStatus::Approved,
+            Verdict::Reject => DecisionStatus::Rejected,
+        }
+    }
+}
+
+/// A click on a review request, as the gateway verified it.
+#[derive(Debug, Clone, Copy)]
+pub struct Click<'a> {
+    /// The installation the signed request resolved to.
+    pub installation: Uuid,
+    /// Where the clicked message is, and who clicked.
+    pub channel: &'a str,
+    pub message_ts: &'a str,
+    pub user: &'a str,
+}
+
+/// Why a click was not counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The user is not on the installation's reviewer list.
+    NotAReviewer,
+    /// The decision belongs to another installation.
+    OtherInstallation,
+    /// The clicked message is not the decision's review request.
+    NotTheRequest,
+}
+
+impl Refusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::NotAReviewer => "not_a_reviewer",
+            Refusal::OtherInstallation => "other_installation",
+            Refusal::NotTheRequest => "not_the_request",
+        }
+    }
+}
+
+/// What a verdict came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decided {
+    /// Recorded: approved (its proposal queued for the publisher with the
+    /// approval) or rejected.
+    Recorded(DecisionStatus),
+    /// The decision was no longer waiting for review: it is `status` (by
+    /// `reviewed_by`, if a reviewer decided it). Its review request is asked
+    /// to show that.
+    NotWaiting {
+        status: DecisionStatus,
+        reviewed_by: Option<String>,
+    },
+    Refused(Refusal),
+    NotFound,
+}
+
+/// A reviewer's verdict on decision `id`, by `by` (an operator's name, or
+/// `slack:<user id>` for a click), in one transaction with what it asks of
+/// the publisher: an approval queues the proposal (the publisher re-runs
+/// the staleness and kill-switch checks before it may post), a rejection
+/// queues the update of the review request. A click counts only from a
+/// reviewer of the decision's installation, on the decision's own review
+/// request. A second verdict changes nothing.
+pub async fn decide(
+    pool: &PgPool,
+    id: Uuid,
+    verdict: Verdict,
+    by: &str,
+    click: Option<Click<'_>>,
+) -> sqlx::Result<Decided> {
+    let mut tx = pool.begin().await?;
+    let Some(row) = sqlx::query!(
+        r#"SELECT d.status, d.installation_id, d.reviewed_by, r.channel_id AS "request_channel?",
+                  r.ts AS "request_ts?",
+                  coalesce((SELECT s.reviewers FROM review_settings s
+                             WHERE s.installation_id = d.installation_id), '{}') AS "reviewers!"
+             FROM decisions d LEFT JOIN review_messages r ON r.decision_id = d.id
+            WHERE d.id = $1
+              FOR UPDATE OF d"#,
+        id
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    else {
+        return Ok(Decided::NotFound);
+    };
+    if let Some(c) = click {
+        if row.installation_id != c.installation {
+            return Ok(Decided::Refused(Refusal::OtherInstallation));
+        }
+        if row.request_channel.as_deref() != Some(c.channel)
+            || row.request_ts.as_deref() != Some(c.message_ts)
+        {
+            return Ok(Decided::Refused(Refusal::NotTheRequest));
+        }
+        if !row.reviewers.iter().any(|r| r == c.user) {
+            return Ok(Decided::Refused(Refusal::NotAReviewer));
+        }
+    }
+    let status =
+        DecisionStatus::parse(&row.status).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    if status != DecisionStatus::Review {
+        // The request shows what became of the decision (a rejection's or a
+        // discard's outcome; an approval's own proposal is already queued
+        // and shows it once it is published or discarded).
+        if row.request_ts.is_some() && status != DecisionStatus::Approved {
+            enqueue_outcome(&mut tx, id, status.as_str()).await?;
+        }
+        tx.commit().await?;
+        return Ok(Decided::NotWaiting {
+            status,
+            reviewed_by: row.reviewed_by,
+        });
+    }
+    let to = verdict.status();
+    crate::decisions::review(&mut *tx, id, to, by).await?;
+    match verdict {
+        Verdict::Approve => {
+            let d = crate::decisions::load(&mut *tx, id)
+                .await?
+                .ok_or(sqlx::Error::RowNotFound)?;
+            crate::decisions::enqueue_proposal(&mut tx, &d, "approved").await?;
+        }
+        Verdict::Reject if row.request_ts.is_some() => {
+            enqueue_outcome(&mut tx, id, to.as_str()).await?;
+        }
+        Verdict::Reject => {}
+    }
+    tx.commit().await?;
+    Ok(Decided::Recorded(to))
+}
+
+/// Queues the decision's proposal for the publisher to show `status` on
+/// its review request (it posts nothing for a decision that does not
+/// stand).
+async fn enqueue_outcome(conn: &mut PgConnection, id: Uuid, status: &str) -> sqlx::Result<()> {
+    let d = crate::decisions::load(&mut *conn, id)
+        .await?
+        .ok_or(sqlx::Error::RowNotFound)?;
+    crate::decisions::enqueue_proposal(conn, &d, &format!("outcome-{status}")).await
+}
