@@ -687,7 +687,17 @@ fn id_of(v: &serde_json::Value, what: &str) -> String {
 impl Stack {
     /// Starts everything; `extra` settings go to every service.
     pub async fn start(extra: &[(&str, String)]) -> Self {
-        Self::start_on(extra, None).await
+        Self::start_on(extra, None, None).await
+    }
+
+    /// [`Stack::start`] with the app subscribed to `events` and installed
+    /// with `scopes` (instead of mentions and public channels only).
+    pub async fn start_with_app(
+        extra: &[(&str, String)],
+        events: &[&str],
+        scopes: &[&str],
+    ) -> Self {
+        Self::start_on(extra, None, Some((events, scopes))).await
     }
 
     /// Starts everything on a broker with authorization (its `NATS_URL` in
@@ -699,10 +709,14 @@ impl Stack {
         extra: &[(&str, String)],
         logins: &crate::broker::Logins,
     ) -> Self {
-        Self::start_on(extra, Some(logins)).await
+        Self::start_on(extra, Some(logins), None).await
     }
 
-    async fn start_on(extra: &[(&str, String)], logins: Option<&crate::broker::Logins>) -> Self {
+    async fn start_on(
+        extra: &[(&str, String)],
+        logins: Option<&crate::broker::Logins>,
+        app: Option<(&[&str], &[&str])>,
+    ) -> Self {
         use serde_json::json;
         use threadline_runtime::nats_auth::Role;
         let db = threadline_testkit::TestDb::new().await;
@@ -794,11 +808,15 @@ impl Stack {
             .map(|v| v.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
             .collect();
 
+        let (events, scopes) = app.unwrap_or((
+            &["app_mention", "message.channels"],
+            &["chat:write", "channels:history", "channels:read"],
+        ));
         let ws = threadline_testkit::sim::SimWorkspace::create(
             &sim.base_url,
             json!({"signing_secret": threadline_testkit::slack::TEST_SECRET, "request_urls": [events_url],
-                   "events": ["app_mention", "message.channels"]}),
-            &["chat:write", "channels:history", "channels:read"],
+                   "events": events}),
+            scopes,
             None,
         )
         .await;

@@ -7,6 +7,7 @@ use futures::FutureExt as _;
 use prost::Message as _;
 use secrecy::ExposeSecret as _;
 use sqlx::PgPool;
+use threadline_domain::assistant;
 use threadline_domain::classify::{self, Outcome};
 use threadline_domain::state::ReceiptState;
 use threadline_proto::v1::{ContextMessage, ContextReady, EventAccepted, SCHEMA_VERSION};
@@ -283,6 +284,15 @@ impl Handler {
                 .increment(1);
             tracing::warn!(alert = "installation_disabled", reason, installation_id = %inst.id, "installation disabled; tokens purged");
             return self.end(ev, receipt, ReceiptState::Done, reason).await;
+        }
+        let kind = event
+            .get("type")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("");
+        if matches!(kind, assistant::STARTED | assistant::CONTEXT_CHANGED) {
+            return self
+                .assistant_event(ev, receipt, &inst, &policy, &event)
+                .await;
         }
         let channel = ev.channel_id.as_str();
         let c = classify::classify(&event, &inst.identity, &policy);
@@ -590,6 +600,66 @@ impl Handler {
         metrics::counter!("threadline_contexts_built_total", "truncated" => if built.omitted > 0 { "true" } else { "false" })
             .increment(1);
         Ok(Step::Done)
+    }
+
+    /// The assistant pane opened (`assistant_thread_started`) or its
+    /// context changed: recorded under the DM policy (the pane is a DM with
+    /// the app), and a new thread greeted by the publisher (suggested
+    /// prompts, a title) through the outbox. The context channel is kept as
+    /// identifiers only.
+    async fn assistant_event(
+        &self,
+        ev: &EventAccepted,
+        receipt: Uuid,
+        inst: &Installation,
+        policy: &classify::TriggerPolicy,
+        event: &serde_json::Value,
+    ) -> anyhow::Result<Step> {
+        let Some(t) = assistant::parse(event) else {
+            return self
+                .end(
+                    ev,
+                    receipt,
+                    ReceiptState::Failed,
+                    "malformed_assistant_event",
+                )
+                .await;
+        };
+        if !policy.dms_allowed {
+            return self
+                .end(ev, receipt, ReceiptState::Ignored, "dm_not_allowed")
+                .await;
+        }
+        let started =
+            event.get("type").and_then(serde_json::Value::as_str) == Some(assistant::STARTED);
+        threadline_store::assistant::record(
+            &self.pool,
+            &threadline_store::assistant::Thread {
+                installation: inst.id,
+                channel: t.channel.as_str(),
+                thread_ts: t.thread_ts.as_str(),
+                user: t.user.as_str(),
+                context_channel: t.context_channel.as_ref().map(|c| c.as_str()),
+                context_team: t.context_team.as_ref().map(|c| c.as_str()),
+            },
+            receipt,
+            &ev.event_id,
+            started,
+        )
+        .await?;
+        metrics::counter!("threadline_assistant_events_total", "type" => if started { "started" } else { "context_changed" })
+            .increment(1);
+        self.end(
+            ev,
+            receipt,
+            ReceiptState::Done,
+            if started {
+                "assistant_thread_started"
+            } else {
+                "assistant_context_changed"
+            },
+        )
+        .await
     }
 
     async fn end(

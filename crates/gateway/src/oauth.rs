@@ -28,6 +28,15 @@ use crate::ratelimit::Limiter;
 /// Least privilege for what threadline does: read mentions and the threads
 /// it answers in, post replies.
 pub const DEFAULT_BOT_SCOPES: &str = "app_mentions:read,channels:history,channels:read,chat:write";
+
+/// What the assistant pane adds (with DMs allowed by the policy): the
+/// scopes to ask for (`THREADLINE_BOT_SCOPES`) and the events to subscribe.
+pub const PANE_BOT_SCOPES: &str = "im:history,assistant:write";
+pub const PANE_EVENTS: &[&str] = &[
+    "message.im",
+    threadline_domain::assistant::STARTED,
+    threadline_domain::assistant::CONTEXT_CHANGED,
+];
 const COOKIE: &str = "tl_oauth_browser";
 
 pub struct OAuth {

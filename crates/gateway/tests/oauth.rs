@@ -430,3 +430,36 @@ fn the_app_manifest_points_at_the_gateway_routes() {
     );
     assert!(manifest.contains("interactivity:\n") && manifest.contains("is_enabled: true"));
 }
+
+/// The assistant pane's scopes and events are in the manifest, as opt-in
+/// items (commented out: DMs are denied by default), and are exactly what
+/// the code handles.
+#[test]
+fn the_app_manifest_offers_exactly_the_assistant_panes_scopes_and_events() {
+    let manifest =
+        std::fs::read_to_string(threadline_testkit::repo_root().join("deploy/slack/manifest.yaml"))
+            .expect("deploy/slack/manifest.yaml");
+    let optional: Vec<String> = manifest
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("# - "))
+        .map(|item| item.split_whitespace().next().unwrap_or("").to_owned())
+        .collect();
+    for scope in threadline_gateway::oauth::PANE_BOT_SCOPES.split(',') {
+        assert!(
+            optional.iter().any(|o| o == scope),
+            "{scope} in {optional:?}"
+        );
+    }
+    let events: Vec<&String> = optional
+        .iter()
+        .filter(|o| o.starts_with("message.") || o.starts_with("assistant_"))
+        .collect();
+    assert_eq!(
+        events,
+        threadline_gateway::oauth::PANE_EVENTS
+            .to_vec()
+            .iter()
+            .collect::<Vec<_>>()
+    );
+    assert!(manifest.contains("# assistant_view:"));
+}

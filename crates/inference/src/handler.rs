@@ -296,6 +296,19 @@ impl Handler {
             return Ok(Disposition::Done);
         }
 
+        // In an assistant thread (the pane is a DM with the app), progress
+        // shows while the model runs; the publisher clears it on every
+        // outcome.
+        let pane = ctx.channel_id.starts_with('D')
+            && threadline_store::assistant::thread(&self.pool, inst, &ctx.channel_id, &ctx.root_ts)
+                .await?
+                .is_some();
+        if pane && let Err(e) = self.announce_progress(id).await {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "announcing progress failed; none shown"
+            );
+        }
         let model_span = tracing::info_span!(
             "model.call",
             model_config_id = %self.model_config_id,
@@ -408,7 +421,11 @@ impl Handler {
             tracing::warn!(switch = %switch, feature, "kill switch engaged; proposed action suppressed");
             let mut s = self.suppressed(&switch);
             s.action_kind = &action_kind;
-            self.settle(id, &s).await?;
+            let settled = self.settle(id, &s).await?;
+            if pane && let Some(d) = settled {
+                // (so that the publisher clears the progress it showed)
+                publish_proposal(&self.js, &self.topology, &d, None).await?;
+            }
             return Ok(Disposition::Done);
         }
         let settled = Settled {
@@ -490,6 +507,30 @@ impl Handler {
     /// The model chain: primary (behind its breaker), a tested-equivalent
     /// backup, else the deterministic fallback. The built-in model answers
     /// when no endpoint is configured.
+    /// Publishes the decision being called as progress to show in its
+    /// assistant thread (`Nats-Msg-Id: prop:<decision>:status`).
+    async fn announce_progress(&self, id: Uuid) -> anyhow::Result<()> {
+        let d = threadline_store::decisions::load(&self.pool, id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("decision {id} is gone"))?;
+        let mut msg = threadline_store::decisions::proposal(&d);
+        msg.assistant = "status".to_owned();
+        let mut headers = async_nats::HeaderMap::new();
+        threadline_runtime::telemetry::inject_current(&mut headers);
+        let publish = PublishMessage::build()
+            .payload(Bytes::from(msg.encode_to_vec()))
+            .headers(headers)
+            .message_id(threadline_store::decisions::proposal_msg_id(
+                d.id,
+                Some("status"),
+            ));
+        self.js
+            .send_publish(self.topology.subject(Topic::Proposals), publish)
+            .await?
+            .await?;
+        Ok(())
+    }
+
     /// Publishes the decision being called as a stream to start
     /// (`Nats-Msg-Id: prop:<decision>:stream`).
     async fn announce(&self, id: Uuid) -> anyhow::Result<()> {

@@ -132,12 +132,44 @@ impl Handler {
         let Ok(p) = ProposalReady::decode(payload) else {
             return Disposition::Poison("undecodable ProposalReady".into());
         };
+        if p.assistant == "greet" {
+            // An assistant thread opened (no decision).
+            let Ok(inst) = Uuid::parse_str(&p.installation_id) else {
+                return Disposition::Poison("greeting without an installation".into());
+            };
+            let span = tracing::info_span!("publisher.assistant_greet", event_id = %p.event_id);
+            return match self
+                .greet(inst, &p.channel_id, &p.root_ts)
+                .instrument(span.clone())
+                .await
+            {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(parent: &span, error = format!("{e:#}"), "greeting failed; retrying");
+                    Disposition::of_error(&e)
+                }
+            };
+        }
         let (Ok(inst), Ok(decision)) = (
             Uuid::parse_str(&p.installation_id),
             Uuid::parse_str(&p.decision_id),
         ) else {
             return Disposition::Poison("ProposalReady without ids".into());
         };
+        if p.assistant == "status" {
+            let span = tracing::info_span!("publisher.assistant_status", event_id = %p.event_id, decision_id = %decision);
+            return match self
+                .show_progress(inst, decision, &p.channel_id, &p.root_ts)
+                .instrument(span.clone())
+                .await
+            {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(parent: &span, error = format!("{e:#}"), "showing progress failed; retrying");
+                    Disposition::of_error(&e)
+                }
+            };
+        }
         if p.stream {
             let span = tracing::info_span!("publisher.stream", event_id = %p.event_id, decision_id = %decision, version = p.thread_version);
             return match self.stream(inst, decision).instrument(span.clone()).await {
@@ -160,6 +192,13 @@ impl Handler {
             }
             other => other,
         };
+        // In an assistant thread (a DM), the progress shown while the model
+        // ran is cleared when the answer came to nothing posted.
+        if matches!(done, Ok(Disposition::Done)) && p.channel_id.starts_with('D') {
+            self.clear_progress(inst, decision, &p.channel_id, &p.root_ts)
+                .instrument(span.clone())
+                .await;
+        }
         match done {
             Ok(d) => d,
             Err(e) => {

@@ -173,6 +173,7 @@ pub fn proposal(d: &Decision) -> ProposalReady {
         review_reasons: d.review_reasons.clone(),
         model_config_id: d.model_config_id.clone().unwrap_or_default(),
         stream: false,
+        assistant: String::new(),
     }
 }
 

@@ -665,3 +665,13 @@ pub async fn in_flight_total(pool: &sqlx::PgPool) -> sqlx::Result<i64> {
     .fetch_one(pool)
     .await
 }
+
+/// How many receipts were finished with `reason`.
+pub async fn count_with_reason(pool: &sqlx::PgPool, reason: &str) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM event_receipts WHERE state_reason = $1"#,
+        reason
+    )
+    .fetch_one(pool)
+    .await
+}

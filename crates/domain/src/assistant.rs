@@ -1,0 +1,85 @@
+//! The assistant pane's events: `assistant_thread_started` (a person opened
+//! the app's assistant: a thread in their DM with the app) and
+//! `assistant_thread_context_changed` (they are looking at another
+//! channel). Both carry `event.assistant_thread`.
+
+use serde_json::Value;
+
+use crate::ids::{ChannelId, TeamId, Ts, UserId};
+
+pub const STARTED: &str = "assistant_thread_started";
+pub const CONTEXT_CHANGED: &str = "assistant_thread_context_changed";
+
+/// An assistant thread as its event names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssistantThread {
+    pub user: UserId,
+    /// The DM with the app.
+    pub channel: ChannelId,
+    /// The thread's root.
+    pub thread_ts: Ts,
+    /// The channel the person is looking at, if Slack says.
+    pub context_channel: Option<ChannelId>,
+    pub context_team: Option<TeamId>,
+}
+
+/// Reads `event.assistant_thread`; `None` when a field is missing or is
+/// not a Slack id (the event is then malformed).
+pub fn parse(event: &Value) -> Option<AssistantThread> {
+    let t = event.get("assistant_thread")?;
+    let s = |p: &str| {
+        t.pointer(p)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    let channel = ChannelId::parse(s("/channel_id")?).ok()?;
+    if !channel.as_str().starts_with('D') {
+        // The pane is a DM; anything else is not an assistant thread.
+        return None;
+    }
+    Some(AssistantThread {
+        user: UserId::parse(s("/user_id")?).ok()?,
+        channel,
+        thread_ts: Ts::parse(s("/thread_ts")?).ok()?,
+        context_channel: match s("/context/channel_id") {
+            Some(c) => Some(ChannelId::parse(c).ok()?),
+            None => None,
+        },
+        context_team: match s("/context/team_id") {
+            Some(c) => Some(TeamId::parse(c).ok()?),
+            None => None,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_assistant_thread_is_read_from_its_event() {
+        // The shape Slack documents (and bolt-python's tests send).
+        let e = json!({"type": "assistant_thread_started", "assistant_thread": {
+            "user_id": "U0ANA", "context": {"channel_id": "C0OPS", "team_id": "T0ACME", "enterprise_id": "E0ORG"},
+            "channel_id": "D0PANE", "thread_ts": "1729999327.187299"}, "event_ts": "1729999327.187350"});
+        let t = parse(&e).expect("a thread");
+        assert_eq!(t.user.as_str(), "U0ANA");
+        assert_eq!(t.channel.as_str(), "D0PANE");
+        assert_eq!(t.thread_ts.as_str(), "1729999327.187299");
+        assert_eq!(
+            t.context_channel.as_ref().map(|c| c.as_str()),
+            Some("C0OPS")
+        );
+        assert_eq!(t.context_team.as_ref().map(|c| c.as_str()), Some("T0ACME"));
+        let mut bare = e.clone();
+        bare["assistant_thread"]["context"] = json!({});
+        assert_eq!(parse(&bare).expect("a thread").context_channel, None);
+        let mut not_dm = e.clone();
+        not_dm["assistant_thread"]["channel_id"] = json!("C0OPS");
+        assert_eq!(parse(&not_dm), None, "the pane is a DM");
+        let mut bad = e;
+        bad["assistant_thread"]["thread_ts"] = json!("now");
+        assert_eq!(parse(&bad), None);
+    }
+}

@@ -1,0 +1,298 @@
+//! The assistant pane, judged from Slack's side: a person opens the app's
+//! assistant (a thread in their DM with the app); threadline greets it with
+//! suggested prompts and a title, shows progress while the model runs, and
+//! clears it on every outcome; the pane stays under the DM policy. The
+//! services run as processes; slack-sim's assistant state and call log say
+//! what happened.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use threadline_testkit::eventually;
+use threadline_tests::{Stack, cli, first_installation, sim_ctl, sim_get};
+
+const EVENTS: &[&str] = &[
+    "app_mention",
+    "message.channels",
+    "message.im",
+    "assistant_thread_started",
+    "assistant_thread_context_changed",
+];
+const SCOPES: &[&str] = &[
+    "chat:write",
+    "channels:history",
+    "channels:read",
+    "im:history",
+    "assistant:write",
+];
+
+async fn pane_stack(dms: bool) -> Stack {
+    let s = Stack::start_with_app(
+        &[("THREADLINE_BUILTIN_LATENCY_MS", "1500".to_owned())],
+        EVENTS,
+        SCOPES,
+    )
+    .await;
+    let inst = first_installation(&s).await;
+    let out = cli(
+        &[
+            "policy",
+            "set",
+            "--installation",
+            &inst,
+            "--dms",
+            if dms { "on" } else { "off" },
+        ],
+        &[("DATABASE_URL", s.db.url.clone())],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    s
+}
+
+/// Opens the pane as the stack's person, looking at the stack's channel:
+/// the DM and the thread.
+async fn open_pane(s: &Stack) -> (String, String) {
+    let opened = sim_ctl(
+        &s.sim,
+        "act/assistant_open",
+        json!({"user": s.user, "app_id": s.app, "context_channel": s.channel}),
+    )
+    .await;
+    (
+        opened["channel"].as_str().expect("channel").to_owned(),
+        opened["ts"].as_str().expect("ts").to_owned(),
+    )
+}
+
+/// The pane's state as Slack shows it.
+async fn pane(s: &Stack, dm: &str) -> Value {
+    sim_get(&s.sim, &format!("assistant_threads?channel={dm}")).await["threads"][0].clone()
+}
+
+/// The app's replies in the pane's thread (its root, the app's
+/// `assistant_app_thread` message, is no reply).
+async fn replies(s: &Stack, dm: &str, thread: &str) -> Vec<Value> {
+    s.answers_in(dm, thread)
+        .await
+        .into_iter()
+        .filter(|m| m["subtype"] != "assistant_app_thread")
+        .collect()
+}
+
+fn statuses(p: &Value) -> Vec<Value> {
+    p["statuses"].as_array().cloned().unwrap_or_default()
+}
+
+/// Opened, the pane gets its prompts and a title; a question there shows
+/// "is thinking…" while the model runs, and is answered once, labelled,
+/// which ends the progress; the context channel is kept (as ids).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pane_is_greeted_shows_progress_while_the_model_runs_and_is_answered_once() {
+    let s = pane_stack(true).await;
+    let (dm, thread) = open_pane(&s).await;
+    let greeted = eventually("prompts and a title", Duration::from_secs(30), || async {
+        let p = pane(&s, &dm).await;
+        (p["suggested_prompts"].is_array() && p["title"].is_string()).then_some(p)
+    })
+    .await;
+    assert_eq!(
+        greeted["suggested_prompts"].as_array().map(Vec::len),
+        Some(3)
+    );
+    assert!(
+        greeted["title"]
+            .as_str()
+            .unwrap()
+            .starts_with("threadline · ")
+    );
+    let context =
+        threadline_store::testing::assistant::context_channel(&s.db.pool, &dm, &thread).await;
+    assert_eq!(
+        context.expect("recorded").as_deref(),
+        Some(s.channel.as_str())
+    );
+
+    s.post_as(&s.user, &dm, "why did the deploy fail?", Some(&thread))
+        .await;
+    let shown = eventually(
+        "progress while the model runs",
+        Duration::from_secs(30),
+        || async {
+            let p = pane(&s, &dm).await;
+            p["showing"]
+                .as_array()
+                .and_then(|a| a.first())
+                .filter(|x| x["status"] == "is thinking…")
+                .cloned()
+        },
+    )
+    .await;
+    assert_eq!(shown["app_id"], json!(s.app));
+    let answers = eventually(
+        "one answer in the pane",
+        Duration::from_secs(30),
+        || async {
+            let a = replies(&s, &dm, &thread).await;
+            (!a.is_empty()).then_some(a)
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let answers_now = replies(&s, &dm, &thread).await;
+    assert_eq!(answers_now.len(), 1, "{answers:?}");
+    assert!(
+        answers_now[0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("why did the deploy fail?")
+                && t.ends_with("_AI-generated — verify before relying on it_")),
+        "{answers_now:?}"
+    );
+    let p = pane(&s, &dm).await;
+    assert_eq!(p["showing"], json!([]), "the progress ended: {p}");
+    assert!(
+        statuses(&p)
+            .iter()
+            .all(|x| x["ended"] == "replied" || x["ended"] == "cleared"),
+        "{p}"
+    );
+    s.stop().await;
+}
+
+/// A second question while the first is being answered supersedes it: the
+/// first's progress gives way to the second's, exactly one answer comes,
+/// and nothing is left showing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_overtaken_in_the_pane_posts_nothing_and_leaves_no_progress() {
+    let mut s = pane_stack(true).await;
+    s.unjudged = Some("the pane's thread is a DM the oracle does not read");
+    let (dm, thread) = open_pane(&s).await;
+    eventually("greeted", Duration::from_secs(30), || async {
+        pane(&s, &dm).await["title"].is_string().then_some(())
+    })
+    .await;
+    s.post_as(&s.user, &dm, "is the queue healthy?", Some(&thread))
+        .await;
+    eventually(
+        "progress while the model runs",
+        Duration::from_secs(30),
+        || async { (!pane(&s, &dm).await["showing"].as_array()?.is_empty()).then_some(()) },
+    )
+    .await;
+    let second = s
+        .post_as(&s.user, &dm, "actually, is the consumer up?", Some(&thread))
+        .await;
+    let answers = eventually("an answer in the pane", Duration::from_secs(40), || async {
+        let a = replies(&s, &dm, &thread).await;
+        (!a.is_empty()).then_some(a)
+    })
+    .await;
+    let settled = eventually("nothing left showing", Duration::from_secs(30), || async {
+        let p = pane(&s, &dm).await;
+        (p["showing"] == json!([])).then_some(p)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let answers_now = replies(&s, &dm, &thread).await;
+    assert_eq!(answers_now.len(), 1, "{answers:?}");
+    assert!(
+        answers_now[0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains(&format!("Answering {second}"))),
+        "the answer is to the second question: {answers_now:?}"
+    );
+    assert_eq!(pane(&s, &dm).await["showing"], json!([]), "{settled}");
+    s.stop().await;
+}
+
+/// With DMs denied, the pane is not served: no greeting, no progress, no
+/// answer, and the events are recorded as ignored for that reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pane_stays_under_the_dm_policy() {
+    let mut s = pane_stack(false).await;
+    s.unjudged = Some("the pane's thread is a DM the oracle does not read");
+    let (dm, thread) = open_pane(&s).await;
+    s.post_as(&s.user, &dm, "why did the deploy fail?", Some(&thread))
+        .await;
+    eventually("both events ignored", Duration::from_secs(30), || async {
+        let n =
+            threadline_store::testing::receipts::count_with_reason(&s.db.pool, "dm_not_allowed")
+                .await
+                .ok()?;
+        (n >= 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let p = pane(&s, &dm).await;
+    assert!(
+        p["suggested_prompts"].is_null() && p["title"].is_null(),
+        "{p}"
+    );
+    assert_eq!(statuses(&p), Vec::<Value>::new(), "{p}");
+    assert!(replies(&s, &dm, &thread).await.is_empty());
+    for method in [
+        "assistant.threads.setSuggestedPrompts",
+        "assistant.threads.setStatus",
+    ] {
+        let calls = sim_get(&s.sim, &format!("calls?method={method}")).await;
+        assert_eq!(calls["calls"], json!([]), "{method}");
+    }
+    s.stop().await;
+}
+
+/// A kill switch engaged while the model runs: the answer is suppressed
+/// before posting, and the progress it showed is cleared (not left to
+/// Slack's two-minute timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suppressed_answer_clears_the_progress_it_showed() {
+    let mut s = pane_stack(true).await;
+    s.unjudged = Some("the pane's thread is a DM the oracle does not read");
+    let (dm, thread) = open_pane(&s).await;
+    s.post_as(&s.user, &dm, "restart the consumer?", Some(&thread))
+        .await;
+    eventually(
+        "progress while the model runs",
+        Duration::from_secs(30),
+        || async { (!pane(&s, &dm).await["showing"].as_array()?.is_empty()).then_some(()) },
+    )
+    .await;
+    let env = [
+        ("DATABASE_URL", s.db.url.clone()),
+        ("NATS_URL", threadline_testkit::nats_url()),
+        ("THREADLINE_BUS_PREFIX", s.prefix.clone()),
+    ];
+    let out = cli(
+        &[
+            "kill-switch",
+            "engage",
+            "--global",
+            "--reason",
+            "test",
+            "--by",
+            "ops",
+        ],
+        &env,
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = eventually("the progress cleared", Duration::from_secs(30), || async {
+        let p = pane(&s, &dm).await;
+        statuses(&p)
+            .iter()
+            .any(|x| x["ended"] == "cleared")
+            .then_some(p)
+    })
+    .await;
+    assert_eq!(p["showing"], json!([]), "{p}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(replies(&s, &dm, &thread).await.is_empty(), "suppressed");
+    s.stop().await;
+}
