@@ -255,6 +255,43 @@ async fn a_review_by_button_posts_once_under_double_clicks_and_refuses_a_non_rev
     )
     .await;
     assert!(!has_buttons(&done));
+    // Both clicks reached the gateway: one recorded the approval, the
+    // other found it approved; the request was updated once.
+    let metrics = reqwest::get(format!("{}/metrics", r.s.services[0].base_url))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let clicks = |outcome: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "threadline_review_clicks_total{{outcome=\"{outcome}\"}}"
+                ))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(
+        (
+            clicks("recorded"),
+            clicks("not_waiting"),
+            clicks("not_a_reviewer")
+        ),
+        (1.0, 1.0, 1.0),
+        "{metrics}"
+    );
+    let updates: Vec<Value> = sim_get(&r.s.sim, "calls?method=chat.update").await["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["ts"] == json!(ts))
+        .collect();
+    assert_eq!(updates.len(), 1, "{updates:?}");
     let posts = sim_get(&r.s.sim, "calls?method=chat.postMessage").await["calls"]
         .as_array()
         .cloned()
@@ -408,6 +445,25 @@ async fn forged_clicks_are_refused_and_the_cli_shares_the_path() {
     assert_eq!(signed(payload(&ts, "not-a-decision", &r.s.team)).await, 400);
     // A workspace threadline does not serve.
     assert_eq!(signed(payload(&ts, &decision, "T0NOTOURS")).await, 200);
+    // Another workspace threadline serves, whose reviewer is the same id:
+    // the decision is not its installation's.
+    let other = r.s.add_workspace("Beta").await;
+    let inst2 = other.inst.to_string();
+    run_cli(
+        &r.s,
+        &[
+            "review",
+            "setup",
+            "--installation",
+            &inst2,
+            "--channel",
+            &r.channel,
+            "--reviewers",
+            &r.reviewer,
+        ],
+    )
+    .await;
+    assert_eq!(signed(payload(&ts, &decision, &other.team)).await, 200);
     // Unsigned: refused before anything is read.
     let unsigned = reqwest::Client::new()
         .post(&gateway)
@@ -422,6 +478,38 @@ async fn forged_clicks_are_refused_and_the_cli_shares_the_path() {
         "review",
         "no forged click counted"
     );
+    let metrics = reqwest::get(format!("{}/metrics", r.s.services[0].base_url))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    for outcome in [
+        "not_the_request",
+        "other_installation",
+        "no_installation",
+        "malformed",
+    ] {
+        assert!(
+            metrics.contains(&format!(
+                "threadline_review_clicks_total{{outcome=\"{outcome}\"}} 1"
+            )),
+            "{outcome}: {metrics}"
+        );
+    }
+    // An operator cannot pose as a Slack reviewer.
+    let posing = cli(
+        &[
+            "review",
+            "approve",
+            &decision,
+            "--by",
+            &format!("slack:{}", r.reviewer),
+        ],
+        &env(&r.s),
+    )
+    .await;
+    assert!(!posing.status.success());
 
     // The CLI rejects it; the request shows the operator's verdict.
     let out = run_cli(&r.s, &["review", "reject", &decision, "--by", "ana"]).await;

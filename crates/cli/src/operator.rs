@@ -9,7 +9,12 @@ pub fn operator_id(raw: &str) -> Result<String, String> {
         && raw
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c));
-    if ok {
+    if ok && raw.starts_with("slack:") {
+        // (what a click in Slack records: an operator cannot pose as one)
+        Err(format!(
+            "{raw:?} is not an operator id: `slack:` names a reviewer who clicked in Slack"
+        ))
+    } else if ok {
         Ok(raw.to_owned())
     } else {
         Err(format!(

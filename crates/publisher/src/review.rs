@@ -41,6 +41,17 @@ impl Handler {
             tracing::warn!("no token to post the review request with; the CLI still reviews it");
             return Ok(Disposition::Done);
         };
+        // A request carries the model's text: a kill switch holds it too.
+        if let Some(switch) = threadline_store::kill_switches::engaged(
+            &self.pool,
+            d.installation_id,
+            threadline_domain::kill_switch::FEATURE_REPLIES,
+        )
+        .await?
+        {
+            tracing::warn!(switch = %switch, "kill switch engaged; review request not posted (the CLI still reviews it)");
+            return Ok(Disposition::Done);
+        }
         let token = bot.token.expose_secret();
         let attempt = match review::claim_post(
             &self.pool,
@@ -63,15 +74,29 @@ impl Handler {
                         return self.review_follow_up(d.id).await;
                     }
                     Ok(None) => attempt,
+                    Err(WebError::Api { code }) if !UNKNOWN_CODES.contains(&code.as_str()) => {
+                        // Unreadable for good (a private review channel
+                        // without groups:history, the bot removed): a
+                        // second post could duplicate the request, so none.
+                        tracing::warn!(
+                            alert = "review_request_unreadable",
+                            installation_id = %d.installation_id,
+                            code = %code,
+                            "a review request's post outcome is unknown and the review channel cannot be read; the CLI still reviews it"
+                        );
+                        review::failed(&self.pool, d.id, attempt, &code).await?;
+                        return Ok(Disposition::Done);
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "reading the review channel failed; trying later");
                         review::unknown(&self.pool, d.id, attempt).await?;
-                        return Ok(defer(jitter(2.0, &d.id)));
+                        return Ok(defer(jitter(retry_secs(&e), &d.id)));
                     }
                 }
             }
         };
-        let (text, blocks) = render(d, &settings, None);
+        let public = self.is_public(d).await?;
+        let (text, blocks) = render(d, &settings, None, public);
         let metadata = json!({
             "event_type": METADATA_TYPE,
             "event_payload": {"decision_id": d.id.to_string()},
@@ -126,6 +151,19 @@ impl Handler {
                 Ok(defer(jitter(2.0, &d.id)))
             }
         }
+    }
+
+    /// Whether the answer's channel is known to be public (a DM, a private
+    /// channel or one whose kind is not known is not).
+    async fn is_public(&self, d: &Decision) -> anyhow::Result<bool> {
+        if !d.channel_id.starts_with('C') {
+            return Ok(false);
+        }
+        Ok(
+            threadline_store::channels::channel_kind(&self.pool, d.installation_id, &d.channel_id)
+                .await?
+                == Some(false),
+        )
     }
 
     /// The ts of decision `id`'s review request in `channel`, if Slack holds
@@ -183,13 +221,13 @@ impl Handler {
     /// Updates decision `id`'s review request with what the decision came
     /// to, once it came to something and the request does not show it yet.
     pub(crate) async fn review_follow_up(&self, id: Uuid) -> anyhow::Result<Disposition> {
-        let Some(r) = review::posted_request(&self.pool, id).await? else {
+        let Some(r) = review::request(&self.pool, id).await? else {
             return Ok(Disposition::Done);
         };
         let Some(outcome) = Outcome::of(&r) else {
             return Ok(Disposition::Done);
         };
-        if r.shown.as_deref() == Some(outcome.code.as_str()) {
+        if r.shown.as_deref() == Some(outcome.code.as_str()) || r.state == "failed" {
             return Ok(Disposition::Done);
         }
         let Some(d) = threadline_store::decisions::load(&self.pool, id).await? else {
@@ -198,12 +236,35 @@ impl Handler {
         let Some(bot) = self.bot(d.installation_id).await? else {
             return Ok(Disposition::Done);
         };
+        let ts = match r.ts.clone() {
+            Some(ts) => ts,
+            // Decided while the request's post outcome was unknown (or in
+            // flight): Slack may show it with live buttons, so it is looked
+            // for and, found, shown the outcome. (A post in flight records
+            // its ts and follows up itself.)
+            None => match self
+                .find_request(bot.token.expose_secret(), &r.channel_id, id, r.since)
+                .await
+            {
+                Ok(Some(ts)) => {
+                    review::posted(&self.pool, id, &ts).await?;
+                    ts
+                }
+                Ok(None) => return Ok(Disposition::Done),
+                Err(WebError::Api { code }) if !UNKNOWN_CODES.contains(&code.as_str()) => {
+                    tracing::warn!(code = %code, "the review channel cannot be read; the request's outcome is in the decision");
+                    return Ok(Disposition::Done);
+                }
+                Err(e) => return Ok(defer(jitter(retry_secs(&e), &id))),
+            },
+        };
         let settings = review::settings(&self.pool, d.installation_id).await?;
-        let (text, blocks) = render(&d, &settings, Some(&outcome));
+        let public = self.is_public(&d).await?;
+        let (text, blocks) = render(&d, &settings, Some(&outcome), public);
         let blocks = blocks.to_string();
         let form = [
             ("channel", r.channel_id.as_str()),
-            ("ts", r.ts.as_str()),
+            ("ts", ts.as_str()),
             ("text", text.as_str()),
             ("blocks", blocks.as_str()),
         ];
@@ -216,28 +277,30 @@ impl Handler {
                 review::mark_shown(&self.pool, id, &outcome.code).await?;
                 Ok(Disposition::Done)
             }
-            Err(WebError::RateLimited { retry_after }) => {
-                Ok(defer(jitter(retry_after.as_secs_f64(), &id)))
-            }
-            Err(WebError::Api { code })
-                if matches!(
-                    code.as_str(),
-                    "message_not_found"
-                        | "cant_update_message"
-                        | "channel_not_found"
-                        | "is_archived"
-                ) =>
-            {
-                // The request is gone or frozen: nothing more to show.
-                tracing::warn!(code = %code, "the review request cannot be updated; its outcome is in the decision");
+            Err(WebError::Api { code }) if !UNKNOWN_CODES.contains(&code.as_str()) => {
+                // Refused for good (gone, archived, the token revoked):
+                // nothing more to show; the outcome is in the decision.
+                tracing::warn!(
+                    alert = "review_request_not_updated",
+                    code = %code,
+                    "the review request cannot be updated; its outcome is in the decision"
+                );
                 review::mark_shown(&self.pool, id, &outcome.code).await?;
                 Ok(Disposition::Done)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "updating the review request failed; trying later");
-                Ok(defer(jitter(2.0, &id)))
+                Ok(defer(jitter(retry_secs(&e), &id)))
             }
         }
+    }
+}
+
+/// How long to wait before trying a Slack call again after `e`.
+fn retry_secs(e: &WebError) -> f64 {
+    match e {
+        WebError::RateLimited { retry_after } => retry_after.as_secs_f64(),
+        _ => 2.0,
     }
 }
 
@@ -258,11 +321,18 @@ impl Outcome {
             None => String::new(),
         };
         let line = match r.status.as_str() {
-            "published" => format!(
-                "Approved by {}: posted in <#{}>.",
-                who.as_deref().unwrap_or("a reviewer"),
-                r.answer_channel
+            "approved" if r.intent_state.as_deref() == Some("held") => format!(
+                "Approved by {}; posting it needs an operator (an earlier attempt's outcome is unknown): `threadline intents list`.",
+                who.as_deref().unwrap_or("a reviewer")
             ),
+            "approved" => format!(
+                "Approved by {}: posting…",
+                who.as_deref().unwrap_or("a reviewer")
+            ),
+            "published" => match &who {
+                Some(w) => format!("Approved by {w}: posted in <#{}>.", r.answer_channel),
+                None => format!("Posted in <#{}>.", r.answer_channel),
+            },
             "rejected" => format!(
                 "Rejected by {}: not posted.",
                 who.as_deref().unwrap_or("a reviewer")
@@ -290,9 +360,10 @@ impl Outcome {
             }
             _ => return None,
         };
-        let code = match &r.status_reason {
-            Some(reason) => format!("{}:{reason}", r.status),
-            None => r.status.clone(),
+        let code = match (&r.status_reason, r.intent_state.as_deref()) {
+            (_, Some("held")) if r.status == "approved" => "approved:held".to_owned(),
+            (Some(reason), _) => format!("{}:{reason}", r.status),
+            (None, _) => r.status.clone(),
         };
         Some(Outcome { code, line })
     }
@@ -331,6 +402,7 @@ pub fn render(
     d: &Decision,
     settings: &review::Settings,
     outcome: Option<&Outcome>,
+    public: bool,
 ) -> (String, Value) {
     let text = format!(
         "An answer needs review before it is posted in <#{}>.",
@@ -361,7 +433,19 @@ pub fn render(
         .or(d.body_text.as_deref())
         .unwrap_or_default();
     let body = threadline_domain::output::redact_secrets(body);
-    let preview = preview(&body, settings.preview_chars);
+    // The model's text is stored escaped; the fallback (threadline's own
+    // text, held for a mass mention) as written: escaped here, so that the
+    // request can never ping the review channel.
+    let body = if d.fallback { escape(&body) } else { body };
+    // Only an answer asked in a public channel (or in the review channel
+    // itself) is quoted: a private channel's or a DM's would reach people
+    // who cannot read where it was asked.
+    let limit = if public || settings.channel_id.as_deref() == Some(d.channel_id.as_str()) {
+        settings.preview_chars
+    } else {
+        0
+    };
+    let preview = preview(&body, limit);
     match preview {
         Some(p) => blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": p}})),
         None => blocks.push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": format!(
@@ -382,6 +466,15 @@ pub fn render(
         })),
         Some(o) => blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": o.line}})),
     }
+    // The answer's AI label, as it would be posted.
+    if let Some(label) = d
+        .body_blocks
+        .as_ref()
+        .and_then(|b| b.pointer("/1/elements/0/text"))
+        .and_then(Value::as_str)
+    {
+        blocks.push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": label}]}));
+    }
     blocks.push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": format!("Decision `{}`", d.id)}]}));
     let text = match outcome {
         Some(o) => format!("{text} {}", o.line),
@@ -397,15 +490,17 @@ fn preview(body: &str, max: i32) -> Option<String> {
     if max == 0 || body.trim().is_empty() {
         return None;
     }
+    // (every line break Slack shows starts a quoted line)
+    let body = body.replace(['\r', '\u{2028}', '\u{2029}'], "\n");
     let mut cut: String = body.chars().take(max).collect();
     if cut.len() < body.len() {
-        if let Some(i) = cut.rfind(char::is_whitespace).filter(|i| *i > max / 2) {
+        if let Some(i) = cut
+            .rfind(char::is_whitespace)
+            .filter(|i| cut[..*i].chars().count() > max / 2)
+        {
             cut.truncate(i);
         }
-        // (an entity cut in half would show as text)
-        if let Some(i) = cut.rfind('&').filter(|i| !cut[*i..].contains(';')) {
-            cut.truncate(i);
-        }
+        cut = whole_entities(cut);
         cut.push('…');
     }
     let quoted: String = cut
@@ -413,7 +508,21 @@ fn preview(body: &str, max: i32) -> Option<String> {
         .map(|l| format!("> {l}"))
         .collect::<Vec<_>>()
         .join("\n");
-    Some(quoted.chars().take(SECTION_MAX).collect())
+    if quoted.chars().count() <= SECTION_MAX {
+        return Some(quoted);
+    }
+    let mut cut = whole_entities(quoted.chars().take(SECTION_MAX - 1).collect());
+    cut.push('…');
+    Some(cut)
+}
+
+/// `s` without an HTML entity cut in half at its end (it would show as
+/// text).
+fn whole_entities(mut s: String) -> String {
+    if let Some(i) = s.rfind('&').filter(|i| !s[*i..].contains(';')) {
+        s.truncate(i);
+    }
+    s
 }
 
 #[cfg(test)]
@@ -423,7 +532,9 @@ mod tests {
     fn posted(status: &str, reason: Option<&str>, by: Option<&str>) -> review::Posted {
         review::Posted {
             channel_id: "CREVIEW".into(),
-            ts: "1.2".into(),
+            state: "posted".into(),
+            since: 0.0,
+            ts: Some("1.2".into()),
             shown: None,
             status: status.into(),
             status_reason: reason.map(str::to_owned),
@@ -437,7 +548,10 @@ mod tests {
     fn the_outcome_names_the_reviewer_and_what_became_of_the_answer() {
         let o = |s, r, b| Outcome::of(&posted(s, r, b)).map(|o| o.line);
         assert_eq!(o("review", None, None), None, "still asking");
-        assert_eq!(o("approved", None, Some("slack:U1")), None, "publishing");
+        assert_eq!(
+            o("approved", None, Some("slack:U1")).as_deref(),
+            Some("Approved by <@U1>: posting…")
+        );
         assert_eq!(
             o("published", None, Some("slack:U1")).as_deref(),
             Some("Approved by <@U1>: posted in <#CANSWER>.")
@@ -489,6 +603,13 @@ mod tests {
         assert_eq!(p, "> aaaa…");
         let long = "word ".repeat(2000);
         assert!(preview(&long, 2500).unwrap().chars().count() <= SECTION_MAX);
+        let lines = "a\n".repeat(2000);
+        assert!(preview(&lines, 2500).unwrap().chars().count() <= SECTION_MAX);
+        assert_eq!(
+            preview("one\u{2028}two\rthree", 100).as_deref(),
+            Some("> one\n> two\n> three"),
+            "no line escapes the quote"
+        );
     }
 
     #[test]
@@ -512,7 +633,7 @@ mod tests {
             body_blocks: None,
         };
         let s = review::Settings::default();
-        let (_, blocks) = render(&d, &s, None);
+        let (_, blocks) = render(&d, &s, None, true);
         let actions = blocks
             .as_array()
             .unwrap()
@@ -522,7 +643,7 @@ mod tests {
         assert_eq!(actions["elements"][0]["action_id"], APPROVE);
         assert_eq!(actions["elements"][1]["value"], Uuid::nil().to_string());
         let o = Outcome::of(&posted("rejected", None, Some("slack:U1"))).unwrap();
-        let (text, blocks) = render(&d, &s, Some(&o));
+        let (text, blocks) = render(&d, &s, Some(&o), true);
         assert!(
             blocks
                 .as_array()
@@ -535,20 +656,49 @@ mod tests {
             body_text: Some("use xoxb-1234567890-abcdefghij now".into()),
             ..d.clone()
         };
-        let (_, blocks) = render(&secret, &s, None);
+        let (_, blocks) = render(&secret, &s, None, true);
         assert!(!blocks.to_string().contains("xoxb-1234567890"), "{blocks}");
         assert!(
             blocks.to_string().contains("use [redacted] now"),
             "{blocks}"
         );
+        let fallback = Decision {
+            body_blocks: Some(json!([
+                {"type": "section", "text": {"type": "mrkdwn", "text": "Ask <!channel> in <https://status.example|status>"}},
+                {"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}
+            ])),
+            fallback: true,
+            ..d.clone()
+        };
+        let (_, blocks) = render(&fallback, &s, None, true);
+        let shown = blocks.to_string();
+        assert!(
+            !shown.contains("<!channel>") && shown.contains("&lt;!channel&gt;"),
+            "{shown}"
+        );
+        assert_eq!(
+            blocks
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|b| b.to_string().contains("AI-generated"))
+                .count(),
+            1,
+            "labelled"
+        );
         let hidden = review::Settings {
             preview_chars: 0,
-            ..s
+            ..s.clone()
         };
-        let (_, blocks) = render(&d, &hidden, None);
+        let (_, blocks) = render(&d, &hidden, None, true);
         assert!(
             !blocks.to_string().contains("ping"),
             "no text when the settings show none"
+        );
+        let (_, blocks) = render(&d, &s, None, false);
+        assert!(
+            !blocks.to_string().contains("ping"),
+            "no text of a private conversation"
         );
     }
 }

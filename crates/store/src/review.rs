@@ -190,11 +190,16 @@ pub async fn failed(pool: &PgPool, decision: Uuid, attempt: i32, code: &str) -> 
     Ok(())
 }
 
-/// A posted review request and what its decision came to.
+/// A review request and what its decision came to.
 #[derive(Debug, Clone)]
 pub struct Posted {
     pub channel_id: String,
-    pub ts: String,
+    /// `posting`, `posted`, `unknown` or `failed`.
+    pub state: String,
+    /// When its latest attempt began (Unix seconds).
+    pub since: f64,
+    /// Slack's ts (none until posted).
+    pub ts: Option<String>,
     /// The outcome the message shows (`None`: still asking).
     pub shown: Option<String>,
     pub status: String,
@@ -206,16 +211,18 @@ pub struct Posted {
     pub intent_state: Option<String>,
 }
 
-pub async fn posted_request(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Posted>> {
+/// The decision's review request, in whatever state it is.
+pub async fn request(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Posted>> {
     sqlx::query_as!(
         Posted,
-        r#"SELECT r.channel_id, r.ts AS "ts!", r.shown, d.status, d.status_reason, d.reviewed_by,
+        r#"SELECT r.channel_id, r.state, extract(epoch FROM r.posting_since)::float8 AS "since!",
+                  r.ts, r.shown, d.status, d.status_reason, d.reviewed_by,
                   d.channel_id AS answer_channel,
                   (SELECT i.state FROM reply_intents i
                     WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
                       AND i.action_kind = d.action_kind) AS "intent_state?"
              FROM review_messages r JOIN decisions d ON d.id = r.decision_id
-            WHERE r.decision_id = $1 AND r.state = 'posted'"#,
+            WHERE r.decision_id = $1"#,
         decision
     )
     .fetch_optional(pool)
@@ -315,7 +322,7 @@ pub async fn decide(
     let mut tx = pool.begin().await?;
     let Some(row) = sqlx::query!(
         r#"SELECT d.status, d.installation_id, d.reviewed_by, r.channel_id AS "request_channel?",
-                  r.ts AS "request_ts?",
+                  r.ts AS "request_ts?", r.decision_id IS NOT NULL AS "has_request!",
                   coalesce((SELECT s.reviewers FROM review_settings s
                              WHERE s.installation_id = d.installation_id), '{}') AS "reviewers!"
              FROM decisions d LEFT JOIN review_messages r ON r.decision_id = d.id
@@ -347,7 +354,7 @@ pub async fn decide(
         // The request shows what became of the decision (a rejection's or a
         // discard's outcome; an approval's own proposal is already queued
         // and shows it once it is published or discarded).
-        if row.request_ts.is_some() && status != DecisionStatus::Approved {
+        if row.has_request && status != DecisionStatus::Approved {
             enqueue_outcome(&mut tx, id, status.as_str()).await?;
         }
         tx.commit().await?;
@@ -365,7 +372,7 @@ pub async fn decide(
                 .ok_or(sqlx::Error::RowNotFound)?;
             crate::decisions::enqueue_proposal(&mut tx, &d, "approved").await?;
         }
-        Verdict::Reject if row.request_ts.is_some() => {
+        Verdict::Reject if row.has_request => {
             enqueue_outcome(&mut tx, id, to.as_str()).await?;
         }
         Verdict::Reject => {}
