@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # slack-sim checked by Slack's own Python SDK: starts the built slack-sim
 # binary on a free port and runs crates/slack-sim/sdk/check_slack_sdk.py
-# against it (WebClient, the chat_stream helper, SignatureVerifier).
+# against it (WebClient, the chat_stream helper, SignatureVerifier, the
+# builtin SocketModeClient).
 # slack_sdk is installed once from PyPI into a virtualenv under
 # ${XDG_CACHE_HOME:-$HOME/.cache}/threadline/sdk-venv; the pin below is the
 # SDK version checked.

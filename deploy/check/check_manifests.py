@@ -95,6 +95,8 @@ CONDITIONAL = {
         when_set("SLACK_CLIENT_ID"), "with SLACK_CLIENT_ID (OAuth install flow)"),
     ("threadline-gateway", "THREADLINE_TOKEN_KEYS"): (
         when_set("SLACK_CLIENT_ID"), "with SLACK_CLIENT_ID (installs store sealed tokens)"),
+    ("threadline-gateway", "SLACK_APP_TOKEN"): (
+        equals("THREADLINE_SOCKET_MODE", "true"), "with THREADLINE_SOCKET_MODE=true (Socket Mode intake)"),
     ("threadline-inference", "THREADLINE_MODEL_BASE_URL"): (
         equals("THREADLINE_MODEL_PROVIDER", "openai"), "with THREADLINE_MODEL_PROVIDER=openai"),
     ("threadline-inference", "THREADLINE_MODEL_NAME"): (

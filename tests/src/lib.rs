@@ -458,6 +458,8 @@ pub struct Stack {
     pub app: String,
     pub bot_user: String,
     pub token: String,
+    /// The app-level token (`xapp-…`), for Socket Mode.
+    pub app_token: String,
     /// The settings every service was started with (for restarts).
     pub env: Vec<(String, String)>,
     /// Each service's own settings on top of `env`, by index (its NATS
@@ -827,6 +829,7 @@ impl Stack {
             ws.app_id(),
         );
         let (bot_user, bot_id, token) = (ws.bot_user(), ws.bot_id(), ws.token());
+        let app_token = ws.app_token();
         register(&db.url, &keys, &team, &app, &bot_user, &bot_id, &token).await;
         Self {
             db,
@@ -840,6 +843,7 @@ impl Stack {
             app,
             bot_user,
             token,
+            app_token,
             env: saved,
             service_env,
             more_scopes: Default::default(),

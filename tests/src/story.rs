@@ -678,6 +678,10 @@ pub async fn play(s: &Stack) -> Story {
     let chapter = review_by_button(&t, &inst, &db).await;
     chapters.push(chapter);
 
+    // 11. Socket Mode intake.
+    let chapter = socket_mode(&t).await;
+    chapters.push(chapter);
+
     let (j, violations) = s.verdict(crate::ORACLE_GRACE).await;
     Story {
         chapters,
@@ -794,6 +798,107 @@ pub fn model_calls_answered(metrics: &str) -> i64 {
 
 fn plural(n: i64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// Chapter 11: the workspace cannot expose a public URL, so the app is
+/// switched to Socket Mode and a gateway holds two WebSocket connections;
+/// a connection dropped right after an envelope, and an envelope sent over
+/// both connections, still give one receipt per event and one answer.
+async fn socket_mode(t: &Teller<'_>) -> Chapter {
+    let s = t.s;
+    sim_ctl(
+        &s.sim,
+        &format!("apps/{}/socket_mode", s.app),
+        json!({"enabled": true}),
+    )
+    .await;
+    let gateway = s
+        .spawn_replica(
+            0,
+            &[
+                ("THREADLINE_SOCKET_MODE", "true".to_owned()),
+                ("SLACK_APP_TOKEN", s.app_token.clone()),
+                ("THREADLINE_SOCKET_CONNECTIONS", "2".to_owned()),
+            ],
+        )
+        .await;
+    let socket = || async { sim_get(&s.sim, &format!("socket?app_id={}", s.app)).await };
+    let connected = until(Duration::from_secs(20), || async {
+        (socket().await["connections"].as_array()?.len() >= 2).then_some(())
+    })
+    .await
+    .is_some();
+    let mut answered = Vec::new();
+    let mut receipts = Vec::new();
+    for fault in ["drop_mid_envelope", "duplicate_envelope"] {
+        sim_ctl(&s.sim, "faults", json!({"method": "socket", "mode": fault})).await;
+        let root = t.mention("is the queue draining?", None).await;
+        t.settle(&root).await;
+        answered.push(s.answers(&root).await.len());
+        let events: Vec<String> =
+            sim_get(&s.sim, &format!("deliveries?app_id={}", s.app)).await["deliveries"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|d| d["message_ts"] == json!(root))
+                .filter_map(|d| d["event_id"].as_str().map(str::to_owned))
+                .collect();
+        let mut distinct = events.clone();
+        distinct.sort();
+        distinct.dedup();
+        for id in &distinct {
+            receipts.push(
+                receipts::count_receipts_of(&s.db.pool, id)
+                    .await
+                    .unwrap_or(-1),
+            );
+        }
+    }
+    let log = socket().await;
+    let entries = log["log"].as_array().cloned().unwrap_or_default();
+    let dropped = entries
+        .iter()
+        .any(|e| e["direction"] == "closed" && e["kind"] == "dropped");
+    let unmatched = entries
+        .iter()
+        .filter(|e| e["kind"] == "ack" && e["matched"] == false)
+        .count();
+    let sent = entries
+        .iter()
+        .filter(|e| e["direction"] == "sent" && e["kind"] == "events_api")
+        .count();
+    let acked = entries
+        .iter()
+        .filter(|e| e["kind"] == "ack" && e["matched"] == true)
+        .count();
+    // Back to HTTP intake for whatever follows.
+    sim_ctl(
+        &s.sim,
+        &format!("apps/{}/socket_mode", s.app),
+        json!({"enabled": false}),
+    )
+    .await;
+    gateway.kill().await;
+    Chapter {
+        title: "Socket Mode: a dropped connection and a duplicate envelope, one receipt each",
+        slack: format!(
+            "{sent} envelopes sent over 2 connections (one dropped mid-envelope), {acked} acknowledged \
+             after their commits, {unmatched} duplicate acknowledgement(s); {} and {}",
+            replies(answered.first().copied().unwrap_or(0)),
+            replies(answered.get(1).copied().unwrap_or(0))
+        ),
+        recorded: format!("{} receipt(s), one per event", receipts.len()),
+        verdict: check(&[
+            (connected, "the gateway held two connections".into()),
+            (dropped, "a connection was dropped mid-envelope".into()),
+            (answered == [1, 1], "each mention answered once".into()),
+            (
+                !receipts.is_empty() && receipts.iter().all(|n| *n == 1),
+                "one receipt per event".into(),
+            ),
+        ]),
+    }
 }
 
 /// Chapter 10: an answer that would repeat a credential-like string waits

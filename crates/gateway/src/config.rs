@@ -68,6 +68,10 @@ pub struct GatewayConfig {
     pub relay_pipeline: usize,
     /// The OAuth install flow, on when `SLACK_CLIENT_ID` is set.
     pub oauth: Option<std::sync::Arc<OAuthSettings>>,
+    /// Socket Mode intake, on when `THREADLINE_SOCKET_MODE=true`
+    /// (`SLACK_APP_TOKEN` then required; `THREADLINE_SOCKET_CONNECTIONS`,
+    /// default 2, 1–10).
+    pub socket_mode: Option<crate::socket::SocketMode>,
 }
 
 /// What the listener allows each connection (see [`crate::listener`]).
@@ -243,6 +247,15 @@ impl GatewayConfig {
             relay_sweep: src.millis("THREADLINE_RELAY_SWEEP_MS", 1000, 10..=600_000)?,
             relay_pipeline: src.bounded("THREADLINE_RELAY_PIPELINE", 4, 1..=64)? as usize,
             oauth: OAuthSettings::from_source(src)?.map(std::sync::Arc::new),
+            socket_mode: match src.flag("THREADLINE_SOCKET_MODE", false)? {
+                false => None,
+                true => Some(crate::socket::SocketMode {
+                    app_token: src.secret("SLACK_APP_TOKEN")?.ok_or(ConfigError::Missing {
+                        key: "SLACK_APP_TOKEN".into(),
+                    })?,
+                    connections: src.bounded("THREADLINE_SOCKET_CONNECTIONS", 2, 1..=10)? as usize,
+                }),
+            },
         })
     }
 }

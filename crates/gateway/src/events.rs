@@ -164,6 +164,18 @@ fn too_large() -> (Answer, Response) {
     )
 }
 
+/// An event body received over a Socket Mode connection (the app's own
+/// connection stands for the signature): handled like a verified HTTP
+/// delivery; the status its acknowledgement waits for (200 only once the
+/// receipt and its outbox row are committed).
+pub(crate) async fn accept_body(app: &AppState, headers: &HeaderMap, body: &[u8]) -> StatusCode {
+    let started = Instant::now();
+    let (answer, response) = handle(app, headers, body).await;
+    metrics::histogram!("threadline_gateway_ack_seconds", "outcome" => answer.label())
+        .record(started.elapsed().as_secs_f64());
+    response.status()
+}
+
 /// A delivery whose signature verified.
 async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> (Answer, Response) {
     // Slack's SSL check (sent to slash-command URLs): a signed form post

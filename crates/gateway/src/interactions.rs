@@ -41,9 +41,28 @@ pub async fn slack_interactions(State(app): State<AppState>, request: Request) -
     response
 }
 
-#[tracing::instrument(skip_all, fields(decision_id, installation_id))]
 async fn handle(app: &AppState, body: &Bytes) -> (&'static str, Response) {
-    let click = match parse_form(body) {
+    on(app, parse_form(body)).await
+}
+
+/// An interaction received over a Socket Mode connection (the payload as
+/// JSON, no form, no signature: the connection is the app's own): the
+/// status its acknowledgement waits for.
+pub(crate) async fn handle_payload(app: &AppState, payload: &serde_json::Value) -> StatusCode {
+    let parsed = if payload.is_object() {
+        threadline_domain::review::parse(payload)
+    } else {
+        Err(threadline_domain::review::InteractionError::NotJson)
+    };
+    on(app, parsed).await.1.status()
+}
+
+#[tracing::instrument(skip_all, fields(decision_id, installation_id))]
+async fn on(
+    app: &AppState,
+    parsed: Result<Interaction, threadline_domain::review::InteractionError>,
+) -> (&'static str, Response) {
+    let click = match parsed {
         Ok(Interaction::Review(c)) => c,
         Ok(Interaction::Other { kind, action }) => {
             // (codes only: an action id is the app's own identifier)

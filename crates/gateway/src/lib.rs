@@ -13,6 +13,7 @@ pub mod oauth;
 pub mod page;
 pub mod ratelimit;
 pub mod relay;
+pub mod socket;
 pub mod unverified;
 
 use std::sync::Arc;
@@ -184,6 +185,25 @@ pub async fn run(
         }),
         None => None,
     };
+    // Socket Mode: envelopes over connections the gateway opens, committed
+    // like HTTP deliveries.
+    let socket_stop = CancellationToken::new();
+    let socket = match &cfg.socket_mode {
+        Some(mode) => {
+            let web = threadline_slack::WebClient::new(
+                &cfg.common.slack_api_url,
+                Duration::from_secs(10),
+            )
+            .context("building the Slack client")?;
+            Some(tokio::spawn(socket::run(
+                state.clone(),
+                web,
+                mode.clone(),
+                socket_stop.clone(),
+            )))
+        }
+        None => None,
+    };
     let app = router(state, oauth, readiness);
     let cap = crate::listener::effective_cap(&cfg.connections, cfg.common.db_max_connections);
     tracing::info!(
@@ -193,6 +213,10 @@ pub async fn run(
         "gateway listening"
     );
     crate::listener::serve(listener, app, cfg.connections, cap, shutdown).await;
+    socket_stop.cancel();
+    if let Some(handle) = socket {
+        let _ = handle.await;
+    }
 
     while writers.join_next().await.is_some() {}
     relay_stop.cancel();

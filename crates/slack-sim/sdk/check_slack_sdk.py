@@ -4,7 +4,8 @@ streams a reply through chat.startStream / appendStream / stopStream the way
 it does against Slack, its conversations_history (and its cursor paging)
 reads the channel, and its SignatureVerifier accepts slack-sim's Events API
 deliveries and a button click's block_actions form (and refuses it
-tampered). Run by scripts/sdk-check.sh against a running slack-sim:
+tampered), and its Socket Mode client connects through apps.connections.open,
+receives an events_api envelope and acknowledges it. Run by scripts/sdk-check.sh against a running slack-sim:
 
     python check_slack_sdk.py http://127.0.0.1:PORT
 
@@ -22,6 +23,9 @@ import slack_sdk
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
+from slack_sdk.socket_mode import SocketModeClient
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
 
 BASE = sys.argv[1].rstrip("/")
 checks = []
@@ -221,6 +225,54 @@ check(payload["container"]["message_ts"] == button_ts and payload["user"]["id"] 
       and payload["api_app_id"] == app["id"], "the payload names the message, the person and the app")
 check("metadata" not in payload["message"], "the payload's message leaves the metadata out")
 check(get("interactions")["interactions"] == [entry], "the interaction log holds the click")
+
+# 8. Socket Mode: the SDK's own client (the builtin one) opens a connection
+#    with the app-level token through apps.connections.open, gets a
+#    person's message as an events_api envelope and acknowledges it;
+#    slack-sim records the ack and does not retry.
+ctl("settings", {"delivery_deadline_ms": 500, "time_scale": 0.01})
+sock_app = ctl("apps", {"name": "SDK socket", "socket_mode": True, "events": ["message.channels"]})
+ctl(f"apps/{sock_app['id']}/installs", {"team_id": team, "scopes": ["chat:write"], "join_channels": [channel]})
+envelopes = []
+
+
+def on_request(client: SocketModeClient, req: SocketModeRequest):
+    envelopes.append(req)
+    client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+
+
+sock = SocketModeClient(app_token=sock_app["app_token"], web_client=WebClient(base_url=f"{BASE}/api/"))
+sock.socket_mode_request_listeners.append(on_request)
+try:
+    sock.connect()
+    deadline = time.time() + 10
+    while not sock.is_connected() and time.time() < deadline:
+        time.sleep(0.05)
+    check(sock.is_connected(), "SocketModeClient connects through apps.connections.open")
+    conns = get(f"socket?app_id={sock_app['id']}")["connections"]
+    check(len(conns) == 1, f"slack-sim holds the SDK's connection ({conns})")
+    said = ctl("act/post", {"user": user, "channel": channel, "text": "over the socket"})["ts"]
+    deadline = time.time() + 10
+    while not envelopes and time.time() < deadline:
+        time.sleep(0.05)
+    check(len(envelopes) == 1, f"one envelope reached the SDK ({len(envelopes)})")
+    req = envelopes[0]
+    check(req.type == "events_api" and req.retry_attempt == 0, f"an events_api envelope, first attempt ({req.type}, {req.retry_attempt})")
+    check(req.payload["type"] == "event_callback" and req.payload["event"]["ts"] == said
+          and req.payload["api_app_id"] == sock_app["id"], "its payload is the message's event_callback")
+    deadline = time.time() + 10
+    acked = []
+    while not acked and time.time() < deadline:
+        acked = [d for d in get(f"deliveries?app_id={sock_app['id']}")["deliveries"] if d["result"] == "acked"]
+        time.sleep(0.05)
+    check(len(acked) == 1 and acked[0]["envelope_id"] == req.envelope_id, "slack-sim records the SDK's ack")
+    time.sleep(1.5)
+    tries = get(f"deliveries?app_id={sock_app['id']}")["deliveries"]
+    check(len(tries) == 1 and len(envelopes) == 1, f"an acked envelope is not retried ({len(tries)} attempts)")
+    acks = [r for r in get(f"socket?app_id={sock_app['id']}")["log"] if r["kind"] == "ack"]
+    check(len(acks) == 1 and acks[0]["matched"], "the socket log holds the ack")
+finally:
+    sock.close()
 
 server.shutdown()
 print(f"slack_sdk {slack_sdk.version.__version__}: {len(checks)} checks passed")

@@ -76,6 +76,7 @@ pub struct SettingsReq {
     stream_lifetime_ms: Option<u64>,
     assistant_status_timeout_ms: Option<u64>,
     reorder_window: Option<usize>,
+    socket_ticket_ttl_ms: Option<u64>,
 }
 
 pub async fn settings(State(sim): State<Sim>, Json(r): Json<SettingsReq>) -> ApiResult {
@@ -113,6 +114,9 @@ pub async fn settings(State(sim): State<Sim>, Json(r): Json<SettingsReq>) -> Api
     }
     if let Some(v) = r.reorder_window {
         s.reorder_window = v;
+    }
+    if let Some(v) = r.socket_ticket_ttl_ms {
+        s.socket_ticket_ttl_ms = v;
     }
     Ok(Json(serde_json::to_value(&w.settings).unwrap_or_default()))
 }
@@ -273,6 +277,8 @@ pub struct AppReq {
     request_urls: Vec<String>,
     interactivity_url: Option<String>,
     #[serde(default)]
+    socket_mode: bool,
+    #[serde(default)]
     events: Vec<String>,
     #[serde(default)]
     token_rotation: bool,
@@ -297,6 +303,7 @@ pub async fn create_app(State(sim): State<Sim>, Json(r): Json<AppReq>) -> ApiRes
         app_token: format!("xapp-1-{id}-{}", w.rng.hex(24)),
         request_urls: r.request_urls,
         interactivity_url: r.interactivity_url,
+        socket_mode: r.socket_mode,
         events: r.events.into_iter().collect(),
         token_rotation: r.token_rotation,
         non_marketplace_limits: r.non_marketplace_limits,

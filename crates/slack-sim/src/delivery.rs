@@ -3,7 +3,9 @@
 //! non-2xx status or a connection error; a failed delivery is retried up to
 //! 3 times — nearly at once, after 1 minute, after 5 minutes (times the time
 //! scale) — with `X-Slack-Retry-Num` and `X-Slack-Retry-Reason`; a non-2xx
-//! answer with `X-Slack-No-Retry: 1` stops the retries.
+//! answer with `X-Slack-No-Retry: 1` stops the retries. An app in Socket
+//! Mode gets its events over its connections on the same schedule (see
+//! [`crate::socket`]).
 
 use std::time::Duration;
 
@@ -87,11 +89,26 @@ async fn deliver(
 ) {
     let body = serde_json::to_vec(&env.body).unwrap_or_default();
     let mut retry_reason: Option<&'static str> = None;
+    let mut previous_connection = None;
     for attempt in 0..=RETRY_DELAYS.len() as u32 {
         if attempt > 0 {
             let scale = sim.lock().settings.time_scale;
             let secs = RETRY_DELAYS[attempt as usize - 1] * scale;
             tokio::time::sleep(Duration::from_secs_f64(secs.max(0.05))).await;
+        }
+        let socket_mode = sim.lock().apps.get(&env.app_id).map(|a| a.socket_mode);
+        if socket_mode == Some(true) {
+            let a = crate::socket::deliver(&sim, &env, attempt, retry_reason, previous_connection)
+                .await;
+            if let Some(tx) = first_done.take() {
+                let _ = tx.send(());
+            }
+            if a.done {
+                return;
+            }
+            retry_reason = a.next_reason;
+            previous_connection = a.connection;
+            continue;
         }
         let (app, fault, deadline) = {
             let mut w = sim.lock();
@@ -177,6 +194,9 @@ async fn deliver(
                     channel: env.channel.clone(),
                     message_ts: env.message_ts.clone(),
                     subtype: env.subtype.clone(),
+                    envelope_id: None,
+                    connection: None,
+                    ack_connection: None,
                 });
                 if i == 0 {
                     match result {

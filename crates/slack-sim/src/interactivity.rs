@@ -7,6 +7,8 @@
 //!   `payload`, the JSON; signed with the app's signing secret as event
 //!   deliveries are (`v0`, `X-Slack-Request-Timestamp`,
 //!   `X-Slack-Signature`);
+//! * an app in Socket Mode gets the payload as an `interactive` envelope
+//!   over one of its connections instead (see [`crate::socket`]);
 //! * one attempt within the deadline (Slack: 3 s): Slack does not retry an
 //!   interaction, the person sees an error instead;
 //! * `enterprise` names the workspace's enterprise when it has one (null
@@ -44,7 +46,10 @@ pub struct ClickReq {
 
 /// An interaction built under the world's lock, to be sent without it.
 pub struct Outgoing {
-    url: String,
+    /// None: the app is in Socket Mode, the payload goes over a connection.
+    url: Option<String>,
+    app_id: String,
+    payload: Value,
     secret: SigningSecret,
     /// `payload=<the JSON, url-encoded>`.
     form: String,
@@ -144,11 +149,15 @@ pub fn prepare(w: &mut World, r: &ClickReq, host: &str) -> Result<Outgoing, Refu
         .get(&app_id)
         .cloned()
         .ok_or_else(|| not_found("app", &app_id))?;
-    let url = app.interactivity_url.clone().ok_or_else(|| {
-        bad(format!(
-            "app {app_id} has no interactivity request URL (POST /_sim/apps/{app_id}/interactivity)"
-        ))
-    })?;
+    let url = if app.socket_mode {
+        None
+    } else {
+        Some(app.interactivity_url.clone().ok_or_else(|| {
+            bad(format!(
+                "app {app_id} has no interactivity request URL (POST /_sim/apps/{app_id}/interactivity)"
+            ))
+        })?)
+    };
     let install = w
         .install_of(&app, &channel.team_id)
         .cloned()
@@ -248,6 +257,8 @@ pub fn prepare(w: &mut World, r: &ClickReq, host: &str) -> Result<Outgoing, Refu
         .map_err(|e| bad(format!("encoding the payload: {e}")))?;
     Ok(Outgoing {
         url,
+        app_id: app.id.clone(),
+        payload,
         secret,
         form,
         record: InteractionRecord {
@@ -268,12 +279,17 @@ pub fn prepare(w: &mut World, r: &ClickReq, host: &str) -> Result<Outgoing, Refu
 /// Sends an interaction once (no retries) within the delivery deadline,
 /// without the world's lock, and logs how the app answered.
 pub async fn send(sim: &Sim, out: Outgoing) -> InteractionRecord {
+    let started = Instant::now();
+    let Some(url) = out.url else {
+        // Socket Mode: an `interactive` envelope, acknowledged or not.
+        let status = crate::socket::interactive(sim, &out.app_id, out.payload).await;
+        return finish(sim, out.record, InteractionStatus::Socket(status), started);
+    };
     let deadline = Duration::from_millis(sim.lock().settings.delivery_deadline_ms);
     let (ts, sig) = signature_headers(&out.secret, now_unix(), out.form.as_bytes());
-    let started = Instant::now();
     let sent = sim
         .http
-        .post(&out.url)
+        .post(&url)
         .timeout(deadline)
         .header("content-type", "application/x-www-form-urlencoded")
         .header("x-slack-request-timestamp", ts)
@@ -286,7 +302,16 @@ pub async fn send(sim: &Sim, out: Outgoing) -> InteractionRecord {
         Err(e) if e.is_timeout() => InteractionStatus::Failed("timeout"),
         Err(_) => InteractionStatus::Failed("connect_error"),
     };
-    let mut record = out.record;
+    finish(sim, out.record, status, started)
+}
+
+/// Logs how the app answered an interaction.
+fn finish(
+    sim: &Sim,
+    mut record: InteractionRecord,
+    status: InteractionStatus,
+    started: Instant,
+) -> InteractionRecord {
     record.status = status;
     record.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let mut w = sim.lock();

@@ -4,6 +4,8 @@
 //! * Events API (Slack → app): signed deliveries with Slack's retry rules.
 //! * Interactivity (Slack → app): a person's click on a button of an app's
 //!   message, sent signed as a `block_actions` payload, once.
+//! * Socket Mode: an app's WebSocket connections (`apps.connections.open`)
+//!   carry its events and interactions as envelopes it acknowledges.
 //! * Web API (app → Slack) under `/api/`: the methods bots use, with Slack's
 //!   error codes, rate limits and injectable faults.
 //! * Control and inspection under `/_sim/`: build scenarios, act as people,
@@ -17,6 +19,7 @@ pub mod delivery;
 pub mod events;
 pub mod interactivity;
 pub mod model;
+pub mod socket;
 pub mod streams;
 pub mod webapi;
 
@@ -58,6 +61,7 @@ impl Sim {
 pub fn router(sim: Sim) -> Router {
     Router::new()
         .route("/api/{method}", post(webapi::api).get(webapi::api))
+        .route("/socket/{ticket}", get(socket::connect))
         .route("/oauth/v2/authorize", get(control::authorize))
         .route("/_sim/reset", post(control::reset))
         .route("/_sim/settings", post(control::settings))
@@ -89,6 +93,10 @@ pub fn router(sim: Sim) -> Router {
             "/_sim/apps/{app}/interactivity",
             post(control::set_interactivity),
         )
+        .route(
+            "/_sim/apps/{app}/socket_mode",
+            post(socket::set_socket_mode),
+        )
         .route("/_sim/apps/{app}/revoke", post(control::revoke_tokens))
         .route("/_sim/act/post", post(control::act_post))
         .route("/_sim/act/bot_post", post(control::act_bot_post))
@@ -112,6 +120,8 @@ pub fn router(sim: Sim) -> Router {
         .route("/_sim/calls", get(control::calls))
         .route("/_sim/deliveries", get(control::deliveries))
         .route("/_sim/interactions", get(control::interactions))
+        .route("/_sim/socket", get(socket::log))
+        .route("/_sim/socket/disconnect", post(socket::disconnect))
         .route("/_sim/app_posts", get(control::app_posts))
         .with_state(sim)
 }

@@ -196,10 +196,14 @@ pub struct App {
     pub client_secret: String,
     /// Verification token carried in envelopes (deprecated by Slack, still sent).
     pub verification_token: String,
-    /// App-level token (`xapp-…`) for `apps.event.authorizations.list`.
+    /// App-level token (`xapp-…`) for `apps.event.authorizations.list`
+    /// and `apps.connections.open`.
     pub app_token: String,
     /// Events API request URLs; normally only the first is used.
     pub request_urls: Vec<String>,
+    /// Socket Mode on: events and interactions go over the app's
+    /// WebSocket connections (`apps.connections.open`), not its URLs.
+    pub socket_mode: bool,
     /// Interactivity request URL: where a person's clicks on the app's
     /// buttons go as `block_actions` payloads (none: they go nowhere).
     pub interactivity_url: Option<String>,
@@ -398,6 +402,12 @@ pub struct DeliveryRecord {
     pub message_ts: Option<String>,
     /// The event's `subtype`, if any.
     pub subtype: Option<String>,
+    /// Socket Mode (`url` is `socket`): the envelope's id (none when no
+    /// connection was open), the connection it went over, and the one its
+    /// ack came back on.
+    pub envelope_id: Option<String>,
+    pub connection: Option<u64>,
+    pub ack_connection: Option<u64>,
 }
 
 /// One interaction sent to an app: a person's click on a button of the
@@ -421,12 +431,14 @@ pub struct InteractionRecord {
 }
 
 /// How the app answered an interaction: its HTTP status, or `timeout` (no
-/// answer within the deadline) or `connect_error`.
+/// answer within the deadline) or `connect_error`; in Socket Mode,
+/// `acked`, `ack_timeout`, `connection_closed` or `no_connection`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum InteractionStatus {
     Http(u16),
     Failed(&'static str),
+    Socket(&'static str),
 }
 
 /// A fault armed by `POST /_sim/faults`. Each matching call takes at most
@@ -438,7 +450,8 @@ pub enum InteractionStatus {
 /// such a call is recorded with effect `applied_client_gone`.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Fault {
-    /// A Web API method name, or `events` for Events API deliveries.
+    /// A Web API method name, `events` for Events API deliveries, or
+    /// `socket` for Socket Mode envelopes of events.
     pub method: String,
     pub mode: FaultMode,
     /// How many calls it affects (default 1); `0` for every call until cleared.
@@ -511,6 +524,12 @@ pub enum FaultMode {
     Duplicate,
     /// Events: count the delivery as timed out whatever the app answered.
     HoldPastDeadline,
+    /// Socket: the connection is dropped right after the envelope is sent,
+    /// before any ack can arrive (the envelope is retried).
+    DropMidEnvelope,
+    /// Socket: the same envelope (same `envelope_id`) goes over two of the
+    /// app's connections; it stays armed while the app has fewer than two.
+    DuplicateEnvelope,
     /// `chat.postMessage` (or a `chat.*Stream` method, whose thread is
     /// the stream's): when the call arrives, `user` replies in the
     /// thread it targets (or top level), with all its events; then, after
@@ -548,6 +567,9 @@ pub struct Settings {
     pub assistant_status_timeout_ms: u64,
     /// Deliveries held back and released in reverse order, when > 1.
     pub reorder_window: usize,
+    /// How long a Socket Mode URL from `apps.connections.open` can be
+    /// connected to (once).
+    pub socket_ticket_ttl_ms: u64,
 }
 
 impl Default for Settings {
@@ -563,6 +585,7 @@ impl Default for Settings {
             stream_lifetime_ms: 300_000,
             assistant_status_timeout_ms: 120_000,
             reorder_window: 0,
+            socket_ticket_ttl_ms: 30_000,
         }
     }
 }
@@ -608,6 +631,9 @@ pub struct World {
     pub open_streams: BTreeSet<(String, TsKey)>,
     /// Assistant threads, and threads with a status: (channel, root ts).
     pub assistant: BTreeMap<(String, TsKey), crate::assistant::ThreadState>,
+    /// Socket Mode: tickets, open connections, envelopes awaiting acks,
+    /// and the log of every connection.
+    pub socket: crate::socket::SocketState,
 }
 
 impl World {
@@ -635,6 +661,7 @@ impl World {
             reorder_queue: Vec::new(),
             open_streams: BTreeSet::new(),
             assistant: BTreeMap::new(),
+            socket: Default::default(),
         }
     }
 

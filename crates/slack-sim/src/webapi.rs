@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
@@ -211,12 +211,19 @@ pub struct Params {
     /// Slack's warnings about how the request was sent (`missing_charset`,
     /// `superfluous_charset`): answered, not refused.
     warnings: Vec<&'static str>,
+    /// The `Host` the request was sent to (the emulator's address, for
+    /// the URLs it answers).
+    host: Option<String>,
 }
 
 impl Params {
     fn parse(query: Option<&str>, headers: &HeaderMap, body: &[u8]) -> Result<Self, ApiError> {
         let mut p = Self {
             auth: Authorization::of(headers),
+            host: headers
+                .get(HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_owned),
             ..Self::default()
         };
         if let Some(q) = query {
@@ -861,6 +868,7 @@ fn call(w: &mut World, method: &str, token: Option<&str>, p: &Params) -> Outcome
     match method {
         "oauth.v2.access" => return oauth_access(w, p),
         "apps.event.authorizations.list" => return event_authorizations(w, token, p),
+        "apps.connections.open" => return connections_open(w, token, p),
         _ => {}
     }
     let (app, install) = match bot_auth(w, token) {
@@ -1575,6 +1583,31 @@ fn event_authorizations(w: &mut World, token: Option<&str>, p: &Params) -> Outco
         envelopes: Vec::new(),
         app_id: Some(app.id),
         team_id: Some(team),
+        channel: None,
+        thread_ts: None,
+        ts: None,
+    }
+}
+
+/// `apps.connections.open`: a single-use Socket Mode URL, for the
+/// app-level token only (a bot or user token is `not_allowed_token_type`).
+fn connections_open(w: &mut World, token: Option<&str>, p: &Params) -> Outcome {
+    let Some(token) = token else {
+        return Outcome::err(ApiError::new("not_authed"));
+    };
+    if w.by_bot_token(token).is_some() || token.starts_with("xox") {
+        return Outcome::err(ApiError::new("not_allowed_token_type"));
+    }
+    let Some(app) = w.apps.values().find(|a| a.app_token == token).cloned() else {
+        return Outcome::err(ApiError::new("invalid_auth"));
+    };
+    let host = p.host.as_deref().unwrap_or("127.0.0.1");
+    let url = crate::socket::open_ticket(w, &app.id, host);
+    Outcome {
+        result: Ok(json!({"url": url})),
+        envelopes: Vec::new(),
+        app_id: Some(app.id),
+        team_id: None,
         channel: None,
         thread_ts: None,
         ts: None,

@@ -141,6 +141,67 @@ impl SimWorkspace {
         self.get("interactions").await["interactions"].take()
     }
 
+    /// The app-level token (`xapp-…`), for `apps.connections.open`.
+    pub fn app_token(&self) -> String {
+        id(&self.app, "app_token")
+    }
+
+    /// Turns Socket Mode on or off: events and clicks go over the app's
+    /// WebSocket connections instead of its request URLs.
+    pub async fn set_socket_mode(&self, enabled: bool) {
+        self.ctl(
+            &format!("apps/{}/socket_mode", self.app_id()),
+            json!({"enabled": enabled}),
+        )
+        .await;
+    }
+
+    /// `apps.connections.open` with the app-level token; returns the
+    /// single-use `ws://` URL.
+    pub async fn socket_url(&self) -> String {
+        let v: Value = self
+            .http
+            .post(format!("{}/api/apps.connections.open", self.base))
+            .bearer_auth(self.app_token())
+            .send()
+            .await
+            .expect("slack-sim")
+            .json()
+            .await
+            .expect("json");
+        id(&v, "url")
+    }
+
+    /// Sends a `disconnect` message with `reason` over one connection of
+    /// the app (every one when `None`); `refresh_requested` and
+    /// `link_disabled` close it `close_after_ms` later (default 1 s).
+    pub async fn socket_disconnect(
+        &self,
+        reason: &str,
+        connection: Option<u64>,
+        close_after_ms: Option<u64>,
+    ) -> Value {
+        self.ctl(
+            "socket/disconnect",
+            json!({"app_id": self.app_id(), "reason": reason, "connection": connection,
+                   "close_after_ms": close_after_ms}),
+        )
+        .await
+    }
+
+    /// The app's open Socket Mode connections and the log of everything
+    /// sent and received on them: `{"connections": […], "log": […]}`.
+    pub async fn socket_log(&self) -> Value {
+        self.get(&format!("socket?app_id={}", self.app_id())).await
+    }
+
+    /// Every delivery attempt of the app's events so far.
+    pub async fn deliveries(&self) -> Value {
+        self.get(&format!("deliveries?app_id={}", self.app_id()))
+            .await["deliveries"]
+            .take()
+    }
+
     /// The person posts (a reply when `thread_ts` is given); returns its ts.
     pub async fn post(&self, text: &str, thread_ts: Option<&str>) -> String {
         let mut body = json!({"user": self.user, "channel": self.channel, "text": text});

@@ -675,3 +675,13 @@ pub async fn count_with_reason(pool: &sqlx::PgPool, reason: &str) -> sqlx::Resul
     .fetch_one(pool)
     .await
 }
+
+/// How many receipts event `event_id` has (one at most, by the unique key).
+pub async fn count_receipts_of(pool: &sqlx::PgPool, event_id: &str) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM event_receipts WHERE event_id = $1"#,
+        event_id
+    )
+    .fetch_one(pool)
+    .await
+}
