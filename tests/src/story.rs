@@ -891,6 +891,10 @@ async fn socket_mode(t: &Teller<'_>) -> Chapter {
         recorded: format!("{} receipt(s), one per event", receipts.len()),
         verdict: check(&[
             (connected, "the gateway held two connections".into()),
+            (
+                acked >= 2 && unmatched >= 1,
+                "each event acknowledged, the duplicate's second ack unmatched".into(),
+            ),
             (dropped, "a connection was dropped mid-envelope".into()),
             (answered == [1, 1], "each mention answered once".into()),
             (

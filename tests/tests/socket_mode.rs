@@ -142,6 +142,27 @@ async fn socket_mode_survives_a_dropped_connection_and_duplicate_envelopes_with_
         || async { (log(&s).await["connections"].as_array()?.len() >= 2).then_some(()) },
     )
     .await;
+    // Slack refreshes every connection: fresh ones are opened, and a
+    // mention right after is still answered once.
+    let before: Vec<Value> = log(&s).await["connections"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    sim_ctl(
+        &s.sim,
+        "socket/disconnect",
+        json!({"app_id": s.app, "reason": "refresh_requested", "close_after_ms": 500}),
+    )
+    .await;
+    eventually("fresh connections", Duration::from_secs(30), || async {
+        let now = log(&s).await["connections"].as_array().cloned()?;
+        (now.len() >= 2 && now.iter().all(|c| !before.contains(c))).then_some(())
+    })
+    .await;
+    let root = s
+        .post(&format!("<@{}> after the refresh?", s.bot_user), None)
+        .await;
+    assert_eq!(s.wait_answers(&root, 1).await.len(), 1);
     gateway.kill().await;
     s.stop().await;
 }

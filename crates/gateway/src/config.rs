@@ -208,8 +208,10 @@ impl GatewayConfig {
                 ),
             });
         }
+        let common = CommonConfig::from_source(src)?;
+        let allow_plain = common.slack_api_url.starts_with("http://");
         Ok(Self {
-            common: CommonConfig::from_source(src)?,
+            common,
             addr: src.socket_addr("THREADLINE_GATEWAY_ADDR", "127.0.0.1:3000")?,
             signing_secrets: SigningSecrets(secrets),
             max_body_bytes,
@@ -254,6 +256,7 @@ impl GatewayConfig {
                         key: "SLACK_APP_TOKEN".into(),
                     })?,
                     connections: src.bounded("THREADLINE_SOCKET_CONNECTIONS", 2, 1..=10)? as usize,
+                    allow_plain,
                 }),
             },
         })

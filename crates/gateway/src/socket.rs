@@ -37,6 +37,9 @@ pub struct SocketMode {
     pub app_token: SecretString,
     /// `THREADLINE_SOCKET_CONNECTIONS`, default 2: connections held open.
     pub connections: usize,
+    /// Whether a `ws://` URL (no TLS) is accepted: only when the Web API
+    /// itself is plain HTTP (a local emulator).
+    pub allow_plain: bool,
 }
 
 impl std::fmt::Debug for SocketMode {
@@ -60,7 +63,17 @@ pub async fn run(app: AppState, web: WebClient, mode: SocketMode, shutdown: Canc
     while tasks.join_next().await.is_some() {}
 }
 
-/// One connection slot: open, serve, open again.
+/// Envelopes one connection commits at once; beyond them it stops reading
+/// (Slack holds the rest, and sends again what waits too long).
+const IN_FLIGHT: usize = 64;
+
+/// A connection with nothing from Slack (not even a ping) for this long is
+/// taken for dead and replaced.
+const IDLE: Duration = Duration::from_secs(120);
+
+/// One connection slot: open, serve, open again. A connection that ended
+/// quickly (before `hello`, or within seconds) is replaced only after a
+/// growing pause, so that a refusing Slack is not asked in a loop.
 async fn hold(
     slot: usize,
     app: AppState,
@@ -70,32 +83,71 @@ async fn hold(
 ) {
     let mut failures = 0u32;
     while !shutdown.is_cancelled() {
+        let started = std::time::Instant::now();
         let served = tokio::select! {
-            r = connect_and_serve(slot, &app, &web, &mode) => r,
+            r = connect_and_serve(slot, &app, &web, &mode, &shutdown) => r,
             () = shutdown.cancelled() => return,
         };
-        match served {
-            Ok(why) => {
+        let pause = match served {
+            Ok(End { why, greeted }) if greeted && started.elapsed() > Duration::from_secs(10) => {
                 failures = 0;
                 tracing::info!(slot, why, "socket mode connection ended; opening another");
+                Duration::ZERO
+            }
+            Ok(End {
+                why: "link_disabled",
+                ..
+            }) => {
+                failures += 1;
+                tracing::error!(
+                    alert = "socket_mode_disabled",
+                    slot,
+                    "Slack disabled Socket Mode for the app (link_disabled); trying again in a minute"
+                );
+                Duration::from_secs(60)
+            }
+            Ok(End { why, .. }) => {
+                failures += 1;
+                tracing::warn!(slot, why, failures, "socket mode connection ended early");
+                backoff(failures, None)
             }
             Err(e) => {
                 failures += 1;
                 metrics::counter!("threadline_socket_connection_failures_total").increment(1);
+                let retry_after = match e.downcast_ref::<threadline_slack::WebError>() {
+                    Some(threadline_slack::WebError::RateLimited { retry_after }) => {
+                        Some(*retry_after)
+                    }
+                    _ => None,
+                };
                 tracing::warn!(
                     slot,
                     error = format!("{e:#}"),
                     failures,
                     "socket mode connection failed"
                 );
-                let pause = Duration::from_millis((250u64 << failures.min(7)).min(30_000));
-                tokio::select! {
-                    () = tokio::time::sleep(pause) => {}
-                    () = shutdown.cancelled() => return,
-                }
+                backoff(failures, retry_after)
+            }
+        };
+        if !pause.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = shutdown.cancelled() => return,
             }
         }
     }
+}
+
+/// 0.5 s, 1 s, 2 s, … up to 30 s (at least Slack's `Retry-After`).
+fn backoff(failures: u32, retry_after: Option<Duration>) -> Duration {
+    let grown = Duration::from_millis((250u64 << failures.min(7)).min(30_000));
+    retry_after.map_or(grown, |r| r.max(grown))
+}
+
+/// How a connection ended, and whether Slack had said hello on it.
+struct End {
+    why: &'static str,
+    greeted: bool,
 }
 
 type Sink = Arc<
@@ -114,7 +166,8 @@ async fn connect_and_serve(
     app: &AppState,
     web: &WebClient,
     mode: &SocketMode,
-) -> anyhow::Result<&'static str> {
+    shutdown: &CancellationToken,
+) -> anyhow::Result<End> {
     let opened = web
         .call("apps.connections.open", mode.app_token.expose_secret(), &[])
         .await?;
@@ -122,23 +175,53 @@ async fn connect_and_serve(
         .get("url")
         .and_then(Value::as_str)
         .ok_or_else(|| anyhow::anyhow!("apps.connections.open answered no url"))?;
-    let (ws, _) = tokio_tungstenite::connect_async(url).await?;
+    // The payloads are taken as Slack's because the connection is: only
+    // over TLS, unless the Web API itself is plain HTTP (a local emulator).
+    if !url.starts_with("wss://") && !mode.allow_plain {
+        anyhow::bail!("apps.connections.open answered a URL without TLS; refused");
+    }
+    let (ws, _) = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio_tungstenite::connect_async(url),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("the WebSocket handshake timed out"))??;
     let (sink, mut stream) = ws.split();
     let sink: Sink = Arc::new(Mutex::new(sink));
+    let limit = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     metrics::gauge!("threadline_socket_connections").increment(1.0);
     let _open = scopeguard(|| metrics::gauge!("threadline_socket_connections").decrement(1.0));
-    let mut inflight = tokio::task::JoinSet::new();
-    let why = loop {
-        let Some(msg) = stream.next().await else {
-            break "closed";
+    let mut greeted = false;
+    loop {
+        let next = tokio::select! {
+            n = tokio::time::timeout(IDLE, stream.next()) => n,
+            // (envelopes being committed finish on their own tasks)
+            () = shutdown.cancelled() => return Ok(End { why: "shutdown", greeted }),
         };
-        let text = match msg? {
-            Message::Text(t) => t.to_string(),
-            Message::Ping(p) => {
-                sink.lock().await.send(Message::Pong(p)).await?;
-                continue;
+        let msg = match next {
+            Err(_) => {
+                return Ok(End {
+                    why: "idle",
+                    greeted,
+                });
             }
-            Message::Close(_) => break "closed",
+            Ok(None) => {
+                return Ok(End {
+                    why: "closed",
+                    greeted,
+                });
+            }
+            Ok(Some(m)) => m?,
+        };
+        let text = match msg {
+            Message::Text(t) => t.to_string(),
+            Message::Close(_) => {
+                return Ok(End {
+                    why: "closed",
+                    greeted,
+                });
+            }
+            // (tungstenite answers pings itself)
             _ => continue,
         };
         let Ok(v) = serde_json::from_str::<Value>(&text) else {
@@ -146,41 +229,73 @@ async fn connect_and_serve(
             continue;
         };
         match v.get("type").and_then(Value::as_str).unwrap_or("") {
-            "hello" => tracing::info!(slot, "socket mode connection ready"),
+            "hello" => {
+                greeted = true;
+                tracing::info!(slot, "socket mode connection ready");
+            }
             "disconnect" => {
-                // Slack asks for a fresh connection (refresh, warning): the
-                // slot opens one at once; envelopes in flight still finish
-                // (an unacknowledged one comes again).
+                // Slack asks for a fresh connection (refresh, warning, or
+                // the app's Socket Mode switched off): the slot opens one at
+                // once, while what this connection still sends is read and
+                // committed by a task of its own until it closes.
                 let reason = v.get("reason").and_then(|r| r.as_str()).unwrap_or("");
                 tracing::info!(slot, reason, "socket mode disconnect");
-                break "disconnect";
-            }
-            kind @ ("events_api" | "interactive" | "slash_commands") => {
-                let Some(envelope_id) = v.get("envelope_id").and_then(Value::as_str) else {
-                    continue;
+                let why = if reason == "link_disabled" {
+                    "link_disabled"
+                } else {
+                    "disconnect"
                 };
-                let (app, sink, envelope_id, kind) = (
-                    app.clone(),
-                    sink.clone(),
-                    envelope_id.to_owned(),
-                    kind.to_owned(),
-                );
-                inflight.spawn(async move {
-                    if let Err(e) = envelope(&app, &sink, &envelope_id, &kind, &v).await {
-                        tracing::warn!(
-                            error = format!("{e:#}"),
-                            "socket mode envelope not acknowledged"
-                        );
+                let (app, sink, limit) = (app.clone(), sink.clone(), limit.clone());
+                tokio::spawn(async move {
+                    loop {
+                        match tokio::time::timeout(Duration::from_secs(30), stream.next()).await {
+                            Ok(Some(Ok(Message::Text(t)))) => {
+                                if let Ok(v) = serde_json::from_str::<Value>(&t) {
+                                    dispatch(&app, &sink, &limit, v).await;
+                                }
+                            }
+                            Ok(Some(Ok(Message::Close(_))))
+                            | Ok(Some(Err(_)))
+                            | Ok(None)
+                            | Err(_) => break,
+                            Ok(Some(Ok(_))) => {}
+                        }
                     }
                 });
+                return Ok(End { why, greeted });
             }
-            _ => {}
+            _ => dispatch(app, &sink, &limit, v).await,
         }
+    }
+}
+
+/// Commits an envelope on a task of its own (at most [`IN_FLIGHT`] at once:
+/// waits for a free place first, so that a burst stops the reading).
+async fn dispatch(app: &AppState, sink: &Sink, limit: &Arc<tokio::sync::Semaphore>, v: Value) {
+    let kind = match v.get("type").and_then(Value::as_str) {
+        Some(k @ ("events_api" | "interactive" | "slash_commands")) => k.to_owned(),
+        _ => return,
     };
-    // Envelopes being committed finish (and are acknowledged if the
-    // connection still takes it).
-    while inflight.join_next().await.is_some() {}
-    Ok(why)
+    let Some(envelope_id) = v
+        .get("envelope_id")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+    else {
+        return;
+    };
+    let Ok(permit) = limit.clone().acquire_owned().await else {
+        return;
+    };
+    let (app, sink) = (app.clone(), sink.clone());
+    tokio::spawn(async move {
+        let _permit = permit;
+        if let Err(e) = envelope(&app, &sink, &envelope_id, &kind, &v).await {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "socket mode envelope not acknowledged"
+            );
+        }
+    });
 }
 
 /// Commits one envelope the way an HTTP delivery is committed, then
@@ -216,13 +331,21 @@ async fn envelope(
         // (no slash commands are handled: acknowledged, nothing to keep)
         _ => StatusCode::OK,
     };
-    metrics::counter!("threadline_socket_envelopes_total", "type" => kind.to_owned(), "acked" => if status.is_success() { "true" } else { "false" })
+    // Acknowledged once what it brought is committed: accepted, a
+    // duplicate, or recorded as refused (a malformed body: sending it again
+    // would change nothing). Not when nothing could be recorded (5xx).
+    let acked = !status.is_server_error();
+    metrics::counter!("threadline_socket_envelopes_total", "type" => kind.to_owned(), "acked" => if acked { "true" } else { "false" })
         .increment(1);
-    if !status.is_success() {
+    if !acked {
         anyhow::bail!("not committed ({status}); left for Slack to send again");
     }
     let ack = json!({"envelope_id": envelope_id}).to_string();
-    sink.lock().await.send(Message::Text(ack.into())).await?;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        sink.lock().await.send(Message::Text(ack.into())).await
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("the acknowledgement could not be sent in time"))??;
     Ok(())
 }
 

@@ -271,7 +271,10 @@ impl Handler {
             Claim::Busy => return Ok(Disposition::Defer(Duration::from_secs(10))),
             Claim::Settled(id, status) => {
                 // A redelivery: never a second model call for this binding.
-                if matches!(status, DecisionStatus::Proposed | DecisionStatus::Review) {
+                // (in a DM, any outcome: a pane's progress is cleared by it)
+                if matches!(status, DecisionStatus::Proposed | DecisionStatus::Review)
+                    || (ctx.channel_id.starts_with('D') && status != DecisionStatus::Calling)
+                {
                     self.publish(id).await?;
                 }
                 return Ok(Disposition::Done);

@@ -88,8 +88,8 @@ impl Handler {
                     return Ok(defer(jitter(retry_after.as_secs_f64(), &inst)));
                 }
                 Err(WebError::Api { code }) => {
-                    tracing::warn!(method, code = %code, "the assistant pane refused the greeting");
-                    break;
+                    // (the other part may still be shown)
+                    tracing::warn!(method, code = %code, "the assistant pane refused part of the greeting");
                 }
                 Err(e) => {
                     tracing::warn!(method, error = %e, "greeting the assistant pane failed; trying again");
@@ -115,9 +115,15 @@ impl Handler {
             _ => return Ok(Disposition::Done),
         }
         self.set_status(inst, channel, thread_ts, THINKING).await;
-        // Settled while it was being set: cleared again, unless answered.
-        self.clear_progress(inst, decision, channel, thread_ts)
-            .await;
+        // Settled while it was being set (even answered: the reply may have
+        // cleared it before this call put it back): cleared again, unless
+        // another question of the thread is being answered.
+        if let Ok(Some(o)) = threadline_store::assistant::outcome(&self.pool, decision).await
+            && o.status != "calling"
+            && !o.others_calling
+        {
+            self.set_status(inst, channel, thread_ts, "").await;
+        }
         Ok(Disposition::Done)
     }
 
@@ -143,6 +149,8 @@ impl Handler {
             // thread is being answered (the progress showing is its).
             None => {}
             Some(o) if o.replied || o.others_calling => {}
+            // (held for an operator or failed for good: nothing comes)
+            Some(o) if o.stopped => self.set_status(inst, channel, thread_ts, "").await,
             Some(o) if matches!(o.status.as_str(), "calling" | "proposed" | "approved") => {}
             Some(_) => self.set_status(inst, channel, thread_ts, "").await,
         }

@@ -173,7 +173,15 @@ impl Handler {
         if p.stream {
             let span = tracing::info_span!("publisher.stream", event_id = %p.event_id, decision_id = %decision, version = p.thread_version);
             return match self.stream(inst, decision).instrument(span.clone()).await {
-                Ok(d) => d,
+                Ok(d) => {
+                    // (a stream that discarded its decision in a pane)
+                    if matches!(d, Disposition::Done) && p.channel_id.starts_with('D') {
+                        self.clear_progress(inst, decision, &p.channel_id, &p.root_ts)
+                            .instrument(span.clone())
+                            .await;
+                    }
+                    d
+                }
                 Err(e) => {
                     tracing::warn!(parent: &span, error = format!("{e:#}"), "streaming failed; retrying");
                     Disposition::of_error(&e)

@@ -124,6 +124,9 @@ pub struct Outcome {
     pub status: String,
     /// Its reply was posted (Slack clears the progress itself then).
     pub replied: bool,
+    /// Its reply will not be posted by itself: the intent is held for an
+    /// operator or failed for good.
+    pub stopped: bool,
     /// Another decision of the thread is being answered (its progress is
     /// the one showing).
     pub others_calling: bool,
@@ -135,9 +138,13 @@ pub async fn outcome(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Outco
                   EXISTS (SELECT 1 FROM reply_intents i
                            WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
                              AND i.state IN ('sent', 'streaming', 'interrupted')) AS "replied!",
+                  EXISTS (SELECT 1 FROM reply_intents i
+                           WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
+                             AND i.state IN ('held', 'failed_permanent')) AS "stopped!",
                   EXISTS (SELECT 1 FROM decisions o
                            WHERE o.installation_id = d.installation_id AND o.channel_id = d.channel_id
-                             AND o.root_ts = d.root_ts AND o.status = 'calling' AND o.id <> d.id) AS "others_calling!"
+                             AND o.root_ts = d.root_ts AND o.status = 'calling' AND o.id <> d.id
+                             AND o.lease_until > now()) AS "others_calling!"
              FROM decisions d
             WHERE d.id = $1
               AND EXISTS (SELECT 1 FROM assistant_threads a
@@ -150,6 +157,7 @@ pub async fn outcome(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Outco
     Ok(r.map(|r| Outcome {
         status: r.status,
         replied: r.replied,
+        stopped: r.stopped,
         others_calling: r.others_calling,
     }))
 }
