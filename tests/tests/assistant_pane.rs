@@ -296,3 +296,85 @@ async fn a_suppressed_answer_clears_the_progress_it_showed() {
     assert!(replies(&s, &dm, &thread).await.is_empty(), "suppressed");
     s.stop().await;
 }
+
+/// The channel the person is looking at is read with their question where
+/// the channel policy would answer (a public channel), and not once they
+/// look at a private channel the policy denies: Slack is never asked for
+/// its messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_channel_the_person_looks_at_is_read_only_where_the_policy_would_answer() {
+    let mut s = pane_stack(true).await;
+    s.unjudged = Some("the pane's thread is a DM the oracle does not read");
+    let said = s
+        .post("the queue is at 9000 messages and rising", None)
+        .await;
+    let secret = sim_ctl(
+        &s.sim,
+        "channels",
+        json!({"team_id": s.team, "name": "secret", "kind": "private", "members": [s.user, s.bot_user]}),
+    )
+    .await["id"]
+        .as_str()
+        .expect("channel")
+        .to_owned();
+    let hidden = s
+        .post_as(&s.user, &secret, "the password is in the vault", None)
+        .await;
+    let (dm, thread) = open_pane(&s).await;
+    let first = s
+        .post_as(&s.user, &dm, "what is going on here?", Some(&thread))
+        .await;
+    let answer = eventually("the first answer", Duration::from_secs(30), || async {
+        replies(&s, &dm, &thread).await.into_iter().find(|a| {
+            a["text"]
+                .as_str()
+                .is_some_and(|t| t.contains(&format!("Answering {first}")))
+        })
+    })
+    .await;
+    let text = answer["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains(&format!("of channel {}", s.channel)) && text.contains(&format!("{said}/")),
+        "the public channel was read with the question: {text}"
+    );
+
+    // The person looks at the private channel: not read.
+    sim_ctl(
+        &s.sim,
+        "act/assistant_context",
+        json!({"channel": dm, "thread_ts": thread, "context_channel": secret}),
+    )
+    .await;
+    eventually(
+        "the new context recorded",
+        Duration::from_secs(30),
+        || async {
+            let c = threadline_store::testing::assistant::context_channel(&s.db.pool, &dm, &thread)
+                .await;
+            (c.flatten().as_deref() == Some(secret.as_str())).then_some(())
+        },
+    )
+    .await;
+    let second = s.post_as(&s.user, &dm, "and now?", Some(&thread)).await;
+    let answer = eventually("the second answer", Duration::from_secs(30), || async {
+        replies(&s, &dm, &thread).await.into_iter().find(|a| {
+            a["text"]
+                .as_str()
+                .is_some_and(|t| t.contains(&format!("Answering {second}")))
+        })
+    })
+    .await;
+    let text = answer["text"].as_str().unwrap_or_default();
+    assert!(
+        !text.contains("of channel"),
+        "nothing of a denied channel: {text}"
+    );
+    assert!(!text.contains(&hidden));
+    let reads = sim_get(
+        &s.sim,
+        &format!("calls?method=conversations.history&channel={secret}"),
+    )
+    .await;
+    assert_eq!(reads["calls"], json!([]), "Slack was never asked for it");
+    s.stop().await;
+}

@@ -550,6 +550,13 @@ impl Handler {
             store::BuildOutcome::Recorded(snap) => snap,
         };
         let built = &snap.built;
+        // A question in the assistant pane: the latest messages of the
+        // channel the person is looking at, where the policy allows it.
+        let (context_channel_id, channel_context) = if channel.starts_with('D') {
+            self.viewed_channel(inst, channel, root).await
+        } else {
+            (String::new(), Vec::new())
+        };
         let msg = ContextReady {
             schema_version: SCHEMA_VERSION,
             receipt_id: receipt.to_string(),
@@ -577,6 +584,8 @@ impl Handler {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as i64)
                 .unwrap_or(0),
+            context_channel_id,
+            channel_context,
         };
         let mut headers = async_nats::HeaderMap::new();
         threadline_runtime::telemetry::inject_current(&mut headers);
@@ -600,6 +609,76 @@ impl Handler {
         metrics::counter!("threadline_contexts_built_total", "truncated" => if built.omitted > 0 { "true" } else { "false" })
             .increment(1);
         Ok(Step::Done)
+    }
+
+    /// How many of the viewed channel's latest messages a pane question
+    /// reads.
+    const VIEWED_MESSAGES: usize = 10;
+
+    /// The channel the person is looking at and its latest messages by
+    /// people (oldest first), when the thread is an assistant thread whose
+    /// context channel may be read; nothing otherwise, or when Slack does
+    /// not answer (the question is answered without them).
+    async fn viewed_channel(
+        &self,
+        inst: &Installation,
+        channel: &str,
+        root: &str,
+    ) -> (String, Vec<ContextMessage>) {
+        let none = (String::new(), Vec::new());
+        let viewed = match threadline_store::assistant::readable_context(
+            &self.pool, inst.id, channel, root,
+        )
+        .await
+        {
+            Ok(Some(c)) => c,
+            Ok(None) => return none,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the pane's context failed; answered without it");
+                return none;
+            }
+        };
+        let Ok(Some(token)) = self.bot_token(inst).await else {
+            return none;
+        };
+        let limit = Self::VIEWED_MESSAGES.to_string();
+        let read = self
+            .web
+            .call(
+                "conversations.history",
+                token.expose_secret(),
+                &[("channel", viewed.as_str()), ("limit", limit.as_str())],
+            )
+            .await;
+        let v = match read {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the channel the person looks at failed; answered without it");
+                return none;
+            }
+        };
+        let mut messages: Vec<ContextMessage> = v
+            .get("messages")
+            .and_then(serde_json::Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|m| m.get("bot_id").is_none() && m.get("subtype").is_none())
+            .filter_map(|m| {
+                let s = |k: &str| m.get(k).and_then(serde_json::Value::as_str);
+                let text = s("text").filter(|t| !t.trim().is_empty())?;
+                Some(ContextMessage {
+                    ts: s("ts")?.to_owned(),
+                    user_id: s("user")?.to_owned(),
+                    role: "user".to_owned(),
+                    text: text.to_owned(),
+                })
+            })
+            .take(Self::VIEWED_MESSAGES)
+            .collect();
+        // (Slack answers newest first)
+        messages.reverse();
+        metrics::counter!("threadline_assistant_context_reads_total").increment(1);
+        (viewed, messages)
     }
 
     /// The assistant pane opened (`assistant_thread_started`) or its
@@ -647,6 +726,33 @@ impl Handler {
             started,
         )
         .await?;
+        // The channel the person looks at is read with their questions only
+        // where the channel policy would answer (never another DM).
+        if let Some(ctx) = t.context_channel.as_ref().map(|c| c.as_str())
+            && !ctx.starts_with('D')
+        {
+            let allow_listed =
+                threadline_store::assistant::channel_allowed(&self.pool, inst.id, ctx).await?;
+            let private = if allow_listed {
+                None
+            } else {
+                self.channel_kind(inst, ctx).await?
+            };
+            let readable = assistant::context_readable(
+                allow_listed,
+                inst.allowlist_only,
+                inst.private_allowed,
+                private,
+            );
+            threadline_store::assistant::set_context_readable(
+                &self.pool,
+                inst.id,
+                t.channel.as_str(),
+                t.thread_ts.as_str(),
+                readable,
+            )
+            .await?;
+        }
         metrics::counter!("threadline_assistant_events_total", "type" => if started { "started" } else { "context_changed" })
             .increment(1);
         self.end(

@@ -52,8 +52,43 @@ pub fn parse(event: &Value) -> Option<AssistantThread> {
     })
 }
 
+/// Whether the channel a person is looking at may be read as context of
+/// their question: only where the channel policy would answer (allow-listed;
+/// else, unless the installation answers only in allow-listed channels, a
+/// channel known to be public, or a private one where private channels are
+/// allowed). A channel whose kind is not known is not read.
+pub fn context_readable(
+    allow_listed: bool,
+    allowlist_only: bool,
+    private_allowed: bool,
+    private: Option<bool>,
+) -> bool {
+    if allow_listed {
+        return true;
+    }
+    if allowlist_only {
+        return false;
+    }
+    match private {
+        Some(false) => true,
+        Some(true) => private_allowed,
+        None => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_context_channel_is_read_only_where_the_policy_would_answer() {
+        use super::context_readable as r;
+        assert!(r(false, false, false, Some(false)), "a public channel");
+        assert!(!r(false, false, false, Some(true)), "a private one, denied");
+        assert!(r(false, false, true, Some(true)), "a private one, allowed");
+        assert!(!r(false, false, true, None), "kind unknown");
+        assert!(!r(false, true, true, Some(false)), "not on the allow-list");
+        assert!(r(true, true, false, Some(true)), "allow-listed by name");
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -306,7 +306,7 @@ impl Handler {
             && threadline_store::assistant::thread(&self.pool, inst, &ctx.channel_id, &ctx.root_ts)
                 .await?
                 .is_some();
-        if pane && let Err(e) = self.announce_progress(id).await {
+        if pane && let Err(e) = self.announce(id, false).await {
             tracing::warn!(
                 error = format!("{e:#}"),
                 "announcing progress failed; none shown"
@@ -330,7 +330,7 @@ impl Handler {
             Some(st) if stream_here => {
                 // The publisher may start the stream now: the decision is
                 // named before the first word exists.
-                if let Err(e) = self.announce(id).await {
+                if let Err(e) = self.announce(id, true).await {
                     tracing::warn!(
                         error = format!("{e:#}"),
                         "announcing the stream failed; the answer will be posted whole"
@@ -507,59 +507,45 @@ impl Handler {
         }
     }
 
+    /// Publishes the decision being called, before the model call: as a
+    /// stream to start (`stream`, `Nats-Msg-Id: prop:<decision>:stream`), or
+    /// as progress to show in its assistant thread
+    /// (`prop:<decision>:status`).
+    async fn announce(&self, id: Uuid, stream: bool) -> anyhow::Result<()> {
+        if stream {
+            // (the label first: a stream ended before any word still shows it)
+            threadline_store::streams::release_text(&self.pool, id, "", &self.label).await?;
+        }
+        let d = threadline_store::decisions::load(&self.pool, id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("decision {id} is gone"))?;
+        let mut msg = threadline_store::decisions::proposal(&d);
+        let tag = if stream {
+            msg.stream = true;
+            "stream"
+        } else {
+            msg.assistant = "status".to_owned();
+            "status"
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        threadline_runtime::telemetry::inject_current(&mut headers);
+        let publish = PublishMessage::build()
+            .payload(Bytes::from(msg.encode_to_vec()))
+            .headers(headers)
+            .message_id(threadline_store::decisions::proposal_msg_id(
+                d.id,
+                Some(tag),
+            ));
+        self.js
+            .send_publish(self.topology.subject(Topic::Proposals), publish)
+            .await?
+            .await?;
+        Ok(())
+    }
+
     /// The model chain: primary (behind its breaker), a tested-equivalent
     /// backup, else the deterministic fallback. The built-in model answers
     /// when no endpoint is configured.
-    /// Publishes the decision being called as progress to show in its
-    /// assistant thread (`Nats-Msg-Id: prop:<decision>:status`).
-    async fn announce_progress(&self, id: Uuid) -> anyhow::Result<()> {
-        let d = threadline_store::decisions::load(&self.pool, id)
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("decision {id} is gone"))?;
-        let mut msg = threadline_store::decisions::proposal(&d);
-        msg.assistant = "status".to_owned();
-        let mut headers = async_nats::HeaderMap::new();
-        threadline_runtime::telemetry::inject_current(&mut headers);
-        let publish = PublishMessage::build()
-            .payload(Bytes::from(msg.encode_to_vec()))
-            .headers(headers)
-            .message_id(threadline_store::decisions::proposal_msg_id(
-                d.id,
-                Some("status"),
-            ));
-        self.js
-            .send_publish(self.topology.subject(Topic::Proposals), publish)
-            .await?
-            .await?;
-        Ok(())
-    }
-
-    /// Publishes the decision being called as a stream to start
-    /// (`Nats-Msg-Id: prop:<decision>:stream`).
-    async fn announce(&self, id: Uuid) -> anyhow::Result<()> {
-        // (the label first: a stream ended before any word still shows it)
-        threadline_store::streams::release_text(&self.pool, id, "", &self.label).await?;
-        let d = threadline_store::decisions::load(&self.pool, id)
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("decision {id} is gone"))?;
-        let mut msg = threadline_store::decisions::proposal(&d);
-        msg.stream = true;
-        let mut headers = async_nats::HeaderMap::new();
-        threadline_runtime::telemetry::inject_current(&mut headers);
-        let publish = PublishMessage::build()
-            .payload(Bytes::from(msg.encode_to_vec()))
-            .headers(headers)
-            .message_id(threadline_store::decisions::proposal_msg_id(
-                d.id,
-                Some("stream"),
-            ));
-        self.js
-            .send_publish(self.topology.subject(Topic::Proposals), publish)
-            .await?
-            .await?;
-        Ok(())
-    }
-
     async fn ask(&self, ctx: &ContextReady, mut releaser: Option<&mut Releaser<'_>>) -> Answer {
         let Some(primary) = &self.primary else {
             let thread: Vec<Read<'_>> = ctx
@@ -574,7 +560,21 @@ impl Handler {
             if !self.builtin_latency.is_zero() {
                 tokio::time::sleep(self.builtin_latency).await;
             }
-            let completion = builtin(&thread, &ctx.source_ts, ctx.thread_version);
+            let mut completion = builtin(&thread, &ctx.source_ts, ctx.thread_version);
+            if !ctx.channel_context.is_empty() {
+                // (what it read of the channel the person is looking at)
+                let read: Vec<String> = ctx
+                    .channel_context
+                    .iter()
+                    .map(|m| format!("{}/{}", m.ts, crate::provider::text_digest(&m.text)))
+                    .collect();
+                completion.text.push_str(&format!(
+                    "; and {} message(s) of channel {}, the one you are looking at: {}",
+                    read.len(),
+                    ctx.context_channel_id,
+                    read.join(" ")
+                ));
+            }
             if let (Some(r), Some(st)) = (releaser, &self.streaming) {
                 // Word by word at the configured pace, as a model writes,
                 // within the model's time limit like any model call (the
@@ -607,7 +607,22 @@ impl Handler {
                 text: &m.text,
             })
             .collect();
-        let messages = prompt::build(&self.system_prompt, &quoted, &ctx.source_ts);
+        let viewing: Vec<Quoted<'_>> = ctx
+            .channel_context
+            .iter()
+            .map(|m| Quoted {
+                role: &m.role,
+                speaker_id: &m.user_id,
+                ts: &m.ts,
+                text: &m.text,
+            })
+            .collect();
+        let messages = prompt::build_viewing(
+            &self.system_prompt,
+            &quoted,
+            &ctx.source_ts,
+            (!viewing.is_empty()).then_some((ctx.context_channel_id.as_str(), viewing.as_slice())),
+        );
         let mut last = "provider_error";
         for g in std::iter::once(primary).chain(self.backup.as_ref()) {
             if !g.breaker.admit() {

@@ -161,3 +161,61 @@ pub async fn outcome(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Outco
         others_calling: r.others_calling,
     }))
 }
+
+/// Whether `channel` is on the installation's allow-list.
+pub async fn channel_allowed(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+) -> sqlx::Result<bool> {
+    Ok(sqlx::query_scalar!(
+        "SELECT allowed FROM channel_policies WHERE installation_id = $1 AND channel_id = $2",
+        installation,
+        channel
+    )
+    .fetch_optional(pool)
+    .await?
+    .unwrap_or(false))
+}
+
+/// Records whether the thread's context channel may be read (the channel
+/// policy would answer there).
+pub async fn set_context_readable(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    thread_ts: &str,
+    readable: bool,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE assistant_threads SET context_readable = $4, updated_at = now()
+          WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3",
+        installation,
+        channel,
+        thread_ts,
+        readable
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The context channel of an assistant thread, when one is recorded and
+/// may be read.
+pub async fn readable_context(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    thread_ts: &str,
+) -> sqlx::Result<Option<String>> {
+    Ok(sqlx::query_scalar!(
+        "SELECT context_channel_id FROM assistant_threads
+          WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3 AND context_readable",
+        installation,
+        channel,
+        thread_ts
+    )
+    .fetch_optional(pool)
+    .await?
+    .flatten())
+}
