@@ -370,11 +370,79 @@ async fn the_channel_the_person_looks_at_is_read_only_where_the_policy_would_ans
         "nothing of a denied channel: {text}"
     );
     assert!(!text.contains(&hidden));
-    let reads = sim_get(
+    // A Slack Connect channel (public, shared with another organisation),
+    // where the policy does not allow shared channels: not read either.
+    let connect = sim_ctl(
         &s.sim,
-        &format!("calls?method=conversations.history&channel={secret}"),
+        "channels",
+        json!({"team_id": s.team, "name": "partners", "kind": "public", "is_ext_shared": true,
+               "members": [s.user, s.bot_user]}),
+    )
+    .await["id"]
+        .as_str()
+        .expect("channel")
+        .to_owned();
+    // Back to the public channel, but the installation now answers only in
+    // allow-listed channels: the policy as it is now decides, so not read.
+    let env = [("DATABASE_URL", s.db.url.clone())];
+    let inst = first_installation(&s).await;
+    let only = cli(
+        &[
+            "policy",
+            "set",
+            "--installation",
+            &inst,
+            "--allowlist-only",
+            "on",
+        ],
+        &env,
     )
     .await;
-    assert_eq!(reads["calls"], json!([]), "Slack was never asked for it");
+    assert!(only.status.success());
+    for (look_at, question) in [
+        (&connect, "and in partners?"),
+        (&s.channel, "and in ops now?"),
+    ] {
+        sim_ctl(
+            &s.sim,
+            "act/assistant_context",
+            json!({"channel": dm, "thread_ts": thread, "context_channel": look_at}),
+        )
+        .await;
+        eventually(
+            "the new context recorded",
+            Duration::from_secs(30),
+            || async {
+                let c =
+                    threadline_store::testing::assistant::context_channel(&s.db.pool, &dm, &thread)
+                        .await;
+                (c.flatten().as_deref() == Some(look_at.as_str())).then_some(())
+            },
+        )
+        .await;
+        let asked = s.post_as(&s.user, &dm, question, Some(&thread)).await;
+        let answer = eventually("the answer", Duration::from_secs(30), || async {
+            replies(&s, &dm, &thread).await.into_iter().find(|a| {
+                a["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains(&format!("Answering {asked}")))
+            })
+        })
+        .await;
+        let text = answer["text"].as_str().unwrap_or_default();
+        assert!(!text.contains("of channel"), "{look_at} not read: {text}");
+    }
+    let reads = sim_get(&s.sim, "calls?method=conversations.history").await;
+    let read_channels: Vec<&str> = reads["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["channel"].as_str())
+        .collect();
+    assert_eq!(
+        read_channels,
+        [s.channel.as_str()],
+        "only the first question read a channel"
+    );
     s.stop().await;
 }

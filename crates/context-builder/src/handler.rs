@@ -616,9 +616,11 @@ impl Handler {
     const VIEWED_MESSAGES: usize = 10;
 
     /// The channel the person is looking at and its latest messages by
-    /// people (oldest first), when the thread is an assistant thread whose
-    /// context channel may be read; nothing otherwise, or when Slack does
-    /// not answer (the question is answered without them).
+    /// people (oldest first), when the thread is an assistant thread and the
+    /// channel policy, as it is now, would answer in that channel (decided
+    /// for each question, from the allow-list and a fresh
+    /// `conversations.info`: private, Slack Connect); nothing otherwise, or
+    /// when Slack does not answer (the question is answered without them).
     async fn viewed_channel(
         &self,
         inst: &Installation,
@@ -626,13 +628,14 @@ impl Handler {
         root: &str,
     ) -> (String, Vec<ContextMessage>) {
         let none = (String::new(), Vec::new());
-        let viewed = match threadline_store::assistant::readable_context(
+        let viewed = match threadline_store::assistant::context_channel(
             &self.pool, inst.id, channel, root,
         )
         .await
         {
-            Ok(Some(c)) => c,
-            Ok(None) => return none,
+            // (never another DM)
+            Ok(Some(c)) if !c.starts_with('D') => c,
+            Ok(_) => return none,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the pane's context failed; answered without it");
                 return none;
@@ -641,6 +644,23 @@ impl Handler {
         let Ok(Some(token)) = self.bot_token(inst).await else {
             return none;
         };
+        let readable = match self.viewable(inst, token.expose_secret(), &viewed).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "the policy of the channel the person looks at is unknown; not read");
+                false
+            }
+        };
+        if let Err(e) = threadline_store::assistant::set_context_readable(
+            &self.pool, inst.id, channel, root, readable,
+        )
+        .await
+        {
+            tracing::warn!(error = %e, "recording the pane context's readability failed");
+        }
+        if !readable {
+            return none;
+        }
         let limit = Self::VIEWED_MESSAGES.to_string();
         let read = self
             .web
@@ -679,6 +699,43 @@ impl Handler {
         messages.reverse();
         metrics::counter!("threadline_assistant_context_reads_total").increment(1);
         (viewed, messages)
+    }
+
+    /// Whether the channel policy, as it is now, would answer in `viewed`.
+    async fn viewable(
+        &self,
+        inst: &Installation,
+        token: &str,
+        viewed: &str,
+    ) -> anyhow::Result<bool> {
+        if threadline_store::assistant::channel_allowed(&self.pool, inst.id, viewed).await? {
+            return Ok(true);
+        }
+        let v = self
+            .web
+            .call("conversations.info", token, &[("channel", viewed)])
+            .await?;
+        let c = v.get("channel");
+        let flag = |k: &str| {
+            c.and_then(|c| c.get(k))
+                .and_then(serde_json::Value::as_bool)
+        };
+        let private = match (flag("is_private"), flag("is_im"), flag("is_mpim")) {
+            (None, None, None) => None,
+            (p, im, mpim) => {
+                Some(p.unwrap_or(false) || im.unwrap_or(false) || mpim.unwrap_or(false))
+            }
+        };
+        // (Slack leaves `is_ext_shared` out of a channel that is not)
+        let ext_shared = flag("is_ext_shared").or(private.map(|_| false));
+        Ok(assistant::context_readable(
+            false,
+            inst.allowlist_only,
+            inst.private_allowed,
+            inst.shared_allowed,
+            private,
+            ext_shared,
+        ))
     }
 
     /// The assistant pane opened (`assistant_thread_started`) or its
@@ -726,33 +783,6 @@ impl Handler {
             started,
         )
         .await?;
-        // The channel the person looks at is read with their questions only
-        // where the channel policy would answer (never another DM).
-        if let Some(ctx) = t.context_channel.as_ref().map(|c| c.as_str())
-            && !ctx.starts_with('D')
-        {
-            let allow_listed =
-                threadline_store::assistant::channel_allowed(&self.pool, inst.id, ctx).await?;
-            let private = if allow_listed {
-                None
-            } else {
-                self.channel_kind(inst, ctx).await?
-            };
-            let readable = assistant::context_readable(
-                allow_listed,
-                inst.allowlist_only,
-                inst.private_allowed,
-                private,
-            );
-            threadline_store::assistant::set_context_readable(
-                &self.pool,
-                inst.id,
-                t.channel.as_str(),
-                t.thread_ts.as_str(),
-                readable,
-            )
-            .await?;
-        }
         metrics::counter!("threadline_assistant_events_total", "type" => if started { "started" } else { "context_changed" })
             .increment(1);
         self.end(

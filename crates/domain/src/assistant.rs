@@ -54,19 +54,25 @@ pub fn parse(event: &Value) -> Option<AssistantThread> {
 
 /// Whether the channel a person is looking at may be read as context of
 /// their question: only where the channel policy would answer (allow-listed;
-/// else, unless the installation answers only in allow-listed channels, a
-/// channel known to be public, or a private one where private channels are
-/// allowed). A channel whose kind is not known is not read.
+/// else, unless the installation answers only in allow-listed channels, not
+/// a Slack Connect channel unless those are allowed, and a channel known to
+/// be public, or a private one where private channels are allowed). A
+/// channel whose kind is not known is not read.
 pub fn context_readable(
     allow_listed: bool,
     allowlist_only: bool,
     private_allowed: bool,
+    shared_allowed: bool,
     private: Option<bool>,
+    ext_shared: Option<bool>,
 ) -> bool {
     if allow_listed {
         return true;
     }
     if allowlist_only {
+        return false;
+    }
+    if !shared_allowed && ext_shared != Some(false) {
         return false;
     }
     match private {
@@ -80,13 +86,32 @@ pub fn context_readable(
 mod tests {
     #[test]
     fn a_context_channel_is_read_only_where_the_policy_would_answer() {
-        use super::context_readable as r;
+        let r = |listed, only, private_ok, private| {
+            super::context_readable(listed, only, private_ok, false, private, Some(false))
+        };
         assert!(r(false, false, false, Some(false)), "a public channel");
         assert!(!r(false, false, false, Some(true)), "a private one, denied");
         assert!(r(false, false, true, Some(true)), "a private one, allowed");
         assert!(!r(false, false, true, None), "kind unknown");
         assert!(!r(false, true, true, Some(false)), "not on the allow-list");
         assert!(r(true, true, false, Some(true)), "allow-listed by name");
+        use super::context_readable as full;
+        assert!(
+            !full(false, false, false, false, Some(false), Some(true)),
+            "Slack Connect, denied"
+        );
+        assert!(
+            !full(false, false, false, false, Some(false), None),
+            "Slack Connect unknown"
+        );
+        assert!(
+            full(false, false, false, true, Some(false), Some(true)),
+            "Slack Connect, allowed"
+        );
+        assert!(
+            full(true, false, false, false, Some(true), Some(true)),
+            "allow-listed by name"
+        );
     }
 
     use super::*;

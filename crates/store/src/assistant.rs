@@ -44,6 +44,9 @@ pub async fn record(
            ON CONFLICT (installation_id, channel_id, thread_ts) DO UPDATE
               SET context_channel_id = coalesce(EXCLUDED.context_channel_id, a.context_channel_id),
                   context_team_id = coalesce(EXCLUDED.context_team_id, a.context_team_id),
+                  -- (decided again by the next question)
+                  context_readable = a.context_readable
+                      AND EXCLUDED.context_channel_id IS NOT DISTINCT FROM a.context_channel_id,
                   updated_at = now()
            RETURNING (xmax = 0) AS "new!""#,
         t.installation,
@@ -200,9 +203,9 @@ pub async fn set_context_readable(
     Ok(())
 }
 
-/// The context channel of an assistant thread, when one is recorded and
-/// may be read.
-pub async fn readable_context(
+/// The context channel of an assistant thread, when one is recorded (its
+/// readability is decided by the caller, under the policy as it is now).
+pub async fn context_channel(
     pool: &PgPool,
     installation: Uuid,
     channel: &str,
@@ -210,7 +213,7 @@ pub async fn readable_context(
 ) -> sqlx::Result<Option<String>> {
     Ok(sqlx::query_scalar!(
         "SELECT context_channel_id FROM assistant_threads
-          WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3 AND context_readable",
+          WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3",
         installation,
         channel,
         thread_ts
