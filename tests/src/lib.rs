@@ -860,6 +860,37 @@ impl Stack {
         spawn_service(&bin, &setting, &env).await
     }
 
+    /// Switches the app to Socket Mode and starts a gateway replica that
+    /// holds two connections to slack-sim (the HTTP gateway gets no events
+    /// any more); the replica, once its connections are open or 30 s passed.
+    pub async fn spawn_socket_gateway(&self) -> Proc {
+        sim_ctl(
+            &self.sim,
+            &format!("apps/{}/socket_mode", self.app),
+            serde_json::json!({"enabled": true}),
+        )
+        .await;
+        let gateway = self
+            .spawn_replica(
+                0,
+                &[
+                    ("THREADLINE_SOCKET_MODE", "true".to_owned()),
+                    ("SLACK_APP_TOKEN", self.app_token.clone()),
+                    ("THREADLINE_SOCKET_CONNECTIONS", "2".to_owned()),
+                ],
+            )
+            .await;
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            let v = sim_get(&self.sim, &format!("socket?app_id={}", self.app)).await;
+            if v["connections"].as_array().is_some_and(|c| c.len() >= 2) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        gateway
+    }
+
     /// The settings service `i` was started with.
     fn env_of(&self, i: usize) -> Vec<(&str, String)> {
         self.env

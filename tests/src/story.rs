@@ -806,22 +806,7 @@ fn plural(n: i64, one: &str, many: &str) -> String {
 /// both connections, still give one receipt per event and one answer.
 async fn socket_mode(t: &Teller<'_>) -> Chapter {
     let s = t.s;
-    sim_ctl(
-        &s.sim,
-        &format!("apps/{}/socket_mode", s.app),
-        json!({"enabled": true}),
-    )
-    .await;
-    let gateway = s
-        .spawn_replica(
-            0,
-            &[
-                ("THREADLINE_SOCKET_MODE", "true".to_owned()),
-                ("SLACK_APP_TOKEN", s.app_token.clone()),
-                ("THREADLINE_SOCKET_CONNECTIONS", "2".to_owned()),
-            ],
-        )
-        .await;
+    let gateway = s.spawn_socket_gateway().await;
     let socket = || async { sim_get(&s.sim, &format!("socket?app_id={}", s.app)).await };
     let connected = until(Duration::from_secs(20), || async {
         (socket().await["connections"].as_array()?.len() >= 2).then_some(())

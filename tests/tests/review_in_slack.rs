@@ -137,6 +137,30 @@ async fn wait_requests(r: &Review, n: usize) -> Vec<Value> {
     .await
 }
 
+/// The person asks the question the model answers riskily; the thread's
+/// root, and the review request that follows with its ts.
+async fn ask(r: &Review) -> (String, Value, String) {
+    let root =
+        r.s.post(
+            &format!("<@{}> how do I fix the backlog?", r.s.bot_user),
+            None,
+        )
+        .await;
+    let req = wait_requests(r, 1).await.remove(0);
+    let ts = req["ts"].as_str().expect("ts").to_owned();
+    (root, req, ts)
+}
+
+/// The gateway's `/metrics` text.
+async fn gateway_metrics(r: &Review) -> String {
+    reqwest::get(format!("{}/metrics", r.s.services[0].base_url))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
 fn has_buttons(m: &Value) -> bool {
     m["blocks"]
         .as_array()
@@ -207,14 +231,7 @@ fn decision_of(m: &Value) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_review_by_button_posts_once_under_double_clicks_and_refuses_a_non_reviewer() {
     let r = review_stack().await;
-    let root =
-        r.s.post(
-            &format!("<@{}> how do I fix the backlog?", r.s.bot_user),
-            None,
-        )
-        .await;
-    let req = wait_requests(&r, 1).await.remove(0);
-    let ts = req["ts"].as_str().expect("ts").to_owned();
+    let (root, req, ts) = ask(&r).await;
     let decision = decision_of(&req);
     let shown = shown_text(&req);
     assert!(has_buttons(&req), "{req}");
@@ -257,12 +274,7 @@ async fn a_review_by_button_posts_once_under_double_clicks_and_refuses_a_non_rev
     assert!(!has_buttons(&done));
     // Both clicks reached the gateway: one recorded the approval, the
     // other found it approved; the request was updated once.
-    let metrics = reqwest::get(format!("{}/metrics", r.s.services[0].base_url))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = gateway_metrics(&r).await;
     let clicks = |outcome: &str| {
         metrics
             .lines()
@@ -325,14 +337,7 @@ async fn a_review_by_button_posts_once_under_double_clicks_and_refuses_a_non_rev
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_that_went_stale_in_review_is_not_posted_and_the_request_says_so() {
     let r = review_stack().await;
-    let root =
-        r.s.post(
-            &format!("<@{}> how do I fix the backlog?", r.s.bot_user),
-            None,
-        )
-        .await;
-    let first = wait_requests(&r, 1).await.remove(0);
-    let ts = first["ts"].as_str().expect("ts").to_owned();
+    let (root, first, ts) = ask(&r).await;
     let decision = decision_of(&first);
     // The thread moves on while the answer waits.
     r.s.post("never mind, the queue drained on its own", Some(&root))
@@ -399,14 +404,7 @@ async fn an_answer_that_went_stale_in_review_is_not_posted_and_the_request_says_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_clicks_are_refused_and_the_cli_shares_the_path() {
     let r = review_stack().await;
-    let root =
-        r.s.post(
-            &format!("<@{}> how do I fix the backlog?", r.s.bot_user),
-            None,
-        )
-        .await;
-    let req = wait_requests(&r, 1).await.remove(0);
-    let ts = req["ts"].as_str().expect("ts").to_owned();
+    let (root, req, ts) = ask(&r).await;
     let decision = decision_of(&req);
     let gateway = format!("{}/slack/interactions", r.s.services[0].base_url);
     let signed = |payload: Value| {
@@ -478,12 +476,7 @@ async fn forged_clicks_are_refused_and_the_cli_shares_the_path() {
         "review",
         "no forged click counted"
     );
-    let metrics = reqwest::get(format!("{}/metrics", r.s.services[0].base_url))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = gateway_metrics(&r).await;
     for outcome in [
         "not_the_request",
         "other_installation",
@@ -540,14 +533,7 @@ async fn a_review_request_whose_answer_was_lost_is_found_not_posted_twice() {
                "latency_ms": 20000}),
     )
     .await;
-    let root =
-        r.s.post(
-            &format!("<@{}> how do I fix the backlog?", r.s.bot_user),
-            None,
-        )
-        .await;
-    let req = wait_requests(&r, 1).await.remove(0);
-    let ts = req["ts"].as_str().expect("ts").to_owned();
+    let (root, req, ts) = ask(&r).await;
     eventually(
         "the request is found in the channel's history",
         Duration::from_secs(30),

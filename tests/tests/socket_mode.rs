@@ -15,22 +15,7 @@ use threadline_tests::{Proc, Stack, sim_ctl, sim_get};
 /// holds two connections; the HTTP gateway gets no events any more.
 async fn socket_stack() -> (Stack, Proc) {
     let s = Stack::start(&[]).await;
-    sim_ctl(
-        &s.sim,
-        &format!("apps/{}/socket_mode", s.app),
-        json!({"enabled": true}),
-    )
-    .await;
-    let gateway = s
-        .spawn_replica(
-            0,
-            &[
-                ("THREADLINE_SOCKET_MODE", "true".to_owned()),
-                ("SLACK_APP_TOKEN", s.app_token.clone()),
-                ("THREADLINE_SOCKET_CONNECTIONS", "2".to_owned()),
-            ],
-        )
-        .await;
+    let gateway = s.spawn_socket_gateway().await;
     eventually("two connections open", Duration::from_secs(30), || async {
         let v = log(&s).await;
         (v["connections"].as_array()?.len() >= 2).then_some(())
