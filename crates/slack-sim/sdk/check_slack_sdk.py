@@ -4,7 +4,8 @@ streams a reply through chat.startStream / appendStream / stopStream the way
 it does against Slack, its conversations_history (and its cursor paging)
 reads the channel, and its SignatureVerifier accepts slack-sim's Events API
 deliveries and a button click's block_actions form (and refuses it
-tampered), and its Socket Mode client connects through apps.connections.open,
+tampered), its WebhookClient answers the click through the payload's
+response_url, and its Socket Mode client connects through apps.connections.open,
 receives an events_api envelope and acknowledges it. Run by scripts/sdk-check.sh against a running slack-sim:
 
     python check_slack_sdk.py http://127.0.0.1:PORT
@@ -26,6 +27,7 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.socket_mode import SocketModeClient
 from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
+from slack_sdk.webhook import WebhookClient
 
 BASE = sys.argv[1].rstrip("/")
 checks = []
@@ -225,6 +227,37 @@ check(payload["container"]["message_ts"] == button_ts and payload["user"]["id"] 
       and payload["api_app_id"] == app["id"], "the payload names the message, the person and the app")
 check("metadata" not in payload["message"], "the payload's message leaves the metadata out")
 check(get("interactions")["interactions"] == [entry], "the interaction log holds the click")
+
+# 7b. The payload's response_url, through the SDK's WebhookClient: an
+#     ephemeral answer for the person who clicked, logged, out of the
+#     history; a replacement of the message; the sixth use refused.
+response_url = payload["response_url"]
+hook = WebhookClient(response_url)
+sent = hook.send(text="Only you see this", response_type="ephemeral")
+check(sent.status_code == 200 and json.loads(sent.body) == {"ok": True},
+      f"WebhookClient.send to the response_url: 200 ok ({sent.status_code} {sent.body})")
+url_id = response_url.rstrip("/").split("/")[-2]
+uses = get(f"responses?url_id={url_id}")["responses"]
+check(len(uses) == 1 and uses[0]["result"] == "ok" and uses[0]["response_type"] == "ephemeral"
+      and uses[0]["user"] == user and uses[0]["channel"] == channel
+      and uses[0]["message_ts"] == button_ts and uses[0]["text"] == "Only you see this",
+      f"the response log holds the ephemeral answer ({uses})")
+eph = get(f"ephemerals?channel={channel}")["ephemerals"]
+check([(e["user"], e["text"]) for e in eph] == [(user, "Only you see this")],
+      "the ephemeral shows to the person who clicked only")
+check(button_ts in [m["ts"] for m in client.conversations_history(channel=channel)["messages"]]
+      and all(m.get("text") != "Only you see this" for m in client.conversations_history(channel=channel)["messages"]),
+      "the ephemeral is not in conversations_history")
+sent = hook.send(text="Shipped", replace_original=True)
+check(sent.status_code == 200, f"WebhookClient.send(replace_original=True): 200 ({sent.status_code})")
+now = client.conversations_history(channel=channel, latest=button_ts, inclusive=True, limit=1)["messages"][0]
+check(now["ts"] == button_ts and now["text"] == "Shipped" and "edited" in now,
+      "replace_original replaces the message in place")
+for i in range(3):
+    hook.send(text=f"again {i}")
+sent = hook.send(text="one too many")
+check(sent.status_code == 404 and json.loads(sent.body) == {"ok": False, "error": "used_url"},
+      f"the sixth use is refused with used_url ({sent.status_code} {sent.body})")
 
 # 8. Socket Mode: the SDK's own client (the builtin one) opens a connection
 #    with the app-level token through apps.connections.open, gets a

@@ -77,6 +77,7 @@ pub struct SettingsReq {
     assistant_status_timeout_ms: Option<u64>,
     reorder_window: Option<usize>,
     socket_ticket_ttl_ms: Option<u64>,
+    response_url_ttl_ms: Option<u64>,
 }
 
 pub async fn settings(State(sim): State<Sim>, Json(r): Json<SettingsReq>) -> ApiResult {
@@ -117,6 +118,9 @@ pub async fn settings(State(sim): State<Sim>, Json(r): Json<SettingsReq>) -> Api
     }
     if let Some(v) = r.socket_ticket_ttl_ms {
         s.socket_ticket_ttl_ms = v;
+    }
+    if let Some(v) = r.response_url_ttl_ms {
+        s.response_url_ttl_ms = v;
     }
     Ok(Json(serde_json::to_value(&w.settings).unwrap_or_default()))
 }

@@ -19,8 +19,12 @@
 //! Chosen where Slack documents nothing: a block posted without a
 //! `block_id` (Slack generates one when the message is posted; the emulator
 //! keeps blocks as posted) gets one derived from the message's `ts` and the
-//! block's place, the same at every click; the `response_url` names the
-//! emulator but is not served.
+//! block's place, the same at every click.
+//!
+//! Every payload carries a `response_url` on the emulator, issued for the
+//! click (its app, channel, message and person) and served by
+//! [`crate::response_url`]: the app answers the person through it, up to 5
+//! times within 30 minutes.
 
 use std::time::{Duration, Instant};
 
@@ -223,15 +227,18 @@ pub fn prepare(w: &mut World, r: &ClickReq, host: &str) -> Result<Outgoing, Refu
         w.rng.next_u64() % 10_000_000_000_000,
         w.rng.hex(32)
     );
-    let response_url = format!(
-        "http://{host}/actions/{}/{}/{}",
+    let response_url = crate::response_url::issue(
+        w,
+        host,
         if org_wide {
-            install.team_id.clone()
+            &install.team_id
         } else {
-            channel.team_id.clone()
+            &channel.team_id
         },
-        w.rng.next_u64() % 10_000_000_000_000,
-        w.rng.id("", 24)
+        &app.id,
+        &channel.id,
+        &msg.ts,
+        &user.id,
     );
     let payload = json!({
         "type": "block_actions",

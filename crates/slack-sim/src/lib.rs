@@ -3,7 +3,8 @@
 //!
 //! * Events API (Slack → app): signed deliveries with Slack's retry rules.
 //! * Interactivity (Slack → app): a person's click on a button of an app's
-//!   message, sent signed as a `block_actions` payload, once.
+//!   message, sent signed as a `block_actions` payload, once; its
+//!   `response_url` (`/actions/…`) takes the app's answer.
 //! * Socket Mode: an app's WebSocket connections (`apps.connections.open`)
 //!   carry its events and interactions as envelopes it acknowledges.
 //! * Web API (app → Slack) under `/api/`: the methods bots use, with Slack's
@@ -19,6 +20,7 @@ pub mod delivery;
 pub mod events;
 pub mod interactivity;
 pub mod model;
+pub mod response_url;
 pub mod socket;
 pub mod streams;
 pub mod webapi;
@@ -62,6 +64,7 @@ pub fn router(sim: Sim) -> Router {
     Router::new()
         .route("/api/{method}", post(webapi::api).get(webapi::api))
         .route("/socket/{ticket}", get(socket::connect))
+        .route("/actions/{team}/{n}/{secret}", post(response_url::respond))
         .route("/oauth/v2/authorize", get(control::authorize))
         .route("/_sim/reset", post(control::reset))
         .route("/_sim/settings", post(control::settings))
@@ -120,6 +123,8 @@ pub fn router(sim: Sim) -> Router {
         .route("/_sim/calls", get(control::calls))
         .route("/_sim/deliveries", get(control::deliveries))
         .route("/_sim/interactions", get(control::interactions))
+        .route("/_sim/responses", get(response_url::log))
+        .route("/_sim/ephemerals", get(response_url::ephemerals))
         .route("/_sim/socket", get(socket::log))
         .route("/_sim/socket/disconnect", post(socket::disconnect))
         .route("/_sim/app_posts", get(control::app_posts))

@@ -254,6 +254,26 @@ pub struct Message {
     pub stream: Option<Stream>,
 }
 
+/// An ephemeral message: shown to one person in a conversation, never in
+/// its history and never announced by events.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ephemeral {
+    pub channel: String,
+    /// The one person who sees it.
+    pub user: String,
+    pub ts: String,
+    /// The thread it shows in, if any.
+    pub thread_ts: Option<String>,
+    pub text: String,
+    pub blocks: Option<Value>,
+    /// The app and bot it shows as from.
+    pub app_id: String,
+    pub bot_id: String,
+    /// How it was sent: `response_url`.
+    pub via: String,
+    pub created_at_micros: u64,
+}
+
 /// How a streamed message went, for inspection (never in Web API answers).
 #[derive(Debug, Clone, Serialize)]
 pub struct Stream {
@@ -570,6 +590,9 @@ pub struct Settings {
     /// How long a Socket Mode URL from `apps.connections.open` can be
     /// connected to (once).
     pub socket_ticket_ttl_ms: u64,
+    /// How long an interaction's `response_url` answers (Slack: 30
+    /// minutes; it also takes at most 5 uses).
+    pub response_url_ttl_ms: u64,
 }
 
 impl Default for Settings {
@@ -586,6 +609,7 @@ impl Default for Settings {
             assistant_status_timeout_ms: 120_000,
             reorder_window: 0,
             socket_ticket_ttl_ms: 30_000,
+            response_url_ttl_ms: 30 * 60 * 1000,
         }
     }
 }
@@ -634,6 +658,10 @@ pub struct World {
     /// Socket Mode: tickets, open connections, envelopes awaiting acks,
     /// and the log of every connection.
     pub socket: crate::socket::SocketState,
+    /// The `response_url`s issued with interactions, and every use of one.
+    pub responses: crate::response_url::ResponseState,
+    /// Ephemeral messages, oldest first.
+    pub ephemerals: Vec<Ephemeral>,
 }
 
 impl World {
@@ -662,6 +690,8 @@ impl World {
             open_streams: BTreeSet::new(),
             assistant: BTreeMap::new(),
             socket: Default::default(),
+            responses: Default::default(),
+            ephemerals: Vec::new(),
         }
     }
 
