@@ -203,6 +203,20 @@ async fn no_envelope_is_acknowledged_before_its_receipt_is_committed() {
             .expect("receipts");
         assert_eq!(n, 1, "one receipt for {id}");
     }
+    // The envelopes sent again are counted as Slack's retries, by the reason
+    // Socket Mode gives.
+    let metrics = reqwest::get(format!("{}/metrics", gateway.base_url))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("threadline_gateway_slack_retries_total{reason=\"timeout\"}")),
+        "{metrics}"
+    );
     gateway.kill().await;
     s.stop().await;
 }

@@ -257,6 +257,7 @@ impl GatewayConfig {
                     })?,
                     connections: src.bounded("THREADLINE_SOCKET_CONNECTIONS", 2, 1..=10)? as usize,
                     allow_plain,
+                    open: Default::default(),
                 }),
             },
         })

@@ -291,10 +291,12 @@ async fn record_rejection(
     r
 }
 
-/// The reasons Slack documents for retrying a delivery. The header is not
-/// covered by the signature, so anything else is `other`: a replayed
+/// The reasons Slack documents for retrying a delivery (and `timeout`,
+/// its reason for an envelope sent again over Socket Mode). The header is
+/// not covered by the signature, so anything else is `other`: a replayed
 /// delivery cannot mint metric series or stored values.
-const RETRY_REASONS: [&str; 6] = [
+const RETRY_REASONS: [&str; 7] = [
+    "timeout",
     "http_timeout",
     "too_many_redirects",
     "connection_failed",

@@ -166,6 +166,21 @@ pub async fn run(
     if let Some(nats) = &nats {
         readiness = readiness.nats(nats.clone());
     }
+    // A Socket Mode gateway takes events only over its connections: it is
+    // ready once one of them is open.
+    if let Some(mode) = &cfg.socket_mode {
+        let open = mode.open.clone();
+        readiness = readiness.check("socket_mode", move || {
+            let n = open.load(std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if n > 0 {
+                    Ok(())
+                } else {
+                    Err("no Socket Mode connection is open".to_owned())
+                }
+            }
+        });
+    }
     let oauth = match &cfg.oauth {
         Some(o) => Some(oauth::OAuthState {
             pool: pool.clone(),

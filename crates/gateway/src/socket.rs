@@ -40,6 +40,9 @@ pub struct SocketMode {
     /// Whether a `ws://` URL (no TLS) is accepted: only when the Web API
     /// itself is plain HTTP (a local emulator).
     pub allow_plain: bool,
+    /// Connections open now (Slack said `hello` on them): the gateway is
+    /// ready once one is.
+    pub open: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl std::fmt::Debug for SocketMode {
@@ -192,6 +195,8 @@ async fn connect_and_serve(
     metrics::gauge!("threadline_socket_connections").increment(1.0);
     let _open = scopeguard(|| metrics::gauge!("threadline_socket_connections").decrement(1.0));
     let mut greeted = false;
+    // (counted open from `hello` until this connection is given up)
+    let mut counted = None;
     loop {
         let next = tokio::select! {
             n = tokio::time::timeout(IDLE, stream.next()) => n,
@@ -231,6 +236,13 @@ async fn connect_and_serve(
         match v.get("type").and_then(Value::as_str).unwrap_or("") {
             "hello" => {
                 greeted = true;
+                if counted.is_none() {
+                    let open = mode.open.clone();
+                    open.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    counted = Some(scopeguard(move || {
+                        open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    }));
+                }
                 tracing::info!(slot, "socket mode connection ready");
             }
             "disconnect" => {
