@@ -215,6 +215,20 @@ async fn click_without_button(r: &Review, user: &str, ts: &str, action: &str) {
     assert!(late.status().is_client_error(), "{}", late.status());
 }
 
+/// What only `user` sees (ephemeral messages), once there are `n`.
+async fn ephemerals_of(r: &Review, user: &str, n: usize) -> Vec<Value> {
+    eventually(
+        &format!("{n} ephemeral message(s) for {user}"),
+        Duration::from_secs(20),
+        || async move {
+            let v = sim_get(&r.s.sim, &format!("ephemerals?user={user}")).await;
+            let e = v["ephemerals"].as_array().cloned().unwrap_or_default();
+            (e.len() >= n).then_some(e)
+        },
+    )
+    .await
+}
+
 fn decision_of(m: &Value) -> String {
     m["blocks"]
         .as_array()
@@ -251,6 +265,21 @@ async fn a_review_by_button_posts_once_under_double_clicks_and_refuses_a_non_rev
     assert!(r.s.answers(&root).await.is_empty());
     let updates = sim_get(&r.s.sim, "calls?method=chat.update").await;
     assert_eq!(updates["calls"], json!([]), "the request is unchanged");
+    // Only they are told why, through the click's response_url.
+    let told = ephemerals_of(&r, &r.other, 1).await;
+    assert!(
+        told[0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("reviewers") && t.contains("not counted")),
+        "{told:?}"
+    );
+    assert_eq!(told[0]["channel"], json!(r.channel));
+    assert!(
+        !requests(&r).await.iter().any(|m| m["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("not counted"))),
+        "nothing said in the channel"
+    );
 
     // The reviewer clicks Approve twice at once.
     let (a, b) = tokio::join!(
@@ -272,6 +301,17 @@ async fn a_review_by_button_posts_once_under_double_clicks_and_refuses_a_non_rev
     )
     .await;
     assert!(!has_buttons(&done));
+    // The click that came second is told it changed nothing; the reviewer
+    // whose click counted is told nothing.
+    let told = ephemerals_of(&r, &r.reviewer, 1).await;
+    assert!(
+        told[0]["text"].as_str().is_some_and(
+            |t| t.contains("already approved") && t.ends_with("your click changed nothing.")
+        ),
+        "{told:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(ephemerals_of(&r, &r.reviewer, 1).await.len(), 1);
     // Both clicks reached the gateway: one recorded the approval, the
     // other found it approved; the request was updated once.
     let metrics = gateway_metrics(&r).await;
@@ -330,10 +370,11 @@ async fn a_review_by_button_posts_once_under_double_clicks_and_refuses_a_non_rev
     r.s.stop().await;
 }
 
-/// A proposal whose thread moved on while it waited for review is not
-/// posted when approved: the request says so, the thread is reconsidered
-/// (the new answer is asked about in a request of its own), and a
-/// rejection of that one posts nothing and says who rejected it.
+/// A proposal whose thread moved on while it waited for review is
+/// discarded without anyone clicking: the request says so and loses its
+/// buttons, the thread is reconsidered (the new answer is asked about in a
+/// request of its own), and a rejection of that one posts nothing and says
+/// who rejected it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_that_went_stale_in_review_is_not_posted_and_the_request_says_so() {
     let r = review_stack().await;
@@ -357,18 +398,16 @@ async fn an_answer_that_went_stale_in_review_is_not_posted_and_the_request_says_
         },
     )
     .await;
-    let c = click(&r, &r.reviewer, &ts, APPROVE_ACTION).await;
-    assert_eq!(c["status"], 200, "{c}");
+    // Nobody clicks: the request says what became of the answer.
     wait_outcome(
         &r,
         &ts,
-        &format!(
-            "Approved by <@{}>, but the thread changed while this waited for review: not posted.",
-            r.reviewer
-        ),
+        "The thread changed while this waited for review: not posted. The thread is being reconsidered.",
     )
     .await;
     assert_eq!(status(&r, &decision).await, "stale");
+    // The old request has no buttons left to approve it with.
+    click_without_button(&r, &r.reviewer, &ts, APPROVE_ACTION).await;
     // Reconsidered: the answer to the thread as it is now waits again.
     let second = eventually(
         "a request for the reconsidered answer",

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeSet;
 
-use threadline_domain::state::{DecisionStatus, IntentState, Machine, ReceiptState};
+use threadline_domain::state::{
+    DecisionStatus, IntentState, Machine, ReceiptState, ReviewRequestState,
+};
 use threadline_testkit::TestDb;
 
 /// The quoted names in a `CHECK (col IN ('a', 'b'))` constraint (Postgres
@@ -41,5 +43,9 @@ async fn the_machines_and_the_check_constraints_name_the_same_states() {
     assert_eq!(
         allowed(&db, "reply_intents_state_check").await,
         states::<IntentState>()
+    );
+    assert_eq!(
+        allowed(&db, "review_messages_state_check").await,
+        states::<ReviewRequestState>()
     );
 }

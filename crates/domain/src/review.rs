@@ -20,6 +20,38 @@ pub struct Click {
     pub approve: bool,
     /// The decision the request is for (the button's value, unparsed).
     pub decision: String,
+    /// Where Slack takes a reply to the person who clicked, if it gave one
+    /// (see [`response_url_allowed`] before following it).
+    pub response_url: Option<String>,
+}
+
+/// Slack's host for `response_url`s.
+pub const SLACK_HOOKS_ORIGIN: &str = "https://hooks.slack.com";
+
+/// `scheme://authority` of an absolute http(s) URL.
+fn origin(url: &str) -> Option<&str> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    if authority.is_empty() || authority.contains('@') {
+        return None;
+    }
+    Some(&url[..url.len() - rest.len() + authority.len()])
+}
+
+/// Whether a click's `response_url` may be followed: only to Slack's own
+/// hooks host over TLS, or to the configured Web API's own origin (an
+/// emulator). The payload is Slack's, but a reply carrying text is never
+/// sent anywhere else on its say-so.
+pub fn response_url_allowed(url: &str, web_api_url: &str) -> bool {
+    let Some(o) = origin(url) else {
+        return false;
+    };
+    o.eq_ignore_ascii_case(SLACK_HOOKS_ORIGIN)
+        || origin(web_api_url).is_some_and(|api| {
+            o.eq_ignore_ascii_case(api) && !api.eq_ignore_ascii_case("https://slack.com")
+        })
 }
 
 /// What an interactivity request is.
@@ -141,6 +173,7 @@ pub fn parse(v: &Value) -> Result<Interaction, InteractionError> {
         message_ts,
         approve,
         decision,
+        response_url: s("/response_url").map(str::to_owned),
     }))
 }
 
@@ -170,6 +203,41 @@ mod tests {
     }
 
     #[test]
+    fn a_response_url_is_followed_only_to_slack_or_the_configured_api() {
+        let slack = "https://slack.com/api";
+        assert!(response_url_allowed(
+            "https://hooks.slack.com/actions/T0001/1/x",
+            slack
+        ));
+        for refused in [
+            "http://hooks.slack.com/actions/T0001/1/x",
+            "https://hooks.slack.com.evil.example/actions/x",
+            "https://hooks.slack.com@evil.example/actions/x",
+            "https://slack.com/actions/x",
+            "https://evil.example/actions/x",
+            "ftp://hooks.slack.com/x",
+            "hooks.slack.com/actions",
+            "",
+        ] {
+            assert!(!response_url_allowed(refused, slack), "{refused}");
+        }
+        // An emulator as the Web API: its own origin, nothing else.
+        let sim = "http://127.0.0.1:4000/api";
+        assert!(response_url_allowed(
+            "http://127.0.0.1:4000/actions/T1/2/x",
+            sim
+        ));
+        assert!(!response_url_allowed(
+            "http://127.0.0.1:4001/actions/T1/2/x",
+            sim
+        ));
+        assert!(!response_url_allowed(
+            "http://127.0.0.1:4000@evil/actions",
+            sim
+        ));
+    }
+
+    #[test]
     fn a_click_on_a_review_button_is_read_from_the_form() {
         let body =
             serde_urlencoded::to_string([("payload", click(APPROVE_ACTION).to_string())]).unwrap();
@@ -181,6 +249,10 @@ mod tests {
         assert_eq!(c.channel.as_str(), "C0REVIEW");
         assert_eq!(c.message_ts.as_str(), "1700000000.000100");
         assert_eq!(c.decision, "0191-dec");
+        assert_eq!(
+            c.response_url.as_deref(),
+            Some("https://hooks.slack.com/actions/T0001/1/x")
+        );
         assert_eq!(c.key.team_id.as_ref().map(|t| t.as_str()), Some("T0001"));
         assert!(!c.key.is_enterprise_install);
         let Interaction::Review(c) = parse(&click(REJECT_ACTION)).unwrap() else {

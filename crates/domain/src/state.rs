@@ -289,6 +289,38 @@ impl IntentState {
     }
 }
 
+states! {
+    /// A review request (the message a reviewer clicks, DESIGN §4 beside
+    /// the reply intent): claimed like a reply, `posting → posted` with its
+    /// ts, `posting → unknown` when Slack's answer was lost (the review
+    /// channel's history is read before another attempt), `posting →
+    /// failed` when Slack refused it for good. An attempt certainly not
+    /// posted gives its claim back (the row goes).
+    ReviewRequestState, "review request" {
+        Posting = "posting",
+        Posted = "posted",
+        Unknown = "unknown",
+        Failed = "failed",
+    }
+}
+
+impl ReviewRequestState {
+    /// Whether `self → to` is an allowed move ([`Machine::can_become`]).
+    fn allows(self, to: Self) -> bool {
+        use ReviewRequestState::*;
+        match (self, to) {
+            (Posting, Unknown | Failed) => true,
+            // Another attempt: after an unknown outcome, or over an attempt
+            // whose publisher died while posting.
+            (Unknown | Posting, Posting) => true,
+            // A request seen in Slack is recorded, whichever attempt posted
+            // it and whatever a later attempt concluded.
+            (from, Posted) => from != Posted,
+            _ => false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,6 +342,36 @@ mod tests {
         roundtrip::<ReceiptState>();
         roundtrip::<DecisionStatus>();
         roundtrip::<IntentState>();
+        roundtrip::<ReviewRequestState>();
+    }
+
+    #[test]
+    fn a_review_request_is_posted_once_and_never_unposted() {
+        use ReviewRequestState::*;
+        for (from, to) in [
+            (Posting, Posted),
+            (Posting, Unknown),
+            (Posting, Failed),
+            (Unknown, Posting),
+            (Posting, Posting),
+            (Unknown, Posted),
+            (Failed, Posted),
+        ] {
+            assert_eq!(ReviewRequestState::check(from, to), Ok(()), "{from} → {to}");
+        }
+        for (from, to) in [
+            (Posted, Posting),
+            (Posted, Unknown),
+            (Posted, Failed),
+            (Posted, Posted),
+            (Failed, Posting),
+            (Unknown, Failed),
+        ] {
+            assert!(
+                ReviewRequestState::check(from, to).is_err(),
+                "{from} → {to}"
+            );
+        }
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! list, on the decision's own review request; a second click changes
 //! nothing. Slack does not retry interactions: a click that could not be
 //! recorded gets a 503, which Slack shows the person as a failed action,
-//! so they can click again.
+//! so they can click again. A click that was not counted (not a reviewer,
+//! or the answer already decided) is answered, after the 200, with a note
+//! only the person sees, through the click's `response_url`.
 
 use std::time::Instant;
 
@@ -16,8 +18,8 @@ use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use threadline_domain::review::{Interaction, parse_form};
-use threadline_domain::state::Machine as _;
+use threadline_domain::review::{Interaction, parse_form, response_url_allowed};
+use threadline_domain::state::{DecisionStatus, Machine as _};
 use threadline_store::review::{Click, Decided, Verdict, decide};
 use uuid::Uuid;
 
@@ -130,6 +132,8 @@ async fn on(
                 status = status.as_str(),
                 "review click on a decision no longer waiting; nothing changed"
             );
+            app.responder
+                .tell(click.response_url.as_deref(), &already(status));
             "not_waiting"
         }
         Ok(Decided::Refused(why)) => {
@@ -139,6 +143,12 @@ async fn on(
                 user = %click.user.as_str(),
                 "review click not counted"
             );
+            // (a click on something else than the request is no person's
+            // mistake to explain: nothing is said)
+            if why == threadline_store::review::Refusal::NotAReviewer {
+                app.responder
+                    .tell(click.response_url.as_deref(), NOT_A_REVIEWER);
+            }
             why.as_str()
         }
         Ok(Decided::NotFound) => {
@@ -158,4 +168,78 @@ fn unavailable(e: &dyn std::fmt::Display) -> (&'static str, Response) {
         "unavailable",
         StatusCode::SERVICE_UNAVAILABLE.into_response(),
     )
+}
+
+/// What a person who is not on the reviewer list is told.
+pub const NOT_A_REVIEWER: &str = "Only this workspace's threadline reviewers can approve or reject answers, so your click was not counted. Nothing was approved or rejected.";
+
+/// What a click on an answer already decided is told.
+fn already(status: DecisionStatus) -> String {
+    let what = match status {
+        DecisionStatus::Approved => "was already approved",
+        DecisionStatus::Published => "was already approved and posted",
+        DecisionStatus::Rejected => "was already rejected",
+        _ => "is no longer waiting for review",
+    };
+    format!("This answer {what}; your click changed nothing.")
+}
+
+/// Replies to the person who clicked, through the click's `response_url`
+/// (an ephemeral message only they see), after the click was answered.
+/// Best effort: one try, bounded; a URL outside Slack's hooks host (or the
+/// configured Web API's own origin) is not followed.
+#[derive(Clone)]
+pub struct Responder {
+    client: reqwest::Client,
+    web_api_url: String,
+}
+
+impl Responder {
+    pub fn new(web_api_url: &str) -> reqwest::Result<Self> {
+        Ok(Self {
+            client: reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(10))
+                .connect_timeout(std::time::Duration::from_secs(5))
+                .redirect(reqwest::redirect::Policy::none())
+                .build()?,
+            web_api_url: web_api_url.to_owned(),
+        })
+    }
+
+    /// Sends `text` to the person, ephemeral, on a task of its own.
+    pub fn tell(&self, url: Option<&str>, text: &str) {
+        let Some(url) = url else {
+            return;
+        };
+        if !response_url_allowed(url, &self.web_api_url) {
+            tracing::warn!("a click's response_url is not Slack's; not followed");
+            metrics::counter!("threadline_review_click_replies_total", "result" => "refused_url")
+                .increment(1);
+            return;
+        }
+        let (client, url) = (self.client.clone(), url.to_owned());
+        let body = serde_json::json!({
+            "response_type": "ephemeral",
+            "replace_original": false,
+            "text": text,
+        });
+        tokio::spawn(async move {
+            let result = match client.post(&url).json(&body).send().await {
+                Ok(r) if r.status().is_success() => "ok",
+                Ok(r) => {
+                    tracing::warn!(
+                        status = r.status().as_u16(),
+                        "Slack refused the reply to a click"
+                    );
+                    "refused"
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e.without_url(), "replying to a click failed");
+                    "failed"
+                }
+            };
+            metrics::counter!("threadline_review_click_replies_total", "result" => result)
+                .increment(1);
+        });
+    }
 }

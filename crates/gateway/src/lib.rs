@@ -53,6 +53,8 @@ pub struct AppState {
     /// Wakes the outbox relays after a commit outside the intake (a
     /// reviewer's click).
     pub wake: Wake,
+    /// Tells a person whose click was not counted why (its `response_url`).
+    pub responder: interactions::Responder,
 }
 
 /// The gateway's routes: Slack intake, the OAuth install flow (when
@@ -161,6 +163,8 @@ pub async fn run(
         unverified: unverified::Budget::new(cfg.unverified_bytes, cfg.max_body_bytes),
         body_timeout: cfg.body_timeout,
         wake,
+        responder: interactions::Responder::new(&cfg.common.slack_api_url)
+            .context("building the client for click replies")?,
     };
     let mut readiness = Readiness::default().postgres(pool.clone());
     if let Some(nats) = &nats {

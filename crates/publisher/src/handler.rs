@@ -107,6 +107,38 @@ where
     }
 }
 
+/// Hands decision `d`'s thread to reconsideration through the outbox, in
+/// the caller's transaction (the decision was discarded in it, `why`).
+pub(crate) async fn enqueue_reconsider(
+    tx: &mut sqlx::PgConnection,
+    d: &Decision,
+    why: &str,
+) -> sqlx::Result<()> {
+    let msg = Reconsider {
+        schema_version: SCHEMA_VERSION,
+        installation_id: d.installation_id.to_string(),
+        channel_id: d.channel_id.clone(),
+        root_ts: d.root_ts.clone(),
+        stale_version: d.thread_version,
+        receipt_id: d.receipt_id.to_string(),
+        reason: why.to_owned(),
+    };
+    threadline_store::outbox::enqueue(
+        tx,
+        d.installation_id,
+        d.receipt_id,
+        Topic::Reconsider,
+        &format!(
+            "recon:{}:{}:{}:{}",
+            d.installation_id, d.channel_id, d.root_ts, d.thread_version
+        ),
+        msg.encode_to_vec(),
+    )
+    .await?;
+    metrics::counter!("threadline_reconsiderations_total").increment(1);
+    Ok(())
+}
+
 pub(crate) fn defer(secs: f64) -> Disposition {
     Disposition::Defer(Duration::from_secs_f64(secs.clamp(0.05, 900.0)))
 }
@@ -446,28 +478,7 @@ impl Handler {
         let p = &job.proposal;
         let mut tx = self.pool.begin().await?;
         if intents::set_decision_in(&mut tx, p.decision, status, Some(reason)).await? {
-            let msg = Reconsider {
-                schema_version: SCHEMA_VERSION,
-                installation_id: p.installation.to_string(),
-                channel_id: p.channel.to_owned(),
-                root_ts: p.root_ts.to_owned(),
-                stale_version: p.version,
-                receipt_id: p.receipt.to_string(),
-                reason: why.to_owned(),
-            };
-            threadline_store::outbox::enqueue(
-                &mut tx,
-                p.installation,
-                p.receipt,
-                Topic::Reconsider,
-                &format!(
-                    "recon:{}:{}:{}:{}",
-                    p.installation, p.channel, p.root_ts, p.version
-                ),
-                msg.encode_to_vec(),
-            )
-            .await?;
-            metrics::counter!("threadline_reconsiderations_total").increment(1);
+            enqueue_reconsider(&mut tx, job.decision, why).await?;
         }
         tx.commit().await?;
         Ok(())

@@ -11,6 +11,7 @@
 
 use secrecy::ExposeSecret as _;
 use serde_json::{Value, json};
+use threadline_domain::state::{Machine as _, ReviewRequestState};
 use threadline_runtime::worker::Disposition;
 use threadline_slack::WebError;
 use threadline_store::decisions::Decision;
@@ -218,6 +219,41 @@ impl Handler {
         Ok(None)
     }
 
+    /// Discards the answers waiting for review whose thread moved on (a
+    /// change, a deleted question, a newer request), as the publisher's
+    /// checks would at their approval: each in one transaction with its
+    /// thread's reconsideration (stale or deleted) and its request's update,
+    /// both through the outbox. A verdict that committed first wins.
+    pub(crate) async fn sweep_reviews(&self) -> anyhow::Result<()> {
+        for w in review::moved_on(&self.pool, 100).await? {
+            let Some(d) = threadline_store::decisions::load(&self.pool, w.decision).await? else {
+                continue;
+            };
+            let mut tx = self.pool.begin().await?;
+            if review::discard_waiting(&mut tx, w.decision, w.moved_on, w.has_request).await? {
+                let why = match w.moved_on {
+                    review::MovedOn::Stale => Some("version_changed"),
+                    review::MovedOn::SourceDeleted => Some("source_deleted"),
+                    // (the newer request is answered instead)
+                    review::MovedOn::Superseded => None,
+                };
+                if let Some(why) = why {
+                    crate::handler::enqueue_reconsider(&mut tx, &d, why).await?;
+                }
+                let (status, _) = w.moved_on.status();
+                metrics::counter!("threadline_review_discards_total", "status" => status.as_str())
+                    .increment(1);
+                tracing::info!(
+                    decision_id = %w.decision,
+                    status = status.as_str(),
+                    "an answer waiting for review was discarded: its thread moved on"
+                );
+            }
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
     /// Updates decision `id`'s review request with what the decision came
     /// to, once it came to something and the request does not show it yet.
     pub(crate) async fn review_follow_up(&self, id: Uuid) -> anyhow::Result<Disposition> {
@@ -227,7 +263,9 @@ impl Handler {
         let Some(outcome) = Outcome::of(&r) else {
             return Ok(Disposition::Done);
         };
-        if r.shown.as_deref() == Some(outcome.code.as_str()) || r.state == "failed" {
+        if r.shown.as_deref() == Some(outcome.code.as_str())
+            || r.state == ReviewRequestState::Failed.as_str()
+        {
             return Ok(Disposition::Done);
         }
         let Some(d) = threadline_store::decisions::load(&self.pool, id).await? else {

@@ -6,7 +6,9 @@
 //! schedule, for intents held because no evidence of their post was found,
 //! so that a post which lands after its intent was given up on is recorded
 //! (and a later re-post refused), never forgotten. A stream whose
-//! publisher stopped driving it is ended with its closing line. Every replica sweeps;
+//! publisher stopped driving it is ended with its closing line. An answer
+//! waiting for review whose thread moved on is discarded as the publisher
+//! would discard it at approval, and its review request says so. Every replica sweeps;
 //! rows are taken with `SKIP LOCKED`, so none is swept twice at once.
 
 use std::sync::Arc;
@@ -67,6 +69,14 @@ pub async fn round(h: &Handler, sweep: Sweep) -> anyhow::Result<()> {
         tracing::warn!(
             error = format!("{e:#}"),
             "sweeping streams failed; next round"
+        );
+    }
+    // Answers waiting for review whose thread moved on are discarded (the
+    // thread reconsidered) and their requests say so, without a click.
+    if let Err(e) = h.sweep_reviews().await {
+        tracing::warn!(
+            error = format!("{e:#}"),
+            "sweeping answers waiting for review failed; next round"
         );
     }
     let undriven = intents::take_undriven(&h.pool, h.sending_stale, idle).await?;

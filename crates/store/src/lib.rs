@@ -64,7 +64,12 @@ pub(crate) fn moves_from_any<M: Machine>(to: M) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     /// The tables whose state columns the machines in `domain` govern.
-    const GOVERNED: [&str; 3] = ["event_receipts", "decisions", "reply_intents"];
+    const GOVERNED: [&str; 4] = [
+        "event_receipts",
+        "decisions",
+        "reply_intents",
+        "review_messages",
+    ];
 
     /// Every assignment of a literal to a governed state column in `text`:
     /// `(table, the text from the assignment on)`.

@@ -6,7 +6,7 @@
 //! or show the outcome on the request) commit together through the outbox.
 
 use sqlx::{PgConnection, PgPool};
-use threadline_domain::state::{DecisionStatus, Machine as _};
+use threadline_domain::state::{DecisionStatus, Machine as _, ReviewRequestState as R};
 use uuid::Uuid;
 
 /// An installation's review settings.
@@ -102,14 +102,14 @@ pub async fn claim_post(
                FROM review_messages WHERE decision_id = $1),
          ins AS (
              INSERT INTO review_messages (decision_id, installation_id, channel_id, state)
-             VALUES ($1, $2, $3, 'posting') ON CONFLICT (decision_id) DO NOTHING
+             VALUES ($1, $2, $3, $5) ON CONFLICT (decision_id) DO NOTHING
              RETURNING attempt),
          retake AS (
              UPDATE review_messages r
-                SET state = 'posting', attempt = r.attempt + 1, posting_since = now(), updated_at = now()
-              WHERE r.decision_id = $1
-                AND (r.state = 'unknown'
-                     OR (r.state = 'posting' AND r.posting_since < now() - make_interval(secs => $4)))
+                SET state = $5, attempt = r.attempt + 1, posting_since = now(), updated_at = now()
+              WHERE r.decision_id = $1 AND r.state = ANY($6)
+                -- (an attempt still posting only once it is stale)
+                AND (r.state <> $5 OR r.posting_since < now() - make_interval(secs => $4))
              RETURNING r.attempt)
          SELECT (SELECT attempt FROM ins) AS new_attempt,
                 (SELECT attempt FROM retake) AS retake_attempt,
@@ -119,31 +119,39 @@ pub async fn claim_post(
         installation,
         channel,
         stale,
+        R::Posting.as_str(),
+        &crate::moves(&[R::Unknown, R::Posting], R::Posting),
     )
     .fetch_one(pool)
     .await?;
-    Ok(
-        match (r.new_attempt, r.retake_attempt, r.old_state.as_deref()) {
-            (Some(attempt), _, _) => PostClaim::Post { attempt },
-            (None, Some(attempt), _) => PostClaim::Reconcile {
-                attempt,
-                since: r.since.unwrap_or(0.0),
-            },
-            (None, None, Some("posted")) => PostClaim::Posted,
-            (None, None, Some("failed")) => PostClaim::Failed,
-            _ => PostClaim::Busy,
+    let old = r
+        .old_state
+        .as_deref()
+        .map(R::parse)
+        .transpose()
+        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    Ok(match (r.new_attempt, r.retake_attempt, old) {
+        (Some(attempt), _, _) => PostClaim::Post { attempt },
+        (None, Some(attempt), _) => PostClaim::Reconcile {
+            attempt,
+            since: r.since.unwrap_or(0.0),
         },
-    )
+        (None, None, Some(R::Posted)) => PostClaim::Posted,
+        (None, None, Some(R::Failed)) => PostClaim::Failed,
+        _ => PostClaim::Busy,
+    })
 }
 
 /// Records the request Slack holds at `ts` (whichever attempt posted it:
 /// a post that landed is recorded, never forgotten).
 pub async fn posted(pool: &PgPool, decision: Uuid, ts: &str) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE review_messages SET state = 'posted', ts = $2, error_code = NULL, updated_at = now()
-          WHERE decision_id = $1 AND state <> 'posted'",
+        "UPDATE review_messages SET state = $3, ts = $2, error_code = NULL, updated_at = now()
+          WHERE decision_id = $1 AND state = ANY($4)",
         decision,
-        ts
+        ts,
+        R::Posted.as_str(),
+        &crate::moves_from_any(R::Posted),
     )
     .execute(pool)
     .await?;
@@ -153,10 +161,12 @@ pub async fn posted(pool: &PgPool, decision: Uuid, ts: &str) -> sqlx::Result<()>
 /// Attempt `attempt` got no answer it could read: Slack may hold the post.
 pub async fn unknown(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE review_messages SET state = 'unknown', updated_at = now()
-          WHERE decision_id = $1 AND attempt = $2 AND state = 'posting'",
+        "UPDATE review_messages SET state = $3, updated_at = now()
+          WHERE decision_id = $1 AND attempt = $2 AND state = ANY($4)",
         decision,
-        attempt
+        attempt,
+        R::Unknown.as_str(),
+        &crate::moves(&[R::Posting], R::Unknown),
     )
     .execute(pool)
     .await?;
@@ -167,9 +177,10 @@ pub async fn unknown(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Resul
 /// 429, a refused connection): the claim is given back.
 pub async fn release(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Result<()> {
     sqlx::query!(
-        "DELETE FROM review_messages WHERE decision_id = $1 AND attempt = $2 AND state = 'posting'",
+        "DELETE FROM review_messages WHERE decision_id = $1 AND attempt = $2 AND state = $3",
         decision,
-        attempt
+        attempt,
+        R::Posting.as_str(),
     )
     .execute(pool)
     .await?;
@@ -179,11 +190,13 @@ pub async fn release(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Resul
 /// Slack refused the request for good (`code`): the CLI still reviews it.
 pub async fn failed(pool: &PgPool, decision: Uuid, attempt: i32, code: &str) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE review_messages SET state = 'failed', error_code = $3, updated_at = now()
-          WHERE decision_id = $1 AND attempt = $2 AND state = 'posting'",
+        "UPDATE review_messages SET state = $4, error_code = $3, updated_at = now()
+          WHERE decision_id = $1 AND attempt = $2 AND state = ANY($5)",
         decision,
         attempt,
-        code
+        code,
+        R::Failed.as_str(),
+        &crate::moves(&[R::Posting], R::Failed),
     )
     .execute(pool)
     .await?;
@@ -389,4 +402,113 @@ async fn enqueue_outcome(conn: &mut PgConnection, id: Uuid, status: &str) -> sql
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
     crate::decisions::enqueue_proposal(conn, &d, &format!("outcome-{status}")).await
+}
+
+/// Why a decision waiting for review can no longer be posted as proposed:
+/// what the publisher's checks would find at its approval (DESIGN §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MovedOn {
+    /// The thread changed since the decision's version.
+    Stale,
+    /// The question was deleted.
+    SourceDeleted,
+    /// A newer request in the thread will be answered instead.
+    Superseded,
+}
+
+impl MovedOn {
+    /// The status the decision is discarded with, and its reason.
+    pub fn status(self) -> (DecisionStatus, &'static str) {
+        match self {
+            MovedOn::Stale => (DecisionStatus::Stale, "thread_changed"),
+            MovedOn::SourceDeleted => (DecisionStatus::Cancelled, "source_deleted"),
+            MovedOn::Superseded => (DecisionStatus::Superseded, "newer_trigger"),
+        }
+    }
+}
+
+/// A decision waiting for review whose thread moved on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting {
+    pub decision: Uuid,
+    pub moved_on: MovedOn,
+    /// It has a review request (posted, or on its way) to update.
+    pub has_request: bool,
+}
+
+/// Decisions waiting for review (at most `limit`, the longest waiting
+/// first) whose thread has moved on in a way the publisher would refuse
+/// at approval: a newer request, the question deleted, or any other change
+/// committed to the thread. Unprocessed events are not looked at: they are
+/// judged once they are processed.
+pub async fn moved_on(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Waiting>> {
+    let rows = sqlx::query!(
+        r#"SELECT w.id, w.changed AS "changed!", w.deleted AS "deleted!", w.newer AS "newer!",
+                  w.has_request AS "has_request!"
+             FROM (SELECT d.id, d.updated_at, th.version <> d.thread_version AS changed,
+                          coalesce((SELECT bool_or(m.deleted) FROM thread_messages m
+                                     WHERE m.installation_id = d.installation_id AND m.channel_id = d.channel_id
+                                       AND m.ts = d.source_ts), false) AS deleted,
+                          EXISTS (SELECT 1 FROM turns t JOIN thread_messages m
+                                    ON m.installation_id = t.installation_id AND m.channel_id = t.channel_id
+                                       AND m.ts = t.ts
+                                   WHERE t.installation_id = d.installation_id AND t.channel_id = d.channel_id
+                                     AND m.root_ts = d.root_ts AND t.ts::numeric > d.source_ts::numeric
+                                     AND NOT m.deleted) AS newer,
+                          EXISTS (SELECT 1 FROM review_messages r WHERE r.decision_id = d.id) AS has_request
+                     FROM decisions d
+                     JOIN threads th ON th.installation_id = d.installation_id AND th.channel_id = d.channel_id
+                                    AND th.root_ts = d.root_ts
+                    WHERE d.status = $1) w
+            WHERE w.changed OR w.deleted OR w.newer
+            ORDER BY w.updated_at
+            LIMIT $2"#,
+        DecisionStatus::Review.as_str(),
+        limit
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Waiting {
+            decision: r.id,
+            // (in the order the publisher's checks take them)
+            moved_on: if r.changed {
+                MovedOn::Stale
+            } else if r.deleted {
+                MovedOn::SourceDeleted
+            } else {
+                MovedOn::Superseded
+            },
+            has_request: r.has_request,
+        })
+        .collect())
+}
+
+/// Discards decision `id` if it is still waiting for review (a verdict
+/// that committed first wins); with its review request, if any, queued to
+/// show the outcome in the same transaction. True when discarded.
+pub async fn discard_waiting(
+    conn: &mut PgConnection,
+    id: Uuid,
+    moved_on: MovedOn,
+    has_request: bool,
+) -> sqlx::Result<bool> {
+    let (status, reason) = moved_on.status();
+    let discarded = sqlx::query_scalar!(
+        r#"UPDATE decisions SET status = $2, status_reason = $3, updated_at = now()
+            WHERE id = $1 AND status = ANY($4)
+           RETURNING id"#,
+        id,
+        status.as_str(),
+        reason,
+        &crate::moves(&[DecisionStatus::Review], status),
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    .is_some();
+    if discarded && has_request {
+        enqueue_outcome(conn, id, status.as_str()).await?;
+    }
+    Ok(discarded)
 }
