@@ -27,12 +27,11 @@ const SCOPES: &[&str] = &[
 ];
 
 async fn pane_stack(dms: bool) -> Stack {
-    let s = Stack::start_with_app(
-        &[("THREADLINE_BUILTIN_LATENCY_MS", "1500".to_owned())],
-        EVENTS,
-        SCOPES,
-    )
-    .await;
+    pane_stack_with(dms, &[("THREADLINE_BUILTIN_LATENCY_MS", "1500".to_owned())]).await
+}
+
+async fn pane_stack_with(dms: bool, settings: &[(&'static str, String)]) -> Stack {
+    let s = Stack::start_with_app(settings, EVENTS, SCOPES).await;
     let inst = first_installation(&s).await;
     let out = cli(
         &[
@@ -294,6 +293,79 @@ async fn a_suppressed_answer_clears_the_progress_it_showed() {
     assert_eq!(p["showing"], json!([]), "{p}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(replies(&s, &dm, &thread).await.is_empty(), "suppressed");
+    s.stop().await;
+}
+
+/// The service answering a pane question freezes mid-call (SIGSTOP) past
+/// its lease, so no outcome will come for the progress it showed: the
+/// publisher's sweeper clears it (`cleared`, well before Slack's own
+/// two-minute limit). Once the service carries on, the question is
+/// answered once and nothing is left showing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_that_no_answer_is_behind_is_cleared_by_the_sweeper() {
+    // A 3 s model call within a 4 s timeout: the decision's lease is 18 s.
+    let mut s = pane_stack_with(
+        true,
+        &[
+            ("THREADLINE_BUILTIN_LATENCY_MS", "3000".to_owned()),
+            ("THREADLINE_MODEL_TIMEOUT_MS", "4000".to_owned()),
+            ("THREADLINE_SWEEP_MS", "1000".to_owned()),
+        ],
+    )
+    .await;
+    s.unjudged = Some("the pane's thread is a DM the oracle does not read");
+    let (dm, thread) = open_pane(&s).await;
+    s.post_as(&s.user, &dm, "is the consumer lagging?", Some(&thread))
+        .await;
+    eventually(
+        "progress while the model runs",
+        Duration::from_secs(30),
+        || async { (!pane(&s, &dm).await["showing"].as_array()?.is_empty()).then_some(()) },
+    )
+    .await;
+    let inference = &s.services[2];
+    inference.pause();
+    let p = eventually(
+        "the orphaned progress cleared",
+        Duration::from_secs(60),
+        || async {
+            let p = pane(&s, &dm).await;
+            (p["showing"] == json!([])).then_some(p)
+        },
+    )
+    .await;
+    let ended: Vec<Value> = statuses(&p).iter().map(|x| x["ended"].clone()).collect();
+    assert_eq!(ended, [json!("cleared")], "cleared by threadline: {p}");
+    assert!(replies(&s, &dm, &thread).await.is_empty(), "{p}");
+    assert_eq!(
+        threadline_store::testing::assistant::status_decision(&s.db.pool, &dm, &thread)
+            .await
+            .expect("row"),
+        None
+    );
+    inference.resume();
+    let answers = eventually(
+        "one answer in the pane",
+        Duration::from_secs(60),
+        || async {
+            let a = replies(&s, &dm, &thread).await;
+            (!a.is_empty()).then_some(a)
+        },
+    )
+    .await;
+    let settled = eventually("nothing left showing", Duration::from_secs(30), || async {
+        let p = pane(&s, &dm).await;
+        (p["showing"] == json!([])).then_some(p)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(replies(&s, &dm, &thread).await.len(), 1, "{answers:?}");
+    assert!(
+        statuses(&settled).iter().all(|x| x["ended"] == "replied"
+            || x["ended"] == "cleared"
+            || x["ended"] == "replaced"),
+        "{settled}"
+    );
     s.stop().await;
 }
 

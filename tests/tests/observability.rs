@@ -225,6 +225,19 @@ async fn purge_removes_only_what_is_past_retention() {
             assert!(inserted, "a new message");
         }
     }
+    // Assistant-pane threads: one whose thread goes, one whose thread is
+    // still in use (kept however old its row), one with no thread left,
+    // one recent.
+    for (root, age) in [
+        ("100.000001", DAY * 40),
+        ("200.000001", DAY * 40),
+        ("300.000001", DAY * 40),
+        ("400.000001", DAY),
+    ] {
+        threadline_store::testing::assistant::insert_updated_ago(&db.pool, inst, "C1", root, age)
+            .await
+            .expect("assistant thread");
+    }
     let env = [("DATABASE_URL", db.url.clone())];
     let counts = |out: &std::process::Output| -> Value {
         assert!(
@@ -270,6 +283,14 @@ async fn purge_removes_only_what_is_past_retention() {
         .await
         .expect("kept");
     assert_eq!(kept, ["EvNEW", "EvOPEN"], "unfinished work is never purged");
+    assert_eq!(done["assistant_threads"], 2, "{done}");
+    assert_eq!(
+        threadline_store::testing::assistant::thread_roots(&db.pool)
+            .await
+            .expect("assistant threads"),
+        ["200.000001", "400.000001"],
+        "a pane thread still in use, or recent, is kept"
+    );
 
     // Retention shorter than Slack's retry window is refused.
     let out = cli(&["purge", "--receipts-days", "0"], &env).await;

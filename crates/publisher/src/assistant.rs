@@ -2,9 +2,11 @@
 //! greeting when it opens (suggested prompts, a title), progress while the
 //! model answers (`assistant.threads.setStatus`), and the progress cleared
 //! on every outcome that posts nothing (stale, superseded, suppressed,
-//! cancelled, held for review, rejected); a posted reply clears it in
-//! Slack. All of it is shown on a best-effort basis: it never holds up or
-//! repeats an answer.
+//! cancelled, held for review, rejected, failed, dead-lettered); a posted
+//! reply clears it in Slack. The progress is state derived from the
+//! thread's decisions, brought to Slack one call at a time per thread
+//! ([`Handler::sync_progress`]). All of it is best effort: it never holds
+//! up or repeats an answer.
 
 use secrecy::ExposeSecret as _;
 use serde_json::json;
@@ -16,6 +18,14 @@ use crate::handler::{Handler, defer, jitter};
 
 /// The progress shown while the model answers.
 pub const THINKING: &str = "is thinking…";
+
+/// Progress still wanted after this long is set again (Slack ends a status
+/// after two minutes without a reply).
+const REFRESH_SECS: f64 = 90.0;
+
+/// Progress is left to the answer's own publish this long before the
+/// sweeper looks at it.
+const SETTLE_SECS: f64 = 5.0;
 
 /// The suggested prompts of a new assistant thread.
 pub fn prompts() -> serde_json::Value {
@@ -101,64 +111,87 @@ impl Handler {
         Ok(Disposition::Done)
     }
 
-    /// Shows progress in the assistant thread while decision `decision`'s
-    /// model call runs (nothing once it has settled).
-    pub(crate) async fn show_progress(
+    /// Brings the progress of an assistant thread to what its decisions
+    /// say: "is thinking…" while one of them is being answered, nothing once
+    /// none is (stale, superseded, suppressed, cancelled, held for review,
+    /// rejected, failed, or answered: a reply clears it in Slack). Under
+    /// the thread row's lock, so two questions of one thread set and clear
+    /// it one call at a time, in the order of what they read; the lock is
+    /// held for one `setStatus` call at most. Best effort: a call that fails
+    /// is left to the sweeper (a progress it set) or to Slack's own
+    /// two-minute limit.
+    pub(crate) async fn sync_progress(
         &self,
         inst: Uuid,
-        decision: Uuid,
         channel: &str,
         thread_ts: &str,
-    ) -> anyhow::Result<Disposition> {
-        match threadline_store::assistant::outcome(&self.pool, decision).await? {
-            Some(o) if o.status == "calling" && !o.replied => {}
-            _ => return Ok(Disposition::Done),
-        }
-        self.set_status(inst, channel, thread_ts, THINKING).await;
-        // Settled while it was being set (even answered: the reply may have
-        // cleared it before this call put it back): cleared again, unless
-        // another question of the thread is being answered.
-        if let Ok(Some(o)) = threadline_store::assistant::outcome(&self.pool, decision).await
-            && o.status != "calling"
-            && !o.others_calling
-        {
-            self.set_status(inst, channel, thread_ts, "").await;
-        }
-        Ok(Disposition::Done)
-    }
-
-    /// Clears the progress of an assistant thread once decision `decision`
-    /// came to something that posted nothing.
-    pub(crate) async fn clear_progress(
-        &self,
-        inst: Uuid,
-        decision: Uuid,
-        channel: &str,
-        thread_ts: &str,
-    ) {
-        let outcome = match threadline_store::assistant::outcome(&self.pool, decision).await {
-            Ok(o) => o,
-            Err(e) => {
-                tracing::warn!(error = %e, "reading an assistant thread's outcome failed; its progress times out in Slack");
-                return;
-            }
+    ) -> anyhow::Result<()> {
+        let mut tx = self.pool.begin().await?;
+        let Some(p) =
+            threadline_store::assistant::lock_progress(&mut tx, inst, channel, thread_ts).await?
+        else {
+            return Ok(());
         };
-        match outcome {
-            // Not an assistant thread; or answered (Slack cleared it); or
-            // still being answered or posted; or another question of the
-            // thread is being answered (the progress showing is its).
-            None => {}
-            Some(o) if o.replied || o.others_calling => {}
-            // (held for an operator or failed for good: nothing comes)
-            Some(o) if o.stopped => self.set_status(inst, channel, thread_ts, "").await,
-            Some(o) if matches!(o.status.as_str(), "calling" | "proposed" | "approved") => {}
-            Some(_) => self.set_status(inst, channel, thread_ts, "").await,
+        // (what the app's reply cleared in Slack shows nothing)
+        let shown = p.shown.filter(|_| !p.cleared_by_reply);
+        let set = match (p.live, shown) {
+            // Set again before Slack's limit ends it while the model runs.
+            (Some(live), Some(s)) if s == live && p.shown_for < REFRESH_SECS => None,
+            (Some(live), _) => Some((THINKING, Some(live))),
+            (None, Some(_)) => Some(("", None)),
+            (None, None) if p.shown.is_some() => {
+                threadline_store::assistant::set_shown(&mut tx, inst, channel, thread_ts, None)
+                    .await?;
+                None
+            }
+            (None, None) => None,
+        };
+        if let Some((status, decision)) = set
+            && self.set_status(inst, channel, thread_ts, status).await
+        {
+            threadline_store::assistant::set_shown(&mut tx, inst, channel, thread_ts, decision)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// After an answer of a DM thread came to something (posted or not):
+    /// its progress follows (a failure here is left to the sweeper).
+    pub(crate) async fn after_pane_answer(&self, inst: Uuid, channel: &str, thread_ts: &str) {
+        if let Err(e) = self.sync_progress(inst, channel, thread_ts).await {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "updating an assistant thread's progress failed; the sweeper looks again"
+            );
         }
     }
 
-    async fn set_status(&self, inst: Uuid, channel: &str, thread_ts: &str, status: &str) {
+    /// Looks again at the progress of assistant threads that nothing else
+    /// will: an answer dead-lettered or lost with its worker left it
+    /// showing, or a model call outlives Slack's two-minute limit.
+    pub(crate) async fn sweep_progress(&self) -> anyhow::Result<()> {
+        let due =
+            threadline_store::assistant::showing_due(&self.pool, SETTLE_SECS, REFRESH_SECS, 100)
+                .await?;
+        for t in due {
+            if let Err(e) = self
+                .sync_progress(t.installation, &t.channel, &t.thread_ts)
+                .await
+            {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "looking at an assistant thread's progress failed; next round"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the thread's status (`""` clears it); true when Slack took it.
+    async fn set_status(&self, inst: Uuid, channel: &str, thread_ts: &str, status: &str) -> bool {
         let Ok(Some(bot)) = self.bot(inst).await else {
-            return;
+            return false;
         };
         let form = [
             ("channel_id", channel),
@@ -176,6 +209,8 @@ impl Handler {
         {
             // (Slack clears a status by itself after two minutes)
             tracing::warn!(error = %e, cleared = status.is_empty(), "setting the assistant thread's status failed");
+            return false;
         }
+        true
     }
 }

@@ -191,11 +191,11 @@ impl Handler {
         if p.assistant == "status" {
             let span = tracing::info_span!("publisher.assistant_status", event_id = %p.event_id, decision_id = %decision);
             return match self
-                .show_progress(inst, decision, &p.channel_id, &p.root_ts)
+                .sync_progress(inst, &p.channel_id, &p.root_ts)
                 .instrument(span.clone())
                 .await
             {
-                Ok(d) => d,
+                Ok(()) => Disposition::Done,
                 Err(e) => {
                     tracing::warn!(parent: &span, error = format!("{e:#}"), "showing progress failed; retrying");
                     Disposition::of_error(&e)
@@ -208,7 +208,7 @@ impl Handler {
                 Ok(d) => {
                     // (a stream that discarded its decision in a pane)
                     if matches!(d, Disposition::Done) && p.channel_id.starts_with('D') {
-                        self.clear_progress(inst, decision, &p.channel_id, &p.root_ts)
+                        self.after_pane_answer(inst, &p.channel_id, &p.root_ts)
                             .instrument(span.clone())
                             .await;
                     }
@@ -235,7 +235,7 @@ impl Handler {
         // In an assistant thread (a DM), the progress shown while the model
         // ran is cleared when the answer came to nothing posted.
         if matches!(done, Ok(Disposition::Done)) && p.channel_id.starts_with('D') {
-            self.clear_progress(inst, decision, &p.channel_id, &p.root_ts)
+            self.after_pane_answer(inst, &p.channel_id, &p.root_ts)
                 .instrument(span.clone())
                 .await;
         }

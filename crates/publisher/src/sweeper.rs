@@ -71,6 +71,13 @@ pub async fn round(h: &Handler, sweep: Sweep) -> anyhow::Result<()> {
             "sweeping streams failed; next round"
         );
     }
+    // Assistant-pane progress that no answer is behind any more.
+    if let Err(e) = h.sweep_progress().await {
+        tracing::warn!(
+            error = format!("{e:#}"),
+            "sweeping assistant progress failed; next round"
+        );
+    }
     // Answers waiting for review whose thread moved on are discarded (the
     // thread reconsidered) and their requests say so, without a click.
     if let Err(e) = h.sweep_reviews().await {

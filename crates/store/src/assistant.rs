@@ -4,7 +4,7 @@
 //! (suggested prompts, a title) the publisher shows when it opens.
 
 use prost::Message as _;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use threadline_proto::v1::{ProposalReady, SCHEMA_VERSION};
 use uuid::Uuid;
 
@@ -121,48 +121,132 @@ pub async fn greeted(
     Ok(())
 }
 
-/// What a decision in an assistant thread came to, for its progress.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    pub status: String,
-    /// Its reply was posted (Slack clears the progress itself then).
-    pub replied: bool,
-    /// Its reply will not be posted by itself: the intent is held for an
-    /// operator or failed for good.
-    pub stopped: bool,
-    /// Another decision of the thread is being answered (its progress is
-    /// the one showing).
-    pub others_calling: bool,
+/// The progress of an assistant thread, read under the thread row's lock
+/// (held by `tx` until it commits): what it should show and what the
+/// publisher last set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    /// The decision of the thread being answered: its model call holds a
+    /// live lease, or its answer waits to be posted (not yet in Slack, not
+    /// held or failed for good, offered to the publisher in the last two
+    /// minutes: Slack's own limit for a status).
+    pub live: Option<Uuid>,
+    /// The decision whose progress was last set showing.
+    pub shown: Option<Uuid>,
+    /// Slack cleared it since: the app replied in the thread after it was
+    /// set (a post, or a stream's start).
+    pub cleared_by_reply: bool,
+    /// Seconds since it was set.
+    pub shown_for: f64,
 }
 
-pub async fn outcome(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Outcome>> {
+/// Locks the assistant thread's row (`None`: not an assistant thread) and
+/// reads its [`Progress`].
+pub async fn lock_progress(
+    tx: &mut PgConnection,
+    installation: Uuid,
+    channel: &str,
+    thread_ts: &str,
+) -> sqlx::Result<Option<Progress>> {
     let r = sqlx::query!(
-        r#"SELECT d.status,
-                  EXISTS (SELECT 1 FROM reply_intents i
-                           WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
-                             AND i.state IN ('sent', 'streaming', 'interrupted')) AS "replied!",
-                  EXISTS (SELECT 1 FROM reply_intents i
-                           WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
-                             AND i.state IN ('held', 'failed_permanent')) AS "stopped!",
-                  EXISTS (SELECT 1 FROM decisions o
-                           WHERE o.installation_id = d.installation_id AND o.channel_id = d.channel_id
-                             AND o.root_ts = d.root_ts AND o.status = 'calling' AND o.id <> d.id
-                             AND o.lease_until > now()) AS "others_calling!"
-             FROM decisions d
-            WHERE d.id = $1
-              AND EXISTS (SELECT 1 FROM assistant_threads a
-                           WHERE a.installation_id = d.installation_id AND a.channel_id = d.channel_id
-                             AND a.thread_ts = d.root_ts)"#,
+        r#"SELECT a.status_decision,
+                  coalesce(extract(epoch FROM now() - a.status_set_at)::float8, 0) AS "shown_for!",
+                  (SELECT d.id FROM decisions d
+                    WHERE d.installation_id = a.installation_id AND d.channel_id = a.channel_id
+                      AND d.root_ts = a.thread_ts
+                      AND ((d.status = 'calling' AND d.lease_until > now())
+                           OR (d.status IN ('proposed', 'approved') AND d.updated_at > now() - interval '2 minutes'
+                               AND NOT EXISTS (SELECT 1 FROM reply_intents i
+                                                WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
+                                                  AND i.state IN ('sent', 'streaming', 'interrupted', 'held',
+                                                                  'failed_permanent'))))
+                    ORDER BY d.created_at DESC LIMIT 1) AS live,
+                  a.status_set_at IS NOT NULL AND EXISTS (
+                      SELECT 1 FROM reply_intents i
+                       WHERE i.installation_id = a.installation_id AND i.channel_id = a.channel_id
+                         AND i.root_ts = a.thread_ts AND i.state IN ('sent', 'streaming', 'interrupted')
+                         AND i.updated_at >= a.status_set_at) AS "cleared_by_reply!"
+             FROM assistant_threads a
+            WHERE a.installation_id = $1 AND a.channel_id = $2 AND a.thread_ts = $3
+              FOR UPDATE OF a"#,
+        installation,
+        channel,
+        thread_ts
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(r.map(|r| Progress {
+        live: r.live,
+        shown: r.status_decision,
+        cleared_by_reply: r.cleared_by_reply,
+        shown_for: r.shown_for,
+    }))
+}
+
+/// Records the progress now showing in the thread (`None`: none), in the
+/// transaction holding the thread's lock.
+pub async fn set_shown(
+    tx: &mut PgConnection,
+    installation: Uuid,
+    channel: &str,
+    thread_ts: &str,
+    decision: Option<Uuid>,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE assistant_threads
+            SET status_decision = $4, status_set_at = CASE WHEN $4::uuid IS NULL THEN NULL ELSE now() END
+          WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3",
+        installation,
+        channel,
+        thread_ts,
         decision
     )
-    .fetch_optional(pool)
+    .execute(&mut *tx)
     .await?;
-    Ok(r.map(|r| Outcome {
-        status: r.status,
-        replied: r.replied,
-        stopped: r.stopped,
-        others_calling: r.others_calling,
-    }))
+    Ok(())
+}
+
+/// An assistant thread whose progress should be looked at again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Showing {
+    pub installation: Uuid,
+    pub channel: String,
+    pub thread_ts: String,
+}
+
+/// Threads showing progress the publisher set that nothing may clear by
+/// itself: set at least `settle` seconds ago and either no longer backed by
+/// an answer being made (its decision dead-lettered, lost with its worker,
+/// or settled while a clear failed), or showing for `refresh` seconds (set
+/// again before Slack's own two-minute limit while the model still runs).
+pub async fn showing_due(
+    pool: &PgPool,
+    settle: f64,
+    refresh: f64,
+    limit: i64,
+) -> sqlx::Result<Vec<Showing>> {
+    sqlx::query_as!(
+        Showing,
+        r#"SELECT a.installation_id AS installation, a.channel_id AS channel, a.thread_ts
+             FROM assistant_threads a
+            WHERE a.status_decision IS NOT NULL
+              AND a.status_set_at < now() - make_interval(secs => $1)
+              AND (a.status_set_at < now() - make_interval(secs => $2)
+                   OR NOT EXISTS (
+                       SELECT 1 FROM decisions d
+                        WHERE d.installation_id = a.installation_id AND d.channel_id = a.channel_id
+                          AND d.root_ts = a.thread_ts
+                          AND ((d.status = 'calling' AND d.lease_until > now())
+                               OR (d.status IN ('proposed', 'approved')
+                                   AND d.updated_at > now() - interval '2 minutes'))))
+            ORDER BY a.status_set_at
+            LIMIT $3"#,
+        settle,
+        refresh,
+        limit
+    )
+    .fetch_all(pool)
+    .await
 }
 
 /// Whether `channel` is on the installation's allow-list.

@@ -2,8 +2,8 @@
 //! back for a dry run, which only counts): audit records, finished
 //! receipts with their contexts and rejections, the raw bodies of unparsed
 //! deliveries never replayed (their receipts are closed as `failed`,
-//! reason `unparsed_expired`), and the stored text of idle threads and of
-//! settled proposals.
+//! reason `unparsed_expired`), the stored text of idle threads and of
+//! settled proposals, and idle assistant-pane threads.
 
 use sqlx::PgPool;
 use threadline_domain::state::{Machine as _, ReceiptState};
@@ -32,6 +32,9 @@ pub struct Purged {
     pub threads: i64,
     pub thread_messages: i64,
     pub proposal_texts: i64,
+    /// Assistant-pane threads (identifiers only) idle past the threads'
+    /// retention.
+    pub assistant_threads: i64,
 }
 
 pub async fn purge(pool: &PgPool, keep: Retention, dry_run: bool) -> sqlx::Result<Purged> {
@@ -131,6 +134,18 @@ pub async fn purge(pool: &PgPool, keep: Retention, dry_run: bool) -> sqlx::Resul
         "UPDATE decisions SET body_text = NULL, body_blocks = NULL, stream_text = NULL
           WHERE (body_text IS NOT NULL OR stream_text IS NOT NULL) AND updated_at < now() - make_interval(days => $1::int)
             AND status NOT IN ('calling', 'proposed', 'review', 'approved')",
+        keep.threads_days
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected() as i64;
+    p.assistant_threads = sqlx::query!(
+        // (a thread still in use keeps its row: its messages are younger)
+        "DELETE FROM assistant_threads a
+          WHERE a.updated_at < now() - make_interval(days => $1::int)
+            AND NOT EXISTS (SELECT 1 FROM threads t
+                             WHERE t.installation_id = a.installation_id AND t.channel_id = a.channel_id
+                               AND t.root_ts = a.thread_ts)",
         keep.threads_days
     )
     .execute(&mut *tx)

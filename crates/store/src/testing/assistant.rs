@@ -17,3 +17,50 @@ pub async fn context_channel(
     .ok()
     .flatten()
 }
+
+/// Inserts an assistant thread of `installation_id` in `channel` last
+/// changed `ago` ago.
+pub async fn insert_updated_ago(
+    pool: &sqlx::PgPool,
+    installation_id: uuid::Uuid,
+    channel: &str,
+    thread_ts: &str,
+    ago: std::time::Duration,
+) -> sqlx::Result<()> {
+    let ago = sqlx::postgres::types::PgInterval::try_from(ago).map_err(sqlx::Error::Encode)?;
+    sqlx::query!(
+        "INSERT INTO assistant_threads (installation_id, channel_id, thread_ts, user_id, updated_at)
+         VALUES ($1, $2, $3, 'U1', now() - $4::interval)",
+        installation_id,
+        channel,
+        thread_ts,
+        ago
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The thread roots of the assistant threads kept, in order.
+pub async fn thread_roots(pool: &sqlx::PgPool) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar!("SELECT thread_ts FROM assistant_threads ORDER BY thread_ts")
+        .fetch_all(pool)
+        .await
+}
+
+/// The decision whose progress the publisher last set showing in the
+/// thread (`None`: none showing).
+pub async fn status_decision(
+    pool: &sqlx::PgPool,
+    channel: &str,
+    thread_ts: &str,
+) -> sqlx::Result<Option<uuid::Uuid>> {
+    Ok(sqlx::query_scalar!(
+        "SELECT status_decision FROM assistant_threads WHERE channel_id = $1 AND thread_ts = $2",
+        channel,
+        thread_ts
+    )
+    .fetch_optional(pool)
+    .await?
+    .flatten())
+}
