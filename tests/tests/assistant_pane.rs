@@ -83,6 +83,55 @@ async fn replies(s: &Stack, dm: &str, thread: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Asks `question` in the pane's thread; the text of the answer to it.
+async fn ask(s: &Stack, dm: &str, thread: &str, question: &str) -> String {
+    let asked = s.post_as(&s.user, dm, question, Some(thread)).await;
+    let answer = eventually(
+        &format!("the answer to {question:?}"),
+        Duration::from_secs(30),
+        || async {
+            replies(s, dm, thread).await.into_iter().find(|a| {
+                a["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains(&format!("Answering {asked}")))
+            })
+        },
+    )
+    .await;
+    answer["text"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The person looks at `channel` from the pane, and threadline recorded it.
+async fn look_at(s: &Stack, dm: &str, thread: &str, channel: &str) {
+    sim_ctl(
+        &s.sim,
+        "act/assistant_context",
+        json!({"channel": dm, "thread_ts": thread, "context_channel": channel}),
+    )
+    .await;
+    eventually(
+        "the new context recorded",
+        Duration::from_secs(30),
+        || async {
+            let c =
+                threadline_store::testing::assistant::context_channel(&s.db.pool, dm, thread).await;
+            (c.flatten().as_deref() == Some(channel)).then_some(())
+        },
+    )
+    .await;
+}
+
+/// The channels slack-sim was asked the history of, in order.
+async fn history_reads(s: &Stack) -> Vec<String> {
+    let reads = sim_get(&s.sim, "calls?method=conversations.history").await;
+    reads["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["channel"].as_str().map(str::to_owned))
+        .collect()
+}
+
 fn statuses(p: &Value) -> Vec<Value> {
     p["statuses"].as_array().cloned().unwrap_or_default()
 }
@@ -393,50 +442,38 @@ async fn the_channel_the_person_looks_at_is_read_only_where_the_policy_would_ans
         .post_as(&s.user, &secret, "the password is in the vault", None)
         .await;
     let (dm, thread) = open_pane(&s).await;
-    let first = s
-        .post_as(&s.user, &dm, "what is going on here?", Some(&thread))
-        .await;
-    let answer = eventually("the first answer", Duration::from_secs(30), || async {
-        replies(&s, &dm, &thread).await.into_iter().find(|a| {
-            a["text"]
-                .as_str()
-                .is_some_and(|t| t.contains(&format!("Answering {first}")))
-        })
-    })
-    .await;
-    let text = answer["text"].as_str().unwrap_or_default();
+    let text = ask(&s, &dm, &thread, "what is going on here?").await;
     assert!(
         text.contains(&format!("of channel {}", s.channel)) && text.contains(&format!("{said}/")),
         "the public channel was read with the question: {text}"
     );
 
+    // A channel of another workspace (where the app is installed too):
+    // this installation's token reads nothing there, so Slack is not even
+    // asked about it.
+    let elsewhere = s.add_workspace("partner-co").await;
+    s.post_as(
+        &elsewhere.user,
+        &elsewhere.channel,
+        "their rollout is paused",
+        None,
+    )
+    .await;
+    look_at(&s, &dm, &thread, &elsewhere.channel).await;
+    let text = ask(&s, &dm, &thread, "and over there?").await;
+    assert!(!text.contains("of channel"), "{text}");
+    let infos = sim_get(&s.sim, "calls?method=conversations.info").await;
+    assert!(
+        !infos["calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["channel"] == json!(elsewhere.channel)),
+        "{infos}"
+    );
     // The person looks at the private channel: not read.
-    sim_ctl(
-        &s.sim,
-        "act/assistant_context",
-        json!({"channel": dm, "thread_ts": thread, "context_channel": secret}),
-    )
-    .await;
-    eventually(
-        "the new context recorded",
-        Duration::from_secs(30),
-        || async {
-            let c = threadline_store::testing::assistant::context_channel(&s.db.pool, &dm, &thread)
-                .await;
-            (c.flatten().as_deref() == Some(secret.as_str())).then_some(())
-        },
-    )
-    .await;
-    let second = s.post_as(&s.user, &dm, "and now?", Some(&thread)).await;
-    let answer = eventually("the second answer", Duration::from_secs(30), || async {
-        replies(&s, &dm, &thread).await.into_iter().find(|a| {
-            a["text"]
-                .as_str()
-                .is_some_and(|t| t.contains(&format!("Answering {second}")))
-        })
-    })
-    .await;
-    let text = answer["text"].as_str().unwrap_or_default();
+    look_at(&s, &dm, &thread, &secret).await;
+    let text = ask(&s, &dm, &thread, "and now?").await;
     assert!(
         !text.contains("of channel"),
         "nothing of a denied channel: {text}"
@@ -471,50 +508,46 @@ async fn the_channel_the_person_looks_at_is_read_only_where_the_policy_would_ans
     )
     .await;
     assert!(only.status.success());
-    for (look_at, question) in [
+    for (channel, question) in [
         (&connect, "and in partners?"),
         (&s.channel, "and in ops now?"),
     ] {
-        sim_ctl(
-            &s.sim,
-            "act/assistant_context",
-            json!({"channel": dm, "thread_ts": thread, "context_channel": look_at}),
-        )
-        .await;
-        eventually(
-            "the new context recorded",
-            Duration::from_secs(30),
-            || async {
-                let c =
-                    threadline_store::testing::assistant::context_channel(&s.db.pool, &dm, &thread)
-                        .await;
-                (c.flatten().as_deref() == Some(look_at.as_str())).then_some(())
-            },
-        )
-        .await;
-        let asked = s.post_as(&s.user, &dm, question, Some(&thread)).await;
-        let answer = eventually("the answer", Duration::from_secs(30), || async {
-            replies(&s, &dm, &thread).await.into_iter().find(|a| {
-                a["text"]
-                    .as_str()
-                    .is_some_and(|t| t.contains(&format!("Answering {asked}")))
-            })
-        })
-        .await;
-        let text = answer["text"].as_str().unwrap_or_default();
-        assert!(!text.contains("of channel"), "{look_at} not read: {text}");
+        look_at(&s, &dm, &thread, channel).await;
+        let text = ask(&s, &dm, &thread, question).await;
+        assert!(!text.contains("of channel"), "{channel} not read: {text}");
     }
-    let reads = sim_get(&s.sim, "calls?method=conversations.history").await;
-    let read_channels: Vec<&str> = reads["calls"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["channel"].as_str())
-        .collect();
     assert_eq!(
-        read_channels,
+        history_reads(&s).await,
         [s.channel.as_str()],
         "only the first question read a channel"
     );
+    s.stop().await;
+}
+
+/// The viewed channel's reads draw from the installation's shared read
+/// budget: with one `conversations.history` a minute, a second question
+/// within the minute is answered without the channel (and says nothing of
+/// it), and Slack is asked once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_viewed_channel_is_read_within_the_shared_read_budget() {
+    let mut s = pane_stack_with(
+        true,
+        &[
+            ("THREADLINE_BUILTIN_LATENCY_MS", "200".to_owned()),
+            ("THREADLINE_BACKFILL_PER_MINUTE", "1".to_owned()),
+        ],
+    )
+    .await;
+    s.unjudged = Some("the pane's thread is a DM the oracle does not read");
+    let said = s.post("the consumer restarted twice", None).await;
+    let (dm, thread) = open_pane(&s).await;
+    let text = ask(&s, &dm, &thread, "what happened?").await;
+    assert!(
+        text.contains(&format!("of channel {}", s.channel)) && text.contains(&format!("{said}/")),
+        "{text}"
+    );
+    let text = ask(&s, &dm, &thread, "and since?").await;
+    assert!(!text.contains("of channel"), "the budget is spent: {text}");
+    assert_eq!(history_reads(&s).await, [s.channel.as_str()]);
     s.stop().await;
 }

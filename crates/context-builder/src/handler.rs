@@ -663,15 +663,16 @@ impl Handler {
         }
         let limit = Self::VIEWED_MESSAGES.to_string();
         let read = self
-            .web
-            .call(
-                "conversations.history",
+            .budgeted(
+                inst,
                 token.expose_secret(),
+                "conversations.history",
                 &[("channel", viewed.as_str()), ("limit", limit.as_str())],
             )
             .await;
         let v = match read {
-            Ok(v) => v,
+            Ok(Some(v)) => v,
+            Ok(None) => return none,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the channel the person looks at failed; answered without it");
                 return none;
@@ -701,6 +702,48 @@ impl Handler {
         (viewed, messages)
     }
 
+    /// One read for a pane question's viewed channel, drawn from the
+    /// installation's read budget for `method` that every replica shares
+    /// (Tier 3, as backfills' reads): `None` when it is spent, or when
+    /// Slack asked to slow down (the budget then pauses for as long as Slack
+    /// said). The question is then answered without the channel.
+    async fn budgeted(
+        &self,
+        inst: &Installation,
+        token: &str,
+        method: &'static str,
+        form: &[(&str, &str)],
+    ) -> anyhow::Result<Option<serde_json::Value>> {
+        let per_minute = self.backfill.per_minute;
+        if !threadline_store::channels::take_read_budget(&self.pool, inst.id, method, per_minute)
+            .await?
+        {
+            metrics::counter!("threadline_assistant_context_skipped_total", "reason" => "read_budget")
+                .increment(1);
+            tracing::info!(
+                method,
+                "the read budget is spent; the viewed channel is not read for this question"
+            );
+            return Ok(None);
+        }
+        match self.web.call(method, token, form).await {
+            Ok(v) => Ok(Some(v)),
+            Err(WebError::RateLimited { retry_after }) => {
+                threadline_store::channels::pause_read_budget(
+                    &self.pool,
+                    inst.id,
+                    method,
+                    retry_after.as_secs_f64(),
+                )
+                .await?;
+                metrics::counter!("threadline_assistant_context_skipped_total", "reason" => "rate_limited")
+                    .increment(1);
+                Ok(None)
+            }
+            Err(e) => Err(anyhow::Error::new(e).context(method)),
+        }
+    }
+
     /// Whether the channel policy, as it is now, would answer in `viewed`.
     async fn viewable(
         &self,
@@ -711,10 +754,12 @@ impl Handler {
         if threadline_store::assistant::channel_allowed(&self.pool, inst.id, viewed).await? {
             return Ok(true);
         }
-        let v = self
-            .web
-            .call("conversations.info", token, &[("channel", viewed)])
-            .await?;
+        let Some(v) = self
+            .budgeted(inst, token, "conversations.info", &[("channel", viewed)])
+            .await?
+        else {
+            return Ok(false);
+        };
         let c = v.get("channel");
         let flag = |k: &str| {
             c.and_then(|c| c.get(k))

@@ -287,8 +287,11 @@ pub async fn set_context_readable(
     Ok(())
 }
 
-/// The context channel of an assistant thread, when one is recorded (its
-/// readability is decided by the caller, under the policy as it is now).
+/// The context channel of an assistant thread, when one is recorded in the
+/// installation's own workspace (a workspace install's token reads nothing
+/// of another workspace's channels, so one the person views there is not
+/// read; an org-wide install spans its organisation's workspaces). Its
+/// readability under the policy as it is now is decided by the caller.
 pub async fn context_channel(
     pool: &PgPool,
     installation: Uuid,
@@ -296,8 +299,10 @@ pub async fn context_channel(
     thread_ts: &str,
 ) -> sqlx::Result<Option<String>> {
     Ok(sqlx::query_scalar!(
-        "SELECT context_channel_id FROM assistant_threads
-          WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3",
+        "SELECT a.context_channel_id FROM assistant_threads a
+           JOIN installations i ON i.id = a.installation_id
+          WHERE a.installation_id = $1 AND a.channel_id = $2 AND a.thread_ts = $3
+            AND (a.context_team_id IS NULL OR i.is_enterprise_install OR a.context_team_id = i.team_id)",
         installation,
         channel,
         thread_ts
