@@ -28,6 +28,33 @@ async fn review_stack() -> Review {
 }
 
 async fn review_stack_with(extra: &[(&'static str, String)]) -> Review {
+    let r = review_stack_unset(extra, true).await;
+    setup(&r, &r.channel).await;
+    r
+}
+
+/// Sets up review in Slack for the stack's installation in `channel`, with
+/// `rita` as the reviewer.
+async fn setup(r: &Review, channel: &str) -> String {
+    run_cli(
+        &r.s,
+        &[
+            "review",
+            "setup",
+            "--installation",
+            &r.inst,
+            "--channel",
+            channel,
+            "--reviewers",
+            &r.reviewer,
+        ],
+    )
+    .await
+}
+
+/// The review stack before `review setup`; the bot is a member of the
+/// review channel when `bot_in_channel`.
+async fn review_stack_unset(extra: &[(&'static str, String)], bot_in_channel: bool) -> Review {
     let (url, _) = threadline_tests::fixed_model(RISKY).await;
     let mut settings = vec![
         ("THREADLINE_MODEL_PROVIDER", "openai".to_owned()),
@@ -49,11 +76,15 @@ async fn review_stack_with(extra: &[(&'static str, String)]) -> Review {
     };
     let reviewer = user("rita").await;
     let other = user("otto").await;
+    let mut members = vec![reviewer.clone(), other.clone()];
+    if bot_in_channel {
+        members.push(s.bot_user.clone());
+    }
     let channel = sim_ctl(
         &s.sim,
         "channels",
         json!({"team_id": s.team, "name": "answers-review", "kind": "public",
-               "members": [reviewer, other, s.bot_user]}),
+               "members": members}),
     )
     .await["id"]
         .as_str()
@@ -67,20 +98,6 @@ async fn review_stack_with(extra: &[(&'static str, String)]) -> Review {
     )
     .await;
     let inst = first_installation(&s).await;
-    run_cli(
-        &s,
-        &[
-            "review",
-            "setup",
-            "--installation",
-            &inst,
-            "--channel",
-            &channel,
-            "--reviewers",
-            &reviewer,
-        ],
-    )
-    .await;
     Review {
         s,
         inst,
@@ -605,5 +622,68 @@ async fn a_review_request_whose_answer_was_lost_is_found_not_posted_twice() {
         .count();
     assert_eq!(to_review, 1, "one request posted: {posts:?}");
     assert_eq!(requests(&r).await.len(), 1);
+    r.s.stop().await;
+}
+
+/// An answer held for review before review in Slack was set up is asked
+/// about once it is; a request Slack refused (the bot not in the channel)
+/// is asked again by the next setup, once the bot is in; each is asked
+/// about once, and the approval posts the answer once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_waiting_before_setup_or_refused_are_asked_about_by_the_next_setup() {
+    let r = review_stack_unset(&[], false).await;
+    let root =
+        r.s.post(
+            &format!("<@{}> how do I fix the backlog?", r.s.bot_user),
+            None,
+        )
+        .await;
+    let decision = eventually(
+        "the answer waits for review",
+        Duration::from_secs(30),
+        || async {
+            let v = cli(&["review", "list"], &env(&r.s)).await;
+            let list: Value = serde_json::from_slice(&v.stdout).ok()?;
+            list.as_array()?.first()?["id"].as_str().map(str::to_owned)
+        },
+    )
+    .await;
+    // Set up in a channel the bot is not in: Slack refuses the request.
+    setup(&r, &r.channel).await;
+    eventually(
+        "Slack refused the request",
+        Duration::from_secs(30),
+        || async {
+            let calls = sim_get(&r.s.sim, "calls?method=chat.postMessage").await;
+            calls["calls"]
+                .as_array()?
+                .iter()
+                .any(|c| {
+                    c["channel"] == json!(r.channel) && c["outcome"] == json!("not_in_channel")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(requests(&r).await.is_empty());
+    // The bot is invited; the operator runs setup again.
+    sim_ctl(
+        &r.s.sim,
+        &format!("channels/{}/members", r.channel),
+        json!({"user_id": r.s.bot_user}),
+    )
+    .await;
+    setup(&r, &r.channel).await;
+    let req = wait_requests(&r, 1).await.remove(0);
+    assert_eq!(decision_of(&req), decision);
+    let ts = req["ts"].as_str().expect("ts").to_owned();
+    // Setting up again asks nothing more: the request is there.
+    setup(&r, &r.channel).await;
+    let c = click(&r, &r.reviewer, &ts, APPROVE_ACTION).await;
+    assert_eq!(c["status"], 200, "{c}");
+    assert_eq!(r.s.wait_answers(&root, 1).await.len(), 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(requests(&r).await.len(), 1, "asked once");
+    assert_eq!(r.s.answers(&root).await.len(), 1, "posted once");
     r.s.stop().await;
 }

@@ -31,7 +31,9 @@ pub enum ReviewCommand {
     /// Review in Slack: the channel review requests are posted in (the bot
     /// must be a member), the Slack users whose Approve / Reject clicks
     /// count, and how much of a proposed answer a request shows. Only what
-    /// is given changes.
+    /// is given changes. With a channel, answers already waiting for review
+    /// without a request there (from before, or refused by Slack) are asked
+    /// about in it.
     Setup {
         #[arg(long)]
         installation: Uuid,
@@ -141,6 +143,16 @@ pub async fn run(cmd: ReviewCommand, _common: &CommonConfig, pool: &PgPool) -> a
             )
             .await?;
             let now = threadline_store::review::settings(pool, installation).await?;
+            // With a channel, answers already waiting are asked about there.
+            let asked = match &now.channel_id {
+                Some(_) => threadline_store::review::ask_waiting(pool, installation).await?,
+                None => 0,
+            };
+            if asked > 0 {
+                eprintln!(
+                    "{asked} answer(s) waiting for review will be asked about in the review channel"
+                );
+            }
             println!("{}", serde_json::to_string_pretty(&now)?);
         }
         ReviewCommand::Settings { installation } => {

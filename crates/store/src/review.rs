@@ -512,3 +512,42 @@ pub async fn discard_waiting(
     }
     Ok(discarded)
 }
+
+/// Asks in the review channel about every answer of the installation that
+/// waits for review without a request there: one waiting from before the
+/// channel was set up, or whose request Slack refused for good (that
+/// attempt is forgotten: Slack holds nothing of it). Their proposals are
+/// queued for the publisher in one transaction; a request already posted,
+/// or on its way, is left as it is. How many were queued.
+pub async fn ask_waiting(pool: &PgPool, installation: Uuid) -> sqlx::Result<u64> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!(
+        "DELETE FROM review_messages r USING decisions d
+          WHERE r.decision_id = d.id AND d.installation_id = $1 AND d.status = $2 AND r.state = $3",
+        installation,
+        DecisionStatus::Review.as_str(),
+        R::Failed.as_str(),
+    )
+    .execute(&mut *tx)
+    .await?;
+    let waiting = sqlx::query_scalar!(
+        "SELECT d.id FROM decisions d
+          WHERE d.installation_id = $1 AND d.status = $2
+            AND NOT EXISTS (SELECT 1 FROM review_messages r WHERE r.decision_id = d.id)
+          ORDER BY d.created_at",
+        installation,
+        DecisionStatus::Review.as_str(),
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    // (a tag of its own, so the bus's duplicate window never drops it)
+    let tag = format!("ask-{}", Uuid::now_v7());
+    for id in &waiting {
+        let d = crate::decisions::load(&mut *tx, *id)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)?;
+        crate::decisions::enqueue_proposal(&mut tx, &d, &tag).await?;
+    }
+    tx.commit().await?;
+    Ok(waiting.len() as u64)
+}
