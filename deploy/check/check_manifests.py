@@ -19,7 +19,9 @@ overlays (NetworkPolicies, NATS, traces) look at one environment at a time.
 4. Every threadline container gets each setting its binary requires, and
    every setting it is given is one its binary reads (rust_settings.py);
    listen addresses, probes, ports, KEDA streams/consumers, Ingress paths
-   and alert metrics match the code.
+   and alert metrics match the code. A Socket Mode gateway's pods, as many
+   as its scaling and rollout can run at once, hold at most the 10
+   connections Slack allows per app.
 5. The OpenTelemetry Collector's OTLP exporters, and the services' own
    OTEL_EXPORTER_OTLP_ENDPOINT, send to a Service the environment deploys
    (name, namespace, port, pods behind it), and the NetworkPolicies of both
@@ -47,6 +49,7 @@ import argparse
 import copy
 import itertools
 import json
+import math
 import re
 import shlex
 import sys
@@ -79,6 +82,14 @@ def when_set(key):
     return lambda p: is_set(p, key)
 
 
+# What src.flag takes for true (crates/runtime/src/config.rs), any case.
+FLAG_TRUE = {"1", "true", "yes", "on"}
+
+
+def flag_on(key):
+    return lambda p: p.get(key) is not None and str(p[key][1]).strip().lower() in FLAG_TRUE
+
+
 def never(_p):
     return False
 
@@ -96,7 +107,7 @@ CONDITIONAL = {
     ("threadline-gateway", "THREADLINE_TOKEN_KEYS"): (
         when_set("SLACK_CLIENT_ID"), "with SLACK_CLIENT_ID (installs store sealed tokens)"),
     ("threadline-gateway", "SLACK_APP_TOKEN"): (
-        equals("THREADLINE_SOCKET_MODE", "true"), "with THREADLINE_SOCKET_MODE=true (Socket Mode intake)"),
+        flag_on("THREADLINE_SOCKET_MODE"), "with THREADLINE_SOCKET_MODE=true (Socket Mode intake)"),
     ("threadline-inference", "THREADLINE_MODEL_BASE_URL"): (
         equals("THREADLINE_MODEL_PROVIDER", "openai"), "with THREADLINE_MODEL_PROVIDER=openai"),
     ("threadline-inference", "THREADLINE_MODEL_NAME"): (
@@ -577,6 +588,71 @@ def check_slack_routes(rep, where, ctx):
             if route not in ctx["ingress_routes"]:
                 rep.error(where, f"Deployment/{w}: no Ingress of this overlay routes {route} to its pods"
                                  + (f" (it is given {setting})" if setting else " (Slack's Request URL)"))
+
+
+# Slack holds at most this many Socket Mode connections per app at once;
+# it closes the ones beyond (disconnect, reason too_many_websockets).
+SLACK_SOCKET_LIMIT = 10
+KEDA_DEFAULT_MAX_REPLICAS = 100  # a ScaledObject without maxReplicaCount
+
+
+def peak_pods(doc, by_kind) -> tuple[int, int, str]:
+    """(replicas, surge, how): the most replicas workload `doc` can be
+    scaled to (the largest maxReplicas of the HPAs and KEDA ScaledObjects
+    of its overlay that scale it, else spec.replicas), and the pods a
+    RollingUpdate runs above them while it rolls (maxSurge, 25% unset)."""
+    kind, name = doc["kind"], dig(doc, "metadata.name")
+    scalers = [(int(dig(h, "spec.maxReplicas") or 0), f"{kn(h)} maxReplicas")
+               for h in by_kind.get("HorizontalPodAutoscaler", {}).values()
+               if (dig(h, "spec.scaleTargetRef.kind"), dig(h, "spec.scaleTargetRef.name")) == (kind, name)]
+    scalers += [(int(dig(o, "spec.maxReplicaCount") or KEDA_DEFAULT_MAX_REPLICAS), f"{kn(o)} maxReplicaCount")
+                for o in by_kind.get("ScaledObject", {}).values()
+                if (dig(o, "spec.scaleTargetRef.kind") or "Deployment", dig(o, "spec.scaleTargetRef.name")) == (kind, name)]
+    if scalers:
+        replicas, how = max(scalers)
+    else:
+        replicas = dig(doc, "spec.replicas")
+        replicas, how = (1, "spec.replicas unset") if replicas is None else (int(replicas), "spec.replicas")
+    surge = 0
+    if kind == "Deployment" and (dig(doc, "spec.strategy.type") or "RollingUpdate") == "RollingUpdate":
+        s = dig(doc, "spec.strategy.rollingUpdate.maxSurge")
+        s = "25%" if s is None else str(s)
+        surge = math.ceil(replicas * int(s[:-1]) / 100) if s.endswith("%") else int(s)
+    return replicas, surge, f"{how} {replicas}"
+
+
+def check_socket_connections(rep, where, ctx):
+    """Each pod of a gateway with THREADLINE_SOCKET_MODE on holds
+    THREADLINE_SOCKET_CONNECTIONS connections to Slack: the most pods the
+    overlay can run at once (scaled to the maximum, plus a rollout's surge),
+    summed over its Socket Mode workloads, times theirs must stay within
+    what Slack allows per app."""
+    terms, total = [], 0
+    for w, doc, binary, provided in ctx["workloads"]:
+        if w != where or binary != "threadline-gateway" or not flag_on("THREADLINE_SOCKET_MODE")(provided):
+            continue
+        given = provided.get("THREADLINE_SOCKET_CONNECTIONS")
+        if given is None:
+            conn, src = ctx["socket_connections_default"], "unset, the default"
+        elif given[1] is None:  # from a Secret: it could be the most the code accepts
+            conn, src = ctx["bins"][binary].reads.bounds["THREADLINE_SOCKET_CONNECTIONS"][1], f"from {given[0]}, up to"
+        elif given[1].strip().isdigit():
+            conn, src = int(given[1]), given[0]
+        else:
+            continue  # check_settings reports it
+        replicas, surge, how = peak_pods(doc, ctx["by_kind"])
+        pods = replicas + surge
+        total += pods * conn
+        terms.append(f"{kn(doc)}: up to {pods} pods ({how}" + (f" + {surge} surging in a rollout" if surge else "")
+                     + f") × THREADLINE_SOCKET_CONNECTIONS={conn} ({src}) = {pods * conn}")
+    if not terms:
+        return
+    ctx["socket_summary"].append(f"{where}: {'; '.join(terms)} of the {SLACK_SOCKET_LIMIT} Slack allows per app")
+    if total > SLACK_SOCKET_LIMIT:
+        rep.error(where, f"{'; '.join(terms)} Socket Mode connections"
+                         + (f" ({total} together)" if len(terms) > 1 else "")
+                         + f", more than the {SLACK_SOCKET_LIMIT} Slack allows per app (it closes the rest): "
+                           f"lower maxReplicas or THREADLINE_SOCKET_CONNECTIONS, or roll with maxSurge 0")
 
 
 # Settings every service must agree on within one overlay: each service
@@ -1372,6 +1448,7 @@ def check_overlay(rep, where, docs, ctx_base, kv):
         if d["kind"] == "Ingress":
             check_ingress(rep, where, d, ctx)
     check_slack_routes(rep, where, ctx)
+    check_socket_connections(rep, where, ctx)
     check_trace_pipeline(rep, where, docs, ctx)
 
 
@@ -1446,6 +1523,15 @@ def check_dockerfile(rep, root: Path, bins):
                                                             "out of the image build")
 
 
+def socket_connections_default(root: Path) -> int:
+    """THREADLINE_SOCKET_CONNECTIONS' default, from the gateway's config."""
+    path = "crates/gateway/src/config.rs"
+    m = re.search(r'src\s*\.\s*bounded\(\s*"THREADLINE_SOCKET_CONNECTIONS"\s*,\s*(\d+)\s*,', (root / path).read_text())
+    if not m:
+        raise rust_settings.ExtractError(f"{path}: the default of THREADLINE_SOCKET_CONNECTIONS not found")
+    return int(m.group(1))
+
+
 def load_code(root: Path) -> dict:
     """What the Rust sources say (raises rust_settings.ExtractError)."""
     bins = rust_settings.binaries(root)
@@ -1459,6 +1545,7 @@ def load_code(root: Path) -> dict:
         routes=rust_settings.gateway_routes(root),
         public_routes=rust_settings.public_routes(root),
         stream_storage=rust_settings.stream_storage(root),
+        socket_connections_default=socket_connections_default(root),
         # Generated from the code and kept equal to it by a Rust test
         # (crates/runtime/src/nats_auth.rs).
         nats_authorization=json.loads((root / NATS_AUTHORIZATION).read_text()),
@@ -1471,7 +1558,7 @@ def check_all(rep, renders: list[tuple[str, list[dict]]], code: dict, nats_value
     NATS values; returns the context (what was seen, for the summary). Reads
     no file: the self-test calls it again on altered copies."""
     ctx = dict(code, renders=renders, pending_used=set(), custom_seen=set(), binaries_deployed=set(),
-               workloads=[], policies=[], trace_routes=[], nats_summary=[])
+               workloads=[], policies=[], trace_routes=[], nats_summary=[], socket_summary=[])
     for name, docs in renders:
         check_overlay(rep, name, docs, ctx, kv)
     check_db_reachable(rep, ctx)
@@ -1543,6 +1630,8 @@ def main() -> int:
         print(f"  traces: {route}")
     for line in ctx["nats_summary"]:
         print(f"  nats: {line}")
+    for line in ctx["socket_summary"]:
+        print(f"  socket mode: {line}")
 
     if args.self_test:
         sys.modules.setdefault("check_manifests", sys.modules[__name__])  # one copy of this module

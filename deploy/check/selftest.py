@@ -317,6 +317,37 @@ def _(i: Input):
     md["natsServerMonitoringEndpoint"] = md["natsServerMonitoringEndpoint"].replace(":8222", ":8223")
 
 
+# Socket Mode: the gateway's connections within Slack's 10 per app.
+
+@breakage("socket", "the Socket Mode gateway may scale past 10 connections",
+          "production/app-socket-mode:", "Deployment/threadline-gateway: up to 6 pods",
+          "HorizontalPodAutoscaler/threadline-gateway maxReplicas 6", "= 12", "more than the 10 Slack allows")
+def _(i: Input):
+    at(i.edit("production/app-socket-mode", "HorizontalPodAutoscaler", "threadline-gateway"), "spec")["maxReplicas"] = 6
+
+
+@breakage("socket", "a surge pod during a rollout at the most Socket Mode replicas",
+          "production/app-socket-mode:", "Deployment/threadline-gateway: up to 6 pods",
+          "+ 1 surging in a rollout", "= 12", "more than the 10 Slack allows")
+def _(i: Input):
+    d = i.edit("production/app-socket-mode", "Deployment", "threadline-gateway")
+    at(d, "spec.strategy.rollingUpdate")["maxSurge"] = 1
+
+
+@breakage("socket", "more connections per Socket Mode gateway pod",
+          "production/app-socket-mode:", "THREADLINE_SOCKET_CONNECTIONS=3", "= 15", "more than the 10 Slack allows")
+def _(i: Input):
+    set_data(i.edit("production/app-socket-mode", "ConfigMap", "threadline-gateway"), "THREADLINE_SOCKET_CONNECTIONS", "3")
+
+
+@breakage("socket", "Socket Mode without the app-level token",
+          "production/app-socket-mode:", "Deployment/threadline-gateway",
+          "SLACK_APP_TOKEN is required with THREADLINE_SOCKET_MODE=true")
+def _(i: Input):
+    drop_env(container(i.edit("production/app-socket-mode", "Deployment", "threadline-gateway"), "threadline-gateway"),
+             "SLACK_APP_TOKEN")
+
+
 # NetworkPolicies.
 
 @breakage("network", "the services' egress to Postgres dropped (dev)",
