@@ -1,13 +1,20 @@
 -- The assistant pane's progress, kept as state rather than as a sequence of
 -- calls: `status_decision` is the decision whose progress the publisher last
--- set showing in the thread (NULL: none it set, or cleared), and
--- `status_set_at` when. What the thread should show is derived from the
--- decisions (one being answered, or on its way to be posted); the publisher
--- brings Slack to it under the thread row's lock (one `setStatus` call at a
--- time per thread), and the sweeper clears progress whose answer nobody is
--- driving any more (a decision dead-lettered or lost with its worker).
+-- set showing in the thread (NULL: none it set, or cleared), `status_set_at`
+-- when Slack took it, and `status_gen` counts the changes, so that a
+-- publisher whose `setStatus` call may have crossed another's (its record
+-- lost the compare-and-set) calls again with what the thread should show
+-- then, and the last call Slack receives is the right one. What the thread
+-- should show is derived from its decisions (one being answered, or on its
+-- way to be posted), and no lock is held across the Slack call. The
+-- publisher's sweeper looks again at progress no answer is behind any more
+-- (a model call whose worker died or froze past its lease).
 ALTER TABLE assistant_threads
     ADD COLUMN status_decision uuid,
-    ADD COLUMN status_set_at   timestamptz;
+    ADD COLUMN status_set_at   timestamptz,
+    ADD COLUMN status_gen      bigint NOT NULL DEFAULT 0;
 CREATE INDEX assistant_threads_showing ON assistant_threads (status_set_at)
     WHERE status_decision IS NOT NULL;
+-- A thread's decisions, newest first (the pane's progress asks which one is
+-- being answered).
+CREATE INDEX decisions_by_thread ON decisions (installation_id, channel_id, root_ts, created_at);

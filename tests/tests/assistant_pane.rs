@@ -418,6 +418,41 @@ async fn progress_that_no_answer_is_behind_is_cleared_by_the_sweeper() {
     s.stop().await;
 }
 
+/// A streamed answer in the pane: the progress shows while the model
+/// starts, the stream (which ends the status in Slack) carries the answer,
+/// and nothing is left showing afterwards, whichever of the progress and
+/// the stream's start reached Slack first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_in_the_pane_leaves_no_progress() {
+    let mut s = pane_stack_with(
+        true,
+        &[
+            ("THREADLINE_STREAMING", "true".to_owned()),
+            ("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned()),
+            ("THREADLINE_BUILTIN_STREAM_PACE_MS", "40".to_owned()),
+        ],
+    )
+    .await;
+    s.unjudged = Some("the pane's thread is a DM the oracle does not read");
+    let (dm, thread) = open_pane(&s).await;
+    for question in ["is the queue draining?", "and the consumer?"] {
+        let text = ask(&s, &dm, &thread, question).await;
+        assert!(text.contains(question), "{text}");
+    }
+    // Past the publisher's and the sweeper's next looks.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let p = pane(&s, &dm).await;
+    assert_eq!(p["showing"], json!([]), "nothing left showing: {p}");
+    let streams = sim_get(&s.sim, "calls?method=chat.startStream").await;
+    assert_eq!(
+        streams["calls"].as_array().map(Vec::len),
+        Some(2),
+        "both answers were streamed: {streams}"
+    );
+    assert_eq!(replies(&s, &dm, &thread).await.len(), 2);
+    s.stop().await;
+}
+
 /// The channel the person is looking at is read with their question where
 /// the channel policy would answer (a public channel), and not once they
 /// look at a private channel the policy denies: Slack is never asked for

@@ -148,6 +148,26 @@ async fn socket_mode_survives_a_dropped_connection_and_duplicate_envelopes_with_
         .post(&format!("<@{}> after the refresh?", s.bot_user), None)
         .await;
     assert_eq!(s.wait_answers(&root, 1).await.len(), 1);
+    // The replica is ready while a connection is open, and not once Slack
+    // disabled the app's Socket Mode and closed them (it takes no events).
+    let ready = || async {
+        reqwest::get(format!("{}/readyz", gateway.base_url))
+            .await
+            .expect("readyz")
+            .status()
+            .as_u16()
+    };
+    assert_eq!(ready().await, 200);
+    sim_ctl(
+        &s.sim,
+        "socket/disconnect",
+        json!({"app_id": s.app, "reason": "link_disabled", "close_after_ms": 200}),
+    )
+    .await;
+    eventually("the replica not ready", Duration::from_secs(30), || async {
+        (ready().await == 503).then_some(())
+    })
+    .await;
     gateway.kill().await;
     s.stop().await;
 }

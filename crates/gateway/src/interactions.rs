@@ -9,8 +9,10 @@
 //! nothing. Slack does not retry interactions: a click that could not be
 //! recorded gets a 503, which Slack shows the person as a failed action,
 //! so they can click again. A click that was not counted (not a reviewer,
-//! or the answer already decided) is answered, after the 200, with a note
-//! only the person sees, through the click's `response_url`.
+//! or the answer already decided) is answered, once what it found is
+//! committed, with a note only the person sees, through the click's
+//! `response_url` (on a task of its own: the click's answer never waits
+//! for it).
 
 use std::time::Instant;
 

@@ -14,7 +14,7 @@ use threadline_runtime::worker::Disposition;
 use threadline_slack::WebError;
 use uuid::Uuid;
 
-use crate::handler::{Handler, defer, jitter};
+use crate::handler::{Bot, Handler, defer, jitter};
 
 /// The progress shown while the model answers.
 pub const THINKING: &str = "is thinking…";
@@ -26,6 +26,9 @@ const REFRESH_SECS: f64 = 90.0;
 /// Progress is left to the answer's own publish this long before the
 /// sweeper looks at it.
 const SETTLE_SECS: f64 = 5.0;
+
+/// Slack ends a status by itself after this long (two minutes).
+const SLACK_LIMIT_SECS: f64 = 120.0;
 
 /// The suggested prompts of a new assistant thread.
 pub fn prompts() -> serde_json::Value {
@@ -114,52 +117,72 @@ impl Handler {
     /// Brings the progress of an assistant thread to what its decisions
     /// say: "is thinking…" while one of them is being answered, nothing once
     /// none is (stale, superseded, suppressed, cancelled, held for review,
-    /// rejected, failed, or answered: a reply clears it in Slack). Under
-    /// the thread row's lock, so two questions of one thread set and clear
-    /// it one call at a time, in the order of what they read; the lock is
-    /// held for one `setStatus` call at most. Best effort: a call that fails
-    /// is left to the sweeper (a progress it set) or to Slack's own
-    /// two-minute limit.
+    /// rejected, failed, or answered: a reply clears it in Slack). No lock
+    /// is held across the Slack call: the call is recorded by
+    /// compare-and-set on the thread's generation, and a publisher whose
+    /// record lost (another's call may have reached Slack after its own)
+    /// calls again with what the thread should show then, so the last call
+    /// Slack receives is the right one. Best effort: a call Slack may take
+    /// later (a 429, a timeout) is left to the next look (the sweeper's, for
+    /// progress this publisher set). `replied`: the app may just have
+    /// replied in the thread, which ends any status in Slack, so Slack is
+    /// called whatever the record says.
     pub(crate) async fn sync_progress(
         &self,
         inst: Uuid,
         channel: &str,
         thread_ts: &str,
+        replied: bool,
     ) -> anyhow::Result<()> {
-        let mut tx = self.pool.begin().await?;
-        let Some(p) =
-            threadline_store::assistant::lock_progress(&mut tx, inst, channel, thread_ts).await?
-        else {
-            return Ok(());
-        };
-        // (what the app's reply cleared in Slack shows nothing)
-        let shown = p.shown.filter(|_| !p.cleared_by_reply);
-        let set = match (p.live, shown) {
-            // Set again before Slack's limit ends it while the model runs.
-            (Some(live), Some(s)) if s == live && p.shown_for < REFRESH_SECS => None,
-            (Some(live), _) => Some((THINKING, Some(live))),
-            (None, Some(_)) => Some(("", None)),
-            (None, None) if p.shown.is_some() => {
-                threadline_store::assistant::set_shown(&mut tx, inst, channel, thread_ts, None)
-                    .await?;
-                None
+        let bot = self.bot(inst).await?;
+        let mut again = replied;
+        for _ in 0..4 {
+            let Some(p) =
+                threadline_store::assistant::progress(&self.pool, inst, channel, thread_ts).await?
+            else {
+                return Ok(());
+            };
+            let status = match (p.live, p.shown) {
+                // Set again before Slack's limit ends it while the model runs.
+                (Some(live), Some(s)) if s == live && p.shown_for < REFRESH_SECS && !again => {
+                    return Ok(());
+                }
+                (None, None) if !again => return Ok(()),
+                (Some(_), _) => THINKING,
+                (None, _) => "",
+            };
+            let call = if status.is_empty() && p.shown_for >= SLACK_LIMIT_SECS {
+                // (Slack ended it by itself already)
+                Call::Taken
+            } else {
+                self.set_status(bot.as_ref(), channel, thread_ts, status)
+                    .await
+            };
+            if call == Call::Later {
+                return Ok(());
             }
-            (None, None) => None,
-        };
-        if let Some((status, decision)) = set
-            && self.set_status(inst, channel, thread_ts, status).await
-        {
-            threadline_store::assistant::set_shown(&mut tx, inst, channel, thread_ts, decision)
-                .await?;
+            if threadline_store::assistant::set_shown(
+                &self.pool,
+                inst,
+                channel,
+                thread_ts,
+                p.generation,
+                p.live,
+            )
+            .await?
+            {
+                return Ok(());
+            }
+            again = true;
         }
-        tx.commit().await?;
+        tracing::warn!("an assistant thread's progress kept changing; it is looked at again later");
         Ok(())
     }
 
     /// After an answer of a DM thread came to something (posted or not):
     /// its progress follows (a failure here is left to the sweeper).
     pub(crate) async fn after_pane_answer(&self, inst: Uuid, channel: &str, thread_ts: &str) {
-        if let Err(e) = self.sync_progress(inst, channel, thread_ts).await {
+        if let Err(e) = self.sync_progress(inst, channel, thread_ts, true).await {
             tracing::warn!(
                 error = format!("{e:#}"),
                 "updating an assistant thread's progress failed; the sweeper looks again"
@@ -168,15 +191,14 @@ impl Handler {
     }
 
     /// Looks again at the progress of assistant threads that nothing else
-    /// will: an answer dead-lettered or lost with its worker left it
-    /// showing, or a model call outlives Slack's two-minute limit.
+    /// will: a model call whose worker died or froze past its lease (or was
+    /// dead-lettered) left it showing, a clear that Slack did not take, or a
+    /// model call that outlives Slack's two-minute limit.
     pub(crate) async fn sweep_progress(&self) -> anyhow::Result<()> {
-        let due =
-            threadline_store::assistant::showing_due(&self.pool, SETTLE_SECS, REFRESH_SECS, 100)
-                .await?;
+        let due = threadline_store::assistant::showing_due(&self.pool, SETTLE_SECS, 200).await?;
         for t in due {
             if let Err(e) = self
-                .sync_progress(t.installation, &t.channel, &t.thread_ts)
+                .sync_progress(t.installation, &t.channel, &t.thread_ts, false)
                 .await
             {
                 tracing::warn!(
@@ -188,17 +210,24 @@ impl Handler {
         Ok(())
     }
 
-    /// Sets the thread's status (`""` clears it); true when Slack took it.
-    async fn set_status(&self, inst: Uuid, channel: &str, thread_ts: &str, status: &str) -> bool {
-        let Ok(Some(bot)) = self.bot(inst).await else {
-            return false;
+    /// Sets the thread's status (`""` clears it).
+    async fn set_status(
+        &self,
+        bot: Option<&Bot>,
+        channel: &str,
+        thread_ts: &str,
+        status: &str,
+    ) -> Call {
+        let Some(bot) = bot else {
+            // (no token any more: nothing can be shown or cleared)
+            return Call::Taken;
         };
         let form = [
             ("channel_id", channel),
             ("thread_ts", thread_ts),
             ("status", status),
         ];
-        if let Err(e) = self
+        match self
             .web
             .call(
                 "assistant.threads.setStatus",
@@ -207,10 +236,27 @@ impl Handler {
             )
             .await
         {
-            // (Slack clears a status by itself after two minutes)
-            tracing::warn!(error = %e, cleared = status.is_empty(), "setting the assistant thread's status failed");
-            return false;
+            Ok(_) => Call::Taken,
+            // Refused for good (the thread gone, the scope missing): asking
+            // again changes nothing.
+            Err(WebError::Api { code }) => {
+                tracing::warn!(code = %code, cleared = status.is_empty(), "Slack refused the assistant thread's status");
+                Call::Taken
+            }
+            Err(e) => {
+                // (Slack clears a status by itself after two minutes)
+                tracing::warn!(error = %e, cleared = status.is_empty(), "setting the assistant thread's status failed; looked at again later");
+                Call::Later
+            }
         }
-        true
     }
+}
+
+/// What became of a `setStatus` call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// Done, or refused for good: recorded as done.
+    Taken,
+    /// Not taken now (a 429, a timeout): looked at again later.
+    Later,
 }

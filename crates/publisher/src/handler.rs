@@ -191,7 +191,7 @@ impl Handler {
         if p.assistant == "status" {
             let span = tracing::info_span!("publisher.assistant_status", event_id = %p.event_id, decision_id = %decision);
             return match self
-                .sync_progress(inst, &p.channel_id, &p.root_ts)
+                .sync_progress(inst, &p.channel_id, &p.root_ts, false)
                 .instrument(span.clone())
                 .await
             {

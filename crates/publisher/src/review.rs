@@ -230,7 +230,7 @@ impl Handler {
                 continue;
             };
             let mut tx = self.pool.begin().await?;
-            if review::discard_waiting(&mut tx, w.decision, w.moved_on, w.has_request).await? {
+            if review::discard_waiting(&mut tx, w.decision, w.moved_on).await? {
                 let why = match w.moved_on {
                     review::MovedOn::Stale => Some("version_changed"),
                     review::MovedOn::SourceDeleted => Some("source_deleted"),

@@ -4,7 +4,7 @@
 //! (suggested prompts, a title) the publisher shows when it opens.
 
 use prost::Message as _;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 use threadline_proto::v1::{ProposalReady, SCHEMA_VERSION};
 use uuid::Uuid;
 
@@ -121,89 +121,86 @@ pub async fn greeted(
     Ok(())
 }
 
-/// The progress of an assistant thread, read under the thread row's lock
-/// (held by `tx` until it commits): what it should show and what the
+/// The progress of an assistant thread: what it should show and what the
 /// publisher last set.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Progress {
     /// The decision of the thread being answered: its model call holds a
-    /// live lease, or its answer waits to be posted (not yet in Slack, not
-    /// held or failed for good, offered to the publisher in the last two
-    /// minutes: Slack's own limit for a status).
+    /// live lease, or its answer waits to be posted (offered to the
+    /// publisher in the last two minutes, Slack's own limit for a status),
+    /// and no reply of its event is on its way or in Slack (a post or a
+    /// stream clears the status in Slack), held or failed for good.
     pub live: Option<Uuid>,
     /// The decision whose progress was last set showing.
     pub shown: Option<Uuid>,
-    /// Slack cleared it since: the app replied in the thread after it was
-    /// set (a post, or a stream's start).
-    pub cleared_by_reply: bool,
     /// Seconds since it was set.
     pub shown_for: f64,
+    /// The record's generation (see [`set_shown`]).
+    pub generation: i64,
 }
 
-/// Locks the assistant thread's row (`None`: not an assistant thread) and
-/// reads its [`Progress`].
-pub async fn lock_progress(
-    tx: &mut PgConnection,
+/// The thread's [`Progress`] (`None`: not an assistant thread).
+pub async fn progress(
+    pool: &PgPool,
     installation: Uuid,
     channel: &str,
     thread_ts: &str,
 ) -> sqlx::Result<Option<Progress>> {
     let r = sqlx::query!(
-        r#"SELECT a.status_decision,
+        r#"SELECT a.status_decision, a.status_gen,
                   coalesce(extract(epoch FROM now() - a.status_set_at)::float8, 0) AS "shown_for!",
                   (SELECT d.id FROM decisions d
                     WHERE d.installation_id = a.installation_id AND d.channel_id = a.channel_id
                       AND d.root_ts = a.thread_ts
                       AND ((d.status = 'calling' AND d.lease_until > now())
-                           OR (d.status IN ('proposed', 'approved') AND d.updated_at > now() - interval '2 minutes'
-                               AND NOT EXISTS (SELECT 1 FROM reply_intents i
-                                                WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
-                                                  AND i.state IN ('sent', 'streaming', 'interrupted', 'held',
-                                                                  'failed_permanent'))))
-                    ORDER BY d.created_at DESC LIMIT 1) AS live,
-                  a.status_set_at IS NOT NULL AND EXISTS (
-                      SELECT 1 FROM reply_intents i
-                       WHERE i.installation_id = a.installation_id AND i.channel_id = a.channel_id
-                         AND i.root_ts = a.thread_ts AND i.state IN ('sent', 'streaming', 'interrupted')
-                         AND i.updated_at >= a.status_set_at) AS "cleared_by_reply!"
+                           OR (d.status IN ('proposed', 'approved') AND d.updated_at > now() - interval '2 minutes'))
+                      AND NOT EXISTS (SELECT 1 FROM reply_intents i
+                                       WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
+                                         AND i.state IN ('sending', 'streaming', 'sent', 'interrupted', 'unknown',
+                                                         'reconciling', 'held', 'failed_permanent'))
+                    ORDER BY d.created_at DESC LIMIT 1) AS live
              FROM assistant_threads a
-            WHERE a.installation_id = $1 AND a.channel_id = $2 AND a.thread_ts = $3
-              FOR UPDATE OF a"#,
+            WHERE a.installation_id = $1 AND a.channel_id = $2 AND a.thread_ts = $3"#,
         installation,
         channel,
         thread_ts
     )
-    .fetch_optional(&mut *tx)
+    .fetch_optional(pool)
     .await?;
     Ok(r.map(|r| Progress {
         live: r.live,
         shown: r.status_decision,
-        cleared_by_reply: r.cleared_by_reply,
         shown_for: r.shown_for,
+        generation: r.status_gen,
     }))
 }
 
-/// Records the progress now showing in the thread (`None`: none), in the
-/// transaction holding the thread's lock.
+/// Records the progress now showing in the thread (`None`: none), if the
+/// record is still at `generation`: false when another publisher changed
+/// it meanwhile (its call and this one's may have reached Slack in either
+/// order).
 pub async fn set_shown(
-    tx: &mut PgConnection,
+    pool: &PgPool,
     installation: Uuid,
     channel: &str,
     thread_ts: &str,
+    generation: i64,
     decision: Option<Uuid>,
-) -> sqlx::Result<()> {
-    sqlx::query!(
+) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
         "UPDATE assistant_threads
-            SET status_decision = $4, status_set_at = CASE WHEN $4::uuid IS NULL THEN NULL ELSE now() END
-          WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3",
+            SET status_decision = $5, status_gen = status_gen + 1,
+                status_set_at = CASE WHEN $5::uuid IS NULL THEN NULL ELSE clock_timestamp() END
+          WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3 AND status_gen = $4",
         installation,
         channel,
         thread_ts,
+        generation,
         decision
     )
-    .execute(&mut *tx)
+    .execute(pool)
     .await?;
-    Ok(())
+    Ok(r.rows_affected() == 1)
 }
 
 /// An assistant thread whose progress should be looked at again.
@@ -214,35 +211,19 @@ pub struct Showing {
     pub thread_ts: String,
 }
 
-/// Threads showing progress the publisher set that nothing may clear by
-/// itself: set at least `settle` seconds ago and either no longer backed by
-/// an answer being made (its decision dead-lettered, lost with its worker,
-/// or settled while a clear failed), or showing for `refresh` seconds (set
-/// again before Slack's own two-minute limit while the model still runs).
-pub async fn showing_due(
-    pool: &PgPool,
-    settle: f64,
-    refresh: f64,
-    limit: i64,
-) -> sqlx::Result<Vec<Showing>> {
+/// Threads showing progress the publisher set at least `settle` seconds
+/// ago, longest first: the publisher looks at each again (cleared when no
+/// answer is behind it any more, set again before Slack's own limit while
+/// one still is).
+pub async fn showing_due(pool: &PgPool, settle: f64, limit: i64) -> sqlx::Result<Vec<Showing>> {
     sqlx::query_as!(
         Showing,
-        r#"SELECT a.installation_id AS installation, a.channel_id AS channel, a.thread_ts
-             FROM assistant_threads a
-            WHERE a.status_decision IS NOT NULL
-              AND a.status_set_at < now() - make_interval(secs => $1)
-              AND (a.status_set_at < now() - make_interval(secs => $2)
-                   OR NOT EXISTS (
-                       SELECT 1 FROM decisions d
-                        WHERE d.installation_id = a.installation_id AND d.channel_id = a.channel_id
-                          AND d.root_ts = a.thread_ts
-                          AND ((d.status = 'calling' AND d.lease_until > now())
-                               OR (d.status IN ('proposed', 'approved')
-                                   AND d.updated_at > now() - interval '2 minutes'))))
-            ORDER BY a.status_set_at
-            LIMIT $3"#,
+        r#"SELECT installation_id AS installation, channel_id AS channel, thread_ts
+             FROM assistant_threads
+            WHERE status_decision IS NOT NULL AND status_set_at < now() - make_interval(secs => $1)
+            ORDER BY status_set_at
+            LIMIT $2"#,
         settle,
-        refresh,
         limit
     )
     .fetch_all(pool)

@@ -432,8 +432,6 @@ impl MovedOn {
 pub struct Waiting {
     pub decision: Uuid,
     pub moved_on: MovedOn,
-    /// It has a review request (posted, or on its way) to update.
-    pub has_request: bool,
 }
 
 /// Decisions waiting for review (at most `limit`, the longest waiting
@@ -443,8 +441,7 @@ pub struct Waiting {
 /// judged once they are processed.
 pub async fn moved_on(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Waiting>> {
     let rows = sqlx::query!(
-        r#"SELECT w.id, w.changed AS "changed!", w.deleted AS "deleted!", w.newer AS "newer!",
-                  w.has_request AS "has_request!"
+        r#"SELECT w.id, w.changed AS "changed!", w.deleted AS "deleted!", w.newer AS "newer!"
              FROM (SELECT d.id, d.updated_at, th.version <> d.thread_version AS changed,
                           coalesce((SELECT bool_or(m.deleted) FROM thread_messages m
                                      WHERE m.installation_id = d.installation_id AND m.channel_id = d.channel_id
@@ -454,8 +451,7 @@ pub async fn moved_on(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Waiting>> {
                                        AND m.ts = t.ts
                                    WHERE t.installation_id = d.installation_id AND t.channel_id = d.channel_id
                                      AND m.root_ts = d.root_ts AND t.ts::numeric > d.source_ts::numeric
-                                     AND NOT m.deleted) AS newer,
-                          EXISTS (SELECT 1 FROM review_messages r WHERE r.decision_id = d.id) AS has_request
+                                     AND NOT m.deleted) AS newer
                      FROM decisions d
                      JOIN threads th ON th.installation_id = d.installation_id AND th.channel_id = d.channel_id
                                     AND th.root_ts = d.root_ts
@@ -480,19 +476,19 @@ pub async fn moved_on(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Waiting>> {
             } else {
                 MovedOn::Superseded
             },
-            has_request: r.has_request,
         })
         .collect())
 }
 
 /// Discards decision `id` if it is still waiting for review (a verdict
-/// that committed first wins); with its review request, if any, queued to
-/// show the outcome in the same transaction. True when discarded.
+/// that committed first wins), and queues the update of its review request
+/// in the same transaction (whether or not one is known now: a request
+/// being posted at this moment is updated too; without one the publisher
+/// has nothing to do). True when discarded.
 pub async fn discard_waiting(
     conn: &mut PgConnection,
     id: Uuid,
     moved_on: MovedOn,
-    has_request: bool,
 ) -> sqlx::Result<bool> {
     let (status, reason) = moved_on.status();
     let discarded = sqlx::query_scalar!(
@@ -507,7 +503,7 @@ pub async fn discard_waiting(
     .fetch_optional(&mut *conn)
     .await?
     .is_some();
-    if discarded && has_request {
+    if discarded {
         enqueue_outcome(conn, id, status.as_str()).await?;
     }
     Ok(discarded)
