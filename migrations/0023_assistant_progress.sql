@@ -9,7 +9,10 @@
 -- way to be posted), and no lock is held across the Slack call. The
 -- publisher's sweeper looks again at progress no answer is behind any more
 -- (a model call whose worker died or froze past its lease).
+-- `titled`: the thread's title was set from its first question (the
+-- greeting then leaves it alone).
 ALTER TABLE assistant_threads
+    ADD COLUMN titled          boolean NOT NULL DEFAULT false,
     ADD COLUMN status_decision uuid,
     ADD COLUMN status_set_at   timestamptz,
     ADD COLUMN status_gen      bigint NOT NULL DEFAULT 0;

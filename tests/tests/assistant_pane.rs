@@ -202,6 +202,8 @@ async fn the_pane_is_greeted_shows_progress_while_the_model_runs_and_is_answered
     );
     let p = pane(&s, &dm).await;
     assert_eq!(p["showing"], json!([]), "the progress ended: {p}");
+    // The thread is named after its first question.
+    assert_eq!(p["title"], json!("why did the deploy fail?"), "{p}");
     assert!(
         statuses(&p)
             .iter()
@@ -254,6 +256,11 @@ async fn an_answer_overtaken_in_the_pane_posts_nothing_and_leaves_no_progress() 
         "the answer is to the second question: {answers_now:?}"
     );
     assert_eq!(pane(&s, &dm).await["showing"], json!([]), "{settled}");
+    assert_eq!(
+        settled["title"],
+        json!("is the queue healthy?"),
+        "named after the first question, once"
+    );
     s.stop().await;
 }
 

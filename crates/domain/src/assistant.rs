@@ -52,6 +52,68 @@ pub fn parse(event: &Value) -> Option<AssistantThread> {
     })
 }
 
+/// Longest title [`title_of`] gives (characters).
+pub const TITLE_CHARS: usize = 60;
+
+/// A pane thread's title from its first question: the first line of the
+/// text, Slack's markup turned into what it shows (a link's label, else its
+/// address; a channel as `#name`; a person or a special mention dropped), spaces
+/// collapsed, cut at a word within [`TITLE_CHARS`] with "…". `None` when
+/// nothing is left.
+pub fn title_of(text: &str) -> Option<String> {
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
+    let mut plain = String::new();
+    let mut rest = line;
+    while let Some(open) = rest.find('<') {
+        plain.push_str(&rest[..open]);
+        let Some(close) = rest[open..].find('>') else {
+            plain.push_str(&rest[open..]);
+            rest = "";
+            break;
+        };
+        let inner = &rest[open + 1..open + close];
+        let (target, label) = match inner.split_once('|') {
+            Some((t, l)) => (t, Some(l)),
+            None => (inner, None),
+        };
+        match (target.chars().next(), label) {
+            // (a person or a special mention: its name is not in the text)
+            (Some('@' | '!'), _) | (Some('#'), None) => {}
+            (Some('#'), Some(name)) => {
+                plain.push('#');
+                plain.push_str(name);
+            }
+            _ => plain.push_str(label.unwrap_or(target)),
+        }
+        rest = &rest[open + close + 1..];
+    }
+    plain.push_str(rest);
+    let plain = plain
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&");
+    let words: Vec<&str> = plain.split_whitespace().collect();
+    if words.is_empty() {
+        return None;
+    }
+    let mut title = String::new();
+    for w in &words {
+        let next = title.chars().count() + usize::from(!title.is_empty()) + w.chars().count();
+        if next > TITLE_CHARS - 1 {
+            if title.is_empty() {
+                title = w.chars().take(TITLE_CHARS - 1).collect();
+            }
+            title.push('…');
+            return Some(title);
+        }
+        if !title.is_empty() {
+            title.push(' ');
+        }
+        title.push_str(w);
+    }
+    Some(title)
+}
+
 /// Whether the channel a person is looking at may be read as context of
 /// their question: only where the channel policy would answer (allow-listed;
 /// else, unless the installation answers only in allow-listed channels, not
@@ -79,6 +141,39 @@ pub fn context_readable(
         Some(false) => true,
         Some(true) => private_allowed,
         None => false,
+    }
+}
+
+#[cfg(test)]
+mod title_tests {
+    use super::*;
+
+    #[test]
+    fn a_title_is_the_question_as_slack_shows_it_cut_at_a_word() {
+        assert_eq!(
+            title_of("why did the deploy fail?\nstack trace below").as_deref(),
+            Some("why did the deploy fail?")
+        );
+        assert_eq!(
+            title_of("<@U0BOT> see <https://ex.com/x|the runbook> in <#C01|ops>, <!here>")
+                .as_deref(),
+            Some("see the runbook in #ops,")
+        );
+        assert_eq!(
+            title_of("a &lt;b&gt; &amp; <https://ex.com>").as_deref(),
+            Some("a <b> & https://ex.com")
+        );
+        let long = "word ".repeat(30);
+        let t = title_of(&long).unwrap();
+        assert!(t.chars().count() <= TITLE_CHARS && t.ends_with('…'), "{t}");
+        assert!(!t.contains("  "));
+        let one = "x".repeat(200);
+        assert_eq!(title_of(&one).unwrap().chars().count(), TITLE_CHARS);
+        assert_eq!(title_of("   \n <@U0BOT> "), None);
+        assert_eq!(
+            title_of("unclosed <https://ex.com").as_deref(),
+            Some("unclosed <https://ex.com")
+        );
     }
 }
 

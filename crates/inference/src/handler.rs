@@ -302,11 +302,23 @@ impl Handler {
         // In an assistant thread (the pane is a DM with the app), progress
         // shows while the model runs; the publisher clears it on every
         // outcome.
-        let pane = ctx.channel_id.starts_with('D')
-            && threadline_store::assistant::thread(&self.pool, inst, &ctx.channel_id, &ctx.root_ts)
-                .await?
-                .is_some();
-        if pane && let Err(e) = self.announce(id, false).await {
+        let pane = match ctx.channel_id.starts_with('D') {
+            true => {
+                threadline_store::assistant::thread(&self.pool, inst, &ctx.channel_id, &ctx.root_ts)
+                    .await?
+            }
+            false => None,
+        };
+        // The thread's first question names it (the publisher sets it once).
+        let title = pane.filter(|t| !t.titled).and_then(|_| {
+            ctx.messages
+                .iter()
+                .find(|m| m.ts == ctx.source_ts)
+                .and_then(|m| threadline_domain::assistant::title_of(&m.text))
+        });
+        if pane.is_some()
+            && let Err(e) = self.announce(id, false, title).await
+        {
             tracing::warn!(
                 error = format!("{e:#}"),
                 "announcing progress failed; none shown"
@@ -330,7 +342,7 @@ impl Handler {
             Some(st) if stream_here => {
                 // The publisher may start the stream now: the decision is
                 // named before the first word exists.
-                if let Err(e) = self.announce(id, true).await {
+                if let Err(e) = self.announce(id, true, None).await {
                     tracing::warn!(
                         error = format!("{e:#}"),
                         "announcing the stream failed; the answer will be posted whole"
@@ -425,7 +437,9 @@ impl Handler {
             let mut s = self.suppressed(&switch);
             s.action_kind = &action_kind;
             let settled = self.settle(id, &s).await?;
-            if pane && let Some(d) = settled {
+            if pane.is_some()
+                && let Some(d) = settled
+            {
                 // (so that the publisher clears the progress it showed)
                 publish_proposal(&self.js, &self.topology, &d, None).await?;
             }
@@ -511,7 +525,7 @@ impl Handler {
     /// stream to start (`stream`, `Nats-Msg-Id: prop:<decision>:stream`), or
     /// as progress to show in its assistant thread
     /// (`prop:<decision>:status`).
-    async fn announce(&self, id: Uuid, stream: bool) -> anyhow::Result<()> {
+    async fn announce(&self, id: Uuid, stream: bool, title: Option<String>) -> anyhow::Result<()> {
         if stream {
             // (the label first: a stream ended before any word still shows it)
             threadline_store::streams::release_text(&self.pool, id, "", &self.label).await?;
@@ -525,6 +539,7 @@ impl Handler {
             "stream"
         } else {
             msg.assistant = "status".to_owned();
+            msg.assistant_title = title.unwrap_or_default();
             "status"
         };
         let mut headers = async_nats::HeaderMap::new();

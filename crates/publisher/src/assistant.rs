@@ -47,10 +47,13 @@ impl Handler {
         channel: &str,
         thread_ts: &str,
     ) -> anyhow::Result<Disposition> {
-        match threadline_store::assistant::thread(&self.pool, inst, channel, thread_ts).await? {
-            None | Some(true) => return Ok(Disposition::Done),
-            Some(false) => {}
-        }
+        let titled = match threadline_store::assistant::thread(&self.pool, inst, channel, thread_ts)
+            .await?
+        {
+            None => return Ok(Disposition::Done),
+            Some(t) if t.greeted => return Ok(Disposition::Done),
+            Some(t) => t.titled,
+        };
         let Some(bot) = self.bot(inst).await? else {
             return Ok(Disposition::Done);
         };
@@ -94,6 +97,10 @@ impl Handler {
             ),
         ];
         for (method, form) in calls {
+            // (a title set from the first question already is kept)
+            if titled && method == "assistant.threads.setTitle" {
+                continue;
+            }
             match self.web.call(method, token, &form).await {
                 Ok(_) => {}
                 // (setting them again is harmless: Slack replaces them)
@@ -177,6 +184,49 @@ impl Handler {
         }
         tracing::warn!("an assistant thread's progress kept changing; it is looked at again later");
         Ok(())
+    }
+
+    /// Names the thread after its first question (`title`, plain text from
+    /// inference): once, by whichever publisher takes it first. Best
+    /// effort: the opening title stays if Slack does not take it.
+    pub(crate) async fn title_from_question(
+        &self,
+        inst: Uuid,
+        channel: &str,
+        thread_ts: &str,
+        title: &str,
+    ) {
+        let title: String = title
+            .chars()
+            .take(threadline_domain::assistant::TITLE_CHARS)
+            .collect();
+        match threadline_store::assistant::take_title(&self.pool, inst, channel, thread_ts).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "taking the pane's title failed; it keeps the opening one");
+                return;
+            }
+        }
+        let Ok(Some(bot)) = self.bot(inst).await else {
+            return;
+        };
+        let form = [
+            ("channel_id", channel),
+            ("thread_ts", thread_ts),
+            ("title", title.as_str()),
+        ];
+        if let Err(e) = self
+            .web
+            .call(
+                "assistant.threads.setTitle",
+                bot.token.expose_secret(),
+                &form,
+            )
+            .await
+        {
+            tracing::warn!(error = %e, "Slack did not take the pane's title; it keeps the opening one");
+        }
     }
 
     /// After an answer of a DM thread came to something (posted or not):

@@ -190,6 +190,11 @@ impl Handler {
         };
         if p.assistant == "status" {
             let span = tracing::info_span!("publisher.assistant_status", event_id = %p.event_id, decision_id = %decision);
+            if !p.assistant_title.is_empty() {
+                self.title_from_question(inst, &p.channel_id, &p.root_ts, &p.assistant_title)
+                    .instrument(span.clone())
+                    .await;
+            }
             return match self
                 .sync_progress(inst, &p.channel_id, &p.root_ts, false)
                 .instrument(span.clone())

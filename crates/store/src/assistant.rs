@@ -83,16 +83,26 @@ pub async fn record(
     Ok(new)
 }
 
+/// An assistant thread as the pane's greeting and title need it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaneThread {
+    /// The suggested prompts and the opening title were shown.
+    pub greeted: bool,
+    /// Its title was set from its first question.
+    pub titled: bool,
+}
+
 /// Whether `(channel, thread_ts)` is an assistant thread of the
-/// installation, and whether its greeting was shown.
+/// installation, and what of it was shown.
 pub async fn thread(
     pool: &PgPool,
     installation: Uuid,
     channel: &str,
     thread_ts: &str,
-) -> sqlx::Result<Option<bool>> {
-    sqlx::query_scalar!(
-        "SELECT greeted FROM assistant_threads
+) -> sqlx::Result<Option<PaneThread>> {
+    sqlx::query_as!(
+        PaneThread,
+        "SELECT greeted, titled FROM assistant_threads
           WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3",
         installation,
         channel,
@@ -100,6 +110,27 @@ pub async fn thread(
     )
     .fetch_optional(pool)
     .await
+}
+
+/// Takes the setting of the thread's title from its first question: true
+/// for the one caller that does it (the first question's), false once
+/// taken.
+pub async fn take_title(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    thread_ts: &str,
+) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE assistant_threads SET titled = true, updated_at = now()
+          WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3 AND NOT titled",
+        installation,
+        channel,
+        thread_ts
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
 }
 
 /// The greeting was shown.

@@ -174,6 +174,7 @@ pub fn proposal(d: &Decision) -> ProposalReady {
         model_config_id: d.model_config_id.clone().unwrap_or_default(),
         stream: false,
         assistant: String::new(),
+        assistant_title: String::new(),
     }
 }
 
