@@ -16,8 +16,10 @@ ALTER TABLE assistant_threads
     ADD COLUMN status_decision uuid,
     ADD COLUMN status_set_at   timestamptz,
     ADD COLUMN status_gen      bigint NOT NULL DEFAULT 0;
-CREATE INDEX assistant_threads_showing ON assistant_threads (status_set_at)
-    WHERE status_decision IS NOT NULL;
--- A thread's decisions, newest first (the pane's progress asks which one is
--- being answered).
-CREATE INDEX decisions_by_thread ON decisions (installation_id, channel_id, root_ts, created_at);
+-- When the publisher's sweeper looks at the thread's progress next (NULL:
+-- nothing of the publisher's shows). A sweeper takes due rows with SKIP
+-- LOCKED and moves this on, so replicas share them; a call Slack did not
+-- take now (a 429, a timeout) moves it on by Slack's Retry-After.
+ALTER TABLE assistant_threads ADD COLUMN status_due_at timestamptz;
+CREATE INDEX assistant_threads_due ON assistant_threads (status_due_at)
+    WHERE status_due_at IS NOT NULL;

@@ -569,7 +569,9 @@ async fn the_channel_the_person_looks_at_is_read_only_where_the_policy_would_ans
 /// The viewed channel's reads draw from the installation's shared read
 /// budget: with one `conversations.history` a minute, a second question
 /// within the minute is answered without the channel (and says nothing of
-/// it), and Slack is asked once.
+/// it), and Slack is asked once. (The channel is allow-listed, so no
+/// `conversations.info` is asked: the history read alone meets the
+/// budget.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_viewed_channel_is_read_within_the_shared_read_budget() {
     let mut s = pane_stack_with(
@@ -581,6 +583,26 @@ async fn the_viewed_channel_is_read_within_the_shared_read_budget() {
     )
     .await;
     s.unjudged = Some("the pane's thread is a DM the oracle does not read");
+    let inst = first_installation(&s).await;
+    let allowed = cli(
+        &[
+            "policy",
+            "channel",
+            "--installation",
+            &inst,
+            "--channel",
+            &s.channel,
+            "--allow",
+            "on",
+        ],
+        &[("DATABASE_URL", s.db.url.clone())],
+    )
+    .await;
+    assert!(
+        allowed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&allowed.stderr)
+    );
     let said = s.post("the consumer restarted twice", None).await;
     let (dm, thread) = open_pane(&s).await;
     let text = ask(&s, &dm, &thread, "what happened?").await;
@@ -591,5 +613,14 @@ async fn the_viewed_channel_is_read_within_the_shared_read_budget() {
     let text = ask(&s, &dm, &thread, "and since?").await;
     assert!(!text.contains("of channel"), "the budget is spent: {text}");
     assert_eq!(history_reads(&s).await, [s.channel.as_str()]);
+    let infos = sim_get(&s.sim, "calls?method=conversations.info").await;
+    assert!(
+        !infos["calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["channel"] == json!(s.channel)),
+        "an allow-listed channel needs no lookup: {infos}"
+    );
     s.stop().await;
 }

@@ -55,13 +55,38 @@ pub fn parse(event: &Value) -> Option<AssistantThread> {
 /// Longest title [`title_of`] gives (characters).
 pub const TITLE_CHARS: usize = 60;
 
-/// A pane thread's title from its first question: the first line of the
-/// text, Slack's markup turned into what it shows (a link's label, else its
-/// address; a channel as `#name`; a person or a special mention dropped), spaces
-/// collapsed, cut at a word within [`TITLE_CHARS`] with "…". `None` when
-/// nothing is left.
+/// A pane thread's title from its first question: its first line with
+/// something left once Slack's markup is turned into what it shows (a
+/// link's label, else its address; a channel as `#name`; a person or a
+/// special mention dropped), spaces collapsed, cut at a word within
+/// [`TITLE_CHARS`] with "…". `None` when nothing is left.
 pub fn title_of(text: &str) -> Option<String> {
-    let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
+    let words = text.lines().map(shown_words).find(|w| !w.is_empty())?;
+    let whole = words.join(" ");
+    if whole.chars().count() <= TITLE_CHARS {
+        return Some(whole);
+    }
+    let mut title = String::new();
+    for w in &words {
+        let next = title.chars().count() + usize::from(!title.is_empty()) + w.chars().count();
+        if next > TITLE_CHARS - 1 {
+            break;
+        }
+        if !title.is_empty() {
+            title.push(' ');
+        }
+        title.push_str(w);
+    }
+    if title.is_empty() {
+        // (one word longer than a title)
+        title = words[0].chars().take(TITLE_CHARS - 1).collect();
+    }
+    title.push('…');
+    Some(title)
+}
+
+/// The words of one line of a Slack message as Slack shows them.
+fn shown_words(line: &str) -> Vec<String> {
     let mut plain = String::new();
     let mut rest = line;
     while let Some(open) = rest.find('<') {
@@ -73,7 +98,7 @@ pub fn title_of(text: &str) -> Option<String> {
         };
         let inner = &rest[open + 1..open + close];
         let (target, label) = match inner.split_once('|') {
-            Some((t, l)) => (t, Some(l)),
+            Some((t, l)) => (t, Some(l).filter(|l| !l.is_empty())),
             None => (inner, None),
         };
         match (target.chars().next(), label) {
@@ -88,30 +113,13 @@ pub fn title_of(text: &str) -> Option<String> {
         rest = &rest[open + close + 1..];
     }
     plain.push_str(rest);
-    let plain = plain
+    plain
         .replace("&lt;", "<")
         .replace("&gt;", ">")
-        .replace("&amp;", "&");
-    let words: Vec<&str> = plain.split_whitespace().collect();
-    if words.is_empty() {
-        return None;
-    }
-    let mut title = String::new();
-    for w in &words {
-        let next = title.chars().count() + usize::from(!title.is_empty()) + w.chars().count();
-        if next > TITLE_CHARS - 1 {
-            if title.is_empty() {
-                title = w.chars().take(TITLE_CHARS - 1).collect();
-            }
-            title.push('…');
-            return Some(title);
-        }
-        if !title.is_empty() {
-            title.push(' ');
-        }
-        title.push_str(w);
-    }
-    Some(title)
+        .replace("&amp;", "&")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Whether the channel a person is looking at may be read as context of
@@ -170,6 +178,19 @@ mod title_tests {
         let one = "x".repeat(200);
         assert_eq!(title_of(&one).unwrap().chars().count(), TITLE_CHARS);
         assert_eq!(title_of("   \n <@U0BOT> "), None);
+        // A first line of only a mention: the next one names it.
+        assert_eq!(
+            title_of("<@U0BOT>\nwhy is the queue stuck?").as_deref(),
+            Some("why is the queue stuck?")
+        );
+        // Empty labels show the channel's nothing and the link's address.
+        assert_eq!(
+            title_of("in <#C01|> see <https://ex.com/a|>").as_deref(),
+            Some("in see https://ex.com/a")
+        );
+        // Exactly the limit is kept whole.
+        let sixty = format!("{} end", "a".repeat(TITLE_CHARS - 4));
+        assert_eq!(title_of(&sixty).as_deref(), Some(sixty.as_str()));
         assert_eq!(
             title_of("unclosed <https://ex.com").as_deref(),
             Some("unclosed <https://ex.com")

@@ -97,8 +97,14 @@ impl Handler {
             ),
         ];
         for (method, form) in calls {
-            // (a title set from the first question already is kept)
-            if titled && method == "assistant.threads.setTitle" {
+            // (a title set from the first question already is kept: looked
+            // at again right before, the prompts' call may have been slow)
+            if method == "assistant.threads.setTitle"
+                && (titled
+                    || threadline_store::assistant::thread(&self.pool, inst, channel, thread_ts)
+                        .await?
+                        .is_some_and(|t| t.titled))
+            {
                 continue;
             }
             match self.web.call(method, token, &form).await {
@@ -125,15 +131,16 @@ impl Handler {
     /// say: "is thinking…" while one of them is being answered, nothing once
     /// none is (stale, superseded, suppressed, cancelled, held for review,
     /// rejected, failed, or answered: a reply clears it in Slack). No lock
-    /// is held across the Slack call: the call is recorded by
-    /// compare-and-set on the thread's generation, and a publisher whose
-    /// record lost (another's call may have reached Slack after its own)
-    /// calls again with what the thread should show then, so the last call
-    /// Slack receives is the right one. Best effort: a call Slack may take
-    /// later (a 429, a timeout) is left to the next look (the sweeper's, for
-    /// progress this publisher set). `replied`: the app may just have
-    /// replied in the thread, which ends any status in Slack, so Slack is
-    /// called whatever the record says.
+    /// is held across the Slack call: every call that may have reached
+    /// Slack is followed by a compare-and-set of the thread's record on its
+    /// generation, and a publisher whose record lost (another's call may
+    /// have reached Slack after its own) calls again with what the thread
+    /// should show then, unless both calls carried the same status, so the
+    /// last call Slack applies is the right one. A call Slack did not take
+    /// now (a 429, a timeout) is recorded as possibly applied and looked at
+    /// again by the sweeper after Slack's `Retry-After`. `replied`: the app
+    /// may just have replied in the thread, which ends any status in Slack,
+    /// so Slack is called whatever the record says.
     pub(crate) async fn sync_progress(
         &self,
         inst: Uuid,
@@ -143,6 +150,8 @@ impl Handler {
     ) -> anyhow::Result<()> {
         let bot = self.bot(inst).await?;
         let mut again = replied;
+        // The target of this publisher's last call, once it made one.
+        let mut sent: Option<Option<Uuid>> = None;
         for _ in 0..4 {
             let Some(p) =
                 threadline_store::assistant::progress(&self.pool, inst, channel, thread_ts).await?
@@ -155,6 +164,9 @@ impl Handler {
                     return Ok(());
                 }
                 (None, None) if !again => return Ok(()),
+                // (this call and the one recorded since carried the same
+                // status: whichever Slack applied last, it shows the right one)
+                _ if sent == Some(p.live) && p.shown == p.live => return Ok(()),
                 (Some(_), _) => THINKING,
                 (None, _) => "",
             };
@@ -165,24 +177,79 @@ impl Handler {
                 self.set_status(bot.as_ref(), channel, thread_ts, status)
                     .await
             };
-            if call == Call::Later {
-                return Ok(());
-            }
-            if threadline_store::assistant::set_shown(
-                &self.pool,
-                inst,
-                channel,
-                thread_ts,
-                p.generation,
-                p.live,
-            )
-            .await?
-            {
+            sent = Some(p.live);
+            let recorded = match call {
+                Call::Taken => {
+                    threadline_store::assistant::set_shown(
+                        &self.pool,
+                        inst,
+                        channel,
+                        thread_ts,
+                        p.generation,
+                        p.live,
+                        SETTLE_SECS,
+                    )
+                    .await?
+                }
+                Call::Later(after) => {
+                    threadline_store::assistant::not_taken(
+                        &self.pool,
+                        inst,
+                        channel,
+                        thread_ts,
+                        p.generation,
+                        p.live,
+                        after,
+                    )
+                    .await?
+                }
+            };
+            if recorded {
                 return Ok(());
             }
             again = true;
         }
         tracing::warn!("an assistant thread's progress kept changing; it is looked at again later");
+        Ok(())
+    }
+
+    /// After an answer of a DM thread came to something (posted or not):
+    /// its progress follows (a failure here is left to the sweeper).
+    pub(crate) async fn after_pane_answer(&self, inst: Uuid, channel: &str, thread_ts: &str) {
+        if let Err(e) = self.sync_progress(inst, channel, thread_ts, true).await {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "updating an assistant thread's progress failed; the sweeper looks again"
+            );
+        }
+    }
+
+    /// Looks again at the progress of assistant threads that nothing else
+    /// will: a model call whose worker died or froze past its lease (or was
+    /// dead-lettered) left it showing, a call Slack did not take, or a model
+    /// call that outlives Slack's two-minute limit. Rows are taken with a
+    /// short lease (`SKIP LOCKED`), at most [`SWEEP_THREADS`] a round, and
+    /// the round is bounded in time so that it never holds up the rest of
+    /// the sweep.
+    pub(crate) async fn sweep_progress(&self) -> anyhow::Result<()> {
+        let due =
+            threadline_store::assistant::take_due(&self.pool, SWEEP_THREADS, SWEEP_LEASE_SECS)
+                .await?;
+        let round = async {
+            for t in due {
+                if let Err(e) = self
+                    .sync_progress(t.installation, &t.channel, &t.thread_ts, false)
+                    .await
+                {
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        "looking at an assistant thread's progress failed; next round"
+                    );
+                }
+            }
+        };
+        // (what is left is due again once its lease ends)
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(20), round).await;
         Ok(())
     }
 
@@ -229,37 +296,6 @@ impl Handler {
         }
     }
 
-    /// After an answer of a DM thread came to something (posted or not):
-    /// its progress follows (a failure here is left to the sweeper).
-    pub(crate) async fn after_pane_answer(&self, inst: Uuid, channel: &str, thread_ts: &str) {
-        if let Err(e) = self.sync_progress(inst, channel, thread_ts, true).await {
-            tracing::warn!(
-                error = format!("{e:#}"),
-                "updating an assistant thread's progress failed; the sweeper looks again"
-            );
-        }
-    }
-
-    /// Looks again at the progress of assistant threads that nothing else
-    /// will: a model call whose worker died or froze past its lease (or was
-    /// dead-lettered) left it showing, a clear that Slack did not take, or a
-    /// model call that outlives Slack's two-minute limit.
-    pub(crate) async fn sweep_progress(&self) -> anyhow::Result<()> {
-        let due = threadline_store::assistant::showing_due(&self.pool, SETTLE_SECS, 200).await?;
-        for t in due {
-            if let Err(e) = self
-                .sync_progress(t.installation, &t.channel, &t.thread_ts, false)
-                .await
-            {
-                tracing::warn!(
-                    error = format!("{e:#}"),
-                    "looking at an assistant thread's progress failed; next round"
-                );
-            }
-        }
-        Ok(())
-    }
-
     /// Sets the thread's status (`""` clears it).
     async fn set_status(
         &self,
@@ -287,6 +323,13 @@ impl Handler {
             .await
         {
             Ok(_) => Call::Taken,
+            Err(WebError::RateLimited { retry_after }) => {
+                Call::Later(retry_after.as_secs_f64().max(1.0))
+            }
+            // Slack's own trouble: it may have applied the call.
+            Err(WebError::Api { code }) if UNKNOWN_CODES.contains(&code.as_str()) => {
+                Call::Later(2.0)
+            }
             // Refused for good (the thread gone, the scope missing): asking
             // again changes nothing.
             Err(WebError::Api { code }) => {
@@ -296,17 +339,25 @@ impl Handler {
             Err(e) => {
                 // (Slack clears a status by itself after two minutes)
                 tracing::warn!(error = %e, cleared = status.is_empty(), "setting the assistant thread's status failed; looked at again later");
-                Call::Later
+                Call::Later(2.0)
             }
         }
     }
 }
 
 /// What became of a `setStatus` call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Call {
     /// Done, or refused for good: recorded as done.
     Taken,
-    /// Not taken now (a 429, a timeout): looked at again later.
-    Later,
+    /// Not taken now (a 429, a timeout, Slack's own error), though Slack
+    /// may still apply it: looked at again after this many seconds.
+    Later(f64),
 }
+
+/// Slack's codes after which a call may or may not have been applied.
+const UNKNOWN_CODES: &[&str] = &["fatal_error", "internal_error", "service_unavailable"];
+
+/// Threads the sweeper looks at in one round, and how long it holds each.
+const SWEEP_THREADS: i64 = 100;
+const SWEEP_LEASE_SECS: f64 = 10.0;

@@ -85,6 +85,9 @@ impl Handler {
                             code = %code,
                             "a review request's post outcome is unknown and the review channel cannot be read; the CLI still reviews it"
                         );
+                        // (marked so that `review setup` never asks again:
+                        // Slack may hold this request)
+                        let code = format!("{}{code}", review::UNREADABLE);
                         review::failed(&self.pool, d.id, attempt, &code).await?;
                         return Ok(Disposition::Done);
                     }

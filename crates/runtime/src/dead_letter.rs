@@ -145,7 +145,8 @@ fn redacted(topic: Topic, payload: &[u8]) -> Option<(Kept, Bytes)> {
         }
         Topic::Contexts => {
             let mut m = ContextReady::decode(payload).ok()?;
-            for c in &mut m.messages {
+            // (the thread, and the channel the person looks at in the pane)
+            for c in m.messages.iter_mut().chain(m.channel_context.iter_mut()) {
                 c.text.clear();
             }
             m.encode_to_vec()
@@ -154,6 +155,8 @@ fn redacted(topic: Topic, payload: &[u8]) -> Option<(Kept, Bytes)> {
             let mut m = ProposalReady::decode(payload).ok()?;
             m.text.clear();
             m.blocks_json.clear();
+            // (the pane's title: the first line of a person's question)
+            m.assistant_title.clear();
             m.encode_to_vec()
         }
         Topic::Reconsider => {
@@ -345,6 +348,11 @@ mod tests {
                 text: SECRET.into(),
                 ..Default::default()
             }],
+            channel_context: vec![ContextMessage {
+                ts: "2.000001".into(),
+                text: format!("viewed: {SECRET}"),
+                ..Default::default()
+            }],
             ..Default::default()
         }
         .encode_to_vec()
@@ -445,6 +453,7 @@ mod tests {
             decision_id: "0190c2f4-0000-7000-8000-000000000003".into(),
             text: SECRET.into(),
             blocks_json: format!("[{{\"text\":\"{SECRET}\"}}]"),
+            assistant_title: format!("title {SECRET}"),
             ..Default::default()
         }
         .encode_to_vec();

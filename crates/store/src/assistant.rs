@@ -43,7 +43,9 @@ pub async fn record(
            VALUES ($1, $2, $3, $4, $5, $6)
            ON CONFLICT (installation_id, channel_id, thread_ts) DO UPDATE
               SET context_channel_id = coalesce(EXCLUDED.context_channel_id, a.context_channel_id),
-                  context_team_id = coalesce(EXCLUDED.context_team_id, a.context_team_id),
+                  -- (the team goes with the channel it was given with)
+                  context_team_id = CASE WHEN EXCLUDED.context_channel_id IS NULL THEN a.context_team_id
+                                         ELSE EXCLUDED.context_team_id END,
                   -- (decided again by the next question)
                   context_readable = a.context_readable
                       AND EXCLUDED.context_channel_id IS NOT DISTINCT FROM a.context_channel_id,
@@ -209,7 +211,8 @@ pub async fn progress(
 /// Records the progress now showing in the thread (`None`: none), if the
 /// record is still at `generation`: false when another publisher changed
 /// it meanwhile (its call and this one's may have reached Slack in either
-/// order).
+/// order). Progress that shows is looked at again by the sweeper `settle`
+/// seconds on.
 pub async fn set_shown(
     pool: &PgPool,
     installation: Uuid,
@@ -217,17 +220,54 @@ pub async fn set_shown(
     thread_ts: &str,
     generation: i64,
     decision: Option<Uuid>,
+    settle: f64,
 ) -> sqlx::Result<bool> {
     let r = sqlx::query!(
         "UPDATE assistant_threads
             SET status_decision = $5, status_gen = status_gen + 1,
-                status_set_at = CASE WHEN $5::uuid IS NULL THEN NULL ELSE clock_timestamp() END
+                status_set_at = CASE WHEN $5::uuid IS NULL THEN NULL ELSE clock_timestamp() END,
+                status_due_at = CASE WHEN $5::uuid IS NULL THEN NULL
+                                     ELSE clock_timestamp() + make_interval(secs => $6) END
           WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3 AND status_gen = $4",
         installation,
         channel,
         thread_ts,
         generation,
-        decision
+        decision,
+        settle
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// A `setStatus` call toward `decision` (`None`: a clear) that Slack did
+/// not take now, and may still apply: recorded, if the record is still at
+/// `generation`, as possibly showing (a set), or as still showing what it
+/// showed (a clear), and looked at again `after` seconds on. False when
+/// another publisher changed the record meanwhile.
+pub async fn not_taken(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    thread_ts: &str,
+    generation: i64,
+    decision: Option<Uuid>,
+    after: f64,
+) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE assistant_threads
+            SET status_decision = coalesce($5, status_decision), status_gen = status_gen + 1,
+                status_set_at = CASE WHEN $5::uuid IS NULL THEN status_set_at ELSE clock_timestamp() END,
+                status_due_at = CASE WHEN coalesce($5, status_decision) IS NULL THEN NULL
+                                     ELSE clock_timestamp() + make_interval(secs => $6) END
+          WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3 AND status_gen = $4",
+        installation,
+        channel,
+        thread_ts,
+        generation,
+        decision,
+        after
     )
     .execute(pool)
     .await?;
@@ -242,20 +282,24 @@ pub struct Showing {
     pub thread_ts: String,
 }
 
-/// Threads showing progress the publisher set at least `settle` seconds
-/// ago, longest first: the publisher looks at each again (cleared when no
-/// answer is behind it any more, set again before Slack's own limit while
-/// one still is).
-pub async fn showing_due(pool: &PgPool, settle: f64, limit: i64) -> sqlx::Result<Vec<Showing>> {
+/// Takes up to `limit` threads whose progress is due to be looked at again
+/// (the longest due first), moving each on by `lease` seconds so that no
+/// other sweeper takes it meanwhile (`SKIP LOCKED`: replicas share them).
+pub async fn take_due(pool: &PgPool, limit: i64, lease: f64) -> sqlx::Result<Vec<Showing>> {
     sqlx::query_as!(
         Showing,
-        r#"SELECT installation_id AS installation, channel_id AS channel, thread_ts
-             FROM assistant_threads
-            WHERE status_decision IS NOT NULL AND status_set_at < now() - make_interval(secs => $1)
-            ORDER BY status_set_at
-            LIMIT $2"#,
-        settle,
-        limit
+        r#"UPDATE assistant_threads a
+              SET status_due_at = now() + make_interval(secs => $2)
+             FROM (SELECT installation_id, channel_id, thread_ts FROM assistant_threads
+                    WHERE status_due_at <= now()
+                    ORDER BY status_due_at
+                    LIMIT $1
+                      FOR UPDATE SKIP LOCKED) due
+            WHERE a.installation_id = due.installation_id AND a.channel_id = due.channel_id
+              AND a.thread_ts = due.thread_ts
+        RETURNING a.installation_id AS installation, a.channel_id AS channel, a.thread_ts"#,
+        limit,
+        lease
     )
     .fetch_all(pool)
     .await

@@ -509,20 +509,29 @@ pub async fn discard_waiting(
     Ok(discarded)
 }
 
+/// The prefix of a failed request's code when its post's outcome was
+/// unknown and the review channel could not be read to tell: Slack may
+/// hold that request, so it is never asked again.
+pub const UNREADABLE: &str = "unreadable:";
+
 /// Asks in the review channel about every answer of the installation that
 /// waits for review without a request there: one waiting from before the
 /// channel was set up, or whose request Slack refused for good (that
-/// attempt is forgotten: Slack holds nothing of it). Their proposals are
-/// queued for the publisher in one transaction; a request already posted,
-/// or on its way, is left as it is. How many were queued.
+/// attempt is forgotten: Slack holds nothing of it). A request whose post
+/// may have landed (its outcome unknown, the channel unreadable) is never
+/// asked again. Their proposals are queued for the publisher in one
+/// transaction; a request already posted, or on its way, is left as it is.
+/// How many were queued.
 pub async fn ask_waiting(pool: &PgPool, installation: Uuid) -> sqlx::Result<u64> {
     let mut tx = pool.begin().await?;
     sqlx::query!(
         "DELETE FROM review_messages r USING decisions d
-          WHERE r.decision_id = d.id AND d.installation_id = $1 AND d.status = $2 AND r.state = $3",
+          WHERE r.decision_id = d.id AND d.installation_id = $1 AND d.status = $2 AND r.state = $3
+            AND NOT starts_with(coalesce(r.error_code, ''), $4)",
         installation,
         DecisionStatus::Review.as_str(),
         R::Failed.as_str(),
+        UNREADABLE,
     )
     .execute(&mut *tx)
     .await?;

@@ -1,0 +1,115 @@
+//! The assistant pane's progress record (migration 0023), against a real
+//! database: a `setStatus` call is recorded only by compare-and-set on the
+//! thread's generation, so a publisher whose call may have crossed
+//! another's learns it and calls again; a call Slack did not take keeps
+//! what may show and is due again after Slack's wait; sweepers share due
+//! threads without taking one twice.
+
+use std::time::Duration;
+
+use threadline_store::assistant::{not_taken, progress, set_shown, take_due};
+use threadline_testkit::TestDb;
+use uuid::Uuid;
+
+const DM: &str = "D0PANE";
+const TS: &str = "1700000000.000100";
+
+async fn thread(db: &TestDb) -> Uuid {
+    let inst = Uuid::now_v7();
+    threadline_store::testing::assistant::insert_updated_ago(
+        &db.pool,
+        inst,
+        DM,
+        TS,
+        Duration::ZERO,
+    )
+    .await
+    .expect("thread");
+    inst
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_one_of_two_crossing_calls_is_recorded_and_the_other_learns_it() {
+    let db = TestDb::new().await;
+    let inst = thread(&db).await;
+    let p = progress(&db.pool, inst, DM, TS)
+        .await
+        .expect("read")
+        .expect("a pane thread");
+    assert_eq!((p.live, p.shown), (None, None));
+    // Two publishers read the same generation and both call Slack.
+    let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+    assert!(
+        set_shown(&db.pool, inst, DM, TS, p.generation, Some(a), 5.0)
+            .await
+            .expect("record")
+    );
+    assert!(
+        !set_shown(&db.pool, inst, DM, TS, p.generation, Some(b), 5.0)
+            .await
+            .expect("record"),
+        "the second record lost: its publisher calls again"
+    );
+    let now = progress(&db.pool, inst, DM, TS)
+        .await
+        .expect("read")
+        .expect("thread");
+    assert_eq!(now.shown, Some(a));
+    assert_eq!(now.generation, p.generation + 1);
+    // Cleared: nothing shows and nothing is due.
+    assert!(
+        set_shown(&db.pool, inst, DM, TS, now.generation, None, 5.0)
+            .await
+            .expect("record")
+    );
+    assert_eq!(
+        progress(&db.pool, inst, DM, TS)
+            .await
+            .expect("read")
+            .expect("thread")
+            .shown,
+        None
+    );
+    assert!(
+        take_due(&db.pool, 10, 10.0).await.expect("due").is_empty(),
+        "nothing of the publisher's shows"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_slack_did_not_take_keeps_what_may_show_and_is_due_again() {
+    let db = TestDb::new().await;
+    let inst = thread(&db).await;
+    let d = Uuid::now_v7();
+    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    // A set that timed out may still land: recorded as possibly showing.
+    assert!(
+        not_taken(&db.pool, inst, DM, TS, p.generation, Some(d), 0.0)
+            .await
+            .unwrap()
+    );
+    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    assert_eq!(p.shown, Some(d));
+    // A clear Slack refused for now (a 429) keeps it showing, due again
+    // after the wait, never forgotten.
+    assert!(
+        not_taken(&db.pool, inst, DM, TS, p.generation, None, 0.0)
+            .await
+            .unwrap()
+    );
+    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    assert_eq!(p.shown, Some(d), "still shows as far as anyone knows");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Two sweepers: one takes it, the other finds it leased.
+    let first = take_due(&db.pool, 10, 10.0).await.unwrap();
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].installation, inst);
+    assert!(take_due(&db.pool, 10, 10.0).await.unwrap().is_empty());
+    // A wait from Slack moves it on.
+    assert!(
+        not_taken(&db.pool, inst, DM, TS, p.generation, None, 30.0)
+            .await
+            .unwrap()
+    );
+    assert!(take_due(&db.pool, 10, 0.0).await.unwrap().is_empty());
+}
