@@ -704,7 +704,8 @@ impl Handler {
 
     /// One read for a pane question's viewed channel, drawn from the
     /// installation's read budget for `method` that every replica shares
-    /// (Tier 3, as backfills' reads): `None` when it is spent, or when
+    /// (Tier 3, as backfills' reads; one history read a minute for an app
+    /// outside the Marketplace): `None` when it is spent, or when
     /// Slack asked to slow down (the budget then pauses for as long as Slack
     /// said). The question is then answered without the channel.
     async fn budgeted(
@@ -714,7 +715,13 @@ impl Handler {
         method: &'static str,
         form: &[(&str, &str)],
     ) -> anyhow::Result<Option<serde_json::Value>> {
-        let per_minute = self.backfill.per_minute;
+        // (Slack's limit for apps outside the Marketplace: one history read
+        // a minute; conversations.info keeps Tier 3)
+        let per_minute = if inst.non_marketplace && method == "conversations.history" {
+            1
+        } else {
+            self.backfill.per_minute
+        };
         if !threadline_store::channels::take_read_budget(&self.pool, inst.id, method, per_minute)
             .await?
         {
