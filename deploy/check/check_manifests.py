@@ -87,7 +87,21 @@ FLAG_TRUE = {"1", "true", "yes", "on"}
 
 
 def flag_on(key):
-    return lambda p: p.get(key) is not None and str(p[key][1]).strip().lower() in FLAG_TRUE
+    """The flag may be on: set to a true value, or from a source whose value
+    is not knowable offline (a Secret, a key reference, a fieldRef), which
+    is taken as on — conservative, so that what the flag requires or bounds
+    is still checked. Unset or empty is off (src.flag's default)."""
+    def test(p):
+        given = p.get(key)
+        if given is None:
+            return False
+        return given[1] is None or given[1].strip().lower() in FLAG_TRUE
+    return test
+
+
+def flag_unknowable(p, key) -> bool:
+    """`key` is given, from a source whose value is not knowable offline."""
+    return p.get(key) is not None and p[key][1] is None
 
 
 def never(_p):
@@ -107,7 +121,9 @@ CONDITIONAL = {
     ("threadline-gateway", "THREADLINE_TOKEN_KEYS"): (
         when_set("SLACK_CLIENT_ID"), "with SLACK_CLIENT_ID (installs store sealed tokens)"),
     ("threadline-gateway", "SLACK_APP_TOKEN"): (
-        flag_on("THREADLINE_SOCKET_MODE"), "with THREADLINE_SOCKET_MODE=true (Socket Mode intake)"),
+        flag_on("THREADLINE_SOCKET_MODE"),
+        "with THREADLINE_SOCKET_MODE=true (Socket Mode intake; a value not knowable offline, "
+        "from a Secret, counts as true)"),
     ("threadline-inference", "THREADLINE_MODEL_BASE_URL"): (
         equals("THREADLINE_MODEL_PROVIDER", "openai"), "with THREADLINE_MODEL_PROVIDER=openai"),
     ("threadline-inference", "THREADLINE_MODEL_NAME"): (
@@ -596,11 +612,28 @@ SLACK_SOCKET_LIMIT = 10
 KEDA_DEFAULT_MAX_REPLICAS = 100  # a ScaledObject without maxReplicaCount
 
 
-def peak_pods(doc, by_kind) -> tuple[int, int, str]:
-    """(replicas, surge, how): the most replicas workload `doc` can be
-    scaled to (the largest maxReplicas of the HPAs and KEDA ScaledObjects
-    of its overlay that scale it, else spec.replicas), and the pods a
-    RollingUpdate runs above them while it rolls (maxSurge, 25% unset)."""
+def rolling_pods(value, replicas: int, default: str, round_up: bool) -> int:
+    """A RollingUpdate's maxSurge (round_up) or maxUnavailable, resolved
+    against `replicas` as Kubernetes does (percentages: surge rounds up,
+    unavailable down)."""
+    v = default if value is None else str(value)
+    if v.endswith("%"):
+        n = replicas * int(v[:-1])
+        return -(-n // 100) if round_up else n // 100
+    return int(v)
+
+
+def peak_pods(doc, by_kind) -> tuple[int, int, int, str]:
+    """(replicas, surge, terminating, how): the most replicas workload `doc`
+    can be scaled to (the largest maxReplicas of the HPAs and KEDA
+    ScaledObjects of its overlay that scale it, else spec.replicas), the
+    pods a RollingUpdate starts above them (maxSurge, 25% unset), and the
+    old pods it deletes meanwhile, which are Terminating — still running,
+    holding what they hold through preStop and the grace period — while
+    their replacements start (maxUnavailable, 25% unset). Kubernetes
+    resolves both against the replicas (surge rounding up, unavailable
+    down; both 0 makes unavailable 1). Recreate deletes every old pod
+    before starting any new one: no overlap."""
     kind, name = doc["kind"], dig(doc, "metadata.name")
     scalers = [(int(dig(h, "spec.maxReplicas") or 0), f"{kn(h)} maxReplicas")
                for h in by_kind.get("HorizontalPodAutoscaler", {}).values()
@@ -613,18 +646,20 @@ def peak_pods(doc, by_kind) -> tuple[int, int, str]:
     else:
         replicas = dig(doc, "spec.replicas")
         replicas, how = (1, "spec.replicas unset") if replicas is None else (int(replicas), "spec.replicas")
-    surge = 0
+    surge = terminating = 0
     if kind == "Deployment" and (dig(doc, "spec.strategy.type") or "RollingUpdate") == "RollingUpdate":
-        s = dig(doc, "spec.strategy.rollingUpdate.maxSurge")
-        s = "25%" if s is None else str(s)
-        surge = math.ceil(replicas * int(s[:-1]) / 100) if s.endswith("%") else int(s)
-    return replicas, surge, f"{how} {replicas}"
+        surge = rolling_pods(dig(doc, "spec.strategy.rollingUpdate.maxSurge"), replicas, "25%", True)
+        terminating = rolling_pods(dig(doc, "spec.strategy.rollingUpdate.maxUnavailable"), replicas, "25%", False)
+        if surge == 0 and terminating == 0:
+            terminating = 1
+    return replicas, surge, terminating, f"{how} {replicas}"
 
 
 def check_socket_connections(rep, where, ctx):
-    """Each pod of a gateway with THREADLINE_SOCKET_MODE on holds
-    THREADLINE_SOCKET_CONNECTIONS connections to Slack: the most pods the
-    overlay can run at once (scaled to the maximum, plus a rollout's surge),
+    """Each pod of a gateway with THREADLINE_SOCKET_MODE on (or not knowable
+    offline) holds THREADLINE_SOCKET_CONNECTIONS connections to Slack: the
+    most pods the overlay can run at once (scaled to the maximum, plus a
+    rollout's surge pods and the old pods still terminating beside them),
     summed over its Socket Mode workloads, times theirs must stay within
     what Slack allows per app."""
     terms, total = [], 0
@@ -640,10 +675,17 @@ def check_socket_connections(rep, where, ctx):
             conn, src = int(given[1]), given[0]
         else:
             continue  # check_settings reports it
-        replicas, surge, how = peak_pods(doc, ctx["by_kind"])
-        pods = replicas + surge
+        replicas, surge, terminating, how = peak_pods(doc, ctx["by_kind"])
+        pods = replicas + surge + terminating
         total += pods * conn
-        terms.append(f"{kn(doc)}: up to {pods} pods ({how}" + (f" + {surge} surging in a rollout" if surge else "")
+        mode = provided["THREADLINE_SOCKET_MODE"]
+        terms.append(f"{kn(doc)}"
+                     + (f" (THREADLINE_SOCKET_MODE from {mode[0]}, not knowable offline: taken as on)"
+                        if flag_unknowable(provided, "THREADLINE_SOCKET_MODE") else "")
+                     + f": up to {pods} pods ({how}"
+                     + (f" + {surge} surging" if surge else "")
+                     + (f" + {terminating} terminating" if terminating else "")
+                     + (" in a rollout" if surge or terminating else "")
                      + f") × THREADLINE_SOCKET_CONNECTIONS={conn} ({src}) = {pods * conn}")
     if not terms:
         return
@@ -652,7 +694,8 @@ def check_socket_connections(rep, where, ctx):
         rep.error(where, f"{'; '.join(terms)} Socket Mode connections"
                          + (f" ({total} together)" if len(terms) > 1 else "")
                          + f", more than the {SLACK_SOCKET_LIMIT} Slack allows per app (it closes the rest): "
-                           f"lower maxReplicas or THREADLINE_SOCKET_CONNECTIONS, or roll with maxSurge 0")
+                           f"lower maxReplicas or THREADLINE_SOCKET_CONNECTIONS, or roll with maxSurge 0 "
+                           f"and maxUnavailable 1")
 
 
 # Settings every service must agree on within one overlay: each service

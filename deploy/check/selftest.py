@@ -317,21 +317,31 @@ def _(i: Input):
     md["natsServerMonitoringEndpoint"] = md["natsServerMonitoringEndpoint"].replace(":8222", ":8223")
 
 
-# Socket Mode: the gateway's connections within Slack's 10 per app.
+# Socket Mode: the gateway's connections within Slack's 10 per app, counting
+# a rollout's surge pods and the old pods terminating beside the new ones.
 
-@breakage("socket", "the Socket Mode gateway may scale past 10 connections",
+@breakage("socket", "the Socket Mode gateway may scale to 5 (6 pods with the one terminating in a rollout)",
           "production/app-socket-mode:", "Deployment/threadline-gateway: up to 6 pods",
-          "HorizontalPodAutoscaler/threadline-gateway maxReplicas 6", "= 12", "more than the 10 Slack allows")
+          "HorizontalPodAutoscaler/threadline-gateway maxReplicas 5", "+ 1 terminating in a rollout",
+          "= 12", "more than the 10 Slack allows")
 def _(i: Input):
-    at(i.edit("production/app-socket-mode", "HorizontalPodAutoscaler", "threadline-gateway"), "spec")["maxReplicas"] = 6
+    at(i.edit("production/app-socket-mode", "HorizontalPodAutoscaler", "threadline-gateway"), "spec")["maxReplicas"] = 5
 
 
 @breakage("socket", "a surge pod during a rollout at the most Socket Mode replicas",
           "production/app-socket-mode:", "Deployment/threadline-gateway: up to 6 pods",
-          "+ 1 surging in a rollout", "= 12", "more than the 10 Slack allows")
+          "+ 1 surging + 1 terminating in a rollout", "= 12", "more than the 10 Slack allows")
 def _(i: Input):
     d = i.edit("production/app-socket-mode", "Deployment", "threadline-gateway")
     at(d, "spec.strategy.rollingUpdate")["maxSurge"] = 1
+
+
+@breakage("socket", "two old Socket Mode pods terminating at once in a rollout (maxUnavailable 2)",
+          "production/app-socket-mode:", "Deployment/threadline-gateway: up to 6 pods",
+          "+ 2 terminating in a rollout", "= 12", "more than the 10 Slack allows")
+def _(i: Input):
+    d = i.edit("production/app-socket-mode", "Deployment", "threadline-gateway")
+    at(d, "spec.strategy.rollingUpdate")["maxUnavailable"] = 2
 
 
 @breakage("socket", "more connections per Socket Mode gateway pod",
@@ -340,12 +350,41 @@ def _(i: Input):
     set_data(i.edit("production/app-socket-mode", "ConfigMap", "threadline-gateway"), "THREADLINE_SOCKET_CONNECTIONS", "3")
 
 
+def socket_mode_from_secret(i: Input) -> dict:
+    """THREADLINE_SOCKET_MODE moved from the gateway's ConfigMap to a
+    secretKeyRef (a value the check cannot know); the gateway container."""
+    cmap = i.edit("production/app-socket-mode", "ConfigMap", "threadline-gateway")
+    if "THREADLINE_SOCKET_MODE" not in (cmap.get("data") or {}):
+        raise Missing(f"{cm.kn(cmap)}: data.THREADLINE_SOCKET_MODE")
+    del cmap["data"]["THREADLINE_SOCKET_MODE"]
+    c = container(i.edit("production/app-socket-mode", "Deployment", "threadline-gateway"), "threadline-gateway")
+    c["env"] = (c.get("env") or []) + [{"name": "THREADLINE_SOCKET_MODE", "valueFrom": {
+        "secretKeyRef": {"name": "threadline-slack", "key": "THREADLINE_SOCKET_MODE"}}}]
+    return c
+
+
+@breakage("socket", "THREADLINE_SOCKET_MODE from a Secret, and too many pods",
+          "production/app-socket-mode:", "Deployment/threadline-gateway (THREADLINE_SOCKET_MODE from Secret "
+          "threadline-slack/THREADLINE_SOCKET_MODE, not knowable offline: taken as on): up to 6 pods",
+          "= 12", "more than the 10 Slack allows")
+def _(i: Input):
+    socket_mode_from_secret(i)
+    at(i.edit("production/app-socket-mode", "HorizontalPodAutoscaler", "threadline-gateway"), "spec")["maxReplicas"] = 5
+
+
 @breakage("socket", "Socket Mode without the app-level token",
           "production/app-socket-mode:", "Deployment/threadline-gateway",
           "SLACK_APP_TOKEN is required with THREADLINE_SOCKET_MODE=true")
 def _(i: Input):
     drop_env(container(i.edit("production/app-socket-mode", "Deployment", "threadline-gateway"), "threadline-gateway"),
              "SLACK_APP_TOKEN")
+
+
+@breakage("socket", "THREADLINE_SOCKET_MODE from a Secret, without the app-level token",
+          "production/app-socket-mode:", "Deployment/threadline-gateway",
+          "SLACK_APP_TOKEN is required with THREADLINE_SOCKET_MODE=true", "from a Secret, counts as true")
+def _(i: Input):
+    drop_env(socket_mode_from_secret(i), "SLACK_APP_TOKEN")
 
 
 # NetworkPolicies.
