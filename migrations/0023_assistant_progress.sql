@@ -20,6 +20,11 @@ ALTER TABLE assistant_threads
 -- nothing of the publisher's shows). A sweeper takes due rows with SKIP
 -- LOCKED and moves this on, so replicas share them; a call Slack did not
 -- take now (a 429, a timeout) moves it on by Slack's Retry-After.
-ALTER TABLE assistant_threads ADD COLUMN status_due_at timestamptz;
+-- `status_confirmed`: Slack surely got what the record says (false after a
+-- call Slack did not take now, which it may still apply: the next look calls
+-- Slack whatever the record says).
+ALTER TABLE assistant_threads
+    ADD COLUMN status_due_at    timestamptz,
+    ADD COLUMN status_confirmed boolean NOT NULL DEFAULT true;
 CREATE INDEX assistant_threads_due ON assistant_threads (status_due_at)
     WHERE status_due_at IS NOT NULL;

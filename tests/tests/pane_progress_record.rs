@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use threadline_store::assistant::{not_taken, progress, set_shown, take_due};
+use threadline_store::assistant::{look_again, not_taken, progress, set_shown, take_due};
+use threadline_store::testing::assistant::{due_in, hold};
 use threadline_testkit::TestDb;
 use uuid::Uuid;
 
@@ -70,10 +71,20 @@ async fn only_one_of_two_crossing_calls_is_recorded_and_the_other_learns_it() {
             .shown,
         None
     );
-    assert!(
-        take_due(&db.pool, 10, 10.0).await.expect("due").is_empty(),
-        "nothing of the publisher's shows"
+    assert_eq!(
+        due_in(&db.pool, DM, TS).await.expect("due"),
+        None,
+        "nothing of the publisher's shows: never due"
     );
+    // A clear Slack did not take with nothing shown leaves nothing due.
+    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    assert!(
+        not_taken(&db.pool, inst, DM, TS, p.generation, None, 5.0)
+            .await
+            .unwrap()
+    );
+    assert_eq!(due_in(&db.pool, DM, TS).await.unwrap(), None);
+    assert!(take_due(&db.pool, 10, 10.0).await.expect("due").is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,17 +110,70 @@ async fn a_call_slack_did_not_take_keeps_what_may_show_and_is_due_again() {
     );
     let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
     assert_eq!(p.shown, Some(d), "still shows as far as anyone knows");
+    assert!(
+        !p.confirmed,
+        "the next look calls Slack whatever the record says"
+    );
     tokio::time::sleep(Duration::from_millis(50)).await;
-    // Two sweepers: one takes it, the other finds it leased.
+    // A sweeper holding the row: another skips it at once, never waits.
+    let held = hold(&db.pool, DM, TS).await.expect("lock");
+    let other = tokio::time::timeout(Duration::from_secs(5), take_due(&db.pool, 10, 10.0))
+        .await
+        .expect("SKIP LOCKED: no wait")
+        .unwrap();
+    assert!(other.is_empty(), "{other:?}");
+    held.rollback().await.unwrap();
+    // One takes it and leases it; the next finds it leased.
     let first = take_due(&db.pool, 10, 10.0).await.unwrap();
     assert_eq!(first.len(), 1);
     assert_eq!(first[0].installation, inst);
+    assert!(
+        due_in(&db.pool, DM, TS)
+            .await
+            .unwrap()
+            .is_some_and(|s| s > 5.0)
+    );
     assert!(take_due(&db.pool, 10, 10.0).await.unwrap().is_empty());
-    // A wait from Slack moves it on.
+    // A wait from Slack moves it on by that much.
+    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
     assert!(
         not_taken(&db.pool, inst, DM, TS, p.generation, None, 30.0)
             .await
             .unwrap()
     );
-    assert!(take_due(&db.pool, 10, 0.0).await.unwrap().is_empty());
+    assert!(
+        due_in(&db.pool, DM, TS)
+            .await
+            .unwrap()
+            .is_some_and(|s| s > 25.0),
+        "due after Slack's wait"
+    );
+    // Taken again and recorded: confirmed.
+    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    assert!(
+        set_shown(&db.pool, inst, DM, TS, p.generation, Some(d), 5.0)
+            .await
+            .unwrap()
+    );
+    assert!(
+        progress(&db.pool, inst, DM, TS)
+            .await
+            .unwrap()
+            .unwrap()
+            .confirmed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_that_gave_up_has_the_thread_looked_at_again_whatever_the_record_says() {
+    let db = TestDb::new().await;
+    let inst = thread(&db).await;
+    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    assert!(p.confirmed);
+    look_again(&db.pool, inst, DM, TS, 0.0).await.unwrap();
+    let q = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    assert!(!q.confirmed);
+    assert!(q.generation > p.generation, "a record in flight loses");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(take_due(&db.pool, 10, 10.0).await.unwrap().len(), 1);
 }

@@ -148,7 +148,8 @@ impl Handler {
         thread_ts: &str,
         replied: bool,
     ) -> anyhow::Result<()> {
-        let bot = self.bot(inst).await?;
+        // (the token is looked up only when Slack is to be called)
+        let mut bot: Option<Option<Bot>> = None;
         let mut again = replied;
         // The target of this publisher's last call, once it made one.
         let mut sent: Option<Option<Uuid>> = None;
@@ -158,24 +159,57 @@ impl Handler {
             else {
                 return Ok(());
             };
-            let status = match (p.live, p.shown) {
+            // What the record says is what Slack got, unless a call may
+            // still land or the app's reply ended it.
+            let known = p.confirmed && !again;
+            let no_call = match (p.live, p.shown) {
                 // Set again before Slack's limit ends it while the model runs.
-                (Some(live), Some(s)) if s == live && p.shown_for < REFRESH_SECS && !again => {
+                (Some(live), Some(s)) if s == live && p.shown_for < REFRESH_SECS && known => {
                     return Ok(());
                 }
-                (None, None) if !again => return Ok(()),
-                // (this call and the one recorded since carried the same
-                // status: whichever Slack applied last, it shows the right one)
-                _ if sent == Some(p.live) && p.shown == p.live => return Ok(()),
-                (Some(_), _) => THINKING,
-                (None, _) => "",
-            };
-            let call = if status.is_empty() && p.shown_for >= SLACK_LIMIT_SECS {
+                (None, None) if known => return Ok(()),
+                // This call and the one recorded since carried the same
+                // status: whichever Slack applied last shows the right one.
+                // The record is taken again without a call, so that a third
+                // publisher whose call crossed both learns it.
+                _ if sent == Some(p.live) && p.shown == p.live => true,
                 // (Slack ended it by itself already)
+                (None, _) => p.shown_for >= SLACK_LIMIT_SECS,
+                _ => false,
+            };
+            let status = if p.live.is_some() { THINKING } else { "" };
+            let call = if no_call {
                 Call::Taken
             } else {
-                self.set_status(bot.as_ref(), channel, thread_ts, status)
-                    .await
+                if bot.is_none() {
+                    match self.bot(inst).await {
+                        Ok(b) => bot = Some(b),
+                        Err(e) => {
+                            tracing::warn!(
+                                error = format!("{e:#}"),
+                                "no token to show the pane's progress with; looked at again later"
+                            );
+                            threadline_store::assistant::not_taken(
+                                &self.pool,
+                                inst,
+                                channel,
+                                thread_ts,
+                                p.generation,
+                                p.live,
+                                30.0,
+                            )
+                            .await?;
+                            return Ok(());
+                        }
+                    }
+                }
+                self.set_status(
+                    bot.as_ref().and_then(Option::as_ref),
+                    channel,
+                    thread_ts,
+                    status,
+                )
+                .await
             };
             sent = Some(p.live);
             let recorded = match call {
@@ -209,7 +243,10 @@ impl Handler {
             }
             again = true;
         }
-        tracing::warn!("an assistant thread's progress kept changing; it is looked at again later");
+        // Its last call may have landed after the one recorded: looked at
+        // again soon, calling Slack whatever the record says.
+        tracing::warn!("an assistant thread's progress kept changing; it is looked at again");
+        threadline_store::assistant::look_again(&self.pool, inst, channel, thread_ts, 2.0).await?;
         Ok(())
     }
 
@@ -249,7 +286,7 @@ impl Handler {
             }
         };
         // (what is left is due again once its lease ends)
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(20), round).await;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), round).await;
         Ok(())
     }
 
@@ -360,4 +397,4 @@ const UNKNOWN_CODES: &[&str] = &["fatal_error", "internal_error", "service_unava
 
 /// Threads the sweeper looks at in one round, and how long it holds each.
 const SWEEP_THREADS: i64 = 100;
-const SWEEP_LEASE_SECS: f64 = 10.0;
+const SWEEP_LEASE_SECS: f64 = 30.0;

@@ -170,6 +170,9 @@ pub struct Progress {
     pub shown_for: f64,
     /// The record's generation (see [`set_shown`]).
     pub generation: i64,
+    /// Slack surely got what the record says (false after a call Slack did
+    /// not take now, see [`not_taken`]).
+    pub confirmed: bool,
 }
 
 /// The thread's [`Progress`] (`None`: not an assistant thread).
@@ -180,7 +183,7 @@ pub async fn progress(
     thread_ts: &str,
 ) -> sqlx::Result<Option<Progress>> {
     let r = sqlx::query!(
-        r#"SELECT a.status_decision, a.status_gen,
+        r#"SELECT a.status_decision, a.status_gen, a.status_confirmed,
                   coalesce(extract(epoch FROM now() - a.status_set_at)::float8, 0) AS "shown_for!",
                   (SELECT d.id FROM decisions d
                     WHERE d.installation_id = a.installation_id AND d.channel_id = a.channel_id
@@ -205,6 +208,7 @@ pub async fn progress(
         shown: r.status_decision,
         shown_for: r.shown_for,
         generation: r.status_gen,
+        confirmed: r.status_confirmed,
     }))
 }
 
@@ -224,7 +228,7 @@ pub async fn set_shown(
 ) -> sqlx::Result<bool> {
     let r = sqlx::query!(
         "UPDATE assistant_threads
-            SET status_decision = $5, status_gen = status_gen + 1,
+            SET status_decision = $5, status_gen = status_gen + 1, status_confirmed = true,
                 status_set_at = CASE WHEN $5::uuid IS NULL THEN NULL ELSE clock_timestamp() END,
                 status_due_at = CASE WHEN $5::uuid IS NULL THEN NULL
                                      ELSE clock_timestamp() + make_interval(secs => $6) END
@@ -258,6 +262,7 @@ pub async fn not_taken(
     let r = sqlx::query!(
         "UPDATE assistant_threads
             SET status_decision = coalesce($5, status_decision), status_gen = status_gen + 1,
+                status_confirmed = false,
                 status_set_at = CASE WHEN $5::uuid IS NULL THEN status_set_at ELSE clock_timestamp() END,
                 status_due_at = CASE WHEN coalesce($5, status_decision) IS NULL THEN NULL
                                      ELSE clock_timestamp() + make_interval(secs => $6) END
@@ -272,6 +277,31 @@ pub async fn not_taken(
     .execute(pool)
     .await?;
     Ok(r.rows_affected() == 1)
+}
+
+/// The thread's record may not say what Slack shows (a publisher gave up
+/// after its record kept losing): it is looked at again `after` seconds on,
+/// calling Slack whatever the record says, and any record in flight loses.
+pub async fn look_again(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    thread_ts: &str,
+    after: f64,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE assistant_threads
+            SET status_confirmed = false, status_gen = status_gen + 1,
+                status_due_at = clock_timestamp() + make_interval(secs => $4)
+          WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3",
+        installation,
+        channel,
+        thread_ts,
+        after
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// An assistant thread whose progress should be looked at again.

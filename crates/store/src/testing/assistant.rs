@@ -64,3 +64,39 @@ pub async fn status_decision(
     .await?
     .flatten())
 }
+
+/// Seconds until the thread's progress is due to be looked at again
+/// (`None`: not due).
+pub async fn due_in(
+    pool: &sqlx::PgPool,
+    channel: &str,
+    thread_ts: &str,
+) -> sqlx::Result<Option<f64>> {
+    Ok(sqlx::query_scalar!(
+        r#"SELECT extract(epoch FROM status_due_at - now())::float8 AS "due_in"
+             FROM assistant_threads WHERE channel_id = $1 AND thread_ts = $2"#,
+        channel,
+        thread_ts
+    )
+    .fetch_optional(pool)
+    .await?
+    .flatten())
+}
+
+/// Holds the thread's row locked (as a sweeper taking it would) until the
+/// transaction ends.
+pub async fn hold(
+    pool: &sqlx::PgPool,
+    channel: &str,
+    thread_ts: &str,
+) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!(
+        "SELECT 1 AS one FROM assistant_threads WHERE channel_id = $1 AND thread_ts = $2 FOR UPDATE",
+        channel,
+        thread_ts
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(tx)
+}
