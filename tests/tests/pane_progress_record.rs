@@ -15,6 +15,14 @@ use uuid::Uuid;
 const DM: &str = "D0PANE";
 const TS: &str = "1700000000.000100";
 
+/// The thread's progress record.
+async fn read(db: &TestDb, inst: Uuid) -> threadline_store::assistant::Progress {
+    progress(&db.pool, inst, DM, TS)
+        .await
+        .expect("reading the record")
+        .expect("a pane thread")
+}
+
 async fn thread(db: &TestDb) -> Uuid {
     let inst = Uuid::now_v7();
     threadline_store::testing::assistant::insert_updated_ago(
@@ -77,13 +85,13 @@ async fn only_one_of_two_crossing_calls_is_recorded_and_the_other_learns_it() {
         "nothing of the publisher's shows: never due"
     );
     // A clear Slack did not take with nothing shown leaves nothing due.
-    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    let p = read(&db, inst).await;
     assert!(
         not_taken(&db.pool, inst, DM, TS, p.generation, None, 5.0)
             .await
-            .unwrap()
+            .expect("recording")
     );
-    assert_eq!(due_in(&db.pool, DM, TS).await.unwrap(), None);
+    assert_eq!(due_in(&db.pool, DM, TS).await.expect("due"), None);
     assert!(take_due(&db.pool, 10, 10.0).await.expect("due").is_empty());
 }
 
@@ -92,23 +100,23 @@ async fn a_call_slack_did_not_take_keeps_what_may_show_and_is_due_again() {
     let db = TestDb::new().await;
     let inst = thread(&db).await;
     let d = Uuid::now_v7();
-    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    let p = read(&db, inst).await;
     // A set that timed out may still land: recorded as possibly showing.
     assert!(
         not_taken(&db.pool, inst, DM, TS, p.generation, Some(d), 0.0)
             .await
-            .unwrap()
+            .expect("recording")
     );
-    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    let p = read(&db, inst).await;
     assert_eq!(p.shown, Some(d));
     // A clear Slack refused for now (a 429) keeps it showing, due again
     // after the wait, never forgotten.
     assert!(
         not_taken(&db.pool, inst, DM, TS, p.generation, None, 0.0)
             .await
-            .unwrap()
+            .expect("recording")
     );
-    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    let p = read(&db, inst).await;
     assert_eq!(p.shown, Some(d), "still shows as far as anyone knows");
     assert!(
         !p.confirmed,
@@ -120,60 +128,69 @@ async fn a_call_slack_did_not_take_keeps_what_may_show_and_is_due_again() {
     let other = tokio::time::timeout(Duration::from_secs(5), take_due(&db.pool, 10, 10.0))
         .await
         .expect("SKIP LOCKED: no wait")
-        .unwrap();
+        .expect("taking due threads");
     assert!(other.is_empty(), "{other:?}");
-    held.rollback().await.unwrap();
+    held.rollback().await.expect("releasing the row");
     // One takes it and leases it; the next finds it leased.
-    let first = take_due(&db.pool, 10, 10.0).await.unwrap();
+    let first = take_due(&db.pool, 10, 10.0)
+        .await
+        .expect("taking due threads");
     assert_eq!(first.len(), 1);
     assert_eq!(first[0].installation, inst);
     assert!(
         due_in(&db.pool, DM, TS)
             .await
-            .unwrap()
+            .expect("recording")
             .is_some_and(|s| s > 5.0)
     );
-    assert!(take_due(&db.pool, 10, 10.0).await.unwrap().is_empty());
+    assert!(
+        take_due(&db.pool, 10, 10.0)
+            .await
+            .expect("taking due threads")
+            .is_empty()
+    );
     // A wait from Slack moves it on by that much.
-    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    let p = read(&db, inst).await;
     assert!(
         not_taken(&db.pool, inst, DM, TS, p.generation, None, 30.0)
             .await
-            .unwrap()
+            .expect("recording")
     );
     assert!(
         due_in(&db.pool, DM, TS)
             .await
-            .unwrap()
+            .expect("recording")
             .is_some_and(|s| s > 25.0),
         "due after Slack's wait"
     );
     // Taken again and recorded: confirmed.
-    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    let p = read(&db, inst).await;
     assert!(
         set_shown(&db.pool, inst, DM, TS, p.generation, Some(d), 5.0)
             .await
-            .unwrap()
+            .expect("recording")
     );
-    assert!(
-        progress(&db.pool, inst, DM, TS)
-            .await
-            .unwrap()
-            .unwrap()
-            .confirmed
-    );
+    assert!(read(&db, inst).await.confirmed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publisher_that_gave_up_has_the_thread_looked_at_again_whatever_the_record_says() {
     let db = TestDb::new().await;
     let inst = thread(&db).await;
-    let p = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    let p = read(&db, inst).await;
     assert!(p.confirmed);
-    look_again(&db.pool, inst, DM, TS, 0.0).await.unwrap();
-    let q = progress(&db.pool, inst, DM, TS).await.unwrap().unwrap();
+    look_again(&db.pool, inst, DM, TS, 0.0)
+        .await
+        .expect("look again");
+    let q = read(&db, inst).await;
     assert!(!q.confirmed);
     assert!(q.generation > p.generation, "a record in flight loses");
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(take_due(&db.pool, 10, 10.0).await.unwrap().len(), 1);
+    assert_eq!(
+        take_due(&db.pool, 10, 10.0)
+            .await
+            .expect("taking due threads")
+            .len(),
+        1
+    );
 }

@@ -172,11 +172,14 @@ mod title_tests {
             Some("a <b> & https://ex.com")
         );
         let long = "word ".repeat(30);
-        let t = title_of(&long).unwrap();
+        let t = title_of(&long).expect("a title");
         assert!(t.chars().count() <= TITLE_CHARS && t.ends_with('…'), "{t}");
         assert!(!t.contains("  "));
         let one = "x".repeat(200);
-        assert_eq!(title_of(&one).unwrap().chars().count(), TITLE_CHARS);
+        assert_eq!(
+            title_of(&one).expect("a title").chars().count(),
+            TITLE_CHARS
+        );
         assert_eq!(title_of("   \n <@U0BOT> "), None);
         // A first line of only a mention: the next one names it.
         assert_eq!(

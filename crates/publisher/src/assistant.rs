@@ -184,32 +184,20 @@ impl Handler {
                 if bot.is_none() {
                     match self.bot(inst).await {
                         Ok(b) => bot = Some(b),
-                        Err(e) => {
-                            tracing::warn!(
-                                error = format!("{e:#}"),
-                                "no token to show the pane's progress with; looked at again later"
-                            );
-                            threadline_store::assistant::not_taken(
-                                &self.pool,
-                                inst,
-                                channel,
-                                thread_ts,
-                                p.generation,
-                                p.live,
-                                30.0,
-                            )
-                            .await?;
-                            return Ok(());
-                        }
+                        Err(e) => tracing::warn!(
+                            error = format!("{e:#}"),
+                            "no token to show the pane's progress with; looked at again later"
+                        ),
                     }
                 }
-                self.set_status(
-                    bot.as_ref().and_then(Option::as_ref),
-                    channel,
-                    thread_ts,
-                    status,
-                )
-                .await
+                match &bot {
+                    Some(b) => {
+                        self.set_status(b.as_ref(), channel, thread_ts, status)
+                            .await
+                    }
+                    // (the token could not be opened: tried again in a while)
+                    None => Call::Later(30.0),
+                }
             };
             sent = Some(p.live);
             let recorded = match call {
