@@ -149,6 +149,10 @@ fn message_event(w: &World, channel: &Channel, m: &Message) -> Value {
     if let Some(s) = &m.streaming_state {
         o.insert("streaming_state".into(), s.clone().into());
     }
+    // (a `message_changed` event's message and previous message carry it)
+    if let Some(e) = m.edited_json() {
+        o.insert("edited".into(), e);
+    }
     if let Some(t) = &m.thread_ts {
         o.insert("thread_ts".into(), t.clone().into());
         if t != &m.ts

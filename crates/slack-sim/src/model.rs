@@ -307,6 +307,15 @@ pub struct Edit {
 }
 
 impl Message {
+    /// `edited` as Slack shows it, in the Web API and in events: who edited
+    /// it last and when, in whole seconds (`"1665102362.000000"`), so two
+    /// edits within a second show the same time.
+    pub fn edited_json(&self) -> Option<Value> {
+        let (user, ts) = self.edited.as_ref()?;
+        let secs = ts.split('.').next().unwrap_or(ts);
+        Some(serde_json::json!({"user": user, "ts": format!("{secs}.000000")}))
+    }
+
     /// The message as the Web API returns it.
     pub fn to_api(
         &self,
@@ -352,8 +361,8 @@ impl Message {
         if let Some(c) = &self.client_msg_id {
             o.insert("client_msg_id".into(), c.clone().into());
         }
-        if let Some((user, ts)) = &self.edited {
-            o.insert("edited".into(), serde_json::json!({"user": user, "ts": ts}));
+        if let Some(e) = self.edited_json() {
+            o.insert("edited".into(), e);
         }
         if include_metadata && let Some(md) = &self.metadata {
             o.insert("metadata".into(), md.clone());

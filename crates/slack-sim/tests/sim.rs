@@ -828,6 +828,19 @@ async fn edits_and_deletions_produce_message_changed_and_message_deleted() {
         (Some("final"), Some("draft"))
     );
     assert_eq!(changed["hidden"], true);
+    // As Slack shows it: who edited and when, in whole seconds; the event's
+    // own time has microseconds and is the edit's time.
+    let event_ts = changed["event_ts"].as_str().expect("event_ts");
+    let secs = event_ts.split('.').next().expect("seconds");
+    assert_eq!(
+        changed["message"]["edited"],
+        json!({"user": w.user, "ts": format!("{secs}.000000")}),
+        "{changed}"
+    );
+    assert!(
+        changed["previous_message"].get("edited").is_none(),
+        "{changed}"
+    );
     let (deleted_ts, deleted) = &by_subtype["message_deleted"];
     assert_eq!(deleted_ts.as_ref().map(|t| t.as_str()), Some(ts.as_str()));
     assert_eq!(deleted["deleted_ts"], ts.as_str());
