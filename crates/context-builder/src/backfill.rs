@@ -112,7 +112,7 @@ pub async fn run(
             // One fact per transaction, like live events: a transaction never
             // holds the thread's row while waiting for another fact, so
             // backfills and live events cannot deadlock.
-            let edited = f.edited_ts.is_some();
+            let edited = f.changed_ts.is_some();
             let mut tx = pool.begin().await?;
             store::apply(&mut tx, inst.id, channel, &Effect::Upsert(f.clone())).await?;
             tx.commit().await?;

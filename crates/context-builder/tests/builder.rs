@@ -522,7 +522,7 @@ fn facts(ts: &str, root: &str, text: &str, edited: Option<&str>) -> MessageFacts
         user_id: Some("U0ANA".into()),
         bot_id: None,
         text: text.into(),
-        edited_ts: edited.map(str::to_owned),
+        changed_ts: edited.map(str::to_owned),
     }
 }
 

@@ -156,8 +156,13 @@ pub struct MessageFacts {
     pub user_id: Option<String>,
     pub bot_id: Option<String>,
     pub text: String,
-    /// `edited.ts` of the version this text is, if edited.
-    pub edited_ts: Option<String>,
+    /// Slack's time of the change that gave the message this text, which
+    /// orders its changes whatever order they arrive in (the newest wins):
+    /// a `message_changed` event's own `event_ts` (microseconds, one per
+    /// change, so two edits within a second stay apart), or, for a message
+    /// read from the Web API, its `edited.ts` (whole seconds); `None` for
+    /// text never edited.
+    pub changed_ts: Option<String>,
 }
 
 /// What an event does to the thread store.
@@ -253,7 +258,7 @@ fn facts(message: &Value, fallback_ts: Option<&str>, me: &BotIdentity) -> Option
         user_id: s(message, "user").map(str::to_owned),
         bot_id: s(message, "bot_id").map(str::to_owned),
         text: s(message, "text").unwrap_or("").to_owned(),
-        edited_ts: message
+        changed_ts: message
             .pointer("/edited/ts")
             .and_then(Value::as_str)
             .map(str::to_owned),
@@ -299,6 +304,12 @@ pub fn classify(event: &Value, me: &BotIdentity, policy: &TriggerPolicy) -> Clas
                 && let Some(root) = s(prev, "thread_ts")
             {
                 f.root_ts = root.to_owned();
+            }
+            // The change itself is ordered by the event's own time: the
+            // inner `edited.ts` has whole seconds only, so two edits within
+            // a second would tie (and one of them be taken for the other).
+            if let Some(at) = s(event, "event_ts").or(s(event, "ts")) {
+                f.changed_ts = Some(at.to_owned());
             }
             if s(msg, "text") == s(prev, "text") {
                 return ignore(Effect::None, IgnoreReason::EditWithoutTextChange);
@@ -649,12 +660,14 @@ mod tests {
             panic!("an edit")
         };
         // The inner message has no ts (a Slack quirk): previous_message's.
+        // The change is ordered by the event's own time, not by the inner
+        // `edited.ts`, which has whole seconds only.
         assert_eq!(
-            (f.ts.as_str(), f.text.as_str(), f.edited_ts.as_deref()),
+            (f.ts.as_str(), f.text.as_str(), f.changed_ts.as_deref()),
             (
                 "1665102338.901939",
                 "updated message",
-                Some("1665102362.000000")
+                Some("1665102362.013600")
             )
         );
         let mut unfurl = fixture_event("message_changed.slack-morphism.json");
@@ -666,6 +679,35 @@ mod tests {
                 effect: Effect::None,
                 outcome: Outcome::Ignore(IgnoreReason::EditWithoutTextChange)
             }
+        );
+    }
+
+    #[test]
+    fn two_edits_within_a_second_are_ordered_by_their_events() {
+        // Slack's `edited.ts` has whole seconds: two edits made within one
+        // second carry the same one. Their events' own times tell them apart.
+        let edit = |text: &str, event_ts: &str| {
+            let mut e = fixture_event("message_changed.bolt-python.json");
+            e["message"]["text"] = text.into();
+            e["event_ts"] = event_ts.into();
+            e["ts"] = event_ts.into();
+            match classify(&e, &me(), &policy()).effect {
+                Effect::Edit(f) => f,
+                other => panic!("an edit: {other:?}"),
+            }
+        };
+        let first = edit("first", "1665102362.013600");
+        let second = edit("second", "1665102362.513600");
+        assert_eq!(
+            first.changed_ts.as_deref(),
+            Some("1665102362.013600"),
+            "the first edit's own time"
+        );
+        assert_eq!(second.changed_ts.as_deref(), Some("1665102362.513600"));
+        assert_eq!(
+            (first.ts.as_str(), first.root_ts.as_str()),
+            (second.ts.as_str(), second.root_ts.as_str()),
+            "both change one message"
         );
     }
 

@@ -607,7 +607,7 @@ async fn create(
         f.bot_id.as_deref(),
         &f.text,
         text_hash(&f.text),
-        f.edited_ts.as_deref()
+        f.changed_ts.as_deref()
     )
     .fetch_one(conn)
     .await?;
@@ -652,23 +652,24 @@ async fn keep_reply(
         f.bot_id.as_deref(),
         &f.text,
         text_hash(&f.text),
-        f.edited_ts.as_deref()
+        f.changed_ts.as_deref()
     )
     .fetch_one(conn)
     .await?;
     Ok(Applied::of(r.root, r.version))
 }
 
-/// An edit, keyed by its edited ts (or its text's hash): the newest edit
-/// wins whatever order edits arrive in, a deleted message stays deleted,
-/// and the thread gets a new version.
+/// An edit, keyed by the time of its change (or its text's hash when Slack
+/// gave none): the newest change wins whatever order changes arrive in (the
+/// column `edited_ts` holds the time of the change whose text is kept), a
+/// deleted message stays deleted, and the thread gets a new version.
 async fn edit(
     conn: &mut PgConnection,
     inst: Uuid,
     channel: &str,
     f: &MessageFacts,
 ) -> sqlx::Result<Option<Applied>> {
-    let key = f.edited_ts.clone().unwrap_or_else(|| text_hash(&f.text));
+    let key = f.changed_ts.clone().unwrap_or_else(|| text_hash(&f.text));
     // Every column is set through one condition, so the upsert always
     // returns the stored root, newer or not.
     let r = sqlx::query!(
@@ -702,7 +703,7 @@ async fn edit(
         f.bot_id.as_deref(),
         &f.text,
         text_hash(&f.text),
-        f.edited_ts.as_deref(),
+        f.changed_ts.as_deref(),
         &key
     )
     .fetch_one(conn)
@@ -718,7 +719,7 @@ async fn edit_own_reply(
     channel: &str,
     f: &MessageFacts,
 ) -> sqlx::Result<Option<Applied>> {
-    let key = f.edited_ts.clone().unwrap_or_else(|| text_hash(&f.text));
+    let key = f.changed_ts.clone().unwrap_or_else(|| text_hash(&f.text));
     let r = sqlx::query!(
         r#"WITH fact AS (
             INSERT INTO message_facts (installation_id, channel_id, ts, fact, fact_key)
@@ -752,7 +753,7 @@ async fn edit_own_reply(
         f.bot_id.as_deref(),
         &f.text,
         text_hash(&f.text),
-        f.edited_ts.as_deref(),
+        f.changed_ts.as_deref(),
         &key
     )
     .fetch_one(conn)
