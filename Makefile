@@ -27,6 +27,14 @@ demo: ## Build, start what is missing, play a scripted Slack story and report (A
 chaos: ## Adversarial chaos soak judged from Slack's side: random activity, faults, kills, pauses, Postgres and NATS outages (ARGS="--events N --seed N")
 	./scripts/with-services.sh bash -c 'cargo build --workspace --bins && "$${CARGO_TARGET_DIR:-target}/debug/threadline-chaos" $(ARGS)'
 
+CAMPAIGN_RUNS ?= 20
+CAMPAIGN_EVENTS ?= 300
+CAMPAIGN_SEED ?= $(shell date +%s)
+
+.PHONY: chaos-campaign
+chaos-campaign: ## Many short soaks, each with the full fault mix on a fresh stack and judged from Slack's side; a table of every seed's verdict (20 seeds x 300 events: about 45 min on 2 cores; CAMPAIGN_RUNS, CAMPAIGN_EVENTS, CAMPAIGN_SEED)
+	./scripts/with-services.sh bash -c 'cargo build --workspace --bins && "$${CARGO_TARGET_DIR:-target}/debug/threadline-chaos" --runs $(CAMPAIGN_RUNS) --events $(CAMPAIGN_EVENTS) --seed $(CAMPAIGN_SEED)'
+
 .PHONY: test
 test: deploy-check ## Lint, check the deployment, build, run unit, integration and end-to-end tests (starts Postgres/NATS if absent), then the container smoke test
 	./scripts/with-services.sh $(MAKE) --no-print-directory lint test-only image-smoke-only

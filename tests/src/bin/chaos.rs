@@ -1,17 +1,21 @@
 //! `make chaos`: the chaos soak at scale (see `threadline_tests::chaos`).
-//! `threadline-chaos [--events N] [--seed N] [--workspaces N] [--channels N]
-//! [--rate N] [--calm]`; the seed defaults to the clock and is printed, so
-//! any failure replays. Exits non-zero when an invariant broke.
+//! `threadline-chaos [--events N] [--seed N] [--runs N] [--workspaces N]
+//! [--channels N] [--rate N] [--calm]`; the seed defaults to the clock and
+//! is printed, so any failure replays. `--runs N` is a campaign: N soaks of
+//! seeds `seed`, `seed + 1`, …, each on a fresh stack, database and broker,
+//! with a table of every seed's verdict at the end (`make chaos-campaign`).
+//! Exits non-zero when an invariant broke in any run.
 
 use std::time::Duration;
 
 use threadline_tests::broker::Broker;
 use threadline_tests::{ORACLE_GRACE, Stack, chaos};
 
-const USAGE: &str = "usage: threadline-chaos [--events N] [--seed N] [--workspaces N] [--channels N] [--rate N] [--calm]
+const USAGE: &str = "usage: threadline-chaos [--events N] [--seed N] [--runs N] [--workspaces N] [--channels N] [--rate N] [--calm]
 
   --events N      human actions (posts, replies, edits, deletes); default 400
   --seed N        replays a run; default: the clock
+  --runs N        a campaign of N runs, seeds N, N+1, ... (fresh stack each); default 1
   --workspaces N  workspaces besides the first; default 3
   --channels N    channels of each workspace besides its first; default 2
   --rate N        mean human actions a second; default 12
@@ -29,9 +33,10 @@ fn arg<T: std::str::FromStr>(args: &[String], name: &str) -> Result<Option<T>, S
 }
 
 fn parse(args: &[String]) -> Result<chaos::Config, String> {
-    const NAMED: [&str; 6] = [
+    const NAMED: [&str; 7] = [
         "--events",
         "--seed",
+        "--runs",
         "--workspaces",
         "--channels",
         "--rate",
@@ -80,6 +85,25 @@ fn parse(args: &[String]) -> Result<chaos::Config, String> {
     })
 }
 
+/// One soak on a fresh broker and stack; returns its report and how long
+/// the whole run took (stack included).
+async fn run(cfg: &chaos::Config) -> (chaos::Report, Duration) {
+    let started = std::time::Instant::now();
+    // A broker of its own, so that it can be taken away.
+    let mut broker = Broker::start().await;
+    let mut settings = chaos::settings();
+    settings.push(("NATS_URL", broker.url()));
+    let extra: Vec<(&str, String)> = settings.iter().map(|(k, v)| (*k, v.clone())).collect();
+    let mut s = Stack::start(&extra).await;
+    let report = chaos::soak(&mut s, Some(&mut broker), cfg).await;
+    // The oracle has judged already; stop without judging again.
+    s.unjudged = Some("judged by the soak");
+    s.stop().await;
+    drop(broker);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    (report, started.elapsed())
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -87,43 +111,91 @@ async fn main() -> std::process::ExitCode {
         println!("{USAGE}");
         return std::process::ExitCode::SUCCESS;
     }
-    let cfg = match parse(&args) {
+    let (cfg, runs) = match parse(&args).and_then(|c| {
+        let runs: u64 = arg(&args, "--runs")?.unwrap_or(1);
+        if !(1..=1000).contains(&runs) {
+            return Err("--runs must be within 1..=1000".into());
+        }
+        Ok((c, runs))
+    }) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("threadline-chaos: {e}\n{USAGE}");
             return std::process::ExitCode::from(2);
         }
     };
-    println!(
-        "chaos soak: seed {}, {} human events at about {}/s, {} workspaces with {} channels each; faults: {:?}",
-        cfg.seed,
-        cfg.events,
-        cfg.rate,
-        cfg.extra_workspaces + 1,
-        cfg.extra_channels + 1,
-        cfg.adversary
-    );
-    // A broker of its own, so that it can be taken away.
-    let mut broker = Broker::start().await;
-    let mut settings = chaos::settings();
-    settings.push(("NATS_URL", broker.url()));
-    let extra: Vec<(&str, String)> = settings.iter().map(|(k, v)| (*k, v.clone())).collect();
-    let mut s = Stack::start(&extra).await;
-    let started = std::time::Instant::now();
-    let report = chaos::soak(&mut s, Some(&mut broker), &cfg).await;
-    println!("{}", report.render());
-    println!(
-        "total {:.0} s (stack started before); judged with a grace of {} ms",
-        started.elapsed().as_secs_f64(),
-        cfg.grace.as_millis()
-    );
-    // The oracle has judged already; stop without judging again.
-    s.unjudged = Some("judged by the soak");
-    s.stop().await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    if report.violations.is_empty() {
+    let campaign = std::time::Instant::now();
+    let mut verdicts = Vec::new();
+    for i in 0..runs {
+        let cfg = chaos::Config {
+            seed: cfg.seed + i,
+            ..cfg.clone()
+        };
+        println!(
+            "chaos soak{}: seed {}, {} human events at about {}/s, {} workspaces with {} channels each; faults: {:?}",
+            if runs > 1 {
+                format!(" {}/{runs}", i + 1)
+            } else {
+                String::new()
+            },
+            cfg.seed,
+            cfg.events,
+            cfg.rate,
+            cfg.extra_workspaces + 1,
+            cfg.extra_channels + 1,
+            cfg.adversary
+        );
+        let (report, took) = run(&cfg).await;
+        println!("{}", report.render());
+        println!(
+            "total {:.0} s (stack included); judged with a grace of {} ms",
+            took.as_secs_f64(),
+            cfg.grace.as_millis()
+        );
+        verdicts.push((report, took));
+    }
+    if runs > 1 {
+        println!(
+            "campaign: {runs} runs of {} human events, seeds {}..={}, in {:.0} s",
+            cfg.events,
+            cfg.seed,
+            cfg.seed + runs - 1,
+            campaign.elapsed().as_secs_f64()
+        );
+        println!("| seed | questions | answered once | explained | crossed | violations | time |");
+        println!("|---|---|---|---|---|---|---|");
+        for (r, took) in &verdicts {
+            let explained: usize = r.explained.values().sum();
+            let violations = r.violations_by_kind();
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {:.0} s |",
+                r.seed,
+                r.questions,
+                r.answered,
+                explained,
+                r.crossed,
+                if violations.is_empty() {
+                    "none".to_owned()
+                } else {
+                    violations
+                        .iter()
+                        .map(|(k, v)| format!("{k} {v}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
+                took.as_secs_f64()
+            );
+        }
+    }
+    let broken: Vec<u64> = verdicts
+        .iter()
+        .filter(|(r, _)| !r.violations.is_empty())
+        .map(|(r, _)| r.seed)
+        .collect();
+    if broken.is_empty() {
         std::process::ExitCode::SUCCESS
     } else {
+        eprintln!("invariants broken in the runs of seeds {broken:?}");
         std::process::ExitCode::FAILURE
     }
 }
