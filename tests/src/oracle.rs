@@ -20,9 +20,19 @@
 //!   the message had before the reply was posted, and no older than an edit
 //!   threadline acknowledged `grace` before the post; a message whose
 //!   deletion was acknowledged by then is not read at all;
-//! * a streamed reply counts as posted when its stream stopped; one that
-//!   was ended early with its closing line (an italic last line) answered
-//!   nothing and is not judged as an answer;
+//! * a streamed reply counts as posted when its stream stopped: every
+//!   human message said before the stop (while the stream was open too) is
+//!   judged against the stop; one that was ended early with its closing
+//!   line (an italic last line) answered nothing and is not judged as an
+//!   answer;
+//! * **at most one stream and one whole answer per question** (a stream
+//!   states its question in its first words, as the built-in model writes
+//!   them), and **no stream left open after its thread changed**: every
+//!   stream of the app ended (stopped, or expired in Slack) no later than
+//!   `stream_end` after the first change of its thread threadline
+//!   acknowledged once it had started (a new message, an edit, a deletion);
+//! * a review request (a message of the app with buttons) is not an
+//!   answer, and is not judged as one;
 //! * **no reply to a question whose deletion was acknowledged** `grace`
 //!   before the reply was posted;
 //! * **every question answered or explained**: each human message that
@@ -88,7 +98,7 @@ pub struct Judgement {
     pub answered: usize,
     /// Explained from Slack alone, by reason.
     pub explained: BTreeMap<&'static str, usize>,
-    /// Each violation with its kind (`duplicate_reply`,
+    /// Each violation with its kind (`duplicate_reply`, `duplicate_stream`,
     /// `reply_outside_thread`, `missed_message`, `read_outdated_text`,
     /// `read_deleted_message`, `text_never_had`, `answered_deleted_question`,
     /// `unattributed_reply`, `post_without_call`, `unlabelled_reply`,
@@ -99,6 +109,10 @@ pub struct Judgement {
     pub crossed: Vec<Crossed>,
     /// Streamed replies ended early with a closing line (not answers).
     pub interrupted: usize,
+    /// Streamed replies that stopped with the whole answer.
+    pub streamed: usize,
+    /// Review requests of the app (not answers).
+    pub review_requests: usize,
     /// Questions with no reply that Slack does not explain: the caller
     /// must find an operator-visible reason for each.
     pub unexplained: Vec<Question>,
@@ -115,7 +129,8 @@ pub struct Stated {
 pub fn stated(text: &str) -> Option<Stated> {
     let line = text
         .lines()
-        .find_map(|l| l.trim().strip_prefix("Answering "))?;
+        .filter_map(|l| l.trim().strip_prefix("Answering "))
+        .find(|l| l.contains("; read"))?;
     let (answering, rest) = line.split_once("; read")?;
     let read = rest
         .split_whitespace()
@@ -130,6 +145,19 @@ pub fn stated(text: &str) -> Option<Stated> {
     })
 }
 
+/// The question a reply states in its first words (`… Answering <ts>.`
+/// or `Answering <ts>;`), readable in a stream that showed only its start.
+pub fn answering(text: &str) -> Option<String> {
+    let (_, rest) = text.split_once("Answering ")?;
+    let ts: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let ts = ts.trim_end_matches('.');
+    (ts.contains('.') && ts.len() > 2 && rest[ts.len()..].starts_with(['.', ';']))
+        .then(|| ts.to_owned())
+}
+
 /// The digest the built-in model states for a text (recomputed here from
 /// its definition, not imported from threadline).
 pub fn digest(text: &str) -> String {
@@ -140,6 +168,19 @@ pub fn digest(text: &str) -> String {
 fn ts_key(ts: &str) -> (u64, u64) {
     let (a, b) = ts.split_once('.').unwrap_or((ts, "0"));
     (a.parse().unwrap_or(0), b.parse().unwrap_or(0))
+}
+
+/// A Slack ts as microseconds since the epoch (its time).
+fn ts_micros(ts: &str) -> u64 {
+    let (a, b) = ts_key(ts);
+    a * 1_000_000 + b
+}
+
+/// Whether `m` is a review request: a message with buttons.
+fn is_review_request(m: &Value) -> bool {
+    m["blocks"]
+        .as_array()
+        .is_some_and(|b| b.iter().any(|b| b["type"] == "actions"))
 }
 
 fn s(v: &Value, k: &str) -> String {
@@ -177,9 +218,41 @@ type MessageKey = (String, String);
 /// A delivery's first sending and first acknowledgement (micros).
 type Sent = (u64, Option<u64>);
 
-/// Judges `scopes` of app `app_id` on the emulator at `sim`.
+/// How late the oracle lets things be.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// How late after its acknowledgement a message may be missing from a
+    /// reply without counting against it (then it crossed in flight).
+    pub grace: Duration,
+    /// How long a stream may stay open after the first change of its
+    /// thread threadline acknowledged.
+    pub stream_end: Duration,
+}
+
+/// Judges `scopes` of app `app_id` on the emulator at `sim`, with a stream
+/// end bound of [`DEFAULT_STREAM_END`].
 pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -> Judgement {
-    let grace = grace.as_micros() as u64;
+    judge_with(
+        sim,
+        app_id,
+        scopes,
+        Limits {
+            grace,
+            stream_end: DEFAULT_STREAM_END,
+        },
+    )
+    .await
+}
+
+/// The stream end bound by default: the publisher's default stream stale
+/// time (45 s, after which a stream nobody drives is taken over and ended)
+/// plus a sweep and two stops.
+pub const DEFAULT_STREAM_END: Duration = Duration::from_secs(75);
+
+/// Judges `scopes` of app `app_id` on the emulator at `sim`.
+pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limits) -> Judgement {
+    let grace = limits.grace.as_micros() as u64;
+    let stream_end = limits.stream_end.as_micros() as u64;
     let mut j = Judgement::default();
     // What threadline acknowledged, per message: (channel, ts) → acks.
     let deliveries = get(sim, &format!("deliveries?app_id={app_id}")).await;
@@ -276,6 +349,8 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
         // Every reply of the channel by the question it states, wherever it
         // was posted: (reply ts, its thread).
         let mut answers: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        // Every stream of the channel by the question it states.
+        let mut streams: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
         let mut read_by_later: BTreeSet<String> = BTreeSet::new();
         for (root, thread) in &threads {
             let offend = |j: &mut Judgement| {
@@ -286,10 +361,35 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                 .filter(|m| m["app_id"].is_null() && m["bot_id"].is_null() && m["user"].is_string())
                 .collect();
             // (a reply deleted since still went out: it counts)
-            let replies: Vec<&Value> = thread
+            let mut replies: Vec<&Value> = Vec::new();
+            for m in thread
                 .iter()
                 .filter(|m| m["app_id"].as_str() == Some(app_id))
-                .collect();
+            {
+                // A review request asks a person; it answers nobody.
+                if is_review_request(m) {
+                    j.review_requests += 1;
+                } else {
+                    replies.push(m);
+                }
+            }
+            // When the thread first changed after `at` (micros), as far as
+            // threadline acknowledged: a person's new message, an edit or a
+            // deletion.
+            let changed_after = |at: u64| -> Option<u64> {
+                thread
+                    .iter()
+                    .filter(|m| m["app_id"].is_null() && m["bot_id"].is_null())
+                    .filter_map(|m| acks.get(&(scope.channel.clone(), s(m, "ts"))))
+                    .flat_map(|a| {
+                        a.created
+                            .into_iter()
+                            .chain(a.edits.iter().filter_map(|(_, ack)| *ack))
+                            .chain(a.deleted)
+                    })
+                    .filter(|t| *t > at)
+                    .min()
+            };
             for r in &replies {
                 j.replies += 1;
                 let rts = s(r, "ts");
@@ -304,6 +404,39 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                     ));
                     offend(&mut j);
                 }
+                let text = r["text"].as_str().unwrap_or_default();
+                let streamed = started.contains_key(&rts);
+                if streamed {
+                    // One stream per question at most (it states its
+                    // question in its first words).
+                    if let Some(q) = answering(text) {
+                        streams
+                            .entry(q)
+                            .or_default()
+                            .push((rts.clone(), root.clone()));
+                    }
+                    // Ended in time once its thread changed.
+                    let begun = r["stream"]["started_at_micros"]
+                        .as_u64()
+                        .unwrap_or(started[&rts]);
+                    let ended = r["stream"]["ended_at_micros"].as_u64();
+                    if let Some(changed) = changed_after(begun)
+                        && ended.is_none_or(|e| e > changed + stream_end)
+                    {
+                        j.violations.push((
+                            "stream_left_open",
+                            format!(
+                                "stream {rts} in thread {root} was still open {} ms after its thread changed ({})",
+                                ended.map_or(u64::MAX, |e| e - changed) / 1000,
+                                match ended {
+                                    Some(_) => "ended late",
+                                    None => "never ended",
+                                }
+                            ),
+                        ));
+                        offend(&mut j);
+                    }
+                }
                 if r["streaming_state"] == "in_progress" {
                     j.violations.push((
                         "stream_left_open",
@@ -314,11 +447,12 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                 }
                 // A stream ended early says so in its last line (one of
                 // threadline's closing lines): it answered nothing.
-                let text = r["text"].as_str().unwrap_or_default();
-                let closing = closes(text);
-                if started.contains_key(&rts) && closing {
+                if streamed && closes(text) {
                     j.interrupted += 1;
                     continue;
+                }
+                if streamed {
+                    j.streamed += 1;
                 }
                 let Some(st) = stated(r["text"].as_str().unwrap_or_default()) else {
                     j.violations.push((
@@ -353,9 +487,24 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                     offend(&mut j);
                     continue;
                 };
+                // A stream's answer became whole when Slack ended it (its
+                // stop, whichever call's answer was lost).
+                let call = if streamed {
+                    r["stream"]["ended_at_micros"].as_u64().unwrap_or(call)
+                } else {
+                    call
+                };
                 for h in &humans {
                     let hts = s(h, "ts");
-                    if ts_key(&hts) >= ts_key(&rts) {
+                    // Said after the answer was whole: a post's own ts, a
+                    // stream's stop (what was said while it streamed is
+                    // judged against the stop).
+                    let after = if streamed {
+                        ts_micros(&hts) >= call
+                    } else {
+                        ts_key(&hts) >= ts_key(&rts)
+                    };
+                    if after {
                         continue;
                     }
                     let a = acks
@@ -451,6 +600,23 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
                         ),
                     ));
                     offend(&mut j);
+                }
+            }
+        }
+        // At most one stream per question.
+        for (q, rs) in &streams {
+            if rs.len() > 1 {
+                j.violations.push((
+                    "duplicate_stream",
+                    format!(
+                        "{} streams for question {q} in {}: {:?}",
+                        rs.len(),
+                        scope.channel,
+                        rs.iter().map(|r| &r.0).collect::<Vec<_>>()
+                    ),
+                ));
+                for (_, root) in rs {
+                    j.offending.insert((scope.channel.clone(), root.clone()));
                 }
             }
         }
@@ -550,6 +716,17 @@ mod tests {
             })
         );
         assert_eq!(stated("a fallback answer with nothing stated"), None);
+        // A stream ended early states its question in its first words.
+        assert_eq!(
+            answering("[threadline built-in model] Answering 1.000002. I read 2 mess"),
+            Some("1.000002".into())
+        );
+        assert_eq!(answering(text), Some("1.000002".into()));
+        assert_eq!(answering("[threadline built-in model] Answeri"), None);
+        assert_eq!(
+            answering("[threadline built-in model] Answering 1.00"),
+            None
+        );
         assert_eq!(digest("a"), "ca978112");
     }
 }

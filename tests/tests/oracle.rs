@@ -455,3 +455,193 @@ async fn the_record_checks_catch_unrecorded_crossings_and_unexplained_questions(
     );
     assert!(v[1].1.contains("40.000001"), "{v:?}");
 }
+
+impl World {
+    /// A Web API call of the bot (form-encoded), Slack's answer.
+    async fn call(&self, method: &str, form: &[(&str, &str)]) -> Value {
+        self.ws
+            .http
+            .post(format!("{}/api/{method}", self.ws.base))
+            .bearer_auth(self.ws.token())
+            .form(form)
+            .send()
+            .await
+            .expect("call")
+            .json()
+            .await
+            .expect("json")
+    }
+
+    /// The bot starts a stream in `thread` showing `first`; its ts.
+    async fn start_stream(&self, thread: &str, first: &str) -> String {
+        let r = self
+            .call(
+                "chat.startStream",
+                &[
+                    ("channel", &self.ws.channel),
+                    ("thread_ts", thread),
+                    ("recipient_user_id", &self.ws.user),
+                    ("recipient_team_id", &self.ws.team),
+                ],
+            )
+            .await;
+        let ts = r["ts"]
+            .as_str()
+            .unwrap_or_else(|| panic!("started: {r}"))
+            .to_owned();
+        let r = self
+            .call(
+                "chat.appendStream",
+                &[
+                    ("channel", &self.ws.channel),
+                    ("ts", &ts),
+                    ("markdown_text", first),
+                ],
+            )
+            .await;
+        assert_eq!(r["ok"], true, "{r}");
+        ts
+    }
+
+    /// The bot stops stream `ts` with `rest`, labelled.
+    async fn stop_stream(&self, ts: &str, rest: &str) {
+        let blocks =
+            json!([{"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}])
+                .to_string();
+        let r = self
+            .call(
+                "chat.stopStream",
+                &[
+                    ("channel", &self.ws.channel),
+                    ("ts", ts),
+                    ("markdown_text", rest),
+                    ("blocks", &blocks),
+                ],
+            )
+            .await;
+        assert_eq!(r["ok"], true, "{r}");
+    }
+
+    async fn judge_streams_within(&self, stream_end: Duration) -> oracle::Judgement {
+        oracle::judge_with(
+            &self.ws.base,
+            &self.ws.app_id(),
+            &self.scope(),
+            oracle::Limits {
+                grace: GRACE,
+                stream_end,
+            },
+        )
+        .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_said_while_a_stream_was_open_is_judged_against_its_stop() {
+    let w = World::new().await;
+    let q_text = format!("<@{}> why is it slow?", w.ws.bot_user());
+    let q = w.ask(&q_text, None).await;
+    let ts = w.start_stream(&q, &format!("Answering {q}. Partly ")).await;
+    // A person says something while the answer streams, well before it
+    // stops; the whole answer does not read it.
+    let during = w.ask("it is only slow at night", Some(&q)).await;
+    tokio::time::sleep(GRACE * 2).await;
+    w.stop_stream(
+        &ts,
+        &format!(
+            "because of the cache.\nAnswering {q}; read {q}/{}",
+            digest(&q_text)
+        ),
+    )
+    .await;
+    let j = w.judge().await;
+    assert_eq!(j.streamed, 1, "{j:?}");
+    assert!(
+        j.violations
+            .iter()
+            .any(|v| v.0 == "missed_message" && v.1.contains(&format!("missed message {during}"))),
+        "a message said mid-stream is judged against the stop: {:?}",
+        j.violations
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_left_open_after_its_thread_changed_and_a_second_stream_are_caught() {
+    let w = World::new().await;
+    let q_text = format!("<@{}> what failed?", w.ws.bot_user());
+    let q = w.ask(&q_text, None).await;
+    let first = w.start_stream(&q, &format!("Answering {q}. The ")).await;
+    // The thread changes; the stream stays open past the bound.
+    w.ask("never mind, found it", Some(&q)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let j = w.judge_streams_within(Duration::from_secs(1)).await;
+    let open: Vec<_> = j
+        .violations
+        .iter()
+        .filter(|v| v.0 == "stream_left_open")
+        .collect();
+    assert!(
+        open.iter()
+            .any(|v| v.1.contains("after its thread changed")),
+        "{:?}",
+        j.violations
+    );
+    // Ended late with a closing line: still late.
+    w.stop_stream(
+        &first,
+        "\n\n_This answer was interrupted before it finished._",
+    )
+    .await;
+    let j = w.judge_streams_within(Duration::from_secs(1)).await;
+    assert!(
+        j.violations
+            .iter()
+            .any(|v| v.0 == "stream_left_open" && v.1.contains("ended late")),
+        "{:?}",
+        j.violations
+    );
+    // Within a generous bound it is fine, and it answered nothing.
+    let j = w.judge_streams_within(Duration::from_secs(60)).await;
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+    assert_eq!((j.interrupted, j.streamed), (1, 0));
+    // A second stream for the same question is one too many, even ended.
+    let second = w.start_stream(&q, &format!("Answering {q}. Again ")).await;
+    w.stop_stream(
+        &second,
+        "\n\n_This answer was interrupted before it finished._",
+    )
+    .await;
+    let j = w.judge_streams_within(Duration::from_secs(60)).await;
+    assert!(
+        j.violations.iter().any(|v| v.0 == "duplicate_stream"),
+        "{:?}",
+        j.violations
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_request_is_not_an_answer() {
+    let w = World::new().await;
+    let q_text = format!("<@{}> delete the branch?", w.ws.bot_user());
+    let q = w.ask(&q_text, None).await;
+    let blocks = json!([
+        {"type": "section", "text": {"type": "mrkdwn", "text": "An answer waits for review"}},
+        {"type": "actions", "elements": [
+            {"type": "button", "action_id": "approve", "text": {"type": "plain_text", "text": "Approve"}}]},
+        {"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}])
+    .to_string();
+    let r = w
+        .call(
+            "chat.postMessage",
+            &[
+                ("channel", &w.ws.channel),
+                ("text", "An answer waits for review"),
+                ("blocks", &blocks),
+            ],
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let j = w.judge().await;
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+    assert_eq!((j.review_requests, j.replies, j.answered), (1, 0, 0), "{q}");
+}

@@ -324,9 +324,11 @@ pub fn text_digest(text: &str) -> String {
 
 /// The built-in deterministic model: its answer is derived from the
 /// context, so tests and demos can predict it, and it says what it is.
-/// It states the question it answers (its text and Slack ts) and every
-/// message it read (`ts/digest`), so that a checker reading only Slack can
-/// tell which question a reply answers and whether it missed a message.
+/// It states the question it answers (its text and Slack ts, the ts in
+/// its first words too, so that a stream ended early still says which
+/// question it was answering) and every message it read (`ts/digest`), so
+/// that a checker reading only Slack can tell which question a reply
+/// answers and whether it missed a message.
 /// The question is quoted as a reader sees it (`<@U1> why?` as `@U1
 /// why?`): the model mentions and links nobody.
 pub fn builtin(thread: &[Read<'_>], source_ts: &str, version: i64) -> Completion {
@@ -345,7 +347,7 @@ pub fn builtin(thread: &[Read<'_>], source_ts: &str, version: i64) -> Completion
         .collect();
     Completion {
         text: format!(
-            "[threadline built-in model] I read {} message(s) from {} participant(s) in this thread (version {version}). \
+            "[threadline built-in model] Answering {source_ts}. I read {} message(s) from {} participant(s) in this thread (version {version}). \
              You asked: \u{201c}{}\u{201d}. The built-in model does not answer questions; configure a model provider \
              for real answers.\nAnswering {source_ts}; read {}",
             thread.len(),

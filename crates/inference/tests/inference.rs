@@ -359,7 +359,7 @@ async fn the_builtin_model_answers_labelled_and_bound_once_per_version() {
     );
     assert!(
         p.text
-            .starts_with("[threadline built-in model] I read 2 message(s)"),
+            .starts_with("[threadline built-in model] Answering 100.000001. I read 2 message(s)"),
         "{}",
         p.text
     );
