@@ -73,7 +73,9 @@ image-smoke-only:
 	./scripts/image-smoke.sh
 
 .PHONY: lint
-lint: ## rustfmt check, the store's offline query data against the migrations (needs Postgres), clippy with warnings denied
+lint: ## Docs against the code (settings, links, invariants, commit subjects; scripts/check-docs.py), rustfmt check, the store's offline query data against the migrations (needs Postgres), clippy with warnings denied
+	python3 scripts/check-docs.py --self-test
+	python3 scripts/check-docs.py
 	cargo fmt --all --check
 	./scripts/sqlx-prepare.sh --check
 	cargo clippy --workspace --all-targets -- -D warnings

@@ -1,16 +1,18 @@
-//! The README's list of `threadline stats --json` fields is the output's:
-//! every field the CLI prints is named there, and every field named there is
-//! printed.
+//! The operations page's list of `threadline stats --json` fields is the
+//! output's: every field the CLI prints is named there, and every field
+//! named there is printed.
 
 use threadline_testkit::{TestDb, repo_root};
 use threadline_tests::cli;
 
-/// The README's paragraph on `stats --json`, up to the next heading-like line.
+/// The operations page's paragraph on `stats --json`, up to the next
+/// heading-like line.
 fn readme_list() -> String {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let readme = std::fs::read_to_string(repo_root().join("docs/operations.md"))
+        .expect("docs/operations.md");
     let start = readme
         .find("`stats --json` reports")
-        .expect("the README describes `stats --json`");
+        .expect("docs/operations.md describes `stats --json`");
     let rest = &readme[start..];
     let end = rest.find("Gateway answers:").expect("the section after it");
     rest[..end].to_owned()
@@ -27,7 +29,7 @@ fn named(text: &str) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_names_every_stats_field_and_no_other() {
+async fn the_operations_page_names_every_stats_field_and_no_other() {
     let db = TestDb::new().await;
     let out = cli(&["stats", "--json"], &[("DATABASE_URL", db.url.clone())]).await;
     assert!(
@@ -49,7 +51,7 @@ async fn the_readme_names_every_stats_field_and_no_other() {
     let missing: Vec<&String> = fields.iter().filter(|f| !in_readme.contains(f)).collect();
     assert!(
         missing.is_empty(),
-        "stats fields the README does not name: {missing:?}"
+        "stats fields docs/operations.md does not name: {missing:?}"
     );
     // Names in the list that are neither fields nor the values/reasons the
     // list mentions as examples.
@@ -66,6 +68,6 @@ async fn the_readme_names_every_stats_field_and_no_other() {
         .collect();
     assert!(
         unknown.is_empty(),
-        "the README names fields stats does not print: {unknown:?}"
+        "docs/operations.md names fields stats does not print: {unknown:?}"
     );
 }

@@ -306,7 +306,7 @@ async fn main() {
             w.len()
         );
     }
-    // pg_stat_statements where the server preloads it (see the README).
+    // pg_stat_statements where the server preloads it (see docs/performance.md).
     let _ = server::create_pg_stat_statements(&s.db.pool).await;
     let _ = server::reset_pg_stat_statements(&s.db.pool).await;
     // Backends report their commit and table counters once idle for 10 s
@@ -417,7 +417,7 @@ async fn main() {
             (a - b) as f64 / answered
         ),
         _ => println!(
-            "Postgres per answered mention: {commits:.1} commits (statements: pg_stat_statements is not preloaded on this server; see the README's performance section)"
+            "Postgres per answered mention: {commits:.1} commits (statements: pg_stat_statements is not preloaded on this server; see docs/performance.md)"
         ),
     }
     let mut by_table: Vec<(String, f64)> = writes_after

@@ -156,7 +156,7 @@ the CLI against this stack needs all of these (the demo's bus prefix is its own)
   {bin}/threadline stats --json
   {bin}/threadline dlq list
 
-pointing a real Slack app at threadline instead (see README, 'Run it against real Slack'):
+pointing a real Slack app at threadline instead (see docs/real-slack.md):
   1. create the app from deploy/slack/manifest.yaml at https://api.slack.com/apps,
   2. expose the gateway over HTTPS (a tunnel to port 3000 will do) and set the
      manifest's request URL to https://<public-host>/slack/events,
