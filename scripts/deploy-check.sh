@@ -6,14 +6,22 @@
 # each binary reads vs. settings the manifests give it, NetworkPolicies,
 # the NATS Helm values), proves those checks can fail (a self-test,
 # deploy/check/selftest.py: deliberate breakages of the same input, each of
-# which must be caught), and lints the Dockerfile with hadolint. Needs no
-# cluster and no Docker engine. DEPLOY_CHECK_VERBOSE=1 lists each breakage.
+# which must be caught), checks the monitoring as code (the Prometheus alert
+# rules of deploy/monitoring with `promtool check rules` and their unit tests
+# with `promtool test rules`; then deploy/check/check_monitoring.py: the
+# PrometheusRule equal to the rules file, every metric the rules and the
+# Grafana dashboard query exported by the code, every alert with a firing
+# test and a runbook entry in docs/operations.md, with a self-test of its
+# own), and lints the Dockerfile with hadolint. Needs no cluster and no
+# Docker engine. DEPLOY_CHECK_VERBOSE=1 lists each breakage.
 #
 # Tools: kubectl (for kustomize) from $KUBECTL or the PATH, else fetched
 # once (pinned, checksum-verified) into ${XDG_CACHE_HOME:-$HOME/.cache}/threadline/bin;
 # Python 3 with venv; the Python packages are installed once from PyPI into
 # a virtualenv under ${XDG_CACHE_HOME:-$HOME/.cache}/threadline/venv (about
-# 200 MB, reused by CI).
+# 200 MB, reused by CI); promtool from $PROMTOOL or the PATH, else taken once
+# from Debian's `prometheus` package (apt-get download, unpacked: no server
+# is installed or started) into the same cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -100,6 +108,62 @@ say "rendered ${#renders[@]} overlays: $(printf '%s ' "${renders[@]%%=*}")"
 PYTHONDONTWRITEBYTECODE=1 "$VENV/bin/python" deploy/check/check_manifests.py --root . --self-test \
   ${DEPLOY_CHECK_VERBOSE:+--verbose} "${renders[@]}" \
   || die "manifests do not match Kubernetes' schemas or the code, or the self-test failed (see FAIL lines above)"
+
+# Monitoring -----------------------------------------------------------------
+# promtool (it ships with Prometheus) from $PROMTOOL or the PATH; else the
+# promtool of this host's Debian `prometheus` package, unpacked once into the
+# tool cache (`apt-get download`, as scripts/images.sh does; as root the
+# package lists are refreshed when the package is not found), so that no
+# Prometheus server is installed or started.
+RULES_DIR=deploy/monitoring/prometheus
+PROMTOOL="${PROMTOOL:-$(command -v promtool || true)}"
+if [[ -z "$PROMTOOL" ]]; then
+  PROMTOOL="$(ls -1 "$TOOLS"/promtool-* 2>/dev/null | sort -V | tail -n 1 || true)"
+fi
+if [[ -z "$PROMTOOL" ]] && command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
+  say "promtool not found: taking it from Debian's prometheus package"
+  mkdir -p "$TOOLS" "$work/prometheus-deb"
+  fetch_prometheus_deb() {
+    # (apt-get download writes to the current directory; as root it warns
+    # that the download is unsandboxed)
+    (cd "$work/prometheus-deb" && apt-get download -q prometheus 2>&1 | grep -v 'unsandboxed' >&2 || true)
+    compgen -G "$work/prometheus-deb/prometheus_*.deb" >/dev/null
+  }
+  if ! fetch_prometheus_deb && [[ "$(id -u)" -eq 0 ]]; then
+    apt-get update -qq >/dev/null 2>&1 || true
+    fetch_prometheus_deb || true
+  fi
+  deb="$(compgen -G "$work/prometheus-deb/prometheus_*.deb" | head -n 1 || true)"
+  if [[ -n "$deb" ]] && dpkg-deb -x "$deb" "$work/prometheus-deb/x" \
+     && "$work/prometheus-deb/x/usr/bin/promtool" --version >/dev/null 2>&1; then
+    version="$(dpkg-deb -f "$deb" Version | tr -c 'A-Za-z0-9.+~\n' '_')"
+    install -m 0755 "$work/prometheus-deb/x/usr/bin/promtool" "$TOOLS/promtool-$version"
+    PROMTOOL="$TOOLS/promtool-$version"
+  fi
+fi
+if [[ -z "$PROMTOOL" ]]; then
+  cat >&2 <<EOF2
+deploy-check: FAIL: promtool is not installed (it checks and unit-tests the
+alert rules in $RULES_DIR), and it could not be taken from a Debian package.
+Install it, for example:
+  Debian/Ubuntu:  sudo apt-get install -y --no-install-recommends prometheus
+                  (ships promtool; stop the prometheus service it starts if
+                  you do not want one: sudo systemctl disable --now prometheus)
+  or the binary:  promtool from a Prometheus release archive
+                  (https://prometheus.io/download/), put on the PATH
+or point PROMTOOL at one: PROMTOOL=/path/to/promtool make deploy-check
+EOF2
+  exit 1
+fi
+[[ -x "$PROMTOOL" ]] || die "PROMTOOL=$PROMTOOL is not an executable"
+"$PROMTOOL" check rules "$RULES_DIR/threadline-rules.yaml" > "$work/promtool.log" 2>&1 \
+  || { cat "$work/promtool.log" >&2; die "promtool check rules $RULES_DIR/threadline-rules.yaml"; }
+"$PROMTOOL" test rules "$RULES_DIR/threadline-rules.test.yaml" > "$work/promtool.log" 2>&1 \
+  || { cat "$work/promtool.log" >&2; die "promtool test rules $RULES_DIR/threadline-rules.test.yaml (FAILED cases above: exp is what the test expects, got what the rules gave)"; }
+say "promtool ($("$PROMTOOL" --version 2>&1 | head -n 1 | awk '{print $3}')): rules check, unit tests pass"
+PYTHONDONTWRITEBYTECODE=1 "$VENV/bin/python" deploy/check/check_monitoring.py --root . --self-test \
+  ${DEPLOY_CHECK_VERBOSE:+--verbose} \
+  || die "the alert rules, the PrometheusRule, the dashboard or the runbook do not match each other or the code, or the self-test failed (see FAIL lines above)"
 
 # Dockerfile -----------------------------------------------------------------
 hadolint="$(command -v hadolint || true)"
