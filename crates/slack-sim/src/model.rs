@@ -549,6 +549,10 @@ pub enum FaultMode {
     /// Not applied; HTTP 200 with a JSON body that is not a Web API answer
     /// (no `ok`), as a proxy or a failing edge may send.
     Malformed,
+    /// Applied without the call's `metadata`: the message is stored and
+    /// shown as if none had been sent (as Slack stores a message whose
+    /// metadata it did not keep), so only its text tells whose it is.
+    DropMetadata,
     /// Events: deliver to every request URL of the app at once.
     Duplicate,
     /// Events: count the delivery as timed out whatever the app answered.

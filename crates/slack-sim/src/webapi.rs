@@ -606,6 +606,13 @@ pub async fn api(
         }
     }
 
+    let mut params = params;
+    if fault
+        .as_ref()
+        .is_some_and(|f| f.mode == FaultMode::DropMetadata)
+    {
+        params.args.remove("metadata");
+    }
     let outcome = apply(&sim, &method, token.as_deref(), &params);
     let applied = outcome.result.is_ok();
 
