@@ -472,9 +472,42 @@ pub struct Stack {
     pub unjudged: Option<&'static str>,
 }
 
+/// The deterministic fallback answer's text when a stack does not set
+/// `THREADLINE_FALLBACK_TEXT` (inference's default, written out here).
+pub const DEFAULT_FALLBACK: &str = "threadline could not process this request. No action was taken. Try again or contact the service owner.";
+
 /// How late after a message was acknowledged a reply may still be posted
 /// without having read it (it then crossed in flight).
 pub const ORACLE_GRACE: Duration = Duration::from_millis(500);
+
+/// Settings that stream answers: the built-in model writing a word every
+/// `pace_ms`, released every 100 ms and appended every 250 ms; `extra`
+/// settings replace or add to these.
+pub fn streaming(pace_ms: u64, extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    let mut v: Vec<(&'static str, String)> = vec![
+        ("THREADLINE_STREAMING", "true".into()),
+        ("THREADLINE_BUILTIN_LATENCY_MS", "100".into()),
+        ("THREADLINE_BUILTIN_STREAM_PACE_MS", pace_ms.to_string()),
+        ("THREADLINE_STREAM_RELEASE_MS", "100".into()),
+        ("THREADLINE_STREAM_APPEND_MS", "250".into()),
+    ];
+    for (k, val) in extra {
+        v.retain(|(kk, _)| kk != k);
+        v.push((k, (*val).to_owned()));
+    }
+    v
+}
+
+/// The calls of `method` Slack answered `ok`, from its call log.
+pub async fn ok_calls(sim: &Proc, method: &str) -> Vec<serde_json::Value> {
+    sim_get(sim, &format!("calls?method={method}")).await["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["outcome"] == "ok")
+        .collect()
+}
 
 /// The stack's installation id (the first registered), as the CLI takes it.
 pub async fn first_installation(s: &Stack) -> String {
@@ -938,12 +971,50 @@ impl Stack {
         (j, violations.into_iter().map(|(_, v)| v).collect())
     }
 
+    /// The oracle's limits for this stack: `grace`, and a stream's end
+    /// bound from the stack's own settings (a stream nobody drives is taken
+    /// over after the stream stale time, found at the next sweep, and ended
+    /// by two stops, each within the Slack timeout), with a margin of 10 s
+    /// for Slack's `Retry-After`.
+    pub fn oracle_limits(&self, grace: Duration) -> oracle::Limits {
+        let ms = |key: &str, default: u64| {
+            self.env
+                .iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .and_then(|(_, v)| v.parse::<u64>().ok())
+                .unwrap_or(default)
+        };
+        let bound = ms("THREADLINE_STREAM_STALE_MS", 45_000)
+            + ms("THREADLINE_SWEEP_MS", 5_000)
+            + 3 * ms("THREADLINE_SLACK_TIMEOUT_MS", 10_000)
+            + 10_000;
+        let fallback = self
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "THREADLINE_FALLBACK_TEXT")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| DEFAULT_FALLBACK.to_owned());
+        oracle::Limits {
+            grace,
+            stream_end: Duration::from_millis(bound),
+            fallback: Some(fallback),
+        }
+    }
+
     /// [`Stack::verdict`] with each violation's kind.
     pub async fn verdict_by_kind(
         &self,
         grace: Duration,
     ) -> (oracle::Judgement, Vec<(&'static str, String)>) {
-        let j = oracle::judge(&self.sim.base_url, &self.app, &self.scopes(), grace).await;
+        let j = oracle::judge_with(
+            &self.sim.base_url,
+            &self.app,
+            &self.scopes(),
+            self.oracle_limits(grace),
+        )
+        .await;
         let mut violations = j.violations.clone();
         violations.extend(explain_from_records(&self.db.pool, &j).await);
         (j, violations)

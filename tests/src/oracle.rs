@@ -219,7 +219,7 @@ type MessageKey = (String, String);
 type Sent = (u64, Option<u64>);
 
 /// How late the oracle lets things be.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Limits {
     /// How late after its acknowledgement a message may be missing from a
     /// reply without counting against it (then it crossed in flight).
@@ -227,6 +227,10 @@ pub struct Limits {
     /// How long a stream may stay open after the first change of its
     /// thread threadline acknowledged.
     pub stream_end: Duration,
+    /// The text of the deterministic fallback answer, which states no
+    /// question: a reply that starts with it answers one question of its
+    /// thread, asked before it, that no other reply answers.
+    pub fallback: Option<String>,
 }
 
 /// Judges `scopes` of app `app_id` on the emulator at `sim`, with a stream
@@ -239,6 +243,7 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
         Limits {
             grace,
             stream_end: DEFAULT_STREAM_END,
+            fallback: None,
         },
     )
     .await
@@ -351,6 +356,8 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
         let mut answers: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
         // Every stream of the channel by the question it states.
         let mut streams: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        // Fallback replies (no question stated) by thread, oldest first.
+        let mut fallbacks: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut read_by_later: BTreeSet<String> = BTreeSet::new();
         for (root, thread) in &threads {
             let offend = |j: &mut Judgement| {
@@ -453,6 +460,16 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                 }
                 if streamed {
                     j.streamed += 1;
+                }
+                let fallback = limits
+                    .fallback
+                    .as_deref()
+                    .is_some_and(|f| !f.is_empty() && text.starts_with(f));
+                if fallback {
+                    // (it answers a question of its thread; which one is
+                    // settled with the questions below)
+                    fallbacks.entry(root.clone()).or_default().push(rts.clone());
+                    continue;
                 }
                 let Some(st) = stated(r["text"].as_str().unwrap_or_default()) else {
                     j.violations.push((
@@ -653,6 +670,10 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
         // Every question answered once, or explained.
         let mention = format!("<@{}>", scope.bot_user);
         for (root, thread) in &threads {
+            // Each fallback reply answers the oldest question before it
+            // that nothing else answers.
+            let mut unused: Vec<String> = fallbacks.remove(root).unwrap_or_default();
+            unused.sort_by_key(|t| ts_key(t));
             for q in thread
                 .iter()
                 .filter(|m| m["app_id"].is_null() && m["bot_id"].is_null() && m["user"].is_string())
@@ -667,7 +688,14 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                     continue;
                 }
                 j.questions += 1;
-                match answers.get(&qts).map(Vec::len).unwrap_or(0) {
+                let mut n = answers.get(&qts).map(Vec::len).unwrap_or(0);
+                if n == 0
+                    && let Some(k) = unused.iter().position(|f| ts_key(f) > ts_key(&qts))
+                {
+                    unused.remove(k);
+                    n = 1;
+                }
+                match n {
                     0 => {
                         let acked = acks
                             .get(&(scope.channel.clone(), qts.clone()))
@@ -692,6 +720,16 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                     }
                     _ => j.answered += 1,
                 }
+            }
+            for f in unused {
+                j.violations.push((
+                    "unattributed_reply",
+                    format!(
+                        "fallback reply {f} in thread {root} of {} answers no question of its thread that nothing else answers",
+                        scope.channel
+                    ),
+                ));
+                j.offending.insert((scope.channel.clone(), root.clone()));
             }
         }
     }

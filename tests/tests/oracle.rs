@@ -530,6 +530,7 @@ impl World {
             oracle::Limits {
                 grace: GRACE,
                 stream_end,
+                fallback: None,
             },
         )
         .await
@@ -644,4 +645,61 @@ async fn a_review_request_is_not_an_answer() {
     let j = w.judge().await;
     assert!(j.violations.is_empty(), "{:?}", j.violations);
     assert_eq!((j.review_requests, j.replies, j.answered), (1, 0, 0), "{q}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_replies_answer_one_question_each_and_no_more() {
+    const FALLBACK: &str = "threadline could not process this request.";
+    let w = World::new().await;
+    let judge = || async {
+        oracle::judge_with(
+            &w.ws.base,
+            &w.ws.app_id(),
+            &w.scope(),
+            oracle::Limits {
+                grace: GRACE,
+                stream_end: Duration::from_secs(60),
+                fallback: Some(FALLBACK.to_owned()),
+            },
+        )
+        .await
+    };
+    let bot = w.ws.bot_user();
+    let q1 = w.ask(&format!("<@{bot}> first?"), None).await;
+    let _q2 = w.ask(&format!("<@{bot}> second?"), Some(&q1)).await;
+    let blocks = json!([{"type": "section", "text": {"type": "mrkdwn", "text": FALLBACK}},
+                        {"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}])
+    .to_string();
+    let fallback = || async {
+        let r = w
+            .call(
+                "chat.postMessage",
+                &[
+                    ("channel", &w.ws.channel),
+                    ("thread_ts", &q1),
+                    ("text", &format!("{FALLBACK}\nAI-generated")),
+                    ("blocks", &blocks),
+                ],
+            )
+            .await;
+        assert_eq!(r["ok"], true, "{r}");
+    };
+    // One fallback for two questions: one of them is not answered.
+    fallback().await;
+    let j = judge().await;
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+    assert_eq!((j.questions, j.answered, j.unexplained.len()), (2, 1, 1));
+    // Two: each answered.
+    fallback().await;
+    let j = judge().await;
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+    assert_eq!((j.questions, j.answered, j.unexplained.len()), (2, 2, 0));
+    // Three: one answers nothing.
+    fallback().await;
+    let j = judge().await;
+    assert!(
+        j.violations.iter().any(|v| v.0 == "unattributed_reply"),
+        "{:?}",
+        j.violations
+    );
 }

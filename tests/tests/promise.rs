@@ -160,21 +160,31 @@ async fn a_publisher_frozen_past_the_stale_time_never_leads_to_a_second_post() {
 }
 
 /// Hole 2: two questions in one thread both get the fallback answer (same
-/// text). The second post is refused before it is applied (503), so its
-/// outcome is unknown. Reconciliation must not take the first answer for
-/// the second's: with re-posting allowed, the second question gets its own
-/// reply. Slack shows two replies.
+/// text), and Slack keeps the first without its metadata, so only its text
+/// tells whose it is. The second post is refused before it is applied
+/// (503), so its outcome is unknown, and the first post falls inside its
+/// window. Reconciliation must not take the first answer for the second's:
+/// with re-posting allowed, the second question gets its own reply. Slack
+/// shows two replies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconciliation_never_takes_another_answers_message_for_its_own() {
-    let mut s = Stack::start(&fast(&[
+    let s = Stack::start(&fast(&[
         ("THREADLINE_MODEL_PROVIDER", "openai"),
         ("THREADLINE_MODEL_BASE_URL", "http://127.0.0.1:9/v1"),
         ("THREADLINE_MODEL_NAME", "absent"),
         ("THREADLINE_RECONCILE_ALLOW_REPOST", "true"),
     ]))
     .await;
-    // Fallback answers state no question: Slack-side checks are made here.
-    s.unjudged = Some("fallback answers do not state what they read");
+    // (fallback answers state no question: the oracle counts one answered
+    // question per fallback reply in the thread, so an intent that took the
+    // first reply for its own leaves a question unanswered in Slack while
+    // threadline records it answered: a violation)
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "drop_metadata"}),
+    )
+    .await;
     let q1 = s
         .post(&format!("<@{}> first question", s.bot_user), None)
         .await;
@@ -188,6 +198,15 @@ async fn reconciliation_never_takes_another_answers_message_for_its_own() {
     let q2 = s
         .post(&format!("<@{}> second question", s.bot_user), Some(&q1))
         .await;
+    // Judged from Slack's side once the second intent is settled: each
+    // fallback reply answers one question, so an intent that took the first
+    // reply for its own leaves a question unanswered that threadline
+    // records as answered.
+    until_intent(&s, &q2, "sent", 30).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (j, violations) = s.verdict(threadline_tests::ORACLE_GRACE).await;
+    assert!(violations.is_empty(), "the oracle: {violations:#?}");
+    assert_eq!((j.questions, j.answered), (2, 2));
     let answers = s.wait_answers(&q1, 2).await;
     assert_eq!(answers.len(), 2, "each question its own reply: {answers:?}");
     assert_eq!(

@@ -9,32 +9,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 use threadline_testkit::eventually;
-use threadline_tests::{Stack, cli, sim_ctl, sim_get};
-
-/// Streaming on, the built-in model writing a word every `pace_ms`.
-fn streaming(pace_ms: u64, extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
-    let mut v: Vec<(&'static str, String)> = vec![
-        ("THREADLINE_STREAMING", "true".into()),
-        ("THREADLINE_BUILTIN_LATENCY_MS", "100".into()),
-        ("THREADLINE_BUILTIN_STREAM_PACE_MS", pace_ms.to_string()),
-        ("THREADLINE_STREAM_RELEASE_MS", "100".into()),
-        ("THREADLINE_STREAM_APPEND_MS", "250".into()),
-    ];
-    for (k, val) in extra {
-        v.retain(|(kk, _)| kk != k);
-        v.push((k, (*val).to_owned()));
-    }
-    v
-}
+use threadline_tests::{Stack, cli, ok_calls, sim_ctl, sim_get, streaming};
 
 async fn calls(s: &Stack, method: &str) -> Vec<Value> {
-    sim_get(&s.sim, &format!("calls?method={method}")).await["calls"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| c["outcome"] == "ok")
-        .collect()
+    ok_calls(&s.sim, method).await
 }
 
 const CHANGED: &str = "_The thread changed while I was answering, so I stopped here. I'm reconsidering with the new messages._";

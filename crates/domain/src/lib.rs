@@ -12,6 +12,7 @@ pub mod ids;
 pub mod kill_switch;
 pub mod output;
 pub mod prompt;
+pub mod reply;
 pub mod review;
 pub mod state;
 pub mod topic;

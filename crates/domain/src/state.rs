@@ -225,7 +225,9 @@ states! {
     /// failed_retryable → sending`; `sending → failed_permanent`; `sending →
     /// unknown → reconciling → sent | held | pending`; `pending |
     /// failed_retryable → withdrawn → sending`; an operator moves `held` to
-    /// `pending` (repost) or `failed_permanent` (abandon).
+    /// `pending` (repost) or `failed_permanent` (abandon). A stream: `sending
+    /// → streaming → sent`, or `→ ending → interrupted` once Slack confirmed
+    /// its early stop (`interrupted → sending` for the whole answer).
     IntentState, "reply intent" {
         Pending = "pending",
         Sending = "sending",
@@ -238,6 +240,7 @@ states! {
         Withdrawn = "withdrawn",
         Streaming = "streaming",
         Interrupted = "interrupted",
+        Ending = "ending",
     }
 }
 
@@ -259,10 +262,18 @@ impl IntentState {
             // nothing, so the one complete answer that may follow claims it
             // again (the publisher never streams it a second time).
             (Sending, Streaming) => true,
-            (Streaming, Interrupted) => true,
-            // A start whose outcome was unknown, found in Slack by
-            // reconciliation: that stream is ended, never continued.
-            (Unknown | Reconciling, Interrupted) => true,
+            // A stream that must stop before the whole answer (the thread
+            // moved on, a switch, its publisher died, a stop Slack refused),
+            // or one reconciliation found still open (an unknown start's, a
+            // stop's whose answer was lost): `ending` until Slack confirms
+            // it stopped; a refused stop keeps it `ending`, due again after
+            // Slack's Retry-After.
+            (Streaming | Unknown | Reconciling | Ending, Ending) => true,
+            // Interrupted only once Slack confirmed the stream ended: its
+            // stop with the closing line answered ok, or Slack shows it
+            // ended without the answer (a stop whose answer was lost, a
+            // stream expired or deleted, an unknown start found nowhere).
+            (Streaming | Ending | Unknown | Reconciling, Interrupted) => true,
             (Interrupted, Sending) => true,
             // The attempt that owns it ends it one way or another.
             (
@@ -272,18 +283,18 @@ impl IntentState {
             // A late answer of the attempt that owns it may find it already
             // marked unknown (by the sweeper): its code is recorded again.
             (Sending | Unknown | Reconciling, Unknown) => true,
-            // A stream that ended where its publisher could not see how (a
-            // stop whose answer was lost, a stream already ended by another
-            // publisher or in Slack): reconciled from what Slack shows.
+            // A stream whose finishing stop's outcome is not known (it may
+            // show the whole answer): reconciled from what Slack shows.
             (Streaming, Unknown) => true,
             (Unknown, Reconciling) => true,
             (Pending | FailedRetryable, Withdrawn) => true,
             (Held, Pending | FailedPermanent) => true,
             // A post seen in Slack is recorded whatever the intent's state
-            // (a late answer to an attempt given up on, a reconciliation).
-            // (an interrupted stream is not an answer: only a new claim's
-            // post, through `sending`, is)
-            (from, Sent) => !matches!(from, Sent | Interrupted),
+            // (a late answer to an attempt given up on, a reconciliation,
+            // the whole answer of an intent whose stream was interrupted).
+            // (the interrupted stream itself is never recorded as an
+            // answer: its metadata names the intent as interrupted)
+            (from, Sent) => from != Sent,
             _ => false,
         }
     }
@@ -393,8 +404,13 @@ mod tests {
             (Withdrawn, Sending),
             (Sending, Streaming),
             (Streaming, Sent),
-            (Streaming, Interrupted),
+            (Streaming, Ending),
+            (Ending, Ending),
+            (Ending, Interrupted),
+            (Ending, Sent),
+            (Unknown, Ending),
             (Interrupted, Sending),
+            (Interrupted, Sent),
         ] {
             assert_eq!(IntentState::check(from, to), Ok(()), "{from} → {to}");
         }
@@ -435,13 +451,20 @@ mod tests {
             IntentState::from_states(Sending),
             ["pending", "failed_retryable", "withdrawn", "interrupted"]
         );
-        // A stream is never started again for an intent, nor ended twice.
+        // A stream is never started again for an intent, nor ended twice;
+        // it is interrupted only once Slack confirmed it ended (from
+        // `ending`, or as reconciliation read it).
         assert_eq!(IntentState::from_states(Streaming), ["sending"]);
         assert_eq!(
             IntentState::from_states(Interrupted),
-            ["unknown", "reconciling", "streaming"]
+            ["unknown", "reconciling", "streaming", "ending"]
         );
-        assert!(!Interrupted.can_become(Sent));
+        assert!(!Interrupted.can_become(Ending));
+        assert!(
+            !Ending.can_become(Sending),
+            "an open stream is never posted beside"
+        );
+        assert!(!Ending.can_become(Pending));
         assert!(!Streaming.can_become(Pending));
         assert!(Streaming.can_become(Unknown));
         // An unknown outcome is never simply retried: it is read first.

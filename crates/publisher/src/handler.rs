@@ -14,9 +14,9 @@ use async_nats::jetstream;
 use prost::Message as _;
 use secrecy::ExposeSecret as _;
 use sqlx::PgPool;
-use threadline_proto::v1::{ProposalReady, Reconsider, SCHEMA_VERSION};
+use threadline_proto::v1::ProposalReady;
 use threadline_runtime::batch::Batcher;
-use threadline_runtime::bus::{Topic, Topology};
+use threadline_runtime::bus::Topology;
 use threadline_runtime::secrets::TokenCipher;
 use threadline_runtime::worker::Disposition;
 use threadline_slack::{WebClient, WebError};
@@ -25,7 +25,8 @@ use uuid::Uuid;
 
 use crate::intents::{self, Claimed, Fence, PostRecord, PostToRecord, Proposal, Recorded, Verdict};
 use crate::proposals::{self, Decision};
-use crate::reconcile::{self, Evidence, Found, Subject};
+use crate::reconcile::{self, Evidence};
+use threadline_domain::reply::Found;
 
 pub struct Handler {
     pub pool: PgPool,
@@ -105,38 +106,6 @@ where
             r => return r,
         }
     }
-}
-
-/// Hands decision `d`'s thread to reconsideration through the outbox, in
-/// the caller's transaction (the decision was discarded in it, `why`).
-pub(crate) async fn enqueue_reconsider(
-    tx: &mut sqlx::PgConnection,
-    d: &Decision,
-    why: &str,
-) -> sqlx::Result<()> {
-    let msg = Reconsider {
-        schema_version: SCHEMA_VERSION,
-        installation_id: d.installation_id.to_string(),
-        channel_id: d.channel_id.clone(),
-        root_ts: d.root_ts.clone(),
-        stale_version: d.thread_version,
-        receipt_id: d.receipt_id.to_string(),
-        reason: why.to_owned(),
-    };
-    threadline_store::outbox::enqueue(
-        tx,
-        d.installation_id,
-        d.receipt_id,
-        Topic::Reconsider,
-        &format!(
-            "recon:{}:{}:{}:{}",
-            d.installation_id, d.channel_id, d.root_ts, d.thread_version
-        ),
-        msg.encode_to_vec(),
-    )
-    .await?;
-    metrics::counter!("threadline_reconsiderations_total").increment(1);
-    Ok(())
 }
 
 pub(crate) fn defer(secs: f64) -> Disposition {
@@ -407,6 +376,12 @@ impl Handler {
             }
             Verdict::NotNow(wait) => return Ok(defer(jitter(wait.max(0.05), &decision))),
             Verdict::Reconcile(id) => return self.reconcile(id, &job, &bot).await,
+            // Its stream is open: stopped first (if due), then the whole
+            // answer is claimed once Slack confirmed the stop.
+            Verdict::Ending(id) => {
+                self.stop_if_due(id, &bot).await?;
+                return Ok(defer(1.0));
+            }
             Verdict::Suppressed(switch) => return self.suppressed(decision, &switch).await,
             Verdict::SourceDeleted => return self.source_deleted(&job).await,
             Verdict::Superseded => {
@@ -483,7 +458,8 @@ impl Handler {
         let p = &job.proposal;
         let mut tx = self.pool.begin().await?;
         if intents::set_decision_in(&mut tx, p.decision, status, Some(reason)).await? {
-            enqueue_reconsider(&mut tx, job.decision, why).await?;
+            threadline_store::outbox::enqueue_reconsider(&mut tx, job.decision, why).await?;
+            metrics::counter!("threadline_reconsiderations_total").increment(1);
         }
         tx.commit().await?;
         Ok(())
@@ -501,11 +477,10 @@ impl Handler {
         if claim.ever_unknown {
             // An earlier attempt may have landed after all (its intent was
             // held, then re-posted): one more read before a second post.
-            let subject = self.subject(claim.id, p, &bot.bot_id).await?;
-            match reconcile::read(&self.pool, &self.web, bot.token.expose_secret(), &subject).await
-            {
+            let o = self.evidence_of(claim.id, p, bot, true).await?;
+            match reconcile::read(&self.web, bot.token.expose_secret(), &o).await {
                 Ok(seen) => {
-                    if let Some(ts) = seen.post() {
+                    if let Some(ts) = seen.read.post() {
                         // What Slack holds is an earlier attempt's text: its
                         // decision is the one published, and this one, if
                         // another, is settled as already answered.
@@ -531,7 +506,7 @@ impl Handler {
                         self.after_record(&r, claim.id);
                         return Ok(Disposition::Done);
                     }
-                    if seen.by_metadata.len() + seen.by_body.len() > 1 {
+                    if seen.read.named.len() + seen.read.by_body.len() > 1 {
                         intents::transition(
                             &self.pool,
                             claim.id,
@@ -817,43 +792,49 @@ impl Handler {
         }
     }
 
-    async fn subject<'a>(
+    /// What reconciling `intent` reads Slack for (see [`reconcile::Owned`]).
+    pub(crate) async fn evidence_of(
         &self,
         intent: Uuid,
-        p: &'a Proposal<'a>,
-        bot_id: &'a str,
-    ) -> anyhow::Result<Subject<'a>> {
-        let (hashes, window) = intents::evidence(&self.pool, intent, self.sending_stale).await?;
-        Ok(Subject {
+        p: &Proposal<'_>,
+        bot: &Bot,
+        as_post: bool,
+    ) -> anyhow::Result<reconcile::Owned> {
+        reconcile::Owned::load(
+            &self.pool,
             intent,
-            installation: p.installation,
-            channel: p.channel,
-            root_ts: p.root_ts,
-            bot_id,
-            hashes,
-            window,
-            stream: false,
-        })
+            reconcile::Thread {
+                installation: p.installation,
+                channel: p.channel,
+                root_ts: p.root_ts,
+            },
+            &bot.bot_id,
+            self.sending_stale,
+            as_post,
+        )
+        .await
     }
 
-    async fn reconcile(
+    /// Settles an intent whose outcome is unknown from what Slack shows,
+    /// whatever its form, before anything else is posted for its event.
+    pub(crate) async fn reconcile(
         &self,
         intent: Uuid,
         job: &Job<'_>,
         bot: &Bot,
     ) -> anyhow::Result<Disposition> {
         let p = &job.proposal;
-        let mut subject = self.subject(intent, p, &bot.bot_id).await?;
-        subject.stream = threadline_store::streams::streamed(&self.pool, intent).await?;
-        match reconcile::run(
+        let o = self.evidence_of(intent, p, bot, false).await?;
+        let found = reconcile::run(
             &self.pool,
             &self.web,
             bot.token.expose_secret(),
-            &subject,
+            &o,
             self.evidence,
         )
-        .await?
-        {
+        .await?;
+        self.after_found(&found, intent, p.channel, bot).await?;
+        match found {
             Found::Sent(_) => {
                 // The event is answered. When this proposal is another
                 // decision than the one posted (a reconsideration raced the
@@ -875,25 +856,11 @@ impl Handler {
                     .await?;
                 Ok(Disposition::Done)
             }
-            Found::Stream(ts) => {
-                let label = threadline_store::streams::label_of(&self.pool, intent).await?;
-                self.end(
-                    intent,
-                    bot,
-                    p.channel,
-                    &ts,
-                    label.as_deref(),
-                    false,
-                    crate::stream::Ending::Interrupted,
-                )
-                .await?;
-                Ok(defer(0.5))
-            }
-            Found::Ended(_) => Ok(defer(0.5)),
+            // Its stream is stopped (or being stopped), or ended: the whole
+            // answer is claimed next, once Slack confirmed the stop.
+            Found::Open(_) | Found::Ended(_) | Found::Unclaimed(_) => Ok(defer(0.5)),
             Found::Repost => Ok(defer(1.0)),
-            Found::Again => Ok(defer(
-                (self.evidence.window_secs / self.evidence.reads.max(1) as f64).clamp(0.5, 60.0),
-            )),
+            Found::Again => Ok(defer(self.evidence.pause())),
         }
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod assistant;
 pub mod config;
+pub mod ending;
 pub mod handler;
 pub mod intents;
 pub mod ledger;

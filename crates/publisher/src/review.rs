@@ -228,31 +228,21 @@ impl Handler {
     /// thread's reconsideration (stale or deleted) and its request's update,
     /// both through the outbox. A verdict that committed first wins.
     pub(crate) async fn sweep_reviews(&self) -> anyhow::Result<()> {
-        for w in review::moved_on(&self.pool, 100).await? {
-            let Some(d) = threadline_store::decisions::load(&self.pool, w.decision).await? else {
-                continue;
-            };
+        for id in review::moved_on(&self.pool, 100).await? {
+            // (judged again, and settled, in one transaction)
             let mut tx = self.pool.begin().await?;
-            if review::discard_waiting(&mut tx, w.decision, w.moved_on).await? {
-                let why = match w.moved_on {
-                    review::MovedOn::Stale => Some("version_changed"),
-                    review::MovedOn::SourceDeleted => Some("source_deleted"),
-                    // (the newer request is answered instead)
-                    review::MovedOn::Superseded => None,
-                };
-                if let Some(why) = why {
-                    crate::handler::enqueue_reconsider(&mut tx, &d, why).await?;
-                }
-                let (status, _) = w.moved_on.status();
+            let discarded = review::discard_if_moved_on(&mut tx, id).await?;
+            tx.commit().await?;
+            if let Some(moved_on) = discarded {
+                let (status, _) = moved_on.status();
                 metrics::counter!("threadline_review_discards_total", "status" => status.as_str())
                     .increment(1);
                 tracing::info!(
-                    decision_id = %w.decision,
+                    decision_id = %id,
                     status = status.as_str(),
                     "an answer waiting for review was discarded: its thread moved on"
                 );
             }
-            tx.commit().await?;
         }
         Ok(())
     }

@@ -1,27 +1,28 @@
-//! Streamed answers: the start of a stream is the claimed side effect of
-//! the reply intent (the same checks, budget and claim as a post), the text
-//! inference releases is appended as it comes, and the stream stops with
-//! the AI label and the metadata reconciliation reads. Between two appends
-//! the staleness check of a post runs again: a new human message, an edit
-//! or deletion in the context, a kill switch or an uninstall ends the
-//! stream at once with a short closing line that says why, records the
-//! intent as `interrupted`, and (for a thread that moved on) hands the
-//! thread to reconsideration. An interrupted intent answered nothing: the
-//! one complete answer that may follow claims it again and is posted whole,
-//! never streamed a second time. A stream whose publisher died is ended
-//! the same way by whichever publisher next handles its event or by the
-//! sweeper.
+//! Streamed answers, through the one reply mechanism: the start of a
+//! stream is the claimed side effect of the reply intent (the same checks,
+//! budget and claim as a post), the text inference releases is appended as
+//! it comes, and the stream stops with the AI label and the metadata
+//! reconciliation reads. Between two appends the staleness check of a post
+//! runs again: a new human message, an edit or deletion in the context, a
+//! kill switch or an uninstall ends the stream at once with a short closing
+//! line that says why (stopped until Slack confirms, see [`crate::ending`]),
+//! and (for a thread that moved on) hands the thread to reconsideration. An
+//! interrupted intent answered nothing: the one complete answer that may
+//! follow claims it again and is posted whole, never streamed a second
+//! time. A stream whose publisher died is taken over and ended by whoever
+//! next handles its event or by the sweeper.
 
 use std::time::Duration;
 
 use secrecy::ExposeSecret as _;
-use serde_json::json;
+use threadline_domain::reply::{self, Ending};
 use threadline_domain::state::DecisionStatus;
 use threadline_runtime::worker::Disposition;
 use threadline_slack::WebError;
-use threadline_store::streams::{self, Orphan, Tick};
+use threadline_store::streams::{self, Tick, ToEnd};
 use uuid::Uuid;
 
+use crate::ending::{FALLBACK_LABEL, Stopped, label_blocks};
 use crate::handler::{Bot, Handler, Job, defer, persist};
 use crate::intents::{self, Claim, Claimed, Fence, PostToRecord, Proposal, Verdict};
 use crate::proposals;
@@ -39,58 +40,6 @@ pub struct Streams {
 /// How long a stream may go without a step when streaming is off here (a
 /// stream started before the switch is still ended in time).
 const DEFAULT_STALE: f64 = 45.0;
-
-/// The AI label when the decision has none yet (an answer ended before
-/// inference wrote its first words).
-const FALLBACK_LABEL: &str = "AI-generated";
-
-/// Why a stream ended before the whole answer, and what it then says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ending {
-    ThreadChanged,
-    SourceDeleted,
-    SwitchedOff,
-    NeedsReview,
-    /// The model failed, the answer changed, an append failed, or the
-    /// stream's publisher died.
-    Interrupted,
-}
-
-impl Ending {
-    pub fn reason(self) -> &'static str {
-        match self {
-            Self::ThreadChanged => "thread_changed",
-            Self::SourceDeleted => "source_deleted",
-            Self::SwitchedOff => "switched_off",
-            Self::NeedsReview => "needs_review",
-            Self::Interrupted => "interrupted",
-        }
-    }
-
-    /// The closing line, threadline's own words (no message content).
-    pub fn line(self) -> &'static str {
-        match self {
-            Self::ThreadChanged => {
-                "The thread changed while I was answering, so I stopped here. I'm reconsidering with the new messages."
-            }
-            Self::SourceDeleted => "The question was deleted, so I stopped here.",
-            Self::SwitchedOff => "Answers were switched off here, so I stopped.",
-            Self::NeedsReview => {
-                "The rest of this answer needs a person's review before it is shown."
-            }
-            Self::Interrupted => "This answer was interrupted before it finished.",
-        }
-    }
-}
-
-/// The text that closes an interrupted stream, after what it showed.
-pub fn closing(shown: bool, ending: Ending) -> String {
-    format!("{}_{}_", if shown { "\n\n" } else { "" }, ending.line())
-}
-
-fn label_blocks(label: &str) -> String {
-    json!([{"type": "context", "elements": [{"type": "mrkdwn", "text": label}]}]).to_string()
-}
 
 /// What the next step of a stream does, from what the tick read.
 #[derive(Debug, Clone, PartialEq)]
@@ -122,15 +71,16 @@ pub fn step(t: &Tick, version: i64, shown: &str) -> Step {
     if t.version != Some(version) {
         return Step::End(Ending::ThreadChanged);
     }
-    match t.decision_status.as_str() {
-        "calling" => match &t.released {
+    use DecisionStatus as D;
+    match t.decision_status {
+        D::Calling => match &t.released {
             Some(r) if r.len() > shown.len() && r.starts_with(shown) => {
                 Step::Append(r[shown.len()..].to_owned())
             }
             _ => Step::Wait,
         },
-        "proposed" | "approved"
-            if t.review_reasons.is_empty() || t.decision_status == "approved" =>
+        D::Proposed | D::Approved
+            if t.review_reasons.is_empty() || t.decision_status == D::Approved =>
         {
             match &t.body {
                 // (an event of the thread not processed yet may change it)
@@ -139,15 +89,15 @@ pub fn step(t: &Tick, version: i64, shown: &str) -> Step {
                 _ => Step::End(Ending::Interrupted),
             }
         }
-        "review" | "proposed" => Step::End(Ending::NeedsReview),
-        "suppressed" => Step::End(Ending::SwitchedOff),
-        "stale" | "superseded" => Step::End(Ending::ThreadChanged),
-        _ => Step::End(Ending::Interrupted),
+        D::Review | D::Proposed => Step::End(Ending::NeedsReview),
+        D::Suppressed => Step::End(Ending::SwitchedOff),
+        D::Stale | D::Superseded => Step::End(Ending::ThreadChanged),
+        D::Approved | D::Rejected | D::Published | D::Cancelled => Step::End(Ending::Interrupted),
     }
 }
 
 impl Handler {
-    fn stream_stale(&self) -> f64 {
+    pub(crate) fn stream_stale(&self) -> f64 {
         self.streams.map(|s| s.stale).unwrap_or(DEFAULT_STALE)
     }
 
@@ -277,17 +227,10 @@ impl Handler {
         };
         metrics::counter!("threadline_streams_started_total").increment(1);
         if !persist(|| streams::started(&self.pool, &claim, &ts)).await? {
-            // (cannot happen while the claim is young: ended all the same)
-            self.end(
-                claim.id,
-                &bot,
-                p.channel,
-                &ts,
-                None,
-                false,
-                Ending::Interrupted,
-            )
-            .await?;
+            // (cannot happen while the claim is young: a stream no intent
+            // holds is ended unclaimed all the same)
+            self.end_unclaimed(&bot, p.channel, std::slice::from_ref(&ts))
+                .await?;
             return Ok(Disposition::Done);
         }
         self.drive(&claim, &job, &bot, &ts, cfg).await
@@ -336,45 +279,29 @@ impl Handler {
                             // the answer they wanted.
                             return self.record_stream(claim, p, ts).await;
                         }
-                        Err(WebError::Api { code }) if code == "message_not_in_streaming_state" => {
-                            // Ended elsewhere (another publisher took it for
-                            // dead, its lifetime, a deletion): reconciled
-                            // from what Slack shows.
-                            streams::to_unknown(&self.pool, claim.id, "stream_ended_elsewhere")
-                                .await?;
-                            return Ok(Disposition::Done);
-                        }
                         Err(e) => {
-                            // It may or may not have landed: what the
-                            // stream shows is no longer known, so it ends
-                            // and the whole answer follows.
+                            // Ended elsewhere (its lifetime, a deletion), or
+                            // it may or may not have landed: what the stream
+                            // shows is no longer known, so it ends (what
+                            // Slack shows then decides) and the whole answer
+                            // follows.
                             tracing::warn!(error = %e, "append failed; ending the stream");
-                            let label = t.label.as_deref();
-                            self.end(
-                                claim.id,
-                                bot,
-                                p.channel,
-                                ts,
-                                label,
-                                true,
-                                Ending::Interrupted,
-                            )
-                            .await?;
-                            return Ok(Disposition::Done);
+                            return self
+                                .end_early(claim, job, bot, ts, &t, Ending::Interrupted, &shown)
+                                .await;
                         }
                     }
                 }
                 Step::Finish(rest) => {
                     let label = t.label.as_deref().unwrap_or(FALLBACK_LABEL);
-                    let metadata = json!({
-                        "event_type": "threadline_reply",
-                        "event_payload": {"intent_id": claim.id.to_string(),
-                                          "body_hash": t.output_hash.as_deref().unwrap_or_default(),
-                                          "source_ts": p.source_ts}
-                    })
+                    let metadata = reply::answer_metadata(
+                        &claim.id.to_string(),
+                        t.output_hash.as_deref().unwrap_or_default(),
+                        p.source_ts,
+                    )
                     .to_string();
                     return match self
-                        .stop(token, p.channel, ts, &rest, &label_blocks(label), &metadata)
+                        .stop_call(token, p.channel, ts, &rest, &label_blocks(label), &metadata)
                         .await
                     {
                         Stopped::Yes => self.record_stream(claim, p, ts).await,
@@ -382,11 +309,14 @@ impl Handler {
                             pause = wait;
                             continue;
                         }
-                        Stopped::RateLimited(_) | Stopped::AlreadyEnded | Stopped::Failed => {
+                        Stopped::RateLimited(_)
+                        | Stopped::AlreadyEnded
+                        | Stopped::Refused
+                        | Stopped::Unknown => {
                             // Whether this stop landed (an earlier try whose
                             // answer was lost) or the stream was ended
-                            // elsewhere, Slack's metadata tells: reconciled,
-                            // never posted again blindly.
+                            // elsewhere, Slack shows: reconciled from the
+                            // stream's ts, never posted again blindly.
                             persist(|| {
                                 streams::to_unknown(&self.pool, claim.id, "stream_stop_unknown")
                             })
@@ -396,21 +326,42 @@ impl Handler {
                     };
                 }
                 Step::End(ending) => {
-                    let label = t.label.as_deref();
-                    self.end(
-                        claim.id,
-                        bot,
-                        p.channel,
-                        ts,
-                        label,
-                        !shown.is_empty(),
-                        ending,
-                    )
-                    .await?;
-                    return self.after_ending(job, &t, ending).await;
+                    return self
+                        .end_early(claim, job, bot, ts, &t, ending, &shown)
+                        .await;
                 }
             }
         }
+    }
+
+    /// Ends the stream before the whole answer (`ending`, stopped now; a
+    /// stop Slack refuses is tried again by whoever finds it due), then
+    /// settles its decision as the ending says.
+    #[allow(clippy::too_many_arguments)]
+    async fn end_early(
+        &self,
+        claim: &Claimed,
+        job: &Job<'_>,
+        bot: &Bot,
+        ts: &str,
+        t: &Tick,
+        ending: Ending,
+        shown: &str,
+    ) -> anyhow::Result<Disposition> {
+        let p = &job.proposal;
+        persist(|| streams::to_ending(&self.pool, claim.id, ending, 0.0)).await?;
+        let e = ToEnd {
+            intent: claim.id,
+            installation: p.installation,
+            channel: p.channel.to_owned(),
+            root_ts: p.root_ts.to_owned(),
+            stream_ts: ts.to_owned(),
+            ending,
+            shown: !shown.is_empty(),
+            label: t.label.clone(),
+        };
+        self.stop_early(&e, bot).await?;
+        self.after_ending(job, t, ending).await
     }
 
     /// What an ended stream leaves for its decision: a thread that moved on
@@ -423,8 +374,11 @@ impl Handler {
         t: &Tick,
         ending: Ending,
     ) -> anyhow::Result<Disposition> {
-        let calling = t.decision_status == "calling";
-        let proposed = t.decision_status == "proposed" || t.decision_status == "approved";
+        let calling = t.decision_status == DecisionStatus::Calling;
+        let proposed = matches!(
+            t.decision_status,
+            DecisionStatus::Proposed | DecisionStatus::Approved
+        );
         match ending {
             Ending::ThreadChanged if calling || proposed => self.stale(job).await,
             Ending::SourceDeleted if calling || proposed => self.source_deleted(job).await,
@@ -466,168 +420,26 @@ impl Handler {
         Ok(Disposition::Done)
     }
 
-    /// `chat.stopStream`, tried again while its outcome is unknown (a stop
-    /// that landed answers the next one `message_not_in_streaming_state`).
-    async fn stop(
-        &self,
-        token: &str,
-        channel: &str,
-        ts: &str,
-        text: &str,
-        blocks: &str,
-        metadata: &str,
-    ) -> Stopped {
-        // (two tries at most: the stream's intent is not refreshed meanwhile)
-        for attempt in 1..=2u32 {
-            match self
-                .web
-                .stop_stream(token, channel, ts, text, blocks, metadata)
-                .await
-            {
-                Ok(()) => return Stopped::Yes,
-                Err(WebError::Api { code })
-                    if code == "message_not_in_streaming_state" || code == "stopped_by_user" =>
-                {
-                    return Stopped::AlreadyEnded;
-                }
-                Err(WebError::RateLimited { retry_after }) => {
-                    return Stopped::RateLimited(retry_after);
-                }
-                Err(WebError::Api { code })
-                    if !matches!(code.as_str(), "internal_error" | "fatal_error") =>
-                {
-                    tracing::warn!(code, "Slack refused to stop the stream");
-                    return Stopped::Failed;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, attempt, "stopping the stream: outcome unknown; trying again");
-                    tokio::time::sleep(Duration::from_millis(500 * u64::from(attempt))).await;
-                }
-            }
-        }
-        Stopped::Failed
-    }
-
-    /// Ends a stream early with its closing line and the AI label, and
-    /// records its intent `interrupted` (with why).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn end(
-        &self,
-        intent: Uuid,
-        bot: &Bot,
-        channel: &str,
-        ts: &str,
-        label: Option<&str>,
-        shown: bool,
-        ending: Ending,
-    ) -> anyhow::Result<()> {
-        // Not `intent_id`: reconciliation of the answer that may follow
-        // must never take this message for it.
-        let metadata = json!({
-            "event_type": "threadline_reply",
-            "event_payload": {"interrupted_intent_id": intent.to_string(), "reason": ending.reason()}
-        })
-        .to_string();
-        let blocks = label_blocks(label.unwrap_or(FALLBACK_LABEL));
-        let token = bot.token.expose_secret();
-        let text = closing(shown, ending);
-        // (one stop, tried twice at most: a 429 or an unknown outcome is
-        // settled by reconciliation, so the stream's intent is never left
-        // unrefreshed longer than the stale time allows)
-        let outcome = self
-            .stop(token, channel, ts, &text, &blocks, &metadata)
-            .await;
-        if !matches!(outcome, Stopped::Yes) {
-            // Ended elsewhere, or the stop's outcome is not known: what
-            // Slack shows decides (its metadata says whether it stopped with
-            // the whole answer or a closing line).
-            tracing::warn!(intent_id = %intent, "the stream's end is not known; reconciling it");
-            persist(|| streams::to_unknown(&self.pool, intent, "stream_end_unknown")).await?;
-            return Ok(());
-        }
-        persist(|| streams::interrupted(&self.pool, intent, ending.reason())).await?;
-        metrics::counter!("threadline_streams_interrupted_total", "reason" => ending.reason())
-            .increment(1);
-        tracing::info!(
-            reason = ending.reason(),
-            "stream ended before the whole answer"
-        );
-        Ok(())
-    }
-
-    /// Ends the event's stream if its publisher stopped driving it.
+    /// The event's stream, if its publisher stopped driving it, is taken
+    /// over and stopped now (before the whole answer is claimed).
     pub(crate) async fn end_orphaned_stream(
         &self,
         p: &Proposal<'_>,
         bot: &Bot,
     ) -> anyhow::Result<()> {
-        let Some(o) = streams::orphan_of(
-            &self.pool,
-            p.installation,
-            p.event_id,
-            p.action_kind,
-            self.stream_stale(),
-        )
-        .await?
+        let stale = self.stream_stale();
+        let Some(o) =
+            streams::orphan_of(&self.pool, p.installation, p.event_id, p.action_kind, stale)
+                .await?
         else {
             return Ok(());
         };
-        self.end_orphan(&o, Some(bot)).await
-    }
-
-    /// Ends a stream whose publisher died (the sweeper's and a handler's).
-    pub(crate) async fn end_orphan(&self, o: &Orphan, bot: Option<&Bot>) -> anyhow::Result<()> {
-        // Taken over first (a new attempt): its old publisher, should it
-        // wake, finds it no longer its own; another sweeper finds it taken.
-        if !streams::take_orphan(&self.pool, o.intent, self.stream_stale()).await? {
-            return Ok(());
+        if streams::take_orphan(&self.pool, o.intent, stale).await? {
+            tracing::warn!(intent_id = %o.intent, "a stream's publisher stopped driving it; ending it");
+            self.stop_if_due(o.intent, bot).await?;
         }
-        match bot {
-            Some(bot) => {
-                tracing::warn!(intent_id = %o.intent, "a stream's publisher stopped driving it; ending it");
-                self.end(
-                    o.intent,
-                    bot,
-                    &o.channel,
-                    &o.stream_ts,
-                    o.label.as_deref(),
-                    true,
-                    Ending::Interrupted,
-                )
-                .await
-            }
-            None => {
-                // No token any more: Slack ends it at its lifetime.
-                persist(|| streams::interrupted(&self.pool, o.intent, "installation_unavailable"))
-                    .await?;
-                Ok(())
-            }
-        }
+        Ok(())
     }
-
-    /// The sweeper's pass over streams nobody drives.
-    pub(crate) async fn sweep_streams(&self) -> anyhow::Result<usize> {
-        let orphans = streams::orphans(&self.pool, self.stream_stale(), 50).await?;
-        for o in &orphans {
-            // (one installation's failure does not keep the others' open)
-            let ended = async {
-                let bot = self.bot(o.installation).await?;
-                self.end_orphan(o, bot.as_ref()).await
-            }
-            .await;
-            if let Err(e) = ended {
-                tracing::warn!(error = format!("{e:#}"), intent_id = %o.intent, "ending an orphaned stream failed; next round");
-            }
-        }
-        Ok(orphans.len())
-    }
-}
-
-enum Stopped {
-    Yes,
-    AlreadyEnded,
-    RateLimited(Duration),
-    Failed,
 }
 
 #[cfg(test)]
@@ -635,13 +447,14 @@ mod tests {
     use super::*;
 
     fn tick(status: &str) -> Tick {
+        use threadline_domain::state::Machine as _;
         Tick {
             mine: true,
             version: Some(3),
             source_deleted: false,
             switch: None,
             installation_active: true,
-            decision_status: status.into(),
+            decision_status: DecisionStatus::parse(status).expect("a status"),
             released: None,
             body: None,
             label: Some("AI".into()),
@@ -713,14 +526,5 @@ mod tests {
             step(&tick("cancelled"), 3, ""),
             Step::End(Ending::Interrupted)
         );
-    }
-
-    #[test]
-    fn closing_lines_are_threadlines_own_words_after_what_was_shown() {
-        assert_eq!(
-            closing(true, Ending::ThreadChanged),
-            "\n\n_The thread changed while I was answering, so I stopped here. I'm reconsidering with the new messages._"
-        );
-        assert!(closing(false, Ending::Interrupted).starts_with('_'));
     }
 }

@@ -21,7 +21,7 @@ use uuid::Uuid;
 use crate::handler::Handler;
 use crate::intents::{self, PostRecord};
 use crate::proposals;
-use crate::reconcile::{self, Subject};
+use crate::reconcile;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Sweep {
@@ -140,21 +140,27 @@ async fn late_check(h: &Handler, due: intents::LateCheck) -> anyhow::Result<()> 
         intents::schedule_late_check(&h.pool, intent, None).await?;
         return Ok(());
     };
-    let (hashes, window) = intents::evidence(&h.pool, intent, h.sending_stale).await?;
-    let subject = Subject {
+    // (a late check records posts; a stream an unknown start left is the
+    // operator's, as the held intent is)
+    let o = reconcile::Owned::load(
+        &h.pool,
         intent,
-        installation: inst,
-        channel: &channel,
-        root_ts: &root,
-        bot_id: &bot.bot_id,
-        hashes,
-        window,
-        // (a late check records posts; a stream an unknown start left is
-        // the operator's, as the held intent is)
-        stream: false,
-    };
-    let seen = reconcile::read(&h.pool, &h.web, bot.token.expose_secret(), &subject).await;
-    if let Some((ts, seen)) = seen.as_ref().ok().and_then(|s| s.post().map(|t| (t, s))) {
+        reconcile::Thread {
+            installation: inst,
+            channel: &channel,
+            root_ts: &root,
+        },
+        &bot.bot_id,
+        h.sending_stale,
+        true,
+    )
+    .await?;
+    let seen = reconcile::read(&h.web, bot.token.expose_secret(), &o).await;
+    if let Some((ts, seen)) = seen
+        .as_ref()
+        .ok()
+        .and_then(|s| s.read.post().map(|t| (t, s)))
+    {
         let posted =
             intents::decision_for_post(&h.pool, intent, seen.hashes.get(ts), decision).await?;
         let r = intents::record_post(&h.pool, intent, posted, ts, true).await?;

@@ -1413,7 +1413,7 @@ async fn a_batch_of_post_records_reads_as_the_same_records_one_by_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evidence_without_metadata_is_the_body_hash_in_the_window_never_another_intents_post() {
     use sha2::Digest as _;
-    use threadline_publisher::reconcile::{Subject, read};
+    use threadline_publisher::reconcile::{Owned, Thread, read};
     let env = Env::new().await;
     let root = env.root().await;
     let web =
@@ -1465,56 +1465,76 @@ async fn evidence_without_metadata_is_the_body_hash_in_the_window_never_another_
     )
     .await
     .expect("the other intent");
-    let intent = Uuid::now_v7();
     let hash = hex::encode(sha2::Sha256::digest(text.as_bytes()));
     let bot_id = threadline_store::tokens::read(&env.db.pool, env.inst)
         .await
         .expect("bot")
         .expect("installation")
         .bot_id;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs_f64();
-    let subject = |window: (f64, f64)| Subject {
-        intent,
-        installation: env.inst,
-        channel: &env.channel,
-        root_ts: &root,
-        bot_id: &bot_id,
-        hashes: vec![hash.clone()],
-        window,
-        stream: false,
+    // An intent whose post's outcome is unknown, its first try `ago`
+    // seconds ago (negative: in the future).
+    let subject = |event: &'static str, ago: f64| {
+        let (pool, inst, channel, root, hash, bot_id) = (
+            env.db.pool.clone(),
+            env.inst,
+            env.channel.clone(),
+            root.clone(),
+            hash.clone(),
+            bot_id.clone(),
+        );
+        async move {
+            let intent = Uuid::now_v7();
+            intents::insert_intent(
+                &pool,
+                &intents::IntentFixture {
+                    id: intent,
+                    installation_id: inst,
+                    event_id: event,
+                    action_kind: "thread_reply",
+                    receipt_id: Uuid::now_v7(),
+                    decision_id: Uuid::now_v7(),
+                    channel_id: &channel,
+                    root_ts: &root,
+                    body_hash: &hash,
+                },
+                "unknown",
+                &intents::Standing {
+                    attempts: 1,
+                    sending_secs_ago: Some(ago),
+                    ever_unknown: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("the intent");
+            let thread = Thread {
+                installation: inst,
+                channel: &channel,
+                root_ts: &root,
+            };
+            Owned::load(&pool, intent, thread, &bot_id, 30.0, true)
+                .await
+                .expect("evidence")
+        }
     };
-    let seen = read(
-        &env.db.pool,
-        &web,
-        &env.token,
-        &subject((now - 60.0, now + 60.0)),
-    )
-    .await
-    .expect("read");
-    assert_eq!(seen.post(), None, "another intent's post is no evidence");
-    let ours = post(text).await;
-    let seen = read(
-        &env.db.pool,
-        &web,
-        &env.token,
-        &subject((now - 60.0, now + 60.0)),
-    )
-    .await
-    .expect("read");
-    assert_eq!(seen.post(), Some(ours.as_str()));
-    let seen = read(
-        &env.db.pool,
-        &web,
-        &env.token,
-        &subject((now + 30.0, now + 60.0)),
-    )
-    .await
-    .expect("read");
+    let seen = read(&web, &env.token, &subject("EvA", 1.0).await)
+        .await
+        .expect("read");
     assert_eq!(
-        seen.post(),
+        seen.read.post(),
+        None,
+        "another intent's post is no evidence"
+    );
+    let ours = post(text).await;
+    let seen = read(&web, &env.token, &subject("EvB", 1.0).await)
+        .await
+        .expect("read");
+    assert_eq!(seen.read.post(), Some(ours.as_str()));
+    let seen = read(&web, &env.token, &subject("EvC", -30.0).await)
+        .await
+        .expect("read");
+    assert_eq!(
+        seen.read.post(),
         None,
         "nothing from before the intent's first try"
     );

@@ -31,6 +31,9 @@ pub enum Verdict {
     NotNow(f64),
     /// The intent's outcome is unknown: reconcile it before anything else.
     Reconcile(Uuid),
+    /// The intent's stream is open and must be stopped first (whoever
+    /// finds it due stops it).
+    Ending(Uuid),
     /// Held for an operator, or failed for good: nothing to do.
     Closed,
     /// A kill switch covering the installation and the action's feature is
@@ -138,7 +141,7 @@ pub async fn claim_for(
                    -- action kinds: one reply per source event, whatever the action
                    (SELECT o.state FROM reply_intents o
                      WHERE o.installation_id = $1 AND o.event_id = $6 AND o.action_kind <> $7
-                       AND (o.state IN ('sent', 'held', 'sending', 'unknown', 'reconciling', 'streaming')
+                       AND (o.state IN ('sent', 'held', 'sending', 'unknown', 'reconciling', 'streaming', 'ending')
                             OR (o.state IN ('pending', 'failed_retryable') AND o.attempts > 0))
                      ORDER BY CASE o.state WHEN 'sent' THEN 0 WHEN 'held' THEN 1 ELSE 2 END
                      LIMIT 1) AS other,
@@ -224,23 +227,30 @@ pub async fn claim_for(
     .fetch_one(pool)
     .await?;
     if let (Some(id), Some(state)) = (c.intent, c.state.as_deref()) {
+        let state = IntentState::parse(state)
+            .map_err(|e| sqlx::Error::Decode(format!("reply_intents.state: {e}").into()))?;
+        use IntentState as S;
         match state {
-            "sent" => return Ok(Verdict::AlreadySent),
-            "held" | "failed_permanent" => return Ok(Verdict::Closed),
-            "unknown" | "reconciling" => return Ok(Verdict::Reconcile(id)),
-            "sending" if c.sending_for.is_some_and(|s| s > sending_stale) => {
+            S::Sent => return Ok(Verdict::AlreadySent),
+            S::Held | S::FailedPermanent => return Ok(Verdict::Closed),
+            S::Unknown | S::Reconciling => return Ok(Verdict::Reconcile(id)),
+            S::Sending if c.sending_for.is_some_and(|s| s > sending_stale) => {
                 // Its worker died or froze between the claim and recording
                 // the outcome: reconcile before anything else.
                 mark_unknown(pool, id).await?;
                 return Ok(Verdict::Reconcile(id));
             }
-            "sending" => return Ok(Verdict::NotNow(5.0)),
+            S::Sending => return Ok(Verdict::NotNow(5.0)),
             // A stream is on its way: its publisher finishes it (one whose
-            // publisher died is ended first, see `streams::orphan_of`).
-            "streaming" => return Ok(Verdict::NotNow(2.0)),
-            "interrupted" if what == Claim::Stream => return Ok(Verdict::Closed),
+            // publisher died is taken over and ended, see
+            // `streams::take_orphan`).
+            S::Streaming => return Ok(Verdict::NotNow(2.0)),
+            // Its stream is open and being stopped: nothing is posted beside
+            // it until Slack confirmed the stop.
+            S::Ending => return Ok(Verdict::Ending(id)),
+            S::Interrupted if what == Claim::Stream => return Ok(Verdict::Closed),
             _ if what == Claim::Stream && c.streamed => return Ok(Verdict::Closed),
-            "failed_retryable" | "pending" if c.due_in.is_some_and(|d| d > 0.0) => {
+            S::FailedRetryable | S::Pending if c.due_in.is_some_and(|d| d > 0.0) => {
                 return Ok(Verdict::NotNow(c.due_in.unwrap_or(1.0)));
             }
             _ => {}
@@ -711,9 +721,11 @@ async fn record_round(
                 PostRecord::Duplicate
             }
             Some((state, _)) => {
-                // (a stream that stops with the whole answer is on time)
-                let late =
-                    !IntentState::IN_FLIGHT.contains(state) && *state != IntentState::Streaming;
+                // (a stream that stops with the whole answer is on time; a
+                // whole answer found for an intent given up on, or whose
+                // stream was interrupted, is late, and recorded all the same)
+                let late = !IntentState::IN_FLIGHT.contains(state)
+                    && !matches!(state, IntentState::Streaming | IntentState::Ending);
                 sent.push(p.intent);
                 sent_ts.push(p.ts.clone());
                 sent_reconciled.push(p.reconciled || late);
@@ -743,11 +755,16 @@ async fn record_round(
              i AS (
                 UPDATE reply_intents r
                    SET state = $6, slack_ts = u.ts, reconciled = u.reconciled, decision_id = u.decision,
-                       error_code = NULL, next_check_at = NULL, updated_at = now(),
-                       late_recorded_at = CASE WHEN u.late THEN now() END
+                       error_code = NULL, next_check_at = NULL, end_reason = NULL, updated_at = now(),
+                       late_recorded_at = CASE WHEN u.late THEN now() END,
+                       -- whole when it was posted, or (a stream) when it stopped:
+                       -- by now
+                       whole_ts = CASE WHEN r.stream_ts = u.ts
+                                       THEN extract(epoch FROM clock_timestamp())::numeric
+                                       ELSE u.ts::numeric END
                   FROM u
                  WHERE r.id = u.id AND r.state = ANY($7)
-                RETURNING r.id, r.decision_id, u.ts),
+                RETURNING r.id, r.decision_id, u.ts, r.whole_ts),
              d AS (
                 UPDATE decisions SET status = $8, updated_at = now()
                  WHERE id IN (SELECT decision_id FROM i) AND status = ANY($9)
@@ -761,8 +778,7 @@ async fn record_round(
              INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by,
                                           detected_at)
              SELECT i.id, dd.installation_id, dd.channel_id, dd.root_ts, i.ts, m.ts, 'publisher', clock_timestamp()
-                              FROM i JOIN decisions dd ON dd.id = i.decision_id
-               JOIN reply_intents ri ON ri.id = i.id
+               FROM i JOIN decisions dd ON dd.id = i.decision_id
                JOIN thread_messages m
                  ON m.installation_id = dd.installation_id AND m.channel_id = dd.channel_id AND m.root_ts = dd.root_ts
               WHERE dd.context_ts IS NOT NULL
@@ -770,10 +786,9 @@ async fn record_round(
                 -- deleted only after the context was taken: it was there
                 -- when the answer went out
                 AND (NOT m.deleted OR m.deleted_at > dd.created_at)
-                                -- (a streamed reply was whole when it stopped, now: what a
-                -- person said while it streamed crossed it)
-                AND m.ts::numeric < CASE WHEN ri.stream_ts = i.ts THEN extract(epoch FROM now())::numeric
-                                         ELSE i.ts::numeric END
+                -- said before the answer was whole (what a person said while
+                -- a stream was open crossed it)
+                AND m.ts::numeric < i.whole_ts
                 AND m.ts::numeric > coalesce(dd.context_floor_ts, '0')::numeric
                 AND NOT (m.ts = ANY(dd.context_ts))
              ON CONFLICT DO NOTHING
@@ -1364,4 +1379,14 @@ pub async fn operator_abandon(conn: &mut PgConnection, id: Uuid) -> sqlx::Result
     .execute(conn)
     .await?;
     Ok(r.rows_affected() == 1)
+}
+
+/// The decision an intent names now.
+pub async fn decision_of(pool: &PgPool, intent: Uuid) -> sqlx::Result<Uuid> {
+    sqlx::query_scalar!(
+        "SELECT decision_id FROM reply_intents WHERE id = $1",
+        intent
+    )
+    .fetch_one(pool)
+    .await
 }

@@ -427,69 +427,84 @@ impl MovedOn {
     }
 }
 
-/// A decision waiting for review whose thread moved on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Waiting {
-    pub decision: Uuid,
-    pub moved_on: MovedOn,
-}
-
 /// Decisions waiting for review (at most `limit`, the longest waiting
 /// first) whose thread has moved on in a way the publisher would refuse
 /// at approval: a newer request, the question deleted, or any other change
 /// committed to the thread. Unprocessed events are not looked at: they are
-/// judged once they are processed.
-pub async fn moved_on(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Waiting>> {
-    let rows = sqlx::query!(
-        r#"SELECT w.id, w.changed AS "changed!", w.deleted AS "deleted!", w.newer AS "newer!"
-             FROM (SELECT d.id, d.updated_at, th.version <> d.thread_version AS changed,
-                          coalesce((SELECT bool_or(m.deleted) FROM thread_messages m
-                                     WHERE m.installation_id = d.installation_id AND m.channel_id = d.channel_id
-                                       AND m.ts = d.source_ts), false) AS deleted,
-                          EXISTS (SELECT 1 FROM turns t JOIN thread_messages m
-                                    ON m.installation_id = t.installation_id AND m.channel_id = t.channel_id
-                                       AND m.ts = t.ts
-                                   WHERE t.installation_id = d.installation_id AND t.channel_id = d.channel_id
-                                     AND m.root_ts = d.root_ts AND t.ts::numeric > d.source_ts::numeric
-                                     AND NOT m.deleted) AS newer
-                     FROM decisions d
-                     JOIN threads th ON th.installation_id = d.installation_id AND th.channel_id = d.channel_id
-                                    AND th.root_ts = d.root_ts
-                    WHERE d.status = $1) w
-            WHERE w.changed OR w.deleted OR w.newer
-            ORDER BY w.updated_at
+/// judged once they are processed. Candidates only: [`discard_if_moved_on`]
+/// judges each again inside the transaction that discards it.
+pub async fn moved_on(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Uuid>> {
+    sqlx::query_scalar!(
+        r#"SELECT d.id FROM decisions d
+             JOIN threads th ON th.installation_id = d.installation_id AND th.channel_id = d.channel_id
+                            AND th.root_ts = d.root_ts
+            WHERE d.status = $1
+              AND (th.version <> d.thread_version
+                   OR EXISTS (SELECT 1 FROM thread_messages m
+                               WHERE m.installation_id = d.installation_id AND m.channel_id = d.channel_id
+                                 AND m.ts = d.source_ts AND m.deleted)
+                   OR EXISTS (SELECT 1 FROM turns t JOIN thread_messages m
+                                ON m.installation_id = t.installation_id AND m.channel_id = t.channel_id
+                                   AND m.ts = t.ts
+                               WHERE t.installation_id = d.installation_id AND t.channel_id = d.channel_id
+                                 AND m.root_ts = d.root_ts AND t.ts::numeric > d.source_ts::numeric
+                                 AND NOT m.deleted))
+            ORDER BY d.updated_at
             LIMIT $2"#,
         DecisionStatus::Review.as_str(),
         limit
     )
     .fetch_all(pool)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| Waiting {
-            decision: r.id,
-            // (in the order the publisher's checks take them)
-            moved_on: if r.changed {
-                MovedOn::Stale
-            } else if r.deleted {
-                MovedOn::SourceDeleted
-            } else {
-                MovedOn::Superseded
-            },
-        })
-        .collect())
+    .await
 }
 
-/// Discards decision `id` if it is still waiting for review (a verdict
-/// that committed first wins), and queues the update of its review request
-/// in the same transaction (whether or not one is known now: a request
-/// being posted at this moment is updated too; without one the publisher
-/// has nothing to do). True when discarded.
-pub async fn discard_waiting(
+/// Discards decision `id` if it is still waiting for review and its thread
+/// has moved on, judged here, with the decision's row locked (a verdict
+/// that committed first wins; a change that committed after the candidate
+/// was listed is seen): the publisher's checks at approval, in their order
+/// (changed → `stale`, question deleted → `cancelled`, a newer request →
+/// `superseded`). In the same transaction, a stale or cancelled decision's
+/// thread is handed to reconsideration, and the update of its review
+/// request is queued (whether or not one is known now: a request being
+/// posted at this moment is updated too). What it was discarded as.
+pub async fn discard_if_moved_on(
     conn: &mut PgConnection,
     id: Uuid,
-    moved_on: MovedOn,
-) -> sqlx::Result<bool> {
+) -> sqlx::Result<Option<MovedOn>> {
+    let Some(w) = sqlx::query!(
+        r#"SELECT th.version <> d.thread_version AS "changed!",
+                  coalesce((SELECT bool_or(m.deleted) FROM thread_messages m
+                             WHERE m.installation_id = d.installation_id AND m.channel_id = d.channel_id
+                               AND m.ts = d.source_ts), false) AS "deleted!",
+                  EXISTS (SELECT 1 FROM turns t JOIN thread_messages m
+                            ON m.installation_id = t.installation_id AND m.channel_id = t.channel_id
+                               AND m.ts = t.ts
+                           WHERE t.installation_id = d.installation_id AND t.channel_id = d.channel_id
+                             AND m.root_ts = d.root_ts AND t.ts::numeric > d.source_ts::numeric
+                             AND NOT m.deleted) AS "newer!"
+             FROM decisions d
+             JOIN threads th ON th.installation_id = d.installation_id AND th.channel_id = d.channel_id
+                            AND th.root_ts = d.root_ts
+            WHERE d.id = $1 AND d.status = $2
+              FOR UPDATE OF d"#,
+        id,
+        DecisionStatus::Review.as_str(),
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(None);
+    };
+    // (in the order the publisher's checks take them)
+    let moved_on = if w.changed {
+        MovedOn::Stale
+    } else if w.deleted {
+        MovedOn::SourceDeleted
+    } else if w.newer {
+        MovedOn::Superseded
+    } else {
+        return Ok(None);
+    };
     let (status, reason) = moved_on.status();
     let discarded = sqlx::query_scalar!(
         r#"UPDATE decisions SET status = $2, status_reason = $3, updated_at = now()
@@ -503,10 +518,22 @@ pub async fn discard_waiting(
     .fetch_optional(&mut *conn)
     .await?
     .is_some();
-    if discarded {
-        enqueue_outcome(conn, id, status.as_str()).await?;
+    if !discarded {
+        return Ok(None);
     }
-    Ok(discarded)
+    let d = crate::decisions::load(&mut *conn, id)
+        .await?
+        .ok_or(sqlx::Error::RowNotFound)?;
+    match moved_on {
+        MovedOn::Stale => crate::outbox::enqueue_reconsider(conn, &d, "version_changed").await?,
+        MovedOn::SourceDeleted => {
+            crate::outbox::enqueue_reconsider(conn, &d, "source_deleted").await?
+        }
+        // (the newer request is answered instead)
+        MovedOn::Superseded => {}
+    }
+    crate::decisions::enqueue_proposal(conn, &d, &format!("outcome-{}", status.as_str())).await?;
+    Ok(Some(moved_on))
 }
 
 /// The prefix of a failed request's code when its post's outcome was

@@ -404,7 +404,8 @@ fn text_hash(text: &str) -> String {
 }
 
 /// Records the answers of thread `root` that the human message `ts`
-/// crossed in flight: replies already sent, newer than `ts`, whose context
+/// crossed in flight: replies already sent, whole after `ts` (a stream
+/// stopped after it), whose context
 /// did not read it though it falls inside the window the context covered.
 /// Runs after the message's insert bumped (and so locked) the thread row,
 /// so a reply being recorded concurrently sees the message or is seen here.
@@ -424,7 +425,8 @@ pub async fn crossed_answers(
            FROM reply_intents i JOIN decisions d ON d.id = i.decision_id
           WHERE i.installation_id = $1 AND i.channel_id = $2 AND i.root_ts = $3
             AND i.state = 'sent' AND i.slack_ts IS NOT NULL
-            AND $4::text::numeric < i.slack_ts::numeric
+            -- said before the answer was whole (a stream: before it stopped)
+            AND $4::text::numeric < coalesce(i.whole_ts, i.slack_ts::numeric)
             AND d.context_ts IS NOT NULL AND NOT ($4 = ANY(d.context_ts))
             AND $4::text::numeric > coalesce(d.context_floor_ts, '0')::numeric
          ON CONFLICT DO NOTHING

@@ -448,3 +448,13 @@ SELECT stage AS "stage!", count(*)::bigint AS "count!",
     .fetch_all(pool)
     .await
 }
+
+/// How many reply intents are in `state`.
+pub async fn count_in_state(pool: &sqlx::PgPool, state: &str) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM reply_intents WHERE state = $1"#,
+        state
+    )
+    .fetch_one(pool)
+    .await
+}

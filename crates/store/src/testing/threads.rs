@@ -443,3 +443,10 @@ pub async fn version_of(pool: &sqlx::PgPool, root_ts: &str) -> sqlx::Result<Opti
         .fetch_optional(pool)
         .await
 }
+
+/// How many answers were recorded as crossed in flight.
+pub async fn count_crossed_answers(pool: &sqlx::PgPool) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM crossed_answers"#)
+        .fetch_one(pool)
+        .await
+}
