@@ -93,7 +93,7 @@ async fn ask(s: &Stack, dm: &str, thread: &str, question: &str) -> String {
             replies(s, dm, thread).await.into_iter().find(|a| {
                 a["text"]
                     .as_str()
-                    .is_some_and(|t| t.contains(&format!("Answering {asked}")))
+                    .is_some_and(|t| t.contains(&format!("Answering {asked}; read")))
             })
         },
     )

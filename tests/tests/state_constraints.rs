@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use threadline_domain::state::{
-    DecisionStatus, IntentState, Machine, ReceiptState, ReviewRequestState,
+    DecisionStatus, InstallationStatus, IntentState, Machine, ReceiptState, ReviewRequestState,
 };
 use threadline_testkit::TestDb;
 
@@ -47,5 +47,9 @@ async fn the_machines_and_the_check_constraints_name_the_same_states() {
     assert_eq!(
         allowed(&db, "review_messages_state_check").await,
         states::<ReviewRequestState>()
+    );
+    assert_eq!(
+        allowed(&db, "installations_status_check").await,
+        states::<InstallationStatus>()
     );
 }

@@ -11,7 +11,7 @@ pub enum IntentsCommand {
     /// Intents, newest first (default: the held ones).
     List {
         /// pending, sending, sent, failed_retryable, failed_permanent, unknown, reconciling, held or withdrawn.
-        #[arg(long, default_value = "held")]
+        #[arg(long, default_value = threadline_domain::state::IntentState::Held.name())]
         state: String,
     },
     /// Settle a held intent: the operator found the message in Slack.

@@ -78,6 +78,7 @@ pub enum PolicyCommand {
         installation: Uuid,
         #[arg(long)]
         channel: String,
+        // not a state: flag names
         #[arg(long, value_enum, required_unless_present_any = ["allow", "unfurl", "streaming"])]
         mode: Option<Mode>,
         #[arg(long, value_enum)]
@@ -110,12 +111,12 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                     "private_channels": p.private_channels_allowed, "shared_channels": p.shared_channels_allowed,
                     "approved_bots": p.approved_bots, "read_limits": p.read_limits,
                     "allowlist_only": p.allowlist_only, "unfurl": p.unfurl_allowed,
-                    "streaming": p.streaming_allowed,
+                    "streaming": p.streaming_allowed, // not a state: a setting's name
                     "channels": channels.into_iter().map(|c| serde_json::json!({
                         "channel": c.channel_id, "mode": c.mode, "keywords": c.keywords, "allowed": c.allowed,
                         // null: as the installation says
                         "unfurl": c.unfurl_allowed,
-                        "streaming": c.streaming_allowed,
+                        "streaming": c.streaming_allowed, // not a state: a setting's name
                     })).collect::<Vec<_>>(),
                 }))?
             );

@@ -16,7 +16,9 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
     let rejections_total: i64 = l.rejections_by_reason.iter().map(|r| r.1).sum();
     let unparsed_pending: i64 = l.unparsed_by_reason.iter().map(|r| r.1).sum();
     let mut by_state = to_map(l.receipts_by_state);
-    by_state.entry("unparsed").or_insert(json!(0));
+    by_state
+        .entry(threadline_domain::state::ReceiptState::Unparsed.name())
+        .or_insert(json!(0));
     Ok(json!({
         "receipts_total": l.receipts,
         "receipts_by_state": by_state,

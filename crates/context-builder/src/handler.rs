@@ -1,8 +1,7 @@
 //! Handling one accepted event: classify it, apply it to the thread store,
 //! and for a trigger build the versioned context and publish it.
 
-use async_nats::jetstream::{self, message::PublishMessage};
-use bytes::Bytes;
+use async_nats::jetstream;
 use futures::FutureExt as _;
 use prost::Message as _;
 use secrecy::ExposeSecret as _;
@@ -235,6 +234,10 @@ impl Handler {
         }
     }
 
+    /// One event: opened (its installation and policy read, its receipt
+    /// begun), routed (a lifecycle or pane event), classified under the
+    /// channel's policy, applied to the thread store, and for a trigger its
+    /// context built and published.
     async fn process(&self, ev: &EventAccepted, receipt: Uuid) -> anyhow::Result<Step> {
         let inst_id = Uuid::parse_str(&ev.installation_id)?;
         let opened = self
@@ -247,7 +250,7 @@ impl Handler {
             begun = opened.begun,
             "event opened"
         );
-        let Some((inst, policy)) = opened.installation else {
+        let Some((inst, policy)) = opened.installation.clone() else {
             return self
                 .end(ev, receipt, ReceiptState::Ignored, "unknown_installation")
                 .await;
@@ -269,48 +272,101 @@ impl Handler {
                     .await;
             }
         };
-        if let Some(reason) = lifecycle_reason(
-            event
-                .get("type")
-                .and_then(serde_json::Value::as_str)
-                .unwrap_or(""),
-            &event,
-            &inst,
-        ) {
-            // The workspace removed the app or revoked its token: stop all
-            // outbound work for the installation and drop its tokens.
-            store::disable(&self.pool, inst.id, reason).await?;
-            metrics::counter!("threadline_installations_disabled_total", "reason" => reason)
-                .increment(1);
-            tracing::warn!(alert = "installation_disabled", reason, installation_id = %inst.id, "installation disabled; tokens purged");
-            return self.end(ev, receipt, ReceiptState::Done, reason).await;
+        if let Some(step) = self.route(ev, receipt, &inst, &policy, &event).await? {
+            return Ok(step);
         }
+        let c = self.classified(ev, &inst, &policy, &opened, &event).await?;
+        let (source_ts, root) = match self.apply(ev, receipt, &inst, c).await? {
+            store::Next::Ignored(reason) => return ignored(reason),
+            store::Next::Build {
+                source_ts, root, ..
+            } => (source_ts, root),
+        };
+        let channel = ev.channel_id.as_str();
+        // A reply in a thread never seen: read the thread from Slack first
+        // (no transaction is open during the call).
+        if root != source_ts && !store::has_message(&self.pool, inst.id, channel, &root).await? {
+            self.backfill(&inst, channel, &root).await?;
+        }
+        self.build_and_publish(&ev.event_id, receipt, &inst, channel, &root, &source_ts)
+            .await
+    }
+
+    /// Events that are not a thread's: the app removed or its token revoked
+    /// (all outbound work of the installation stops, its tokens dropped),
+    /// and the assistant pane's. `None`: a thread's event.
+    async fn route(
+        &self,
+        ev: &EventAccepted,
+        receipt: Uuid,
+        inst: &Installation,
+        policy: &classify::TriggerPolicy,
+        event: &serde_json::Value,
+    ) -> anyhow::Result<Option<Step>> {
         let kind = event
             .get("type")
             .and_then(serde_json::Value::as_str)
             .unwrap_or("");
-        if matches!(kind, assistant::STARTED | assistant::CONTEXT_CHANGED) {
-            return self
-                .assistant_event(ev, receipt, &inst, &policy, &event)
-                .await;
+        if let Some(reason) = lifecycle_reason(kind, event, inst) {
+            store::disable(&self.pool, inst.id, reason).await?;
+            metrics::counter!("threadline_installations_disabled_total", "reason" => reason)
+                .increment(1);
+            tracing::warn!(alert = "installation_disabled", reason, installation_id = %inst.id, "installation disabled; tokens purged");
+            return Ok(Some(
+                self.end(ev, receipt, ReceiptState::Done, reason).await?,
+            ));
         }
+        if matches!(kind, assistant::STARTED | assistant::CONTEXT_CHANGED) {
+            return Ok(Some(
+                self.assistant_event(ev, receipt, inst, policy, event)
+                    .await?,
+            ));
+        }
+        Ok(None)
+    }
+
+    /// The event classified (trigger, state change, ignored) under the
+    /// channel's policy, with the channel's kind learned or looked up when
+    /// a trigger needs it.
+    async fn classified(
+        &self,
+        ev: &EventAccepted,
+        inst: &Installation,
+        policy: &classify::TriggerPolicy,
+        opened: &store::Opened,
+        event: &serde_json::Value,
+    ) -> anyhow::Result<classify::Classification> {
         let channel = ev.channel_id.as_str();
-        let c = classify::classify(&event, &inst.identity, &policy);
-        let mut facts = classify::ChannelFacts::of(&event, ev.is_ext_shared_channel);
+        let c = classify::classify(event, &inst.identity, policy);
+        let mut facts = classify::ChannelFacts::of(event, ev.is_ext_shared_channel);
         if let (Some(private), Some(_)) = (facts.private, event.get("channel_type")) {
             // What `open` read is current: the write would change nothing.
             if !(opened.kind_fresh && opened.channel_private == Some(private)) {
                 store::learn_channel_kind(&self.pool, inst.id, channel, private, "event").await?;
             }
         }
-        if matches!(c.outcome, Outcome::Trigger(_)) && facts.needs_lookup(&policy) {
+        if matches!(c.outcome, Outcome::Trigger(_)) && facts.needs_lookup(policy) {
             facts.private = match opened.channel_private {
                 Some(known) => Some(known),
-                None => self.channel_kind(&inst, channel).await?,
+                None => self.channel_kind(inst, channel).await?,
             };
         }
-        let c = classify::apply_channel_policy(c, facts, &policy);
+        let c = classify::apply_channel_policy(c, facts, policy);
 
+        Ok(c)
+    }
+
+    /// The event applied to the thread store (with the other handlers'
+    /// events, in one transaction): what it crossed, cancelled or changed
+    /// is counted; what comes next for it.
+    async fn apply(
+        &self,
+        ev: &EventAccepted,
+        receipt: Uuid,
+        inst: &Installation,
+        c: classify::Classification,
+    ) -> anyhow::Result<store::Next> {
+        let channel = ev.channel_id.as_str();
         // (with the other handlers' events: one transaction)
         let applied = self
             .applies
@@ -340,20 +396,7 @@ impl Handler {
                 "a message was edited after it was answered"
             );
         }
-        let (source_ts, root) = match applied.next {
-            store::Next::Ignored(reason) => return ignored(reason),
-            store::Next::Build {
-                source_ts, root, ..
-            } => (source_ts, root),
-        };
-
-        // A reply in a thread never seen: read the thread from Slack first
-        // (no transaction is open during the call).
-        if root != source_ts && !store::has_message(&self.pool, inst.id, channel, &root).await? {
-            self.backfill(&inst, channel, &root).await?;
-        }
-        self.build_and_publish(&ev.event_id, receipt, &inst, channel, &root, &source_ts)
-            .await
+        Ok(applied.next)
     }
 
     /// A proposal went stale: look at the thread again and, if its latest
@@ -552,7 +595,7 @@ impl Handler {
         let built = &snap.built;
         // A question in the assistant pane: the latest messages of the
         // channel the person is looking at, where the policy allows it.
-        let (context_channel_id, channel_context) = if channel.starts_with('D') {
+        let (context_channel_id, channel_context) = if threadline_domain::ids::is_dm(channel) {
             self.viewed_channel(inst, channel, root).await
         } else {
             (String::new(), Vec::new())
@@ -587,16 +630,14 @@ impl Handler {
             context_channel_id,
             channel_context,
         };
-        let mut headers = async_nats::HeaderMap::new();
-        threadline_runtime::telemetry::inject_current(&mut headers);
-        let publish = PublishMessage::build()
-            .payload(Bytes::from(msg.encode_to_vec()))
-            .headers(headers)
-            .message_id(format!("ctx:{receipt}:{}", snap.version));
-        self.js
-            .send_publish(self.topology.subject(Topic::Contexts), publish)
-            .await?
-            .await?;
+        threadline_runtime::bus::publish(
+            &self.js,
+            &self.topology,
+            Topic::Contexts,
+            &format!("ctx:{receipt}:{}", snap.version),
+            msg.encode_to_vec(),
+        )
+        .await?;
         // (with the other handlers' receipts: one statement)
         self.finishes
             .submit(store::Ending {
@@ -634,7 +675,7 @@ impl Handler {
         .await
         {
             // (never another DM)
-            Ok(Some(c)) if !c.starts_with('D') => c,
+            Ok(Some(c)) if !threadline_domain::ids::is_dm(&c) => c,
             Ok(_) => return none,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the pane's context failed; answered without it");

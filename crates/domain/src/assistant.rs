@@ -33,7 +33,7 @@ pub fn parse(event: &Value) -> Option<AssistantThread> {
             .filter(|s| !s.is_empty())
     };
     let channel = ChannelId::parse(s("/channel_id")?).ok()?;
-    if !channel.as_str().starts_with('D') {
+    if !channel.is_dm() {
         // The pane is a DM; anything else is not an assistant thread.
         return None;
     }

@@ -369,7 +369,7 @@ pub fn classify(event: &Value, me: &BotIdentity, policy: &TriggerPolicy) -> Clas
         return ignore(Effect::Upsert(f), IgnoreReason::NoUsableText);
     }
     let is_dm = s(event, "channel_type") == Some("im")
-        || s(event, "channel").is_some_and(|c| c.starts_with('D'));
+        || s(event, "channel").is_some_and(crate::ids::is_dm);
     // Denied DMs stay denied when the message also @-mentions the bot.
     if is_dm && !policy.dms_allowed {
         return ignore(Effect::Upsert(f), IgnoreReason::DmNotAllowed);
@@ -419,7 +419,7 @@ impl ChannelFacts {
             },
         };
         let dm = s(event, "channel_type") == Some("im")
-            || s(event, "channel").is_some_and(|c| c.starts_with('D'));
+            || s(event, "channel").is_some_and(crate::ids::is_dm);
         Self {
             ext_shared,
             private,

@@ -152,6 +152,20 @@ impl fmt::Display for Ts {
     }
 }
 
+/// Whether a channel id names a direct message with the app (`D…`): the
+/// one place this is decided (the assistant pane lives there, DMs have a
+/// policy of their own).
+pub fn is_dm(channel: &str) -> bool {
+    channel.starts_with('D')
+}
+
+impl ChannelId {
+    /// A direct message with the app (see [`is_dm`]).
+    pub fn is_dm(&self) -> bool {
+        is_dm(self.as_str())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -117,6 +117,12 @@ macro_rules! states {
             }
         }
 
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.name())
+            }
+        }
+
         impl std::str::FromStr for $name {
             type Err = UnknownState;
             fn from_str(s: &str) -> Result<Self, UnknownState> {
@@ -297,6 +303,24 @@ impl IntentState {
             (from, Sent) => from != Sent,
             _ => false,
         }
+    }
+}
+
+states! {
+    /// An installation: `active` while the app is installed and its token
+    /// works; `disabled` once the workspace removed the app, revoked its
+    /// token, or a refresh was refused for good (tokens purged); installed
+    /// again, it is `active`.
+    InstallationStatus, "installation" {
+        Active = "active",
+        Disabled = "disabled",
+    }
+}
+
+impl InstallationStatus {
+    /// Whether `self → to` is an allowed move ([`Machine::can_become`]).
+    fn allows(self, to: Self) -> bool {
+        self != to
     }
 }
 

@@ -15,6 +15,10 @@ mod secrecy_free {
     pub struct SigningSecrets(pub Vec<SigningSecret>);
 }
 
+/// Least privilege for what threadline does: read mentions and the threads
+/// it answers in, post replies.
+pub const DEFAULT_BOT_SCOPES: &str = "app_mentions:read,channels:history,channels:read,chat:write";
+
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
     pub common: CommonConfig,
@@ -125,7 +129,7 @@ impl OAuthSettings {
         let Some(client_id) = src.get("SLACK_CLIENT_ID") else {
             return Ok(None);
         };
-        let scopes = src.string("THREADLINE_BOT_SCOPES", crate::oauth::DEFAULT_BOT_SCOPES);
+        let scopes = src.string("THREADLINE_BOT_SCOPES", DEFAULT_BOT_SCOPES);
         if scopes
             .split(',')
             .any(|s| s.trim().is_empty() || s.contains(char::is_whitespace))

@@ -34,12 +34,12 @@ pub(crate) enum Answer {
 impl Answer {
     pub(crate) fn label(self) -> &'static str {
         match self {
-            Answer::Accepted => "accepted",
-            Answer::Unparsed => "unparsed",
+            Answer::Accepted => "accepted", // not a state: the gateway's answer
+            Answer::Unparsed => "unparsed", // not a state: the gateway's answer
             Answer::Duplicate => "duplicate",
             Answer::Challenge => "url_verification",
-            Answer::Ignored => "ignored",
-            Answer::Rejected(_) => "rejected",
+            Answer::Ignored => "ignored", // not a state: the gateway's answer
+            Answer::Rejected(_) => "rejected", // not a state: the gateway's answer
             Answer::Unavailable => "unavailable",
             Answer::Busy => "busy",
         }
@@ -424,7 +424,7 @@ async fn accept_unparsed(
         event_type: identity
             .event_type
             .clone()
-            .unwrap_or_else(|| "unknown".to_owned()),
+            .unwrap_or_else(|| "unknown".to_owned()), // not a state: no event type
         event_subtype: None,
         channel_id: None,
         message_ts: None,

@@ -71,14 +71,14 @@ async fn on(
         Ok(Interaction::Other { kind, action }) => {
             // (codes only: an action id is the app's own identifier)
             tracing::debug!(kind = %kind.chars().take(40).collect::<String>(), has_action = action.is_some(), "interaction not handled; acknowledged");
-            return ("ignored", StatusCode::OK.into_response());
+            return ("ignored", StatusCode::OK.into_response()); // not a state: the gateway's answer
         }
         Err(e) => {
             tracing::warn!(reason = e.code(), error = %e, "signed interaction is malformed; refused");
             metrics::counter!("threadline_review_clicks_total", "outcome" => "malformed")
                 .increment(1);
             return (
-                "rejected",
+                "rejected", // not a state: the gateway's answer
                 (StatusCode::BAD_REQUEST, "malformed interaction payload").into_response(),
             );
         }
@@ -87,7 +87,7 @@ async fn on(
         tracing::warn!("review click names no decision; refused");
         metrics::counter!("threadline_review_clicks_total", "outcome" => "malformed").increment(1);
         return (
-            "rejected",
+            "rejected", // not a state: the gateway's answer
             (StatusCode::BAD_REQUEST, "malformed interaction payload").into_response(),
         );
     };
@@ -237,7 +237,7 @@ impl Responder {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e.without_url(), "replying to a click failed");
-                    "failed"
+                    "failed" // not a state: a reply's result
                 }
             };
             metrics::counter!("threadline_review_click_replies_total", "result" => result)

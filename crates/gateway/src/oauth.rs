@@ -25,9 +25,7 @@ use crate::config::OAuthSettings;
 use crate::page::page;
 use crate::ratelimit::Limiter;
 
-/// Least privilege for what threadline does: read mentions and the threads
-/// it answers in, post replies.
-pub const DEFAULT_BOT_SCOPES: &str = "app_mentions:read,channels:history,channels:read,chat:write";
+pub use crate::config::DEFAULT_BOT_SCOPES;
 
 /// What the assistant pane adds (with DMs allowed by the policy): the
 /// scopes to ask for (`THREADLINE_BOT_SCOPES`) and the events to subscribe.

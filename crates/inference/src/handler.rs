@@ -4,16 +4,17 @@
 //! back deterministically when no model answers, and publish.
 
 use std::time::Duration;
+use threadline_domain::ids::is_dm;
 use threadline_domain::state::{DecisionStatus, Machine as _};
 
-use async_nats::jetstream::{self, message::PublishMessage};
-use bytes::Bytes;
+use async_nats::jetstream;
 use prost::Message as _;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use threadline_domain::output::{self, Risk};
 use threadline_domain::prompt::{self, Quoted};
-use threadline_proto::v1::ContextReady;
+use threadline_proto::v1::proposal_ready::Work;
+use threadline_proto::v1::{ContextReady, PaneStatus, StreamStart};
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::killswitch::{self, FEATURE_REPLIES};
 use threadline_runtime::worker::Disposition;
@@ -192,6 +193,55 @@ enum Answer {
     },
 }
 
+/// What an answer comes to before the output policy: its text, whose it
+/// is, and what it used.
+struct Output {
+    text: String,
+    provider: String,
+    fallback: bool,
+    tools: Vec<String>,
+    prompt_tokens: Option<i32>,
+    completion_tokens: Option<i32>,
+}
+
+impl Output {
+    fn of(answer: Answer, h: &Handler) -> Self {
+        match answer {
+            Answer::Model {
+                provider,
+                completion,
+            } => Output {
+                text: completion.text,
+                provider,
+                fallback: false,
+                tools: completion.tool_calls,
+                prompt_tokens: completion.prompt_tokens,
+                completion_tokens: completion.completion_tokens,
+            },
+            Answer::Fallback { reason } => {
+                metrics::counter!("threadline_fallbacks_total", "reason" => reason).increment(1);
+                Output {
+                    text: h.fallback_text.clone(),
+                    provider: "fallback".to_owned(),
+                    fallback: true,
+                    tools: Vec::new(),
+                    prompt_tokens: None,
+                    completion_tokens: None,
+                }
+            }
+        }
+    }
+
+    /// Model text is untrusted and escaped; the fallback is threadline's own.
+    fn body(&self) -> output::Body<'_> {
+        if self.fallback {
+            output::Body::Own(&self.text)
+        } else {
+            output::Body::Model(&self.text)
+        }
+    }
+}
+
 impl Handler {
     /// Handles one ContextReady payload that is not tied to a bus delivery.
     pub async fn handle(&self, payload: &[u8]) -> Disposition {
@@ -225,6 +275,8 @@ impl Handler {
         }
     }
 
+    /// One context, decided: claim → ask → settle, with the assistant
+    /// pane's progress and the stream as hooks around the ask.
     async fn process(
         &self,
         ctx: &ContextReady,
@@ -232,6 +284,33 @@ impl Handler {
         inst: Uuid,
         message_seq: Option<u64>,
     ) -> anyhow::Result<Disposition> {
+        let id = match self.claim(ctx, receipt, inst, message_seq).await? {
+            Ok(id) => id,
+            Err(done) => return Ok(done),
+        };
+        let pane = self.show_progress(id, ctx, inst).await?;
+        let mut releaser = self.open_stream(id, ctx, inst).await?;
+        let Some(answer) = self.ask_released(ctx, releaser.as_mut()).await else {
+            // The publisher ended the stream (the thread moved on) and
+            // settled the decision: nothing to record.
+            tracing::info!("streamed answer ended by the publisher; model call stopped");
+            return Ok(Disposition::Done);
+        };
+        self.settle_answer(id, inst, pane, answer).await
+    }
+
+    /// The claim of the decision for the context's (event, version)
+    /// binding, under a lease; `Err` is what the message comes to instead
+    /// (another delivery holds it, it was settled before, the installation
+    /// is gone, a kill switch is engaged: checked by the claim's statement,
+    /// before any model call).
+    async fn claim(
+        &self,
+        ctx: &ContextReady,
+        receipt: Uuid,
+        inst: Uuid,
+        message_seq: Option<u64>,
+    ) -> anyhow::Result<Result<Uuid, Disposition>> {
         // Long enough for the primary and the backup to time out and the
         // answer to be recorded; a worker that died holding it is replaced
         // once it runs out.
@@ -268,101 +347,120 @@ impl Handler {
             Claim::Mine(id) => id,
             // Another delivery holds the lease: look again once it may
             // have run out (the message waits in the broker, not here).
-            Claim::Busy => return Ok(Disposition::Defer(Duration::from_secs(10))),
+            Claim::Busy => return Ok(Err(Disposition::Defer(Duration::from_secs(10)))),
             Claim::Settled(id, status) => {
                 // A redelivery: never a second model call for this binding.
                 // (in a DM, any outcome: a pane's progress is cleared by it)
                 if matches!(status, DecisionStatus::Proposed | DecisionStatus::Review)
-                    || (ctx.channel_id.starts_with('D') && status != DecisionStatus::Calling)
+                    || (is_dm(&ctx.channel_id) && status != DecisionStatus::Calling)
                 {
                     self.publish(id).await?;
                 }
-                return Ok(Disposition::Done);
+                return Ok(Err(Disposition::Done));
             }
         };
-
-        // A removed or revoked installation gets no more model calls (its
-        // status read by the claim's statement).
+        // A removed or revoked installation gets no more model calls.
         if !found.active {
             let mut s = self.suppressed("installation_disabled");
             s.status = DecisionStatus::Cancelled;
             self.settle(id, &s).await?;
-            return Ok(Disposition::Done);
+            return Ok(Err(Disposition::Done));
         }
-        // Kill switches, checked before the model call (by the claim's
-        // statement).
         if let Some(switch) = found.switch {
             metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "inference")
                 .increment(1);
             tracing::warn!(switch = %switch, "kill switch engaged; job suppressed before the model call");
             self.settle(id, &self.suppressed(&switch)).await?;
-            return Ok(Disposition::Done);
+            return Ok(Err(Disposition::Done));
         }
+        Ok(Ok(id))
+    }
 
-        // In an assistant thread (the pane is a DM with the app), progress
-        // shows while the model runs; the publisher clears it on every
-        // outcome.
-        let pane = match ctx.channel_id.starts_with('D') {
-            true => {
-                threadline_store::assistant::thread(&self.pool, inst, &ctx.channel_id, &ctx.root_ts)
-                    .await?
-            }
-            false => None,
+    /// Hook before the ask: in an assistant thread (the pane is a DM with
+    /// the app), progress shows while the model runs (the publisher clears
+    /// it on every outcome), and the thread's first question names it.
+    /// Whether this is a pane thread.
+    async fn show_progress(
+        &self,
+        id: Uuid,
+        ctx: &ContextReady,
+        inst: Uuid,
+    ) -> anyhow::Result<bool> {
+        if !is_dm(&ctx.channel_id) {
+            return Ok(false);
+        }
+        let Some(pane) =
+            threadline_store::assistant::thread(&self.pool, inst, &ctx.channel_id, &ctx.root_ts)
+                .await?
+        else {
+            return Ok(false);
         };
-        // The thread's first question names it (the publisher sets it once).
-        let title = pane.filter(|t| !t.titled).and_then(|_| {
-            ctx.messages
-                .iter()
-                .find(|m| m.ts == ctx.source_ts)
-                .and_then(|m| threadline_domain::assistant::title_of(&m.text))
-        });
-        if pane.is_some()
-            && let Err(e) = self.announce(id, false, title).await
-        {
+        let title = (!pane.titled)
+            .then(|| {
+                ctx.messages
+                    .iter()
+                    .find(|m| m.ts == ctx.source_ts)
+                    .and_then(|m| threadline_domain::assistant::title_of(&m.text))
+            })
+            .flatten();
+        if let Err(e) = self.announce(id, false, title).await {
             tracing::warn!(
                 error = format!("{e:#}"),
                 "announcing progress failed; none shown"
             );
         }
+        Ok(true)
+    }
+
+    /// Hook before the ask: where the policy allows it (the publisher
+    /// checks again), the stream may start now (the decision is named
+    /// before its first word exists), and a releaser hands it the words as
+    /// the model writes them. Elsewhere the answer is posted whole.
+    async fn open_stream(
+        &self,
+        id: Uuid,
+        ctx: &ContextReady,
+        inst: Uuid,
+    ) -> anyhow::Result<Option<Releaser<'_>>> {
+        let Some(st) = &self.streaming else {
+            return Ok(None);
+        };
+        if !threadline_store::streams::allowed(&self.pool, inst, &ctx.channel_id).await? {
+            return Ok(None);
+        }
+        if let Err(e) = self.announce(id, true, None).await {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "announcing the stream failed; the answer will be posted whole"
+            );
+        }
+        Ok(Some(Releaser::new(
+            &self.pool,
+            id,
+            &self.label,
+            self.reply_max_chars,
+            st.release_every,
+        )))
+    }
+
+    /// The ask, with the releaser's last words after it; `None` when the
+    /// publisher ended the stream meanwhile.
+    async fn ask_released(
+        &self,
+        ctx: &ContextReady,
+        mut releaser: Option<&mut Releaser<'_>>,
+    ) -> Option<Answer> {
         let model_span = tracing::info_span!(
             "model.call",
             model_config_id = %self.model_config_id,
             provider = tracing::field::Empty,
             outcome = tracing::field::Empty
         );
-        // Streamed only where the policy allows it (the publisher checks it
-        // again): elsewhere nothing is released and the answer is posted whole.
-        let stream_here = match &self.streaming {
-            Some(_) => {
-                threadline_store::streams::allowed(&self.pool, inst, &ctx.channel_id).await?
-            }
-            None => false,
-        };
-        let mut releaser = match &self.streaming {
-            Some(st) if stream_here => {
-                // The publisher may start the stream now: the decision is
-                // named before the first word exists.
-                if let Err(e) = self.announce(id, true, None).await {
-                    tracing::warn!(
-                        error = format!("{e:#}"),
-                        "announcing the stream failed; the answer will be posted whole"
-                    );
-                }
-                Some(Releaser::new(
-                    &self.pool,
-                    id,
-                    &self.label,
-                    self.reply_max_chars,
-                    st.release_every,
-                ))
-            }
-            _ => None,
-        };
         let answer = self
-            .ask(ctx, releaser.as_mut())
+            .ask(ctx, releaser.as_deref_mut())
             .instrument(model_span.clone())
             .await;
-        if let Some(r) = releaser.as_mut()
+        if let Some(r) = releaser.as_deref_mut()
             && !r.gone
             && matches!(answer, Answer::Model { .. })
         {
@@ -370,11 +468,8 @@ impl Handler {
             r.raw.push(' ');
             r.flush().await;
         }
-        if releaser.as_ref().is_some_and(|r| r.gone) {
-            // The publisher ended the stream (the thread moved on) and
-            // settled the decision: nothing to record.
-            tracing::info!("streamed answer ended by the publisher; model call stopped");
-            return Ok(Disposition::Done);
+        if releaser.is_some_and(|r| r.gone) {
+            return None;
         }
         match &answer {
             Answer::Model { provider, .. } => {
@@ -385,65 +480,45 @@ impl Handler {
                 model_span.record("outcome", *reason);
             }
         }
-        let (body, provider, fallback, tools, prompt_tokens, completion_tokens) = match &answer {
-            Answer::Model {
-                provider,
-                completion,
-            } => (
-                completion.text.clone(),
-                provider.clone(),
-                false,
-                completion.tool_calls.clone(),
-                completion.prompt_tokens,
-                completion.completion_tokens,
-            ),
-            Answer::Fallback { reason } => {
-                metrics::counter!("threadline_fallbacks_total", "reason" => *reason).increment(1);
-                (
-                    self.fallback_text.clone(),
-                    "fallback".to_owned(),
-                    true,
-                    Vec::new(),
-                    None,
-                    None,
-                )
-            }
-        };
-        // Model text is untrusted and escaped; the fallback is threadline's own.
-        let body = if fallback {
-            output::Body::Own(&body)
-        } else {
-            output::Body::Model(&body)
-        };
-        let reply = output::prepare(body, &self.label, self.reply_max_chars, !tools.is_empty());
+        Some(answer)
+    }
+
+    /// Settles the answer: the output policy and the AI label, review for
+    /// what needs it, an action's own kill switch, the decision recorded
+    /// (hard, so that the lease does not run out into a second model call),
+    /// and the proposal published.
+    async fn settle_answer(
+        &self,
+        id: Uuid,
+        inst: Uuid,
+        pane: bool,
+        answer: Answer,
+    ) -> anyhow::Result<Disposition> {
+        let out = Output::of(answer, self);
+        let reply = output::prepare(
+            out.body(),
+            &self.label,
+            self.reply_max_chars,
+            !out.tools.is_empty(),
+        );
         let hash = hex::encode(Sha256::digest(reply.text.as_bytes()));
         let (status, action_kind) = if reply.risks.is_empty() {
             (DecisionStatus::Proposed, "thread_reply".to_owned())
         } else if reply.risks.contains(&Risk::ActionBeyondReply) {
-            (DecisionStatus::Review, format!("tool:{}", tools.join(",")))
+            (
+                DecisionStatus::Review,
+                format!("tool:{}", out.tools.join(",")),
+            )
         } else {
             (DecisionStatus::Review, "thread_reply".to_owned())
         };
         // An action beyond a reply is governed by its own feature switch,
         // checked once the model has said what it wants to do.
-        let feature = killswitch::feature_of(&action_kind);
-        if feature != FEATURE_REPLIES
-            && let Some(switch) =
-                threadline_store::kill_switches::engaged(&self.pool, inst, feature).await?
+        if let Some(done) = self
+            .action_switched_off(id, inst, pane, &action_kind)
+            .await?
         {
-            metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "inference")
-                .increment(1);
-            tracing::warn!(switch = %switch, feature, "kill switch engaged; proposed action suppressed");
-            let mut s = self.suppressed(&switch);
-            s.action_kind = &action_kind;
-            let settled = self.settle(id, &s).await?;
-            if pane.is_some()
-                && let Some(d) = settled
-            {
-                // (so that the publisher clears the progress it showed)
-                publish_proposal(&self.js, &self.topology, &d, None).await?;
-            }
-            return Ok(Disposition::Done);
+            return Ok(done);
         }
         let settled = Settled {
             status,
@@ -451,34 +526,15 @@ impl Handler {
             action_kind: &action_kind,
             review_reasons: reply.risks.iter().map(|r| r.as_str().to_owned()).collect(),
             model_config_id: &self.model_config_id,
-            provider: &provider,
-            fallback,
-            prompt_tokens,
-            completion_tokens,
+            provider: &out.provider,
+            fallback: out.fallback,
+            prompt_tokens: out.prompt_tokens,
+            completion_tokens: out.completion_tokens,
             output_hash: Some(&hash),
             body_text: Some(&reply.text),
             body_blocks: Some(&reply.blocks),
         };
-        // The model has answered: try hard to record it, so that the lease
-        // does not run out and another worker call the model again.
-        let mut attempt = 0;
-        let stored = loop {
-            attempt += 1;
-            match self.settle(id, &settled).await {
-                Ok(stored) => break stored,
-                Err(e) if attempt < 5 => {
-                    tracing::warn!(error = %e, attempt, "recording the decision failed; trying again");
-                    tokio::time::sleep(Duration::from_millis(500 * attempt)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        tracing::debug!(
-            status = status.as_str(),
-            recorded = stored.is_some(),
-            "decision settled"
-        );
-        let Some(settled) = stored else {
+        let Some(settled) = self.settle_hard(id, &settled).await? else {
             // Our lease ran out and another worker settled it.
             return Ok(Disposition::Done);
         };
@@ -495,6 +551,62 @@ impl Handler {
         // statement that settled it.
         publish_proposal(&self.js, &self.topology, &settled, None).await?;
         Ok(Disposition::Done)
+    }
+
+    /// An action beyond a reply whose feature's kill switch is engaged:
+    /// suppressed (`Some`), and published in a pane so that its progress
+    /// clears.
+    async fn action_switched_off(
+        &self,
+        id: Uuid,
+        inst: Uuid,
+        pane: bool,
+        action_kind: &str,
+    ) -> anyhow::Result<Option<Disposition>> {
+        let feature = killswitch::feature_of(action_kind);
+        if feature == FEATURE_REPLIES {
+            return Ok(None);
+        }
+        let Some(switch) =
+            threadline_store::kill_switches::engaged(&self.pool, inst, feature).await?
+        else {
+            return Ok(None);
+        };
+        metrics::counter!("threadline_kill_switch_suppressions_total", "stage" => "inference")
+            .increment(1);
+        tracing::warn!(switch = %switch, feature, "kill switch engaged; proposed action suppressed");
+        let mut s = self.suppressed(&switch);
+        s.action_kind = action_kind;
+        let settled = self.settle(id, &s).await?;
+        if pane && let Some(d) = settled {
+            // (so that the publisher clears the progress it showed)
+            publish_proposal(&self.js, &self.topology, &d, None).await?;
+        }
+        Ok(Some(Disposition::Done))
+    }
+
+    /// The model has answered: records the decision, trying hard, so that
+    /// the lease does not run out and another worker call the model again.
+    async fn settle_hard(&self, id: Uuid, s: &Settled<'_>) -> anyhow::Result<Option<Decision>> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.settle(id, s).await {
+                Ok(stored) => {
+                    tracing::debug!(
+                        status = s.status.as_str(),
+                        recorded = stored.is_some(),
+                        "decision settled"
+                    );
+                    return Ok(stored);
+                }
+                Err(e) if attempt < 5 => {
+                    tracing::warn!(error = %e, attempt, "recording the decision failed; trying again");
+                    tokio::time::sleep(Duration::from_millis(500 * attempt)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Settles the decision with whatever other settles are waiting; the
@@ -536,26 +648,23 @@ impl Handler {
         let mut msg = threadline_store::decisions::proposal(&d);
         let tag = if stream {
             msg.stream = true;
+            msg.work = Some(Work::StreamStart(StreamStart {}));
             "stream"
         } else {
+            let title = title.unwrap_or_default();
             msg.assistant = "status".to_owned();
-            msg.assistant_title = title.unwrap_or_default();
+            msg.assistant_title = title.clone();
+            msg.work = Some(Work::PaneStatus(PaneStatus { title }));
             "status"
         };
-        let mut headers = async_nats::HeaderMap::new();
-        threadline_runtime::telemetry::inject_current(&mut headers);
-        let publish = PublishMessage::build()
-            .payload(Bytes::from(msg.encode_to_vec()))
-            .headers(headers)
-            .message_id(threadline_store::decisions::proposal_msg_id(
-                d.id,
-                Some(tag),
-            ));
-        self.js
-            .send_publish(self.topology.subject(Topic::Proposals), publish)
-            .await?
-            .await?;
-        Ok(())
+        threadline_runtime::bus::publish(
+            &self.js,
+            &self.topology,
+            Topic::Proposals,
+            &threadline_store::decisions::proposal_msg_id(d.id, Some(tag)),
+            msg.encode_to_vec(),
+        )
+        .await
     }
 
     /// The model chain: primary (behind its breaker), a tested-equivalent
@@ -705,17 +814,14 @@ pub async fn publish_proposal(
     d: &threadline_store::decisions::Decision,
     resend: Option<&str>,
 ) -> anyhow::Result<()> {
-    let msg = threadline_store::decisions::proposal(d);
-    let mut headers = async_nats::HeaderMap::new();
-    threadline_runtime::telemetry::inject_current(&mut headers);
-    let publish = PublishMessage::build()
-        .payload(Bytes::from(msg.encode_to_vec()))
-        .headers(headers)
-        .message_id(threadline_store::decisions::proposal_msg_id(d.id, resend));
-    js.send_publish(topology.subject(Topic::Proposals), publish)
-        .await?
-        .await?;
-    Ok(())
+    threadline_runtime::bus::publish(
+        js,
+        topology,
+        Topic::Proposals,
+        &threadline_store::decisions::proposal_msg_id(d.id, resend),
+        threadline_store::decisions::proposal(d).encode_to_vec(),
+    )
+    .await
 }
 
 #[cfg(test)]

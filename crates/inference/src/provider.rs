@@ -143,7 +143,7 @@ fn completion_of(v: &Value) -> Result<Completion, ProviderError> {
                 .map(|c| {
                     c.pointer("/function/name")
                         .and_then(Value::as_str)
-                        .unwrap_or("unknown")
+                        .unwrap_or("unknown") // not a state: no tool name
                         .to_owned()
                 })
                 .collect()

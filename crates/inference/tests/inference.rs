@@ -953,12 +953,12 @@ async fn one_claim_statement_serves_a_batch_and_no_binding_is_claimed_twice() {
     .expect("one statement");
     assert_eq!(settled.len(), 3);
     assert_eq!(
-        settled[0].as_ref().map(|d| (d.id, d.status.as_str())),
+        settled[0].as_ref().map(|d| (d.id, d.status.name())),
         Some((new_id, "proposed"))
     );
     assert!(settled[1].is_none(), "already settled: not again");
     assert_eq!(
-        settled[2].as_ref().map(|d| (d.id, d.status.as_str())),
+        settled[2].as_ref().map(|d| (d.id, d.status.name())),
         Some((expired_id, "review"))
     );
     env.cleanup().await;

@@ -7,6 +7,27 @@ use threadline_runtime::secrets::TokenCipher;
 
 use crate::reconcile::Evidence;
 
+/// Streaming settings (see `PublisherConfig::streams`).
+#[derive(Debug, Clone, Copy)]
+pub struct Streams {
+    pub append_every: Duration,
+    pub stale: f64,
+    /// The longest a stream may stay open (Slack ends streams after five
+    /// minutes): longer, it ends with its closing line.
+    pub max_open: Duration,
+}
+
+/// How the sweeper runs (`PublisherConfig::sweep`).
+#[derive(Debug, Clone, Copy)]
+pub struct Sweep {
+    /// How often a round runs (`THREADLINE_SWEEP_MS`).
+    pub every: Duration,
+    /// How long an intent may sit past its due time, or mid-reconciliation
+    /// without progress, before it counts as undriven
+    /// (`THREADLINE_SWEEP_IDLE_MS`).
+    pub idle: Duration,
+}
+
 pub struct PublisherConfig {
     pub common: CommonConfig,
     /// `THREADLINE_PUBLISHER_ADDR`, default `127.0.0.1:3003`.
@@ -37,7 +58,7 @@ pub struct PublisherConfig {
     /// `THREADLINE_SWEEP_MS` (5000) / `THREADLINE_SWEEP_IDLE_MS` (60000):
     /// how often the sweeper looks for reply intents no delivery is driving,
     /// and how long past due (or without progress) an intent must be to count.
-    pub sweep: crate::sweeper::Sweep,
+    pub sweep: Sweep,
     /// `THREADLINE_STREAMING`, default true: answers inference streams are
     /// streamed into Slack where the installation's and channel's policy
     /// allow it (false: every answer is posted whole). With it:
@@ -49,7 +70,7 @@ pub struct PublisherConfig {
     /// timeout plus the append time: an append and two tries of a stop); `THREADLINE_STREAM_MAX_MS` (240000),
     /// the longest a stream stays open before it ends with its closing line
     /// (Slack ends streams after five minutes).
-    pub streams: Option<crate::stream::Streams>,
+    pub streams: Option<Streams>,
 }
 
 impl PublisherConfig {
@@ -105,7 +126,7 @@ impl PublisherConfig {
                         ),
                     });
                 }
-                Some(crate::stream::Streams {
+                Some(Streams {
                     append_every,
                     stale: stale.as_secs_f64(),
                     max_open: src.millis("THREADLINE_STREAM_MAX_MS", 240_000, 1_000..=290_000)?,
@@ -113,7 +134,7 @@ impl PublisherConfig {
             } else {
                 None
             },
-            sweep: crate::sweeper::Sweep {
+            sweep: Sweep {
                 every: src.millis("THREADLINE_SWEEP_MS", 5_000, 100..=600_000)?,
                 idle: src.millis("THREADLINE_SWEEP_IDLE_MS", 60_000, 1_000..=3_600_000)?,
             },

@@ -19,7 +19,7 @@ use threadline_store::streams::{self, ToEnd};
 use uuid::Uuid;
 
 use crate::handler::{Bot, Handler, jitter, persist};
-use crate::intents;
+use crate::intents::{self, Proposal};
 use crate::reconcile::{self, Owned, Thread};
 
 /// How long a stream being stopped is kept from other stoppers.
@@ -236,6 +236,27 @@ impl Handler {
             }
             Found::Unclaimed(streams) => self.end_unclaimed(bot, channel, streams).await?,
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// The event's stream, if its publisher stopped driving it, is taken
+    /// over and stopped now (before the whole answer is claimed).
+    pub(crate) async fn end_orphaned_stream(
+        &self,
+        p: &Proposal<'_>,
+        bot: &Bot,
+    ) -> anyhow::Result<()> {
+        let stale = self.stream_stale();
+        let Some(o) =
+            streams::orphan_of(&self.pool, p.installation, p.event_id, p.action_kind, stale)
+                .await?
+        else {
+            return Ok(());
+        };
+        if streams::take_orphan(&self.pool, o.intent, stale).await? {
+            tracing::warn!(intent_id = %o.intent, "a stream's publisher stopped driving it; ending it");
+            self.stop_if_due(o.intent, bot).await?;
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use sqlx::PgPool;
-use threadline_domain::state::{IntentState, Machine as _};
+use threadline_domain::state::{DecisionStatus, IntentState, Machine as _};
 use threadline_runtime::shutdown::CancellationToken;
 
 const EVERY: Duration = Duration::from_secs(15);
@@ -44,9 +44,9 @@ pub async fn sample(pool: &PgPool) -> sqlx::Result<()> {
         rejected,
     } = threadline_store::decisions::review_counts(pool).await?;
     metrics::gauge!("threadline_decisions_awaiting_review").set(waiting as f64);
-    metrics::counter!("threadline_review_outcomes_total", "outcome" => "approved")
+    metrics::counter!("threadline_review_outcomes_total", "outcome" => DecisionStatus::Approved.name())
         .absolute(approved as u64);
-    metrics::counter!("threadline_review_outcomes_total", "outcome" => "rejected")
+    metrics::counter!("threadline_review_outcomes_total", "outcome" => DecisionStatus::Rejected.name())
         .absolute(rejected as u64);
     Ok(())
 }

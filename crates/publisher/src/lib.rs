@@ -5,14 +5,17 @@
 //! once, reconciles unknown outcomes from evidence instead of posting again,
 //! and sweeps intents that no delivery drives any more.
 
-pub mod assistant;
+pub mod answer;
 pub mod config;
+pub mod dispatch;
 pub mod ending;
 pub mod handler;
 pub mod intents;
 pub mod ledger;
+pub mod pane;
 pub mod proposals;
 pub mod reconcile;
+pub mod reply;
 pub mod review;
 pub mod stream;
 pub mod sweeper;

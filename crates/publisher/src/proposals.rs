@@ -4,8 +4,7 @@
 //! when no delivery is driving it (the sweeper; an operator's re-post or an
 //! approval goes through the outbox, [`threadline_store::decisions::enqueue_proposal`]).
 
-use async_nats::jetstream::{self, message::PublishMessage};
-use bytes::Bytes;
+use async_nats::jetstream;
 use prost::Message as _;
 use threadline_runtime::bus::{Topic, Topology};
 pub use threadline_store::decisions::{Decision, ForPost, load, load_for_post};
@@ -20,14 +19,12 @@ pub async fn republish(
     d: &Decision,
     tag: &str,
 ) -> anyhow::Result<()> {
-    let mut headers = async_nats::HeaderMap::new();
-    threadline_runtime::telemetry::inject_current(&mut headers);
-    let publish = PublishMessage::build()
-        .payload(Bytes::from(proposal(d).encode_to_vec()))
-        .headers(headers)
-        .message_id(proposal_msg_id(d.id, Some(tag)));
-    js.send_publish(topology.subject(Topic::Proposals), publish)
-        .await?
-        .await?;
-    Ok(())
+    threadline_runtime::bus::publish(
+        js,
+        topology,
+        Topic::Proposals,
+        &proposal_msg_id(d.id, Some(tag)),
+        proposal(d).encode_to_vec(),
+    )
+    .await
 }

@@ -16,6 +16,7 @@
 use serde_json::Value;
 use sqlx::PgPool;
 use threadline_domain::reply::{self, Found, Patience, Read, StreamSide, Subject};
+use threadline_domain::state::IntentState;
 use threadline_slack::WebClient;
 use threadline_store::streams::{self, StreamEvidence};
 use uuid::Uuid;
@@ -246,14 +247,14 @@ async fn settle(
             if r.outcome == PostRecord::Duplicate {
                 metrics::counter!("threadline_duplicate_reply_incidents_total").increment(1);
             }
-            "sent"
+            IntentState::Sent.name()
         }
         Found::Held(why) => {
             // No evidence yet is not proof of absence: the sweeper reads the
             // thread again later, in case the post lands after all.
             intents::hold_after_reconciling(pool, o.intent, why, ev.late_check_secs).await?;
             tracing::warn!(alert = "reply_held", reason = *why, intent_id = %o.intent, "reply held for an operator");
-            "held"
+            IntentState::Held.name()
         }
         Found::Open(ts) => {
             // Its stream is open: it is stopped (by the caller, or whoever

@@ -11,7 +11,7 @@
 
 use secrecy::ExposeSecret as _;
 use serde_json::{Value, json};
-use threadline_domain::state::{Machine as _, ReviewRequestState};
+use threadline_domain::state::{DecisionStatus, IntentState, Machine as _, ReviewRequestState};
 use threadline_runtime::worker::Disposition;
 use threadline_slack::WebError;
 use threadline_store::decisions::Decision;
@@ -122,7 +122,7 @@ impl Handler {
                     return Ok(defer(jitter(2.0, &d.id)));
                 };
                 crate::handler::persist(|| review::posted(&self.pool, d.id, ts)).await?;
-                metrics::counter!("threadline_review_requests_total", "outcome" => "posted")
+                metrics::counter!("threadline_review_requests_total", "outcome" => ReviewRequestState::Posted.name())
                     .increment(1);
                 // (a verdict the CLI gave meanwhile shows at once)
                 self.review_follow_up(d.id).await
@@ -257,7 +257,7 @@ impl Handler {
             return Ok(Disposition::Done);
         };
         if r.shown.as_deref() == Some(outcome.code.as_str())
-            || r.state == ReviewRequestState::Failed.as_str()
+            || r.state == ReviewRequestState::Failed
         {
             return Ok(Disposition::Done);
         }
@@ -351,34 +351,38 @@ impl Outcome {
             Some(w) => format!("Approved by {w}, but "),
             None => String::new(),
         };
-        let line = match r.status.as_str() {
-            "approved" if r.intent_state.as_deref() == Some("held") => format!(
+        use DecisionStatus as D;
+        let held = r.intent_state == Some(IntentState::Held);
+        let line = match r.status {
+            D::Approved if held => format!(
                 "Approved by {}; posting it needs an operator (an earlier attempt's outcome is unknown): `threadline intents list`.",
                 who.as_deref().unwrap_or("a reviewer")
             ),
-            "approved" => format!(
+            D::Approved => format!(
                 "Approved by {}: posting…",
                 who.as_deref().unwrap_or("a reviewer")
             ),
-            "published" => match &who {
+            D::Published => match &who {
                 Some(w) => format!("Approved by {w}: posted in <#{}>.", r.answer_channel),
                 None => format!("Posted in <#{}>.", r.answer_channel),
             },
-            "rejected" => format!(
+            D::Rejected => format!(
                 "Rejected by {}: not posted.",
                 who.as_deref().unwrap_or("a reviewer")
             ),
-            "stale" => capitalise(&format!(
+            D::Stale => capitalise(&format!(
                 "{approved}the thread changed while this waited for review: not posted. The thread is being reconsidered."
             )),
-            "superseded" if r.status_reason.as_deref() == Some("already_answered") => capitalise(
+            D::Superseded if r.status_reason.as_deref() == Some("already_answered") => capitalise(
                 &format!("{approved}the request was already answered: not posted."),
             ),
-            "superseded" => capitalise(&format!(
+            D::Superseded => capitalise(&format!(
                 "{approved}a newer request in the thread replaced this one: not posted."
             )),
-            "suppressed" => capitalise(&format!("{approved}a kill switch is engaged: not posted.")),
-            "cancelled" => {
+            D::Suppressed => {
+                capitalise(&format!("{approved}a kill switch is engaged: not posted."))
+            }
+            D::Cancelled => {
                 let why = match r.status_reason.as_deref() {
                     Some("source_deleted") => "the question was deleted",
                     Some("installation_unavailable") => "the installation is no longer available",
@@ -389,12 +393,14 @@ impl Outcome {
                 };
                 capitalise(&format!("{approved}{why}: not posted."))
             }
-            _ => return None,
+            D::Calling | D::Proposed | D::Review => return None,
         };
-        let code = match (&r.status_reason, r.intent_state.as_deref()) {
-            (_, Some("held")) if r.status == "approved" => "approved:held".to_owned(),
-            (Some(reason), _) => format!("{}:{reason}", r.status),
-            (None, _) => r.status.clone(),
+        let code = match &r.status_reason {
+            _ if held && r.status == D::Approved => {
+                format!("{}:{}", D::Approved, IntentState::Held)
+            }
+            Some(reason) => format!("{}:{reason}", r.status),
+            None => r.status.to_string(),
         };
         Some(Outcome { code, line })
     }
@@ -563,11 +569,11 @@ mod tests {
     fn posted(status: &str, reason: Option<&str>, by: Option<&str>) -> review::Posted {
         review::Posted {
             channel_id: "CREVIEW".into(),
-            state: "posted".into(),
+            state: ReviewRequestState::Posted,
             since: 0.0,
             ts: Some("1.2".into()),
             shown: None,
-            status: status.into(),
+            status: DecisionStatus::parse(status).expect("a status"),
             status_reason: reason.map(str::to_owned),
             reviewed_by: by.map(str::to_owned),
             answer_channel: "CANSWER".into(),
@@ -655,7 +661,7 @@ mod tests {
             source_ts: "1.1".into(),
             thread_version: 1,
             action_kind: "thread_reply".into(),
-            status: "review".into(),
+            status: threadline_domain::state::DecisionStatus::Review,
             review_reasons: vec!["mention".into()],
             fallback: false,
             model_config_id: None,

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use secrecy::ExposeSecret as _;
 use threadline_domain::reply::{self, Ending};
-use threadline_domain::state::DecisionStatus;
+use threadline_domain::state::{DecisionStatus, IntentState};
 use threadline_runtime::worker::Disposition;
 use threadline_slack::WebError;
 use threadline_store::streams::{self, Tick, ToEnd};
@@ -27,15 +27,7 @@ use crate::handler::{Bot, Handler, Job, defer, persist};
 use crate::intents::{self, Claim, Claimed, Fence, PostToRecord, Proposal, Verdict};
 use crate::proposals;
 
-/// Streaming settings (see `PublisherConfig::streams`).
-#[derive(Debug, Clone, Copy)]
-pub struct Streams {
-    pub append_every: Duration,
-    pub stale: f64,
-    /// The longest a stream may stay open (Slack ends streams after five
-    /// minutes): longer, it ends with its closing line.
-    pub max_open: Duration,
-}
+pub use crate::config::Streams;
 
 /// How long a stream may go without a step when streaming is off here (a
 /// stream started before the switch is still ended in time).
@@ -101,10 +93,14 @@ impl Handler {
         self.streams.map(|s| s.stale).unwrap_or(DEFAULT_STALE)
     }
 
-    /// A stream to start for a decision still being called (`ProposalReady`
-    /// with `stream`). Anything that is not a clean start is left to the
-    /// settled decision's own proposal, which posts the whole answer.
-    pub(crate) async fn stream(&self, inst: Uuid, decision: Uuid) -> anyhow::Result<Disposition> {
+    /// A stream to start for a decision still being called (work of kind
+    /// stream start). Anything that is not a clean start is left to the
+    /// settled decision's own answer, which posts it whole.
+    pub(crate) async fn stream_start(
+        &self,
+        inst: Uuid,
+        decision: Uuid,
+    ) -> anyhow::Result<Disposition> {
         let Some(cfg) = self.streams else {
             return Ok(Disposition::Done);
         };
@@ -125,15 +121,20 @@ impl Handler {
         }
         // Settled already (the model was quicker than this message), not
         // allowed here, or this event's intent was ever started or unknown:
-        // the settled proposal posts the answer whole.
-        let fresh_intent = match &intent {
+        // the settled answer is posted whole.
+        let fresh_intent = match intent {
             None => true,
             Some((state, ever_unknown)) => {
                 !ever_unknown
-                    && matches!(state.as_str(), "pending" | "withdrawn" | "failed_retryable")
+                    && matches!(
+                        state,
+                        IntentState::Pending
+                            | IntentState::Withdrawn
+                            | IntentState::FailedRetryable
+                    )
             }
         };
-        if d.status != "calling" || !streaming_allowed || !fresh_intent {
+        if d.status != DecisionStatus::Calling || !streaming_allowed || !fresh_intent {
             return Ok(Disposition::Done);
         }
         let Some(bot) = self.bot(inst).await? else {
@@ -142,23 +143,21 @@ impl Handler {
         if !bot.scopes.is_empty() && !bot.scopes.iter().any(|s| s == "chat:write") {
             return Ok(Disposition::Done);
         }
-        let job = Job {
-            proposal: Proposal {
-                installation: inst,
-                receipt: d.receipt_id,
-                decision,
-                event_id: &d.event_id,
-                action_kind: &d.action_kind,
-                channel: &d.channel_id,
-                root_ts: &d.root_ts,
-                source_ts: &d.source_ts,
-                version: d.thread_version,
-                body_hash: "",
-                channel_ref: threadline_runtime::audit::channel_ref(inst, &d.channel_id),
-            },
-            decision: &d,
-            unfurl,
+        let job = Job::of(&d, unfurl);
+        let claim = match self.claim_stream(&job).await? {
+            Ok(claim) => claim,
+            Err(done) => return Ok(done),
         };
+        match self.start(&claim, &job, &bot).await? {
+            Ok(ts) => self.drive(&claim, &job, &bot, &ts, cfg).await,
+            Err(done) => Ok(done),
+        }
+    }
+
+    /// The claim of the stream's start: the same checks, slot and claim as
+    /// a post's (a stream is started once per intent), and the re-check.
+    /// `Err`: what the message comes to instead.
+    async fn claim_stream(&self, job: &Job<'_>) -> anyhow::Result<Result<Claimed, Disposition>> {
         let p = &job.proposal;
         let claim = match intents::claim_for(
             &self.pool,
@@ -172,31 +171,45 @@ impl Handler {
             Verdict::Claimed(c) => c,
             // The thread already moved on: the same as for a post, at once
             // (the model call stops when it next releases text).
-            Verdict::Stale => return self.stale(&job).await,
-            Verdict::SourceDeleted => return self.source_deleted(&job).await,
-            Verdict::Suppressed(switch) => return self.suppressed(decision, &switch).await,
+            Verdict::Stale => return Ok(Err(self.stale(job).await?)),
+            Verdict::SourceDeleted => return Ok(Err(self.source_deleted(job).await?)),
+            Verdict::Suppressed(switch) => {
+                return Ok(Err(self.suppressed(p.decision, &switch).await?));
+            }
             // A slot or an event of the thread to wait for: try again while
             // the model runs (once it settled, the answer is posted whole).
-            Verdict::NotNow(wait) => return Ok(defer(wait.clamp(0.05, 2.0))),
-            _ => return Ok(Disposition::Done),
+            Verdict::NotNow(wait) => return Ok(Err(defer(wait.clamp(0.05, 2.0)))),
+            _ => return Ok(Err(Disposition::Done)),
         };
         if claim.ever_unknown {
             intents::release(&self.pool, &claim, "stream_not_restarted", 0.0).await?;
-            return Ok(Disposition::Done);
+            return Ok(Err(Disposition::Done));
         }
         let max_age = (self.sending_stale - self.slack_timeout).max(self.slack_timeout);
         match intents::fence_for(&self.pool, p, &claim, max_age, Claim::Stream).await? {
-            Fence::Go => {}
-            Fence::Lost => return Ok(Disposition::Done),
+            Fence::Go => Ok(Ok(claim)),
+            Fence::Lost => Ok(Err(Disposition::Done)),
             _ => {
-                // Whatever stopped it is the settled proposal's to handle.
+                // Whatever stopped it is the settled answer's to handle.
                 intents::release(&self.pool, &claim, "stream_not_started", 0.0).await?;
-                return Ok(Disposition::Done);
+                Ok(Err(Disposition::Done))
             }
         }
-        let to = streams::recipient(&self.pool, inst, p.channel, p.source_ts).await?;
-        if !streams::starting(&self.pool, &claim).await? {
-            return Ok(Disposition::Done);
+    }
+
+    /// `chat.startStream`, the claimed side effect: the stream's ts, or what
+    /// the message comes to (a start Slack refused posts the answer whole;
+    /// one whose outcome is unknown is reconciled, never started again).
+    async fn start(
+        &self,
+        claim: &Claimed,
+        job: &Job<'_>,
+        bot: &Bot,
+    ) -> anyhow::Result<Result<String, Disposition>> {
+        let p = &job.proposal;
+        let to = streams::recipient(&self.pool, p.installation, p.channel, p.source_ts).await?;
+        if !streams::starting(&self.pool, claim).await? {
+            return Ok(Err(Disposition::Done));
         }
         let started = std::time::Instant::now();
         let r = self
@@ -220,20 +233,20 @@ impl Handler {
             {
                 tracing::warn!(code = %code, "Slack refused the stream's start; the answer will be posted whole");
                 metrics::counter!("threadline_streams_refused_total").increment(1);
-                intents::release(&self.pool, &claim, "stream_refused", 0.0).await?;
-                return Ok(Disposition::Done);
+                intents::release(&self.pool, claim, "stream_refused", 0.0).await?;
+                return Ok(Err(Disposition::Done));
             }
-            Err(e) => return self.failed(&claim, p, e, "chat.startStream").await,
+            Err(e) => return Ok(Err(self.failed(claim, p, e, "chat.startStream").await?)),
         };
         metrics::counter!("threadline_streams_started_total").increment(1);
-        if !persist(|| streams::started(&self.pool, &claim, &ts)).await? {
+        if !persist(|| streams::started(&self.pool, claim, &ts)).await? {
             // (cannot happen while the claim is young: a stream no intent
             // holds is ended unclaimed all the same)
-            self.end_unclaimed(&bot, p.channel, std::slice::from_ref(&ts))
+            self.end_unclaimed(bot, p.channel, std::slice::from_ref(&ts))
                 .await?;
-            return Ok(Disposition::Done);
+            return Ok(Err(Disposition::Done));
         }
-        self.drive(&claim, &job, &bot, &ts, cfg).await
+        Ok(Ok(ts))
     }
 
     /// Appends what inference releases, checking the thread between two
@@ -414,31 +427,11 @@ impl Handler {
             reconciled: false,
         };
         let recorded = persist(|| self.records.submit(post.clone())).await?;
-        metrics::counter!("threadline_reply_intents_total", "state" => "sent").increment(1);
+        metrics::counter!("threadline_reply_intents_total", "state" => IntentState::Sent.name())
+            .increment(1);
         metrics::counter!("threadline_streams_finished_total").increment(1);
         self.after_record(&recorded, claim.id);
         Ok(Disposition::Done)
-    }
-
-    /// The event's stream, if its publisher stopped driving it, is taken
-    /// over and stopped now (before the whole answer is claimed).
-    pub(crate) async fn end_orphaned_stream(
-        &self,
-        p: &Proposal<'_>,
-        bot: &Bot,
-    ) -> anyhow::Result<()> {
-        let stale = self.stream_stale();
-        let Some(o) =
-            streams::orphan_of(&self.pool, p.installation, p.event_id, p.action_kind, stale)
-                .await?
-        else {
-            return Ok(());
-        };
-        if streams::take_orphan(&self.pool, o.intent, stale).await? {
-            tracing::warn!(intent_id = %o.intent, "a stream's publisher stopped driving it; ending it");
-            self.stop_if_due(o.intent, bot).await?;
-        }
-        Ok(())
     }
 }
 

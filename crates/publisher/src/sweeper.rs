@@ -12,7 +12,6 @@
 //! rows are taken with `SKIP LOCKED`, so none is swept twice at once.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use secrecy::ExposeSecret as _;
 use threadline_runtime::shutdown::CancellationToken;
@@ -23,15 +22,7 @@ use crate::intents::{self, PostRecord};
 use crate::proposals;
 use crate::reconcile;
 
-#[derive(Debug, Clone, Copy)]
-pub struct Sweep {
-    /// How often a round runs (`THREADLINE_SWEEP_MS`).
-    pub every: Duration,
-    /// How long an intent may sit past its due time, or mid-reconciliation
-    /// without progress, before it counts as undriven
-    /// (`THREADLINE_SWEEP_IDLE_MS`).
-    pub idle: Duration,
-}
+pub use crate::config::Sweep;
 
 /// Seconds until a held intent's thread is read again after its `n`th late
 /// check, `first` being the wait before the first one: 30 s, 2 min,

@@ -10,15 +10,14 @@
 //! role, limited to its subjects ([`crate::nats_auth`]); then only the relay
 //! and the operator declare, and the other services check their parts.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer, stream};
 
-pub use crate::nats_auth::NatsEndpoint;
-use crate::nats_auth::Role;
+pub use crate::config::NatsEndpoint;
+use crate::nats_role::Role;
 
 pub use threadline_domain::topic::Topic;
 
@@ -245,19 +244,44 @@ impl Topology {
     }
 }
 
+/// Publishes `payload` on `topic` with `Nats-Msg-Id: msg_id` (a re-publish
+/// inside the stream's duplicate window is dropped) and the current trace
+/// context in its headers, and waits for the stream's PubAck. Every
+/// service publishes through this one function (the outbox relay, which
+/// pipelines its PubAcks with the trace context each row recorded, has its
+/// own).
+pub async fn publish(
+    js: &jetstream::Context,
+    topology: &Topology,
+    topic: Topic,
+    msg_id: &str,
+    payload: Vec<u8>,
+) -> anyhow::Result<()> {
+    let mut headers = HeaderMap::new();
+    crate::telemetry::inject_current(&mut headers);
+    let publish = jetstream::message::PublishMessage::build()
+        .payload(bytes::Bytes::from(payload))
+        .headers(headers)
+        .message_id(msg_id);
+    js.send_publish(topology.subject(topic), publish)
+        .await?
+        .await?;
+    Ok(())
+}
+
 /// Connects to NATS, as the endpoint's user when it has one (replies then
 /// arrive under that user's own inbox prefix, the only one it may read).
 /// The client keeps reconnecting in the background, so a broker outage
 /// delays publishing instead of killing the process. A refused login or a
 /// refused publish or subscription is logged and counted
-/// ([`crate::nats_auth::report`]).
+/// ([`crate::bus_refusal::report`]).
 pub async fn connect(endpoint: &NatsEndpoint, name: &str) -> anyhow::Result<async_nats::Client> {
     let role = endpoint.role();
     let mut options = async_nats::ConnectOptions::new()
         .name(name)
         .connection_timeout(Duration::from_secs(3))
         .retry_on_initial_connect()
-        .event_callback(move |event| async move { crate::nats_auth::report(&event, role) });
+        .event_callback(move |event| async move { crate::bus_refusal::report(&event, role) });
     if let Some((role, password)) = endpoint.credentials() {
         options = options
             .user_and_password(role.user().to_owned(), password.to_owned())
@@ -269,38 +293,35 @@ pub async fn connect(endpoint: &NatsEndpoint, name: &str) -> anyhow::Result<asyn
         .with_context(|| format!("connecting to NATS at {}", redact_url(endpoint.url())))
 }
 
-/// A URL with any `user:password@` removed, for messages and logs.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://[redacted]@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
+pub use crate::redact::redact_url;
+
+pub use crate::telemetry::{HeaderExtractor, HeaderInjector, TraceCarrier};
+
+impl Role {
+    /// The streams this role uses (and checks at start).
+    pub fn streams(self, t: &Topology) -> Vec<String> {
+        if self.declares() {
+            return all_streams(t);
+        }
+        let mut v: Vec<String> = Vec::new();
+        for topic in self.publishes().iter().chain(self.consumes()) {
+            let s = t.stream(*topic);
+            if !v.contains(&s) {
+                v.push(s);
+            }
+        }
+        if !self.consumes().is_empty() {
+            v.push(t.dead_letter_stream());
+        }
+        v
     }
 }
 
-/// Writes W3C trace context into NATS headers.
-pub struct HeaderInjector<'a>(pub &'a mut HeaderMap);
-
-impl opentelemetry::propagation::Injector for HeaderInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        self.0.insert(key, value.as_str());
-    }
+fn all_streams(t: &Topology) -> Vec<String> {
+    let mut v: Vec<String> = Topic::ALL.iter().map(|topic| t.stream(*topic)).collect();
+    v.push(t.dead_letter_stream());
+    v
 }
-
-/// Reads W3C trace context from NATS headers.
-pub struct HeaderExtractor<'a>(pub &'a HeaderMap);
-
-impl opentelemetry::propagation::Extractor for HeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).map(|v| v.as_str())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.iter().map(|(k, _)| k.as_ref()).collect()
-    }
-}
-
-/// Trace context as plain key/value pairs (what the outbox stores).
-pub type TraceCarrier = HashMap<String, String>;
 
 #[cfg(test)]
 mod tests {

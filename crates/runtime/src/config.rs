@@ -5,12 +5,12 @@
 //! Settings shared by all services are documented here, next to their
 //! defaults; service-specific ones live with the service.
 
-use std::collections::HashMap;
-use std::fmt::Display;
-use std::str::FromStr;
 use std::time::Duration;
 
-use secrecy::SecretString;
+use secrecy::{ExposeSecret as _, SecretString};
+use std::fmt;
+
+use crate::nats_role::Role;
 
 /// Default Postgres URL: the local server on its standard port.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/threadline";
@@ -19,190 +19,7 @@ pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 /// Default Slack Web API base.
 pub const DEFAULT_SLACK_API_URL: &str = "https://slack.com/api/";
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("setting {key}: {message}")]
-    Invalid { key: String, message: String },
-    #[error("setting {key} is required but not set")]
-    Missing { key: String },
-    #[error("config file {path}: {message}")]
-    File { path: String, message: String },
-}
-
-/// Where settings come from. Tests build one from a map; services from the
-/// environment.
-#[derive(Debug, Clone, Default)]
-pub struct Source {
-    values: HashMap<String, String>,
-}
-
-impl Source {
-    /// The process environment over the optional `THREADLINE_CONFIG_FILE`.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        let env: HashMap<String, String> = std::env::vars().collect();
-        let mut values = HashMap::new();
-        if let Some(path) = env.get("THREADLINE_CONFIG_FILE").filter(|p| !p.is_empty()) {
-            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
-            values = parse_env_file(&text).map_err(|message| ConfigError::File {
-                path: path.clone(),
-                message,
-            })?;
-        }
-        values.extend(env);
-        Ok(Self { values })
-    }
-
-    pub fn from_pairs<K: Into<String>, V: Into<String>>(
-        pairs: impl IntoIterator<Item = (K, V)>,
-    ) -> Self {
-        Self {
-            values: pairs
-                .into_iter()
-                .map(|(k, v)| (k.into(), v.into()))
-                .collect(),
-        }
-    }
-
-    pub fn with(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.values.insert(key.into(), value.into());
-        self
-    }
-
-    /// The raw value; an empty string counts as unset.
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.values
-            .get(key)
-            .map(String::as_str)
-            .filter(|v| !v.trim().is_empty())
-    }
-
-    pub fn string(&self, key: &str, default: &str) -> String {
-        self.get(key).unwrap_or(default).to_owned()
-    }
-
-    pub fn required(&self, key: &str) -> Result<&str, ConfigError> {
-        self.get(key).ok_or_else(|| ConfigError::Missing {
-            key: key.to_owned(),
-        })
-    }
-
-    pub fn secret(&self, key: &str) -> Result<Option<SecretString>, ConfigError> {
-        Ok(self.get(key).map(|v| SecretString::from(v.to_owned())))
-    }
-
-    pub fn parse<T>(&self, key: &str, default: T) -> Result<T, ConfigError>
-    where
-        T: FromStr,
-        T::Err: Display,
-    {
-        match self.get(key) {
-            None => Ok(default),
-            Some(raw) => raw
-                .trim()
-                .parse()
-                .map_err(|e: T::Err| ConfigError::Invalid {
-                    key: key.to_owned(),
-                    message: format!("{e} (got {raw:?})"),
-                }),
-        }
-    }
-
-    /// A positive integer within `range`.
-    pub fn bounded(
-        &self,
-        key: &str,
-        default: u64,
-        range: std::ops::RangeInclusive<u64>,
-    ) -> Result<u64, ConfigError> {
-        let v = self.parse(key, default)?;
-        if !range.contains(&v) {
-            return Err(ConfigError::Invalid {
-                key: key.to_owned(),
-                message: format!("{v} is outside {}..={}", range.start(), range.end()),
-            });
-        }
-        Ok(v)
-    }
-
-    /// Milliseconds, as a `Duration`, within `range` (in milliseconds).
-    pub fn millis(
-        &self,
-        key: &str,
-        default_ms: u64,
-        range: std::ops::RangeInclusive<u64>,
-    ) -> Result<Duration, ConfigError> {
-        self.bounded(key, default_ms, range)
-            .map(Duration::from_millis)
-    }
-
-    pub fn flag(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
-        match self.get(key).map(|v| v.trim().to_ascii_lowercase()) {
-            None => Ok(default),
-            Some(v) if ["1", "true", "yes", "on"].contains(&v.as_str()) => Ok(true),
-            Some(v) if ["0", "false", "no", "off"].contains(&v.as_str()) => Ok(false),
-            Some(v) => Err(ConfigError::Invalid {
-                key: key.to_owned(),
-                message: format!("expected true or false, got {v:?}"),
-            }),
-        }
-    }
-
-    /// A URL with one of the given schemes (checked by prefix; the clients
-    /// that use it report anything finer).
-    pub fn url(&self, key: &str, default: &str, schemes: &[&str]) -> Result<String, ConfigError> {
-        let v = self.string(key, default);
-        let ok = schemes.iter().any(|s| {
-            v.strip_prefix(s)
-                .and_then(|rest| rest.strip_prefix("://"))
-                .is_some_and(|rest| !rest.is_empty() && !rest.contains(char::is_whitespace))
-        });
-        if !ok {
-            return Err(ConfigError::Invalid {
-                key: key.to_owned(),
-                message: format!("expected a {} URL", schemes.join(" or ")),
-            });
-        }
-        Ok(v)
-    }
-
-    pub fn socket_addr(
-        &self,
-        key: &str,
-        default: &str,
-    ) -> Result<std::net::SocketAddr, ConfigError> {
-        let raw = self.string(key, default);
-        raw.parse().map_err(|e| ConfigError::Invalid {
-            key: key.to_owned(),
-            message: format!("{e} (got {raw:?}; expected host:port such as 127.0.0.1:3000)"),
-        })
-    }
-}
-
-/// `KEY=VALUE` lines; `#` comments and blank lines skipped; optional
-/// surrounding double quotes stripped.
-fn parse_env_file(text: &str) -> Result<HashMap<String, String>, String> {
-    let mut out = HashMap::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let line = line.strip_prefix("export ").unwrap_or(line);
-        let (k, v) = line
-            .split_once('=')
-            .ok_or_else(|| format!("line {}: expected KEY=VALUE", n + 1))?;
-        let v = v.trim();
-        let v = v
-            .strip_prefix('"')
-            .and_then(|v| v.strip_suffix('"'))
-            .unwrap_or(v);
-        out.insert(k.trim().to_owned(), v.to_owned());
-    }
-    Ok(out)
-}
+pub use crate::settings::{ConfigError, Source};
 
 /// Settings every service shares. `Debug` hides credentials in URLs.
 #[derive(Clone)]
@@ -218,7 +35,7 @@ pub struct CommonConfig {
     /// [`DEFAULT_NATS_URL`]; `NATS_USER` and `NATS_PASSWORD` (both or
     /// neither; unset: anonymous, for a broker without authorization). The
     /// user is one of the roles of [`crate::nats_auth`].
-    pub nats_url: crate::nats_auth::NatsEndpoint,
+    pub nats_url: NatsEndpoint,
     /// `THREADLINE_BUS_PREFIX`, default `tl`: subject prefix and stream-name
     /// prefix, so several deployments (or tests) share one NATS server.
     pub bus_prefix: String,
@@ -258,9 +75,11 @@ pub struct CommonConfig {
 
 impl std::fmt::Debug for CommonConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use crate::bus::redact_url;
         f.debug_struct("CommonConfig")
-            .field("database_url", &redact_url(&self.database_url))
+            .field(
+                "database_url",
+                &crate::redact::redact_url(&self.database_url),
+            )
             .field("db_max_connections", &self.db_max_connections)
             .field("db_acquire_timeout", &self.db_acquire_timeout)
             .field("nats_url", &self.nats_url)
@@ -268,7 +87,7 @@ impl std::fmt::Debug for CommonConfig {
             .field("slack_api_url", &self.slack_api_url)
             .field(
                 "otlp_endpoint",
-                &self.otlp_endpoint.as_deref().map(redact_url),
+                &self.otlp_endpoint.as_deref().map(crate::redact::redact_url),
             )
             .field("log_json", &self.log_json)
             .field("stream_replicas", &self.stream_replicas)
@@ -318,7 +137,7 @@ impl CommonConfig {
                 1500,
                 10..=60_000,
             )?,
-            nats_url: crate::nats_auth::NatsEndpoint::from_source(src)?,
+            nats_url: NatsEndpoint::from_source(src)?,
             bus_prefix,
             slack_api_url: src.url("SLACK_API_URL", DEFAULT_SLACK_API_URL, &["http", "https"])?,
             otlp_endpoint: src
@@ -332,12 +151,9 @@ impl CommonConfig {
             ),
             redelivery: src.millis("THREADLINE_REDELIVERY_MS", 60_000, 1_000..=3_600_000)?,
             dead_letter_keys: src
-                .secret(crate::dead_letter::KEYS_SETTING)?
+                .secret(DEAD_LETTER_KEYS_SETTING)?
                 .map(|raw| {
-                    crate::secrets::TokenCipher::parse_setting(
-                        &raw,
-                        crate::dead_letter::KEYS_SETTING,
-                    )
+                    crate::secrets::TokenCipher::parse_setting(&raw, DEAD_LETTER_KEYS_SETTING)
                 })
                 .transpose()?
                 .map(std::sync::Arc::new),
@@ -345,6 +161,97 @@ impl CommonConfig {
                 as u8,
             statement_batch: src.bounded("THREADLINE_STATEMENT_BATCH", 64, 1..=1000)? as usize,
         })
+    }
+}
+
+/// The keys dead letters are sealed with.
+pub const DEAD_LETTER_KEYS_SETTING: &str = "THREADLINE_DEAD_LETTER_KEYS";
+
+/// Where the broker is and who this process is on it: `NATS_URL`, and
+/// `NATS_USER` with `NATS_PASSWORD` (both or neither). Without a user the
+/// connection is anonymous, as a broker without authorization expects.
+/// `Debug` hides the password and any credentials in the URL.
+#[derive(Clone)]
+pub struct NatsEndpoint {
+    url: String,
+    login: Option<(Role, SecretString)>,
+}
+
+impl NatsEndpoint {
+    /// An anonymous endpoint (no authorization).
+    pub fn anonymous(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            login: None,
+        }
+    }
+
+    /// `NATS_URL` (default [`DEFAULT_NATS_URL`]), `NATS_USER`, `NATS_PASSWORD`.
+    pub fn from_source(src: &Source) -> Result<Self, ConfigError> {
+        let url = src.url("NATS_URL", DEFAULT_NATS_URL, &["nats", "tls", "ws", "wss"])?;
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            key: key.to_owned(),
+            message,
+        };
+        let login = match (src.get("NATS_USER"), src.secret("NATS_PASSWORD")?) {
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(invalid(
+                    "NATS_PASSWORD",
+                    "not set, but NATS_USER is: set both or neither".into(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "NATS_USER",
+                    "not set, but NATS_PASSWORD is: set both or neither".into(),
+                ));
+            }
+            (Some(user), Some(password)) => {
+                let user = user.trim();
+                let role = Role::parse(user).ok_or_else(|| {
+                    invalid(
+                        "NATS_USER",
+                        format!(
+                            "expected one of {} (the users `threadline nats auth` renders), got {user:?}",
+                            Role::ALL.map(Role::user).join(", ")
+                        ),
+                    )
+                })?;
+                if crate::redact::redact_url(&url) != url {
+                    return Err(invalid(
+                        "NATS_URL",
+                        "carries credentials while NATS_USER is set: give them once, in NATS_USER and NATS_PASSWORD".into(),
+                    ));
+                }
+                Some((role, password))
+            }
+        };
+        Ok(Self { url, login })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The role this process logs in as; `None` when anonymous.
+    pub fn role(&self) -> Option<Role> {
+        self.login.as_ref().map(|(r, _)| *r)
+    }
+
+    /// User and password, for the connection only.
+    pub(crate) fn credentials(&self) -> Option<(Role, &str)> {
+        self.login.as_ref().map(|(r, p)| (*r, p.expose_secret()))
+    }
+}
+
+impl fmt::Debug for NatsEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsEndpoint")
+            .field("url", &crate::redact::redact_url(&self.url))
+            .field("user", &self.role().map(Role::user))
+            .field("password", &self.login.as_ref().map(|_| "[redacted]"))
+            .finish()
     }
 }
 
@@ -405,10 +312,11 @@ mod tests {
 
     #[test]
     fn env_file_lines() {
-        let m = parse_env_file("# c\n\nexport A=1\nB = \"two words\"\n").expect("parses");
+        let m = crate::settings::parse_env_file("# c\n\nexport A=1\nB = \"two words\"\n")
+            .expect("parses");
         assert_eq!(m.get("A").map(String::as_str), Some("1"));
         assert_eq!(m.get("B").map(String::as_str), Some("two words"));
-        assert!(parse_env_file("novalue").is_err());
+        assert!(crate::settings::parse_env_file("novalue").is_err());
     }
 
     #[test]

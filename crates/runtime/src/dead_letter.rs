@@ -24,8 +24,7 @@ use threadline_proto::v1::{ContextReady, EventAccepted, ProposalReady, Reconside
 use crate::bus::Topic;
 use crate::secrets::{Sealed, TokenCipher};
 
-/// The keys dead letters are sealed with.
-pub const KEYS_SETTING: &str = "THREADLINE_DEAD_LETTER_KEYS";
+pub use crate::config::DEAD_LETTER_KEYS_SETTING as KEYS_SETTING;
 
 pub const REASON: &str = "Threadline-Dead-Letter-Reason";
 pub const ORIGINAL: &str = "Threadline-Original-Subject";

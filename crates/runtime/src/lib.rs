@@ -4,7 +4,9 @@
 
 pub mod audit;
 pub mod batch;
+pub mod batch_error;
 pub mod bus;
+pub mod bus_refusal;
 pub mod config;
 pub mod db;
 pub mod dead_letter;
@@ -13,9 +15,12 @@ pub mod installations;
 /// Kill switch features (pure; they live in `domain`).
 pub use threadline_domain::kill_switch as killswitch;
 pub mod nats_auth;
+pub mod nats_role;
 pub mod outbox;
+pub mod redact;
 pub mod secrets;
 pub mod service;
+pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tokens;

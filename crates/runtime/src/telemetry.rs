@@ -25,7 +25,6 @@ use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::bus::TraceCarrier;
 use crate::config::CommonConfig;
 
 /// Flushes and shuts the trace exporter down when dropped: keep it alive
@@ -151,6 +150,31 @@ pub fn inject_current(headers: &mut async_nats::HeaderMap) {
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
     let cx = tracing::Span::current().context();
     opentelemetry::global::get_text_map_propagator(|p| {
-        p.inject_context(&cx, &mut crate::bus::HeaderInjector(headers))
+        p.inject_context(&cx, &mut HeaderInjector(headers))
     });
 }
+
+/// Writes W3C trace context into NATS headers.
+pub struct HeaderInjector<'a>(pub &'a mut async_nats::HeaderMap);
+
+impl opentelemetry::propagation::Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.insert(key, value.as_str());
+    }
+}
+
+/// Reads W3C trace context from NATS headers.
+pub struct HeaderExtractor<'a>(pub &'a async_nats::HeaderMap);
+
+impl opentelemetry::propagation::Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(|v| v.as_str())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.iter().map(|(k, _)| k.as_ref()).collect()
+    }
+}
+
+/// Trace context as plain key/value pairs (what the outbox stores).
+pub type TraceCarrier = std::collections::HashMap<String, String>;

@@ -119,7 +119,7 @@ fn read_current(
     else {
         return Ok(Current::None);
     };
-    if status != "active" {
+    if status != threadline_domain::state::InstallationStatus::Active {
         return Ok(Current::None);
     }
     let token = cipher.open(&Sealed { key_id, bytes }, &token_aad(&inst, "bot"))?;

@@ -24,9 +24,9 @@ fn cause_is_transient(cause: &(dyn std::error::Error + 'static)) -> bool {
     {
         return true;
     }
-    if let Some(e) = cause.downcast_ref::<crate::batch::BatchError>() {
+    if let Some(e) = cause.downcast_ref::<crate::batch_error::BatchError>() {
         // A failed batch's own cause is its source, looked at next.
-        return matches!(e, crate::batch::BatchError::Closed);
+        return matches!(e, crate::batch_error::BatchError::Closed);
     }
     if cause
         .downcast_ref::<async_nats::jetstream::context::PublishError>()

@@ -30,13 +30,12 @@
 //! of its own (Slack: "special" for `setStatus`, Tier 3 or 4 for the
 //! others).
 
-use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::api::{ApiError, Params};
 use crate::delivery::Envelope;
 use crate::events;
 use crate::model::{App, ChannelKind, Install, Message, TsKey, World, now_micros, ts_key};
-use crate::webapi::{ApiError, Params};
 
 /// Most `loading_messages` a status may rotate through.
 const MAX_LOADING_MESSAGES: usize = 10;
@@ -44,37 +43,7 @@ const MAX_LOADING_MESSAGES: usize = 10;
 /// Most suggested prompts at once.
 const MAX_PROMPTS: usize = 4;
 
-/// One thread's assistant state, for inspection.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ThreadState {
-    /// The app whose assistant thread this is; `None` for a channel thread
-    /// that only had a status set.
-    pub app_id: Option<String>,
-    /// The person who opened it.
-    pub user_id: Option<String>,
-    /// The channel the person is looking at (`{channel_id, team_id,
-    /// enterprise_id}`), as the last event told the app.
-    pub context: Option<Value>,
-    /// Every status set, in order, with how it ended.
-    pub statuses: Vec<StatusRecord>,
-    pub suggested_prompts: Option<Value>,
-    pub prompts_title: Option<String>,
-    pub title: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct StatusRecord {
-    /// The app that set it (each app has its own status in a thread).
-    pub app_id: String,
-    pub status: String,
-    pub loading_messages: Vec<String>,
-    pub set_at_micros: u64,
-    /// How it stopped showing: `replaced`, `cleared` (an empty status),
-    /// `replied` (the app posted in the thread) or `timeout`; `None` while
-    /// it shows.
-    pub ended: Option<String>,
-    pub ended_at_micros: Option<u64>,
-}
+pub use crate::model::{StatusRecord, ThreadState};
 
 impl ThreadState {
     /// The statuses showing now, one per app at most.
@@ -201,7 +170,7 @@ pub fn set_status(
             .ok_or(ApiError::new("invalid_arguments"))?,
         Some(_) => return Err(ApiError::new("invalid_arguments")),
     };
-    crate::webapi::tier_budget(
+    crate::api::tier_budget(
         w,
         app,
         install,
@@ -246,7 +215,7 @@ pub fn set_suggested_prompts(
         }
         _ => return Err(ApiError::new("invalid_arguments")),
     };
-    crate::webapi::tier_budget(
+    crate::api::tier_budget(
         w,
         app,
         install,
@@ -270,7 +239,7 @@ pub fn set_title(
     need_any_scope(install, &["assistant:write"])?;
     let at = own_assistant_thread(w, app, install, p)?;
     let title = p.str("title").ok_or(ApiError::new("invalid_arguments"))?;
-    crate::webapi::tier_budget(
+    crate::api::tier_budget(
         w,
         app,
         install,

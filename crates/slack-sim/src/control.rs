@@ -21,21 +21,9 @@ use crate::model::{
     now_micros, now_unix, ts_key,
 };
 
-/// A refusal of the control API: status and `{"error": …}`.
-pub(crate) type Refusal = (StatusCode, Json<Value>);
+pub(crate) use crate::refusal::{Refusal, bad, not_found};
 
 type ApiResult = Result<Json<Value>, Refusal>;
-
-pub(crate) fn bad(msg: impl Into<String>) -> Refusal {
-    (StatusCode::BAD_REQUEST, Json(json!({"error": msg.into()})))
-}
-
-pub(crate) fn not_found(what: &str, id: &str) -> Refusal {
-    (
-        StatusCode::NOT_FOUND,
-        Json(json!({"error": format!("no {what} {id:?}")})),
-    )
-}
 
 /// Starts delivering `envs` and answers with their ids (and the new
 /// message's `ts`).

@@ -9,23 +9,12 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
 use threadline_slack::{SigningSecret, sign};
 
 use crate::Sim;
 use crate::model::{DeliveryRecord, FaultMode, now_micros, now_unix};
 
-#[derive(Debug, Clone)]
-pub struct Envelope {
-    pub app_id: String,
-    pub event_id: String,
-    pub event_type: String,
-    pub body: Value,
-    /// What the event is about, for the delivery log (never sent).
-    pub channel: Option<String>,
-    pub message_ts: Option<String>,
-    pub subtype: Option<String>,
-}
+pub use crate::model::Envelope;
 
 /// `X-Slack-Request-Timestamp` and `X-Slack-Signature` for a body sent at `ts`.
 pub fn signature_headers(secret: &SigningSecret, ts: i64, body: &[u8]) -> (String, String) {

@@ -33,9 +33,9 @@ use serde_json::{Value, json};
 use threadline_slack::SigningSecret;
 
 use crate::Sim;
-use crate::control::{Refusal, bad, not_found};
 use crate::delivery::signature_headers;
 use crate::model::{ChannelKind, InteractionRecord, InteractionStatus, World, now_unix};
+use crate::refusal::{Refusal, bad, not_found};
 
 /// A person's click, as `POST /_sim/act/click` takes it.
 #[derive(Deserialize)]

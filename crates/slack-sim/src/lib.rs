@@ -14,14 +14,17 @@
 //!
 //! State is in memory and every id comes from a seeded generator.
 
+pub mod api;
 pub mod assistant;
 pub mod control;
 pub mod delivery;
 pub mod events;
 pub mod interactivity;
 pub mod model;
+pub mod refusal;
 pub mod response_url;
 pub mod socket;
+pub mod socket_state;
 pub mod streams;
 pub mod webapi;
 

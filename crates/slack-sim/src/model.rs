@@ -663,16 +663,16 @@ pub struct World {
     /// `event_context` → (app, team), for `apps.event.authorizations.list`.
     pub event_contexts: HashMap<String, (String, String)>,
     /// Events waiting to be released in reverse order (reorder fault).
-    pub reorder_queue: Vec<crate::delivery::Envelope>,
+    pub reorder_queue: Vec<Envelope>,
     /// Streams started and not yet ended: (channel, ts).
     pub open_streams: BTreeSet<(String, TsKey)>,
     /// Assistant threads, and threads with a status: (channel, root ts).
-    pub assistant: BTreeMap<(String, TsKey), crate::assistant::ThreadState>,
+    pub assistant: BTreeMap<(String, TsKey), ThreadState>,
     /// Socket Mode: tickets, open connections, envelopes awaiting acks,
     /// and the log of every connection.
-    pub socket: crate::socket::SocketState,
+    pub socket: crate::socket_state::SocketState,
     /// The `response_url`s issued with interactions, and every use of one.
-    pub responses: crate::response_url::ResponseState,
+    pub responses: ResponseState,
     /// Ephemeral messages, oldest first.
     pub ephemerals: Vec<Ephemeral>,
 }
@@ -870,4 +870,109 @@ impl World {
         }
         Some(fault)
     }
+}
+
+/// One thread's assistant state, for inspection.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ThreadState {
+    /// The app whose assistant thread this is; `None` for a channel thread
+    /// that only had a status set.
+    pub app_id: Option<String>,
+    /// The person who opened it.
+    pub user_id: Option<String>,
+    /// The channel the person is looking at (`{channel_id, team_id,
+    /// enterprise_id}`), as the last event told the app.
+    pub context: Option<Value>,
+    /// Every status set, in order, with how it ended.
+    pub statuses: Vec<StatusRecord>,
+    pub suggested_prompts: Option<Value>,
+    pub prompts_title: Option<String>,
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusRecord {
+    /// The app that set it (each app has its own status in a thread).
+    pub app_id: String,
+    pub status: String,
+    pub loading_messages: Vec<String>,
+    pub set_at_micros: u64,
+    /// How it stopped showing: `replaced`, `cleared` (an empty status),
+    /// `replied` (the app posted in the thread) or `timeout`; `None` while
+    /// it shows.
+    pub ended: Option<String>,
+    pub ended_at_micros: Option<u64>,
+}
+
+/// One event to deliver to one app.
+#[derive(Debug, Clone)]
+pub struct Envelope {
+    pub app_id: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub body: Value,
+    /// What the event is about, for the delivery log (never sent).
+    pub channel: Option<String>,
+    pub message_ts: Option<String>,
+    pub subtype: Option<String>,
+}
+
+/// The `response_url`s issued and every request to one.
+#[derive(Debug, Default)]
+pub struct ResponseState {
+    /// By `{n}`, the URL's id.
+    pub issued: BTreeMap<String, ResponseUrl>,
+    pub log: Vec<ResponseRecord>,
+}
+
+/// A `response_url` issued with an interaction.
+#[derive(Debug, Clone, Serialize)]
+pub struct ResponseUrl {
+    /// The `{n}` of `/actions/{team}/{n}/{secret}`.
+    pub id: String,
+    pub url: String,
+    /// The `{team}` of the URL: the workspace, or the enterprise of an
+    /// org-wide install.
+    pub team_id: String,
+    #[serde(skip)]
+    pub(crate) secret: String,
+    pub app_id: String,
+    pub channel: String,
+    /// The message the button was on.
+    pub message_ts: String,
+    /// The person who clicked.
+    pub user: String,
+    pub issued_at_micros: u64,
+    /// Requests it answered with `ok`.
+    pub uses: u32,
+}
+
+/// One request to a `response_url`, answered or refused.
+#[derive(Debug, Clone, Serialize)]
+pub struct ResponseRecord {
+    /// 1, 2, … in the order they arrived.
+    pub seq: u64,
+    /// The `{n}` of the URL requested.
+    pub url_id: String,
+    /// From the URL, when it names one issued.
+    pub app_id: Option<String>,
+    pub user: Option<String>,
+    pub channel: Option<String>,
+    pub message_ts: Option<String>,
+    /// From the body, when it is a JSON object: `response_type` as applied
+    /// (`ephemeral` or `in_channel`), the flags, `thread_ts` and `text`.
+    pub response_type: Option<String>,
+    pub replace_original: bool,
+    pub delete_original: bool,
+    pub thread_ts: Option<String>,
+    pub text: Option<String>,
+    /// `ok` or the error code answered.
+    pub result: String,
+    pub http_status: u16,
+    /// For `ok`: which use of the URL it was (1..=5), and the `ts` of the
+    /// message or ephemeral it posted (none for a replacement or a bare
+    /// deletion).
+    pub use_number: Option<u32>,
+    pub ts: Option<String>,
+    pub at_micros: u64,
 }

@@ -35,14 +35,12 @@
 //! replacement; posts through the URL take no share of the channel's
 //! posting budget.
 
-use std::collections::BTreeMap;
-
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::Sim;
@@ -53,65 +51,7 @@ use crate::model::{Edit, Ephemeral, Message, World, now_micros};
 /// How many times a `response_url` answers (Slack: 5).
 pub const MAX_USES: u32 = 5;
 
-/// The `response_url`s issued and every request to one.
-#[derive(Debug, Default)]
-pub struct ResponseState {
-    /// By `{n}`, the URL's id.
-    pub issued: BTreeMap<String, ResponseUrl>,
-    pub log: Vec<ResponseRecord>,
-}
-
-/// A `response_url` issued with an interaction.
-#[derive(Debug, Clone, Serialize)]
-pub struct ResponseUrl {
-    /// The `{n}` of `/actions/{team}/{n}/{secret}`.
-    pub id: String,
-    pub url: String,
-    /// The `{team}` of the URL: the workspace, or the enterprise of an
-    /// org-wide install.
-    pub team_id: String,
-    #[serde(skip)]
-    secret: String,
-    pub app_id: String,
-    pub channel: String,
-    /// The message the button was on.
-    pub message_ts: String,
-    /// The person who clicked.
-    pub user: String,
-    pub issued_at_micros: u64,
-    /// Requests it answered with `ok`.
-    pub uses: u32,
-}
-
-/// One request to a `response_url`, answered or refused.
-#[derive(Debug, Clone, Serialize)]
-pub struct ResponseRecord {
-    /// 1, 2, … in the order they arrived.
-    pub seq: u64,
-    /// The `{n}` of the URL requested.
-    pub url_id: String,
-    /// From the URL, when it names one issued.
-    pub app_id: Option<String>,
-    pub user: Option<String>,
-    pub channel: Option<String>,
-    pub message_ts: Option<String>,
-    /// From the body, when it is a JSON object: `response_type` as applied
-    /// (`ephemeral` or `in_channel`), the flags, `thread_ts` and `text`.
-    pub response_type: Option<String>,
-    pub replace_original: bool,
-    pub delete_original: bool,
-    pub thread_ts: Option<String>,
-    pub text: Option<String>,
-    /// `ok` or the error code answered.
-    pub result: String,
-    pub http_status: u16,
-    /// For `ok`: which use of the URL it was (1..=5), and the `ts` of the
-    /// message or ephemeral it posted (none for a replacement or a bare
-    /// deletion).
-    pub use_number: Option<u32>,
-    pub ts: Option<String>,
-    pub at_micros: u64,
-}
+pub use crate::model::{ResponseRecord, ResponseState, ResponseUrl};
 
 /// Issues the `response_url` of an interaction in `channel` on
 /// `message_ts`, clicked by `user`; `url_team` is the workspace, or the

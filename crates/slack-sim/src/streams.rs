@@ -32,10 +32,10 @@
 
 use serde_json::{Value, json};
 
+use crate::api::{ApiError, MAX_TEXT_CHARS, Params};
 use crate::delivery::Envelope;
 use crate::events;
 use crate::model::{App, ChannelKind, Install, Message, Stream, World, now_micros, now_unix};
-use crate::webapi::{ApiError, MAX_TEXT_CHARS, Params};
 
 /// Most characters of `markdown_text` one call may carry.
 pub const MAX_STREAM_CALL_CHARS: usize = 12_000;
@@ -147,7 +147,7 @@ pub fn start(
     p: &Params,
     envs: &mut Vec<Envelope>,
 ) -> Result<Value, ApiError> {
-    let channel = crate::webapi::writable_channel(w, install, p)?;
+    let channel = crate::api::writable_channel(w, install, p)?;
     let direct = matches!(channel.kind, ChannelKind::Im | ChannelKind::Mpim);
     let thread_ts = p.str("thread_ts");
     if thread_ts.is_none() && direct {
@@ -173,9 +173,9 @@ pub fn start(
     // Both budgets are checked before either is taken: a start refused by
     // one takes nothing from the other.
     let tier2 = w.settings.tier2_per_minute;
-    crate::webapi::tier_check(w, app, install, "chat.startStream", tier2)?;
-    crate::webapi::post_budget(w, &install.team_id, &channel.id)?;
-    crate::webapi::tier_budget(w, app, install, "chat.startStream", tier2)?;
+    crate::api::tier_check(w, app, install, "chat.startStream", tier2)?;
+    crate::api::post_budget(w, &install.team_id, &channel.id)?;
+    crate::api::tier_budget(w, app, install, "chat.startStream", tier2)?;
     let thread_ts = thread_ts.map(|t| {
         // A reply's ts resolves to its thread's root, as a post's does.
         w.message(&channel.id, &t)
@@ -239,7 +239,7 @@ fn open_stream(
     p: &Params,
     append: bool,
 ) -> Result<(crate::model::Channel, Message), ApiError> {
-    let channel = crate::webapi::writable_channel(w, install, p)?;
+    let channel = crate::api::writable_channel(w, install, p)?;
     let ts = p.str("ts").ok_or(ApiError::new("message_not_found"))?;
     let m = w
         .message(&channel.id, &ts)
@@ -283,7 +283,7 @@ pub fn append(w: &mut World, app: &App, install: &Install, p: &Params) -> Result
         return Err(ApiError::new("markdown_text_or_chunks_required"));
     }
     add(&mut m, c)?;
-    crate::webapi::tier_budget(
+    crate::api::tier_budget(
         w,
         app,
         install,
@@ -310,7 +310,7 @@ pub fn stop(
     let (channel, before) = open_stream(w, app, install, p, false)?;
     let mut after = before.clone();
     add(&mut after, content(p)?)?;
-    let blocks = crate::webapi::blocks_of(p)?;
+    let blocks = crate::api::blocks_of(p)?;
     if blocks
         .as_ref()
         .and_then(Value::as_array)
@@ -318,8 +318,8 @@ pub fn stop(
     {
         return Err(ApiError::new("msg_blocks_too_many"));
     }
-    let metadata = crate::webapi::metadata_of(p)?;
-    crate::webapi::tier_budget(
+    let metadata = crate::api::metadata_of(p)?;
+    crate::api::tier_budget(
         w,
         app,
         install,

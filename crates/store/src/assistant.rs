@@ -69,6 +69,9 @@ pub async fn record(
             channel_id: t.channel.to_owned(),
             root_ts: t.thread_ts.to_owned(),
             assistant: "greet".to_owned(),
+            work: Some(threadline_proto::v1::proposal_ready::Work::PaneGreeting(
+                threadline_proto::v1::PaneGreeting {},
+            )),
             ..Default::default()
         };
         crate::outbox::enqueue(

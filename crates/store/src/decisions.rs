@@ -8,7 +8,7 @@
 use prost::Message as _;
 use sqlx::{PgConnection, PgExecutor, PgPool};
 use threadline_domain::state::{DecisionStatus, IntentState, Machine as _};
-use threadline_proto::v1::{ProposalReady, SCHEMA_VERSION};
+use threadline_proto::v1::{ProposalReady, SCHEMA_VERSION, proposal_ready};
 use uuid::Uuid;
 
 use crate::moves;
@@ -25,7 +25,7 @@ pub struct Decision {
     pub source_ts: String,
     pub thread_version: i64,
     pub action_kind: String,
-    pub status: String,
+    pub status: DecisionStatus,
     pub review_reasons: Vec<String>,
     pub fallback: bool,
     pub model_config_id: Option<String>,
@@ -34,9 +34,14 @@ pub struct Decision {
     pub body_blocks: Option<serde_json::Value>,
 }
 
+/// A decision's status as the database stored it, as its machine's state.
+fn status_of(s: &str) -> sqlx::Result<DecisionStatus> {
+    DecisionStatus::parse(s)
+        .map_err(|e| sqlx::Error::Decode(format!("decisions.status: {e}").into()))
+}
+
 pub async fn load(conn: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<Option<Decision>> {
-    sqlx::query_as!(
-        Decision,
+    let Some(r) = sqlx::query!(
         "SELECT id, receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, thread_version,
                 action_kind, status, review_reasons, fallback, model_config_id, output_hash, body_text,
                 body_blocks
@@ -44,7 +49,28 @@ pub async fn load(conn: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<Option<De
         id
     )
     .fetch_optional(conn)
-    .await
+    .await?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(Decision {
+        id: r.id,
+        receipt_id: r.receipt_id,
+        installation_id: r.installation_id,
+        event_id: r.event_id,
+        channel_id: r.channel_id,
+        root_ts: r.root_ts,
+        source_ts: r.source_ts,
+        thread_version: r.thread_version,
+        action_kind: r.action_kind,
+        status: status_of(&r.status)?,
+        review_reasons: r.review_reasons,
+        fallback: r.fallback,
+        model_config_id: r.model_config_id,
+        output_hash: r.output_hash,
+        body_text: r.body_text,
+        body_blocks: r.body_blocks,
+    }))
 }
 
 /// A decision as its publisher reads it before any claim.
@@ -63,7 +89,7 @@ pub struct ForPost {
     /// The event's reply intent as it was read: its state and whether an
     /// attempt's outcome was ever unknown or an attempt streamed (none: no
     /// intent yet).
-    pub intent: Option<(String, bool)>,
+    pub intent: Option<(IntentState, bool)>,
 }
 
 /// A decision with what posting it needs, in one statement: the channel's
@@ -116,7 +142,18 @@ pub async fn load_for_post(
     )
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|r| ForPost {
+    let Some(r) = row else {
+        return Ok(None);
+    };
+    let intent = match r.intent_state {
+        Some(s) => Some((
+            IntentState::parse(&s)
+                .map_err(|e| sqlx::Error::Decode(format!("reply_intents.state: {e}").into()))?,
+            r.intent_ever_unknown.unwrap_or(false),
+        )),
+        None => None,
+    };
+    Ok(Some(ForPost {
         decision: Decision {
             id: r.id,
             receipt_id: r.receipt_id,
@@ -127,7 +164,7 @@ pub async fn load_for_post(
             source_ts: r.source_ts,
             thread_version: r.thread_version,
             action_kind: r.action_kind,
-            status: r.status,
+            status: status_of(&r.status)?,
             review_reasons: r.review_reasons,
             fallback: r.fallback,
             model_config_id: r.model_config_id,
@@ -138,9 +175,7 @@ pub async fn load_for_post(
         unfurl: r.unfurl,
         unsettled: r.unsettled,
         streaming_allowed: r.streaming_allowed,
-        intent: r
-            .intent_state
-            .map(|s| (s, r.intent_ever_unknown.unwrap_or(false))),
+        intent,
     }))
 }
 
@@ -175,6 +210,9 @@ pub fn proposal(d: &Decision) -> ProposalReady {
         stream: false,
         assistant: String::new(),
         assistant_title: String::new(),
+        work: Some(proposal_ready::Work::Answer(
+            threadline_proto::v1::Answer {},
+        )),
     }
 }
 
@@ -705,7 +743,7 @@ pub async fn settle_many(pool: &PgPool, all: &[Settle]) -> sqlx::Result<Vec<Opti
                 source_ts: r.source_ts?,
                 thread_version: r.thread_version?,
                 action_kind: r.action_kind?,
-                status: r.status?,
+                status: status_of(&r.status?).ok()?,
                 review_reasons: r.review_reasons?,
                 fallback: r.fallback?,
                 model_config_id: r.model_config_id,
@@ -824,4 +862,36 @@ pub async fn review(
     .execute(conn)
     .await?;
     Ok(r.rows_affected() == 1)
+}
+
+/// Hands the thread of decision `d` to reconsideration through the outbox,
+/// in the caller's transaction (the decision was discarded in it, `why`:
+/// `version_changed`, `source_deleted`): `recon:<installation>:<channel>:
+/// <root>:<version>`, so a burst for one version coalesces into one.
+pub async fn enqueue_reconsider(
+    conn: &mut PgConnection,
+    d: &Decision,
+    why: &str,
+) -> sqlx::Result<()> {
+    let msg = threadline_proto::v1::Reconsider {
+        schema_version: threadline_proto::v1::SCHEMA_VERSION,
+        installation_id: d.installation_id.to_string(),
+        channel_id: d.channel_id.clone(),
+        root_ts: d.root_ts.clone(),
+        stale_version: d.thread_version,
+        receipt_id: d.receipt_id.to_string(),
+        reason: why.to_owned(),
+    };
+    crate::outbox::enqueue(
+        conn,
+        d.installation_id,
+        d.receipt_id,
+        threadline_domain::topic::Topic::Reconsider,
+        &format!(
+            "recon:{}:{}:{}:{}",
+            d.installation_id, d.channel_id, d.root_ts, d.thread_version
+        ),
+        msg.encode_to_vec(),
+    )
+    .await
 }

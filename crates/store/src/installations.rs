@@ -3,6 +3,7 @@
 
 use sqlx::PgPool;
 use threadline_domain::InstallationKey;
+use threadline_domain::state::{InstallationStatus, Machine as _};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,19 +60,33 @@ pub struct Listed {
     pub enterprise_id: Option<String>,
     pub team_id: Option<String>,
     pub org_wide: bool,
-    pub status: String,
+    pub status: InstallationStatus,
     pub token_key_id: Option<String>,
 }
 
 pub async fn list(pool: &PgPool) -> sqlx::Result<Vec<Listed>> {
-    sqlx::query_as!(
-        Listed,
+    let rows = sqlx::query!(
         r#"SELECT id, app_id, enterprise_id, team_id, is_enterprise_install AS org_wide, status,
                   bot_token_key_id AS token_key_id
              FROM installations ORDER BY created_at"#
     )
     .fetch_all(pool)
-    .await
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(Listed {
+                id: r.id,
+                app_id: r.app_id,
+                enterprise_id: r.enterprise_id,
+                team_id: r.team_id,
+                org_wide: r.org_wide,
+                status: InstallationStatus::parse(&r.status).map_err(|e| {
+                    sqlx::Error::Decode(format!("installations.status: {e}").into())
+                })?,
+                token_key_id: r.token_key_id,
+            })
+        })
+        .collect()
 }
 
 /// Which of an installation's sealed tokens.

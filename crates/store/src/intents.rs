@@ -1309,7 +1309,7 @@ pub struct Listed {
     pub event_id: String,
     pub channel_id: String,
     pub root_ts: String,
-    pub state: String,
+    pub state: IntentState,
     pub attempts: i32,
     pub error_code: Option<String>,
     pub slack_ts: Option<String>,
@@ -1318,14 +1318,28 @@ pub struct Listed {
 
 /// The newest 500 intents in `state`.
 pub async fn list(pool: &PgPool, state: IntentState) -> sqlx::Result<Vec<Listed>> {
-    sqlx::query_as!(
-        Listed,
-        "SELECT id, installation_id, event_id, channel_id, root_ts, state, attempts, error_code, slack_ts, reconciled
+    let rows = sqlx::query!(
+        "SELECT id, installation_id, event_id, channel_id, root_ts, attempts, error_code, slack_ts, reconciled
            FROM reply_intents WHERE state = $1 ORDER BY updated_at DESC LIMIT 500",
         state.as_str()
     )
     .fetch_all(pool)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Listed {
+            id: r.id,
+            installation_id: r.installation_id,
+            event_id: r.event_id,
+            channel_id: r.channel_id,
+            root_ts: r.root_ts,
+            state,
+            attempts: r.attempts,
+            error_code: r.error_code,
+            slack_ts: r.slack_ts,
+            reconciled: r.reconciled,
+        })
+        .collect())
 }
 
 /// The intent's state and decision, locked for the caller's transaction

@@ -14,7 +14,6 @@
 
 use std::time::Duration;
 
-use prost::Message as _;
 use sqlx::{PgConnection, PgExecutor, PgPool};
 use threadline_domain::topic::Topic;
 use time::OffsetDateTime;
@@ -66,38 +65,6 @@ pub fn crossed_reconsider(
         receipt_id: receipt.to_string(),
         reason: "crossed_in_flight".to_owned(),
     }
-}
-
-/// Hands the thread of decision `d` to reconsideration through the outbox,
-/// in the caller's transaction (the decision was discarded in it, `why`:
-/// `version_changed`, `source_deleted`): `recon:<installation>:<channel>:
-/// <root>:<version>`, so a burst for one version coalesces into one.
-pub async fn enqueue_reconsider(
-    conn: &mut PgConnection,
-    d: &crate::decisions::Decision,
-    why: &str,
-) -> sqlx::Result<()> {
-    let msg = threadline_proto::v1::Reconsider {
-        schema_version: threadline_proto::v1::SCHEMA_VERSION,
-        installation_id: d.installation_id.to_string(),
-        channel_id: d.channel_id.clone(),
-        root_ts: d.root_ts.clone(),
-        stale_version: d.thread_version,
-        receipt_id: d.receipt_id.to_string(),
-        reason: why.to_owned(),
-    };
-    enqueue(
-        conn,
-        d.installation_id,
-        d.receipt_id,
-        Topic::Reconsider,
-        &format!(
-            "recon:{}:{}:{}:{}",
-            d.installation_id, d.channel_id, d.root_ts, d.thread_version
-        ),
-        msg.encode_to_vec(),
-    )
-    .await
 }
 
 /// Wakes every relay listening: for a writer whose session does not

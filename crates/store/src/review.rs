@@ -6,7 +6,9 @@
 //! or show the outcome on the request) commit together through the outbox.
 
 use sqlx::{PgConnection, PgPool};
-use threadline_domain::state::{DecisionStatus, Machine as _, ReviewRequestState as R};
+use threadline_domain::state::{
+    DecisionStatus, IntentState, Machine as _, ReviewRequestState as R,
+};
 use uuid::Uuid;
 
 /// An installation's review settings.
@@ -207,27 +209,25 @@ pub async fn failed(pool: &PgPool, decision: Uuid, attempt: i32, code: &str) -> 
 #[derive(Debug, Clone)]
 pub struct Posted {
     pub channel_id: String,
-    /// `posting`, `posted`, `unknown` or `failed`.
-    pub state: String,
+    pub state: R,
     /// When its latest attempt began (Unix seconds).
     pub since: f64,
     /// Slack's ts (none until posted).
     pub ts: Option<String>,
     /// The outcome the message shows (`None`: still asking).
     pub shown: Option<String>,
-    pub status: String,
+    pub status: DecisionStatus,
     pub status_reason: Option<String>,
     pub reviewed_by: Option<String>,
     /// Where the answer was (or would have been) posted.
     pub answer_channel: String,
     /// The event's reply intent: its state (none: never claimed).
-    pub intent_state: Option<String>,
+    pub intent_state: Option<IntentState>,
 }
 
 /// The decision's review request, in whatever state it is.
 pub async fn request(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Posted>> {
-    sqlx::query_as!(
-        Posted,
+    let Some(r) = sqlx::query!(
         r#"SELECT r.channel_id, r.state, extract(epoch FROM r.posting_since)::float8 AS "since!",
                   r.ts, r.shown, d.status, d.status_reason, d.reviewed_by,
                   d.channel_id AS answer_channel,
@@ -239,7 +239,28 @@ pub async fn request(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Poste
         decision
     )
     .fetch_optional(pool)
-    .await
+    .await?
+    else {
+        return Ok(None);
+    };
+    let decode = |what: &str, e: threadline_domain::state::UnknownState| {
+        sqlx::Error::Decode(format!("{what}: {e}").into())
+    };
+    Ok(Some(Posted {
+        channel_id: r.channel_id,
+        state: R::parse(&r.state).map_err(|e| decode("review_messages.state", e))?,
+        since: r.since,
+        ts: r.ts,
+        shown: r.shown,
+        status: DecisionStatus::parse(&r.status).map_err(|e| decode("decisions.status", e))?,
+        status_reason: r.status_reason,
+        reviewed_by: r.reviewed_by,
+        answer_channel: r.answer_channel,
+        intent_state: r
+            .intent_state
+            .map(|s| IntentState::parse(&s).map_err(|e| decode("reply_intents.state", e)))
+            .transpose()?,
+    }))
 }
 
 /// The request now shows `shown`.
@@ -525,9 +546,9 @@ pub async fn discard_if_moved_on(
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
     match moved_on {
-        MovedOn::Stale => crate::outbox::enqueue_reconsider(conn, &d, "version_changed").await?,
+        MovedOn::Stale => crate::decisions::enqueue_reconsider(conn, &d, "version_changed").await?,
         MovedOn::SourceDeleted => {
-            crate::outbox::enqueue_reconsider(conn, &d, "source_deleted").await?
+            crate::decisions::enqueue_reconsider(conn, &d, "source_deleted").await?
         }
         // (the newer request is answered instead)
         MovedOn::Superseded => {}

@@ -6,11 +6,12 @@
 //! reinstall meanwhile stands.
 
 use sqlx::{PgConnection, PgPool};
+use threadline_domain::state::{InstallationStatus, Machine as _};
 use uuid::Uuid;
 
 /// What the row says about the installation's tokens.
 pub struct Stored {
-    pub status: String,
+    pub status: InstallationStatus,
     pub bot_sealed: Option<Vec<u8>>,
     pub bot_key_id: Option<String>,
     pub refresh_sealed: Option<Vec<u8>>,
@@ -25,8 +26,7 @@ pub struct Stored {
 }
 
 pub async fn read(pool: &PgPool, inst: Uuid) -> sqlx::Result<Option<Stored>> {
-    sqlx::query_as!(
-        Stored,
+    let Some(r) = sqlx::query!(
         r#"SELECT status, bot_token_sealed AS bot_sealed, bot_token_key_id AS bot_key_id,
                   refresh_token_sealed AS refresh_sealed, refresh_token_key_id AS refresh_key_id,
                   extract(epoch FROM token_expires_at - now())::float8 AS expires_in, bot_id, scopes
@@ -34,7 +34,21 @@ pub async fn read(pool: &PgPool, inst: Uuid) -> sqlx::Result<Option<Stored>> {
         inst
     )
     .fetch_optional(pool)
-    .await
+    .await?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(Stored {
+        status: InstallationStatus::parse(&r.status)
+            .map_err(|e| sqlx::Error::Decode(format!("installations.status: {e}").into()))?,
+        bot_sealed: r.bot_sealed,
+        bot_key_id: r.bot_key_id,
+        refresh_sealed: r.refresh_sealed,
+        refresh_key_id: r.refresh_key_id,
+        expires_in: r.expires_in,
+        bot_id: r.bot_id,
+        scopes: r.scopes,
+    }))
 }
 
 /// Takes the refresh lease for `holder`, for `secs` seconds, if the

@@ -531,7 +531,7 @@ async fn pipeline(
         ));
     }
     let body = replies[0]["text"].as_str().unwrap_or_default();
-    if !body.contains(&format!("Answering {asked}")) {
+    if !body.contains(&format!("Answering {asked}; read")) {
         return Err(format!(
             "the reply is not the built-in model's answer to {asked}: {body:?}"
         ));
