@@ -66,7 +66,7 @@ K8S_VERSIONS = ["1.30.0", "1.37.0"]
 # Environment variables read outside the `src` config API (checked below).
 EXTRA_READS = {
     "RUST_LOG": ("crates/runtime/src/telemetry.rs", "try_from_default_env"),
-    "THREADLINE_CONFIG_FILE": ("crates/runtime/src/config.rs", '"THREADLINE_CONFIG_FILE"'),
+    "THREADLINE_CONFIG_FILE": ("crates/runtime/src/settings.rs", '"THREADLINE_CONFIG_FILE"'),
 }
 
 

@@ -86,13 +86,33 @@ class Metric:
     values: dict[str, set[str] | None] = field(default_factory=dict)
 
 
+# The state names of the domain's machines (crates/domain/src/state.rs):
+# `IntentState::Sent.name()` in a label is the literal "sent".
+STATE_NAMES: dict[tuple[str, str], str] = {}
+
+
+def state_names(root: Path) -> dict[tuple[str, str], str]:
+    """(machine, variant) -> the state's name, from the `states!` blocks."""
+    text = (root / "crates/domain/src/state.rs").read_text()
+    out: dict[tuple[str, str], str] = {}
+    for block in re.finditer(r'states!\s*\{.*?\b(\w+),\s*"[^"]*"\s*\{(.*?)\}\s*\}', text, re.S):
+        machine = block.group(1)
+        for v in re.finditer(r'(\w+)\s*=\s*"([a-z_]+)"', block.group(2)):
+            out[(machine, v.group(1))] = v.group(2)
+    return out
+
+
 def label_literals(expr: str) -> set[str] | None:
     """The values a label argument can take, when they are literals:
-    `"x"`, or `if c { "x" } else { "y" }`; None otherwise."""
+    `"x"`, a domain state (`IntentState::Sent.name()`), or
+    `if c { "x" } else { "y" }`; None otherwise."""
     expr = expr.strip()
     m = re.fullmatch(r'"([^"\\]*)"', expr)
     if m:
         return {m.group(1)}
+    m = re.fullmatch(r'(?:\w+::)*(\w+)::(\w+)\.(?:name|as_str)\(\)', expr)
+    if m and (m.group(1), m.group(2)) in STATE_NAMES:
+        return {STATE_NAMES[(m.group(1), m.group(2))]}
     m = re.fullmatch(r'if\s+[\w.!()&|\s]+?\{\s*"([^"\\]*)"\s*\}\s*else\s*\{\s*"([^"\\]*)"\s*\}', expr)
     if m:
         return {m.group(1), m.group(2)}
@@ -101,6 +121,8 @@ def label_literals(expr: str) -> set[str] | None:
 
 def exported_metrics(root: Path) -> dict[str, Metric]:
     """Every metric the services export, with its labels and label values."""
+    STATE_NAMES.clear()
+    STATE_NAMES.update(state_names(root))
     out: dict[str, Metric] = {}
     for f in sorted((root / "crates").rglob("*.rs")):
         code = rust_settings.collapse(rust_settings.non_test_code(f.read_text()))

@@ -1,6 +1,7 @@
 //! Ledger gauges sampled from Postgres (the source of truth shared by every
-//! replica): reply intents by state, the oldest unsettled outcome, and the
-//! review queue and its outcomes.
+//! replica): reply intents by state, the oldest unsettled outcome, the
+//! oldest open stream and unprocessed event, and the review queue and its
+//! outcomes.
 
 use std::time::Duration;
 
@@ -38,6 +39,11 @@ pub async fn sample(pool: &PgPool) -> sqlx::Result<()> {
     // Unsettled: unknown, being reconciled, held, and `sending` for longer
     // than a post can take (its worker is gone or frozen).
     metrics::gauge!("threadline_unknown_outcome_oldest_seconds").set(oldest);
+    // A stream open past Slack's lifetime was left open; answers wait for
+    // an event of their thread that is not processed.
+    let waits = threadline_store::intents::waits(pool).await?;
+    metrics::gauge!("threadline_stream_open_oldest_seconds").set(waits.stream_open);
+    metrics::gauge!("threadline_event_unprocessed_oldest_seconds").set(waits.event_unprocessed);
     let threadline_store::decisions::ReviewCounts {
         waiting,
         approved,

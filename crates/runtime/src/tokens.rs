@@ -441,6 +441,8 @@ async fn refresh_leased(
                 tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
             }
             Err(e) => {
+                metrics::counter!("threadline_token_refresh_total", "result" => "lost")
+                    .increment(1);
                 tracing::error!(alert = "refreshed_tokens_lost", installation_id = %inst, error = %e, "refreshed tokens could not be stored");
                 give_back(pool, inst, &lease, true).await;
                 return Err(e.into());

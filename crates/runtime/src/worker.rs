@@ -250,10 +250,12 @@ where
         .get_consumer(topic.consumer())
         .await
         .map_err(|e| anyhow::anyhow!("opening consumer {}: {e}", topic.consumer()))?;
+    let dead_letters = js.get_stream(topology.dead_letter_stream()).await.ok();
     spawn_lag_sampler(
         stream,
         consumer.clone(),
         topic.consumer().to_owned(),
+        dead_letters,
         shutdown.clone(),
     );
     let handler = Arc::new(handler);
@@ -359,10 +361,27 @@ fn spawn_lag_sampler(
     stream: jetstream::stream::Stream,
     consumer: PullConsumer,
     name: String,
+    dead_letters: Option<jetstream::stream::Stream>,
     shutdown: CancellationToken,
 ) {
     tokio::spawn(async move {
+        let mut dead_letters = dead_letters;
         loop {
+            // What waits for an operator in the dead-letter stream (every
+            // worker samples the one stream: alert on the max).
+            if let Some(dlq) = dead_letters.as_mut()
+                && let Ok(info) = dlq.info().await
+            {
+                let age = if info.state.messages == 0 {
+                    0.0
+                } else {
+                    (time::OffsetDateTime::now_utc() - info.state.first_timestamp)
+                        .as_seconds_f64()
+                        .max(0.0)
+                };
+                metrics::gauge!("threadline_dead_letters_pending").set(info.state.messages as f64);
+                metrics::gauge!("threadline_dead_letters_oldest_age_seconds").set(age);
+            }
             if let Ok(info) = consumer.get_info().await {
                 metrics::gauge!("threadline_consumer_pending_messages", "consumer" => name.clone())
                     .set(info.num_pending as f64);

@@ -7,7 +7,7 @@
 use prost::Message as _;
 use sqlx::{PgConnection, PgPool};
 use threadline_domain::kill_switch::feature_of;
-use threadline_domain::state::{DecisionStatus, IntentState, Machine as _};
+use threadline_domain::state::{DecisionStatus, IntentState, Machine as _, ReceiptState};
 use threadline_domain::topic::Topic;
 use uuid::Uuid;
 
@@ -1299,6 +1299,33 @@ pub async fn ledger(pool: &PgPool) -> sqlx::Result<(Vec<(String, i64)>, f64)> {
     .fetch_one(pool)
     .await?;
     Ok((by_state, oldest))
+}
+
+/// What an operator on call watches besides the intents' states: how long
+/// the oldest stream of an answer has been open (streaming, or being
+/// stopped) and how long the oldest event threadline acknowledged has
+/// waited to be processed (answers of its thread wait for it), in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Waits {
+    pub stream_open: f64,
+    pub event_unprocessed: f64,
+}
+
+pub async fn waits(pool: &PgPool) -> sqlx::Result<Waits> {
+    let r = sqlx::query!(
+        r#"SELECT coalesce((SELECT max(extract(epoch FROM now() - stream_started_at)) FROM reply_intents
+                             WHERE state = ANY($1) AND stream_started_at IS NOT NULL), 0)::float8 AS "stream!",
+                  coalesce((SELECT max(extract(epoch FROM now() - received_at)) FROM event_receipts
+                             WHERE state = ANY($2)), 0)::float8 AS "event!""#,
+        &[IntentState::Streaming.as_str(), IntentState::Ending.as_str()] as &[&str],
+        &[ReceiptState::Accepted.as_str(), ReceiptState::Processing.as_str()] as &[&str],
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(Waits {
+        stream_open: r.stream,
+        event_unprocessed: r.event,
+    })
 }
 
 /// A reply intent as an operator lists it (no text).
