@@ -438,6 +438,108 @@ async fn a_streamed_answer_that_turns_risky_shows_nothing_risky_and_waits_for_it
     s.stop().await;
 }
 
+/// A stream ended for review; the approved whole answer's post times out
+/// but Slack applies it later. Reconciling the post must find the post,
+/// not take the intent's own ended stream for its outcome (which would
+/// settle the intent `interrupted` and post the answer a second time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_answer_whose_post_lands_late_after_its_stream_is_posted_once() {
+    let url = streaming_model(
+        &[
+            "The job fails ",
+            "because the cache ",
+            "is cold. Ask ",
+            "<@U0SECRET> now.",
+        ],
+        Duration::from_millis(200),
+    )
+    .await;
+    let mut s = Stack::start(&streaming(
+        0,
+        &[
+            ("THREADLINE_MODEL_PROVIDER", "openai"),
+            ("THREADLINE_MODEL_BASE_URL", &url),
+            ("THREADLINE_MODEL_NAME", "m"),
+            ("THREADLINE_SLACK_TIMEOUT_MS", "800"),
+            ("THREADLINE_SENDING_STALE_MS", "4000"),
+            ("THREADLINE_RECONCILE_WINDOW_MS", "1500"),
+            ("THREADLINE_SWEEP_MS", "500"),
+        ],
+    ))
+    .await;
+    s.unjudged = Some("the scripted model's answers do not state what they read");
+    let q = s
+        .post(&format!("<@{}> why does the job fail?", s.bot_user), None)
+        .await;
+    eventually(
+        "the stream ended for review",
+        Duration::from_secs(30),
+        || async {
+            let a = s.answers(&q).await;
+            a.first()
+                .filter(|m| m["streaming_state"] == "completed")
+                .filter(|m| m["text"].as_str().is_some_and(|t| t.ends_with(REVIEW)))
+                .cloned()
+        },
+    )
+    .await;
+    let decision =
+        threadline_store::testing::decisions::decision_id_with_status(&s.db.pool, "review")
+            .await
+            .expect("read")
+            .expect("the answer waits for a reviewer");
+    // The approved post is applied by Slack 2.5 s after it arrives; the
+    // publisher gives up on it after 0.8 s and must reconcile.
+    sim_ctl(
+        &s.sim,
+        "faults",
+        serde_json::json!({"method": "chat.postMessage", "mode": "latency", "latency_ms": 2500}),
+    )
+    .await;
+    let env = vec![
+        ("DATABASE_URL", s.db.url.clone()),
+        ("NATS_URL", threadline_testkit::nats_url()),
+        ("THREADLINE_BUS_PREFIX", s.prefix.clone()),
+    ];
+    let out = cli(
+        &["review", "approve", &decision.to_string(), "--by", "ana"],
+        &env,
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eventually(
+        "the intent settled sent",
+        Duration::from_secs(60),
+        || async {
+            let sent = threadline_store::testing::intents::count_in_state(&s.db.pool, "sent")
+                .await
+                .ok()?;
+            (sent == 1).then_some(())
+        },
+    )
+    .await;
+    // Long enough for a second post to have followed (reconciliation reads
+    // at 0.5 s intervals over 1.5 s).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let answers = s.answers(&q).await;
+    assert_eq!(
+        answers.len(),
+        2,
+        "the ended stream and one whole answer: {answers:#?}"
+    );
+    let posts = sim_get(&s.sim, "calls?method=chat.postMessage").await["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(posts.len(), 1, "one post, applied late: {posts:#?}");
+    assert_eq!(posts[0]["effect"], "applied_client_gone", "{posts:#?}");
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edit_of_the_question_mid_stream_ends_it_and_the_edited_question_is_answered_once() {
     let s = Stack::start(&streaming(150, &[])).await;

@@ -208,7 +208,12 @@ pub fn see(m: &Value, s: &Subject<'_>) -> Seen {
         }
         _ => {}
     }
-    if str_at(m, "/metadata/event_payload/interrupted_intent_id") == Some(s.intent) {
+    // An ending that names the intent is its stream's end, evidence only
+    // for a stream attempt: a post that follows an ended stream (the whole
+    // answer) is not answered by that stream, and must find its own post.
+    if s.stream.is_some()
+        && str_at(m, "/metadata/event_payload/interrupted_intent_id") == Some(s.intent)
+    {
         return Seen::Ended;
     }
     // (a stream is never a post's evidence by its body)
@@ -485,6 +490,44 @@ mod tests {
             conclude(&s, &Read::default(), 3, 20.0, PATIENCE),
             Found::Ended(None)
         );
+    }
+
+    #[test]
+    fn the_whole_answer_after_an_ended_stream_is_not_answered_by_that_stream() {
+        // The intent streamed first; the stream ended early (held for
+        // review, interrupted) and says so in its metadata. The whole
+        // answer is then posted by a later attempt, whose outcome is
+        // unknown: the ended stream is not its evidence, its own post is.
+        let text = "the whole answer";
+        let hashes = vec![text_hash(text)];
+        let none: Vec<String> = Vec::new();
+        let s = post_subject(&hashes, &none);
+        let ended = json!({"ts": "220.000001", "bot_id": "B1", "text": "partial",
+            "streaming_state": "completed",
+            "metadata": ending_metadata(Some("I1"), Ending::NeedsReview)});
+        assert_eq!(see(&ended, &s), Seen::Nothing, "an ended stream is no post");
+        let mut read = Read::default();
+        read.add("220.000001", see(&ended, &s));
+        assert_eq!(
+            conclude(&s, &read, 1, 0.0, PATIENCE),
+            Found::Again,
+            "its post may still land"
+        );
+        let post = json!({"ts": "230.000001", "bot_id": "B1", "text": text,
+            "metadata": answer_metadata("I1", &hashes[0], "200.000001")});
+        read.add("230.000001", see(&post, &s));
+        assert_eq!(
+            conclude(&s, &read, 1, 0.0, PATIENCE),
+            Found::Sent("230.000001".into())
+        );
+        // For the stream's own attempt, the same message is its end.
+        let stream = Subject {
+            stream: Some(StreamSide::Start {
+                window: (210.0, 225.0),
+            }),
+            ..s
+        };
+        assert_eq!(see(&ended, &stream), Seen::Ended);
     }
 
     #[test]
