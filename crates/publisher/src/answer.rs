@@ -206,8 +206,9 @@ impl Handler {
             Ok(seen) => seen,
             Err(e) => {
                 tracing::warn!(error = %e, "evidence read before a re-post failed; trying later");
-                intents::release(&self.pool, claim, "evidence_read_failed", 2.0).await?;
-                return Ok(Some(defer(2.0)));
+                let wait = crate::reconcile::wait_after(&e, 2.0);
+                intents::release(&self.pool, claim, "evidence_read_failed", wait).await?;
+                return Ok(Some(defer(wait)));
             }
         };
         if let Some(ts) = seen.read.post() {

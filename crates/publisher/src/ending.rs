@@ -150,7 +150,8 @@ impl Handler {
             Ok(seen) => seen,
             Err(err) => {
                 tracing::warn!(error = %err, "reading an ended stream failed; read again soon");
-                persist(|| streams::to_ending(&self.pool, e.intent, e.ending, 2.0)).await?;
+                let due = reconcile::wait_after(&err, 2.0);
+                persist(|| streams::to_ending(&self.pool, e.intent, e.ending, due)).await?;
                 return Ok(false);
             }
         };

@@ -159,6 +159,19 @@ pub struct Seen {
     pub hashes: std::collections::BTreeMap<String, String>,
 }
 
+/// How long to wait before reading the thread again after a read that
+/// failed: Slack's `Retry-After` when it refused the read (a 429), else
+/// `otherwise`. Every reader of evidence waits by this, so a rate-limited
+/// thread is not read again before Slack allows it.
+pub fn wait_after(err: &anyhow::Error, otherwise: f64) -> f64 {
+    match err.downcast_ref::<threadline_slack::WebError>() {
+        Some(threadline_slack::WebError::RateLimited { retry_after }) => {
+            retry_after.as_secs_f64().max(otherwise)
+        }
+        _ => otherwise,
+    }
+}
+
 /// Reads the thread once for evidence of the intent's reply (no state
 /// changes). An error means Slack could not be read.
 pub async fn read(web: &WebClient, token: &str, o: &Owned) -> anyhow::Result<Seen> {
@@ -190,21 +203,23 @@ pub async fn read(web: &WebClient, token: &str, o: &Owned) -> anyhow::Result<See
 }
 
 /// One reconciliation step for an intent whose outcome is unknown: reads
-/// the thread and settles the intent by what it found. `Found::Open` and
-/// `Found::Unclaimed` leave streams for the caller to stop.
+/// the thread and settles the intent by what it found, with how long to
+/// wait before the next step when it comes to `Found::Again` (longer when
+/// Slack refused the read). `Found::Open` and `Found::Unclaimed` leave
+/// streams for the caller to stop.
 pub async fn run(
     pool: &PgPool,
     web: &WebClient,
     token: &str,
     o: &Owned,
     ev: Evidence,
-) -> anyhow::Result<Found> {
+) -> anyhow::Result<(Found, f64)> {
     let (decision, unknown_for) = intents::begin_reconciling(pool, o.intent).await?;
     let seen = match read(web, token, o).await {
         Ok(seen) => seen,
         Err(e) => {
             tracing::warn!(error = %e, "reconciliation read failed; will read again");
-            return Ok(Found::Again);
+            return Ok((Found::Again, wait_after(&e, ev.pause())));
         }
     };
     let reads = intents::count_reconcile_read(pool, o.intent).await?;
@@ -222,7 +237,7 @@ pub async fn run(
     }
     let found = reply::conclude(&o.subject(), &seen.read, reads, unknown_for, ev.patience());
     settle(pool, o, &seen, decision, &found, ev).await?;
-    Ok(found)
+    Ok((found, ev.pause()))
 }
 
 /// Writes what a reconciliation found.
@@ -279,4 +294,32 @@ async fn settle(
     };
     metrics::counter!("threadline_reconciliations_total", "result" => result).increment(1);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use threadline_slack::WebError;
+
+    #[test]
+    fn a_read_slack_refused_waits_for_its_retry_after() {
+        let refused = anyhow::Error::from(WebError::RateLimited {
+            retry_after: Duration::from_secs(30),
+        });
+        assert_eq!(wait_after(&refused, 2.0), 30.0);
+        let short = anyhow::Error::from(WebError::RateLimited {
+            retry_after: Duration::from_secs(1),
+        });
+        assert_eq!(wait_after(&short, 2.0), 2.0, "never sooner than usual");
+        let other = anyhow::Error::from(WebError::Api {
+            code: "internal_error".into(),
+        });
+        assert_eq!(wait_after(&other, 2.0), 2.0);
+        let context = anyhow::Error::from(WebError::RateLimited {
+            retry_after: Duration::from_secs(9),
+        })
+        .context("reading the thread");
+        assert_eq!(wait_after(&context, 2.0), 9.0, "through added context");
+    }
 }

@@ -218,7 +218,7 @@ impl Handler {
     ) -> anyhow::Result<Disposition> {
         let p = &job.proposal;
         let o = self.evidence_of(intent, p, bot, false).await?;
-        let found = reconcile::run(
+        let (found, wait) = reconcile::run(
             &self.pool,
             &self.web,
             bot.token.expose_secret(),
@@ -253,7 +253,7 @@ impl Handler {
             // answer is claimed next, once Slack confirmed the stop.
             Found::Open(_) | Found::Ended(_) | Found::Unclaimed(_) => Ok(defer(0.5)),
             Found::Repost => Ok(defer(1.0)),
-            Found::Again => Ok(defer(self.evidence.pause())),
+            Found::Again => Ok(defer(wait)),
         }
     }
 }
