@@ -1118,7 +1118,7 @@ def check_nats_users(rep, ctx, env, vwhere, v, services):
                          f"as {expected}")
             continue
         if user[1] != expected:
-            why = (" (THREADLINE_RELAY_ENABLED is on: the user gateway may publish nothing)" if relay_on
+            why = (" (THREADLINE_RELAY_ENABLED is on: the user gateway may publish only to the spool)" if relay_on
                    else " (THREADLINE_RELAY_ENABLED is off)" if b == "threadline-gateway" else "")
             rep.error(w, f"{name}: NATS_USER={user[1]}, but it must log in as {expected}{why}")
         if relay_on:

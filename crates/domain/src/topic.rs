@@ -13,14 +13,18 @@ pub enum Topic {
     Proposals,
     /// `Reconsider`, publisher → context-builder.
     Reconsider,
+    /// `SpooledDelivery`, gateway → the spool drainer (beside the relay):
+    /// deliveries acknowledged to Slack while Postgres could not take them.
+    Spool,
 }
 
 impl Topic {
-    pub const ALL: [Topic; 4] = [
+    pub const ALL: [Topic; 5] = [
         Topic::Events,
         Topic::Contexts,
         Topic::Proposals,
         Topic::Reconsider,
+        Topic::Spool,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -29,6 +33,7 @@ impl Topic {
             Topic::Contexts => "contexts",
             Topic::Proposals => "proposals",
             Topic::Reconsider => "reconsider",
+            Topic::Spool => "spool",
         }
     }
 
@@ -43,6 +48,7 @@ impl Topic {
             Topic::Contexts => "inference",
             Topic::Proposals => "publisher",
             Topic::Reconsider => "context-builder-reconsider",
+            Topic::Spool => "spool-drainer",
         }
     }
 }

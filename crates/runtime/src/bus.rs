@@ -38,6 +38,9 @@ pub const ACK_WAIT: Duration = Duration::from_secs(60);
 /// deferred ones included.
 pub const MAX_ACK_PENDING: i64 = 20_000;
 
+/// The spool's ack wait (see [`Topology::work_consumer`]).
+pub const SPOOL_ACK_WAIT: Duration = Duration::from_secs(10);
+
 #[derive(Debug, Clone)]
 pub struct Topology {
     prefix: String,
@@ -161,14 +164,41 @@ impl Topology {
             durable_name: Some(topic.consumer().to_owned()),
             description: Some(format!("threadline {} worker", topic.consumer())),
             ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: self.redelivery,
+            // A spooled delivery takes at most the intake's bound to record,
+            // and every later one waits behind it: a drainer that died
+            // holds the spool back 10 s at most.
+            ack_wait: match topic {
+                Topic::Spool => self.redelivery.min(SPOOL_ACK_WAIT),
+                _ => self.redelivery,
+            },
             max_deliver: -1,
             // Deferred messages (waiting for a post slot or Retry-After) stay
             // ack-pending until redelivered: room for many without stalling
-            // the consumer.
-            max_ack_pending: MAX_ACK_PENDING,
+            // the consumer. The spool is drained one delivery at a time, in
+            // the order it was spooled, by whichever replica: a delivery
+            // waiting for Postgres holds every later one back.
+            max_ack_pending: match topic {
+                Topic::Spool => 1,
+                _ => MAX_ACK_PENDING,
+            },
             ..Default::default()
         }
+    }
+
+    /// How many deliveries wait in the spool and how old the oldest is
+    /// (`None` when it cannot be read now: the broker is away).
+    pub async fn spool_depth(&self, js: &jetstream::Context) -> Option<(u64, Duration)> {
+        let stream = js.get_stream(self.stream(Topic::Spool)).await.ok()?;
+        let state = &stream.cached_info().state;
+        let n = state.messages;
+        let age = if n == 0 {
+            Duration::ZERO
+        } else {
+            let first = state.first_timestamp.unix_timestamp_nanos();
+            let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos();
+            Duration::from_nanos(u64::try_from(now - first).unwrap_or(0))
+        };
+        Some((n, age))
     }
 
     /// Makes sure the topology is there before it is used. Anonymous (no
@@ -304,7 +334,12 @@ impl Role {
             return all_streams(t);
         }
         let mut v: Vec<String> = Vec::new();
-        for topic in self.publishes().iter().chain(self.consumes()) {
+        for topic in self
+            .publishes()
+            .iter()
+            .chain(self.consumes())
+            .chain(self.watches())
+        {
             let s = t.stream(*topic);
             if !v.contains(&s) {
                 v.push(s);

@@ -9,7 +9,8 @@
 //! * `whole`: without keys, a message that carries no text (`Reconsider`);
 //! * `redacted`: without keys, a message with its text fields emptied. A
 //!   proposal stays replayable (the publisher posts what the decision row
-//!   holds); events and contexts do not (their text is their input);
+//!   holds); events, contexts and spooled deliveries do not (their text is
+//!   their input);
 //! * `dropped`: without keys, a message threadline cannot decode (so cannot
 //!   tell what it holds): only the envelope is kept.
 //!
@@ -19,7 +20,9 @@
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use prost::Message as _;
-use threadline_proto::v1::{ContextReady, EventAccepted, ProposalReady, Reconsider};
+use threadline_proto::v1::{
+    ContextReady, EventAccepted, ProposalReady, Reconsider, SpooledDelivery,
+};
 
 use crate::bus::Topic;
 use crate::secrets::{Sealed, TokenCipher};
@@ -111,6 +114,10 @@ fn identities(topic: Topic, payload: &[u8]) -> Option<Vec<(&'static str, String)
             let m = Reconsider::decode(payload).ok()?;
             vec![(INSTALLATION, m.installation_id), (RECEIPT, m.receipt_id)]
         }
+        Topic::Spool => {
+            let m = SpooledDelivery::decode(payload).ok()?;
+            vec![(EVENT, m.event_id)]
+        }
     };
     // Identities are ids; anything else is not copied into a header.
     Some(
@@ -161,6 +168,13 @@ fn redacted(topic: Topic, payload: &[u8]) -> Option<(Kept, Bytes)> {
         Topic::Reconsider => {
             Reconsider::decode(payload).ok()?;
             return Some((Kept::Whole, Bytes::copy_from_slice(payload)));
+        }
+        Topic::Spool => {
+            // (the body is the delivery: without it nothing is left to
+            // record, as for an event)
+            let mut m = SpooledDelivery::decode(payload).ok()?;
+            m.body.clear();
+            m.encode_to_vec()
         }
     };
     Some((Kept::Redacted, out.into()))

@@ -64,12 +64,6 @@ pub fn permissions(topology: &Topology, role: Role) -> Permissions {
     let inbox = format!("{}.>", role.inbox_prefix());
     let mut publish: Vec<String> = Vec::new();
     match role {
-        Role::Gateway => {
-            return Permissions {
-                publish: Vec::new(),
-                subscribe: Vec::new(),
-            };
-        }
         Role::Operator => {
             // The CLI lists, replays and drops dead letters and declares the
             // topology: the whole prefix and the JetStream API.
@@ -227,18 +221,39 @@ mod tests {
     }
 
     #[test]
-    fn the_gateway_may_do_nothing_on_the_bus() {
+    fn the_public_gateway_may_only_spool() {
         let p = permissions(&t(), Role::Gateway);
-        assert!(p.publish.is_empty() && p.subscribe.is_empty(), "{p:?}");
-        let conf = render(&t(), Format::Conf);
-        let gateway = conf
-            .split("user: \"gateway\"")
-            .nth(1)
-            .and_then(|rest| rest.split("user:").next())
-            .expect("the gateway's entry");
-        // An empty allow list would mean "anything" to nats-server.
-        assert!(gateway.contains("deny: [\n            \">\""), "{gateway}");
-        assert!(!gateway.contains("allow"), "{gateway}");
+        assert_eq!(
+            p.publish,
+            vec![
+                "tl.spool".to_owned(),
+                "$JS.API.STREAM.INFO.TL_SPOOL".to_owned()
+            ],
+            "publishing a delivery and reading the spool's depth, nothing else"
+        );
+        assert_eq!(p.subscribe, vec!["_INBOX.gateway.>".to_owned()]);
+        for subject in [
+            "tl.events",
+            "tl.proposals",
+            "$JS.API.CONSUMER.MSG.NEXT.TL_SPOOL.spool-drainer",
+            "$JS.ACK.TL_SPOOL.spool-drainer.1.2.3.4.5",
+            "$JS.API.STREAM.UPDATE.TL_SPOOL",
+            "$JS.API.STREAM.PURGE.TL_SPOOL",
+        ] {
+            assert!(!can_publish(Role::Gateway, subject), "{subject}");
+        }
+        // The drainer (beside the relay) pulls it; the publisher only
+        // reads its depth.
+        assert!(can_publish(
+            Role::Relay,
+            "$JS.API.CONSUMER.MSG.NEXT.TL_SPOOL.spool-drainer"
+        ));
+        assert!(can_publish(Role::Publisher, "$JS.API.STREAM.INFO.TL_SPOOL"));
+        assert!(!can_publish(Role::Publisher, "tl.spool"));
+        assert!(!can_publish(
+            Role::Publisher,
+            "$JS.API.CONSUMER.MSG.NEXT.TL_SPOOL.spool-drainer"
+        ));
     }
 
     #[test]
@@ -308,7 +323,7 @@ mod tests {
                 let reply = format!("{}.abc.1", other.inbox_prefix());
                 assert_eq!(
                     Permissions::allows(&subs, &reply),
-                    role == other && role != Role::Gateway,
+                    role == other,
                     "{role} reading {other}'s replies"
                 );
             }

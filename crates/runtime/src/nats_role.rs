@@ -64,12 +64,20 @@ impl Role {
             // Whatever the outbox carries: events (gateway intake),
             // reconsider (context-builder, publisher), proposals (review
             // approvals and operators' re-posts).
-            Role::Relay => &[Topic::Events, Topic::Reconsider, Topic::Proposals],
+            // (and, taking deliveries itself, spools them)
+            Role::Relay => &[
+                Topic::Events,
+                Topic::Reconsider,
+                Topic::Proposals,
+                Topic::Spool,
+            ],
             Role::ContextBuilder => &[Topic::Contexts],
             Role::Inference => &[Topic::Proposals],
             // The sweeper re-publishes a decision's proposal.
             Role::Publisher => &[Topic::Proposals],
-            Role::Gateway | Role::Operator => &[],
+            // Deliveries Postgres could not take in time.
+            Role::Gateway => &[Topic::Spool],
+            Role::Operator => &[],
         }
     }
 
@@ -80,7 +88,19 @@ impl Role {
             Role::ContextBuilder => &[Topic::Events, Topic::Reconsider],
             Role::Inference => &[Topic::Contexts],
             Role::Publisher => &[Topic::Proposals],
-            Role::Gateway | Role::Relay | Role::Operator => &[],
+            // The spool drainer runs beside the relay.
+            Role::Relay => &[Topic::Spool],
+            Role::Gateway | Role::Operator => &[],
+        }
+    }
+
+    /// The work topics whose stream this role only looks at (its depth):
+    /// the publisher posts nothing while acknowledged deliveries wait in
+    /// the spool.
+    pub fn watches(self) -> &'static [Topic] {
+        match self {
+            Role::Publisher => &[Topic::Spool],
+            _ => &[],
         }
     }
 
