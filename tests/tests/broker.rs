@@ -104,10 +104,13 @@ async fn the_database_down_before_and_after_the_intake_commit_loses_nothing_and_
     let s = Stack::start(&[
         ("THREADLINE_BUILTIN_LATENCY_MS", "500".to_owned()),
         ("THREADLINE_INSTALLATION_CACHE_MS", "0".to_owned()),
+        // (the spool's own tests are tests/spool.rs)
+        ("THREADLINE_SPOOL_ENABLED", "false".to_owned()),
     ])
     .await;
-    // Before: Postgres is unreachable when Slack delivers. The gateway
-    // answers 503, Slack retries, and a retry lands once it is back.
+    // Before: Postgres is unreachable when Slack delivers. Without a spool
+    // the gateway answers 503, Slack retries, and a retry lands once it is
+    // back.
     s.db.take_down().await;
     let first = s
         .post(&format!("<@{}> before the commit?", s.bot_user), None)

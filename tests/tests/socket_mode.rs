@@ -14,7 +14,11 @@ use threadline_tests::{Proc, Stack, sim_ctl, sim_get};
 /// A stack whose app is in Socket Mode, served by a gateway replica that
 /// holds two connections; the HTTP gateway gets no events any more.
 async fn socket_stack() -> (Stack, Proc) {
-    let s = Stack::start(&[]).await;
+    socket_stack_with(&[]).await
+}
+
+async fn socket_stack_with(extra: &[(&str, String)]) -> (Stack, Proc) {
+    let s = Stack::start(extra).await;
     let gateway = s.spawn_socket_gateway().await;
     eventually("two connections open", Duration::from_secs(30), || async {
         let v = log(&s).await;
@@ -172,13 +176,13 @@ async fn socket_mode_survives_a_dropped_connection_and_duplicate_envelopes_with_
     s.stop().await;
 }
 
-/// With Postgres away nothing can be committed, so no envelope is
-/// acknowledged: slack-sim sends the mention again and again; once
-/// Postgres is back one delivery is acknowledged, after its commit, and the
-/// mention is answered once.
+/// Without a spool, with Postgres away nothing can be committed, so no
+/// envelope is acknowledged: slack-sim sends the mention again and again;
+/// once Postgres is back one delivery is acknowledged, after its commit,
+/// and the mention is answered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_envelope_is_acknowledged_before_its_receipt_is_committed() {
-    let (s, gateway) = socket_stack().await;
+async fn without_a_spool_no_envelope_is_acknowledged_before_its_receipt_is_committed() {
+    let (s, gateway) = socket_stack_with(&[("THREADLINE_SPOOL_ENABLED", "false".to_owned())]).await;
     s.db.take_down().await;
     let root = s
         .post(&format!("<@{}> is the database up?", s.bot_user), None)
@@ -237,6 +241,53 @@ async fn no_envelope_is_acknowledged_before_its_receipt_is_committed() {
             .any(|l| l.starts_with("threadline_gateway_slack_retries_total{reason=\"timeout\"}")),
         "{metrics}"
     );
+    gateway.kill().await;
+    s.stop().await;
+}
+
+/// With Postgres away an envelope is acknowledged once the broker holds it
+/// in the spool (Socket Mode as HTTP); once Postgres is back the drainer
+/// records each event once and the mention is answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envelope_is_acknowledged_once_spooled_while_postgres_is_away() {
+    let (s, gateway) = socket_stack_with(&[("THREADLINE_SPOOL_AFTER_MS", "500".to_owned())]).await;
+    s.db.take_down().await;
+    let root = s
+        .post(&format!("<@{}> is the spool there?", s.bot_user), None)
+        .await;
+    let ids = eventually(
+        "the events were delivered",
+        Duration::from_secs(20),
+        || async {
+            let ids = event_ids_of(&s, &root).await;
+            (ids.len() >= 2).then_some(ids)
+        },
+    )
+    .await;
+    eventually(
+        "every envelope acknowledged",
+        Duration::from_secs(20),
+        || async {
+            let (sent, acked) = envelopes_about(&s, &ids).await;
+            (!sent.is_empty() && acked.len() >= ids.len()).then_some(())
+        },
+    )
+    .await;
+    let (sent, _) = envelopes_about(&s, &ids).await;
+    assert!(
+        sent.iter().all(|e| e["retry_attempt"].as_u64() == Some(0)),
+        "nothing sent again: {sent:?}"
+    );
+    assert!(s.answers(&root).await.is_empty(), "nothing answered yet");
+    s.db.bring_up().await;
+    let answers = s.wait_answers(&root, 1).await;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    for id in &ids {
+        let n = threadline_store::testing::receipts::count_receipts_of(&s.db.pool, id)
+            .await
+            .expect("receipts");
+        assert_eq!(n, 1, "one receipt for {id}");
+    }
     gateway.kill().await;
     s.stop().await;
 }

@@ -118,7 +118,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Install { command } => install::run(command, &src, &pool(&src).await?).await?,
         Command::Stats { json: _ } => {
-            let s = stats::collect(&pool(&src).await?).await?;
+            // The spool first: during a Postgres outage it is what there
+            // is to see.
+            let common = threadline_runtime::config::CommonConfig::from_source(&src)?;
+            let spool = stats::spool(&common).await;
+            let ledger = match pool(&src).await {
+                Ok(pool) => stats::collect(&pool).await,
+                Err(e) => Err(e),
+            };
+            let mut s = match ledger {
+                Ok(s) => s,
+                Err(e) => {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&serde_json::json!({"spool": spool}))?
+                    );
+                    return Err(e);
+                }
+            };
+            s["spool"] = spool;
             println!("{}", serde_json::to_string_pretty(&s)?);
         }
         Command::Intents { command } => {

@@ -5,6 +5,29 @@ use anyhow::Context as _;
 use serde_json::{Map, Value, json};
 use sqlx::PgPool;
 
+/// The spool's figures, read from the broker: deliveries acknowledged to
+/// Slack while Postgres could not take them, not recorded yet. `readable`
+/// is false when the broker did not answer within 3 s.
+pub async fn spool(common: &threadline_runtime::config::CommonConfig) -> Value {
+    let read = async {
+        let nats = threadline_runtime::bus::connect(&common.nats_url, "threadline-cli")
+            .await
+            .ok()?;
+        let js = async_nats::jetstream::new(nats);
+        threadline_runtime::bus::Topology::from_config(common)
+            .spool_depth(&js)
+            .await
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(3), read).await {
+        Ok(Some((n, age))) => json!({
+            "readable": true,
+            "deliveries_waiting": n,
+            "oldest_age_seconds": age.as_secs_f64(),
+        }),
+        _ => json!({"readable": false}),
+    }
+}
+
 /// Every figure of the ledger, as JSON.
 pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
     let l = threadline_store::ledger::snapshot(pool)

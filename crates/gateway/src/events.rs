@@ -27,6 +27,9 @@ pub(crate) enum Answer {
     Ignored,
     Rejected(&'static str),
     Unavailable,
+    /// Postgres could not take it in time: kept in the broker's spool,
+    /// recorded by the drainer later.
+    Spooled,
     /// Refused unread: the budget for unverified bodies was spent.
     Busy,
 }
@@ -41,6 +44,7 @@ impl Answer {
             Answer::Ignored => "ignored", // not a state: the gateway's answer
             Answer::Rejected(_) => "rejected", // not a state: the gateway's answer
             Answer::Unavailable => "unavailable",
+            Answer::Spooled => "spooled",
             Answer::Busy => "busy",
         }
     }
@@ -51,7 +55,7 @@ pub async fn slack_events(State(app): State<AppState>, request: Request) -> Resp
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
     let (answer, response) = match receive(&app, &headers, body).await {
-        Ok(body) => handle(&app, &headers, &body).await,
+        Ok(body) => handle(&app, &headers, &body, "http").await,
         // The body may be unread: the connection cannot carry another
         // request, and a client (or proxy) must not try.
         Err((answer, mut response)) => {
@@ -170,14 +174,65 @@ fn too_large() -> (Answer, Response) {
 /// receipt and its outbox row are committed).
 pub(crate) async fn accept_body(app: &AppState, headers: &HeaderMap, body: &[u8]) -> StatusCode {
     let started = Instant::now();
-    let (answer, response) = handle(app, headers, body).await;
+    let (answer, response) = handle(app, headers, body, "socket_mode").await;
     metrics::histogram!("threadline_gateway_ack_seconds", "outcome" => answer.label())
         .record(started.elapsed().as_secs_f64());
     response.status()
 }
 
-/// A delivery whose signature verified.
-async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> (Answer, Response) {
+/// A delivery whose signature verified (or that came over the app's own
+/// Socket Mode connection): recorded in Postgres, or kept in the spool when
+/// Postgres cannot take it within the spool's bound, or when deliveries
+/// already wait there (a new one goes behind them). A delivery without an
+/// identity (a URL check, a malformed body) is never spooled.
+async fn handle(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+    transport: &'static str,
+) -> (Answer, Response) {
+    let received = now_unix_ms();
+    let Some(spool) = app.spool.as_deref() else {
+        return record(app, headers, body, received).await;
+    };
+    let spooled = |why: &'static str| async move {
+        let id = DeliveryIdentity::from_body(body)?;
+        match spool.put(&id, headers, body, received, transport).await {
+            Ok(()) => {
+                metrics::counter!("threadline_gateway_spooled_total", "reason" => why).increment(1);
+                Some((Answer::Spooled, StatusCode::OK.into_response()))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, reason = why, "could not spool the delivery");
+                None
+            }
+        }
+    };
+    if spool.active()
+        && let Some(r) = spooled("behind_spooled").await
+    {
+        return r;
+    }
+    match tokio::time::timeout(spool.after, record(app, headers, body, received)).await {
+        Ok((Answer::Unavailable, response)) => spooled("postgres_unavailable")
+            .await
+            .unwrap_or((Answer::Unavailable, response)),
+        Ok(r) => r,
+        // (a receipt committed after all is a duplicate when drained)
+        Err(_) => spooled("postgres_slow").await.unwrap_or_else(|| {
+            unavailable(&"the receipt was not committed in time, and the spool refused it")
+        }),
+    }
+}
+
+/// A verified delivery, recorded in Postgres (receipt and outbox row, a
+/// rejection, or an unparsed receipt) as received at `received` (unix ms).
+pub(crate) async fn record(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+    received: i64,
+) -> (Answer, Response) {
     // Slack's SSL check (sent to slash-command URLs): a signed form post
     // that only needs a 200.
     if is_ssl_check(headers, body) {
@@ -228,7 +283,7 @@ async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> (Answer, Re
             metrics::counter!("threadline_gateway_unhandled_envelopes_total").increment(1);
             (Answer::Ignored, StatusCode::OK.into_response())
         }
-        Envelope::EventCallback(cb) => accept(app, headers, *cb).await,
+        Envelope::EventCallback(cb) => accept(app, headers, *cb, received).await,
     }
 }
 
@@ -305,7 +360,7 @@ const RETRY_REASONS: [&str; 7] = [
     "unknown_error",
 ];
 
-fn retry_headers(headers: &HeaderMap) -> (i32, Option<&'static str>) {
+pub(crate) fn retry_headers(headers: &HeaderMap) -> (i32, Option<&'static str>) {
     let num = headers
         .get("x-slack-retry-num")
         .and_then(|v| v.to_str().ok())
@@ -324,7 +379,12 @@ fn retry_headers(headers: &HeaderMap) -> (i32, Option<&'static str>) {
 }
 
 #[tracing::instrument(skip_all, fields(event_id = %cb.event_id, api_app_id = %cb.api_app_id, installation_id))]
-async fn accept(app: &AppState, headers: &HeaderMap, cb: EventCallback) -> (Answer, Response) {
+async fn accept(
+    app: &AppState,
+    headers: &HeaderMap,
+    cb: EventCallback,
+    received: i64,
+) -> (Answer, Response) {
     let installation_id = match app.resolver.resolve(&cb.installation_key()).await {
         Ok(Resolved::Active(id)) => id,
         Ok(Resolved::Disabled(id)) => {
@@ -361,7 +421,7 @@ async fn accept(app: &AppState, headers: &HeaderMap, cb: EventCallback) -> (Answ
             installation_id,
             retry_num,
             retry_reason: retry_reason.map(str::to_owned),
-            received_at_unix_ms: now_unix_ms(),
+            received_at_unix_ms: received,
             traceparent: carrier.get("traceparent").cloned(),
             tracestate: carrier.get("tracestate").cloned(),
         },

@@ -14,6 +14,7 @@ pub mod page;
 pub mod ratelimit;
 pub mod relay;
 pub mod socket;
+pub mod spool;
 pub mod unverified;
 
 use std::sync::Arc;
@@ -55,6 +56,9 @@ pub struct AppState {
     pub wake: Wake,
     /// Tells a person whose click was not counted why (its `response_url`).
     pub responder: interactions::Responder,
+    /// Where deliveries go when Postgres cannot take them in time (`None`:
+    /// `THREADLINE_SPOOL_ENABLED=false`, they get 503).
+    pub spool: Option<Arc<spool::Spool>>,
 }
 
 /// The gateway's routes: Slack intake, the OAuth install flow (when
@@ -115,27 +119,74 @@ pub async fn run(
     // The intake wakes the relays itself after each commit (no NOTIFY in
     // its transactions: see migration 0018).
     let pool = threadline_runtime::db::pool_waking_after_commit(&cfg.common)?;
-    if !threadline_runtime::service::schema_checked(&pool, &shutdown).await? {
+    if cfg.spool_enabled {
+        // A gateway with a spool takes deliveries while Postgres is away,
+        // started during the outage too: the schema is checked once it can
+        // be read, and a schema behind the binary stops the gateway then.
+        let first = tokio::time::timeout(
+            Duration::from_secs(2),
+            threadline_runtime::db::missing_migrations(&pool),
+        )
+        .await;
+        match first {
+            Ok(Ok(missing)) => threadline_runtime::db::schema_verdict(missing)?,
+            _ => {
+                tracing::warn!(
+                    "Postgres cannot be read at start: deliveries go to the spool until it can"
+                );
+                let (pool, shutdown) = (pool.clone(), shutdown.clone());
+                tokio::spawn(async move {
+                    // (however long the outage lasts: the spool holds)
+                    let missing = loop {
+                        match threadline_runtime::db::missing_migrations(&pool).await {
+                            Ok(missing) => break missing,
+                            Err(_) => tokio::select! {
+                                () = shutdown.cancelled() => return,
+                                () = tokio::time::sleep(Duration::from_secs(2)) => {}
+                            },
+                        }
+                    };
+                    if let Err(e) = threadline_runtime::db::schema_verdict(missing) {
+                        tracing::error!(
+                            error = format!("{e:#}"),
+                            "stopping: the schema cannot serve this gateway"
+                        );
+                        shutdown.cancel();
+                    }
+                });
+            }
+        }
+    } else if !threadline_runtime::service::schema_checked(&pool, &shutdown).await? {
         return Ok(());
     }
-    // Only the relay uses the bus: a gateway that does not relay (the public
-    // one, under per-role NATS users) neither connects nor waits for NATS
-    // to be ready, so a broker outage does not take intake out of service.
-    let nats = match cfg.relay_enabled {
+    // The relay and the spool use the bus. A gateway that does not relay
+    // (the public one, under per-role NATS users) connects only to spool,
+    // and neither waits for NATS nor counts it in its readiness, so a
+    // broker outage does not take intake out of service.
+    let nats = match cfg.relay_enabled || cfg.spool_enabled {
         true => Some(
             threadline_runtime::bus::connect(&cfg.common.nats_url, "threadline-gateway").await?,
         ),
         false => None,
     };
+    let topology = Topology::from_config(&cfg.common);
+    let spool = match (&nats, cfg.spool_enabled) {
+        (Some(nats), true) => Some(spool::Spool::new(
+            async_nats::jetstream::new(nats.clone()),
+            topology.clone(),
+            cfg.spool_after,
+        )),
+        _ => None,
+    };
     let verifier = Verifier::new(cfg.signing_secrets.0.clone()).context("SLACK_SIGNING_SECRET")?;
 
     let relay_stop = CancellationToken::new();
     let mut wake = None;
-    let relay = nats.as_ref().map(|nats| {
+    let relay = nats.as_ref().filter(|_| cfg.relay_enabled).map(|nats| {
         let relay = Relay::new(
             pool.clone(),
             async_nats::jetstream::new(nats.clone()),
-            Topology::from_config(&cfg.common),
+            topology.clone(),
             RelayConfig {
                 pipeline: cfg.relay_pipeline,
                 ..RelayConfig::new(cfg.relay_batch, cfg.relay_sweep)
@@ -165,9 +216,61 @@ pub async fn run(
         wake,
         responder: interactions::Responder::new(&cfg.common.slack_api_url)
             .context("building the client for click replies")?,
+        spool: spool.clone(),
     };
-    let mut readiness = Readiness::default().postgres(pool.clone());
-    if let Some(nats) = &nats {
+    let spool_stop = CancellationToken::new();
+    let mut spool_tasks = tokio::task::JoinSet::new();
+    if let Some(spool) = &spool {
+        spool_tasks.spawn(spool.clone().watch(spool_stop.clone()));
+    }
+    // The drainer runs beside the relay (its NATS user pulls the spool).
+    if let (Some(nats), true) = (&nats, cfg.relay_enabled) {
+        let (app, js, topology, stop) = (
+            state.clone(),
+            async_nats::jetstream::new(nats.clone()),
+            topology.clone(),
+            spool_stop.clone(),
+        );
+        spool_tasks.spawn(async move {
+            // (until the relay has declared the spool's stream and consumer)
+            while !stop.is_cancelled() {
+                match spool::drain(app.clone(), js.clone(), topology.clone(), stop.clone()).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::warn!(
+                            error = format!("{e:#}"),
+                            "the spool drainer could not start; trying again"
+                        );
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                        }
+                    }
+                }
+            }
+        });
+    }
+    // With a spool, a gateway takes deliveries while Postgres or the broker
+    // can keep them: it stays in service through a database outage.
+    let mut readiness = match (&nats, &spool) {
+        (Some(nats), Some(_)) => {
+            let (pool, nats) = (pool.clone(), nats.clone());
+            Readiness::default().check("intake", move || {
+                let (pool, broker) = (pool.clone(), nats.connection_state());
+                async move {
+                    match threadline_store::schema::ping(&pool).await {
+                        Ok(()) => Ok(()),
+                        Err(_) if broker == async_nats::connection::State::Connected => Ok(()),
+                        Err(e) => Err(format!(
+                            "neither Postgres ({e}) nor the broker ({broker:?}) can keep deliveries"
+                        )),
+                    }
+                }
+            })
+        }
+        _ => Readiness::default().postgres(pool.clone()),
+    };
+    if let (Some(nats), true) = (&nats, cfg.relay_enabled) {
         readiness = readiness.nats(nats.clone());
     }
     // A Socket Mode gateway takes events only over its connections: it is
@@ -237,13 +340,17 @@ pub async fn run(
         let _ = handle.await;
     }
 
+    // The drainer's last delivery commits through the intake: stopped first.
+    spool_stop.cancel();
+    while spool_tasks.join_next().await.is_some() {}
     while writers.join_next().await.is_some() {}
     relay_stop.cancel();
     if let Some(handle) = relay {
         let _ = handle.await;
     }
     if let Some(nats) = &nats {
-        let _ = nats.flush().await;
+        // (bounded: a broker that never came back must not hold the exit)
+        let _ = tokio::time::timeout(Duration::from_secs(5), nats.flush()).await;
     }
     pool.close().await;
     tracing::info!("gateway stopped");

@@ -552,12 +552,15 @@ async fn retry_headers_are_stored_and_never_drop_a_delivery() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn database_down_gives_503_and_no_message_then_recovers() {
+async fn without_a_spool_database_down_gives_503_and_no_message_then_recovers() {
     let env = Env::new().await;
     let gw = Gateway::start(
         &env.db,
         &env.prefix,
-        &[("THREADLINE_INSTALLATION_CACHE_MS", "0")],
+        &[
+            ("THREADLINE_INSTALLATION_CACHE_MS", "0"),
+            ("THREADLINE_SPOOL_ENABLED", "false"),
+        ],
     )
     .await;
     env.db.take_down().await;
@@ -929,12 +932,15 @@ async fn deliveries_without_an_identity_are_refused_without_retry_and_recorded()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unparsed_delivery_gets_503_while_postgres_is_down_then_is_held_once() {
+async fn without_a_spool_an_unparsed_delivery_gets_503_while_postgres_is_down_then_is_held_once() {
     let env = Env::new().await;
     let gw = Gateway::start(
         &env.db,
         &env.prefix,
-        &[("THREADLINE_INSTALLATION_CACHE_MS", "0")],
+        &[
+            ("THREADLINE_INSTALLATION_CACHE_MS", "0"),
+            ("THREADLINE_SPOOL_ENABLED", "false"),
+        ],
     )
     .await;
     let mut v = app_mention(APP, TEAM, "Ev0UDN", "C0TEST", "1700000000.000500");
@@ -1166,4 +1172,188 @@ async fn the_intake_wakes_the_relays_after_its_commit_without_notify_in_it() {
         notified(&mut l, Duration::from_secs(10)).await,
         "an ordinary outbox insert did not notify"
     );
+}
+
+fn spool_stream(env: &Env) -> String {
+    Topology::new(env.prefix.clone()).stream(Topic::Spool)
+}
+
+/// Postgres down: each delivery is answered 200 once the broker holds it in
+/// the spool (a retry of one is the same spooled message); nothing is
+/// recorded or published yet. Once Postgres is back the drainer records
+/// each exactly once, publishes its event, and empties the spool; a retry
+/// after that is a duplicate of its receipt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_down_spools_deliveries_and_the_drainer_records_each_once() {
+    let env = Env::new().await;
+    let gw = Gateway::start(
+        &env.db,
+        &env.prefix,
+        &[
+            ("THREADLINE_INSTALLATION_CACHE_MS", "0"),
+            ("THREADLINE_SPOOL_AFTER_MS", "500"),
+        ],
+    )
+    .await;
+    env.db.take_down().await;
+    for i in 0..3 {
+        assert_eq!(
+            post(&env, &gw, &body(&format!("Ev0SP{i}")), None).await,
+            (200, false),
+            "delivery {i} while Postgres is down"
+        );
+    }
+    // Slack's retry of one, still during the outage.
+    assert_eq!(
+        post(&env, &gw, &body("Ev0SP0"), Some((1, "http_timeout"))).await,
+        (200, false)
+    );
+    assert_eq!(
+        stream_len(&env.js, &spool_stream(&env)).await,
+        3,
+        "one spooled message per event"
+    );
+    let ready = env
+        .client
+        .get(format!("{}/readyz", gw.url))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(
+        ready.status(),
+        200,
+        "the spool keeps the gateway in service"
+    );
+    assert_eq!(stream_len(&env.js, &env.events_stream()).await, 0);
+
+    env.db.bring_up().await;
+    assert_eq!(env.published_len(3).await, 3);
+    eventually("the spool drained", Duration::from_secs(20), || async {
+        (stream_len(&env.js, &spool_stream(&env)).await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(env.count(Count::Receipts).await, 3);
+    let r = receipt(&env, "Ev0SP0").await;
+    assert_eq!(r.duplicate_deliveries, 0, "{r:?}");
+    // After the drain (and once this gateway's last spooling is a second
+    // old), a retry goes to Postgres: a duplicate, counted.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        post(&env, &gw, &body("Ev0SP1"), Some((2, "http_timeout"))).await,
+        (200, false)
+    );
+    assert_eq!(env.count(Count::Receipts).await, 3);
+    assert_eq!(env.count(Count::DuplicateDeliveries).await, 1);
+    assert_eq!(env.published_len(3).await, 3);
+    gw.stop().await;
+}
+
+/// A delivery that does not parse is spooled like any other and drained
+/// into an unparsed receipt (held with its body, nothing published).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unparsed_delivery_spooled_while_postgres_is_down_is_held_once() {
+    let env = Env::new().await;
+    let gw = Gateway::start(
+        &env.db,
+        &env.prefix,
+        &[
+            ("THREADLINE_INSTALLATION_CACHE_MS", "0"),
+            ("THREADLINE_SPOOL_AFTER_MS", "500"),
+        ],
+    )
+    .await;
+    let mut v = app_mention(APP, TEAM, "Ev0USP", "C0TEST", "1700000000.000500");
+    v["event"]["ts"] = json!("not-a-ts");
+    let body = serde_json::to_vec(&v).expect("json");
+    env.db.take_down().await;
+    assert_eq!(post(&env, &gw, &body, None).await, (200, false));
+    env.db.bring_up().await;
+    eventually("held as unparsed", Duration::from_secs(20), || async {
+        testing::receipts::count_unparsed_events_of(&env.db.pool, "Ev0USP")
+            .await
+            .ok()
+            .filter(|n| *n == 1)
+    })
+    .await;
+    eventually("the spool drained", Duration::from_secs(20), || async {
+        (stream_len(&env.js, &spool_stream(&env)).await == 0).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(stream_len(&env.js, &env.events_stream()).await, 0);
+    gw.stop().await;
+}
+
+/// With Postgres and the broker both away nothing can keep a delivery:
+/// 503, as without a spool, and Slack retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_postgres_and_the_broker_down_a_delivery_gets_503() {
+    let env = Env::new().await;
+    // (a port nothing listens on)
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let nowhere = format!("nats://127.0.0.1:{port}");
+    let gw = Gateway::start(
+        &env.db,
+        &env.prefix,
+        &[
+            ("THREADLINE_INSTALLATION_CACHE_MS", "0"),
+            ("THREADLINE_SPOOL_AFTER_MS", "500"),
+            ("THREADLINE_RELAY_ENABLED", "false"),
+            ("NATS_URL", &nowhere),
+        ],
+    )
+    .await;
+    env.db.take_down().await;
+    assert_eq!(post(&env, &gw, &body("Ev0BD0"), None).await, (503, false));
+    let ready = env
+        .client
+        .get(format!("{}/readyz", gw.url))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), 503, "nothing can keep deliveries");
+    env.db.bring_up().await;
+    let r = eventually(
+        "a 200 once Postgres is back",
+        Duration::from_secs(10),
+        || async {
+            let r = post(&env, &gw, &body("Ev0BD0"), Some((1, "http_error"))).await;
+            (r == (200, false)).then_some(r)
+        },
+    )
+    .await;
+    assert_eq!(r, (200, false));
+    assert_eq!(env.count(Count::Receipts).await, 1);
+    gw.stop().await;
+}
+
+/// A gateway (re)started during a Postgres outage serves at once with its
+/// spool, and its deliveries are recorded once Postgres is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_started_while_postgres_is_down_takes_deliveries_into_the_spool() {
+    let env = Env::new().await;
+    env.db.take_down().await;
+    let gw = Gateway::start(
+        &env.db,
+        &env.prefix,
+        &[
+            ("THREADLINE_INSTALLATION_CACHE_MS", "0"),
+            ("THREADLINE_SPOOL_AFTER_MS", "500"),
+        ],
+    )
+    .await;
+    let r = eventually("a 200 from the spool", Duration::from_secs(20), || async {
+        // (until the relay has declared the spool: 503, Slack retries)
+        let r = post(&env, &gw, &body("Ev0ST0"), None).await;
+        (r == (200, false)).then_some(r)
+    })
+    .await;
+    assert_eq!(r, (200, false));
+    env.db.bring_up().await;
+    assert_eq!(env.published_len(1).await, 1);
+    assert_eq!(env.count(Count::Receipts).await, 1);
+    gw.stop().await;
 }

@@ -185,7 +185,7 @@ impl Handler {
         }
         let p = &job.proposal;
         let max_age = (self.sending_stale - self.slack_timeout).max(self.slack_timeout);
-        match intents::fence(&self.pool, p, claim, max_age).await? {
+        match self.fence(p, claim, max_age, intents::Claim::Post).await? {
             Fence::Go => self.post(claim, job, bot).await,
             fence => self.fenced(fence, claim, job).await,
         }

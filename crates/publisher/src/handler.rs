@@ -47,6 +47,34 @@ pub struct Handler {
     pub streams: Option<crate::config::Streams>,
 }
 
+/// How long a reply waits while acknowledged deliveries wait in the spool.
+const SPOOL_WAIT: f64 = 1.0;
+
+impl Handler {
+    /// The last check before a reply's side effect (a post, a stream's
+    /// start): no acknowledged delivery waits in the spool (one may change
+    /// this thread, and the store cannot see it yet; a spool that cannot be
+    /// read counts as waiting), then the store's fence.
+    pub(crate) async fn fence(
+        &self,
+        p: &Proposal<'_>,
+        claim: &intents::Claimed,
+        max_claim_age: f64,
+        what: intents::Claim,
+    ) -> anyhow::Result<intents::Fence> {
+        if self
+            .topology
+            .spool_depth(&self.js)
+            .await
+            .is_none_or(|(n, _)| n > 0)
+        {
+            metrics::counter!("threadline_replies_behind_spool_total").increment(1);
+            return Ok(intents::Fence::Waiting(SPOOL_WAIT));
+        }
+        Ok(intents::fence_for(&self.pool, p, claim, max_claim_age, what).await?)
+    }
+}
+
 pub(crate) fn jitter(secs: f64, seed: &Uuid) -> f64 {
     secs + (seed.as_u128() % 1000) as f64 / 1000.0
 }

@@ -186,7 +186,7 @@ impl Handler {
             return Ok(Err(Disposition::Done));
         }
         let max_age = (self.sending_stale - self.slack_timeout).max(self.slack_timeout);
-        match intents::fence_for(&self.pool, p, &claim, max_age, Claim::Stream).await? {
+        match self.fence(p, &claim, max_age, Claim::Stream).await? {
             Fence::Go => Ok(Ok(claim)),
             Fence::Lost => Ok(Err(Disposition::Done)),
             _ => {

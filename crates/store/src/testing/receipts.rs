@@ -436,6 +436,14 @@ pub async fn event_ids(pool: &sqlx::PgPool) -> sqlx::Result<Vec<String>> {
         .await
 }
 
+/// Every receipt's event id, in the order the receipts were made (their
+/// ids are UUIDv7, made when the delivery is recorded).
+pub async fn event_ids_in_order(pool: &sqlx::PgPool) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar!("SELECT event_id FROM event_receipts ORDER BY id")
+        .fetch_all(pool)
+        .await
+}
+
 /// The installations of the receipts whose event id is `LIKE pattern` (each must have one).
 pub async fn installation_ids_by_event_like(
     pool: &sqlx::PgPool,

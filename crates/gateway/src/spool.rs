@@ -1,0 +1,193 @@
+//! Intake that outlives its database. A verified delivery that Postgres
+//! cannot take within `THREADLINE_SPOOL_AFTER_MS` is published to the
+//! spool stream (`<prefix>.spool`, `Nats-Msg-Id` `spool:<app>:<event>`, so
+//! Slack's retries of it are one message) and answered 200 only once
+//! JetStream acknowledged it: acknowledged work is durable in the broker
+//! instead of the database. While deliveries wait in the spool, new ones
+//! are spooled behind them, so that none overtakes an earlier one.
+//!
+//! The drainer (beside the relay, one delivery at a time across replicas:
+//! the consumer allows one unacknowledged message) records each spooled
+//! delivery exactly as the gateway would have (resolution, receipt, outbox
+//! row; a delivery already received directly is a duplicate, counted) and
+//! acknowledges it once committed; while Postgres is away it waits, and
+//! every later delivery with it. The publisher posts nothing while the
+//! spool holds deliveries (an acknowledged change of a thread may be among
+//! them), so the staleness rules see every acknowledged change.
+//!
+//! If the broker cannot take the delivery either, the gateway answers 503
+//! as it would without a spool, and Slack retries.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use axum::http::{HeaderMap, HeaderValue};
+use prost::Message as _;
+use threadline_domain::DeliveryIdentity;
+use threadline_proto::v1::{SCHEMA_VERSION, SpooledDelivery};
+use threadline_runtime::bus::{Topic, Topology};
+use threadline_runtime::shutdown::CancellationToken;
+use threadline_runtime::worker::Disposition;
+
+use crate::AppState;
+use crate::events::Answer;
+
+/// Longest wait for the broker's acknowledgement of a spooled delivery.
+pub const PUT_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// How often the spool's depth is read (the gateway's "deliveries wait
+/// there" flag and the depth and age gauges).
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// A delivery spooled here keeps the flag up this long whatever a depth
+/// read that crossed it said.
+const FRESH: Duration = Duration::from_secs(1);
+
+pub struct Spool {
+    js: jetstream::Context,
+    topology: Topology,
+    /// How long a delivery waits for Postgres before it is spooled.
+    pub after: Duration,
+    /// Deliveries wait in the spool, as last read.
+    waiting: AtomicBool,
+    /// When this gateway last spooled a delivery (ms since `born`).
+    last_put_ms: AtomicU64,
+    born: Instant,
+}
+
+impl Spool {
+    pub fn new(js: jetstream::Context, topology: Topology, after: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            js,
+            topology,
+            after,
+            waiting: AtomicBool::new(false),
+            last_put_ms: AtomicU64::new(u64::MAX),
+            born: Instant::now(),
+        })
+    }
+
+    /// Deliveries wait in the spool (or this gateway spooled one a moment
+    /// ago): a new delivery goes behind them.
+    pub fn active(&self) -> bool {
+        if self.waiting.load(Ordering::Acquire) {
+            return true;
+        }
+        let last = self.last_put_ms.load(Ordering::Acquire);
+        last != u64::MAX
+            && (self.born.elapsed().as_millis() as u64).saturating_sub(last)
+                < FRESH.as_millis() as u64
+    }
+
+    /// Keeps `body` (verified, with identity `id`) in the spool; `Ok` once
+    /// JetStream acknowledged it.
+    pub async fn put(
+        &self,
+        id: &DeliveryIdentity,
+        headers: &HeaderMap,
+        body: &[u8],
+        received_at_unix_ms: i64,
+        transport: &'static str,
+    ) -> anyhow::Result<()> {
+        let key = id.installation_key();
+        let tenant = key
+            .team_id
+            .as_ref()
+            .map(|t| t.to_string())
+            .or_else(|| key.enterprise_id.as_ref().map(|e| e.to_string()))
+            .unwrap_or_default();
+        let (retry_num, retry_reason) = crate::events::retry_headers(headers);
+        let d = SpooledDelivery {
+            schema_version: SCHEMA_VERSION,
+            api_app_id: id.api_app_id.to_string(),
+            event_id: id.event_id.to_string(),
+            tenant,
+            body: body.to_vec(),
+            retry_num,
+            retry_reason: retry_reason.unwrap_or_default().to_owned(),
+            received_at_unix_ms,
+            transport: transport.to_owned(),
+        };
+        let msg_id = format!("spool:{}:{}", d.api_app_id, d.event_id);
+        tokio::time::timeout(
+            PUT_TIMEOUT,
+            threadline_runtime::bus::publish(
+                &self.js,
+                &self.topology,
+                Topic::Spool,
+                &msg_id,
+                d.encode_to_vec(),
+            ),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("the broker did not acknowledge in time"))??;
+        self.last_put_ms
+            .store(self.born.elapsed().as_millis() as u64, Ordering::Release);
+        Ok(())
+    }
+
+    /// Reads the spool's depth every [`WATCH_EVERY`] until `shutdown`: the
+    /// flag, and the gauges `threadline_spool_depth` and
+    /// `threadline_spool_oldest_age_seconds`. While the broker cannot be
+    /// read the flag keeps its last value.
+    pub async fn watch(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut every = tokio::time::interval(WATCH_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            if let Some((n, age)) = self.topology.spool_depth(&self.js).await {
+                self.waiting.store(n > 0, Ordering::Release);
+                metrics::gauge!("threadline_spool_depth").set(n as f64);
+                metrics::gauge!("threadline_spool_oldest_age_seconds").set(age.as_secs_f64());
+            }
+        }
+    }
+}
+
+/// Records one spooled delivery as the gateway would have on arrival.
+/// Postgres still away → `Transient` (the drainer waits, and every later
+/// delivery with it); an undecodable message → `Poison` (dead-lettered,
+/// never silently dropped).
+pub async fn drain_one(app: &AppState, payload: &[u8]) -> Disposition {
+    let Ok(d) = SpooledDelivery::decode(payload) else {
+        return Disposition::Poison("undecodable_spooled_delivery".into());
+    };
+    let mut headers = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_str(&d.retry_num.to_string()) {
+        headers.insert("x-slack-retry-num", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&d.retry_reason)
+        && !d.retry_reason.is_empty()
+    {
+        headers.insert("x-slack-retry-reason", v);
+    }
+    let (answer, _) = crate::events::record(app, &headers, &d.body, d.received_at_unix_ms).await;
+    match answer {
+        Answer::Unavailable => Disposition::Transient,
+        a => {
+            metrics::counter!("threadline_spool_drained_total", "outcome" => a.label())
+                .increment(1);
+            Disposition::Done
+        }
+    }
+}
+
+/// Runs the drainer on the spool's durable consumer until `shutdown`.
+pub async fn drain(
+    app: AppState,
+    js: jetstream::Context,
+    topology: Topology,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let app = Arc::new(app);
+    threadline_runtime::worker::run(js, topology, Topic::Spool, 1, shutdown, move |msg| {
+        let app = app.clone();
+        async move { drain_one(&app, &msg.payload).await }
+    })
+    .await
+}
