@@ -214,9 +214,14 @@ async fn handle(
         return r;
     }
     match tokio::time::timeout(spool.after, record(app, headers, body, received)).await {
-        Ok((Answer::Unavailable, response)) => spooled("postgres_unavailable")
-            .await
-            .unwrap_or((Answer::Unavailable, response)),
+        Ok((Answer::Unavailable, response)) => {
+            spooled("postgres_unavailable").await.unwrap_or_else(|| {
+                tracing::error!(
+                    "neither Postgres nor the spool took the delivery: 503, Slack retries"
+                );
+                (Answer::Unavailable, response)
+            })
+        }
         Ok(r) => r,
         // (a receipt committed after all is a duplicate when drained)
         Err(_) => spooled("postgres_slow").await.unwrap_or_else(|| {
@@ -309,7 +314,8 @@ async fn malformed(app: &AppState, e: EnvelopeError) -> (Answer, Response) {
 }
 
 fn unavailable(e: &dyn std::fmt::Display) -> (Answer, Response) {
-    tracing::error!(error = %e, "could not record delivery; answering 503 so Slack retries");
+    // (with a spool, the delivery is spooled next: logged there)
+    tracing::error!(error = %e, "could not record the delivery in Postgres");
     (
         Answer::Unavailable,
         StatusCode::SERVICE_UNAVAILABLE.into_response(),
