@@ -467,6 +467,8 @@ pub struct Stack {
     pub service_env: Vec<Vec<(String, String)>>,
     /// Conversations besides the stack's own channel that the oracle judges.
     pub more_scopes: std::sync::Mutex<Vec<oracle::Scope>>,
+    /// Streams seen open, with when (see [`oracle::Limits::seen_open`]).
+    pub streams_seen_open: std::sync::Mutex<std::collections::BTreeMap<(String, String), u64>>,
     /// Why the oracle cannot judge this run (a model whose answers do not
     /// state what they read); `None` judges it at `stop`.
     pub unjudged: Option<&'static str>,
@@ -598,6 +600,37 @@ pub async fn explain_from_records(
     pool: &sqlx::PgPool,
     j: &oracle::Judgement,
 ) -> Vec<(&'static str, String)> {
+    records_verdict(pool, j).await.violations
+}
+
+/// What threadline's records add to a judgement: the violations Slack
+/// cannot show, and the reason an operator sees for each question Slack
+/// does not explain.
+#[derive(Debug, Default)]
+pub struct RecordsVerdict {
+    pub violations: Vec<(&'static str, String)>,
+    /// Each question the records explain, with its reason as the records
+    /// give it (`decision rejected:…`, `reply held:…`, `event ignored:…`),
+    /// or `with a later question: <its reason>`.
+    pub reasons: Vec<(oracle::Question, String)>,
+}
+
+impl RecordsVerdict {
+    /// How many questions each reason explains.
+    pub fn by_reason(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for (_, r) in &self.reasons {
+            *m.entry(r.clone()).or_default() += 1;
+        }
+        m
+    }
+}
+
+/// [`explain_from_records`] with the reasons. A question with no reason of
+/// its own is explained by the reason of the nearest later unanswered
+/// question of its thread that has one: that question's answer would have
+/// read it (answering both), and the reason it has none holds for both.
+pub async fn records_verdict(pool: &sqlx::PgPool, j: &oracle::Judgement) -> RecordsVerdict {
     let mut v = Vec::new();
     for c in &j.crossed {
         let row = threadline_store::testing::threads::crossed_answer_reconsideration(
@@ -626,16 +659,43 @@ pub async fn explain_from_records(
             )),
         }
     }
+    // The question's own outcome: its latest decision discarded for a
+    // reason an operator sees (not merely superseded: a superseding answer
+    // would have read it), its reply held or failed with a code, or its
+    // event ignored or failed with a reason.
+    let mut own: Vec<Option<String>> = Vec::new();
     for q in &j.unexplained {
-        // The question's own outcome: its latest decision discarded for a
-        // reason an operator sees (not merely superseded: a superseding
-        // answer would have read it), its reply held or failed with a code,
-        // or its event ignored or failed with a reason.
-        let reason =
+        own.push(
             threadline_store::testing::decisions::question_outcome_reason(pool, &q.channel, &q.ts)
                 .await
-                .unwrap_or(None);
-        if reason.is_none() {
+                .unwrap_or(None),
+        );
+    }
+    let mut reasons = Vec::new();
+    for (i, q) in j.unexplained.iter().enumerate() {
+        let key = |ts: &str| {
+            let (a, b) = ts.split_once('.').unwrap_or((ts, "0"));
+            (a.parse::<u64>().unwrap_or(0), b.parse::<u64>().unwrap_or(0))
+        };
+        let later = || {
+            j.unexplained
+                .iter()
+                .zip(&own)
+                .filter(|(o, r)| {
+                    o.channel == q.channel
+                        && o.thread_ts == q.thread_ts
+                        && key(&o.ts) > key(&q.ts)
+                        && r.is_some()
+                })
+                .min_by_key(|(o, _)| key(&o.ts))
+                .and_then(|(_, r)| r.clone())
+        };
+        let reason = own[i]
+            .clone()
+            .or_else(|| later().map(|r| format!("with a later question: {r}")));
+        if let Some(r) = reason {
+            reasons.push((q.clone(), r));
+        } else {
             let state = records_of(pool, &q.channel, &q.ts).await;
             v.push((
                 "unexplained_question",
@@ -646,7 +706,10 @@ pub async fn explain_from_records(
             ));
         }
     }
-    v
+    RecordsVerdict {
+        violations: v,
+        reasons,
+    }
 }
 
 /// What threadline's tables say about one message (receipts, turn,
@@ -880,6 +943,7 @@ impl Stack {
             env: saved,
             service_env,
             more_scopes: Default::default(),
+            streams_seen_open: Default::default(),
             unjudged: None,
         }
     }
@@ -936,10 +1000,7 @@ impl Stack {
     /// The conversations the oracle judges: every channel of the stack's
     /// workspaces where the bot is, with the bot a mention must name.
     pub fn scopes(&self) -> Vec<oracle::Scope> {
-        let mut all = vec![oracle::Scope {
-            channel: self.channel.clone(),
-            bot_user: self.bot_user.clone(),
-        }];
+        let mut all = vec![oracle::Scope::mentions(&self.channel, &self.bot_user)];
         all.extend(
             self.more_scopes
                 .lock()
@@ -950,15 +1011,23 @@ impl Stack {
         all
     }
 
-    /// Adds a conversation for the oracle to judge.
+    /// Adds a channel for the oracle to judge (mentions are questions).
     pub fn judge_also(&self, channel: &str, bot_user: &str) {
-        self.more_scopes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(oracle::Scope {
-                channel: channel.to_owned(),
-                bot_user: bot_user.to_owned(),
-            });
+        self.judge_also_as(channel, bot_user, oracle::ScopeKind::Mentions);
+    }
+
+    /// Adds a conversation of `kind` for the oracle to judge: a channel, a
+    /// direct conversation (the pane), or a review channel.
+    pub fn judge_also_as(&self, channel: &str, bot_user: &str, kind: oracle::ScopeKind) {
+        let mut scopes = self.more_scopes.lock().unwrap_or_else(|p| p.into_inner());
+        if scopes.iter().any(|s| s.channel == channel) {
+            return;
+        }
+        scopes.push(oracle::Scope {
+            channel: channel.to_owned(),
+            bot_user: bot_user.to_owned(),
+            kind,
+        });
     }
 
     /// Judges the run from Slack's side (see [`oracle`]), then checks in
@@ -975,7 +1044,9 @@ impl Stack {
     /// bound from the stack's own settings (a stream nobody drives is taken
     /// over after the stream stale time, found at the next sweep, and ended
     /// by two stops, each within the Slack timeout), with a margin of 10 s
-    /// for Slack's `Retry-After`.
+    /// for Slack's `Retry-After`; and the context's message limit
+    /// (`THREADLINE_CONTEXT_MAX_MESSAGES`, 50 by default), past which a
+    /// reply leaves older messages out.
     pub fn oracle_limits(&self, grace: Duration) -> oracle::Limits {
         let ms = |key: &str, default: u64| {
             self.env
@@ -1000,6 +1071,12 @@ impl Stack {
             grace,
             stream_end: Duration::from_millis(bound),
             fallback: Some(fallback),
+            context_max_messages: Some(ms("THREADLINE_CONTEXT_MAX_MESSAGES", 50) as usize),
+            seen_open: self
+                .streams_seen_open
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         }
     }
 
@@ -1008,6 +1085,18 @@ impl Stack {
         &self,
         grace: Duration,
     ) -> (oracle::Judgement, Vec<(&'static str, String)>) {
+        let (j, records) = self.verdict_with_reasons(grace).await;
+        let mut violations = j.violations.clone();
+        violations.extend(records.violations);
+        (j, violations)
+    }
+
+    /// The oracle's judgement and what threadline's records add to it
+    /// (their violations, and the reason for each question they explain).
+    pub async fn verdict_with_reasons(
+        &self,
+        grace: Duration,
+    ) -> (oracle::Judgement, RecordsVerdict) {
         let j = oracle::judge_with(
             &self.sim.base_url,
             &self.app,
@@ -1015,9 +1104,8 @@ impl Stack {
             self.oracle_limits(grace),
         )
         .await;
-        let mut violations = j.violations.clone();
-        violations.extend(explain_from_records(&self.db.pool, &j).await);
-        (j, violations)
+        let records = records_verdict(&self.db.pool, &j).await;
+        (j, records)
     }
 
     /// SIGKILLs service `i` (0 gateway, 1 context-builder, 2 inference,
@@ -1034,6 +1122,12 @@ impl Stack {
     /// Adds a workspace `name` of the same app (public channel, a person,
     /// the bot joined) and registers its installation.
     pub async fn add_workspace(&self, name: &str) -> Workspace {
+        self.add_workspace_with_scopes(name, &["chat:write", "channels:history", "channels:read"])
+            .await
+    }
+
+    /// [`Stack::add_workspace`] with the app installed with `scopes`.
+    pub async fn add_workspace_with_scopes(&self, name: &str, scopes: &[&str]) -> Workspace {
         use serde_json::json;
         let team = id_of(
             &sim_ctl(&self.sim, "teams", json!({"name": name})).await,
@@ -1055,8 +1149,7 @@ impl Stack {
         let install = sim_ctl(
             &self.sim,
             &format!("apps/{}/installs", self.app),
-            json!({"team_id": team, "scopes": ["chat:write", "channels:history", "channels:read"],
-                   "join_channels": [channel]}),
+            json!({"team_id": team, "scopes": scopes, "join_channels": [channel]}),
         )
         .await;
         let (bot_user, bot_id, token) = (

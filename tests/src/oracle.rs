@@ -31,12 +31,19 @@
 //!   stream of the app ended (stopped, or expired in Slack) no later than
 //!   `stream_end` after the first change of its thread threadline
 //!   acknowledged once it had started (a new message, an edit, a deletion);
+//! * a stream Slack ended itself at its lifetime (`expired`) was never
+//!   stopped: it answered nothing, whatever it shows;
 //! * a review request (a message of the app with buttons) is not an
-//!   answer, and is not judged as one;
+//!   answer, and is not judged as one; in a review channel every message
+//!   of the app is a request, decided ones (no buttons) included;
+//! * a context is truncated as threadline documents it (the root, the
+//!   question and the newest replies, up to a message limit): a reply that
+//!   read as many messages as the limit may leave out older ones;
 //! * **no reply to a question whose deletion was acknowledged** `grace`
 //!   before the reply was posted;
 //! * **every question answered or explained**: each human message that
-//!   mentions the bot ends with exactly one reply, or Slack itself explains
+//!   mentions the bot (in a direct conversation, every human message) ends
+//!   with exactly one reply, or Slack itself explains
 //!   why not (it was deleted; it was never acknowledged, so Slack gave up on
 //!   it; a later reply in its thread read it, answering both); what is
 //!   left is returned for the caller to explain from what an operator sees.
@@ -68,11 +75,39 @@ fn closes(text: &str) -> bool {
         .is_some_and(|l| CLOSING_LINES.iter().any(|c| l == format!("_{c}_")))
 }
 
+/// What a conversation holds, which decides what a question is there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScopeKind {
+    /// A channel: a person's message that mentions the bot is a question.
+    #[default]
+    Mentions,
+    /// A direct conversation with the app (the assistant pane's threads):
+    /// every message of a person is a question. The app's opening message
+    /// of a pane thread is no reply.
+    Direct,
+    /// A review channel: the app's messages are review requests (with
+    /// buttons while undecided, without once decided), never answers, and
+    /// nobody asks anything there.
+    Review,
+}
+
 /// One conversation the oracle judges, and the bot a mention must name.
 #[derive(Debug, Clone)]
 pub struct Scope {
     pub channel: String,
     pub bot_user: String,
+    pub kind: ScopeKind,
+}
+
+impl Scope {
+    /// A channel where mentions of `bot_user` are questions.
+    pub fn mentions(channel: &str, bot_user: &str) -> Self {
+        Self {
+            channel: channel.to_owned(),
+            bot_user: bot_user.to_owned(),
+            kind: ScopeKind::Mentions,
+        }
+    }
 }
 
 /// A reply that crossed a human message in flight.
@@ -111,8 +146,22 @@ pub struct Judgement {
     pub interrupted: usize,
     /// Streamed replies that stopped with the whole answer.
     pub streamed: usize,
+    /// Replies posted whole (not streamed), answers all.
+    pub whole: usize,
+    /// Answers (whole or streamed) in direct conversations: the pane.
+    pub pane: usize,
+    /// Streams Slack ended itself at their lifetime (not answers).
+    pub expired: usize,
     /// Review requests of the app (not answers).
     pub review_requests: usize,
+    /// Review requests decided (they show no buttons any more), and of
+    /// those, the ones that say the answer was posted or was rejected.
+    pub review_decided: usize,
+    pub review_approved_posted: usize,
+    pub review_rejected: usize,
+    /// Messages a reply did not read that its context's message limit
+    /// explains (older than every reply it read, with the limit reached).
+    pub truncated: usize,
     /// Questions with no reply that Slack does not explain: the caller
     /// must find an operator-visible reason for each.
     pub unexplained: Vec<Question>,
@@ -132,6 +181,10 @@ pub fn stated(text: &str) -> Option<Stated> {
         .filter_map(|l| l.trim().strip_prefix("Answering "))
         .find(|l| l.contains("; read"))?;
     let (answering, rest) = line.split_once("; read")?;
+    // (an answer in the assistant pane adds what it read of the channel
+    // the person looks at: `; and N message(s) of channel C…, …`, which is
+    // not part of the thread)
+    let rest = rest.split_once("; and ").map_or(rest, |(thread, _)| thread);
     let read = rest
         .split_whitespace()
         .map(|item| {
@@ -219,7 +272,7 @@ type MessageKey = (String, String);
 type Sent = (u64, Option<u64>);
 
 /// How late the oracle lets things be.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Limits {
     /// How late after its acknowledgement a message may be missing from a
     /// reply without counting against it (then it crossed in flight).
@@ -231,6 +284,15 @@ pub struct Limits {
     /// question: a reply that starts with it answers one question of its
     /// thread, asked before it, that no other reply answers.
     pub fallback: Option<String>,
+    /// The most messages a context holds (`THREADLINE_CONTEXT_MAX_MESSAGES`):
+    /// a reply that read this many may leave out messages older than every
+    /// reply it read (the root and the question are always kept).
+    pub context_max_messages: Option<usize>,
+    /// Streams seen open at a time (micros), by (channel, ts): one Slack
+    /// expired ended no earlier, whatever end it shows (Slack dates an
+    /// expiry at its start plus the lifetime in force when it noticed, and
+    /// a test may shorten the lifetime while a stream is open).
+    pub seen_open: BTreeMap<MessageKey, u64>,
 }
 
 /// Judges `scopes` of app `app_id` on the emulator at `sim`, with a stream
@@ -243,7 +305,7 @@ pub async fn judge(sim: &str, app_id: &str, scopes: &[Scope], grace: Duration) -
         Limits {
             grace,
             stream_end: DEFAULT_STREAM_END,
-            fallback: None,
+            ..Default::default()
         },
     )
     .await
@@ -347,6 +409,25 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                 .map(str::to_owned)
                 .unwrap_or_else(|| s(m, "ts"))
         };
+        if scope.kind == ScopeKind::Review {
+            // Every message of the app here is a review request: it asks a
+            // reviewer and answers nobody. Decided, it loses its buttons and
+            // says what became of the answer.
+            for m in msgs.iter().filter(|m| m["app_id"].as_str() == Some(app_id)) {
+                j.review_requests += 1;
+                if is_review_request(m) {
+                    continue;
+                }
+                j.review_decided += 1;
+                let text = m["text"].as_str().unwrap_or_default();
+                if text.contains("Rejected by ") {
+                    j.review_rejected += 1;
+                } else if text.contains("Approved by ") && text.contains(": posted in ") {
+                    j.review_approved_posted += 1;
+                }
+            }
+            continue;
+        }
         let mut threads: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         for m in msgs {
             threads.entry(root_of(&m)).or_default().push(m);
@@ -373,6 +454,10 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                 .iter()
                 .filter(|m| m["app_id"].as_str() == Some(app_id))
             {
+                // A pane thread's opening message is the app's, and no reply.
+                if m["subtype"] == "assistant_app_thread" {
+                    continue;
+                }
                 // A review request asks a person; it answers nobody.
                 if is_review_request(m) {
                     j.review_requests += 1;
@@ -400,17 +485,6 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
             for r in &replies {
                 j.replies += 1;
                 let rts = s(r, "ts");
-                // Every reply carries the AI label (a context block).
-                let labelled = r["blocks"]
-                    .as_array()
-                    .is_some_and(|b| b.iter().any(|b| b["type"] == "context"));
-                if !labelled {
-                    j.violations.push((
-                        "unlabelled_reply",
-                        format!("reply {rts} in thread {root} carries no AI label"),
-                    ));
-                    offend(&mut j);
-                }
                 let text = r["text"].as_str().unwrap_or_default();
                 let streamed = started.contains_key(&rts);
                 if streamed {
@@ -426,7 +500,12 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                     let begun = r["stream"]["started_at_micros"]
                         .as_u64()
                         .unwrap_or(started[&rts]);
-                    let ended = r["stream"]["ended_at_micros"].as_u64();
+                    let ended = r["stream"]["ended_at_micros"].as_u64().map(|e| {
+                        match limits.seen_open.get(&(scope.channel.clone(), rts.clone())) {
+                            Some(seen) if r["stream"]["ended"] == "expired" => e.max(*seen),
+                            _ => e,
+                        }
+                    });
                     if let Some(changed) = changed_after(begun)
                         && ended.is_none_or(|e| e > changed + stream_end)
                     {
@@ -452,6 +531,24 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                     offend(&mut j);
                     continue;
                 }
+                // A stream Slack ended at its lifetime was never stopped:
+                // whatever it shows, it answered nothing (and was never
+                // whole, so it carries no label).
+                if streamed && r["stream"]["ended"] == "expired" {
+                    j.expired += 1;
+                    continue;
+                }
+                // Every reply carries the AI label (a context block).
+                let labelled = r["blocks"]
+                    .as_array()
+                    .is_some_and(|b| b.iter().any(|b| b["type"] == "context"));
+                if !labelled {
+                    j.violations.push((
+                        "unlabelled_reply",
+                        format!("reply {rts} in thread {root} carries no AI label"),
+                    ));
+                    offend(&mut j);
+                }
                 // A stream ended early says so in its last line (one of
                 // threadline's closing lines): it answered nothing.
                 if streamed && closes(text) {
@@ -460,6 +557,11 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                 }
                 if streamed {
                     j.streamed += 1;
+                } else {
+                    j.whole += 1;
+                }
+                if scope.kind == ScopeKind::Direct {
+                    j.pane += 1;
                 }
                 let fallback = limits
                     .fallback
@@ -496,6 +598,20 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                         read_by_later.insert(t.clone());
                     }
                 }
+                // With its context full, a reply read the root, the
+                // question and the newest replies: what is older than every
+                // reply it read was left out by the limit, not missed.
+                let truncated_before = limits
+                    .context_max_messages
+                    .filter(|max| st.read.len() >= *max)
+                    .and_then(|_| {
+                        st.read
+                            .iter()
+                            .map(|(t, _)| t)
+                            .filter(|t| **t != *root && **t != st.answering)
+                            .min_by_key(|t| ts_key(t))
+                            .cloned()
+                    });
                 let Some(&call) = arrived.get(&rts) else {
                     j.violations.push((
                         "post_without_call",
@@ -584,6 +700,13 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                         // Never acknowledged: threadline never had it.
                         continue;
                     };
+                    if truncated_before
+                        .as_ref()
+                        .is_some_and(|floor| ts_key(&hts) < ts_key(floor))
+                    {
+                        j.truncated += 1;
+                        continue;
+                    }
                     if ack + grace <= call {
                         j.violations.push((
                             "missed_message",
@@ -679,11 +802,12 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                 .filter(|m| m["app_id"].is_null() && m["bot_id"].is_null() && m["user"].is_string())
             {
                 let qts = s(q, "ts");
-                let asked = q["original_text"]
-                    .as_str()
-                    .or(q["text"].as_str())
-                    .unwrap_or_default()
-                    .contains(&mention);
+                let asked = scope.kind == ScopeKind::Direct
+                    || q["original_text"]
+                        .as_str()
+                        .or(q["text"].as_str())
+                        .unwrap_or_default()
+                        .contains(&mention);
                 if !asked {
                     continue;
                 }

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use threadline_store::testing::{decisions, threads};
 use threadline_testkit::eventually;
 use threadline_testkit::sim::SimWorkspace;
-use threadline_tests::oracle::{self, Scope, digest};
+use threadline_tests::oracle::{self, Scope, ScopeKind, digest};
 use threadline_tests::spawn_slack_sim;
 
 const GRACE: Duration = Duration::from_millis(300);
@@ -47,13 +47,22 @@ struct World {
 
 impl World {
     async fn new() -> Self {
+        Self::with_app(
+            &["app_mention", "message.channels"],
+            &["chat:write", "channels:history"],
+        )
+        .await
+    }
+
+    /// A world whose app hears `events` and is installed with `scopes`.
+    async fn with_app(events: &[&str], scopes: &[&str]) -> Self {
         let sim = spawn_slack_sim(5, 0.01).await;
         let refusing = Arc::new(AtomicBool::new(false));
         let url = receiver(refusing.clone()).await;
         let ws = SimWorkspace::create(
             &sim.base_url,
-            json!({"request_urls": [url], "events": ["app_mention", "message.channels"]}),
-            &["chat:write", "channels:history"],
+            json!({"request_urls": [url], "events": events}),
+            scopes,
             None,
         )
         .await;
@@ -65,10 +74,7 @@ impl World {
     }
 
     fn scope(&self) -> Vec<Scope> {
-        vec![Scope {
-            channel: self.ws.channel.clone(),
-            bot_user: self.ws.bot_user(),
-        }]
+        vec![Scope::mentions(&self.ws.channel, &self.ws.bot_user())]
     }
 
     async fn ask(&self, text: &str, thread: Option<&str>) -> String {
@@ -83,14 +89,15 @@ impl World {
     }
 
     async fn delivered(&self, ts: &str, subtype: Option<&str>) {
+        self.delivered_in(&self.ws.channel, ts, subtype).await;
+    }
+
+    async fn delivered_in(&self, channel: &str, ts: &str, subtype: Option<&str>) {
         eventually(
             "the deliveries answered",
             Duration::from_secs(10),
             || async {
-                let d = self
-                    .ws
-                    .get(&format!("deliveries?channel={}", self.ws.channel))
-                    .await;
+                let d = self.ws.get(&format!("deliveries?channel={channel}")).await;
                 let any = d["deliveries"]
                     .as_array()
                     .cloned()
@@ -454,6 +461,79 @@ async fn the_record_checks_catch_unrecorded_crossings_and_unexplained_questions(
         "{v:?}"
     );
     assert!(v[1].1.contains("40.000001"), "{v:?}");
+    let r = threadline_tests::records_verdict(&db.pool, &j).await;
+    assert_eq!(
+        r.reasons
+            .iter()
+            .map(|(q, why)| (q.ts.as_str(), why.as_str()))
+            .collect::<Vec<_>>(),
+        [("30.000001", "decision suppressed:global")],
+        "the reason an operator sees, for each question the records explain"
+    );
+
+    // A thread's latest answer, which would have answered its two earlier
+    // questions too, was rejected: the earlier ones are explained by the
+    // nearest later question's reason, a question after them all is not.
+    let thread = |ts: &str| oracle::Question {
+        channel: "C1".into(),
+        thread_ts: "50.000001".into(),
+        ts: ts.into(),
+    };
+    let j = oracle::Judgement {
+        unexplained: vec![
+            thread("50.000001"),
+            thread("50.000002"),
+            thread("50.000003"),
+            thread("50.000004"),
+        ],
+        ..Default::default()
+    };
+    decisions::insert_decision_with_status(
+        &db.pool,
+        &decisions::DecisionRow {
+            id: uuid::Uuid::now_v7(),
+            receipt_id: uuid::Uuid::now_v7(),
+            installation_id: inst,
+            event_id: "Ev50",
+            channel_id: "C1",
+            ts: "50.000003",
+            thread_version: 1,
+            status: "rejected",
+            status_reason: Some("reviewer"),
+        },
+    )
+    .await
+    .expect("decision");
+    let r = threadline_tests::records_verdict(&db.pool, &j).await;
+    assert_eq!(
+        r.reasons
+            .iter()
+            .map(|(q, why)| (q.ts.as_str(), why.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            (
+                "50.000001",
+                "with a later question: decision rejected:reviewer"
+            ),
+            (
+                "50.000002",
+                "with a later question: decision rejected:reviewer"
+            ),
+            ("50.000003", "decision rejected:reviewer"),
+        ]
+    );
+    assert_eq!(
+        r.violations.iter().map(|v| v.0).collect::<Vec<_>>(),
+        ["unexplained_question"],
+        "{:?}",
+        r.violations
+    );
+    assert!(
+        r.violations[0].1.contains("50.000004"),
+        "{:?}",
+        r.violations
+    );
+    assert_eq!(r.by_reason().values().sum::<usize>(), 3);
 }
 
 impl World {
@@ -530,7 +610,7 @@ impl World {
             oracle::Limits {
                 grace: GRACE,
                 stream_end,
-                fallback: None,
+                ..Default::default()
             },
         )
         .await
@@ -660,6 +740,7 @@ async fn fallback_replies_answer_one_question_each_and_no_more() {
                 grace: GRACE,
                 stream_end: Duration::from_secs(60),
                 fallback: Some(FALLBACK.to_owned()),
+                ..Default::default()
             },
         )
         .await
@@ -699,6 +780,316 @@ async fn fallback_replies_answer_one_question_each_and_no_more() {
     let j = judge().await;
     assert!(
         j.violations.iter().any(|v| v.0 == "unattributed_reply"),
+        "{:?}",
+        j.violations
+    );
+}
+
+impl World {
+    /// The bot posts `text` with `blocks` in `channel` (in `thread`); its ts.
+    async fn bot_post(
+        &self,
+        channel: &str,
+        thread: Option<&str>,
+        text: &str,
+        blocks: &Value,
+    ) -> String {
+        let blocks = blocks.to_string();
+        let mut form = vec![
+            ("channel", channel),
+            ("text", text),
+            ("blocks", blocks.as_str()),
+        ];
+        if let Some(t) = thread {
+            form.push(("thread_ts", t));
+        }
+        let r = self.call("chat.postMessage", &form).await;
+        r["ts"]
+            .as_str()
+            .unwrap_or_else(|| panic!("posted: {r}"))
+            .to_owned()
+    }
+
+    async fn judge_with(&self, scopes: &[Scope], limits: oracle::Limits) -> oracle::Judgement {
+        oracle::judge_with(&self.ws.base, &self.ws.app_id(), scopes, limits).await
+    }
+}
+
+/// Whether `j` found a violation of `kind` whose text mentions `what`.
+fn caught(j: &oracle::Judgement, kind: &str, what: &str) -> bool {
+    j.violations
+        .iter()
+        .any(|v| v.0 == kind && v.1.contains(what))
+}
+
+fn labelled(text: &str) -> Value {
+    json!([{"type": "section", "text": {"type": "mrkdwn", "text": text}},
+           {"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}])
+}
+
+fn limits() -> oracle::Limits {
+    oracle::Limits {
+        grace: GRACE,
+        stream_end: Duration::from_secs(60),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_direct_conversation_every_message_is_a_question_and_the_pane_is_judged() {
+    let w = World::with_app(
+        &[
+            "app_mention",
+            "message.channels",
+            "message.im",
+            "assistant_thread_started",
+        ],
+        &[
+            "chat:write",
+            "channels:history",
+            "im:history",
+            "assistant:write",
+        ],
+    )
+    .await;
+    // The person opens the pane looking at the channel, which has a message.
+    let seen_text = "the deploy is at noon";
+    let seen = w.ask(seen_text, None).await;
+    let opened =
+        w.ws.ctl(
+            "act/assistant_open",
+            json!({"user": w.ws.user, "app_id": w.ws.app_id(), "context_channel": w.ws.channel}),
+        )
+        .await;
+    let (dm, root) = (
+        opened["channel"].as_str().expect("dm").to_owned(),
+        opened["ts"].as_str().expect("thread").to_owned(),
+    );
+    let say = |text: &'static str| {
+        let (dm, root) = (dm.clone(), root.clone());
+        let w = &w;
+        async move {
+            let ts =
+                w.ws.ctl(
+                    "act/post",
+                    json!({"user": w.ws.user, "channel": dm, "thread_ts": root, "text": text}),
+                )
+                .await["ts"]
+                    .as_str()
+                    .expect("ts")
+                    .to_owned();
+            w.delivered_in(&dm, &ts, None).await;
+            ts
+        }
+    };
+    // No mention: in a DM, a question all the same.
+    let q1 = say("when is the deploy?").await;
+    let direct = vec![Scope {
+        channel: dm.clone(),
+        bot_user: w.ws.bot_user(),
+        kind: ScopeKind::Direct,
+    }];
+    let j = w.judge_with(&direct, limits()).await;
+    assert!(
+        j.violations.is_empty(),
+        "the pane's opening message is no reply: {:?}",
+        j.violations
+    );
+    assert_eq!(
+        (j.questions, j.answered, j.unexplained.len()),
+        (1, 0, 1),
+        "{j:?}"
+    );
+    // Judged as a channel, the same message asks nothing.
+    let as_channel = vec![Scope::mentions(&dm, &w.ws.bot_user())];
+    let j = w.judge_with(&as_channel, limits()).await;
+    assert_eq!(j.questions, 0, "{j:?}");
+    // The pane's answer adds what it read of the channel the person looks
+    // at; what it read of the thread is still judged.
+    let answer = format!(
+        "an answer\nAnswering {q1}; read {q1}/{}; and 1 message(s) of channel {}, the one you are looking at: {seen}/{}",
+        digest("when is the deploy?"),
+        w.ws.channel,
+        digest(seen_text)
+    );
+    w.bot_post(&dm, Some(&root), &answer, &labelled("an answer"))
+        .await;
+    let j = w.judge_with(&direct, limits()).await;
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+    assert_eq!(
+        (j.questions, j.answered, j.pane, j.whole),
+        (1, 1, 1, 1),
+        "{j:?}"
+    );
+    // A second question answered without reading the first is caught.
+    let q2 = say("and who deploys?").await;
+    tokio::time::sleep(GRACE * 2).await;
+    let answer = format!(
+        "an answer\nAnswering {q2}; read {q2}/{}; and 0 message(s) of channel {}, the one you are looking at: ",
+        digest("and who deploys?"),
+        w.ws.channel
+    );
+    w.bot_post(&dm, Some(&root), &answer, &labelled("an answer"))
+        .await;
+    let j = w.judge_with(&direct, limits()).await;
+    assert!(
+        caught(&j, "missed_message", &format!("missed message {q1}")),
+        "{:?}",
+        j.violations
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decided_review_request_is_no_answer_in_its_review_channel() {
+    let w = World::new().await;
+    let review =
+        w.ws.ctl(
+            "channels",
+            json!({"team_id": w.ws.team, "name": "answers-review", "kind": "public",
+                   "members": [w.ws.user, w.ws.bot_user()]}),
+        )
+        .await["id"]
+            .as_str()
+            .expect("channel")
+            .to_owned();
+    // A request quotes the answer it asks about, and shows buttons.
+    let quoted = "Answering 1.000001; read 1.000001/ca978112";
+    let buttons = json!([
+        {"type": "section", "text": {"type": "mrkdwn", "text": quoted}},
+        {"type": "actions", "elements": [
+            {"type": "button", "action_id": "approve", "text": {"type": "plain_text", "text": "Approve"}}]}]);
+    let asking = w.bot_post(&review, None, quoted, &buttons).await;
+    let rejected = w.bot_post(&review, None, quoted, &buttons).await;
+    // Decided, a request loses its buttons and says so.
+    let decided = json!([{"type": "section", "text": {"type": "mrkdwn", "text": "Rejected by <@U1>: not posted."}}]).to_string();
+    let r = w
+        .call(
+            "chat.update",
+            &[
+                ("channel", review.as_str()),
+                ("ts", rejected.as_str()),
+                ("text", "Rejected by <@U1>: not posted."),
+                ("blocks", decided.as_str()),
+            ],
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let scope = |kind| {
+        vec![Scope {
+            channel: review.clone(),
+            bot_user: w.ws.bot_user(),
+            kind,
+        }]
+    };
+    let j = w.judge_with(&scope(ScopeKind::Review), limits()).await;
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+    assert_eq!(
+        (
+            j.review_requests,
+            j.review_decided,
+            j.review_rejected,
+            j.replies
+        ),
+        (2, 1, 1, 0),
+        "{asking}: {j:?}"
+    );
+    // Read as a channel of answers, the decided request is a reply that
+    // answers nothing of its thread: the kind of the scope matters.
+    let j = w.judge_with(&scope(ScopeKind::Mentions), limits()).await;
+    assert!(
+        j.violations
+            .iter()
+            .any(|v| v.0 == "unattributed_reply" || v.0 == "unlabelled_reply"),
+        "{:?}",
+        j.violations
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_slack_expired_answers_nothing_and_its_open_time_counts() {
+    let w = World::new().await;
+    let q_text = format!("<@{}> is it up?", w.ws.bot_user());
+    let q = w.ask(&q_text, None).await;
+    // The whole answer streamed, but never stopped: Slack expires it.
+    let ts = w
+        .start_stream(&q, &format!("Answering {q}; read {q}/{}", digest(&q_text)))
+        .await;
+    let seen_open = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as u64;
+    w.ask("it is back", Some(&q)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    w.ws.ctl("settings", json!({"stream_lifetime_ms": 200}))
+        .await;
+    let j = w.judge_with(&w.scope(), limits()).await;
+    assert!(
+        j.violations.is_empty(),
+        "an expired stream is no reply to judge: {:?}",
+        j.violations
+    );
+    assert_eq!(
+        (j.expired, j.streamed, j.answered, j.unexplained.len()),
+        (1, 0, 0, 1),
+        "an expired stream answered nothing: {j:?}"
+    );
+    // Slack dates the expiry at its start plus the lifetime; a stream seen
+    // open after its thread changed was open until then at least.
+    let mut seen = limits();
+    seen.stream_end = Duration::from_secs(1);
+    let j = w.judge_with(&w.scope(), seen.clone()).await;
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+    seen.seen_open
+        .insert((w.ws.channel.clone(), ts.clone()), seen_open + 1_500_000);
+    let j = w.judge_with(&w.scope(), seen).await;
+    assert!(caught(&j, "stream_left_open", &ts), "{:?}", j.violations);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_context_may_leave_out_older_messages_and_no_other() {
+    let w = World::new().await;
+    let bot = w.ws.bot_user();
+    let root_text = format!("<@{bot}> what changed?");
+    let root = w.ask(&root_text, None).await;
+    let mut replies = Vec::new();
+    for i in 0..5 {
+        let text = format!("detail {i}");
+        let ts = w.ask(&text, Some(&root)).await;
+        replies.push((ts, text));
+    }
+    let q_text = format!("<@{bot}> so?");
+    let q = w.ask(&q_text, Some(&root)).await;
+    // A context of 4: the root, the question and the two newest replies.
+    let read: Vec<(&str, &str)> = vec![
+        (root.as_str(), root_text.as_str()),
+        (replies[3].0.as_str(), replies[3].1.as_str()),
+        (replies[4].0.as_str(), replies[4].1.as_str()),
+        (q.as_str(), q_text.as_str()),
+    ];
+    // (well after the messages were acknowledged: none crossed it)
+    tokio::time::sleep(GRACE * 2).await;
+    w.answer(&root, &q, &read).await;
+    let mut full = limits();
+    full.context_max_messages = Some(4);
+    let j = w.judge_with(&w.scope(), full.clone()).await;
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+    assert_eq!(j.truncated, 3, "{j:?}");
+    // Without the limit, the same answer missed three messages.
+    let j = w.judge_with(&w.scope(), limits()).await;
+    assert_eq!(
+        j.violations
+            .iter()
+            .filter(|v| v.0 == "missed_message")
+            .count(),
+        3,
+        "{:?}",
+        j.violations
+    );
+    // With a larger limit than it read, a gap is a miss.
+    full.context_max_messages = Some(5);
+    let j = w.judge_with(&w.scope(), full).await;
+    assert!(
+        j.violations.iter().any(|v| v.0 == "missed_message"),
         "{:?}",
         j.violations
     );
