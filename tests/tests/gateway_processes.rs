@@ -1137,3 +1137,113 @@ async fn a_gateway_that_does_not_relay_is_ready_without_the_broker() {
     assert_eq!(pending(&db).await, 1, "in the outbox, for the relay");
     assert!(gw.terminate().await.success());
 }
+
+/// Key rotation never undoes a refresh: a token refreshed between the
+/// rotation's read and its write (sealed with the same key, as a replica
+/// still on the old keys does) is not overwritten with the stale one, and
+/// a token whose refresh holds the lease is not re-sealed under it (the
+/// refresh's store, compare-and-set on the spent token, would then fail and
+/// lose what Slack granted). `keys rotate` re-reads such tokens and
+/// re-seals them once the refresh is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_rotation_never_overwrites_a_refreshed_token_nor_one_being_refreshed() {
+    use threadline_runtime::secrets::{Sealed, TokenCipher, token_aad};
+    use threadline_store::installations::{self, SealedToken, TokenKind};
+    use threadline_store::testing::installations as inst_testing;
+    let db = TestDb::new().await;
+    let inst = seed_installation(&db.pool, "A0RACE", "T0RACE").await;
+    let k1 = "k1:".to_owned() + &"11".repeat(32);
+    let both = format!("k2:{},{k1}", "22".repeat(32));
+    let old_keys = TokenCipher::parse(&k1.clone().into()).expect("keys");
+    let new_keys = TokenCipher::parse(&both.clone().into()).expect("keys");
+    let aad = token_aad(&inst, TokenKind::Refresh.purpose());
+    let seal = |c: &TokenCipher, t: &str| c.seal(t.as_bytes(), &aad).expect("seal");
+    let store = |s: &Sealed| {
+        let (pool, bytes, key) = (db.pool.clone(), s.bytes.clone(), s.key_id.clone());
+        async move {
+            inst_testing::set_refresh_token(&pool, inst, &bytes, &key)
+                .await
+                .expect("store");
+        }
+    };
+    let stored = || async {
+        inst_testing::sealed_token(&db.pool, TokenKind::Refresh, inst)
+            .await
+            .expect("read")
+    };
+    let opened = |(bytes, key_id): (Vec<u8>, String)| {
+        use secrecy::ExposeSecret as _;
+        new_keys
+            .open(&Sealed { key_id, bytes }, &aad)
+            .expect("open")
+            .expose_secret()
+            .to_owned()
+    };
+
+    // The rotation reads the token (sealed with k1)…
+    store(&seal(&old_keys, "xoxe-1-spent")).await;
+    let (bytes, key_id) = stored().await;
+    let old = SealedToken {
+        id: inst,
+        bytes,
+        key_id,
+    };
+    let resealed = seal(&new_keys, "xoxe-1-spent");
+    let new = SealedToken {
+        id: inst,
+        bytes: resealed.bytes.clone(),
+        key_id: resealed.key_id.clone(),
+    };
+    // …a refresh on a replica still on k1 stores the token Slack granted…
+    store(&seal(&old_keys, "xoxe-1-granted")).await;
+    // …and the rotation's write must not put the spent one back.
+    assert!(
+        !installations::reseal(&db.pool, TokenKind::Refresh, &old, &new)
+            .await
+            .expect("reseal"),
+        "the rotation overwrote a token refreshed since it read it"
+    );
+    assert_eq!(opened(stored().await), "xoxe-1-granted");
+
+    // A refresh holds the lease on the token the rotation read: no write
+    // under it.
+    let (bytes, key_id) = stored().await;
+    let old = SealedToken {
+        id: inst,
+        bytes: bytes.clone(),
+        key_id,
+    };
+    let resealed = seal(&new_keys, "xoxe-1-granted");
+    let new = SealedToken {
+        id: inst,
+        bytes: resealed.bytes,
+        key_id: resealed.key_id,
+    };
+    let holder = uuid::Uuid::now_v7();
+    assert!(
+        threadline_store::tokens::take_refresh_lease(&db.pool, inst, &bytes, holder, 30.0)
+            .await
+            .expect("lease")
+            .is_some(),
+        "the refresh takes its lease"
+    );
+    assert!(
+        !installations::reseal(&db.pool, TokenKind::Refresh, &old, &new)
+            .await
+            .expect("reseal"),
+        "the rotation re-sealed a token a refresh was exchanging"
+    );
+    assert_eq!(stored().await.0, bytes, "untouched under the lease");
+    // Once the lease is given back, the rotation goes through.
+    threadline_store::tokens::give_back_refresh_lease(&db.pool, inst, holder, false)
+        .await
+        .expect("give back");
+    assert!(
+        installations::reseal(&db.pool, TokenKind::Refresh, &old, &new)
+            .await
+            .expect("reseal")
+    );
+    let (_, key_id) = stored().await;
+    assert_eq!(key_id, "k2");
+    assert_eq!(opened(stored().await), "xoxe-1-granted");
+}

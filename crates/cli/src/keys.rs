@@ -7,20 +7,47 @@ use threadline_runtime::config::Source;
 use threadline_runtime::secrets::{Sealed, TokenCipher, token_aad};
 use threadline_store::installations::{self, TokenKind};
 
+/// How long rotation keeps trying tokens a refresh holds (a refresh takes
+/// seconds; its lease at most a minute).
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(90);
+
 pub async fn rotate(src: &Source, pool: &PgPool) -> anyhow::Result<()> {
     let cipher = TokenCipher::from_source(src)?;
     let active = cipher.active_key_id().to_owned();
-    let bot = reseal(&cipher, pool, TokenKind::Bot).await?;
-    let refresh = reseal(&cipher, pool, TokenKind::Refresh).await?;
+    let (mut bot, mut refresh) = (0, 0);
+    let started = std::time::Instant::now();
+    loop {
+        let (b, left_b) = reseal(&cipher, pool, TokenKind::Bot).await?;
+        let (r, left_r) = reseal(&cipher, pool, TokenKind::Refresh).await?;
+        (bot, refresh) = (bot + b, refresh + r);
+        let left = left_b + left_r;
+        if left == 0 {
+            break;
+        }
+        if started.elapsed() > PATIENCE {
+            anyhow::bail!(
+                "re-sealed {bot} bot token(s) and {refresh} refresh token(s) with key {active}; \
+                 {left} token(s) changed or were being refreshed throughout: run `threadline keys rotate` again"
+            );
+        }
+        // (a refresh holds them, or stored new ones: read them again)
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
     println!("re-sealed {bot} bot token(s) and {refresh} refresh token(s) with key {active}");
     Ok(())
 }
 
-/// Re-seals every token of `kind` not yet under the active key.
-async fn reseal(cipher: &TokenCipher, pool: &PgPool, kind: TokenKind) -> anyhow::Result<u64> {
+/// Re-seals every token of `kind` not yet under the active key: how many
+/// were re-sealed, and how many changed or were held by a refresh
+/// meanwhile (left for the next round).
+async fn reseal(
+    cipher: &TokenCipher,
+    pool: &PgPool,
+    kind: TokenKind,
+) -> anyhow::Result<(u64, u64)> {
     let purpose = kind.purpose();
     let rows = installations::sealed_with_other_key(pool, kind, cipher.active_key_id()).await?;
-    let mut done = 0;
+    let (mut done, mut left) = (0, 0);
     for old in rows {
         let aad = token_aad(&old.id, purpose);
         let token = cipher
@@ -46,7 +73,9 @@ async fn reseal(cipher: &TokenCipher, pool: &PgPool, kind: TokenKind) -> anyhow:
         };
         if installations::reseal(pool, kind, &old, &new).await? {
             done += 1;
+        } else {
+            left += 1;
         }
     }
-    Ok(done)
+    Ok((done, left))
 }

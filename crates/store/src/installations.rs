@@ -146,7 +146,11 @@ pub async fn sealed_with_other_key(
 }
 
 /// Stores a token sealed anew (`new`) in place of `old`, compare-and-set
-/// on the old key: a concurrent re-seal is not undone. True when stored.
+/// on the old sealed bytes, and only while no refresh holds the
+/// installation's lease: a token refreshed meanwhile (under any key) is
+/// never overwritten with the stale one, and a refresh under way never
+/// finds its spent token re-sealed (its store would then fail and lose
+/// what Slack granted). True when stored; false means read it again.
 pub async fn reseal(
     pool: &PgPool,
     kind: TokenKind,
@@ -157,11 +161,13 @@ pub async fn reseal(
         TokenKind::Bot => {
             sqlx::query!(
                 "UPDATE installations SET bot_token_sealed = $2, bot_token_key_id = $3, updated_at = now()
-                  WHERE id = $1 AND bot_token_key_id = $4",
+                  WHERE id = $1 AND bot_token_key_id = $4 AND bot_token_sealed = $5
+                    AND (refresh_lease_until IS NULL OR refresh_lease_until < now())",
                 old.id,
                 new.bytes,
                 new.key_id,
-                old.key_id
+                old.key_id,
+                old.bytes
             )
             .execute(pool)
             .await?
@@ -169,11 +175,13 @@ pub async fn reseal(
         TokenKind::Refresh => {
             sqlx::query!(
                 "UPDATE installations SET refresh_token_sealed = $2, refresh_token_key_id = $3, updated_at = now()
-                  WHERE id = $1 AND refresh_token_key_id = $4",
+                  WHERE id = $1 AND refresh_token_key_id = $4 AND refresh_token_sealed = $5
+                    AND (refresh_lease_until IS NULL OR refresh_lease_until < now())",
                 old.id,
                 new.bytes,
                 new.key_id,
-                old.key_id
+                old.key_id,
+                old.bytes
             )
             .execute(pool)
             .await?
