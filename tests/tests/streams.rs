@@ -540,6 +540,63 @@ async fn an_approved_answer_whose_post_lands_late_after_its_stream_is_posted_onc
     s.stop().await;
 }
 
+/// A stream is Markdown, where `[label](url)` shows only its label: a
+/// link the model writes is never streamed (a prompt injection could hide a
+/// phishing target behind friendly words). The stream ends before it, and
+/// the whole answer is posted as mrkdwn, where the same text shows its URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_markdown_link_is_never_streamed_and_the_answer_shows_its_url() {
+    let url = streaming_model(
+        &[
+            "The deploy fails ",
+            "because the token expired. ",
+            "Renew it at ",
+            "[the admin page](https://evil.example/login) ",
+            "and retry.",
+        ],
+        Duration::from_millis(200),
+    )
+    .await;
+    let mut s = Stack::start(&streaming(
+        0,
+        &[
+            ("THREADLINE_MODEL_PROVIDER", "openai"),
+            ("THREADLINE_MODEL_BASE_URL", &url),
+            ("THREADLINE_MODEL_NAME", "m"),
+        ],
+    ))
+    .await;
+    s.unjudged = Some("the scripted model's answers do not state what they read");
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    let answers = s.wait_answers(&q, 2).await;
+    assert_eq!(
+        answers.len(),
+        2,
+        "the ended stream and the whole answer: {answers:#?}"
+    );
+    let streamed = answers[0]["text"].as_str().unwrap_or_default();
+    assert!(
+        !streamed.contains("](") && !streamed.contains("evil.example"),
+        "no Markdown link was streamed: {streamed}"
+    );
+    assert!(streamed.ends_with(INTERRUPTED), "{streamed}");
+    assert!(
+        answers[1]["streaming_state"].is_null(),
+        "a post, not a stream"
+    );
+    let whole = answers[1]["text"].as_str().unwrap_or_default();
+    assert!(
+        whole.contains("[the admin page](https://evil.example/login)"),
+        "the post shows the link's target as written: {whole}"
+    );
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edit_of_the_question_mid_stream_ends_it_and_the_edited_question_is_answered_once() {
     let s = Stack::start(&streaming(150, &[])).await;

@@ -115,7 +115,9 @@ impl<'a> Releaser<'a> {
         let cut = raw.rfind(char::is_whitespace)?;
         let words = raw[..cut].trim();
         let checked = output::prepare(output::Body::Model(words), label, max_chars, false);
-        if !checked.risks.is_empty() {
+        // (a stream is Markdown: a link there hides its target; the rest
+        // is posted whole, as mrkdwn, where it shows as written)
+        if !checked.risks.is_empty() || output::markup::markdown_link(words) {
             return None;
         }
         let text = threadline_domain::output::markup::escape(words);

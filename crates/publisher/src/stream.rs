@@ -15,6 +15,7 @@
 use std::time::Duration;
 
 use secrecy::ExposeSecret as _;
+use threadline_domain::output::markup;
 use threadline_domain::reply::{self, Ending};
 use threadline_domain::state::{DecisionStatus, IntentState};
 use threadline_runtime::worker::Disposition;
@@ -64,10 +65,19 @@ pub fn step(t: &Tick, version: i64, shown: &str) -> Step {
         return Step::End(Ending::ThreadChanged);
     }
     use DecisionStatus as D;
+    // What a stream shows is Markdown, where a link hides its target: text
+    // that would make one is never sent in a stream, whoever stored it
+    // (the whole answer is posted instead, as mrkdwn, where it shows as
+    // written).
+    let hides_a_link = |whole: &str| markup::markdown_link(whole);
     match t.decision_status {
         D::Calling => match &t.released {
             Some(r) if r.len() > shown.len() && r.starts_with(shown) => {
-                Step::Append(r[shown.len()..].to_owned())
+                if hides_a_link(r) {
+                    Step::Wait
+                } else {
+                    Step::Append(r[shown.len()..].to_owned())
+                }
             }
             _ => Step::Wait,
         },
@@ -77,7 +87,9 @@ pub fn step(t: &Tick, version: i64, shown: &str) -> Step {
             match &t.body {
                 // (an event of the thread not processed yet may change it)
                 Some(_) if t.pending => Step::Wait,
-                Some(b) if b.starts_with(shown) => Step::Finish(b[shown.len()..].to_owned()),
+                Some(b) if b.starts_with(shown) && !hides_a_link(b) => {
+                    Step::Finish(b[shown.len()..].to_owned())
+                }
                 _ => Step::End(Ending::Interrupted),
             }
         }
@@ -479,6 +491,20 @@ mod tests {
         t.pending = false;
         t.body = Some("threadline could not process this request.".into());
         assert_eq!(step(&t, 3, "Restart the"), Step::End(Ending::Interrupted));
+    }
+
+    #[test]
+    fn a_markdown_link_is_never_sent_in_a_stream() {
+        let mut t = tick("calling");
+        t.released = Some("Read [the docs](https://evil.example)".into());
+        assert_eq!(step(&t, 3, "Read"), Step::Wait, "not appended");
+        let mut t = tick("proposed");
+        t.body = Some("Read [the docs](https://evil.example) first.".into());
+        assert_eq!(
+            step(&t, 3, "Read"),
+            Step::End(Ending::Interrupted),
+            "the whole answer is posted instead"
+        );
     }
 
     #[test]

@@ -180,6 +180,25 @@ fn looks_like_link(inner: &str) -> bool {
     .any(|s| lower.starts_with(s))
 }
 
+/// Whether `text`, rendered as Markdown (a stream's `markdown_text`),
+/// would show a link whose words hide its target: an inline link or image
+/// (`[label](url)`, `![alt](url)`), a reference link (`[label][ref]`,
+/// `[label][]`) or a reference definition (`[ref]: url`, which turns a
+/// bare `[ref]` anywhere into a link). Slack's mrkdwn (posts) shows such
+/// text as written, with the URL visible, so only the Markdown form needs
+/// this. Conservative: text that merely looks like one (`a[i](x)`) counts.
+pub fn markdown_link(text: &str) -> bool {
+    if text.contains("](") || text.contains("][") {
+        return true;
+    }
+    text.lines().any(|line| {
+        let l = line.trim_start_matches([' ', '\t']);
+        l.starts_with('[')
+            && l.find("]:")
+                .is_some_and(|end| end > 1 && !l[1..end].contains(']'))
+    })
+}
+
 /// `@here`, `@channel` or `@everyone` typed as a word (any case).
 fn typed_broadcast(text: &str) -> bool {
     let lower = text.to_lowercase();
@@ -260,6 +279,30 @@ fn readable_pass(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn markdown_links_that_hide_their_target_are_found() {
+        for text in [
+            "see [the docs](https://evil.example) now",
+            "![a chart](https://evil.example/x.png)",
+            "[the docs][1] and more",
+            "[the docs][]",
+            "read [this]\n\n[this]: https://evil.example",
+            "  [ref]: <https://evil.example>",
+            "[a](b",
+        ] {
+            assert!(markdown_link(text), "{text:?}");
+        }
+        for text in [
+            "plain words, https://example.com shown as it is",
+            "an array a[1] and a list [x] of things",
+            "&lt;https://example.com|label&gt;",
+            "[x] done: yes",
+            "",
+        ] {
+            assert!(!markdown_link(text), "{text:?}");
+        }
+    }
     use super::*;
 
     #[test]
