@@ -1,28 +1,43 @@
 //! The chaos soak: a seeded generator drives several workspaces, channels
 //! and threads with random human activity (mentions, replies, edits,
-//! deletes) while faults are thrown at every part: Slack retries, lost
-//! post responses, 429s, posts Slack applies after the client gave up,
-//! human replies injected the moment an answer reaches Slack, services
-//! SIGKILLed and restarted, services frozen (SIGSTOP) for longer than the
-//! sending stale time, a Postgres outage and a NATS outage longer than the
-//! ack wait. Human activity goes on through all of it.
+//! deletes, questions in the assistant pane) while faults are thrown at
+//! every part: Slack retries, lost post responses, 429s, posts Slack
+//! applies after the client gave up, human replies injected the moment an
+//! answer reaches Slack, faults on the stream methods (429s on
+//! `chat.appendStream` and `chat.stopStream`, lost responses of starts and
+//! stops, a start answered 503 and not applied, streams Slack expires),
+//! services SIGKILLed and restarted (the publisher also while a stream is
+//! open), services frozen (SIGSTOP) for longer than the sending stale time,
+//! a Postgres outage and a NATS outage longer than the ack wait. Human
+//! activity goes on through all of it.
+//!
+//! Answers come in every form: streamed (a third of the channels have
+//! streaming off, and are answered whole), held for review in each
+//! workspace's review channel, where a simulated reviewer clicks (Approve
+//! mostly, Reject sometimes, sometimes late, sometimes twice, sometimes
+//! after a click of someone who is not a reviewer), and in the assistant
+//! pane of a person's DM with the app.
 //!
 //! The verdict comes from the oracle (`crate::oracle`), which reads only
 //! what Slack shows and the answers' text, plus threadline's own records
 //! for what Slack cannot show: every acknowledged delivery reaches a
 //! terminal state, no dead letters (no fault here is poison), nothing stuck
 //! without a reason, every crossed-in-flight answer recorded and
-//! reconsidered, every unanswered question explained to an operator.
+//! reconsidered, every unanswered question explained to an operator by a
+//! reason the soak itself caused (a reviewer's rejection: the soak engages
+//! no kill switch).
 //!
-//! A failure prints the seed and the actions that touched each offending
-//! thread (the minimal trace to replay).
+//! A failure prints the seed and, for each offending thread, the actions
+//! that touched it and what Slack shows of it (the minimal trace to
+//! replay).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::{Stack, sim_ctl};
+use crate::Stack;
+use crate::oracle::ScopeKind;
 
 /// The emulator's seeded generator (SplitMix64), so a seed replays.
 pub use threadline_slack_sim::model::Rng;
@@ -32,14 +47,41 @@ fn below(rng: &mut Rng, n: u64) -> u64 {
     if n == 0 { 0 } else { rng.next_u64() % n }
 }
 
+/// The app's events and the scopes of its installations: mentions and
+/// public channels, and the assistant pane.
+pub const EVENTS: &[&str] = &[
+    "app_mention",
+    "message.channels",
+    "message.im",
+    "assistant_thread_started",
+    "assistant_thread_context_changed",
+];
+pub const SCOPES: &[&str] = &[
+    "chat:write",
+    "channels:history",
+    "channels:read",
+    "im:history",
+    "assistant:write",
+];
+
 /// The settings a soak runs the stack with: a model that takes a moment
 /// (so the thread can change under it), and short recovery times, so that
 /// a killed worker's message is back in 3 s (not a minute), a post whose
 /// publisher died counts as unknown after 4 s, a killed inference's model
-/// call is taken over after 2 × 1 s + 10 s, and a held reply's thread is
-/// read again after 2 s.
+/// call is taken over after 2 × 1 s + 10 s, a held reply's thread is read
+/// again after 2 s, and a stream nobody drives is taken over after 3 s.
+/// Answers stream (the built-in model writes a word every 20 ms, released
+/// every 100 ms, appended every 250 ms). The context's byte limit is out of
+/// reach, so that only its message limit truncates (which the oracle
+/// allows for).
 pub fn settings() -> Vec<(&'static str, String)> {
     [
+        ("THREADLINE_STREAMING", "true"),
+        ("THREADLINE_BUILTIN_STREAM_PACE_MS", "20"),
+        ("THREADLINE_STREAM_RELEASE_MS", "100"),
+        ("THREADLINE_STREAM_APPEND_MS", "250"),
+        ("THREADLINE_STREAM_STALE_MS", "3000"),
+        ("THREADLINE_CONTEXT_MAX_BYTES", "524288"),
         ("THREADLINE_BUILTIN_LATENCY_MS", "400"),
         ("THREADLINE_SLACK_TIMEOUT_MS", "800"),
         ("THREADLINE_RECONCILE_WINDOW_MS", "1500"),
@@ -56,6 +98,28 @@ pub fn settings() -> Vec<(&'static str, String)> {
     .collect()
 }
 
+/// Starts the stack a soak runs on ([`settings`], the app with the pane's
+/// events and scopes), its services on `nats_url` when given.
+pub async fn start_stack(nats_url: Option<String>) -> Stack {
+    let mut settings = settings();
+    if let Some(url) = nats_url {
+        settings.push(("NATS_URL", url));
+    }
+    let extra: Vec<(&str, String)> = settings.iter().map(|(k, v)| (*k, v.clone())).collect();
+    Stack::start_with_app(&extra, EVENTS, SCOPES).await
+}
+
+/// Slack's limits raised out of reach (posts a second per channel, the
+/// stream and read tiers), so that every 429 the stack meets is one the
+/// soak injected.
+const SLACK_SETTINGS: &str = r#"{"posts_per_second": 1000.0, "post_burst": 1000.0,
+    "tier2_per_minute": 1000000, "tier3_per_minute": 1000000, "tier4_per_minute": 1000000}"#;
+
+/// How long streams live in Slack during an expiry episode (Slack's own
+/// lifetime is 300 s): long enough to start, too short to finish.
+const EXPIRING_LIFETIME_MS: u64 = 700;
+const SLACK_STREAM_LIFETIME_MS: u64 = 300_000;
+
 /// The faults beyond Slack's own (retries, 429s, lost responses), each
 /// switched off by a zero.
 #[derive(Debug, Clone)]
@@ -71,6 +135,12 @@ pub struct Adversary {
     pub nats_outage: Duration,
     /// Every service SIGKILLed and restarted this many times.
     pub kill_rounds: usize,
+    /// The publisher SIGKILLed this many more times, and frozen as many,
+    /// each when a stream is open (or 4 s later).
+    pub stream_hits: usize,
+    /// Episodes of 5 s in which Slack ends every stream 700 ms after its
+    /// start (`message_not_in_streaming_state` to its next append or stop).
+    pub expiries: usize,
 }
 
 impl Adversary {
@@ -82,6 +152,8 @@ impl Adversary {
             db_outage: Duration::from_secs(90),
             nats_outage: Duration::from_secs(8),
             kill_rounds: 1,
+            stream_hits: 1,
+            expiries: 3,
         }
     }
 
@@ -93,6 +165,8 @@ impl Adversary {
             db_outage: Duration::ZERO,
             nats_outage: Duration::ZERO,
             kill_rounds: 0,
+            stream_hits: 0,
+            expiries: 3,
         }
     }
 }
@@ -113,6 +187,9 @@ pub struct Config {
     /// How late after its acknowledgement a message may be missing from a
     /// reply without counting against it (then it crossed in flight).
     pub grace: Duration,
+    /// The share of human actions (percent) before which a fault is armed
+    /// on a stream method.
+    pub stream_fault_percent: u64,
 }
 
 #[derive(Debug, Default)]
@@ -123,12 +200,30 @@ pub struct Report {
     pub faults: BTreeMap<&'static str, usize>,
     /// Kills and pauses that found acknowledged work not yet finished.
     pub hit_mid_flight: usize,
+    /// Stream faults that fired, by kind, from Slack's call log (an armed
+    /// fault fires on the method's next call, whoever makes it).
+    pub stream_faults: BTreeMap<&'static str, usize>,
     pub replies: usize,
     pub questions: usize,
     pub answered: usize,
-    /// Questions without a reply that Slack explains, by reason, and those
-    /// an operator's view explains.
+    /// Answers by form: posted whole (of which approved by a reviewer),
+    /// streamed to their end, in the assistant pane (either way).
+    pub whole: usize,
+    pub approved: usize,
+    pub streamed: usize,
+    pub pane: usize,
+    /// Messages of the app that answer nothing: streams ended early with
+    /// a closing line, streams Slack expired, review requests (of which
+    /// rejected).
+    pub ended_early: usize,
+    pub expired: usize,
+    pub review_requests: usize,
+    pub rejected: usize,
+    /// Questions without a reply that Slack explains, by reason.
     pub explained: BTreeMap<String, usize>,
+    /// Questions without a reply that threadline's records explain, by the
+    /// reason an operator sees.
+    pub reasons: BTreeMap<String, usize>,
     pub crossed: usize,
     /// How long the actions took, and then the settling.
     pub acting: Duration,
@@ -137,6 +232,17 @@ pub struct Report {
     pub violations: Vec<(&'static str, String)>,
     /// Per offending thread, the actions that touched it.
     pub traces: Vec<String>,
+}
+
+/// `k n, k n, …`, or `none`.
+fn listed<K: std::fmt::Display>(m: &BTreeMap<K, usize>) -> String {
+    if m.is_empty() {
+        return "none".to_owned();
+    }
+    m.iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl Report {
@@ -149,26 +255,17 @@ impl Report {
     }
 
     pub fn render(&self) -> String {
-        let list = |m: &BTreeMap<&'static str, usize>| {
-            if m.is_empty() {
-                "none".to_owned()
-            } else {
-                m.iter()
-                    .map(|(k, v)| format!("{k} {v}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            }
-        };
-        let explained: Vec<String> = self
-            .explained
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
+        let list = listed::<&'static str>;
+        let owned = listed::<String>;
         let mut out = format!(
             "chaos soak, seed {}: {} human events in {:.0} s, settled {:.0} s later\n\
              faults injected: {}\n\
+             stream faults that fired (Slack's call log): {}\n\
              kills and pauses that hit acknowledged work mid-flight: {}\n\
-             Slack shows {} replies to {} questions: {} answered once; explained: {}\n\
+             Slack shows {} replies to {} questions: {} answered once; explained by Slack: {}\n\
+             answers by form: {} posted whole ({} approved by a reviewer), {} streamed, {} in the pane\n\
+             not answers: {} streams ended early, {} streams expired by Slack, {} review requests ({} rejected)\n\
+             explained by threadline's records: {}\n\
              answers crossed in flight (recorded and reconsidered): {}\n\
              violations: {}\n",
             self.seed,
@@ -176,15 +273,21 @@ impl Report {
             self.acting.as_secs_f64(),
             self.settling.as_secs_f64(),
             list(&self.faults),
+            list(&self.stream_faults),
             self.hit_mid_flight,
             self.replies,
             self.questions,
             self.answered,
-            if explained.is_empty() {
-                "none".to_owned()
-            } else {
-                explained.join(", ")
-            },
+            owned(&self.explained),
+            self.whole,
+            self.approved,
+            self.streamed,
+            self.pane,
+            self.ended_early,
+            self.expired,
+            self.review_requests,
+            self.rejected,
+            owned(&self.reasons),
             self.crossed,
             list(&self.violations_by_kind()),
         );
@@ -211,6 +314,11 @@ struct Person {
     user: String,
     channel: String,
     bot: String,
+    /// Which workspace (index into the soak's workspaces).
+    ws: usize,
+    /// A channel (mentions are questions) or the person's DM with the app
+    /// (the pane: every message is a question).
+    kind: ScopeKind,
 }
 
 struct Thread {
@@ -220,13 +328,33 @@ struct Thread {
     messages: Vec<String>,
 }
 
+/// A workspace of the soak: its installation, its person, its review
+/// channel with a reviewer and a member who is not one, and the person's
+/// DM with the app once they opened the pane.
+struct Ws {
+    inst: String,
+    user: String,
+    bot: String,
+    channel: String,
+    review: String,
+    reviewer: String,
+    other: String,
+    /// Index into the people of the person's DM, once opened.
+    dm: Option<usize>,
+}
+
 const SERVICES: [&str; 4] = ["gateway", "context-builder", "inference", "publisher"];
 
 /// Something under way that ends at a given time.
 enum Episode {
-    Paused { service: usize, pid: u32 },
+    Paused {
+        service: usize,
+        pid: u32,
+    },
     DbDown,
     NatsDown,
+    /// Slack expires streams early.
+    Expiring,
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -235,55 +363,194 @@ fn signal(pid: u32, sig: &str) {
         .status();
 }
 
+/// The settings the CLI needs on the soak's stack.
+fn cli_env(s: &Stack) -> Vec<(&'static str, String)> {
+    let nats = s
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "NATS_URL")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(threadline_testkit::nats_url);
+    vec![
+        ("DATABASE_URL", s.db.url.clone()),
+        ("NATS_URL", nats),
+        ("THREADLINE_BUS_PREFIX", s.prefix.clone()),
+    ]
+}
+
+/// Runs the CLI; a refusal stops the soak (its setup is wrong).
+async fn run_cli(s: &Stack, args: &[&str]) {
+    let out = crate::cli(args, &cli_env(s)).await;
+    assert!(
+        out.status.success(),
+        "threadline {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A question's text: now and then one whose answer needs review (the
+/// built-in model quotes the question, and a token in an answer is held
+/// for a person).
+fn question(rng: &mut Rng, mention: Option<&str>, step: usize, plain: &str) -> String {
+    let at = mention.map(|b| format!("<@{b}> ")).unwrap_or_default();
+    if below(rng, 100) < 12 {
+        format!("{at}is xoxb-{step:08}-chaosplaceholder the deploy token? ({step})")
+    } else {
+        format!("{at}{plain}")
+    }
+}
+
 /// Runs the soak on `s` (whose services use `broker`, when a NATS outage
-/// is asked for) and checks the invariants.
+/// is asked for) and checks the invariants. `s` is started by
+/// [`start_stack`].
 pub async fn soak(
     s: &mut Stack,
     mut broker: Option<&mut crate::broker::Broker>,
     cfg: &Config,
 ) -> Report {
     let mut rng = Rng::new(cfg.seed);
+    // The reviewer's choices have a generator of their own: when a request
+    // shows depends on the stack's timing, the people's actions do not.
+    let mut reviewer_rng = Rng::new(cfg.seed ^ 0x5eed_0f7e_71e3_e7e1);
     let mut report = Report {
         seed: cfg.seed,
         events: cfg.events,
         ..Default::default()
     };
-    let mut people = vec![Person {
+    try_ctl(
+        s,
+        "settings",
+        serde_json::from_str(SLACK_SETTINGS).expect("settings"),
+    )
+    .await;
+    // Clicks go to the gateway (restarted on the same address).
+    crate::sim_ctl(
+        &s.sim,
+        &format!("apps/{}/interactivity", s.app),
+        json!({"url": format!("{}/slack/interactions", s.services[0].base_url)}),
+    )
+    .await;
+    let mut workspaces = vec![Ws {
+        inst: crate::first_installation(s).await,
         user: s.user.clone(),
-        channel: s.channel.clone(),
         bot: s.bot_user.clone(),
+        channel: s.channel.clone(),
+        review: String::new(),
+        reviewer: String::new(),
+        other: String::new(),
+        dm: None,
     }];
     let mut teams = vec![s.team.clone()];
     for i in 0..cfg.extra_workspaces {
-        let w = s.add_workspace(&format!("Chaos {i}")).await;
+        let w = s
+            .add_workspace_with_scopes(&format!("Chaos {i}"), SCOPES)
+            .await;
         teams.push(w.team.clone());
-        people.push(Person {
+        workspaces.push(Ws {
+            inst: w.inst.to_string(),
             user: w.user,
-            channel: w.channel,
             bot: w.bot_user,
+            channel: w.channel,
+            review: String::new(),
+            reviewer: String::new(),
+            other: String::new(),
+            dm: None,
         });
     }
-    // More channels in every workspace, the bot a member: threads run in
-    // several channels of each workspace at once.
-    for (p, team) in people.clone().into_iter().zip(teams) {
+    let mut people = Vec::new();
+    for (i, (w, team)) in workspaces.iter_mut().zip(&teams).enumerate() {
+        // The pane is a DM: DMs allowed.
+        run_cli(
+            s,
+            &["policy", "set", "--installation", &w.inst, "--dms", "on"],
+        )
+        .await;
+        // A review channel with a reviewer and someone who is not one.
+        for (name, who) in [("rita", &mut w.reviewer), ("otto", &mut w.other)] {
+            *who =
+                crate::sim_ctl(&s.sim, "users", json!({"team_id": team, "name": name})).await["id"]
+                    .as_str()
+                    .expect("a user id")
+                    .to_owned();
+        }
+        w.review = crate::sim_ctl(
+            &s.sim,
+            "channels",
+            json!({"team_id": team, "name": "answers-review", "kind": "public",
+                   "members": [w.reviewer, w.other, w.bot]}),
+        )
+        .await["id"]
+            .as_str()
+            .expect("a channel id")
+            .to_owned();
+        run_cli(
+            s,
+            &[
+                "review",
+                "setup",
+                "--installation",
+                &w.inst,
+                "--channel",
+                &w.review,
+                "--reviewers",
+                &w.reviewer,
+            ],
+        )
+        .await;
+        s.judge_also_as(&w.review, &w.bot, ScopeKind::Review);
+        people.push(Person {
+            user: w.user.clone(),
+            channel: w.channel.clone(),
+            bot: w.bot.clone(),
+            ws: i,
+            kind: ScopeKind::Mentions,
+        });
+        // More channels, the bot a member: threads run in several channels
+        // of each workspace at once.
         for c in 0..cfg.extra_channels {
-            let channel = sim_ctl(
+            let channel = crate::sim_ctl(
                 &s.sim,
                 "channels",
                 json!({"team_id": team, "name": format!("incidents-{c}"), "kind": "public",
-                       "members": [p.user, p.bot]}),
+                       "members": [w.user, w.bot]}),
             )
             .await["id"]
                 .as_str()
                 .expect("a channel id")
                 .to_owned();
-            s.judge_also(&channel, &p.bot);
+            s.judge_also(&channel, &w.bot);
             people.push(Person {
+                user: w.user.clone(),
                 channel,
-                ..p.clone()
+                bot: w.bot.clone(),
+                ws: i,
+                kind: ScopeKind::Mentions,
             });
         }
     }
+    // A third of the channels answer whole: streaming off there.
+    for (k, p) in people.iter().enumerate() {
+        if k % 3 == 2 {
+            let inst = workspaces[p.ws].inst.clone();
+            run_cli(
+                s,
+                &[
+                    "policy",
+                    "channel",
+                    "--installation",
+                    &inst,
+                    "--channel",
+                    &p.channel,
+                    "--streaming",
+                    "off",
+                ],
+            )
+            .await;
+        }
+    }
+    let mut reviewing = Reviewing::default();
 
     // The schedule of the big faults, by event index.
     let adv = &cfg.adversary;
@@ -322,6 +589,13 @@ pub async fn soak(
     if !adv.db_outage.is_zero() {
         spread(&mut rng, 1, "db_outage", 0.7, 0.75);
     }
+    // The publisher killed and frozen while a stream is open, and Slack
+    // expiring streams, over the whole run.
+    spread(&mut rng, adv.stream_hits, "kill:publisher", 0.1, 0.9);
+    spread(&mut rng, adv.stream_hits, "pause:publisher", 0.1, 0.9);
+    spread(&mut rng, adv.expiries, "expire", 0.05, 0.95);
+    // The channels (the DMs join the people as the pane is opened).
+    let channels: Vec<usize> = (0..people.len()).collect();
 
     let mut threads: Vec<Thread> = Vec::new();
     let mut log: Vec<(Option<String>, String)> = Vec::new();
@@ -363,24 +637,39 @@ pub async fn soak(
                         at.entry(step + 1).or_default().push(w);
                         continue;
                     }
+                    // The publisher is killed while a stream is open.
+                    let mid_stream = i == 3 && wait_for_stream(s).await;
                     let in_flight = in_flight(s).await;
                     s.kill_and_restart(i).await;
                     *faults.entry("service_killed").or_default() += 1;
+                    if mid_stream {
+                        *faults.entry("publisher_killed_mid_stream").or_default() += 1;
+                    }
                     if in_flight > 0 {
                         report.hit_mid_flight += 1;
                     }
                     log.push((
                         None,
                         format!(
-                            "step {step}: SIGKILL {} and restart ({in_flight} items in flight)",
-                            SERVICES[i]
+                            "step {step}: SIGKILL {} and restart ({in_flight} items in flight{})",
+                            SERVICES[i],
+                            if mid_stream { ", a stream open" } else { "" }
                         ),
                     ));
                 }
-                "pause" if !busy => {
+                w @ ("pause" | "pause:publisher") if !busy => {
                     // Each service in turn, the publisher first.
-                    let i = [3usize, 1, 2, 0][pauses_done % 4];
-                    pauses_done += 1;
+                    let i = if w == "pause" {
+                        pauses_done += 1;
+                        [3usize, 1, 2, 0][(pauses_done - 1) % 4]
+                    } else {
+                        3
+                    };
+                    // The publisher is frozen while a stream is open.
+                    let mid_stream = i == 3 && wait_for_stream(s).await;
+                    if mid_stream {
+                        *faults.entry("publisher_paused_mid_stream").or_default() += 1;
+                    }
                     let pid = s.services[i].child.id().expect("a running service");
                     let in_flight = in_flight(s).await;
                     signal(pid, "STOP");
@@ -410,7 +699,30 @@ pub async fn soak(
                     ));
                 }
                 // Another service is frozen now: this one waits its turn.
-                "pause" => at.entry(step + 1).or_default().push("pause"),
+                w @ ("pause" | "pause:publisher") => at.entry(step + 1).or_default().push(w),
+                "expire" => {
+                    // Streams open now that Slack expires were open at
+                    // least until now (Slack dates their end earlier).
+                    let now_micros = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_micros() as u64)
+                        .unwrap_or(0);
+                    for key in open_streams(s).await {
+                        s.streams_seen_open
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(key, now_micros);
+                    }
+                    set_stream_lifetime(s, EXPIRING_LIFETIME_MS).await;
+                    *faults.entry("stream_expiry_episode").or_default() += 1;
+                    log.push((
+                        None,
+                        format!(
+                            "step {step}: Slack expires streams {EXPIRING_LIFETIME_MS} ms after their start, for 5 s"
+                        ),
+                    ));
+                    episodes.push((Instant::now() + Duration::from_secs(5), Episode::Expiring));
+                }
                 "db_outage" => {
                     s.db.take_down().await;
                     *faults.entry("postgres_outage").or_default() += 1;
@@ -435,15 +747,104 @@ pub async fn soak(
             }
         }
 
+        // The reviewer looks at the review channels now and then, and
+        // clicks what is due.
+        if step % 3 == 0 {
+            reviewing
+                .tick(s, &workspaces, &mut reviewer_rng, &mut faults, false)
+                .await;
+        }
+        // A fault on the stream methods, now and then.
+        if below(&mut rng, 100) < cfg.stream_fault_percent {
+            let (kind, body) = match below(&mut rng, 5) {
+                0 => (
+                    "stream_stop_429",
+                    json!({"method": "chat.stopStream", "mode": "ratelimited", "retry_after": 1}),
+                ),
+                1 => (
+                    "stream_append_429",
+                    json!({"method": "chat.appendStream", "mode": "ratelimited", "retry_after": 1}),
+                ),
+                2 => (
+                    "stream_start_response_lost",
+                    json!({"method": "chat.startStream", "mode": "lost_response", "latency_ms": 1500}),
+                ),
+                3 => (
+                    "stream_stop_response_lost",
+                    json!({"method": "chat.stopStream", "mode": "lost_response", "latency_ms": 1500}),
+                ),
+                _ => (
+                    "stream_start_503_not_applied",
+                    json!({"method": "chat.startStream", "mode": "http_error", "status": 503, "applied": false}),
+                ),
+            };
+            fault(s, body).await;
+            *faults.entry(kind).or_default() += 1;
+            log.push((
+                None,
+                format!("step {step}: the next call armed with {kind}"),
+            ));
+        }
+
         let roll = below(&mut rng, 100);
         let pick_thread = |rng: &mut Rng, threads: &Vec<Thread>| {
             (!threads.is_empty()).then(|| below(rng, threads.len() as u64) as usize)
         };
         match roll {
-            0..=21 => {
-                let p = below(&mut rng, people.len() as u64) as usize;
+            0..=3 => {
+                // A person opens the assistant pane (a new thread in their
+                // DM with the app) looking at their channel, and asks.
+                let w = below(&mut rng, workspaces.len() as u64) as usize;
+                let text = question(&mut rng, None, step, &format!("what about issue {step}?"));
+                let opened = try_ctl(
+                    s,
+                    "act/assistant_open",
+                    json!({"user": workspaces[w].user, "app_id": s.app,
+                           "context_channel": workspaces[w].channel}),
+                )
+                .await;
+                let Some((dm, root)) = opened.and_then(|o| {
+                    Some((
+                        o["channel"].as_str()?.to_owned(),
+                        o["ts"].as_str()?.to_owned(),
+                    ))
+                }) else {
+                    continue;
+                };
+                let p = match workspaces[w].dm {
+                    Some(p) => p,
+                    None => {
+                        people.push(Person {
+                            user: workspaces[w].user.clone(),
+                            channel: dm.clone(),
+                            bot: workspaces[w].bot.clone(),
+                            ws: w,
+                            kind: ScopeKind::Direct,
+                        });
+                        s.judge_also_as(&dm, &workspaces[w].bot, ScopeKind::Direct);
+                        workspaces[w].dm = Some(people.len() - 1);
+                        people.len() - 1
+                    }
+                };
+                log.push((
+                    Some(root.clone()),
+                    format!("step {step}: the pane opens thread {root} in {dm}"),
+                ));
+                let asked = post(s, &people[p], &text, Some(&root)).await;
+                threads.push(Thread {
+                    person: p,
+                    root: root.clone(),
+                    messages: asked.iter().cloned().collect(),
+                });
+                if let Some(ts) = asked {
+                    log.push((Some(root), format!("step {step}: pane question {ts}")));
+                }
+            }
+            4..=21 => {
+                let p = channels[below(&mut rng, channels.len() as u64) as usize];
                 let who = &people[p];
-                let root = post(s, who, &format!("<@{}> issue {step}?", who.bot), None).await;
+                let text = question(&mut rng, Some(&who.bot), step, &format!("issue {step}?"));
+                let root = post(s, who, &text, None).await;
                 if let Some(root) = root {
                     log.push((
                         Some(root.clone()),
@@ -465,10 +866,16 @@ pub async fn soak(
                 };
                 let mention = roll >= 42;
                 let who = people[threads[t].person].clone();
-                let text = if mention {
-                    format!("<@{}> and now? ({step})", who.bot)
-                } else {
-                    format!("more detail {step}")
+                let text = match (mention, who.kind) {
+                    (true, ScopeKind::Mentions) => question(
+                        &mut rng,
+                        Some(&who.bot),
+                        step,
+                        &format!("and now? ({step})"),
+                    ),
+                    // In the pane every message is a question.
+                    (true, _) => question(&mut rng, None, step, &format!("and now? ({step})")),
+                    (false, _) => format!("more detail {step}"),
                 };
                 let root = threads[t].root.clone();
                 if let Some(ts) = post(s, &who, &text, Some(&root)).await {
@@ -566,7 +973,7 @@ pub async fn soak(
             }
             _ => {
                 // A person replies the moment an answer reaches Slack.
-                let p = below(&mut rng, people.len() as u64) as usize;
+                let p = channels[below(&mut rng, channels.len() as u64) as usize];
                 let who = &people[p];
                 let question = roll >= 95;
                 let text = if question {
@@ -633,56 +1040,361 @@ pub async fn soak(
         ));
     }
     crate::sim_clear_faults(&s.sim).await;
+    set_stream_lifetime(s, SLACK_STREAM_LIFETIME_MS).await;
     let acting = started.elapsed();
-    let unsettled = crate::quiesce(
-        &s.db.pool,
-        Some((&s.js, &s.prefix)),
-        Duration::from_secs(120 + cfg.events as u64 / 20),
-        Duration::from_secs(3),
-    )
-    .await;
+    // Settled: nothing open in threadline's records or on the bus, no
+    // stream open in Slack, and no review request showing its buttons (the
+    // reviewer clicks what is still asked, again when a click was not
+    // taken).
+    let limit = Duration::from_secs(120 + cfg.events as u64 / 20);
+    let unsettled = loop {
+        // (a few seconds at a time: the reviewer looks in between)
+        let open = crate::quiesce(
+            &s.db.pool,
+            Some((&s.js, &s.prefix)),
+            Duration::from_secs(5),
+            Duration::from_secs(3),
+        )
+        .await;
+        let asking = reviewing
+            .tick(s, &workspaces, &mut reviewer_rng, &mut faults, true)
+            .await;
+        let streams = open_streams(s).await;
+        if open.is_none() && asking == 0 && streams.is_empty() {
+            break None;
+        }
+        if started.elapsed() - acting >= limit {
+            break Some(format!(
+                "{}; {asking} review request(s) still showing buttons; {} stream(s) still open in Slack",
+                open.unwrap_or_else(|| "threadline's records settled".to_owned()),
+                streams.len()
+            ));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
     let settling = started.elapsed() - acting;
 
-    let (j, mut violations) = s.verdict_by_kind(cfg.grace).await;
-    let mut offending: BTreeSet<String> = j.offending.iter().map(|(_, r)| r.clone()).collect();
-    violations.extend(records(s, &mut offending).await);
+    let (j, records_verdict) = s.verdict_with_reasons(cfg.grace).await;
+    let mut violations = j.violations.clone();
+    violations.extend(records_verdict.violations.iter().cloned());
+    let mut offending: BTreeSet<(String, String)> = j.offending.clone();
+    // The reasons: only those the soak itself caused are expected — a
+    // reviewer's rejection (the soak engages no kill switch; a deleted
+    // question is explained by Slack). An answer held for lack of
+    // evidence, still waiting for review, or dropped for any other reason
+    // is a violation.
+    for (q, reason) in &records_verdict.reasons {
+        let own = reason
+            .strip_prefix("with a later question: ")
+            .unwrap_or(reason);
+        if !own.starts_with("decision rejected:") {
+            violations.push((
+                "unexpected_reason",
+                format!(
+                    "question {} in thread {} of {} has no reply for a reason the soak did not cause: {reason}",
+                    q.ts, q.thread_ts, q.channel
+                ),
+            ));
+            offending.insert((q.channel.clone(), q.thread_ts.clone()));
+        }
+    }
+    let mut roots: BTreeSet<String> = BTreeSet::new();
+    violations.extend(records(s, &mut roots).await);
     if let Some(open) = unsettled {
         violations.push(("never_settled", open));
     }
+    // Threads the records name by their root alone: their channel is the
+    // one the soak started them in.
+    for root in roots {
+        let channel = threads
+            .iter()
+            .find(|t| t.root == root)
+            .map(|t| people[t.person].channel.clone())
+            .unwrap_or_default();
+        offending.insert((channel, root));
+    }
+    report.stream_faults = stream_faults_fired(s).await;
     report.faults = faults;
     report.replies = j.replies;
     report.questions = j.questions;
     report.answered = j.answered;
+    report.whole = j.whole;
+    report.approved = j.review_approved_posted;
+    report.streamed = j.streamed;
+    report.pane = j.pane;
+    report.ended_early = j.interrupted;
+    report.expired = j.expired;
+    report.review_requests = j.review_requests;
+    report.rejected = j.review_rejected;
     report.crossed = j.crossed.len();
     for (k, v) in &j.explained {
         report.explained.insert((*k).to_owned(), *v);
     }
-    let by_operator = j.unexplained.len()
-        - violations
-            .iter()
-            .filter(|(k, _)| *k == "unexplained_question")
-            .count();
-    if by_operator > 0 {
-        report
-            .explained
-            .insert("operator_visible_reason".to_owned(), by_operator);
-    }
+    report.reasons = records_verdict.by_reason();
     report.acting = acting;
     report.settling = settling;
     report.violations = violations;
-    report.traces = offending
-        .iter()
-        .map(|root| {
-            let mut t = format!("  trace of thread {root} (with the global faults):\n");
-            for (thread, line) in &log {
-                if thread.as_deref().is_none_or(|r| r == root) {
-                    t.push_str(&format!("    {line}\n"));
+    let mut traces = Vec::new();
+    for (channel, root) in offending.iter().take(20) {
+        let mut t = format!("  trace of thread {root} in {channel} (with the global faults):\n");
+        for (thread, line) in &log {
+            if thread.as_deref().is_none_or(|r| r == root) {
+                t.push_str(&format!("    {line}\n"));
+            }
+        }
+        t.push_str(&slack_shows(s, channel, root).await);
+        traces.push(t);
+    }
+    report.traces = traces;
+    report
+}
+
+/// What Slack shows of thread `root` of `channel`, one line a message, for
+/// a trace: who wrote it, when, its form (a post, a stream and how it
+/// ended, a review request), and the question it states with how many
+/// messages it read. No message text.
+async fn slack_shows(s: &Stack, channel: &str, root: &str) -> String {
+    if channel.is_empty() {
+        return String::new();
+    }
+    let thread = crate::sim_get(&s.sim, &format!("channels/{channel}/threads/{root}")).await;
+    let mut out = "    what Slack shows of it:\n".to_owned();
+    for m in thread["messages"].as_array().cloned().unwrap_or_default() {
+        let ts = m["ts"].as_str().unwrap_or_default();
+        let created = m["created_at_micros"].as_u64().unwrap_or(0);
+        let mut what = if m["app_id"].is_string() {
+            let text = m["text"].as_str().unwrap_or_default();
+            let form = if m["subtype"] == "assistant_app_thread" {
+                "the pane's opening message".to_owned()
+            } else if m["stream"].is_object() {
+                format!(
+                    "stream {} ({}, {} appends{})",
+                    m["streaming_state"].as_str().unwrap_or("?"),
+                    m["stream"]["ended"].as_str().unwrap_or("open"),
+                    m["stream"]["appends"].as_array().map_or(0, Vec::len),
+                    if crate::oracle::ended_early(&m) {
+                        ", ended early with its closing line"
+                    } else {
+                        ""
+                    }
+                )
+            } else {
+                "post".to_owned()
+            };
+            let stated = match crate::oracle::stated(text) {
+                Some(st) => format!(", answering {} having read {}", st.answering, st.read.len()),
+                None => crate::oracle::answering(text)
+                    .map(|q| format!(", answering {q} (unfinished)"))
+                    .unwrap_or_default(),
+            };
+            format!("app: {form}{stated}")
+        } else {
+            format!("{}: message", m["user"].as_str().unwrap_or("?"))
+        };
+        if let Some(n) = m["edits"].as_array().map(Vec::len).filter(|n| *n > 0) {
+            what.push_str(&format!(", edited {n}×"));
+        }
+        if m["deleted"] == true {
+            what.push_str(", deleted");
+        }
+        out.push_str(&format!("      {ts} (at {created} µs) {what}\n"));
+    }
+    out
+}
+
+/// The stream faults that fired, from Slack's call log: 429s on appends
+/// and stops (Slack's own tiers are out of reach), lost responses of
+/// starts and stops, starts answered 503 and not applied, and appends or
+/// stops Slack refused because it had expired the stream.
+async fn stream_faults_fired(s: &Stack) -> BTreeMap<&'static str, usize> {
+    let mut fired = BTreeMap::new();
+    for method in ["chat.startStream", "chat.appendStream", "chat.stopStream"] {
+        let calls = crate::sim_get(&s.sim, &format!("calls?method={method}")).await;
+        for c in calls["calls"].as_array().cloned().unwrap_or_default() {
+            let kind = match (
+                method,
+                c["http_status"].as_u64(),
+                c["effect"].as_str(),
+                c["outcome"].as_str(),
+            ) {
+                ("chat.stopStream", Some(429), _, _) => "stop_429",
+                ("chat.appendStream", Some(429), _, _) => "append_429",
+                ("chat.startStream", _, Some("applied_response_lost"), _) => "start_response_lost",
+                ("chat.stopStream", _, Some("applied_response_lost"), _) => "stop_response_lost",
+                ("chat.startStream", Some(503), Some("not_applied"), _) => "start_503_not_applied",
+                (_, _, _, Some("message_not_in_streaming_state")) => "not_in_streaming_state",
+                _ => continue,
+            };
+            *fired.entry(kind).or_default() += 1;
+        }
+    }
+    fired
+}
+
+/// The app's streams open in Slack now, in the conversations the oracle
+/// judges: (channel, ts).
+async fn open_streams(s: &Stack) -> Vec<(String, String)> {
+    let mut open = Vec::new();
+    for scope in s.scopes() {
+        if scope.kind == ScopeKind::Review {
+            continue;
+        }
+        let msgs = crate::sim_get(&s.sim, &format!("channels/{}/messages", scope.channel)).await;
+        for m in msgs["messages"].as_array().cloned().unwrap_or_default() {
+            if m["streaming_state"] == "in_progress" {
+                open.push((
+                    scope.channel.clone(),
+                    m["ts"].as_str().unwrap_or_default().to_owned(),
+                ));
+            }
+        }
+    }
+    open
+}
+
+/// Waits (up to 4 s) until a stream is open in Slack; whether one is.
+async fn wait_for_stream(s: &Stack) -> bool {
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        if !open_streams(s).await.is_empty() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// How long Slack keeps a stream open.
+async fn set_stream_lifetime(s: &Stack, ms: u64) {
+    try_ctl(s, "settings", json!({"stream_lifetime_ms": ms})).await;
+}
+
+/// A reviewer's click to send.
+struct Click {
+    user: String,
+    channel: String,
+    ts: String,
+    approve: bool,
+}
+
+/// The simulated reviewers: each request that shows its buttons is
+/// clicked by its workspace's reviewer — Approve mostly, Reject sometimes,
+/// sometimes late (the thread may have moved on and the request been
+/// decided meanwhile), sometimes twice, sometimes after a click of a member
+/// who is not a reviewer — and clicked again while it still shows its
+/// buttons well after the last click (a click the gateway did not take:
+/// killed, frozen, or the database away).
+#[derive(Default)]
+struct Reviewing {
+    /// Requests seen, by (channel, ts): the verdict chosen, and when the
+    /// last click was (or is) due.
+    seen: BTreeMap<(String, String), (bool, Instant)>,
+    queue: Vec<(Instant, Click)>,
+}
+
+impl Reviewing {
+    /// Looks at every review channel, plans clicks for new requests,
+    /// clicks again where a click was not taken (after 10 s; 3 s once the
+    /// activity ended, `settling`), and sends the clicks due. Returns how
+    /// many requests show their buttons.
+    async fn tick(
+        &mut self,
+        s: &Stack,
+        workspaces: &[Ws],
+        rng: &mut Rng,
+        faults: &mut BTreeMap<&'static str, usize>,
+        settling: bool,
+    ) -> usize {
+        let now = Instant::now();
+        let mut showing = 0;
+        for w in workspaces {
+            let msgs = crate::sim_get(&s.sim, &format!("channels/{}/messages", w.review)).await;
+            for m in msgs["messages"].as_array().cloned().unwrap_or_default() {
+                let buttons = m["blocks"]
+                    .as_array()
+                    .is_some_and(|b| b.iter().any(|b| b["type"] == "actions"));
+                if m["app_id"].as_str() != Some(s.app.as_str()) || !buttons || m["deleted"] == true
+                {
+                    continue;
+                }
+                showing += 1;
+                let ts = m["ts"].as_str().unwrap_or_default().to_owned();
+                let key = (w.review.clone(), ts.clone());
+                let click = |user: &str, approve: bool| Click {
+                    user: user.to_owned(),
+                    channel: w.review.clone(),
+                    ts: ts.clone(),
+                    approve,
+                };
+                match self.seen.get_mut(&key) {
+                    None => {
+                        // (the first request of a run is rejected, in time)
+                        let first = self.seen.is_empty();
+                        let approve = below(rng, 100) >= 20 && !first;
+                        let late = below(rng, 100) < 15 && !first;
+                        let twice = below(rng, 100) < 15;
+                        let stranger = below(rng, 100) < 10;
+                        let at = now
+                            + Duration::from_millis(if late {
+                                8000 + below(rng, 7000)
+                            } else {
+                                300 + below(rng, 1700)
+                            });
+                        if stranger {
+                            // Someone who is not a reviewer clicks first: refused.
+                            self.queue
+                                .push((at - Duration::from_millis(200), click(&w.other, true)));
+                            *faults.entry("review_click_by_non_reviewer").or_default() += 1;
+                        }
+                        self.queue.push((at, click(&w.reviewer, approve)));
+                        let mut last = at;
+                        if twice {
+                            last = at + Duration::from_millis(150);
+                            self.queue.push((last, click(&w.reviewer, approve)));
+                            *faults.entry("review_double_click").or_default() += 1;
+                        }
+                        *faults
+                            .entry(if approve {
+                                "review_approve"
+                            } else {
+                                "review_reject"
+                            })
+                            .or_default() += 1;
+                        if late {
+                            *faults.entry("review_late_click").or_default() += 1;
+                        }
+                        self.seen.insert(key, (approve, last));
+                    }
+                    Some((approve, last)) => {
+                        let again = if settling { 3 } else { 10 };
+                        if now > *last + Duration::from_secs(again) {
+                            self.queue.push((now, click(&w.reviewer, *approve)));
+                            *last = now;
+                            *faults.entry("review_click_again").or_default() += 1;
+                        }
+                    }
                 }
             }
-            t
-        })
-        .collect();
-    report
+        }
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue)
+            .into_iter()
+            .partition(|(at, _)| *at <= now);
+        self.queue = later;
+        for (_, c) in due {
+            let url = format!("{}/_sim/act/click", s.sim.base_url);
+            let body = json!({"user": c.user, "channel": c.channel, "ts": c.ts,
+            "action_id": if c.approve {
+                threadline_domain::review::APPROVE_ACTION
+            } else {
+                threadline_domain::review::REJECT_ACTION
+            }});
+            // Sent once, as Slack does, without holding up the people.
+            tokio::spawn(async move {
+                let _ = reqwest::Client::new().post(url).json(&body).send().await;
+            });
+        }
+        showing
+    }
 }
 
 async fn end_episode(
@@ -706,6 +1418,10 @@ async fn end_episode(
                 b.up().await;
                 log.push((None, format!("step {step}: NATS back")));
             }
+        }
+        Episode::Expiring => {
+            set_stream_lifetime(s, SLACK_STREAM_LIFETIME_MS).await;
+            log.push((None, format!("step {step}: Slack's stream lifetime back")));
         }
     }
 }

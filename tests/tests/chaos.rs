@@ -1,13 +1,17 @@
 //! A short chaos soak in CI (`make chaos` runs a longer one): random human
-//! activity across three workspaces of two channels, Slack retries, lost
+//! activity across three workspaces of two channels and the assistant pane,
+//! answers streamed (whole where a channel has streaming off), held for
+//! review and clicked by a simulated reviewer; Slack retries, lost
 //! responses, 429s, posts applied after the client gave up, replies
-//! injected the moment an answer reaches Slack, every service SIGKILLed
-//! once mid-flight, services frozen past the stale time, a 90 s Postgres
-//! outage and a NATS outage longer than the ack wait; judged by the oracle
-//! from Slack's side and by threadline's records for what Slack cannot show.
+//! injected the moment an answer reaches Slack, faults on the stream
+//! methods and streams Slack expires, every service SIGKILLed once
+//! mid-flight and the publisher again with a stream open, services frozen
+//! past the stale time, a 90 s Postgres outage and a NATS outage longer
+//! than the ack wait; judged by the oracle from Slack's side and by
+//! threadline's records for what Slack cannot show.
 
 use threadline_tests::broker::Broker;
-use threadline_tests::{ORACLE_GRACE, Stack, chaos};
+use threadline_tests::{ORACLE_GRACE, chaos};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_adversarial_soak_keeps_every_invariant_as_slack_shows_it() {
@@ -16,10 +20,7 @@ async fn a_short_adversarial_soak_keeps_every_invariant_as_slack_shows_it() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(20_261_129);
     let mut broker = Broker::start().await;
-    let mut settings = chaos::settings();
-    settings.push(("NATS_URL", broker.url()));
-    let extra: Vec<(&str, String)> = settings.iter().map(|(k, v)| (*k, v.clone())).collect();
-    let mut s = Stack::start(&extra).await;
+    let mut s = chaos::start_stack(Some(broker.url())).await;
     let mut adversary = chaos::Adversary::full();
     adversary.pauses = 2;
     let report = chaos::soak(
@@ -27,12 +28,13 @@ async fn a_short_adversarial_soak_keeps_every_invariant_as_slack_shows_it() {
         Some(&mut broker),
         &chaos::Config {
             seed,
-            events: 160,
+            events: 200,
             extra_workspaces: 2,
             extra_channels: 1,
             rate: 5.0,
             adversary,
             grace: ORACLE_GRACE,
+            stream_fault_percent: 15,
         },
     )
     .await;
@@ -40,18 +42,51 @@ async fn a_short_adversarial_soak_keeps_every_invariant_as_slack_shows_it() {
     let f = &report.faults;
     assert_eq!(
         f.get("service_killed"),
-        Some(&4),
-        "each service killed once: {f:?}"
+        Some(&5),
+        "each service killed once, the publisher once more: {f:?}"
     );
     assert_eq!(f.get("postgres_outage"), Some(&1), "{f:?}");
     assert_eq!(f.get("nats_outage"), Some(&1), "{f:?}");
     assert_eq!(
         f.get("publisher_paused"),
-        Some(&1),
-        "the publisher frozen past the stale time: {f:?}"
+        Some(&2),
+        "the publisher frozen past the stale time, once more with a stream open: {f:?}"
     );
     assert_eq!(f.get("context_builder_paused"), Some(&1), "{f:?}");
-    assert!(report.replies > 10, "the soak produced replies");
+    assert!(
+        f.get("publisher_killed_mid_stream").unwrap_or(&0)
+            + f.get("publisher_paused_mid_stream").unwrap_or(&0)
+            > 0,
+        "the publisher killed or frozen with a stream open: {f:?}"
+    );
+    // Every stream fault fired, as Slack's call log shows.
+    for kind in [
+        "stop_429",
+        "append_429",
+        "start_response_lost",
+        "stop_response_lost",
+        "start_503_not_applied",
+        "not_in_streaming_state",
+    ] {
+        assert!(
+            report.stream_faults.get(kind).is_some_and(|n| *n > 0),
+            "the stream fault {kind} fired: {:?}",
+            report.stream_faults
+        );
+    }
+    // Every form of answer, and what answers nothing, occurred.
+    for (form, n) in [
+        ("posted whole", report.whole),
+        ("approved by a reviewer", report.approved),
+        ("streamed", report.streamed),
+        ("in the pane", report.pane),
+        ("streams ended early", report.ended_early),
+        ("streams Slack expired", report.expired),
+        ("review requests", report.review_requests),
+        ("rejected", report.rejected),
+    ] {
+        assert!(n > 0, "{form}: none in\n{}", report.render());
+    }
     assert!(report.violations.is_empty(), "{}", report.render());
     s.unjudged = Some("judged by the soak");
     s.stop().await;

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use threadline_tests::broker::Broker;
-use threadline_tests::{ORACLE_GRACE, Stack, chaos};
+use threadline_tests::{ORACLE_GRACE, chaos};
 
 const USAGE: &str = "usage: threadline-chaos [--events N] [--seed N] [--runs N] [--workspaces N] [--channels N] [--rate N] [--calm]
 
@@ -73,7 +73,9 @@ fn parse(args: &[String]) -> Result<chaos::Config, String> {
     if adversary.kill_rounds > 0 {
         adversary.kill_rounds = (events / 2500).max(1);
         adversary.pauses = (events / 500).clamp(4, 40);
+        adversary.stream_hits = (events / 1000).clamp(1, 10);
     }
+    adversary.expiries = (events / 100).clamp(3, 30);
     Ok(chaos::Config {
         seed,
         events,
@@ -82,6 +84,7 @@ fn parse(args: &[String]) -> Result<chaos::Config, String> {
         rate,
         adversary,
         grace: ORACLE_GRACE,
+        stream_fault_percent: 10,
     })
 }
 
@@ -91,10 +94,7 @@ async fn run(cfg: &chaos::Config) -> (chaos::Report, Duration) {
     let started = std::time::Instant::now();
     // A broker of its own, so that it can be taken away.
     let mut broker = Broker::start().await;
-    let mut settings = chaos::settings();
-    settings.push(("NATS_URL", broker.url()));
-    let extra: Vec<(&str, String)> = settings.iter().map(|(k, v)| (*k, v.clone())).collect();
-    let mut s = Stack::start(&extra).await;
+    let mut s = chaos::start_stack(Some(broker.url())).await;
     let report = chaos::soak(&mut s, Some(&mut broker), cfg).await;
     // The oracle has judged already; stop without judging again.
     s.unjudged = Some("judged by the soak");
@@ -162,16 +162,27 @@ async fn main() -> std::process::ExitCode {
             cfg.seed + runs - 1,
             campaign.elapsed().as_secs_f64()
         );
-        println!("| seed | questions | answered once | explained | crossed | violations | time |");
-        println!("|---|---|---|---|---|---|---|");
+        println!(
+            "| seed | questions | answered once | whole (approved) | streamed | pane | ended early | expired | review requests (rejected) | explained | crossed | violations | time |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for (r, took) in &verdicts {
-            let explained: usize = r.explained.values().sum();
+            let explained: usize =
+                r.explained.values().sum::<usize>() + r.reasons.values().sum::<usize>();
             let violations = r.violations_by_kind();
             println!(
-                "| {} | {} | {} | {} | {} | {} | {:.0} s |",
+                "| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {:.0} s |",
                 r.seed,
                 r.questions,
                 r.answered,
+                r.whole,
+                r.approved,
+                r.streamed,
+                r.pane,
+                r.ended_early,
+                r.expired,
+                r.review_requests,
+                r.rejected,
                 explained,
                 r.crossed,
                 if violations.is_empty() {
