@@ -213,11 +213,97 @@ pub fn prepare(
     }
 }
 
+/// The output policy again, on a stored reply, right before it is sent to
+/// Slack: what the publisher sends is only what [`prepare`] could have let
+/// through unreviewed, whoever wrote the decision row. `text` and `blocks`
+/// are the stored body as [`prepare`] shapes it (the body, then the label
+/// in a paragraph of its own); `own` for threadline's own text (the
+/// fallback). A reason when it must not be sent; `None` when it may.
+pub fn refused(text: &str, blocks: Option<&Value>, own: bool) -> Option<Risk> {
+    let check = |t: &str, own: bool| -> Option<Risk> {
+        let found = markup::find(t);
+        let risk = if own {
+            found
+                .contains(&Markup::Broadcast)
+                .then_some(Risk::MassMention)
+        } else {
+            found.into_iter().find_map(Risk::of_markup)
+        };
+        risk.or_else(|| looks_secret(t).then_some(Risk::SecretLike))
+    };
+    // The body, then the label paragraph (threadline's own words).
+    let (body, label) = match text.rsplit_once("\n\n_") {
+        Some((body, label)) if label.ends_with('_') => (body, Some(label)),
+        _ => (text, None),
+    };
+    if let Some(r) = check(body, own).or_else(|| label.and_then(|l| check(l, true))) {
+        return Some(r);
+    }
+    // Every text the blocks carry, by the body's rules; the label's own
+    // context as threadline's.
+    let label = label.map(|l| l.strip_suffix('_').unwrap_or(l));
+    let mut texts = Vec::new();
+    collect_texts(blocks.unwrap_or(&Value::Null), &mut texts);
+    texts
+        .into_iter()
+        .find_map(|t| check(t, own || Some(t) == label))
+}
+
+fn collect_texts<'v>(v: &'v Value, out: &mut Vec<&'v str>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                match (k.as_str(), x) {
+                    ("text", Value::String(t)) => out.push(t),
+                    _ => collect_texts(x, out),
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| collect_texts(x, out)),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const LABEL: &str = "AI-generated — verify before relying on it";
+
+    #[test]
+    fn a_stored_reply_is_checked_again_as_prepare_would_have() {
+        // What prepare lets through passes again, fallback links included.
+        for (body, own) in [
+            (Body::Model("Restart <the> pod & retry @ 5pm"), false),
+            (
+                Body::Own("See <https://status.example|the status page>."),
+                true,
+            ),
+        ] {
+            let r = prepare(body, LABEL, 3000, false);
+            assert!(r.risks.is_empty());
+            assert_eq!(refused(&r.text, Some(&r.blocks), own), None, "{}", r.text);
+        }
+        // A row written past the policy (unescaped model text) is refused,
+        // in its text or in its blocks alone.
+        let ok = prepare(Body::Model("fine words"), LABEL, 3000, false);
+        let text = format!("<!here> look\n\n_{LABEL}_");
+        assert_eq!(
+            refused(&text, Some(&ok.blocks), false),
+            Some(Risk::MassMention)
+        );
+        let mut blocks = ok.blocks.clone();
+        blocks[0]["text"]["text"] = json!("<https://evil.example|your invoice>");
+        assert_eq!(
+            refused(&ok.text, Some(&blocks), false),
+            Some(Risk::DisguisedLink)
+        );
+        let text = format!("the key is xoxb-1234567890-abcdefghij\n\n_{LABEL}_");
+        assert_eq!(refused(&text, None, false), Some(Risk::SecretLike));
+        // A fallback may link, never ping everyone.
+        let text = format!("<!channel> down\n\n_{LABEL}_");
+        assert_eq!(refused(&text, None, true), Some(Risk::MassMention));
+    }
 
     #[test]
     fn every_reply_carries_the_label_in_text_and_blocks() {

@@ -8,6 +8,7 @@
 //! back to the broker, never slept on in a worker slot.
 
 use secrecy::ExposeSecret as _;
+use threadline_domain::output;
 use threadline_domain::reply;
 use threadline_domain::state::{DecisionStatus, IntentState};
 use threadline_runtime::worker::Disposition;
@@ -184,6 +185,9 @@ impl Handler {
             return Ok(done);
         }
         let p = &job.proposal;
+        if let Some(risk) = refused(job.decision) {
+            return self.refuse_body(claim, job, risk).await;
+        }
         let max_age = (self.sending_stale - self.slack_timeout).max(self.slack_timeout);
         match self.fence(p, claim, max_age, intents::Claim::Post).await? {
             Fence::Go => self.post(claim, job, bot).await,
@@ -250,6 +254,35 @@ impl Handler {
             return Ok(Some(Disposition::Done));
         }
         Ok(None)
+    }
+
+    /// A stored body the output policy would not have let through: nothing
+    /// is posted, the claim is given back and the decision cancelled, and
+    /// it is raised (whoever wrote the row went past the policy).
+    async fn refuse_body(
+        &self,
+        claim: &Claimed,
+        job: &Job<'_>,
+        risk: output::Risk,
+    ) -> anyhow::Result<Disposition> {
+        metrics::counter!("threadline_bodies_refused_total", "reason" => risk.as_str())
+            .increment(1);
+        tracing::error!(
+            alert = "body_refused",
+            reason = risk.as_str(),
+            decision_id = %job.proposal.decision,
+            "a stored answer fails the output policy: not posted"
+        );
+        intents::release(&self.pool, claim, "body_refused", 0.0).await?;
+        intents::set_decision(
+            &self.pool,
+            job.proposal.decision,
+            DecisionStatus::Cancelled,
+            Some("body_refused"),
+        )
+        .await?;
+        intents::withdraw_pending(&self.pool, claim.id, job.proposal.decision).await?;
+        Ok(Disposition::Done)
     }
 
     /// What the re-check right before the HTTP call stopped: the claim is
@@ -376,4 +409,17 @@ impl<'a> Job<'a> {
             unfurl,
         }
     }
+}
+
+/// The output policy again on what the decision row holds, unless a
+/// reviewer approved it (they saw what is stored).
+fn refused(d: &Decision) -> Option<output::Risk> {
+    if d.status == DecisionStatus::Approved {
+        return None;
+    }
+    output::refused(
+        d.body_text.as_deref().unwrap_or_default(),
+        d.body_blocks.as_ref(),
+        d.fallback,
+    )
 }

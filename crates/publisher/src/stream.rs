@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use secrecy::ExposeSecret as _;
-use threadline_domain::output::markup;
+use threadline_domain::output::{self, markup};
 use threadline_domain::reply::{self, Ending};
 use threadline_domain::state::{DecisionStatus, IntentState};
 use threadline_runtime::worker::Disposition;
@@ -69,7 +69,12 @@ pub fn step(t: &Tick, version: i64, shown: &str) -> Step {
     // that would make one is never sent in a stream, whoever stored it
     // (the whole answer is posted instead, as mrkdwn, where it shows as
     // written).
-    let hides_a_link = |whole: &str| markup::markdown_link(whole);
+    // Nor anything the output policy would not have let through (the row
+    // may have been written past it), unless a reviewer approved it.
+    let approved = t.decision_status == DecisionStatus::Approved;
+    let hides_a_link = |whole: &str| {
+        markup::markdown_link(whole) || (!approved && output::refused(whole, None, false).is_some())
+    };
     match t.decision_status {
         D::Calling => match &t.released {
             Some(r) if r.len() > shown.len() && r.starts_with(shown) => {
@@ -491,6 +496,16 @@ mod tests {
         t.pending = false;
         t.body = Some("threadline could not process this request.".into());
         assert_eq!(step(&t, 3, "Restart the"), Step::End(Ending::Interrupted));
+    }
+
+    #[test]
+    fn stored_text_past_the_output_policy_is_never_sent_in_a_stream() {
+        let mut t = tick("calling");
+        t.released = Some("Hello <!here> all".into());
+        assert_eq!(step(&t, 3, "Hello"), Step::Wait);
+        let mut t = tick("proposed");
+        t.body = Some("Hello <!here> all\n\n_AI_".into());
+        assert_eq!(step(&t, 3, "Hello"), Step::End(Ending::Interrupted));
     }
 
     #[test]

@@ -365,6 +365,31 @@ async fn two_publishers_on_one_proposal_post_once_into_the_root() {
     env.cleanup().await;
 }
 
+/// The publisher checks what the decision row holds again before posting:
+/// a body written past the output policy (unescaped model text, as a
+/// compromised service with the shared database role could store) is never
+/// posted; the decision is cancelled with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_body_past_the_output_policy_is_never_posted() {
+    let env = Env::new().await;
+    let (decision, payload) = env
+        .proposal("<!here> pay <https://evil.example|your invoice>")
+        .await;
+    let h = env.handler(&[]);
+    env.until_done(&h, &payload).await;
+    assert_eq!(env.app_posts().await, 0, "nothing posted");
+    assert_eq!(
+        env.decision(decision).await,
+        ("cancelled".into(), Some("body_refused".into()))
+    );
+    // What the policy lets through is posted as usual.
+    let (ok, payload) = env.proposal("Pay &lt;nobody&gt; today.").await;
+    env.until_done(&h, &payload).await;
+    assert_eq!(env.app_posts().await, 1);
+    assert_eq!(env.decision(ok).await.0, "published");
+    env.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thread_that_moved_on_is_reconsidered_not_answered() {
     let env = Env::new().await;
