@@ -311,6 +311,14 @@ async fn trace_context_travels_from_the_request_through_the_outbox_to_the_bus() 
     env.push(("RUST_LOG", "error".to_owned()));
     let gw = spawn_gateway(&env).await;
     let client = reqwest::Client::new();
+    // A request to a path the gateway does not serve: no span names it.
+    let stray = format!(
+        "{}/slack/events/x-stray-path-{}",
+        gw.base_url,
+        unique_prefix()
+    );
+    let r = client.post(&stray).body("{}").send().await.expect("stray");
+    assert_eq!(r.status(), 404);
     let r = deliver(
         &client,
         &gw.events_url(),
@@ -357,6 +365,10 @@ async fn trace_context_travels_from_the_request_through_the_outbox_to_the_bus() 
         .unwrap_or_else(|| panic!("the request span was exported: {spans:?}"));
     assert_eq!(request.service, "threadline-gateway");
     assert_eq!(request.trace_id, parts[1], "the bus message continues it");
+    assert!(
+        !format!("{spans:?}").contains("x-stray-path"),
+        "a raw path reached a span: {spans:?}"
+    );
     assert!(
         spans
             .iter()

@@ -89,10 +89,17 @@ pub fn router(state: AppState, oauth: Option<oauth::OAuthState>, readiness: Read
         .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(10)))
         .layer(
             TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
+                // Named by the route's template, never the raw path: a
+                // request to any path cannot mint span attributes.
+                let path = req
+                    .extensions()
+                    .get::<axum::extract::MatchedPath>()
+                    .map(|m| m.as_str())
+                    .unwrap_or("unmatched");
                 // Probes and scrapes every few seconds would bury the
-                // traces of events: they are debug spans, never exported.
-                let path = req.uri().path();
-                if matches!(path, "/healthz" | "/readyz" | "/metrics") {
+                // traces of events, and unmatched paths are noise: debug
+                // spans, never exported.
+                if matches!(path, "/healthz" | "/readyz" | "/metrics" | "unmatched") {
                     tracing::debug_span!("http.request", method = %req.method(), path = %path)
                 } else {
                     let span = tracing::info_span!("http.request", method = %req.method(), path = %path, trace_id = tracing::field::Empty);
