@@ -291,3 +291,79 @@ async fn an_envelope_is_acknowledged_once_spooled_while_postgres_is_away() {
     gateway.kill().await;
     s.stop().await;
 }
+
+/// The ids of the app's open connections.
+async fn open_connections(s: &Stack) -> Vec<u64> {
+    log(s).await["connections"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|x| x["id"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
+/// Whether the app closed connection `c` (the emulator saw it go).
+async fn closed_by_app(s: &Stack, c: u64) -> bool {
+    entries(&log(s).await)
+        .iter()
+        .any(|e| e["direction"] == "closed" && e["connection"] == c && e["kind"] == "app")
+}
+
+/// A message larger than any envelope Slack sends is not read into memory:
+/// the gateway closes that connection at once, opens another, and intake
+/// goes on (a mention after it is answered once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_socket_message_closes_its_connection_and_intake_goes_on() {
+    let (s, gateway) = socket_stack().await;
+    let c = open_connections(&s).await[0];
+    sim_ctl(
+        &s.sim,
+        "socket/send",
+        json!({"app_id": s.app, "connection": c, "pad_bytes": 3 << 20}),
+    )
+    .await;
+    eventually(
+        "the oversized message's connection closed by the gateway",
+        Duration::from_secs(20),
+        || async { closed_by_app(&s, c).await.then_some(()) },
+    )
+    .await;
+    eventually("two connections again", Duration::from_secs(30), || async {
+        (open_connections(&s).await.len() >= 2).then_some(())
+    })
+    .await;
+    let root = s
+        .post(&format!("<@{}> still there?", s.bot_user), None)
+        .await;
+    assert_eq!(s.wait_answers(&root, 1).await.len(), 1);
+    gateway.kill().await;
+    s.stop().await;
+}
+
+/// A connection Slack asked to replace (a `disconnect` warning) is closed
+/// by a fixed deadline, however long it is kept alive with pings: no task
+/// is left reading it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_connection_is_closed_by_its_deadline_whatever_keeps_it_alive() {
+    let (s, gateway) = socket_stack().await;
+    let c = open_connections(&s).await[0];
+    sim_ctl(
+        &s.sim,
+        "socket/disconnect",
+        json!({"app_id": s.app, "connection": c, "reason": "warning"}),
+    )
+    .await;
+    // Slack's warning leaves it open; pings every second keep it alive.
+    sim_ctl(
+        &s.sim,
+        "socket/send",
+        json!({"app_id": s.app, "connection": c, "ping_every_ms": 1000, "pings": 90}),
+    )
+    .await;
+    eventually(
+        "the replaced connection closed by the gateway",
+        Duration::from_secs(40),
+        || async { closed_by_app(&s, c).await.then_some(()) },
+    )
+    .await;
+    gateway.kill().await;
+    s.stop().await;
+}

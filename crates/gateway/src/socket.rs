@@ -74,6 +74,17 @@ const IN_FLIGHT: usize = 64;
 /// taken for dead and replaced.
 const IDLE: Duration = Duration::from_secs(120);
 
+/// The largest message (and frame) read from a connection: an envelope
+/// carries one delivery body (at most `THREADLINE_GATEWAY_MAX_BODY_BYTES`,
+/// 1 MiB) and a little JSON around it. A larger one closes the connection
+/// unread (tungstenite would hold up to 64 MiB of each of [`IN_FLIGHT`]).
+pub const MAX_MESSAGE: usize = 2 << 20;
+
+/// How long a connection Slack asked to replace is still read: Slack
+/// closes it within seconds; whatever it sends (pings included), it is
+/// closed by this deadline.
+const REPLACED: Duration = Duration::from_secs(15);
+
 /// One connection slot: open, serve, open again. A connection that ended
 /// quickly (before `hello`, or within seconds) is replaced only after a
 /// growing pause, so that a refusing Slack is not asked in a loop.
@@ -183,9 +194,12 @@ async fn connect_and_serve(
     if !url.starts_with("wss://") && !mode.allow_plain {
         anyhow::bail!("apps.connections.open answered a URL without TLS; refused");
     }
+    let limits = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE))
+        .max_frame_size(Some(MAX_MESSAGE));
     let (ws, _) = tokio::time::timeout(
         Duration::from_secs(10),
-        tokio_tungstenite::connect_async(url),
+        tokio_tungstenite::connect_async_with_config(url, Some(limits), false),
     )
     .await
     .map_err(|_| anyhow::anyhow!("the WebSocket handshake timed out"))??;
@@ -259,8 +273,9 @@ async fn connect_and_serve(
                 };
                 let (app, sink, limit) = (app.clone(), sink.clone(), limit.clone());
                 tokio::spawn(async move {
+                    let deadline = tokio::time::Instant::now() + REPLACED;
                     loop {
-                        match tokio::time::timeout(Duration::from_secs(30), stream.next()).await {
+                        match tokio::time::timeout_at(deadline, stream.next()).await {
                             Ok(Some(Ok(Message::Text(t)))) => {
                                 if let Ok(v) = serde_json::from_str::<Value>(&t) {
                                     dispatch(&app, &sink, &limit, v).await;
@@ -273,6 +288,11 @@ async fn connect_and_serve(
                             Ok(Some(Ok(_))) => {}
                         }
                     }
+                    // (envelopes still being committed ack on their own)
+                    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                        sink.lock().await.send(Message::Close(None)).await
+                    })
+                    .await;
                 });
                 return Ok(End { why, greeted });
             }

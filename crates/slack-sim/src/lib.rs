@@ -130,6 +130,7 @@ pub fn router(sim: Sim) -> Router {
         .route("/_sim/ephemerals", get(response_url::ephemerals))
         .route("/_sim/socket", get(socket::log))
         .route("/_sim/socket/disconnect", post(socket::disconnect))
+        .route("/_sim/socket/send", post(socket::send))
         .route("/_sim/app_posts", get(control::app_posts))
         .with_state(sim)
 }

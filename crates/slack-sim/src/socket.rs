@@ -193,6 +193,11 @@ async fn run(
                         why = "server";
                         break;
                     }
+                    Some(Outbound::Ping) => {
+                        if ws.send(Message::Ping(Vec::new().into())).await.is_err() {
+                            break;
+                        }
+                    }
                 },
                 msg = ws.recv() => match msg {
                     Some(Ok(Message::Text(t))) => received(&sim, id, &app, t.as_str()),
@@ -534,6 +539,79 @@ pub async fn disconnect(
             for c in closing {
                 if let Some(conn) = w.socket.connections.get(&c) {
                     let _ = conn.tx.send(Outbound::Close);
+                }
+            }
+        });
+    }
+    Ok(Json(json!({"ok": true, "connections": targets})))
+}
+
+#[derive(Deserialize)]
+pub struct SendReq {
+    app_id: String,
+    /// One connection (default: every connection of the app).
+    connection: Option<u64>,
+    /// A text frame of about this many bytes: an `events_api` envelope
+    /// padded with a field of `x`s (an app must not hold a message of any
+    /// size in memory).
+    pad_bytes: Option<usize>,
+    /// Ping frames, one every this many milliseconds…
+    ping_every_ms: Option<u64>,
+    /// …this many times (default 60).
+    pings: Option<u32>,
+}
+
+/// `POST /_sim/socket/send`: odd traffic on an app's connections, to see
+/// what the app does with it: an oversized frame, or pings that keep a
+/// connection alive after its `disconnect`.
+pub async fn send(State(sim): State<Sim>, Json(r): Json<SendReq>) -> Result<Json<Value>, Refusal> {
+    let targets: Vec<u64> = {
+        let w = sim.lock();
+        if !w.apps.contains_key(&r.app_id) {
+            return Err(not_found("app", &r.app_id));
+        }
+        w.socket
+            .of_app(&r.app_id)
+            .into_iter()
+            .filter(|c| r.connection.is_none_or(|x| x == *c))
+            .collect()
+    };
+    if let Some(c) = r.connection
+        && targets.is_empty()
+    {
+        return Err(not_found("connection", &c.to_string()));
+    }
+    let to = |sim: &Sim, out: Outbound| {
+        let w = sim.lock();
+        for c in &targets {
+            if let Some(conn) = w.socket.connections.get(c) {
+                let _ = conn.tx.send(match &out {
+                    Outbound::Text(t) => Outbound::Text(t.clone()),
+                    _ => Outbound::Ping,
+                });
+            }
+        }
+    };
+    if let Some(n) = r.pad_bytes {
+        if n > 64 << 20 {
+            return Err(bad("pad_bytes is at most 64 MiB"));
+        }
+        let text = json!({"type": "events_api", "envelope_id": "sim-padded",
+            "payload": {"pad": "x".repeat(n)}})
+        .to_string();
+        to(&sim, Outbound::Text(text));
+    }
+    if let Some(every) = r.ping_every_ms {
+        let (sim, count) = (sim.clone(), r.pings.unwrap_or(60));
+        let targets = targets.clone();
+        tokio::spawn(async move {
+            for _ in 0..count {
+                tokio::time::sleep(Duration::from_millis(every.max(10))).await;
+                let w = sim.lock();
+                for c in &targets {
+                    if let Some(conn) = w.socket.connections.get(c) {
+                        let _ = conn.tx.send(Outbound::Ping);
+                    }
                 }
             }
         });

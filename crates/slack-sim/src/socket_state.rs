@@ -16,6 +16,8 @@ pub enum Outbound {
     TextThenDrop(String),
     /// Close the connection.
     Close,
+    /// Send a ping frame (as a server keeping a connection alive does).
+    Ping,
 }
 
 /// How the wait for an envelope's ack ended.
