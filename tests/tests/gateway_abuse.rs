@@ -422,8 +422,9 @@ async fn a_flood_of_unsigned_bodies_is_bounded_by_the_unverified_budget() {
          {refused} refused unread with 503; signed deliveries during the flood: {during:?}"
     );
     assert!(grown_mib <= 64, "peak RSS grew by {grown_mib} MiB");
+    // (408: a body still arriving after a second, cut for a newer one)
     for s in flood.iter().flatten() {
-        assert!(matches!(s, 401 | 503), "an unsigned body got {s}");
+        assert!(matches!(s, 401 | 503 | 408), "an unsigned body got {s}");
     }
     assert!(refused > 0, "the budget refused nothing");
     for s in during.iter().flatten() {
@@ -819,5 +820,74 @@ async fn bodies_that_stall_neither_starve_signed_deliveries_nor_hold_the_budget(
         "{answers:?}"
     );
     assert_eq!(receipts(&db).await, 1);
+    assert!(gw.terminate().await.success());
+}
+
+/// Heads with a current timestamp and a well-formed (wrong) signature that
+/// declare a one-byte body and never send it: each holds at least the least
+/// share of the unverified budget, so only a few hold connections at all
+/// (the rest are refused unread), and a signed delivery takes the place of
+/// the one that has waited longest. It is answered while every stalled body
+/// is still within its body timeout (so no timeout freed anything for it);
+/// without this, the stalled bodies filled the connection cap and it waited
+/// for their timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_one_byte_bodies_cannot_hold_the_connections_a_signed_delivery_needs() {
+    let db = TestDb::new().await;
+    seed_installation(&db.pool, APP, TEAM).await;
+    let gw = spawn_gateway(&with(
+        base_env(&db),
+        &[
+            // The smallest cap and budget, and the longest body timeout.
+            ("THREADLINE_GATEWAY_MAX_CONNECTIONS", "16"),
+            ("THREADLINE_GATEWAY_UNVERIFIED_BYTES", "65536"),
+            ("THREADLINE_GATEWAY_MAX_BODY_BYTES", "16384"),
+            ("THREADLINE_GATEWAY_BODY_TIMEOUT_MS", "9000"),
+        ],
+    ))
+    .await;
+    let body_timeout = Duration::from_millis(9000);
+    let started = Instant::now();
+    let mut stalled = Vec::new();
+    for _ in 0..40 {
+        let Ok(mut s) = TcpStream::connect(addr(&gw)).await else {
+            continue;
+        };
+        let head = format!(
+            "POST /slack/events HTTP/1.1\r\nHost: gateway\r\ncontent-type: application/json\r\ncontent-length: 1\r\nx-slack-request-timestamp: {}\r\nx-slack-signature: v0={}\r\n\r\n",
+            now_unix(),
+            "ab".repeat(32)
+        );
+        let _ = s.write_all(head.as_bytes()).await;
+        stalled.push(s);
+    }
+    // (long enough for the oldest stalled bodies to be cut for a new one)
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let client = reqwest::Client::new();
+    let r = tokio::time::timeout(
+        body_timeout,
+        deliver(
+            &client,
+            &gw.events_url(),
+            TEST_SECRET,
+            &event("Ev0SLOW1"),
+            None,
+        ),
+    )
+    .await;
+    let answered_within = started.elapsed();
+    let status = r.ok().and_then(Result::ok).map(|r| r.status().as_u16());
+    assert_eq!(
+        status,
+        Some(200),
+        "the signed delivery was answered before any stalled body's timeout \
+         (after {answered_within:?})"
+    );
+    assert!(
+        answered_within < body_timeout,
+        "answered while the stalled bodies were all within their timeout"
+    );
+    assert_eq!(receipts(&db).await, 1);
+    drop(stalled);
     assert!(gw.terminate().await.success());
 }

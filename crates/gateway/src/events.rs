@@ -105,7 +105,7 @@ pub(crate) async fn receive(
         return Err(too_large());
     }
     let declared = declared.map(|n| n as usize);
-    let Some(share) = app.unverified.try_reserve(declared.unwrap_or(limit)) else {
+    let Some(share) = app.unverified.reserve(declared.unwrap_or(limit)).await else {
         metrics::counter!("threadline_gateway_unverified_budget_refusals_total").increment(1);
         tracing::debug!("unverified-bytes budget spent; delivery refused unread");
         let mut resp = StatusCode::SERVICE_UNAVAILABLE.into_response();
@@ -113,22 +113,23 @@ pub(crate) async fn receive(
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return Err((Answer::Busy, resp));
     };
-    let body = match crate::unverified::read(body, limit, declared, app.body_timeout).await {
-        Ok(body) => body,
-        Err(ReadError::TooLarge) => return Err(too_large()),
-        Err(ReadError::Slow) => {
-            return Err((
-                Answer::Rejected("body_timeout"),
-                StatusCode::REQUEST_TIMEOUT.into_response(),
-            ));
-        }
-        Err(ReadError::Broken) => {
-            return Err((
-                Answer::Rejected("body_unreadable"),
-                StatusCode::BAD_REQUEST.into_response(),
-            ));
-        }
-    };
+    let body =
+        match crate::unverified::read(body, limit, declared, app.body_timeout, share.cut()).await {
+            Ok(body) => body,
+            Err(ReadError::TooLarge) => return Err(too_large()),
+            Err(ReadError::Slow) => {
+                return Err((
+                    Answer::Rejected("body_timeout"),
+                    StatusCode::REQUEST_TIMEOUT.into_response(),
+                ));
+            }
+            Err(ReadError::Broken) => {
+                return Err((
+                    Answer::Rejected("body_unreadable"),
+                    StatusCode::BAD_REQUEST.into_response(),
+                ));
+            }
+        };
     verify(app, headers, &body, now).map_err(unauthorized)?;
     drop(share);
     Ok(body)

@@ -10,16 +10,36 @@
 //! [`SMALL_BODY`] bytes, which Slack's deliveries are: bodies that declare
 //! themselves large cannot spend it. A body must arrive within a deadline,
 //! so a stalled one holds its share only that long.
+//!
+//! Every body holds at least [`MIN_SHARE`] (a head declaring one byte
+//! cannot hold a connection for almost nothing), and when the budget is
+//! spent a new body takes the place of the one that has waited longest:
+//! that one is cut (408) once it has waited [`CUTTABLE_AFTER`]. Slack sends
+//! a body with its head, so a body that waits is not Slack's, and a flood
+//! of stalled bodies cannot keep a signed delivery out.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 
 /// Bodies up to this size may use the part of the budget kept for them.
 pub const SMALL_BODY: usize = 64 << 10;
+
+/// The least share a body holds, whatever it declares.
+pub const MIN_SHARE: usize = 16 << 10;
+
+/// A body still arriving after this long may be cut for a new one.
+pub const CUTTABLE_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a new body waits for the shares of the bodies cut for it.
+const MAKE_ROOM_WITHIN: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone)]
 pub struct Budget {
@@ -28,6 +48,9 @@ pub struct Budget {
     /// For any body.
     any: Arc<Semaphore>,
     total: usize,
+    /// The bodies holding a share: when each began, and how to cut it.
+    held: Arc<Mutex<HashMap<u64, (Instant, CancellationToken)>>>,
+    next: Arc<AtomicU64>,
 }
 
 /// A share of the budget, given back when dropped.
@@ -35,10 +58,20 @@ pub struct Budget {
 pub struct Share {
     permit: Option<OwnedSemaphorePermit>,
     budget: Budget,
+    id: u64,
+    cut: CancellationToken,
+}
+
+impl Share {
+    /// Cancelled when this body is cut to make room for another.
+    pub fn cut(&self) -> CancellationToken {
+        self.cut.clone()
+    }
 }
 
 impl Drop for Share {
     fn drop(&mut self) {
+        self.budget.held().remove(&self.id);
         drop(self.permit.take());
         self.budget.report();
     }
@@ -53,7 +86,56 @@ impl Budget {
             small: Arc::new(Semaphore::new(small)),
             any: Arc::new(Semaphore::new(total - small)),
             total,
+            held: Arc::default(),
+            next: Arc::default(),
         }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Instant, CancellationToken)>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A share for a body of `bytes` (at least [`MIN_SHARE`]): at once when
+    /// free, else by cutting the bodies that have waited longest (past
+    /// [`CUTTABLE_AFTER`]) and taking their place; `None` when no body can
+    /// be cut or their shares did not come back in time.
+    pub async fn reserve(&self, bytes: usize) -> Option<Share> {
+        let bytes = bytes.max(MIN_SHARE);
+        if let Some(s) = self.try_reserve(bytes) {
+            return Some(s);
+        }
+        let give_up = tokio::time::Instant::now() + MAKE_ROOM_WITHIN;
+        let mut freed = 0usize;
+        loop {
+            // (cut enough for this body, as far as the shares held tell)
+            while freed < bytes {
+                let Some(n) = self.cut_oldest() else { break };
+                freed += n;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            if let Some(s) = self.try_reserve(bytes) {
+                return Some(s);
+            }
+            if freed == 0 || tokio::time::Instant::now() >= give_up {
+                return None;
+            }
+            freed = 0;
+        }
+    }
+
+    /// Cuts the body that has waited longest, if it has waited past
+    /// [`CUTTABLE_AFTER`]: the least share it frees.
+    fn cut_oldest(&self) -> Option<usize> {
+        let mut held = self.held();
+        let (id, token) = held
+            .iter()
+            .filter(|(_, (since, t))| since.elapsed() >= CUTTABLE_AFTER && !t.is_cancelled())
+            .min_by_key(|(_, (since, _))| *since)
+            .map(|(id, (_, t))| (*id, t.clone()))?;
+        token.cancel();
+        held.remove(&id);
+        metrics::counter!("threadline_gateway_unverified_bodies_cut_total").increment(1);
+        Some(MIN_SHARE)
     }
 
     /// `bytes` of the budget, or `None` when that much is not free now.
@@ -67,9 +149,16 @@ impl Budget {
             None => self.any.clone().try_acquire_many_owned(n).ok()?,
         };
         self.report();
+        let (id, cut) = (
+            self.next.fetch_add(1, Ordering::Relaxed),
+            CancellationToken::new(),
+        );
+        self.held().insert(id, (Instant::now(), cut.clone()));
         Some(Share {
             permit: Some(permit),
             budget: self.clone(),
+            id,
+            cut,
         })
     }
 
@@ -91,16 +180,21 @@ pub enum ReadError {
 }
 
 /// Reads `body` whole within `deadline`, stopping as soon as it exceeds
-/// `limit` bytes. `expected` (the declared length) sizes the buffer once.
+/// `limit` bytes, or when `cut` (its share was taken for another body).
+/// `expected` (the declared length) sizes the buffer once.
 pub async fn read(
     body: Body,
     limit: usize,
     expected: Option<usize>,
     deadline: std::time::Duration,
+    cut: CancellationToken,
 ) -> Result<Bytes, ReadError> {
-    tokio::time::timeout(deadline, read_all(body, limit, expected))
-        .await
-        .unwrap_or(Err(ReadError::Slow))
+    tokio::select! {
+        r = tokio::time::timeout(deadline, read_all(body, limit, expected)) => {
+            r.unwrap_or(Err(ReadError::Slow))
+        }
+        () = cut.cancelled() => Err(ReadError::Slow),
+    }
 }
 
 async fn read_all(body: Body, limit: usize, expected: Option<usize>) -> Result<Bytes, ReadError> {
@@ -147,21 +241,59 @@ mod tests {
     #[tokio::test]
     async fn a_body_is_read_whole_within_its_limit() {
         assert_eq!(
-            read(chunked(&[b"ab", b"cd", b"e"]), 5, Some(5), SECOND).await,
+            read(chunked(&[b"ab", b"cd", b"e"]), 5, Some(5), SECOND, never()).await,
             Ok(Bytes::from_static(b"abcde"))
         );
         assert_eq!(
-            read(chunked(&[b"abc"]), 5, None, SECOND).await,
+            read(chunked(&[b"abc"]), 5, None, SECOND, never()).await,
             Ok(Bytes::from_static(b"abc"))
         );
-        assert_eq!(read(chunked(&[]), 5, None, SECOND).await, Ok(Bytes::new()));
         assert_eq!(
-            read(chunked(&[b"abc", b"def"]), 5, Some(5), SECOND).await,
+            read(chunked(&[]), 5, None, SECOND, never()).await,
+            Ok(Bytes::new())
+        );
+        assert_eq!(
+            read(chunked(&[b"abc", b"def"]), 5, Some(5), SECOND, never()).await,
             Err(ReadError::TooLarge)
         );
     }
 
     const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
+
+    fn never() -> CancellationToken {
+        CancellationToken::new()
+    }
+
+    #[tokio::test]
+    async fn a_new_body_takes_the_place_of_the_one_that_waited_longest() {
+        // Room for four bodies of the least share.
+        let b = Budget::new(4 * MIN_SHARE, MIN_SHARE);
+        let old = b.reserve(1).await.expect("fits");
+        let cut_old = old.cut();
+        tokio::time::sleep(CUTTABLE_AFTER).await;
+        let young: Vec<Share> = futures::future::join_all((0..3).map(|_| b.reserve(1)))
+            .await
+            .into_iter()
+            .map(|s| s.expect("fits"))
+            .collect();
+        // Spent: the next body cuts the oldest (a head declaring one byte
+        // still holds the least share), never one too young to cut.
+        let held = tokio::spawn(async move {
+            cut_old.cancelled().await;
+            drop(old);
+        });
+        let new = b.reserve(1).await.expect("the oldest was cut for it");
+        held.await.expect("cut");
+        assert!(
+            young.iter().all(|y| !y.cut().is_cancelled()),
+            "the young ones go on"
+        );
+        assert!(
+            b.reserve(1).await.is_none(),
+            "none left that waited long enough"
+        );
+        drop((young, new));
+    }
 
     #[tokio::test]
     async fn a_body_that_stalls_is_cut_at_its_deadline() {
@@ -170,7 +302,14 @@ mod tests {
                 .chain(futures::stream::pending()),
         );
         assert_eq!(
-            read(stalled, 5, Some(5), std::time::Duration::from_millis(50)).await,
+            read(
+                stalled,
+                5,
+                Some(5),
+                std::time::Duration::from_millis(50),
+                never()
+            )
+            .await,
             Err(ReadError::Slow)
         );
     }
