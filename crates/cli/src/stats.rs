@@ -24,7 +24,7 @@ pub async fn spool(common: &threadline_runtime::config::CommonConfig) -> Value {
             "deliveries_waiting": n,
             "oldest_age_seconds": age.as_secs_f64(),
         }),
-        _ => json!({"readable": false}),
+        _ => json!({"readable": false, "deliveries_waiting": null, "oldest_age_seconds": null}),
     }
 }
 

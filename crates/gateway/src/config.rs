@@ -57,7 +57,7 @@ pub struct GatewayConfig {
     /// (acknowledged by JetStream before Slack's 200) and recorded by the
     /// drainer once Postgres is back; false answers 503 as without a spool.
     pub spool_enabled: bool,
-    /// `THREADLINE_SPOOL_AFTER_MS`, default 1500: how long a delivery waits
+    /// `THREADLINE_SPOOL_AFTER_MS`, default 1400: how long a delivery waits
     /// for Postgres before it is spooled (the spool's write, bounded by
     /// [`SPOOL_PUT_TIMEOUT`](crate::spool::PUT_TIMEOUT), must still fit in
     /// Slack's 3 s).
@@ -252,7 +252,8 @@ impl GatewayConfig {
             trust_forwarded_for: src.flag("THREADLINE_GATEWAY_TRUST_FORWARDED_FOR", false)?,
             intake_timeout: src.millis("THREADLINE_INTAKE_TIMEOUT_MS", 2500, 50..=60_000)?,
             spool_enabled: src.flag("THREADLINE_SPOOL_ENABLED", true)?,
-            spool_after: src.millis("THREADLINE_SPOOL_AFTER_MS", 1500, 50..=2_000)?,
+            // (with the spool's 1 s, inside the 2.5 s a delivery is answered in)
+            spool_after: src.millis("THREADLINE_SPOOL_AFTER_MS", 1400, 50..=1_500)?,
             intake_writers: src.bounded("THREADLINE_INTAKE_WRITERS", 3, 1..=64)? as usize,
             intake_max_batch: src.bounded("THREADLINE_INTAKE_MAX_BATCH", 256, 1..=4096)? as usize,
             installation_cache_ttl: src.millis(

@@ -1,6 +1,6 @@
 //! `POST /slack/events`: verify, parse, resolve, record durably, answer.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -17,7 +17,7 @@ use crate::unverified::ReadError;
 use threadline_store::receipts::{ReceiptMeta, build as build_receipt, parse_error_text};
 
 /// What a delivery came to; the label of the ack-latency histogram.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Answer {
     Accepted,
     /// Held as an `unparsed` receipt: signed, identified, not parseable.
@@ -27,6 +27,9 @@ pub(crate) enum Answer {
     Ignored,
     Rejected(&'static str),
     Unavailable,
+    /// Postgres refused this delivery itself (503; trying again changes
+    /// nothing, so it is never spooled).
+    Refused,
     /// Postgres could not take it in time: kept in the broker's spool,
     /// recorded by the drainer later.
     Spooled,
@@ -43,7 +46,7 @@ impl Answer {
             Answer::Challenge => "url_verification",
             Answer::Ignored => "ignored", // not a state: the gateway's answer
             Answer::Rejected(_) => "rejected", // not a state: the gateway's answer
-            Answer::Unavailable => "unavailable",
+            Answer::Unavailable | Answer::Refused => "unavailable",
             Answer::Spooled => "spooled",
             Answer::Busy => "busy",
         }
@@ -196,9 +199,16 @@ async fn handle(
     let Some(spool) = app.spool.as_deref() else {
         return record(app, headers, body, received).await;
     };
-    let spooled = |why: &'static str| async move {
+    // One deadline for the whole answer, inside Slack's 3 s.
+    let deadline = tokio::time::Instant::now() + crate::spool::ANSWER_WITHIN;
+    let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
+    // (the spool is tried once per delivery)
+    let spooled = |why: &'static str, within: Duration| async move {
         let id = DeliveryIdentity::from_body(body)?;
-        match spool.put(&id, headers, body, received, transport).await {
+        match spool
+            .put(&id, headers, body, received, transport, within)
+            .await
+        {
             Ok(()) => {
                 metrics::counter!("threadline_gateway_spooled_total", "reason" => why).increment(1);
                 Some((Answer::Spooled, StatusCode::OK.into_response()))
@@ -209,23 +219,38 @@ async fn handle(
             }
         }
     };
-    if spool.active()
-        && let Some(r) = spooled("behind_spooled").await
-    {
-        return r;
+    if spool.active() {
+        return match spooled("behind_spooled", crate::spool::PUT_TIMEOUT).await {
+            Some(r) => r,
+            // The broker is away: Postgres alone, in the time left.
+            None => {
+                match tokio::time::timeout(left(), record(app, headers, body, received)).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        unavailable(&"neither the spool nor Postgres took the delivery in time")
+                    }
+                }
+            }
+        };
     }
-    match tokio::time::timeout(spool.after, record(app, headers, body, received)).await {
-        Ok((Answer::Unavailable, response)) => {
-            spooled("postgres_unavailable").await.unwrap_or_else(|| {
+    let for_postgres = spool
+        .after
+        .min(left().saturating_sub(crate::spool::PUT_TIMEOUT));
+    match tokio::time::timeout(for_postgres, record(app, headers, body, received)).await {
+        // Away or overloaded: the spool keeps it. (A delivery Postgres
+        // refused for good is answered 503 as it is: spooling it would
+        // change nothing.)
+        Ok((Answer::Unavailable, response)) => spooled("postgres_unavailable", left())
+            .await
+            .unwrap_or_else(|| {
                 tracing::error!(
                     "neither Postgres nor the spool took the delivery: 503, Slack retries"
                 );
                 (Answer::Unavailable, response)
-            })
-        }
+            }),
         Ok(r) => r,
-        // (a receipt committed after all is a duplicate when drained)
-        Err(_) => spooled("postgres_slow").await.unwrap_or_else(|| {
+        // (its intake entry is dropped unwritten: see the intake)
+        Err(_) => spooled("postgres_slow", left()).await.unwrap_or_else(|| {
             unavailable(&"the receipt was not committed in time, and the spool refused it")
         }),
     }
@@ -249,7 +274,10 @@ pub(crate) async fn record(
         // Invariant 10: what carries an identity is kept, parsed or not.
         Err(e) => {
             return match DeliveryIdentity::from_body(body) {
-                Some(identity) => accept_unparsed(app, headers, identity, e, body).await,
+                Some(identity) => {
+                    let why = (e.reason_code(), parse_error_text(&e));
+                    accept_unparsed(app, headers, identity, why, body).await
+                }
                 None => malformed(app, e).await,
             };
         }
@@ -281,7 +309,7 @@ pub(crate) async fn record(
             .await;
             match r {
                 Ok(_) => (Answer::Ignored, StatusCode::OK.into_response()),
-                Err(e) => unavailable(&e),
+                Err(e) => not_recorded(&e),
             }
         }
         Envelope::Other { envelope_type } => {
@@ -306,12 +334,38 @@ async fn malformed(app: &AppState, e: EnvelopeError) -> (Answer, Response) {
     tracing::warn!(reason, error = %e, "signed delivery is malformed and has no identity; rejected without retry");
     if let Err(e) = record_rejection(app, reason, None).await {
         // Not recorded: let Slack retry, rather than lose the record.
-        return unavailable(&e);
+        return not_recorded(&e);
     }
     let mut resp = (StatusCode::BAD_REQUEST, "malformed Events API payload").into_response();
     resp.headers_mut()
         .insert("x-slack-no-retry", HeaderValue::from_static("1"));
     (Answer::Rejected(reason), resp)
+}
+
+/// A delivery Postgres could not record because of `e`: refused for good
+/// (a constraint, a value) or unavailable (away, overloaded).
+fn not_recorded(e: &sqlx::Error) -> (Answer, Response) {
+    if threadline_runtime::transient::sql_is_transient(e) {
+        unavailable(e)
+    } else {
+        refused(e)
+    }
+}
+
+/// [`not_recorded`] for the intake's error.
+fn not_committed(e: &crate::intake::IntakeError) -> (Answer, Response) {
+    match e {
+        crate::intake::IntakeError::Refused(_) => refused(e),
+        _ => unavailable(e),
+    }
+}
+
+fn refused(e: &dyn std::fmt::Display) -> (Answer, Response) {
+    tracing::error!(error = %e, "Postgres refused the delivery; answering 503");
+    (
+        Answer::Refused,
+        StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    )
 }
 
 fn unavailable(e: &dyn std::fmt::Display) -> (Answer, Response) {
@@ -398,7 +452,7 @@ async fn accept(
             if let Err(e) =
                 record_rejection(app, "installation_disabled", Some((&cb, Some(id)))).await
             {
-                return unavailable(&e);
+                return not_recorded(&e);
             }
             return (
                 Answer::Rejected("installation_disabled"),
@@ -408,14 +462,14 @@ async fn accept(
         Ok(Resolved::Unknown) => {
             tracing::warn!("event for an unknown installation; acknowledged, no job");
             if let Err(e) = record_rejection(app, "unknown_installation", Some((&cb, None))).await {
-                return unavailable(&e);
+                return not_recorded(&e);
             }
             return (
                 Answer::Rejected("unknown_installation"),
                 StatusCode::OK.into_response(),
             );
         }
-        Err(e) => return unavailable(&e),
+        Err(e) => return not_recorded(&e),
     };
     tracing::Span::current().record("installation_id", tracing::field::display(installation_id));
     let (retry_num, retry_reason) = retry_headers(headers);
@@ -436,7 +490,7 @@ async fn accept(
     match app.intake.submit(receipt).await {
         Ok(Outcome::New) => (Answer::Accepted, StatusCode::OK.into_response()),
         Ok(Outcome::Duplicate) => (Answer::Duplicate, StatusCode::OK.into_response()),
-        Err(e) => unavailable(&e),
+        Err(e) => not_committed(&e),
     }
 }
 
@@ -455,19 +509,18 @@ fn count_retry(retry_num: i32, retry_reason: Option<&'static str>) {
 /// after an upgrade) and answered 200 only once committed; a retry of it is
 /// a duplicate. Its installation is resolved when it can be (a disabled one
 /// is recorded too: the receipt is held, not processed), else left unknown.
-#[tracing::instrument(skip_all, fields(event_id = %identity.event_id, api_app_id = %identity.api_app_id, installation_id, reason = error.reason_code()))]
+#[tracing::instrument(skip_all, fields(event_id = %identity.event_id, api_app_id = %identity.api_app_id, installation_id, reason))]
 async fn accept_unparsed(
     app: &AppState,
     headers: &HeaderMap,
     identity: DeliveryIdentity,
-    error: EnvelopeError,
+    (reason, error): (&'static str, String),
     body: &[u8],
 ) -> (Answer, Response) {
-    let reason = error.reason_code();
     let installation_id = match app.resolver.resolve(&identity.installation_key()).await {
         Ok(Resolved::Active(id) | Resolved::Disabled(id)) => Some(id),
         Ok(Resolved::Unknown) => None,
-        Err(e) => return unavailable(&e),
+        Err(e) => return not_recorded(&e),
     };
     if let Some(id) = installation_id {
         tracing::Span::current().record("installation_id", tracing::field::display(id));
@@ -504,7 +557,7 @@ async fn accept_unparsed(
         traceparent: None,
         tracestate: None,
         unparsed: Some(Unparsed {
-            parse_error: parse_error_text(&error),
+            parse_error: error,
             body: body.to_vec(),
         }),
     };
@@ -514,7 +567,27 @@ async fn accept_unparsed(
             (Answer::Unparsed, StatusCode::OK.into_response())
         }
         Ok(Outcome::Duplicate) => (Answer::Duplicate, StatusCode::OK.into_response()),
-        Err(e) => unavailable(&e),
+        Err(e) => not_committed(&e),
+    }
+}
+
+/// A delivery Postgres refused time and again (out of the spool): kept
+/// as an `unparsed` receipt with its body, held for an operator and for
+/// replay, never dropped (invariant 10).
+pub(crate) async fn hold_refused(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> (Answer, Response) {
+    match DeliveryIdentity::from_body(body) {
+        Some(identity) => {
+            let why = (
+                "refused_by_postgres",
+                "refused_by_postgres: Postgres refused its receipt, time and again".to_owned(),
+            );
+            accept_unparsed(app, headers, identity, why, body).await
+        }
+        None => refused(&"a spooled delivery without an identity"),
     }
 }
 

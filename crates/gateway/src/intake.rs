@@ -35,8 +35,13 @@ pub enum Outcome {
 
 #[derive(Debug, thiserror::Error)]
 pub enum IntakeError {
+    /// Postgres is away, overloaded or restarting: another try may work.
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
+    /// Postgres refused this delivery itself (a constraint, a value it
+    /// cannot store): trying it again changes nothing.
+    #[error("database refused the delivery: {0}")]
+    Refused(String),
     #[error("intake is shutting down")]
     Closed,
     #[error("receipt was not committed in time")]
@@ -103,7 +108,10 @@ impl Intake {
                 .map_err(|_| IntakeError::Closed)?;
             match rx.await {
                 Ok(Ok(outcome)) => Ok(outcome),
-                Ok(Err(e)) => Err(IntakeError::Db(clone_db_error(&e))),
+                Ok(Err(e)) if threadline_runtime::transient::sql_is_transient(&e) => {
+                    Err(IntakeError::Db(clone_db_error(&e)))
+                }
+                Ok(Err(e)) => Err(IntakeError::Refused(e.to_string())),
                 Err(_) => Err(IntakeError::Closed),
             }
         };
@@ -118,7 +126,14 @@ fn clone_db_error(e: &sqlx::Error) -> sqlx::Error {
 }
 
 /// Commits and answers a batch; returns how many receipts it created.
-async fn commit_and_reply(pool: &PgPool, batch: Vec<Pending>) -> u64 {
+async fn commit_and_reply(pool: &PgPool, mut batch: Vec<Pending>) -> u64 {
+    // A delivery whose request gave up waiting (answered 503, or spooled)
+    // is not committed late: a later commit could overtake what another
+    // replica spooled before it. Slack's retry or the drainer brings it.
+    batch.retain(|p| !p.reply.is_closed());
+    if batch.is_empty() {
+        return 0;
+    }
     match insert_with_retry(pool, &batch).await {
         Ok(outcomes) => reply(pool, batch, outcomes).await,
         // One delivery Postgres refuses must not fail the others with it:

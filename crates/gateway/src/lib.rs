@@ -238,24 +238,7 @@ pub async fn run(
             topology.clone(),
             spool_stop.clone(),
         );
-        spool_tasks.spawn(async move {
-            // (until the relay has declared the spool's stream and consumer)
-            while !stop.is_cancelled() {
-                match spool::drain(app.clone(), js.clone(), topology.clone(), stop.clone()).await {
-                    Ok(()) => return,
-                    Err(e) => {
-                        tracing::warn!(
-                            error = format!("{e:#}"),
-                            "the spool drainer could not start; trying again"
-                        );
-                        tokio::select! {
-                            _ = stop.cancelled() => return,
-                            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-                        }
-                    }
-                }
-            }
-        });
+        spool_tasks.spawn(spool::drain(app, js, topology, stop));
     }
     // With a spool, a gateway takes deliveries while Postgres or the broker
     // can keep them: it stays in service through a database outage.

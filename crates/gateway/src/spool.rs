@@ -6,12 +6,13 @@
 //! instead of the database. While deliveries wait in the spool, new ones
 //! are spooled behind them, so that none overtakes an earlier one.
 //!
-//! The drainer (beside the relay, one delivery at a time across replicas:
-//! the consumer allows one unacknowledged message) records each spooled
-//! delivery exactly as the gateway would have (resolution, receipt, outbox
-//! row; a delivery already received directly is a duplicate, counted) and
-//! acknowledges it once committed; while Postgres is away it waits, and
-//! every later delivery with it. The publisher posts nothing while the
+//! The drainer (beside the relay; across replicas the consumer lets a
+//! window of [`DRAIN_WINDOW`] deliveries be unacknowledged, which are
+//! submitted together, in spool order, and commit together) records each
+//! spooled delivery exactly as the gateway would have (resolution,
+//! receipt, outbox row; a delivery already received directly is a
+//! duplicate, counted) and acknowledges it once committed; while Postgres
+//! is away it waits, and every later delivery with it. The publisher posts nothing while the
 //! spool holds deliveries (an acknowledged change of a thread may be among
 //! them), so the staleness rules see every acknowledged change.
 //!
@@ -37,6 +38,14 @@ use crate::events::Answer;
 /// Longest wait for the broker's acknowledgement of a spooled delivery.
 pub const PUT_TIMEOUT: Duration = Duration::from_millis(1000);
 
+/// A delivery is answered within this long, whatever Postgres and the
+/// broker do (Slack waits 3 s; the rest is the network's and the body's).
+pub const ANSWER_WITHIN: Duration = Duration::from_millis(2500);
+
+/// After a put the broker did not take, the spool is not tried again for
+/// this long (each try would cost the delivery [`PUT_TIMEOUT`]).
+const BROKER_PAUSE: Duration = Duration::from_secs(1);
+
 /// How often the spool's depth is read (the gateway's "deliveries wait
 /// there" flag and the depth and age gauges).
 const WATCH_EVERY: Duration = Duration::from_millis(250);
@@ -52,8 +61,10 @@ pub struct Spool {
     pub after: Duration,
     /// Deliveries wait in the spool, as last read.
     waiting: AtomicBool,
-    /// When this gateway last spooled a delivery (ms since `born`).
+    /// When this gateway last began to spool a delivery (ms since `born`).
     last_put_ms: AtomicU64,
+    /// Until when (ms since `born`) the broker is taken for away.
+    broker_away_until_ms: AtomicU64,
     born: Instant,
 }
 
@@ -65,13 +76,22 @@ impl Spool {
             after,
             waiting: AtomicBool::new(false),
             last_put_ms: AtomicU64::new(u64::MAX),
+            broker_away_until_ms: AtomicU64::new(0),
             born: Instant::now(),
         })
     }
 
-    /// Deliveries wait in the spool (or this gateway spooled one a moment
-    /// ago): a new delivery goes behind them.
+    fn now_ms(&self) -> u64 {
+        self.born.elapsed().as_millis() as u64
+    }
+
+    /// Deliveries wait in the spool (or this gateway began to spool one a
+    /// moment ago), and the broker is not known to be away: a new delivery
+    /// goes behind them.
     pub fn active(&self) -> bool {
+        if self.now_ms() < self.broker_away_until_ms.load(Ordering::Acquire) {
+            return false;
+        }
         if self.waiting.load(Ordering::Acquire) {
             return true;
         }
@@ -82,7 +102,7 @@ impl Spool {
     }
 
     /// Keeps `body` (verified, with identity `id`) in the spool; `Ok` once
-    /// JetStream acknowledged it.
+    /// JetStream acknowledged it, within `within` (at most [`PUT_TIMEOUT`]).
     pub async fn put(
         &self,
         id: &DeliveryIdentity,
@@ -90,7 +110,11 @@ impl Spool {
         body: &[u8],
         received_at_unix_ms: i64,
         transport: &'static str,
+        within: Duration,
     ) -> anyhow::Result<()> {
+        // Deliveries that follow go behind this one from now, not from its
+        // acknowledgement.
+        self.last_put_ms.store(self.now_ms(), Ordering::Release);
         let key = id.installation_key();
         let tenant = key
             .team_id
@@ -111,8 +135,8 @@ impl Spool {
             transport: transport.to_owned(),
         };
         let msg_id = format!("spool:{}:{}", d.api_app_id, d.event_id);
-        tokio::time::timeout(
-            PUT_TIMEOUT,
+        let put = tokio::time::timeout(
+            within.min(PUT_TIMEOUT),
             threadline_runtime::bus::publish(
                 &self.js,
                 &self.topology,
@@ -122,10 +146,15 @@ impl Spool {
             ),
         )
         .await
-        .map_err(|_| anyhow::anyhow!("the broker did not acknowledge in time"))??;
-        self.last_put_ms
-            .store(self.born.elapsed().as_millis() as u64, Ordering::Release);
-        Ok(())
+        .map_err(|_| anyhow::anyhow!("the broker did not acknowledge in time"))
+        .and_then(|r| r);
+        if put.is_err() {
+            self.broker_away_until_ms.store(
+                self.now_ms() + BROKER_PAUSE.as_millis() as u64,
+                Ordering::Release,
+            );
+        }
+        put
     }
 
     /// Reads the spool's depth every [`WATCH_EVERY`] until `shutdown`: the
@@ -149,11 +178,20 @@ impl Spool {
     }
 }
 
+/// Deliveries the drainer records at once, in spool order (they are
+/// submitted together, so the intake commits them together).
+pub const DRAIN_WINDOW: usize = 32;
+
+/// A delivery Postgres refused this many times is kept as an `unparsed`
+/// receipt instead (held, with its body).
+const REFUSALS_BEFORE_HOLDING: i64 = 5;
+
 /// Records one spooled delivery as the gateway would have on arrival.
-/// Postgres still away → `Transient` (the drainer waits, and every later
-/// delivery with it); an undecodable message → `Poison` (dead-lettered,
-/// never silently dropped).
-pub async fn drain_one(app: &AppState, payload: &[u8]) -> Disposition {
+/// Postgres away → `Transient` (the drainer waits); Postgres refusing this
+/// delivery → `Fail` a few times, then it is held as an `unparsed` receipt
+/// with its body (never dropped, and the spool moves on); an undecodable
+/// message → `Poison` (dead-lettered).
+pub async fn drain_one(app: &AppState, payload: &[u8], delivered: i64) -> Disposition {
     let Ok(d) = SpooledDelivery::decode(payload) else {
         return Disposition::Poison("undecodable_spooled_delivery".into());
     };
@@ -166,9 +204,14 @@ pub async fn drain_one(app: &AppState, payload: &[u8]) -> Disposition {
     {
         headers.insert("x-slack-retry-reason", v);
     }
-    let (answer, _) = crate::events::record(app, &headers, &d.body, d.received_at_unix_ms).await;
+    let (mut answer, _) =
+        crate::events::record(app, &headers, &d.body, d.received_at_unix_ms).await;
+    if answer == Answer::Refused && delivered >= REFUSALS_BEFORE_HOLDING {
+        answer = crate::events::hold_refused(app, &headers, &d.body).await.0;
+    }
     match answer {
         Answer::Unavailable => Disposition::Transient,
+        Answer::Refused => Disposition::Fail("refused_by_postgres".into()),
         a => {
             metrics::counter!("threadline_spool_drained_total", "outcome" => a.label())
                 .increment(1);
@@ -177,17 +220,49 @@ pub async fn drain_one(app: &AppState, payload: &[u8]) -> Disposition {
     }
 }
 
-/// Runs the drainer on the spool's durable consumer until `shutdown`.
+/// Runs the drainer on the spool's durable consumer until `shutdown`
+/// (started again whenever it stops otherwise: the consumer was deleted
+/// or not declared yet).
 pub async fn drain(
     app: AppState,
     js: jetstream::Context,
     topology: Topology,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+    stop: CancellationToken,
+) {
     let app = Arc::new(app);
-    threadline_runtime::worker::run(js, topology, Topic::Spool, 1, shutdown, move |msg| {
-        let app = app.clone();
-        async move { drain_one(&app, &msg.payload).await }
-    })
-    .await
+    while !stop.is_cancelled() {
+        let handler = {
+            let app = app.clone();
+            move |msg: jetstream::Message| {
+                let app = app.clone();
+                async move {
+                    let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
+                    drain_one(&app, &msg.payload, delivered).await
+                }
+            }
+        };
+        let r = threadline_runtime::worker::run(
+            js.clone(),
+            topology.clone(),
+            Topic::Spool,
+            DRAIN_WINDOW,
+            stop.clone(),
+            handler,
+        )
+        .await;
+        if stop.is_cancelled() {
+            return;
+        }
+        match r {
+            Ok(()) => tracing::warn!("the spool drainer stopped; starting it again"),
+            Err(e) => tracing::warn!(
+                error = format!("{e:#}"),
+                "the spool drainer could not start; trying again"
+            ),
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+    }
 }

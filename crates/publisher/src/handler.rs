@@ -62,16 +62,22 @@ impl Handler {
         max_claim_age: f64,
         what: intents::Claim,
     ) -> anyhow::Result<intents::Fence> {
-        if self
-            .topology
-            .spool_depth(&self.js)
-            .await
-            .is_none_or(|(n, _)| n > 0)
-        {
-            metrics::counter!("threadline_replies_behind_spool_total").increment(1);
+        if self.spool_waiting().await {
             return Ok(intents::Fence::Waiting(SPOOL_WAIT));
         }
         Ok(intents::fence_for(&self.pool, p, claim, max_claim_age, what).await?)
+    }
+
+    /// Whether acknowledged deliveries wait in the spool (one that cannot
+    /// be read counts as waiting), counted by why.
+    pub(crate) async fn spool_waiting(&self) -> bool {
+        let why = match self.topology.spool_depth(&self.js).await {
+            Some((0, _)) => return false,
+            Some(_) => "waiting",
+            None => "unreadable",
+        };
+        metrics::counter!("threadline_replies_behind_spool_total", "reason" => why).increment(1);
+        true
     }
 }
 

@@ -292,6 +292,10 @@ impl Handler {
                 Step::Append(_) | Step::Wait if opened.elapsed() > cfg.max_open => {
                     Step::End(Ending::Interrupted)
                 }
+                // The answer becomes whole only when no acknowledged
+                // delivery waits in the spool (one may change the thread),
+                // as a post's last check.
+                Step::Finish(_) if self.spool_waiting().await => Step::Wait,
                 s => s,
             };
             match next {

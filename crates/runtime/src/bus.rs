@@ -38,8 +38,13 @@ pub const ACK_WAIT: Duration = Duration::from_secs(60);
 /// deferred ones included.
 pub const MAX_ACK_PENDING: i64 = 20_000;
 
-/// The spool's ack wait (see [`Topology::work_consumer`]).
-pub const SPOOL_ACK_WAIT: Duration = Duration::from_secs(10);
+/// The spool's ack wait (see [`Topology::work_consumer`]): above the
+/// in-progress acks' interval, so a delivery being recorded is kept.
+pub const SPOOL_ACK_WAIT: Duration = Duration::from_secs(30);
+
+/// Spooled deliveries delivered at once across the drainers: they are
+/// recorded together, in spool order within the window.
+pub const SPOOL_WINDOW: i64 = 32;
 
 #[derive(Debug, Clone)]
 pub struct Topology {
@@ -164,9 +169,8 @@ impl Topology {
             durable_name: Some(topic.consumer().to_owned()),
             description: Some(format!("threadline {} worker", topic.consumer())),
             ack_policy: consumer::AckPolicy::Explicit,
-            // A spooled delivery takes at most the intake's bound to record,
-            // and every later one waits behind it: a drainer that died
-            // holds the spool back 10 s at most.
+            // Every later delivery waits behind the window: a drainer that
+            // died holds the spool back for this long at most.
             ack_wait: match topic {
                 Topic::Spool => self.redelivery.min(SPOOL_ACK_WAIT),
                 _ => self.redelivery,
@@ -174,11 +178,11 @@ impl Topology {
             max_deliver: -1,
             // Deferred messages (waiting for a post slot or Retry-After) stay
             // ack-pending until redelivered: room for many without stalling
-            // the consumer. The spool is drained one delivery at a time, in
-            // the order it was spooled, by whichever replica: a delivery
-            // waiting for Postgres holds every later one back.
+            // the consumer. The spool is drained a window at a time, in the
+            // order it was spooled, by whichever replica: deliveries waiting
+            // for Postgres hold every later one back.
             max_ack_pending: match topic {
-                Topic::Spool => 1,
+                Topic::Spool => SPOOL_WINDOW,
                 _ => MAX_ACK_PENDING,
             },
             ..Default::default()

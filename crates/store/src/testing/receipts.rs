@@ -693,3 +693,22 @@ pub async fn count_receipts_of(pool: &sqlx::PgPool, event_id: &str) -> sqlx::Res
     .fetch_one(pool)
     .await
 }
+
+/// Locks the receipts in `conn`'s transaction until it ends: whatever
+/// records a delivery meanwhile waits in its insert.
+pub async fn lock_receipts(conn: &mut sqlx::PgConnection) -> sqlx::Result<()> {
+    sqlx::query!("LOCK TABLE event_receipts IN ACCESS EXCLUSIVE MODE")
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Sessions of this database waiting for a lock now.
+pub async fn lock_waits(pool: &sqlx::PgPool) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM pg_stat_activity
+            WHERE datname = current_database() AND wait_event_type = 'Lock'"#
+    )
+    .fetch_one(pool)
+    .await
+}
