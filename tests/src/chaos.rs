@@ -357,6 +357,82 @@ enum Episode {
     Expiring,
 }
 
+/// When Postgres, NATS or the gateway was away (unix µs, open while the
+/// end is unknown): a delivery Slack made while only Postgres was away must
+/// have been acknowledged (the spool keeps it).
+#[derive(Debug, Default)]
+struct Away {
+    closed: Vec<(&'static str, u64, u64)>,
+    open: BTreeMap<&'static str, u64>,
+}
+
+impl Away {
+    fn begin(&mut self, what: &'static str) {
+        self.open.insert(what, now_micros());
+    }
+
+    fn end(&mut self, what: &'static str) {
+        if let Some(from) = self.open.remove(what) {
+            self.closed.push((what, from, now_micros()));
+        }
+    }
+
+    /// Whether `what` was away at `t`, give or take `margin` µs.
+    fn at(&self, what: &str, t: u64, margin: u64) -> bool {
+        self.closed
+            .iter()
+            .any(|(w, from, to)| *w == what && t + margin >= *from && t <= to + margin)
+            || self.open.get(what).is_some_and(|from| t + margin >= *from)
+    }
+}
+
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Deliveries Slack made while Postgres alone was away (not the broker,
+/// not the gateway, with a margin for reconnects) that were not
+/// acknowledged: the spool should have kept each. Also how many such
+/// deliveries there were.
+async fn refused_with_the_spool_up(s: &Stack, away: &Away) -> (usize, Vec<(&'static str, String)>) {
+    const MARGIN: u64 = 3_000_000;
+    let deliveries = crate::sim_get(&s.sim, "deliveries").await["deliveries"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let (mut during, mut refused) = (0, Vec::new());
+    for d in &deliveries {
+        let t = d["sent_at_micros"].as_u64().unwrap_or(0);
+        if !away.at("postgres", t, 0)
+            || away.at("nats", t, MARGIN)
+            || away.at("gateway", t, MARGIN)
+            // (the soak's own fault: Slack counts it late whatever the answer)
+            || d["result"] == "held_past_deadline"
+        {
+            continue;
+        }
+        during += 1;
+        if !d["status"]
+            .as_u64()
+            .is_some_and(|c| (200..300).contains(&c))
+        {
+            refused.push((
+                "refused_with_the_spool_up",
+                format!(
+                    "event {} (attempt {}) was not acknowledged ({}) while only Postgres was away",
+                    d["event_id"].as_str().unwrap_or_default(),
+                    d["attempt"],
+                    d["result"].as_str().unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    (during, refused)
+}
+
 fn signal(pid: u32, sig: &str) {
     let _ = std::process::Command::new("kill")
         .args([format!("-{sig}"), pid.to_string()])
@@ -600,6 +676,7 @@ pub async fn soak(
     let mut threads: Vec<Thread> = Vec::new();
     let mut log: Vec<(Option<String>, String)> = Vec::new();
     let mut episodes: Vec<(Instant, Episode)> = Vec::new();
+    let mut away = Away::default();
     let started = Instant::now();
     let mut faults: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut pauses_done = 0usize;
@@ -609,7 +686,7 @@ pub async fn soak(
         let (due, rest): (Vec<_>, Vec<_>) = episodes.into_iter().partition(|(end, _)| *end <= now);
         episodes = rest;
         for (_, e) in due {
-            end_episode(s, broker.as_deref_mut(), e, step, &mut log).await;
+            end_episode(s, broker.as_deref_mut(), e, step, &mut log, &mut away).await;
         }
         for what in at.remove(&step).unwrap_or_default() {
             let busy = episodes
@@ -640,7 +717,13 @@ pub async fn soak(
                     // The publisher is killed while a stream is open.
                     let mid_stream = i == 3 && wait_for_stream(s).await;
                     let in_flight = in_flight(s).await;
+                    if i == 0 {
+                        away.begin("gateway");
+                    }
                     s.kill_and_restart(i).await;
+                    if i == 0 {
+                        away.end("gateway");
+                    }
                     *faults.entry("service_killed").or_default() += 1;
                     if mid_stream {
                         *faults.entry("publisher_killed_mid_stream").or_default() += 1;
@@ -672,6 +755,9 @@ pub async fn soak(
                     }
                     let pid = s.services[i].child.id().expect("a running service");
                     let in_flight = in_flight(s).await;
+                    if i == 0 {
+                        away.begin("gateway");
+                    }
                     signal(pid, "STOP");
                     *faults
                         .entry(
@@ -724,6 +810,7 @@ pub async fn soak(
                     episodes.push((Instant::now() + Duration::from_secs(5), Episode::Expiring));
                 }
                 "db_outage" => {
+                    away.begin("postgres");
                     s.db.take_down().await;
                     *faults.entry("postgres_outage").or_default() += 1;
                     log.push((
@@ -734,6 +821,7 @@ pub async fn soak(
                 }
                 "nats_outage" => {
                     if let Some(b) = broker.as_deref_mut() {
+                        away.begin("nats");
                         b.down().await;
                         *faults.entry("nats_outage").or_default() += 1;
                         log.push((
@@ -1027,7 +1115,7 @@ pub async fn soak(
     episodes.sort_by_key(|(end, _)| *end);
     for (end, e) in std::mem::take(&mut episodes) {
         tokio::time::sleep_until(end.into()).await;
-        end_episode(s, broker.as_deref_mut(), e, cfg.events, &mut log).await;
+        end_episode(s, broker.as_deref_mut(), e, cfg.events, &mut log, &mut away).await;
     }
     // Kills that had to wait past the last action happen now.
     for w in at
@@ -1039,7 +1127,13 @@ pub async fn soak(
             .iter()
             .position(|x| *x == &w[5..])
             .expect("a service");
+        if i == 0 {
+            away.begin("gateway");
+        }
         s.kill_and_restart(i).await;
+        if i == 0 {
+            away.end("gateway");
+        }
         *faults.entry("service_killed").or_default() += 1;
         log.push((
             None,
@@ -1107,6 +1201,13 @@ pub async fn soak(
     }
     let mut roots: BTreeSet<String> = BTreeSet::new();
     violations.extend(records(s, &mut roots).await);
+    // Intake that outlives its database: while Postgres alone was away,
+    // every delivery was acknowledged (kept in the spool).
+    let (during, refused) = refused_with_the_spool_up(s, &away).await;
+    *faults
+        .entry("deliveries_while_only_postgres_away")
+        .or_default() += during;
+    violations.extend(refused);
     if let Some(open) = unsettled {
         violations.push(("never_settled", open));
     }
@@ -1410,19 +1511,25 @@ async fn end_episode(
     e: Episode,
     step: usize,
     log: &mut Vec<(Option<String>, String)>,
+    away: &mut Away,
 ) {
     match e {
         Episode::Paused { service, pid } => {
             signal(pid, "CONT");
+            if service == 0 {
+                away.end("gateway");
+            }
             log.push((None, format!("step {step}: SIGCONT {}", SERVICES[service])));
         }
         Episode::DbDown => {
             s.db.bring_up().await;
+            away.end("postgres");
             log.push((None, format!("step {step}: Postgres back")));
         }
         Episode::NatsDown => {
             if let Some(b) = broker {
                 b.up().await;
+                away.end("nats");
                 log.push((None, format!("step {step}: NATS back")));
             }
         }
