@@ -206,7 +206,14 @@ async fn handle(
     let spooled = |why: &'static str, within: Duration| async move {
         let id = DeliveryIdentity::from_body(body)?;
         match spool
-            .put(&id, headers, body, received, transport, within)
+            .put(
+                &id,
+                retry_headers(headers),
+                body,
+                received,
+                transport,
+                within,
+            )
             .await
         {
             Ok(()) => {

@@ -4,6 +4,7 @@
 //! It never fetches threads, calls a model or posts.
 
 pub mod config;
+pub mod drain;
 pub mod events;
 pub mod installations;
 pub mod intake;
@@ -238,7 +239,7 @@ pub async fn run(
             topology.clone(),
             spool_stop.clone(),
         );
-        spool_tasks.spawn(spool::drain(app, js, topology, stop));
+        spool_tasks.spawn(drain::drain(app, js, topology, stop));
     }
     // With a spool, a gateway takes deliveries while Postgres or the broker
     // can keep them: it stays in service through a database outage.
