@@ -354,11 +354,50 @@ async fn streaming_model(pieces: &'static [&'static str], gap: Duration) -> Stri
     url
 }
 
+/// A streaming stack whose model is [`streaming_model`] with `pieces`
+/// every `gap`, plus `extra` settings; unjudged (the scripted answers do
+/// not state what they read).
+async fn scripted_stack(
+    pieces: &'static [&'static str],
+    gap: Duration,
+    extra: &[(&'static str, &str)],
+) -> Stack {
+    let url = streaming_model(pieces, gap).await;
+    let mut settings = vec![
+        ("THREADLINE_MODEL_PROVIDER", "openai"),
+        ("THREADLINE_MODEL_BASE_URL", url.as_str()),
+        ("THREADLINE_MODEL_NAME", "m"),
+    ];
+    settings.extend_from_slice(extra);
+    let mut s = Stack::start(&streaming(0, &settings)).await;
+    s.unjudged = Some("the scripted model's answers do not state what they read");
+    s
+}
+
+/// A reviewer approves `decision` through the CLI.
+async fn approve(s: &Stack, decision: uuid::Uuid) {
+    let env = vec![
+        ("DATABASE_URL", s.db.url.clone()),
+        ("NATS_URL", threadline_testkit::nats_url()),
+        ("THREADLINE_BUS_PREFIX", s.prefix.clone()),
+    ];
+    let out = cli(
+        &["review", "approve", &decision.to_string(), "--by", "ana"],
+        &env,
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 const REVIEW: &str = "_The rest of this answer needs a person's review before it is shown._";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_answer_that_turns_risky_shows_nothing_risky_and_waits_for_its_reviewer() {
-    let url = streaming_model(
+    let s = scripted_stack(
         &[
             "The job fails ",
             "because the cache ",
@@ -368,18 +407,9 @@ async fn a_streamed_answer_that_turns_risky_shows_nothing_risky_and_waits_for_it
             "then retry.",
         ],
         Duration::from_millis(300),
+        &[],
     )
     .await;
-    let mut s = Stack::start(&streaming(
-        0,
-        &[
-            ("THREADLINE_MODEL_PROVIDER", "openai"),
-            ("THREADLINE_MODEL_BASE_URL", &url),
-            ("THREADLINE_MODEL_NAME", "m"),
-        ],
-    ))
-    .await;
-    s.unjudged = Some("the scripted model's answers do not state what they read");
     let q = s
         .post(&format!("<@{}> why does the job fail?", s.bot_user), None)
         .await;
@@ -411,21 +441,7 @@ async fn a_streamed_answer_that_turns_risky_shows_nothing_risky_and_waits_for_it
             .await
             .expect("read")
             .expect("the answer waits for a reviewer");
-    let env = vec![
-        ("DATABASE_URL", s.db.url.clone()),
-        ("NATS_URL", threadline_testkit::nats_url()),
-        ("THREADLINE_BUS_PREFIX", s.prefix.clone()),
-    ];
-    let out = cli(
-        &["review", "approve", &decision.to_string(), "--by", "ana"],
-        &env,
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    approve(&s, decision).await;
     let answers = s.wait_answers(&q, 2).await;
     assert_eq!(answers.len(), 2, "{answers:?}");
     let approved = answers[1]["text"].as_str().expect("text");
@@ -444,7 +460,7 @@ async fn a_streamed_answer_that_turns_risky_shows_nothing_risky_and_waits_for_it
 /// settle the intent `interrupted` and post the answer a second time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approved_answer_whose_post_lands_late_after_its_stream_is_posted_once() {
-    let url = streaming_model(
+    let s = scripted_stack(
         &[
             "The job fails ",
             "because the cache ",
@@ -452,22 +468,14 @@ async fn an_approved_answer_whose_post_lands_late_after_its_stream_is_posted_onc
             "<@U0SECRET> now.",
         ],
         Duration::from_millis(200),
-    )
-    .await;
-    let mut s = Stack::start(&streaming(
-        0,
         &[
-            ("THREADLINE_MODEL_PROVIDER", "openai"),
-            ("THREADLINE_MODEL_BASE_URL", &url),
-            ("THREADLINE_MODEL_NAME", "m"),
             ("THREADLINE_SLACK_TIMEOUT_MS", "800"),
             ("THREADLINE_SENDING_STALE_MS", "4000"),
             ("THREADLINE_RECONCILE_WINDOW_MS", "1500"),
             ("THREADLINE_SWEEP_MS", "500"),
         ],
-    ))
+    )
     .await;
-    s.unjudged = Some("the scripted model's answers do not state what they read");
     let q = s
         .post(&format!("<@{}> why does the job fail?", s.bot_user), None)
         .await;
@@ -496,21 +504,7 @@ async fn an_approved_answer_whose_post_lands_late_after_its_stream_is_posted_onc
         serde_json::json!({"method": "chat.postMessage", "mode": "latency", "latency_ms": 2500}),
     )
     .await;
-    let env = vec![
-        ("DATABASE_URL", s.db.url.clone()),
-        ("NATS_URL", threadline_testkit::nats_url()),
-        ("THREADLINE_BUS_PREFIX", s.prefix.clone()),
-    ];
-    let out = cli(
-        &["review", "approve", &decision.to_string(), "--by", "ana"],
-        &env,
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    approve(&s, decision).await;
     eventually(
         "the intent settled sent",
         Duration::from_secs(60),
@@ -546,7 +540,7 @@ async fn an_approved_answer_whose_post_lands_late_after_its_stream_is_posted_onc
 /// the whole answer is posted as mrkdwn, where the same text shows its URL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_markdown_link_is_never_streamed_and_the_answer_shows_its_url() {
-    let url = streaming_model(
+    let s = scripted_stack(
         &[
             "The deploy fails ",
             "because the token expired. ",
@@ -555,18 +549,9 @@ async fn a_markdown_link_is_never_streamed_and_the_answer_shows_its_url() {
             "and retry.",
         ],
         Duration::from_millis(200),
+        &[],
     )
     .await;
-    let mut s = Stack::start(&streaming(
-        0,
-        &[
-            ("THREADLINE_MODEL_PROVIDER", "openai"),
-            ("THREADLINE_MODEL_BASE_URL", &url),
-            ("THREADLINE_MODEL_NAME", "m"),
-        ],
-    ))
-    .await;
-    s.unjudged = Some("the scripted model's answers do not state what they read");
     let q = s
         .post(
             &format!("<@{}> why does the deploy fail?", s.bot_user),
