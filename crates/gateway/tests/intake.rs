@@ -1178,6 +1178,26 @@ fn spool_stream(env: &Env) -> String {
     Topology::new(env.prefix.clone()).stream(Topic::Spool)
 }
 
+/// A gateway that spools after 0.5 s, resolving installations afresh.
+async fn spooling_gateway(env: &Env) -> Gateway {
+    Gateway::start(
+        &env.db,
+        &env.prefix,
+        &[
+            ("THREADLINE_INSTALLATION_CACHE_MS", "0"),
+            ("THREADLINE_SPOOL_AFTER_MS", "500"),
+        ],
+    )
+    .await
+}
+
+async fn spool_drained(env: &Env) {
+    eventually("the spool drained", Duration::from_secs(20), || async {
+        (stream_len(&env.js, &spool_stream(env)).await == 0).then_some(())
+    })
+    .await;
+}
+
 /// Postgres down: each delivery is answered 200 once the broker holds it in
 /// the spool (a retry of one is the same spooled message); nothing is
 /// recorded or published yet. Once Postgres is back the drainer records
@@ -1186,15 +1206,7 @@ fn spool_stream(env: &Env) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_down_spools_deliveries_and_the_drainer_records_each_once() {
     let env = Env::new().await;
-    let gw = Gateway::start(
-        &env.db,
-        &env.prefix,
-        &[
-            ("THREADLINE_INSTALLATION_CACHE_MS", "0"),
-            ("THREADLINE_SPOOL_AFTER_MS", "500"),
-        ],
-    )
-    .await;
+    let gw = spooling_gateway(&env).await;
     env.db.take_down().await;
     for i in 0..3 {
         assert_eq!(
@@ -1228,10 +1240,7 @@ async fn database_down_spools_deliveries_and_the_drainer_records_each_once() {
 
     env.db.bring_up().await;
     assert_eq!(env.published_len(3).await, 3);
-    eventually("the spool drained", Duration::from_secs(20), || async {
-        (stream_len(&env.js, &spool_stream(&env)).await == 0).then_some(())
-    })
-    .await;
+    spool_drained(&env).await;
     assert_eq!(env.count(Count::Receipts).await, 3);
     let r = receipt(&env, "Ev0SP0").await;
     assert_eq!(r.duplicate_deliveries, 0, "{r:?}");
@@ -1253,15 +1262,7 @@ async fn database_down_spools_deliveries_and_the_drainer_records_each_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unparsed_delivery_spooled_while_postgres_is_down_is_held_once() {
     let env = Env::new().await;
-    let gw = Gateway::start(
-        &env.db,
-        &env.prefix,
-        &[
-            ("THREADLINE_INSTALLATION_CACHE_MS", "0"),
-            ("THREADLINE_SPOOL_AFTER_MS", "500"),
-        ],
-    )
-    .await;
+    let gw = spooling_gateway(&env).await;
     let mut v = app_mention(APP, TEAM, "Ev0USP", "C0TEST", "1700000000.000500");
     v["event"]["ts"] = json!("not-a-ts");
     let body = serde_json::to_vec(&v).expect("json");
@@ -1275,10 +1276,7 @@ async fn an_unparsed_delivery_spooled_while_postgres_is_down_is_held_once() {
             .filter(|n| *n == 1)
     })
     .await;
-    eventually("the spool drained", Duration::from_secs(20), || async {
-        (stream_len(&env.js, &spool_stream(&env)).await == 0).then_some(())
-    })
-    .await;
+    spool_drained(&env).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(stream_len(&env.js, &env.events_stream()).await, 0);
     gw.stop().await;
@@ -1336,15 +1334,7 @@ async fn with_postgres_and_the_broker_down_a_delivery_gets_503() {
 async fn a_gateway_started_while_postgres_is_down_takes_deliveries_into_the_spool() {
     let env = Env::new().await;
     env.db.take_down().await;
-    let gw = Gateway::start(
-        &env.db,
-        &env.prefix,
-        &[
-            ("THREADLINE_INSTALLATION_CACHE_MS", "0"),
-            ("THREADLINE_SPOOL_AFTER_MS", "500"),
-        ],
-    )
-    .await;
+    let gw = spooling_gateway(&env).await;
     let r = eventually("a 200 from the spool", Duration::from_secs(20), || async {
         // (until the relay has declared the spool: 503, Slack retries)
         let r = post(&env, &gw, &body("Ev0ST0"), None).await;
