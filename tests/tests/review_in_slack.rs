@@ -625,6 +625,60 @@ async fn a_review_request_whose_answer_was_lost_is_found_not_posted_twice() {
     r.s.stop().await;
 }
 
+/// A review request Slack applies only after the publisher stopped
+/// waiting for its answer (outcome unknown) is not posted again while it
+/// may still land, and a reviewer's click on it before threadline found it
+/// counts (the click proves Slack holds it). It then shows its outcome.
+/// Posted again at the first read that missed it, the request showed
+/// twice, and the copy not recorded kept buttons no click could use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_request_that_lands_late_is_posted_once_and_a_click_on_it_counts() {
+    let r = review_stack_with(&[
+        ("THREADLINE_SLACK_TIMEOUT_MS", "1000".to_owned()),
+        // (one read every 10 s: the click comes before the next)
+        ("THREADLINE_RECONCILE_WINDOW_MS", "30000".to_owned()),
+    ])
+    .await;
+    sim_ctl(
+        &r.s.sim,
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "latency", "channel": r.channel,
+               "latency_ms": 6000}),
+    )
+    .await;
+    let (root, req, ts) = ask(&r).await;
+    let d = decision_of(&req);
+    let c = click(&r, &r.reviewer, &ts, APPROVE_ACTION).await;
+    assert_eq!(c["status"], 200, "{c}");
+    eventually("the click is counted", Duration::from_secs(8), || async {
+        (status(&r, &d).await != "review").then_some(())
+    })
+    .await;
+    assert_eq!(r.s.wait_answers(&root, 1).await.len(), 1);
+    wait_outcome(&r, &ts, "posted in").await;
+    // Once the slow post has landed, the channel holds one request.
+    eventually(
+        "the slow post is applied",
+        Duration::from_secs(20),
+        || async {
+            let posts = sim_get(&r.s.sim, "calls?method=chat.postMessage").await;
+            posts["calls"]
+                .as_array()?
+                .iter()
+                .any(|c| c["channel"] == json!(r.channel) && c["effect"] == "applied_client_gone")
+                .then_some(())
+        },
+    )
+    .await;
+    let shown = requests(&r).await;
+    assert_eq!(
+        shown.len(),
+        1,
+        "one request in the review channel: {shown:?}"
+    );
+    r.s.stop().await;
+}
+
 /// An answer held for review before review in Slack was set up is asked
 /// about once it is; a request Slack refused (the bot not in the channel)
 /// is asked again by the next setup, once the bot is in; each is asked

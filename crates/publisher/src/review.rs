@@ -74,6 +74,20 @@ impl Handler {
                             .increment(1);
                         return self.review_follow_up(d.id).await;
                     }
+                    // (the earlier attempt's post may still land: not
+                    // posted again before its window has passed)
+                    Ok(None)
+                        if review::still_unknown(
+                            &self.pool,
+                            d.id,
+                            attempt,
+                            since,
+                            self.request_window(),
+                        )
+                        .await? =>
+                    {
+                        return Ok(defer(jitter(self.evidence.pause(), &d.id)));
+                    }
                     Ok(None) => attempt,
                     Err(WebError::Api { code }) if !UNKNOWN_CODES.contains(&code.as_str()) => {
                         // Unreadable for good (a private review channel
@@ -155,6 +169,13 @@ impl Handler {
                 Ok(defer(jitter(2.0, &d.id)))
             }
         }
+    }
+
+    /// How long after an attempt began its request may still land in
+    /// Slack: the client's timeout, then the evidence window replies wait
+    /// for a post of unknown outcome.
+    fn request_window(&self) -> f64 {
+        self.slack_timeout + self.evidence.window_secs
     }
 
     /// Whether the answer's channel is known to be public (a DM, a private
@@ -280,6 +301,13 @@ impl Handler {
                 Ok(Some(ts)) => {
                     review::posted(&self.pool, id, &ts).await?;
                     ts
+                }
+                // Not there yet, but a post in flight or of unknown outcome
+                // may still land with its buttons: looked for again.
+                Ok(None)
+                    if review::may_still_land(&self.pool, id, self.request_window()).await? =>
+                {
+                    return Ok(defer(jitter(self.evidence.pause(), &id)));
                 }
                 Ok(None) => return Ok(Disposition::Done),
                 Err(WebError::Api { code }) if !UNKNOWN_CODES.contains(&code.as_str()) => {

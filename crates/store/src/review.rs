@@ -146,7 +146,7 @@ pub async fn claim_post(
 
 /// Records the request Slack holds at `ts` (whichever attempt posted it:
 /// a post that landed is recorded, never forgotten).
-pub async fn posted(pool: &PgPool, decision: Uuid, ts: &str) -> sqlx::Result<()> {
+pub async fn posted(db: impl sqlx::PgExecutor<'_>, decision: Uuid, ts: &str) -> sqlx::Result<()> {
     sqlx::query!(
         "UPDATE review_messages SET state = $3, ts = $2, error_code = NULL, updated_at = now()
           WHERE decision_id = $1 AND state = ANY($4)",
@@ -155,7 +155,7 @@ pub async fn posted(pool: &PgPool, decision: Uuid, ts: &str) -> sqlx::Result<()>
         R::Posted.as_str(),
         &crate::moves_from_any(R::Posted),
     )
-    .execute(pool)
+    .execute(db)
     .await?;
     Ok(())
 }
@@ -173,6 +173,51 @@ pub async fn unknown(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Resul
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// Reconciling attempt `attempt` found no request, but the attempt before
+/// it began at `since` (Unix seconds) less than `window` seconds ago, so
+/// its post may still land (Slack can apply a post after the client gave
+/// up): the request is unknown again, from `since`, and is not posted
+/// again yet. `false` once the window has passed: post again.
+pub async fn still_unknown(
+    pool: &PgPool,
+    decision: Uuid,
+    attempt: i32,
+    since: f64,
+    window: f64,
+) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE review_messages SET state = $5, posting_since = to_timestamp($3), updated_at = now()
+          WHERE decision_id = $1 AND attempt = $2 AND state = ANY($6)
+            AND to_timestamp($3) > now() - make_interval(secs => $4)",
+        decision,
+        attempt,
+        since,
+        window,
+        R::Unknown.as_str(),
+        &crate::moves(&[R::Posting], R::Unknown),
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Whether decision `id`'s request may still land in Slack: an attempt
+/// in flight or of unknown outcome that began less than `window` seconds
+/// ago.
+pub async fn may_still_land(pool: &PgPool, decision: Uuid, window: f64) -> sqlx::Result<bool> {
+    let r = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM review_messages
+                   WHERE decision_id = $1 AND state = ANY($2)
+                     AND posting_since > now() - make_interval(secs => $3)) AS "may!""#,
+        decision,
+        &[R::Posting.as_str(), R::Unknown.as_str()] as &[&str],
+        window,
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(r)
 }
 
 /// Attempt `attempt` certainly posted nothing and may be tried again (a
@@ -373,13 +418,20 @@ pub async fn decide(
         if row.installation_id != c.installation {
             return Ok(Decided::Refused(Refusal::OtherInstallation));
         }
-        if row.request_channel.as_deref() != Some(c.channel)
-            || row.request_ts.as_deref() != Some(c.message_ts)
-        {
+        // A request whose post's outcome is unknown has no ts yet: a click
+        // on a message in its channel that names this decision proves
+        // Slack holds it there, and records it (or its outcome could never
+        // be shown on it).
+        let same_channel = row.request_channel.as_deref() == Some(c.channel);
+        let unrecorded = same_channel && row.request_ts.is_none();
+        if !unrecorded && (!same_channel || row.request_ts.as_deref() != Some(c.message_ts)) {
             return Ok(Decided::Refused(Refusal::NotTheRequest));
         }
         if !row.reviewers.iter().any(|r| r == c.user) {
             return Ok(Decided::Refused(Refusal::NotAReviewer));
+        }
+        if unrecorded {
+            posted(&mut *tx, id, c.message_ts).await?;
         }
     }
     let status =
