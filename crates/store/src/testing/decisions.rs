@@ -603,3 +603,31 @@ pub async fn reviewed_by(pool: &sqlx::PgPool, id: uuid::Uuid) -> sqlx::Result<Op
         .fetch_one(pool)
         .await
 }
+
+/// What threadline recorded of decision `id`'s review request, as one
+/// line: the decision's status and reason, the request's state, attempt,
+/// ts, error and the outcome it was last shown (for a soak's report).
+pub async fn review_request_record(pool: &sqlx::PgPool, id: uuid::Uuid) -> sqlx::Result<String> {
+    let r = sqlx::query!(
+        r#"SELECT d.status, d.status_reason, r.state AS "state?", r.attempt AS "attempt?",
+                  r.ts, r.error_code, r.shown
+             FROM decisions d LEFT JOIN review_messages r ON r.decision_id = d.id
+            WHERE d.id = $1"#,
+        id
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(match r {
+        None => "no such decision".to_owned(),
+        Some(r) => format!(
+            "decision {} ({}); request {} attempt {} ts {} error {} shown {}",
+            r.status,
+            r.status_reason.unwrap_or_default(),
+            r.state.unwrap_or_else(|| "none".into()),
+            r.attempt.unwrap_or(0),
+            r.ts.unwrap_or_else(|| "none".into()),
+            r.error_code.unwrap_or_else(|| "none".into()),
+            r.shown.unwrap_or_else(|| "none".into()),
+        ),
+    })
+}
