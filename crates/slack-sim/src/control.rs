@@ -512,6 +512,12 @@ pub struct PostReq {
     #[serde(default)]
     pub(crate) reply_broadcast: bool,
     pub(crate) blocks: Option<Value>,
+    /// Slack replays the message's events late, as after an outage of the
+    /// app: the message was posted this many seconds ago (its `ts` and
+    /// creation time say so) and its events, delivered now, carry that
+    /// `event_time`.
+    #[serde(default)]
+    pub(crate) late_by_secs: Option<u64>,
 }
 
 /// Where a person's post goes: the author, the channel and the thread
@@ -555,7 +561,10 @@ pub(crate) fn human_post_target(
 pub(crate) fn human_post(w: &mut World, r: PostReq) -> Result<(String, Vec<Envelope>), Refusal> {
     let (user, channel, thread_ts) =
         human_post_target(w, &r.user, &r.channel, r.thread_ts.as_deref())?;
-    let ts = w.clock.next_ts();
+    let (ts, created) = match r.late_by_secs {
+        Some(secs) => past_ts(w, &channel.id, thread_ts.as_deref(), secs)?,
+        None => (w.clock.next_ts(), now_micros()),
+    };
     let client_msg_id = format!(
         "{}-{}-{}-{}-{}",
         w.rng.hex(8),
@@ -581,14 +590,94 @@ pub(crate) fn human_post(w: &mut World, r: PostReq) -> Result<(String, Vec<Envel
         edited: None,
         deleted: false,
         client_msg_id: Some(client_msg_id),
-        created_at_micros: now_micros(),
+        created_at_micros: created,
         deleted_at_micros: None,
         edits: Vec::new(),
         streaming_state: None,
         stream: None,
     };
-    let envs = events::post(w, &channel, msg);
+    let mut envs = events::post(w, &channel, msg);
+    if r.late_by_secs.is_some() {
+        // (the events of a message of then, as Slack replays them)
+        let then = ts_key(&ts).0;
+        for e in &mut envs {
+            e.body["event_time"] = then.into();
+        }
+    }
     Ok((ts, envs))
+}
+
+/// A `ts` `secs` seconds ago, free in `channel` (and its creation time),
+/// for a message Slack replays late; after its thread's root, as Slack's
+/// would be.
+fn past_ts(
+    w: &World,
+    channel: &str,
+    thread_ts: Option<&str>,
+    secs: u64,
+) -> Result<(String, u64), Refusal> {
+    let mut at = now_micros().saturating_sub(secs.saturating_mul(1_000_000));
+    let key = |t: u64| (t / 1_000_000, t % 1_000_000);
+    if thread_ts.is_some_and(|root| ts_key(root) >= key(at)) {
+        return Err(bad("late_by_secs puts the reply before its thread's root"));
+    }
+    while w
+        .messages
+        .get(channel)
+        .is_some_and(|m| m.contains_key(&key(at)))
+    {
+        at += 1;
+    }
+    Ok((format!("{}.{:06}", at / 1_000_000, at % 1_000_000), at))
+}
+
+#[derive(Deserialize)]
+pub struct DoubleReq {
+    channel: String,
+    ts: String,
+}
+
+/// Slack delivers a person's one message a second time, as another
+/// message: a copy with a new `ts` and the same `client_msg_id` (text,
+/// author, thread and blocks as the original's), shown in the channel
+/// beside it, with the events a new message causes (`message`, and
+/// `app_mention` where it mentions the app). Refused for a message without
+/// a `client_msg_id` (a bot's) or one deleted.
+pub async fn act_double(State(sim): State<Sim>, Json(r): Json<DoubleReq>) -> ApiResult {
+    let (ts, envs) = {
+        let mut w = sim.lock();
+        let channel = w
+            .channels
+            .get(&r.channel)
+            .cloned()
+            .ok_or_else(|| not_found("channel", &r.channel))?;
+        let original = w
+            .message(&r.channel, &r.ts)
+            .filter(|m| !m.deleted)
+            .cloned()
+            .ok_or_else(|| not_found("message", &r.ts))?;
+        if original.client_msg_id.is_none() || original.user.is_none() {
+            return Err(bad(
+                "only a person's message (with a client_msg_id) is doubled",
+            ));
+        }
+        let ts = w.clock.next_ts();
+        let copy = Message {
+            ts: ts.clone(),
+            text: original.original_text.clone(),
+            edited: None,
+            edits: Vec::new(),
+            metadata: None,
+            created_at_micros: now_micros(),
+            deleted_at_micros: None,
+            streaming_state: None,
+            stream: None,
+            ..original
+        };
+        let envs = events::post(&mut w, &channel, copy);
+        (ts, envs)
+    };
+    Ok(announce(&sim, Some(ts), envs))
 }
 
 /// A person posts (top level, or a reply with `thread_ts`).

@@ -105,6 +105,7 @@ pub fn router(sim: Sim) -> Router {
         )
         .route("/_sim/apps/{app}/revoke", post(control::revoke_tokens))
         .route("/_sim/act/post", post(control::act_post))
+        .route("/_sim/act/double", post(control::act_double))
         .route("/_sim/act/bot_post", post(control::act_bot_post))
         .route("/_sim/act/edit", post(control::act_edit))
         .route("/_sim/act/delete", post(control::act_delete))

@@ -310,6 +310,7 @@ fn inject_reply(w: &mut World, f: &Fault, p: &Params) -> Option<(String, Vec<Env
         thread_ts: target_thread(w, p),
         reply_broadcast: false,
         blocks: None,
+        late_by_secs: None,
     };
     crate::control::human_post(w, req).ok()
 }

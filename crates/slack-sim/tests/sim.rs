@@ -4550,3 +4550,109 @@ async fn the_testkit_workspace_sets_the_url_clicks_and_reads_the_log() {
     received(&side, 1).await;
     assert_eq!(ws.interactions().await, json!([entry]));
 }
+
+#[tokio::test]
+async fn a_message_is_doubled_as_another_ts_with_its_client_msg_id_and_replayed_late() {
+    let (side, url) = app_side().await;
+    let w = World::new(
+        21,
+        vec![url],
+        &["app_mention", "message.channels"],
+        &["chat:write", "channels:history"],
+    )
+    .await;
+    let text = format!("<@{}> one action", w.bot_user);
+    let ts = w
+        .ctl(
+            "act/post",
+            json!({"user": w.user, "channel": w.channel, "text": text}),
+        )
+        .await["ts"]
+        .as_str()
+        .expect("ts")
+        .to_owned();
+    let copy = w
+        .ctl("act/double", json!({"channel": w.channel, "ts": ts}))
+        .await["ts"]
+        .as_str()
+        .expect("the copy's ts")
+        .to_owned();
+    assert!(ts_key(&copy) > ts_key(&ts));
+    // Four events, both messages' app_mention and message, each carrying
+    // the one client_msg_id; both messages show in the channel.
+    let got = received(&side, 4).await;
+    let mut by_ts: Vec<(String, String, String)> = got
+        .iter()
+        .map(|r| {
+            verify(&w.secret, r);
+            let e = &r.body["event"];
+            let s = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+            (s("ts"), s("type"), s("client_msg_id"))
+        })
+        .collect();
+    by_ts.sort();
+    let id = by_ts[0].2.clone();
+    assert!(!id.is_empty());
+    assert_eq!(
+        by_ts,
+        [
+            (ts.clone(), "app_mention".into(), id.clone()),
+            (ts.clone(), "message".into(), id.clone()),
+            (copy.clone(), "app_mention".into(), id.clone()),
+            (copy.clone(), "message".into(), id.clone()),
+        ]
+    );
+    let (_, _, history) = w
+        .api("conversations.history", &[("channel", w.channel.as_str())])
+        .await;
+    let shown: Vec<(&str, &str, &str)> = history["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            (
+                m["ts"].as_str().unwrap_or_default(),
+                m["client_msg_id"].as_str().unwrap_or_default(),
+                m["text"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (copy.as_str(), id.as_str(), text.as_str()),
+            (ts.as_str(), id.as_str(), text.as_str())
+        ]
+    );
+    // A bot's message has no client_msg_id: not doubled.
+    let r = w
+        .http
+        .post(format!("{}/_sim/act/double", w.base))
+        .json(&json!({"channel": w.channel, "ts": "1.000001"}))
+        .send()
+        .await
+        .expect("call");
+    assert_eq!(r.status().as_u16(), 404);
+
+    // Replayed late: the message dated 15 minutes ago, its events carrying
+    // that event_time.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let late = w
+        .ctl(
+            "act/post",
+            json!({"user": w.user, "channel": w.channel, "text": "replayed", "late_by_secs": 900}),
+        )
+        .await["ts"]
+        .as_str()
+        .expect("ts")
+        .to_owned();
+    let (secs, _) = ts_key(&late);
+    assert!((now - 902..=now - 898).contains(&secs), "{late} vs {now}");
+    let got = received(&side, 5).await;
+    let e = &got[4].body;
+    assert_eq!(e["event"]["ts"], late.as_str());
+    assert_eq!(e["event_time"].as_u64(), Some(secs));
+}
