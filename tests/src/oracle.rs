@@ -41,6 +41,11 @@
 //!   read as many messages as the limit may leave out older ones;
 //! * **no reply to a question whose deletion was acknowledged** `grace`
 //!   before the reply was posted;
+//! * **one person's action is one question**: messages of one person in a
+//!   channel with the same `client_msg_id` (Slack has delivered one message
+//!   as two, with different `ts`) are one question, answered at most once
+//!   whichever of them a reply answers, and reading one of them is reading
+//!   it (the others are neither missed nor crossing);
 //! * **every question answered or explained**: each human message that
 //!   mentions the bot (in a direct conversation, every human message) ends
 //!   with exactly one reply, or Slack itself explains
@@ -428,13 +433,15 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
             }
             continue;
         }
+        let copies = Copies::of(&msgs);
         let mut threads: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         for m in msgs {
             threads.entry(root_of(&m)).or_default().push(m);
         }
-        // Every reply of the channel by the question it states, wherever it
-        // was posted: (reply ts, its thread).
-        let mut answers: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        // Every reply of the channel by the question it states (one
+        // person's action once, whichever of its messages it states),
+        // wherever it was posted: (reply ts, its thread, the ts stated).
+        let mut answers: BTreeMap<String, Vec<(String, String, String)>> = BTreeMap::new();
         // Every stream of the channel by the question it states.
         let mut streams: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
         // Fallback replies (no question stated) by thread, oldest first.
@@ -492,7 +499,7 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                     // question in its first words).
                     if let Some(q) = answering(text) {
                         streams
-                            .entry(q)
+                            .entry(copies.action(&q))
                             .or_default()
                             .push((rts.clone(), root.clone()));
                     }
@@ -585,9 +592,9 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                     continue;
                 };
                 answers
-                    .entry(st.answering.clone())
+                    .entry(copies.action(&st.answering))
                     .or_default()
-                    .push((rts.clone(), root.clone()));
+                    .push((rts.clone(), root.clone(), st.answering.clone()));
                 let read: BTreeMap<&str, &str> = st
                     .read
                     .iter()
@@ -638,6 +645,15 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                         ts_key(&hts) >= ts_key(&rts)
                     };
                     if after {
+                        continue;
+                    }
+                    // Another message of an action the reply read or
+                    // answers: the reply has it.
+                    if !read.contains_key(hts.as_str())
+                        && copies
+                            .others(&hts)
+                            .any(|o| read.contains_key(o.as_str()) || *o == st.answering)
+                    {
                         continue;
                     }
                     let a = acks
@@ -776,22 +792,30 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                         rs.iter().map(|r| &r.0).collect::<Vec<_>>()
                     ),
                 ));
-                for (_, root) in rs {
+                for (_, root, _) in rs {
                     j.offending.insert((scope.channel.clone(), root.clone()));
                 }
             }
-            for (rts, root) in rs {
-                if question_root.get(q).is_some_and(|qr| qr != root) {
+            for (rts, root, stated) in rs {
+                if question_root.get(stated).is_some_and(|qr| qr != root) {
                     j.violations.push((
                         "reply_outside_thread",
-                        format!("reply {rts} answers {q} outside its thread (in {root})"),
+                        format!("reply {rts} answers {stated} outside its thread (in {root})"),
                     ));
                     j.offending.insert((scope.channel.clone(), root.clone()));
                 }
             }
         }
-        // Every question answered once, or explained.
+        // Every question answered once, or explained (one person's action
+        // once, at the first of its messages met).
         let mention = format!("<@{}>", scope.bot_user);
+        let deleted: BTreeSet<String> = threads
+            .values()
+            .flatten()
+            .filter(|m| m["deleted"] == true)
+            .map(|m| s(m, "ts"))
+            .collect();
+        let mut judged: BTreeSet<String> = BTreeSet::new();
         for (root, thread) in &threads {
             // Each fallback reply answers the oldest question before it
             // that nothing else answers.
@@ -808,11 +832,12 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                         .or(q["text"].as_str())
                         .unwrap_or_default()
                         .contains(&mention);
-                if !asked {
+                if !asked || !judged.insert(copies.action(&qts)) {
                     continue;
                 }
                 j.questions += 1;
-                let mut n = answers.get(&qts).map(Vec::len).unwrap_or(0);
+                let all = copies.all(&qts);
+                let mut n = answers.get(&copies.action(&qts)).map(Vec::len).unwrap_or(0);
                 if n == 0
                     && let Some(k) = unused.iter().position(|f| ts_key(f) > ts_key(&qts))
                 {
@@ -821,14 +846,15 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                 }
                 match n {
                     0 => {
-                        let acked = acks
-                            .get(&(scope.channel.clone(), qts.clone()))
-                            .is_some_and(|a| a.created.is_some());
-                        let why = if q["deleted"] == true {
+                        let acked = all.iter().any(|t| {
+                            acks.get(&(scope.channel.clone(), t.clone()))
+                                .is_some_and(|a| a.created.is_some())
+                        });
+                        let why = if all.iter().all(|t| deleted.contains(t)) {
                             Some("deleted")
                         } else if !acked {
                             Some("never_acknowledged")
-                        } else if read_by_later.contains(&qts) {
+                        } else if all.iter().any(|t| read_by_later.contains(t)) {
                             Some("answered_with_a_later_question")
                         } else {
                             None
@@ -858,6 +884,72 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
         }
     }
     j
+}
+
+/// One person's action delivered as more than one message: the messages
+/// of one person in a channel with the same `client_msg_id`, as Slack
+/// shows them.
+#[derive(Debug, Default)]
+struct Copies {
+    /// Each message of an action with more than one: the `ts` of the
+    /// action's first message.
+    action: BTreeMap<String, String>,
+    /// The messages of each such action, by its first message's `ts`.
+    members: BTreeMap<String, Vec<String>>,
+}
+
+impl Copies {
+    fn of(msgs: &[Value]) -> Self {
+        let mut by_action: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        for m in msgs {
+            let (Some(user), Some(id)) = (m["user"].as_str(), m["client_msg_id"].as_str()) else {
+                continue;
+            };
+            if m["app_id"].is_string() || m["bot_id"].is_string() {
+                continue;
+            }
+            by_action
+                .entry((user.to_owned(), id.to_owned()))
+                .or_default()
+                .push(s(m, "ts"));
+        }
+        let mut c = Copies::default();
+        for mut ts in by_action.into_values().filter(|t| t.len() > 1) {
+            ts.sort_by_key(|t| ts_key(t));
+            for t in &ts {
+                c.action.insert(t.clone(), ts[0].clone());
+            }
+            c.members.insert(ts[0].clone(), ts);
+        }
+        c
+    }
+
+    /// The action of message `ts`: its first message's `ts` (`ts` itself
+    /// for a message of its own).
+    fn action(&self, ts: &str) -> String {
+        self.action
+            .get(ts)
+            .cloned()
+            .unwrap_or_else(|| ts.to_owned())
+    }
+
+    /// Every message of the action of `ts`.
+    fn all(&self, ts: &str) -> Vec<String> {
+        self.members
+            .get(&self.action(ts))
+            .cloned()
+            .unwrap_or_else(|| vec![ts.to_owned()])
+    }
+
+    /// The other messages of the action of `ts`.
+    fn others<'a>(&'a self, ts: &'a str) -> impl Iterator<Item = &'a String> + 'a {
+        self.action
+            .get(ts)
+            .and_then(|a| self.members.get(a))
+            .into_iter()
+            .flatten()
+            .filter(move |t| *t != ts)
+    }
 }
 
 #[cfg(test)]
