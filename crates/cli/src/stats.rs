@@ -84,5 +84,8 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
         // A second sent intent for one event, or two posts of one intent
         // found in Slack (held as an incident).
         "duplicate_replies_total": l.duplicate_sent_intents + l.held_duplicate_posts,
+        // Messages repeating a person's action another message owns
+        // (recorded, never answered).
+        "doubled_messages_total": l.doubled_messages,
     }))
 }

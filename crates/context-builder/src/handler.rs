@@ -377,6 +377,15 @@ impl Handler {
                 classified: c,
             })
             .await?;
+        if applied.doubled {
+            // One person's action delivered as another message: recorded,
+            // never answered (the message it repeats is).
+            metrics::counter!("threadline_doubled_messages_total").increment(1);
+            tracing::info!(
+                channel,
+                "a message repeating a person's action was recorded"
+            );
+        }
         if applied.crossed > 0 {
             // (its reconsideration was queued in the same transaction)
             threadline_runtime::outbox::crossed_in_flight(applied.crossed, "context-builder");

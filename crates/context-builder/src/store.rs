@@ -64,6 +64,9 @@ pub struct ApplyOutcome {
     pub cancelled: u64,
     /// An answered message was edited (recorded; never answered again).
     pub answered_source_changed: bool,
+    /// A message repeating a person's action another message owns, recorded
+    /// now for the first time.
+    pub doubled: bool,
 }
 
 /// Where the event goes after its change is committed.
@@ -135,6 +138,9 @@ impl ApplyJob {
 async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<ApplyOutcome> {
     let (inst, channel, receipt) = (job.installation, job.channel.as_str(), job.receipt);
     let c = &job.classified;
+    if let Some(kept) = doubled_of(conn, inst, channel, &c.effect).await? {
+        return doubled(conn, job, &kept).await;
+    }
     let applied = apply(conn, inst, channel, &c.effect).await?;
     // A human message older than a reply already sent in its thread that
     // the reply did not read crossed that answer in flight.
@@ -187,6 +193,61 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
         crossed,
         cancelled,
         answered_source_changed,
+        doubled: false,
+    })
+}
+
+/// The reason a doubled message's receipts end with.
+pub const DOUBLED: &str = "doubled_message";
+
+/// The message that owns the person's action a new human message repeats
+/// (another `ts` with its `client_msg_id`); `None` when the message owns
+/// it (the first applied, its twin, a redelivery) or has no such id.
+async fn doubled_of(
+    conn: &mut PgConnection,
+    inst: Uuid,
+    channel: &str,
+    effect: &Effect,
+) -> sqlx::Result<Option<String>> {
+    let Effect::Upsert(f) = effect else {
+        return Ok(None);
+    };
+    let (Speaker::Human, Some(action)) = (f.speaker, f.client_msg_id.as_deref()) else {
+        return Ok(None);
+    };
+    let owner = threadline_store::actions::claim(conn, inst, channel, action, &f.ts).await?;
+    Ok((owner != f.ts).then_some(owner))
+}
+
+/// A doubled message: recorded (identifiers only) and its receipt ended as
+/// ignored; not applied to any thread, so it neither asks for an answer nor
+/// makes the answer to the message it repeats stale or crossed.
+async fn doubled(
+    conn: &mut PgConnection,
+    job: &ApplyJob,
+    kept: &str,
+) -> sqlx::Result<ApplyOutcome> {
+    let (inst, channel, receipt) = (job.installation, job.channel.as_str(), job.receipt);
+    let ts = match &job.classified.effect {
+        Effect::Upsert(f) => f.ts.as_str(),
+        _ => "",
+    };
+    let new =
+        threadline_store::actions::record_doubled(conn, inst, channel, ts, kept, receipt).await?;
+    finish(
+        conn,
+        receipt,
+        ReceiptState::Ignored,
+        Some(DOUBLED),
+        (inst, channel),
+    )
+    .await?;
+    Ok(ApplyOutcome {
+        next: Next::Ignored(DOUBLED),
+        crossed: 0,
+        cancelled: 0,
+        answered_source_changed: false,
+        doubled: new,
     })
 }
 

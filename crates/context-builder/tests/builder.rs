@@ -523,6 +523,7 @@ fn facts(ts: &str, root: &str, text: &str, edited: Option<&str>) -> MessageFacts
         bot_id: None,
         text: text.into(),
         changed_ts: edited.map(str::to_owned),
+        client_msg_id: None,
     }
 }
 
@@ -1605,5 +1606,82 @@ async fn a_batch_of_applies_reads_as_the_same_applies_one_by_one_and_a_bad_event
     );
     assert_eq!(env.version(root).await, 4, "the good events were applied");
     assert_eq!(env.state(bad_receipt).await.0, "processing");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_slack_doubled_is_recorded_never_applied_or_answered_in_either_order() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let with_id = |mut v: Value, id: &str| {
+        v["client_msg_id"] = json!(id);
+        v
+    };
+    let twin = |ts: &str, thread: Option<&str>, id: &str| {
+        with_id(human(ts, &format!("<@{BOT_USER}> what now?"), thread), id)
+    };
+    // A question in a thread, with its message twin (one ts): one turn.
+    env.handle("Ev1", human("900.000001", "the root", None))
+        .await;
+    let asked = env
+        .handle(
+            "Ev2",
+            with_id(mention("900.000002", Some("900.000001")), "c1"),
+        )
+        .await;
+    let asked_twin = env
+        .handle("Ev3", twin("900.000002", Some("900.000001"), "c1"))
+        .await;
+    assert_eq!(env.state(asked).await, ("done".into(), None));
+    assert_eq!(
+        env.state(asked_twin).await,
+        ("ignored".into(), Some("duplicate_turn".into()))
+    );
+    assert_eq!(env.version("900.000001").await, 2);
+    // Slack delivers the same action again as another message (another ts,
+    // the same client_msg_id), both events of it: recorded, not applied to
+    // the thread (no new version: the first answer stays current), no turn.
+    let copy = env
+        .handle(
+            "Ev4",
+            with_id(mention("900.000003", Some("900.000001")), "c1"),
+        )
+        .await;
+    let copy_twin = env
+        .handle("Ev5", twin("900.000003", Some("900.000001"), "c1"))
+        .await;
+    for r in [copy, copy_twin] {
+        assert_eq!(
+            env.state(r).await,
+            ("ignored".into(), Some("doubled_message".into()))
+        );
+    }
+    assert_eq!(env.version("900.000001").await, 2);
+    assert_eq!(env.contexts().await.len(), 1);
+    // The other order (the copy reaches the store first): the copy is the
+    // action's message, the original the doubled one.
+    let later = env
+        .handle("Ev6", with_id(mention("910.000003", None), "c2"))
+        .await;
+    let earlier = env
+        .handle("Ev7", with_id(mention("910.000002", None), "c2"))
+        .await;
+    assert_eq!(env.state(later).await, ("done".into(), None));
+    assert_eq!(
+        env.state(earlier).await,
+        ("ignored".into(), Some("doubled_message".into()))
+    );
+    let ctx = env.contexts().await;
+    assert_eq!(ctx.len(), 2);
+    assert_eq!(ctx[1].source_ts, "910.000003");
+    let l = threadline_store::ledger::snapshot(&env.db.pool)
+        .await
+        .expect("ledger");
+    assert_eq!(l.doubled_messages, 2);
     env.cleanup().await;
 }

@@ -163,6 +163,11 @@ pub struct MessageFacts {
     /// read from the Web API, its `edited.ts` (whole seconds); `None` for
     /// text never edited.
     pub changed_ts: Option<String>,
+    /// The id the person's client gave the action that made the message
+    /// (`client_msg_id`): every delivery of one action carries it, also
+    /// when Slack made two messages of it (two `ts`). `None` for bots'
+    /// messages and messages read without it.
+    pub client_msg_id: Option<String>,
 }
 
 /// What an event does to the thread store.
@@ -262,6 +267,7 @@ fn facts(message: &Value, fallback_ts: Option<&str>, me: &BotIdentity) -> Option
             .pointer("/edited/ts")
             .and_then(Value::as_str)
             .map(str::to_owned),
+        client_msg_id: s(message, "client_msg_id").map(str::to_owned),
         ts,
         root_ts,
     })

@@ -47,6 +47,8 @@ pub struct Ledger {
     pub crossed_awaiting_reconsideration: i64,
     pub late_posts: i64,
     pub cancelled_by_reason: Counts,
+    /// Messages repeating a person's action another message owns.
+    pub doubled_messages: i64,
 }
 
 /// A grouping statement whose columns are `key` and `n`.
@@ -194,5 +196,8 @@ pub async fn snapshot(pool: &PgPool) -> sqlx::Result<Ledger> {
         r#"SELECT coalesce(status_reason, 'unknown') AS "key!", count(*) AS "n!" FROM decisions
             WHERE status = 'cancelled' GROUP BY 1 ORDER BY 1"#
     );
+    l.doubled_messages = sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM doubled_messages"#)
+        .fetch_one(&mut *tx)
+        .await?;
     Ok(l)
 }

@@ -9,6 +9,7 @@
 //! configuration. What the caller computes with keys it holds (an audit
 //! pseudonym, a sealed token) comes in as a value.
 
+pub mod actions;
 pub mod assistant;
 pub mod audit;
 pub mod channels;
