@@ -95,6 +95,61 @@ pub enum PolicyCommand {
         #[arg(long, value_delimiter = ',')]
         keywords: Vec<String>,
     },
+    /// What the installation does with a request Slack delivered late
+    /// (older than the context-builder's `THREADLINE_LATE_EVENT_MS` when it
+    /// arrived, as after an outage): every late event is recorded and
+    /// counted either way.
+    LateEvents {
+        #[arg(long)]
+        installation: Uuid,
+        #[arg(long, value_enum)]
+        action: LateEventAction,
+    },
+}
+
+/// What happens to a request that arrived late.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum LateEventAction {
+    /// Not answered (recorded as a change of its thread).
+    Skip,
+    /// Answered, saying beside its AI label how late Slack delivered it
+    /// (the default).
+    Note,
+    /// Answered as if it had arrived in time.
+    Answer,
+}
+
+impl LateEventAction {
+    fn domain(self) -> threadline_domain::late::LateAction {
+        use threadline_domain::late::LateAction;
+        match self {
+            Self::Skip => LateAction::Skip,
+            Self::Note => LateAction::Note,
+            Self::Answer => LateAction::Answer,
+        }
+    }
+}
+
+/// `policy late-events`: the installation's policy for late requests.
+async fn set_late_events(
+    pool: &PgPool,
+    installation: Uuid,
+    action: LateEventAction,
+) -> anyhow::Result<()> {
+    if !threadline_store::installations::exists(pool, installation).await? {
+        anyhow::bail!("no installation {installation} (see `threadline install list`)");
+    }
+    let action = action.domain();
+    threadline_store::late::set_action(pool, installation, action).await?;
+    println!(
+        "late requests of {installation}: {}",
+        match action {
+            threadline_domain::late::LateAction::Skip => "skipped",
+            threadline_domain::late::LateAction::Note => "answered with a note of their lateness",
+            threadline_domain::late::LateAction::Answer => "answered as if in time",
+        }
+    );
+    Ok(())
 }
 
 pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
@@ -104,6 +159,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                 .await?
                 .unwrap_or_default();
             let channels = threadline_store::policies::channel_policies(pool, installation).await?;
+            let late = threadline_store::late::action(pool, installation).await?;
             println!(
                 "{}",
                 serde_json::to_string_pretty(&serde_json::json!({
@@ -112,6 +168,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                     "approved_bots": p.approved_bots, "read_limits": p.read_limits,
                     "allowlist_only": p.allowlist_only, "unfurl": p.unfurl_allowed,
                     "streaming": p.streaming_allowed, // not a state: a setting's name
+                    "late_events": late.as_str(),
                     "channels": channels.into_iter().map(|c| serde_json::json!({
                         "channel": c.channel_id, "mode": c.mode, "keywords": c.keywords, "allowed": c.allowed,
                         // null: as the installation says
@@ -220,6 +277,10 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                 }
             );
         }
+        PolicyCommand::LateEvents {
+            installation,
+            action,
+        } => set_late_events(pool, installation, action).await?,
     }
     Ok(())
 }

@@ -28,6 +28,18 @@ pub async fn spool(common: &threadline_runtime::config::CommonConfig) -> Value {
     }
 }
 
+/// Late events by outcome, every outcome named.
+fn late_events(rows: Vec<(String, i64)>) -> Value {
+    let mut m: Map<String, Value> = threadline_domain::late::LateOutcome::ALL
+        .iter()
+        .map(|o| (o.as_str().to_owned(), json!(0)))
+        .collect();
+    for (k, v) in rows {
+        m.insert(k, json!(v));
+    }
+    Value::Object(m)
+}
+
 /// Every figure of the ledger, as JSON.
 pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
     let l = threadline_store::ledger::snapshot(pool)
@@ -84,6 +96,9 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
         // A second sent intent for one event, or two posts of one intent
         // found in Slack (held as an incident).
         "duplicate_replies_total": l.duplicate_sent_intents + l.held_duplicate_posts,
+        // Events Slack delivered past THREADLINE_LATE_EVENT_MS, by what
+        // became of them (every outcome named, zero included).
+        "late_events_by_outcome": late_events(l.late_events_by_outcome),
         // Messages repeating a person's action another message owns
         // (recorded, never answered).
         "doubled_messages_total": l.doubled_messages,

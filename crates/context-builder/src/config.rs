@@ -28,6 +28,11 @@ pub struct ContextConfig {
     pub slack_timeout: Duration,
     /// `SLACK_CLIENT_ID` / `SLACK_CLIENT_SECRET`: refresh rotating tokens.
     pub refresher: Option<threadline_runtime::tokens::Refresher>,
+    /// `THREADLINE_LATE_EVENT_MS`, default 300000 (five minutes): an event
+    /// that reaches the gateway this long after it happened is late,
+    /// recorded, and a request handled by its installation's late-event
+    /// policy.
+    pub late_after: Duration,
 }
 
 impl ContextConfig {
@@ -54,6 +59,7 @@ impl ContextConfig {
                 per_minute: src.bounded("THREADLINE_BACKFILL_PER_MINUTE", 50, 1..=1000)? as i32,
             },
             slack_timeout: src.millis("THREADLINE_SLACK_TIMEOUT_MS", 10_000, 100..=120_000)?,
+            late_after: src.millis("THREADLINE_LATE_EVENT_MS", 300_000, 1_000..=604_800_000)?,
             refresher: threadline_runtime::tokens::Refresher::from_source(
                 src,
                 &CommonConfig::from_source(src)?.slack_api_url,

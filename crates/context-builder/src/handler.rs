@@ -8,6 +8,7 @@ use secrecy::ExposeSecret as _;
 use sqlx::PgPool;
 use threadline_domain::assistant;
 use threadline_domain::classify::{self, Outcome};
+use threadline_domain::late::{self, LateOutcome};
 use threadline_domain::state::ReceiptState;
 use threadline_proto::v1::{ContextMessage, ContextReady, EventAccepted, SCHEMA_VERSION};
 use threadline_runtime::bus::{Topic, Topology};
@@ -40,6 +41,18 @@ pub struct Handler {
     /// Finishes receipts as done once their contexts are published, one
     /// statement per batch.
     pub finishes: Finishes,
+    /// An event that reaches the gateway this long after it happened is
+    /// late (`THREADLINE_LATE_EVENT_MS`).
+    pub late_after: std::time::Duration,
+}
+
+/// A request whose context is built: its event, receipt and message, and
+/// how late Slack delivered it when its answer says so.
+struct Asked<'a> {
+    event_id: &'a str,
+    receipt: Uuid,
+    source_ts: &'a str,
+    noted_late: Option<std::time::Duration>,
 }
 
 /// The batcher of [`store::open_many`]: `(installation, receipt, channel)`.
@@ -276,7 +289,8 @@ impl Handler {
             return Ok(step);
         }
         let c = self.classified(ev, &inst, &policy, &opened, &event).await?;
-        let (source_ts, root) = match self.apply(ev, receipt, &inst, c).await? {
+        let (c, late) = self.timed(ev, &inst, c).await?;
+        let (source_ts, root) = match self.apply(ev, receipt, &inst, c, late).await? {
             store::Next::Ignored(reason) => return ignored(reason),
             store::Next::Build {
                 source_ts, root, ..
@@ -288,8 +302,50 @@ impl Handler {
         if root != source_ts && !store::has_message(&self.pool, inst.id, channel, &root).await? {
             self.backfill(&inst, channel, &root).await?;
         }
-        self.build_and_publish(&ev.event_id, receipt, &inst, channel, &root, &source_ts)
-            .await
+        let asked = Asked {
+            event_id: &ev.event_id,
+            receipt,
+            source_ts: &source_ts,
+            noted_late: late
+                .filter(|l| l.outcome == LateOutcome::Noted)
+                .map(|l| l.age),
+        };
+        self.build_and_publish(asked, &inst, channel, &root).await
+    }
+
+    /// How late Slack delivered the event, when past the configured age
+    /// (from its own time to the gateway's receipt), and what that makes
+    /// of it: a request as its installation's policy says (skipped, it is
+    /// no request any more), anything else only recorded.
+    async fn timed(
+        &self,
+        ev: &EventAccepted,
+        inst: &Installation,
+        c: classify::Classification,
+    ) -> anyhow::Result<(classify::Classification, Option<store::Late>)> {
+        let age = late::age(ev.event_time, &ev.message_ts, ev.received_at_unix_ms);
+        let Some(age) = late::late_by(age, self.late_after) else {
+            return Ok((c, None));
+        };
+        let outcome = match c.outcome {
+            Outcome::Trigger(_) => threadline_store::late::action(&self.pool, inst.id)
+                .await?
+                .outcome(),
+            Outcome::Ignore(_) => LateOutcome::Recorded,
+        };
+        tracing::info!(
+            age_ms = age.as_millis() as u64,
+            outcome = outcome.as_str(),
+            "event delivered late"
+        );
+        let c = match outcome {
+            LateOutcome::Skipped => classify::Classification {
+                outcome: Outcome::Ignore(classify::IgnoreReason::Late),
+                ..c
+            },
+            _ => c,
+        };
+        Ok((c, Some(store::Late { age, outcome })))
     }
 
     /// Events that are not a thread's: the app removed or its token revoked
@@ -365,6 +421,7 @@ impl Handler {
         receipt: Uuid,
         inst: &Installation,
         c: classify::Classification,
+        late: Option<store::Late>,
     ) -> anyhow::Result<store::Next> {
         let channel = ev.channel_id.as_str();
         // (with the other handlers' events: one transaction)
@@ -375,8 +432,13 @@ impl Handler {
                 channel: channel.to_owned(),
                 receipt,
                 classified: c,
+                late,
             })
             .await?;
+        if let (Some(l), true) = (late, applied.late_recorded) {
+            metrics::counter!("threadline_late_events_total", "outcome" => l.outcome.as_str())
+                .increment(1);
+        }
         if applied.doubled {
             // One person's action delivered as another message: recorded,
             // never answered (the message it repeats is).
@@ -441,15 +503,18 @@ impl Handler {
             let latest = store::latest_turn(&self.pool, inst.id, &r.channel_id, &r.root_ts).await?;
             let result = match latest {
                 Some(t) if !t.answered => {
-                    self.build_and_publish(
-                        &t.event_id,
-                        t.receipt_id,
-                        &inst,
-                        &r.channel_id,
-                        &r.root_ts,
-                        &t.ts,
-                    )
-                    .await?;
+                    // (a late request's answer says so again)
+                    let noted = threadline_store::late::noted_age_ms(&self.pool, t.receipt_id)
+                        .await?
+                        .map(|ms| std::time::Duration::from_millis(ms.max(0) as u64));
+                    let asked = Asked {
+                        event_id: &t.event_id,
+                        receipt: t.receipt_id,
+                        source_ts: &t.ts,
+                        noted_late: noted,
+                    };
+                    self.build_and_publish(asked, &inst, &r.channel_id, &r.root_ts)
+                        .await?;
                     "rebuilt"
                 }
                 _ => "no_reply_needed",
@@ -571,13 +636,17 @@ impl Handler {
 
     async fn build_and_publish(
         &self,
-        event_id: &str,
-        receipt: Uuid,
+        asked: Asked<'_>,
         inst: &Installation,
         channel: &str,
         root: &str,
-        source_ts: &str,
     ) -> anyhow::Result<Step> {
+        let Asked {
+            event_id,
+            receipt,
+            source_ts,
+            noted_late,
+        } = asked;
         // One snapshot for the version and the messages it numbers (with
         // the other handlers' builds: one transaction).
         let channel_ref = threadline_runtime::audit::channel_ref(inst.id, channel);
@@ -638,6 +707,7 @@ impl Handler {
                 .unwrap_or(0),
             context_channel_id,
             channel_context,
+            late_by_ms: noted_late.map_or(0, |d| d.as_millis() as i64),
         };
         threadline_runtime::bus::publish(
             &self.js,

@@ -56,6 +56,7 @@ pub async fn run(
         applies: handler::applies(&deps.pool, cfg.common.statement_batch),
         builds: handler::builds(&deps.pool, cfg.common.statement_batch),
         finishes: handler::finishes(&statements, cfg.common.statement_batch),
+        late_after: cfg.late_after,
     });
     let health = deps.serve_health(listener, shutdown.clone());
     tracing::info!(concurrency = cfg.concurrency, "context-builder consuming");

@@ -4,6 +4,7 @@
 
 use sqlx::{PgConnection, PgPool};
 use threadline_domain::classify::{Classification, Effect, Outcome, Speaker, TriggerSource};
+use threadline_domain::late::LateOutcome;
 use threadline_domain::state::ReceiptState;
 use threadline_runtime::audit;
 pub use threadline_store::channels::{channel_kind, learn_channel_kind};
@@ -49,8 +50,18 @@ pub struct ApplyJob {
     pub installation: Uuid,
     pub channel: String,
     pub receipt: Uuid,
-    /// What the event is, after the channel's policy.
+    /// What the event is, after the channel's policy (and, for a late
+    /// request, its installation's late-event policy).
     pub classified: Classification,
+    /// How late Slack delivered it, when past the configured age.
+    pub late: Option<Late>,
+}
+
+/// An event that arrived late: how late, and what became of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Late {
+    pub age: std::time::Duration,
+    pub outcome: LateOutcome,
 }
 
 /// What applying an event came to.
@@ -67,6 +78,8 @@ pub struct ApplyOutcome {
     /// A message repeating a person's action another message owns, recorded
     /// now for the first time.
     pub doubled: bool,
+    /// The event's lateness, recorded now for the first time.
+    pub late_recorded: bool,
 }
 
 /// Where the event goes after its change is committed.
@@ -138,8 +151,14 @@ impl ApplyJob {
 async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<ApplyOutcome> {
     let (inst, channel, receipt) = (job.installation, job.channel.as_str(), job.receipt);
     let c = &job.classified;
-    if let Some(kept) = doubled_of(conn, inst, channel, &c.effect).await? {
-        return doubled(conn, job, &kept).await;
+    let kept = doubled_of(conn, inst, channel, &c.effect).await?;
+    let late_recorded = match &job.late {
+        // (a doubled message is no request, whatever the policy)
+        Some(late) => record_late(conn, job, late, kept.is_some()).await?,
+        None => false,
+    };
+    if let Some(kept) = kept {
+        return doubled(conn, job, &kept, late_recorded).await;
     }
     let applied = apply(conn, inst, channel, &c.effect).await?;
     // A human message older than a reply already sent in its thread that
@@ -194,6 +213,7 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
         cancelled,
         answered_source_changed,
         doubled: false,
+        late_recorded,
     })
 }
 
@@ -226,6 +246,7 @@ async fn doubled(
     conn: &mut PgConnection,
     job: &ApplyJob,
     kept: &str,
+    late_recorded: bool,
 ) -> sqlx::Result<ApplyOutcome> {
     let (inst, channel, receipt) = (job.installation, job.channel.as_str(), job.receipt);
     let ts = match &job.classified.effect {
@@ -248,7 +269,41 @@ async fn doubled(
         cancelled: 0,
         answered_source_changed: false,
         doubled: new,
+        late_recorded,
     })
+}
+
+/// Records the event's lateness (with its audit record); a doubled
+/// message's as only recorded.
+async fn record_late(
+    conn: &mut PgConnection,
+    job: &ApplyJob,
+    late: &Late,
+    doubled: bool,
+) -> sqlx::Result<bool> {
+    let ts = match &job.classified.effect {
+        Effect::Upsert(f) | Effect::Edit(f) => f.ts.as_str(),
+        Effect::Delete { ts, .. } => ts.as_str(),
+        Effect::None => "",
+    };
+    let pseudonym = audit::channel_ref(job.installation, &job.channel);
+    threadline_store::late::record(
+        conn,
+        &threadline_store::late::LateRecord {
+            receipt: job.receipt,
+            installation: job.installation,
+            channel: &job.channel,
+            message_ts: ts,
+            age_ms: i64::try_from(late.age.as_millis()).unwrap_or(i64::MAX),
+            outcome: if doubled {
+                LateOutcome::Recorded
+            } else {
+                late.outcome
+            },
+            channel_ref: pseudonym.as_deref(),
+        },
+    )
+    .await
 }
 
 /// A trigger's context to build: the thread to read ([`SnapshotJob`]) and

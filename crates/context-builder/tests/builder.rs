@@ -82,6 +82,7 @@ impl Env {
             applies: threadline_context_builder::handler::applies(&db.pool, 64),
             builds: threadline_context_builder::handler::builds(&db.pool, 64),
             finishes: threadline_context_builder::handler::finishes(&db.pool, 64),
+            late_after: Duration::from_secs(300),
         };
         Self {
             db,
@@ -127,6 +128,26 @@ impl Env {
             ..Default::default()
         };
         (id, msg.encode_to_vec())
+    }
+
+    /// Handles `event` as Slack delivered it `late_secs` after it happened
+    /// (its `event_time` that long before the gateway received it).
+    async fn handle_late(&self, event_id: &str, event: Value, late_secs: i64) -> Uuid {
+        let (id, payload) = self.receipt(event_id, event).await;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as i64;
+        let msg = EventAccepted {
+            event_time: now_ms / 1000 - late_secs,
+            received_at_unix_ms: now_ms,
+            ..EventAccepted::decode(payload.as_slice()).expect("decode")
+        };
+        assert!(matches!(
+            self.handler.handle(&msg.encode_to_vec()).await,
+            Disposition::Done
+        ));
+        id
     }
 
     async fn handle(&self, event_id: &str, event: Value) -> Uuid {
@@ -1481,6 +1502,7 @@ async fn a_batch_of_applies_reads_as_the_same_applies_one_by_one_and_a_bad_event
         channel: "C0CHAN".into(),
         receipt,
         classified: Classification { effect, outcome },
+        late: None,
     };
     let mention_source = Outcome::Trigger(TriggerSource::Mention);
     let jobs = vec![
@@ -1683,5 +1705,95 @@ async fn a_message_slack_doubled_is_recorded_never_applied_or_answered_in_either
         .await
         .expect("ledger");
     assert_eq!(l.doubled_messages, 2);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_event_is_recorded_and_a_late_request_handled_as_its_installation_says() {
+    use threadline_domain::late::LateAction;
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    // In time: no note.
+    env.handle_late("Ev1", mention("920.000001", None), 10)
+        .await;
+    // Fifteen minutes late, no policy chosen: answered, its context saying
+    // how late (for the answer's note).
+    let noted = env
+        .handle_late("Ev2", mention("921.000001", None), 900)
+        .await;
+    assert_eq!(env.state(noted).await, ("done".into(), None));
+    let ctx = env.contexts().await;
+    assert_eq!(ctx[0].late_by_ms, 0);
+    assert!(
+        (899_000..=901_000).contains(&ctx[1].late_by_ms),
+        "{}",
+        ctx[1].late_by_ms
+    );
+    // A reconsideration of the late request keeps the note.
+    env.handle("Ev3", human("921.000002", "more", Some("921.000001")))
+        .await;
+    let reconsider = threadline_proto::v1::Reconsider {
+        schema_version: 1,
+        installation_id: env.inst.to_string(),
+        channel_id: "C0CHAN".into(),
+        root_ts: "921.000001".into(),
+        stale_version: 1,
+        reason: "version_changed".into(),
+        ..Default::default()
+    };
+    env.handler.reconsider(&reconsider.encode_to_vec()).await;
+    let ctx = env.contexts().await;
+    assert_eq!(ctx.len(), 3);
+    assert_eq!(
+        (ctx[2].source_ts.as_str(), ctx[2].thread_version),
+        ("921.000001", 2)
+    );
+    assert_eq!(ctx[2].late_by_ms, ctx[1].late_by_ms);
+    // Skipped: no context, the message kept as thread content.
+    threadline_store::late::set_action(&env.db.pool, env.inst, LateAction::Skip)
+        .await
+        .expect("policy");
+    let skipped = env
+        .handle_late("Ev4", mention("922.000001", None), 900)
+        .await;
+    assert_eq!(
+        env.state(skipped).await,
+        ("ignored".into(), Some("late_event".into()))
+    );
+    assert_eq!(env.version("922.000001").await, 1);
+    // Answered as in time.
+    threadline_store::late::set_action(&env.db.pool, env.inst, LateAction::Answer)
+        .await
+        .expect("policy");
+    env.handle_late("Ev5", mention("923.000001", None), 900)
+        .await;
+    let ctx = env.contexts().await;
+    assert_eq!(ctx.len(), 4);
+    assert_eq!(
+        (ctx[3].source_ts.as_str(), ctx[3].late_by_ms),
+        ("923.000001", 0)
+    );
+    // Not a request: only recorded.
+    env.handle_late("Ev6", human("923.000002", "fyi", Some("923.000001")), 900)
+        .await;
+    let l = threadline_store::ledger::snapshot(&env.db.pool)
+        .await
+        .expect("ledger");
+    let by: std::collections::BTreeMap<_, _> = l.late_events_by_outcome.into_iter().collect();
+    assert_eq!(
+        by,
+        [
+            ("answered".to_owned(), 1),
+            ("noted".to_owned(), 1),
+            ("recorded".to_owned(), 1),
+            ("skipped".to_owned(), 1)
+        ]
+        .into()
+    );
     env.cleanup().await;
 }

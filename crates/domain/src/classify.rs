@@ -104,6 +104,10 @@ pub enum IgnoreReason {
     /// The installation answers only in allow-listed channels, and this
     /// one is not on the list.
     ChannelNotAllowed,
+    /// A request Slack delivered later than the installation still answers
+    /// (its late-event policy skips it; see [`crate::late`]): recorded as a
+    /// thread change, never answered.
+    Late,
 }
 
 impl IgnoreReason {
@@ -122,6 +126,7 @@ impl IgnoreReason {
             Self::SharedChannelDenied => "shared_channel_denied",
             Self::ChannelKindUnknown => "channel_kind_unknown",
             Self::ChannelNotAllowed => "channel_not_allowed",
+            Self::Late => "late_event",
         }
     }
 }

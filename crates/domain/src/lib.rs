@@ -10,6 +10,7 @@ pub mod envelope;
 pub mod event;
 pub mod ids;
 pub mod kill_switch;
+pub mod late;
 pub mod output;
 pub mod prompt;
 pub mod reply;

@@ -291,14 +291,24 @@ impl Handler {
             Err(done) => return Ok(done),
         };
         let pane = self.show_progress(id, ctx, inst).await?;
-        let mut releaser = self.open_stream(id, ctx, inst).await?;
+        let label = self.label_for(ctx);
+        let mut releaser = self.open_stream(id, ctx, inst, &label).await?;
         let Some(answer) = self.ask_released(ctx, releaser.as_mut()).await else {
             // The publisher ended the stream (the thread moved on) and
             // settled the decision: nothing to record.
             tracing::info!("streamed answer ended by the publisher; model call stopped");
             return Ok(Disposition::Done);
         };
-        self.settle_answer(id, inst, pane, answer).await
+        self.settle_answer(id, inst, pane, answer, &label).await
+    }
+
+    /// The AI label this context's answer carries: with the note of its
+    /// request's lateness when its installation's policy has it say so
+    /// (the context-builder decided; the label goes with every form of the
+    /// answer through the decision row).
+    fn label_for(&self, ctx: &ContextReady) -> String {
+        let late = (ctx.late_by_ms > 0).then(|| Duration::from_millis(ctx.late_by_ms as u64));
+        threadline_domain::late::labelled(&self.label, late)
     }
 
     /// The claim of the decision for the context's (event, version)
@@ -405,7 +415,7 @@ impl Handler {
                     .and_then(|m| threadline_domain::assistant::title_of(&m.text))
             })
             .flatten();
-        if let Err(e) = self.announce(id, false, title).await {
+        if let Err(e) = self.announce(id, None, title).await {
             tracing::warn!(
                 error = format!("{e:#}"),
                 "announcing progress failed; none shown"
@@ -418,19 +428,20 @@ impl Handler {
     /// checks again), the stream may start now (the decision is named
     /// before its first word exists), and a releaser hands it the words as
     /// the model writes them. Elsewhere the answer is posted whole.
-    async fn open_stream(
-        &self,
+    async fn open_stream<'a>(
+        &'a self,
         id: Uuid,
         ctx: &ContextReady,
         inst: Uuid,
-    ) -> anyhow::Result<Option<Releaser<'_>>> {
+        label: &'a str,
+    ) -> anyhow::Result<Option<Releaser<'a>>> {
         let Some(st) = &self.streaming else {
             return Ok(None);
         };
         if !threadline_store::streams::allowed(&self.pool, inst, &ctx.channel_id).await? {
             return Ok(None);
         }
-        if let Err(e) = self.announce(id, true, None).await {
+        if let Err(e) = self.announce(id, Some(label), None).await {
             tracing::warn!(
                 error = format!("{e:#}"),
                 "announcing the stream failed; the answer will be posted whole"
@@ -439,7 +450,7 @@ impl Handler {
         Ok(Some(Releaser::new(
             &self.pool,
             id,
-            &self.label,
+            label,
             self.reply_max_chars,
             st.release_every,
         )))
@@ -495,11 +506,12 @@ impl Handler {
         inst: Uuid,
         pane: bool,
         answer: Answer,
+        label: &str,
     ) -> anyhow::Result<Disposition> {
         let out = Output::of(answer, self);
         let reply = output::prepare(
             out.body(),
-            &self.label,
+            label,
             self.reply_max_chars,
             !out.tools.is_empty(),
         );
@@ -636,19 +648,24 @@ impl Handler {
     }
 
     /// Publishes the decision being called, before the model call: as a
-    /// stream to start (`stream`, `Nats-Msg-Id: prop:<decision>:stream`), or
-    /// as progress to show in its assistant thread
-    /// (`prop:<decision>:status`).
-    async fn announce(&self, id: Uuid, stream: bool, title: Option<String>) -> anyhow::Result<()> {
-        if stream {
+    /// stream to start (`stream`: its answer's label, `Nats-Msg-Id:
+    /// prop:<decision>:stream`), or as progress to show in its assistant
+    /// thread (`prop:<decision>:status`).
+    async fn announce(
+        &self,
+        id: Uuid,
+        stream: Option<&str>,
+        title: Option<String>,
+    ) -> anyhow::Result<()> {
+        if let Some(label) = stream {
             // (the label first: a stream ended before any word still shows it)
-            threadline_store::streams::release_text(&self.pool, id, "", &self.label).await?;
+            threadline_store::streams::release_text(&self.pool, id, "", label).await?;
         }
         let d = threadline_store::decisions::load(&self.pool, id)
             .await?
             .ok_or_else(|| anyhow::anyhow!("decision {id} is gone"))?;
         let mut msg = threadline_store::decisions::proposal(&d);
-        let tag = if stream {
+        let tag = if stream.is_some() {
             msg.stream = true;
             msg.work = Some(Work::StreamStart(StreamStart {}));
             "stream"

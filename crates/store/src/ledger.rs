@@ -47,6 +47,8 @@ pub struct Ledger {
     pub crossed_awaiting_reconsideration: i64,
     pub late_posts: i64,
     pub cancelled_by_reason: Counts,
+    /// Events Slack delivered late, by what became of them.
+    pub late_events_by_outcome: Counts,
     /// Messages repeating a person's action another message owns.
     pub doubled_messages: i64,
 }
@@ -195,6 +197,10 @@ pub async fn snapshot(pool: &PgPool) -> sqlx::Result<Ledger> {
         tx,
         r#"SELECT coalesce(status_reason, 'unknown') AS "key!", count(*) AS "n!" FROM decisions
             WHERE status = 'cancelled' GROUP BY 1 ORDER BY 1"#
+    );
+    l.late_events_by_outcome = grouped!(
+        tx,
+        r#"SELECT outcome AS "key!", count(*) AS "n!" FROM late_events GROUP BY 1 ORDER BY 1"#
     );
     l.doubled_messages = sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM doubled_messages"#)
         .fetch_one(&mut *tx)

@@ -17,6 +17,7 @@ pub mod decisions;
 pub mod installations;
 pub mod intents;
 pub mod kill_switches;
+pub mod late;
 pub mod ledger;
 pub mod oauth_states;
 pub mod operator;

@@ -35,8 +35,9 @@ pub struct Purged {
     /// Assistant-pane threads (identifiers only) idle past the threads'
     /// retention.
     pub assistant_threads: i64,
-    /// Records of deliveries (identifiers only): doubled messages past the
-    /// receipts' retention, persons' actions past the threads'.
+    /// Records of deliveries (identifiers only): late events and doubled
+    /// messages past the receipts' retention, persons' actions past the
+    /// threads'.
     pub delivery_records: i64,
 }
 
@@ -156,11 +157,12 @@ pub async fn purge(pool: &PgPool, keep: Retention, dry_run: bool) -> sqlx::Resul
     .rows_affected() as i64;
 
     p.delivery_records = sqlx::query_scalar!(
-        r#"WITH b AS (DELETE FROM doubled_messages WHERE detected_at < now() - make_interval(days => $1::int)
+        r#"WITH a AS (DELETE FROM late_events WHERE recorded_at < now() - make_interval(days => $1::int) RETURNING 1),
+              b AS (DELETE FROM doubled_messages WHERE detected_at < now() - make_interval(days => $1::int)
                     RETURNING 1),
               c AS (DELETE FROM person_actions WHERE created_at < now() - make_interval(days => $2::int)
                     RETURNING 1)
-         SELECT (SELECT count(*) FROM b) + (SELECT count(*) FROM c) AS "n!""#,
+         SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b) + (SELECT count(*) FROM c) AS "n!""#,
         cutoff,
         keep.threads_days
     )

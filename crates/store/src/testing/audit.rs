@@ -172,3 +172,19 @@ pub async fn count_audit_entries(
     .fetch_one(pool)
     .await
 }
+
+/// The reasons of the audit rows that record `outcome` at `stage`, in
+/// order.
+pub async fn audit_reasons(
+    pool: &sqlx::PgPool,
+    stage: &str,
+    outcome: &str,
+) -> sqlx::Result<Vec<Option<String>>> {
+    sqlx::query_scalar!(
+        "SELECT reason FROM audit_log WHERE stage = $1 AND outcome = $2 ORDER BY id",
+        stage,
+        outcome
+    )
+    .fetch_all(pool)
+    .await
+}
