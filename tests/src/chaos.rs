@@ -6,6 +6,11 @@
 //! answer reaches Slack, faults on the stream methods (429s on
 //! `chat.appendStream` and `chat.stopStream`, lost responses of starts and
 //! stops, a start answered 503 and not applied, streams Slack expires),
+//! people's messages Slack delivers a second time as another message
+//! (the same `client_msg_id`, before, during or after their answer),
+//! questions Slack delivers late (one workspace skips late requests, one
+//! answers them as if in time, the rest answer with a note of their
+//! lateness),
 //! services SIGKILLed and restarted (the publisher also while a stream is
 //! open), services frozen (SIGSTOP) for longer than the sending stale time,
 //! a Postgres outage and a NATS outage longer than the ack wait. Human
@@ -24,8 +29,11 @@
 //! terminal state, no dead letters (no fault here is poison), nothing stuck
 //! without a reason, every crossed-in-flight answer recorded and
 //! reconsidered, every unanswered question explained to an operator by a
-//! reason the soak itself caused (a reviewer's rejection: the soak engages
-//! no kill switch).
+//! reason the soak itself caused (a reviewer's rejection, a late question
+//! in the workspace that skips them: the soak engages no kill switch).
+//! From Slack's side also: a doubled action is answered once, a skipped
+//! late question has no reply, an answer to a noted one carries the note
+//! of its lateness beside the AI label, and no other answer does.
 //!
 //! A failure prints the seed and, for each offending thread, the actions
 //! that touched it and what Slack shows of it (the minimal trace to
@@ -225,6 +233,11 @@ pub struct Report {
     /// reason an operator sees.
     pub reasons: BTreeMap<String, usize>,
     pub crossed: usize,
+    /// Slack's late and doubled deliveries: people's messages Slack
+    /// delivered a second time as another message, and questions it
+    /// delivered late, by their workspace's late-event policy.
+    pub doubled: usize,
+    pub late: BTreeMap<&'static str, usize>,
     /// How long the actions took, and then the settling.
     pub acting: Duration,
     pub settling: Duration,
@@ -267,6 +280,7 @@ impl Report {
              not answers: {} streams ended early, {} streams expired by Slack, {} review requests ({} rejected)\n\
              explained by threadline's records: {}\n\
              answers crossed in flight (recorded and reconsidered): {}\n\
+             late and doubled deliveries: {} actions doubled; late questions by policy: {}\n\
              violations: {}\n",
             self.seed,
             self.events,
@@ -289,6 +303,8 @@ impl Report {
             self.rejected,
             owned(&self.reasons),
             self.crossed,
+            self.doubled,
+            list(&self.late),
             list(&self.violations_by_kind()),
         );
         if self.violations.is_empty() {
@@ -439,6 +455,170 @@ fn signal(pid: u32, sig: &str) {
         .status();
 }
 
+/// How often (percent) Slack delivers a person's message just posted a
+/// second time, as another message (same `client_msg_id`), and within how
+/// long after it: before its answer, while it is under way, or after.
+const DOUBLE_PERCENT: u64 = 10;
+const DOUBLE_WITHIN_MS: u64 = 5000;
+
+/// How late Slack delivers a late question at the least: past
+/// `THREADLINE_LATE_EVENT_MS` (five minutes, the default) with a margin.
+const LATE_BY_MIN_SECS: u64 = 420;
+
+/// The late-event policy of workspace `i`: the second skips late
+/// requests, the third answers them as if in time, the others note their
+/// lateness (threadline's default).
+fn late_policy(i: usize) -> &'static str {
+    match i {
+        1 => "skip",
+        2 => "answer",
+        _ => "note",
+    }
+}
+
+/// The reason threadline's records give for a request skipped as late.
+const LATE_SKIPPED: &str = "event ignored:late_event";
+
+/// The note of lateness beside the AI label, as a reader sees it (written
+/// out here: the judge trusts Slack's text).
+const LATE_NOTE: &str = "Slack delivered this message to me ";
+
+/// A question Slack delivered late, and its workspace's policy.
+struct Late {
+    channel: String,
+    ts: String,
+    policy: &'static str,
+}
+
+/// Slack delivers again each person's message that is due (all of them
+/// when `all`, each when due): a copy with a new `ts` and the same
+/// `client_msg_id`. How many it delivered.
+async fn double_due(
+    s: &Stack,
+    pending: &mut Vec<(Instant, String, String, String)>,
+    all: bool,
+    log: &mut Vec<(Option<String>, String)>,
+    step: usize,
+) -> usize {
+    pending.sort_by_key(|(at, ..)| *at);
+    let now = Instant::now();
+    let due: Vec<_> = if all {
+        std::mem::take(pending)
+    } else {
+        let k = pending.iter().take_while(|(at, ..)| *at <= now).count();
+        pending.drain(..k).collect()
+    };
+    let mut n = 0;
+    for (at, channel, ts, root) in due {
+        tokio::time::sleep_until(at.into()).await;
+        let copy = try_ctl(s, "act/double", json!({"channel": channel, "ts": ts}))
+            .await
+            .and_then(|v| v["ts"].as_str().map(str::to_owned));
+        if let Some(copy) = copy {
+            n += 1;
+            log.push((
+                Some(root.clone()),
+                format!("step {step}: Slack delivers {ts} again as {copy}"),
+            ));
+            if ts == root {
+                // (a root's copy is a thread of its own)
+                log.push((
+                    Some(copy.clone()),
+                    format!("step {step}: Slack delivers {ts} again as {copy}"),
+                ));
+            }
+        }
+    }
+    n
+}
+
+/// The text of a message's context blocks (the AI label, and a note).
+fn context_text(m: &Value) -> String {
+    m["blocks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["type"] == "context")
+        .flat_map(|b| b["elements"].as_array().cloned().unwrap_or_default())
+        .filter_map(|e| e["text"].as_str().map(str::to_owned))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Late questions as Slack shows them: one its workspace skips has no
+/// reply at all; each answer to one its workspace notes carries the note
+/// of its lateness beside the AI label; no other answer carries one.
+async fn late_answers(
+    s: &Stack,
+    late: &[Late],
+    offending: &mut BTreeSet<(String, String)>,
+) -> Vec<(&'static str, String)> {
+    let mut v = Vec::new();
+    for scope in s.scopes() {
+        if scope.kind == ScopeKind::Review {
+            continue;
+        }
+        let msgs = crate::sim_get(&s.sim, &format!("channels/{}/messages", scope.channel)).await;
+        for m in msgs["messages"].as_array().cloned().unwrap_or_default() {
+            if !m["app_id"].is_string() {
+                continue;
+            }
+            let text = m["text"].as_str().unwrap_or_default();
+            let rts = m["ts"].as_str().unwrap_or_default();
+            let root = m["thread_ts"].as_str().unwrap_or(rts).to_owned();
+            let answers = crate::oracle::answering(text);
+            let of = |ts: &str| {
+                late.iter()
+                    .find(|l| l.channel == scope.channel && l.ts == ts)
+            };
+            if let Some(l) = of(&root)
+                .or_else(|| answers.as_deref().and_then(of))
+                .filter(|l| l.policy == "skip")
+            {
+                v.push((
+                    "late_skipped_answered",
+                    format!(
+                        "reply {rts} in thread {root} of {} replies to question {} that Slack delivered late where late requests are skipped",
+                        scope.channel, l.ts
+                    ),
+                ));
+                offending.insert((scope.channel.clone(), root));
+                continue;
+            }
+            // (not an answer: a stream ended early or expired by Slack)
+            let Some(q) = answers else { continue };
+            if crate::oracle::ended_early(&m) || m["stream"]["ended"] == "expired" {
+                continue;
+            }
+            let noted = context_text(&m).contains(LATE_NOTE);
+            let (kind, why) = match (of(&q).map(|l| l.policy), noted) {
+                (Some("note"), false) => (
+                    "late_note_missing",
+                    "answers a question Slack delivered late without the note of its lateness",
+                ),
+                (Some("answer"), true) => (
+                    "late_note_unwanted",
+                    "notes the lateness of a question its workspace answers as if in time",
+                ),
+                (None, true) => (
+                    "late_note_unwanted",
+                    "notes lateness on an answer to a question Slack delivered in time",
+                ),
+                _ => continue,
+            };
+            v.push((
+                kind,
+                format!(
+                    "reply {rts} in thread {root} of {} {why} ({q})",
+                    scope.channel
+                ),
+            ));
+            offending.insert((scope.channel.clone(), root));
+        }
+    }
+    v
+}
+
 /// The settings the CLI needs on the soak's stack.
 fn cli_env(s: &Stack) -> Vec<(&'static str, String)> {
     let nats = s
@@ -543,6 +723,22 @@ pub async fn soak(
             &["policy", "set", "--installation", &w.inst, "--dms", "on"],
         )
         .await;
+        // Late requests: skipped in one workspace, answered as if in time
+        // in another, noted (threadline's default) in the rest.
+        if late_policy(i) != "note" {
+            run_cli(
+                s,
+                &[
+                    "policy",
+                    "late-events",
+                    "--installation",
+                    &w.inst,
+                    "--action",
+                    late_policy(i),
+                ],
+            )
+            .await;
+        }
         // A review channel with a reviewer and someone who is not one.
         for (name, who) in [("rita", &mut w.reviewer), ("otto", &mut w.other)] {
             *who =
@@ -670,6 +866,9 @@ pub async fn soak(
     spread(&mut rng, adv.stream_hits, "kill:publisher", 0.1, 0.9);
     spread(&mut rng, adv.stream_hits, "pause:publisher", 0.1, 0.9);
     spread(&mut rng, adv.expiries, "expire", 0.05, 0.95);
+    // Questions Slack delivers late (as it replays what an app missed),
+    // over the whole run: at least one under each policy.
+    spread(&mut rng, (n / 40).max(3), "late", 0.02, 0.98);
     // The channels (the DMs join the people as the pane is opened).
     let channels: Vec<usize> = (0..people.len()).collect();
 
@@ -680,7 +879,14 @@ pub async fn soak(
     let started = Instant::now();
     let mut faults: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut pauses_done = 0usize;
+    // People's messages Slack is to deliver again (due, channel, ts,
+    // thread), those it was asked to (never edited or deleted after:
+    // the copy keeps the first text), and the late questions.
+    let mut doubling: Vec<(Instant, String, String, String)> = Vec::new();
+    let mut doubled: BTreeSet<String> = BTreeSet::new();
+    let mut late: Vec<Late> = Vec::new();
     for step in 0..cfg.events {
+        report.doubled += double_due(s, &mut doubling, false, &mut log, step).await;
         // End what is due.
         let now = Instant::now();
         let (due, rest): (Vec<_>, Vec<_>) = episodes.into_iter().partition(|(end, _)| *end <= now);
@@ -809,6 +1015,42 @@ pub async fn soak(
                     ));
                     episodes.push((Instant::now() + Duration::from_secs(5), Episode::Expiring));
                 }
+                "late" => {
+                    // The k-th in workspace k (each policy in turn), in one
+                    // of its channels, a new thread.
+                    let w = late.len() % workspaces.len();
+                    let mine: Vec<usize> = channels
+                        .iter()
+                        .copied()
+                        .filter(|p| people[*p].ws == w)
+                        .collect();
+                    let who = &people[mine[below(&mut rng, mine.len() as u64) as usize]];
+                    let by = LATE_BY_MIN_SECS + below(&mut rng, 1200);
+                    let asked = try_ctl(
+                        s,
+                        "act/post",
+                        json!({"user": who.user, "channel": who.channel, "late_by_secs": by,
+                               "text": format!("<@{}> late question {step}?", who.bot)}),
+                    )
+                    .await
+                    .and_then(|v| v["ts"].as_str().map(str::to_owned));
+                    let policy = late_policy(w);
+                    if let Some(ts) = asked {
+                        *report.late.entry(policy).or_default() += 1;
+                        log.push((
+                            Some(ts.clone()),
+                            format!(
+                                "step {step}: Slack delivers question {ts} in {} {by} s late ({policy})",
+                                who.channel
+                            ),
+                        ));
+                        late.push(Late {
+                            channel: who.channel.clone(),
+                            ts,
+                            policy,
+                        });
+                    }
+                }
                 "db_outage" => {
                     away.begin("postgres");
                     s.db.take_down().await;
@@ -932,7 +1174,15 @@ pub async fn soak(
                     messages: asked.iter().cloned().collect(),
                 });
                 if let Some(ts) = asked {
-                    log.push((Some(root), format!("step {step}: pane question {ts}")));
+                    log.push((
+                        Some(root.clone()),
+                        format!("step {step}: pane question {ts}"),
+                    ));
+                    if below(&mut rng, 100) < DOUBLE_PERCENT {
+                        let after = Duration::from_millis(below(&mut rng, DOUBLE_WITHIN_MS));
+                        doubled.insert(ts.clone());
+                        doubling.push((Instant::now() + after, dm, ts, root));
+                    }
                 }
             }
             4..=21 => {
@@ -951,8 +1201,18 @@ pub async fn soak(
                     threads.push(Thread {
                         person: p,
                         root: root.clone(),
-                        messages: vec![root],
+                        messages: vec![root.clone()],
                     });
+                    if below(&mut rng, 100) < DOUBLE_PERCENT {
+                        let after = Duration::from_millis(below(&mut rng, DOUBLE_WITHIN_MS));
+                        doubled.insert(root.clone());
+                        doubling.push((
+                            Instant::now() + after,
+                            who.channel.clone(),
+                            root.clone(),
+                            root,
+                        ));
+                    }
                 }
             }
             22..=55 => {
@@ -976,12 +1236,17 @@ pub async fn soak(
                 if let Some(ts) = post(s, &who, &text, Some(&root)).await {
                     threads[t].messages.push(ts.clone());
                     log.push((
-                        Some(root),
+                        Some(root.clone()),
                         format!(
                             "step {step}: {} reply {ts}",
                             if mention { "mention" } else { "plain" }
                         ),
                     ));
+                    if below(&mut rng, 100) < DOUBLE_PERCENT {
+                        let after = Duration::from_millis(below(&mut rng, DOUBLE_WITHIN_MS));
+                        doubled.insert(ts.clone());
+                        doubling.push((Instant::now() + after, who.channel.clone(), ts, root));
+                    }
                 }
             }
             56..=65 => {
@@ -994,6 +1259,9 @@ pub async fn soak(
                 let m = threads[t].messages
                     [below(&mut rng, threads[t].messages.len() as u64) as usize]
                     .clone();
+                if doubled.contains(&m) {
+                    continue;
+                }
                 let who = people[threads[t].person].clone();
                 try_ctl(
                     s,
@@ -1016,6 +1284,9 @@ pub async fn soak(
                 }
                 // Never the root: a deleted root leaves nothing to check.
                 let k = 1 + below(&mut rng, (threads[t].messages.len() - 1) as u64) as usize;
+                if doubled.contains(&threads[t].messages[k]) {
+                    continue;
+                }
                 let m = threads[t].messages.remove(k);
                 let who = people[threads[t].person].clone();
                 try_ctl(s, "act/delete", json!({"channel": who.channel, "ts": m})).await;
@@ -1110,6 +1381,8 @@ pub async fn soak(
         let pause = below(&mut rng, (2.0 * mean) as u64 + 1);
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
+    // The copies still due arrive when due.
+    report.doubled += double_due(s, &mut doubling, true, &mut log, cfg.events).await;
     // Whatever is still under way ends when it is due (an outage lasts
     // its whole length even when the activity ends first).
     episodes.sort_by_key(|(end, _)| *end);
@@ -1208,6 +1481,15 @@ pub async fn soak(
                 continue;
             }
         }
+        // Skipped by its workspace's policy: only a question the soak had
+        // Slack deliver late, in the workspace that skips them.
+        if reason == LATE_SKIPPED
+            && late
+                .iter()
+                .any(|l| l.policy == "skip" && l.channel == q.channel && l.ts == q.ts)
+        {
+            continue;
+        }
         if !own.starts_with("decision rejected:") {
             violations.push((
                 "unexpected_reason",
@@ -1219,6 +1501,7 @@ pub async fn soak(
             offending.insert((q.channel.clone(), q.thread_ts.clone()));
         }
     }
+    violations.extend(late_answers(s, &late, &mut offending).await);
     let mut roots: BTreeSet<String> = BTreeSet::new();
     violations.extend(records(s, &mut roots).await);
     // Intake that outlives its database: while Postgres alone was away,

@@ -4,10 +4,12 @@
 //! review and clicked by a simulated reviewer; Slack retries, lost
 //! responses, 429s, posts applied after the client gave up, replies
 //! injected the moment an answer reaches Slack, faults on the stream
-//! methods and streams Slack expires, every service SIGKILLed once
-//! mid-flight and the publisher again with a stream open, services frozen
-//! past the stale time, a 90 s Postgres outage and a NATS outage longer
-//! than the ack wait; judged by the oracle from Slack's side and by
+//! methods and streams Slack expires, people's messages Slack delivers
+//! twice, questions it delivers late (skipped, noted or answered by their
+//! workspace's policy), every service SIGKILLed once mid-flight and the
+//! publisher again with a stream open, services frozen past the stale
+//! time, a 90 s Postgres outage and a NATS outage longer than the ack
+//! wait; judged by the oracle from Slack's side and by
 //! threadline's records for what Slack cannot show.
 
 use threadline_tests::broker::Broker;
@@ -86,6 +88,20 @@ async fn a_short_adversarial_soak_keeps_every_invariant_as_slack_shows_it() {
         ("rejected", report.rejected),
     ] {
         assert!(n > 0, "{form}: none in\n{}", report.render());
+    }
+    // Slack's late and doubled deliveries occurred: a person's message
+    // delivered twice, and a late question under each late-event policy.
+    assert!(
+        report.doubled > 0,
+        "no doubled delivery in\n{}",
+        report.render()
+    );
+    for policy in ["note", "skip", "answer"] {
+        assert!(
+            report.late.get(policy).is_some_and(|n| *n > 0),
+            "no late question under `{policy}` in\n{}",
+            report.render()
+        );
     }
     assert!(report.violations.is_empty(), "{}", report.render());
     s.unjudged = Some("judged by the soak");
