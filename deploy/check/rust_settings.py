@@ -219,7 +219,7 @@ def all_consts(root: Path) -> dict[str, str]:
 
 
 def entry_points(path: Path) -> list[str]:
-    """How other crates reach the settings a runtime file reads:
+    """How other crates reach the settings a runtime (or tenancy) file reads:
     `Type::from_source` for its public types, `module::function` for its
     public functions that take the `Source`."""
     text = non_test_code(path.read_text())
@@ -231,14 +231,16 @@ def entry_points(path: Path) -> list[str]:
 
 def binaries(root: Path) -> dict[str, Binary]:
     """Every `[[bin]]` of crates/*, with the settings its crate reads plus
-    those of the runtime files it reaches (through `Type::from_source` or
+    those of the runtime and tenancy files it reaches (through `Type::from_source` or
     `module::function(src)`, transitively)."""
     consts = all_consts(root)
-    runtime = root / "crates" / "runtime"
+    # The library crates every binary reads settings through: runtime, and
+    # tenancy above it (token keys, the app's client credentials).
     runtime_files: list[tuple[list[str], Reads, str]] = []
-    for f in rust_files(runtime):
-        r = file_reads(f, root, consts)
-        runtime_files.append((entry_points(f), r, non_test_code(f.read_text())))
+    for lib in ("runtime", "tenancy"):
+        for f in rust_files(root / "crates" / lib):
+            r = file_reads(f, root, consts)
+            runtime_files.append((entry_points(f), r, non_test_code(f.read_text())))
 
     out: dict[str, Binary] = {}
     for manifest in sorted((root / "crates").glob("*/Cargo.toml")):

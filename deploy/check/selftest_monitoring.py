@@ -128,7 +128,7 @@ def _(i):
 @breakage("runbook", "a logged alert code the runbook never names",
           mon.RUNBOOK, 'alert="tokens_on_fire"', "never names")
 def _(i):
-    i.log_alerts["tokens_on_fire"] = "crates/runtime/src/tokens.rs"
+    i.log_alerts["tokens_on_fire"] = "crates/tenancy/src/tokens.rs"
 
 
 # The PrometheusRule against the rules file.

@@ -127,13 +127,13 @@ async fn poison_is_dead_lettered_listed_dropped_and_a_dead_letter_replayed() {
     };
     let mut original = async_nats::HeaderMap::new();
     original.insert("Nats-Msg-Id", "evt:A0DLQ:Ev0DLQ");
-    let cipher = threadline_runtime::secrets::TokenCipher::parse_setting(
+    let cipher = threadline_tenancy::secrets::TokenCipher::parse_setting(
         &letter_keys.clone().into(),
-        threadline_runtime::dead_letter::KEYS_SETTING,
+        threadline_tenancy::dead_letter::KEYS_SETTING,
     )
     .expect("keys");
     let dead_letter = |m: &EventAccepted, keys| {
-        threadline_runtime::dead_letter::letter(
+        threadline_tenancy::dead_letter::letter(
             threadline_runtime::bus::Topic::Events,
             &format!("{prefix}.events"),
             Some(&original),

@@ -74,6 +74,7 @@ async fn run(
             worker::run(
                 js,
                 topology,
+                Arc::new(threadline_tenancy::dead_letter::Letters::new(None)),
                 Topic::Contexts,
                 concurrency,
                 shutdown,

@@ -621,11 +621,11 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
         .await
         .expect("installation");
     let only_k1 =
-        threadline_runtime::secrets::TokenCipher::parse(&k1.clone().into()).expect("keys");
+        threadline_tenancy::secrets::TokenCipher::parse(&k1.clone().into()).expect("keys");
     let refresh = only_k1
         .seal(
             b"xoxe-1-refresh-me",
-            &threadline_runtime::secrets::token_aad(&inst, "refresh"),
+            &threadline_tenancy::secrets::token_aad(&inst, "refresh"),
         )
         .expect("seal");
     threadline_store::testing::installations::set_refresh_token(
@@ -660,7 +660,7 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
         String::from_utf8_lossy(&out.stderr)
     );
     // Both tokens are under k2 now, and k2 alone opens them.
-    let only_k2 = threadline_runtime::secrets::TokenCipher::parse(&k2.into()).expect("keys");
+    let only_k2 = threadline_tenancy::secrets::TokenCipher::parse(&k2.into()).expect("keys");
     for (kind, purpose, expected) in [
         (
             threadline_store::installations::TokenKind::Bot,
@@ -680,8 +680,8 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
         assert_eq!(key, "k2", "the {purpose} token is re-sealed");
         let token = only_k2
             .open(
-                &threadline_runtime::secrets::Sealed { key_id: key, bytes },
-                &threadline_runtime::secrets::token_aad(&inst, purpose),
+                &threadline_tenancy::secrets::Sealed { key_id: key, bytes },
+                &threadline_tenancy::secrets::token_aad(&inst, purpose),
             )
             .unwrap_or_else(|e| panic!("the {purpose} token opens with k2: {e}"));
         assert_eq!(secrecy::ExposeSecret::expose_secret(&token), expected);
@@ -1159,9 +1159,9 @@ async fn a_gateway_that_does_not_relay_is_ready_without_the_broker() {
 /// re-seals them once the refresh is done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_rotation_never_overwrites_a_refreshed_token_nor_one_being_refreshed() {
-    use threadline_runtime::secrets::{Sealed, TokenCipher, token_aad};
     use threadline_store::installations::{self, SealedToken, TokenKind};
     use threadline_store::testing::installations as inst_testing;
+    use threadline_tenancy::secrets::{Sealed, TokenCipher, token_aad};
     let db = TestDb::new().await;
     let inst = seed_installation(&db.pool, "A0RACE", "T0RACE").await;
     let k1 = "k1:".to_owned() + &"11".repeat(32);

@@ -13,6 +13,9 @@
 //!   another vocabulary).
 //! * No `process` or `handle` function over 80 lines in a service crate:
 //!   one type and one handler per kind of work, each a few steps.
+//! * `runtime` is infrastructure only: neither it nor any workspace crate
+//!   it depends on (in any dependency table) depends on `store` or `slack`;
+//!   tables and Slack are reached from the crates above it (`tenancy`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -298,5 +301,130 @@ fn no_process_or_handle_function_is_over_80_lines() {
     assert!(
         found.is_empty(),
         "process/handle functions over 80 lines: {found:#?}"
+    );
+}
+
+/// The workspace crates (`threadline-…` package names) a manifest names in
+/// any of its dependency tables (`[dependencies]`, `[dev-dependencies]`,
+/// `[build-dependencies]`, `[target.….dependencies]`, dotted or inline),
+/// renamed ones (`package = "threadline-…"`) included.
+fn internal_dependencies(manifest: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut in_deps = false;
+    for line in manifest.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            let table = t.trim_matches(|c| c == '[' || c == ']');
+            in_deps = table.ends_with("dependencies") || table.contains("dependencies.");
+            // `[dependencies.threadline-store]`
+            if let Some((_, name)) = table.rsplit_once("dependencies.")
+                && name.starts_with("threadline-")
+            {
+                out.insert(name.trim_matches('"').to_owned());
+            }
+            continue;
+        }
+        if !in_deps || t.starts_with('#') {
+            continue;
+        }
+        let key = t
+            .split(['=', '.'])
+            .next()
+            .unwrap_or("")
+            .trim()
+            .trim_matches('"');
+        if key.starts_with("threadline-") {
+            out.insert(key.to_owned());
+        }
+        if let Some(i) = t.find("package") {
+            let rest = &t[i + "package".len()..];
+            if let Some(name) = rest.split('"').nth(1)
+                && name.starts_with("threadline-")
+            {
+                out.insert(name.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// Every workspace crate `package` reaches through its manifests'
+/// dependency tables, by package name.
+fn reaches(package: &str) -> BTreeSet<String> {
+    let crates = repo_root().join("crates");
+    let mut manifests: BTreeMap<String, String> = BTreeMap::new();
+    for e in std::fs::read_dir(&crates).expect("crates/").flatten() {
+        let Ok(text) = std::fs::read_to_string(e.path().join("Cargo.toml")) else {
+            continue;
+        };
+        let name = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("name = "))
+            .map(|n| n.trim_matches('"').to_owned())
+            .expect("a package name");
+        manifests.insert(name, text);
+    }
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![package.to_owned()];
+    while let Some(p) = todo.pop() {
+        let text = manifests
+            .get(&p)
+            .unwrap_or_else(|| panic!("no crate named {p} under crates/"));
+        for d in internal_dependencies(text) {
+            if seen.insert(d.clone()) {
+                todo.push(d);
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn runtime_depends_on_neither_store_nor_slack() {
+    let reached = reaches("threadline-runtime");
+    let forbidden: Vec<&String> = reached
+        .iter()
+        .filter(|d| ["threadline-store", "threadline-slack"].contains(&d.as_str()))
+        .collect();
+    assert!(
+        forbidden.is_empty(),
+        "threadline-runtime reaches {forbidden:?} (all it reaches: {reached:?}); \
+         runtime is infrastructure only: tables and Slack belong to the crates above it"
+    );
+}
+
+#[test]
+fn the_dependency_check_reads_every_form_of_a_dependency() {
+    let manifest = r#"
+[package]
+name = "threadline-runtime"
+
+[dependencies]
+threadline-domain.workspace = true
+tokio.workspace = true
+store = { package = "threadline-store", path = "../store" }
+
+[dev-dependencies]
+threadline-testkit = { workspace = true }
+
+[target.'cfg(unix)'.dependencies]
+"threadline-proto" = "1"
+
+[dependencies.threadline-slack]
+workspace = true
+
+[features]
+threadline-nothing = []
+"#;
+    let found: Vec<String> = internal_dependencies(manifest).into_iter().collect();
+    assert_eq!(
+        found,
+        [
+            "threadline-domain",
+            "threadline-proto",
+            "threadline-slack",
+            "threadline-store",
+            "threadline-testkit"
+        ]
     );
 }

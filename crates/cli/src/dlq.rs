@@ -2,7 +2,7 @@
 //! (poison, or repeated failures). A letter is an envelope (subject, reason,
 //! the identities the message names) and the message sealed with
 //! `THREADLINE_DEAD_LETTER_KEYS`, or without its text when the worker had no
-//! keys (see `threadline_runtime::dead_letter`); listing shows the envelope,
+//! keys (see `threadline_tenancy::dead_letter`); listing shows the envelope,
 //! never a payload. A replay opens the message and puts it back on the
 //! subject it came from, where the handlers' idempotency makes a second
 //! processing harmless; the dead letter is removed once the broker has
@@ -15,7 +15,7 @@ use async_nats::jetstream::{self, stream::Stream};
 use clap::Subcommand;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::config::CommonConfig;
-use threadline_runtime::dead_letter::{
+use threadline_tenancy::dead_letter::{
     self, DECISION, EVENT, INSTALLATION, ORIGINAL, PAYLOAD, REASON, RECEIPT,
 };
 
@@ -59,7 +59,7 @@ struct Letter {
     event_id: Option<String>,
     decision_id: Option<String>,
     /// `sealed` (replayable with the keys), `whole`, `redacted` or
-    /// `dropped` (see `threadline_runtime::dead_letter`).
+    /// `dropped` (see `threadline_tenancy::dead_letter`).
     payload: String,
     payload_bytes: usize,
 }
@@ -116,6 +116,7 @@ pub async fn run(cmd: DlqCommand, common: &CommonConfig) -> anyhow::Result<()> {
     let nats = threadline_runtime::bus::connect(&common.nats_url, "threadline-cli").await?;
     let js = jetstream::new(nats.clone());
     let topology = Topology::from_config(common);
+    let letter_keys = dead_letter::Letters::from_config(common)?;
     let stream = js
         .get_stream(topology.dead_letter_stream())
         .await
@@ -172,7 +173,7 @@ pub async fn run(cmd: DlqCommand, common: &CommonConfig) -> anyhow::Result<()> {
                     &m.subject,
                     &m.headers,
                     &m.payload,
-                    topology.dead_letter_keys(),
+                    letter_keys.keys(),
                     legacy,
                 )
                 .with_context(|| format!("dead letter {} cannot be replayed", letter.seq))?;

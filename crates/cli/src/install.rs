@@ -7,8 +7,8 @@ use sqlx::PgPool;
 use threadline_domain::{AppId, BotId, EnterpriseId, TeamId, UserId};
 
 use threadline_runtime::config::Source;
-use threadline_runtime::installations::Registration;
-use threadline_runtime::secrets::TokenCipher;
+use threadline_tenancy::installations::Registration;
+use threadline_tenancy::secrets::TokenCipher;
 
 #[derive(Subcommand)]
 pub enum InstallCommand {
@@ -77,7 +77,7 @@ pub async fn run(cmd: InstallCommand, src: &Source, pool: &PgPool) -> anyhow::Re
             }
             let cipher = TokenCipher::from_source(src)?;
             let token = secrecy::SecretString::from(token);
-            let (id, key_id) = threadline_runtime::installations::register(
+            let (id, key_id) = threadline_tenancy::installations::register(
                 pool,
                 &cipher,
                 &Registration {
@@ -89,7 +89,7 @@ pub async fn run(cmd: InstallCommand, src: &Source, pool: &PgPool) -> anyhow::Re
                     bot_id: bot_id.as_str(),
                     scopes: &scopes,
                 },
-                &threadline_runtime::installations::Tokens {
+                &threadline_tenancy::installations::Tokens {
                     bot_token: &token,
                     refresh_token: None,
                     expires_in: None,

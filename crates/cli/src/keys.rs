@@ -4,8 +4,8 @@
 use anyhow::Context as _;
 use sqlx::PgPool;
 use threadline_runtime::config::Source;
-use threadline_runtime::secrets::{Sealed, TokenCipher, token_aad};
 use threadline_store::installations::{self, TokenKind};
+use threadline_tenancy::secrets::{Sealed, TokenCipher, token_aad};
 
 /// How long rotation keeps trying tokens a refresh holds (a refresh takes
 /// seconds; its lease at most a minute).

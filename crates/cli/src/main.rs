@@ -113,7 +113,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate => {
             let common = threadline_runtime::config::CommonConfig::from_source(&src)?;
             let pool = threadline_runtime::db::connect(&common).await?;
-            let applied = threadline_runtime::db::migrate(&pool).await?;
+            let applied =
+                threadline_runtime::db::migrate(&pool, &threadline_store::schema::MIGRATOR).await?;
             println!("migrations applied: {applied} (schema is current)");
         }
         Command::Install { command } => install::run(command, &src, &pool(&src).await?).await?,
@@ -170,7 +171,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             println!(
                 "{}",
-                threadline_runtime::secrets::TokenCipher::generate_entry(&id)
+                threadline_tenancy::secrets::TokenCipher::generate_entry(&id)
             );
         }
     }
@@ -182,6 +183,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 async fn pool(src: &threadline_runtime::config::Source) -> anyhow::Result<sqlx::PgPool> {
     let common = threadline_runtime::config::CommonConfig::from_source(src)?;
     let pool = threadline_runtime::db::connect(&common).await?;
-    threadline_runtime::db::ensure_schema_current(&pool).await?;
+    threadline_runtime::db::ensure_schema_current(&pool, &threadline_store::schema::MIGRATOR)
+        .await?;
     Ok(pool)
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use threadline_runtime::config::{CommonConfig, ConfigError, Source};
-use threadline_runtime::secrets::TokenCipher;
+use threadline_tenancy::secrets::TokenCipher;
 
 use crate::backfill::BackfillLimits;
 use crate::context::Limits;
@@ -27,7 +27,7 @@ pub struct ContextConfig {
     /// `THREADLINE_SLACK_TIMEOUT_MS`, default 10000.
     pub slack_timeout: Duration,
     /// `SLACK_CLIENT_ID` / `SLACK_CLIENT_SECRET`: refresh rotating tokens.
-    pub refresher: Option<threadline_runtime::tokens::Refresher>,
+    pub refresher: Option<threadline_tenancy::tokens::Refresher>,
     /// `THREADLINE_LATE_EVENT_MS`, default 300000 (five minutes): an event
     /// that reaches the gateway this long after it happened is late,
     /// recorded, and a request handled by its installation's late-event
@@ -60,7 +60,7 @@ impl ContextConfig {
             },
             slack_timeout: src.millis("THREADLINE_SLACK_TIMEOUT_MS", 10_000, 100..=120_000)?,
             late_after: src.millis("THREADLINE_LATE_EVENT_MS", 300_000, 1_000..=604_800_000)?,
-            refresher: threadline_runtime::tokens::Refresher::from_source(
+            refresher: threadline_tenancy::tokens::Refresher::from_source(
                 src,
                 &CommonConfig::from_source(src)?.slack_api_url,
             )?,

@@ -12,9 +12,9 @@ use threadline_domain::late::{self, LateOutcome};
 use threadline_domain::state::ReceiptState;
 use threadline_proto::v1::{ContextMessage, ContextReady, EventAccepted, SCHEMA_VERSION};
 use threadline_runtime::bus::{Topic, Topology};
-use threadline_runtime::secrets::TokenCipher;
 use threadline_runtime::worker::Disposition;
 use threadline_slack::{WebClient, WebError};
+use threadline_tenancy::secrets::TokenCipher;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
@@ -29,7 +29,7 @@ pub struct Handler {
     pub web: WebClient,
     pub cipher: TokenCipher,
     /// Refreshes rotating tokens before they expire (when client credentials are set).
-    pub refresher: Option<threadline_runtime::tokens::Refresher>,
+    pub refresher: Option<threadline_tenancy::tokens::Refresher>,
     pub limits: Limits,
     pub backfill: BackfillLimits,
     /// Opens events of concurrent handlers, one statement per batch.
@@ -222,7 +222,7 @@ impl Handler {
             }
             Err(e) => {
                 tracing::warn!(parent: &span, error = format!("{e:#}"), "event handling failed; retrying");
-                match Disposition::of_error(&e) {
+                match threadline_tenancy::fault::disposition(&e) {
                     Disposition::Fail(reason) => self.failed(receipt, reason).await,
                     other => other,
                 }
@@ -538,7 +538,7 @@ impl Handler {
             Ok(()) => Disposition::Done,
             Err(e) => {
                 tracing::warn!(error = format!("{e:#}"), "reconsideration failed; retrying");
-                Disposition::of_error(&e)
+                threadline_tenancy::fault::disposition(&e)
             }
         }
     }
@@ -603,7 +603,7 @@ impl Handler {
         &self,
         inst: &Installation,
     ) -> anyhow::Result<Option<secrecy::SecretString>> {
-        threadline_runtime::tokens::bot_token(
+        threadline_tenancy::tokens::bot_token(
             &self.pool,
             &self.cipher,
             self.refresher.as_ref(),

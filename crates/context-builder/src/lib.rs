@@ -30,10 +30,12 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let letters = threadline_tenancy::dead_letter::Letters::shared(&cfg.common)?;
     let Some(deps) = threadline_runtime::service::start(
         // (the batched statements have connections of their own)
         &threadline_runtime::batch::share_connections(&cfg.common),
         "threadline-context-builder",
+        &threadline_store::schema::MIGRATOR,
         &shutdown,
     )
     .await?
@@ -61,15 +63,17 @@ pub async fn run(
     let health = deps.serve_health(listener, shutdown.clone());
     tracing::info!(concurrency = cfg.concurrency, "context-builder consuming");
     let reconsider = {
-        let (js, topology, shutdown, handler) = (
+        let (js, topology, letters, shutdown, handler) = (
             deps.js.clone(),
             deps.topology.clone(),
+            letters.clone(),
             shutdown.clone(),
             handler.clone(),
         );
         tokio::spawn(worker::run(
             js,
             topology,
+            letters,
             Topic::Reconsider,
             2,
             shutdown,
@@ -82,6 +86,7 @@ pub async fn run(
     worker::run(
         deps.js.clone(),
         deps.topology.clone(),
+        letters,
         Topic::Events,
         cfg.concurrency,
         shutdown,

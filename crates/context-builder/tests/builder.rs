@@ -12,10 +12,10 @@ use threadline_domain::classify::{Effect, MessageFacts, Speaker};
 use threadline_domain::state::ReceiptState;
 use threadline_proto::v1::{ContextReady, EventAccepted};
 use threadline_runtime::bus::{Topic, Topology};
-use threadline_runtime::secrets::{TokenCipher, token_aad};
 use threadline_runtime::worker::Disposition;
 use threadline_slack::WebClient;
 use threadline_store::{policies, testing};
+use threadline_tenancy::secrets::{TokenCipher, token_aad};
 use threadline_testkit::{TestDb, delete_streams, nats_url, stream_len, unique_prefix};
 use uuid::Uuid;
 
@@ -1623,7 +1623,7 @@ async fn a_batch_of_applies_reads_as_the_same_applies_one_by_one_and_a_bad_event
     );
     let refused = anyhow::Error::from(bad_done.await.expect("task").expect_err("refused"));
     assert!(
-        !threadline_runtime::transient::is_transient(&refused),
+        !threadline_tenancy::fault::is_transient(&refused),
         "a refused event is not an outage: {refused:#}"
     );
     assert_eq!(env.version(root).await, 4, "the good events were applied");

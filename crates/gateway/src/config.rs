@@ -131,7 +131,7 @@ pub struct OAuthSettings {
     pub state_ttl: Duration,
     pub install_rate_per_minute: u32,
     pub install_rate_per_client_per_minute: u32,
-    pub cipher: threadline_runtime::secrets::TokenCipher,
+    pub cipher: threadline_tenancy::secrets::TokenCipher,
 }
 
 impl OAuthSettings {
@@ -181,7 +181,7 @@ impl OAuthSettings {
                 10,
                 1..=60_000,
             )? as u32,
-            cipher: threadline_runtime::secrets::TokenCipher::from_source(src)?,
+            cipher: threadline_tenancy::secrets::TokenCipher::from_source(src)?,
         }))
     }
 }

@@ -10,7 +10,7 @@ use prost::Message as _;
 use threadline_proto::v1::SpooledDelivery;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::shutdown::CancellationToken;
-use threadline_runtime::worker::Disposition;
+use threadline_runtime::worker::{Contracts, Disposition};
 
 use crate::AppState;
 use crate::events::Answer;
@@ -64,6 +64,7 @@ pub async fn drain(
     app: AppState,
     js: jetstream::Context,
     topology: Topology,
+    letters: Arc<dyn Contracts>,
     stop: CancellationToken,
 ) {
     let app = Arc::new(app);
@@ -81,6 +82,7 @@ pub async fn drain(
         let r = threadline_runtime::worker::run(
             js.clone(),
             topology.clone(),
+            letters.clone(),
             Topic::Spool,
             DRAIN_WINDOW,
             stop.clone(),

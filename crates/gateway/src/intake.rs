@@ -68,7 +68,7 @@ impl Intake {
     /// dropped and the queue is drained.
     /// `wake` wakes the outbox relays after each commit that wrote rows
     /// (the pool's inserts do not NOTIFY:
-    /// [`threadline_runtime::db::pool_waking_after_commit`]).
+    /// `pool_waking_after_commit` in lib.rs).
     pub fn spawn(
         pool: PgPool,
         writers: usize,

@@ -28,6 +28,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use sqlx::PgPool;
 use threadline_runtime::bus::Topology;
+use threadline_runtime::config::CommonConfig;
 use threadline_runtime::health::{self, Readiness};
 use threadline_runtime::shutdown::CancellationToken;
 use threadline_slack::Verifier;
@@ -117,6 +118,18 @@ pub fn router(state: AppState, oauth: Option<oauth::OAuthState>, readiness: Read
         ))
 }
 
+/// The configured pool for a writer that wakes the outbox relays itself
+/// after each commit (`threadline_store::outbox::wake`, or in-process): its
+/// inserts into the outbox do not NOTIFY, so its commits do not queue on
+/// NOTIFY's cluster-wide lock (migration 0018).
+fn pool_waking_after_commit(cfg: &CommonConfig) -> anyhow::Result<PgPool> {
+    Ok(threadline_runtime::db::pool_options(cfg)
+        .after_connect(|conn, _| {
+            Box::pin(async move { threadline_store::outbox::wake_after_commit(conn).await })
+        })
+        .connect_lazy_with(threadline_runtime::db::connect_options(cfg)?))
+}
+
 /// Runs the gateway on `listener` until `shutdown`: HTTP drains first, then
 /// the intake writers finish their last commits, then the relay stops.
 pub async fn run(
@@ -126,14 +139,15 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     // The intake wakes the relays itself after each commit (no NOTIFY in
     // its transactions: see migration 0018).
-    let pool = threadline_runtime::db::pool_waking_after_commit(&cfg.common)?;
+    let letters = threadline_tenancy::dead_letter::Letters::shared(&cfg.common)?;
+    let pool = pool_waking_after_commit(&cfg.common)?;
     if cfg.spool_enabled {
         // A gateway with a spool takes deliveries while Postgres is away,
         // started during the outage too: the schema is checked once it can
         // be read, and a schema behind the binary stops the gateway then.
         let first = tokio::time::timeout(
             Duration::from_secs(2),
-            threadline_runtime::db::missing_migrations(&pool),
+            threadline_runtime::db::missing_migrations(&pool, &threadline_store::schema::MIGRATOR),
         )
         .await;
         match first {
@@ -146,7 +160,12 @@ pub async fn run(
                 tokio::spawn(async move {
                     // (however long the outage lasts: the spool holds)
                     let missing = loop {
-                        match threadline_runtime::db::missing_migrations(&pool).await {
+                        match threadline_runtime::db::missing_migrations(
+                            &pool,
+                            &threadline_store::schema::MIGRATOR,
+                        )
+                        .await
+                        {
                             Ok(missing) => break missing,
                             Err(_) => tokio::select! {
                                 () = shutdown.cancelled() => return,
@@ -164,7 +183,13 @@ pub async fn run(
                 });
             }
         }
-    } else if !threadline_runtime::service::schema_checked(&pool, &shutdown).await? {
+    } else if !threadline_runtime::service::schema_checked(
+        &pool,
+        &threadline_store::schema::MIGRATOR,
+        &shutdown,
+    )
+    .await?
+    {
         return Ok(());
     }
     // The relay and the spool use the bus. A gateway that does not relay
@@ -239,7 +264,7 @@ pub async fn run(
             topology.clone(),
             spool_stop.clone(),
         );
-        spool_tasks.spawn(drain::drain(app, js, topology, stop));
+        spool_tasks.spawn(drain::drain(app, js, topology, letters, stop));
     }
     // With a spool, a gateway takes deliveries while Postgres or the broker
     // can keep them: it stays in service through a database outage.

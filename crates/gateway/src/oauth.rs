@@ -18,8 +18,8 @@ use secrecy::{ExposeSecret as _, SecretString};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
-use threadline_runtime::installations::{Registration, register};
 use threadline_slack::WebClient;
+use threadline_tenancy::installations::{Registration, register};
 
 use crate::config::OAuthSettings;
 use crate::page::page;
@@ -311,7 +311,7 @@ async fn finish(s: &OAuthState, code: &str) -> anyhow::Result<String> {
             bot_id: bot_id.as_str(),
             scopes: &scopes,
         },
-        &threadline_runtime::installations::Tokens {
+        &threadline_tenancy::installations::Tokens {
             bot_token: &token,
             refresh_token: refresh.as_ref(),
             expires_in: v.get("expires_in").and_then(serde_json::Value::as_i64),

@@ -92,7 +92,7 @@ pub struct Relay {
 }
 
 /// How a writer whose inserts do not NOTIFY
-/// ([`threadline_runtime::db::pool_waking_after_commit`]) wakes the relays
+/// (`pool_waking_after_commit` in lib.rs) wakes the relays
 /// once its commit is done.
 #[derive(Clone)]
 pub enum Wake {

@@ -7,9 +7,9 @@ use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
 use serde_json::{Value, json};
 use threadline_gateway::GatewayConfig;
 use threadline_runtime::config::Source;
-use threadline_runtime::secrets::{Sealed, TokenCipher, token_aad};
 use threadline_runtime::shutdown::CancellationToken;
 use threadline_store::testing;
+use threadline_tenancy::secrets::{Sealed, TokenCipher, token_aad};
 use threadline_testkit::slack::TEST_SECRET;
 use threadline_testkit::{TestDb, eventually, nats_url, unique_prefix};
 

@@ -99,10 +99,12 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let letters = threadline_tenancy::dead_letter::Letters::shared(&cfg.common)?;
     let Some(deps) = threadline_runtime::service::start(
         // (the batched statements have connections of their own)
         &threadline_runtime::batch::share_connections(&cfg.common),
         "threadline-inference",
+        &threadline_store::schema::MIGRATOR,
         &shutdown,
     )
     .await?
@@ -115,6 +117,7 @@ pub async fn run(
     threadline_runtime::worker::run(
         deps.js.clone(),
         deps.topology.clone(),
+        letters,
         Topic::Contexts,
         cfg.concurrency,
         shutdown,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use threadline_runtime::config::{CommonConfig, ConfigError, Source};
-use threadline_runtime::secrets::TokenCipher;
+use threadline_tenancy::secrets::TokenCipher;
 
 use crate::reconcile::Evidence;
 
@@ -54,7 +54,7 @@ pub struct PublisherConfig {
     /// reconciled. More than twice the Slack timeout.
     pub sending_stale: Duration,
     /// `SLACK_CLIENT_ID` / `SLACK_CLIENT_SECRET`: refresh rotating tokens.
-    pub refresher: Option<threadline_runtime::tokens::Refresher>,
+    pub refresher: Option<threadline_tenancy::tokens::Refresher>,
     /// `THREADLINE_SWEEP_MS` (5000) / `THREADLINE_SWEEP_IDLE_MS` (60000):
     /// how often the sweeper looks for reply intents no delivery is driving,
     /// and how long past due (or without progress) an intent must be to count.
@@ -138,7 +138,7 @@ impl PublisherConfig {
                 every: src.millis("THREADLINE_SWEEP_MS", 5_000, 100..=600_000)?,
                 idle: src.millis("THREADLINE_SWEEP_IDLE_MS", 60_000, 1_000..=3_600_000)?,
             },
-            refresher: threadline_runtime::tokens::Refresher::from_source(
+            refresher: threadline_tenancy::tokens::Refresher::from_source(
                 src,
                 &CommonConfig::from_source(src)?.slack_api_url,
             )?,

@@ -117,7 +117,7 @@ impl Handler {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(parent: &span, error = format!("{e:#}"), "handling failed; retrying");
-                Disposition::of_error(&e)
+                threadline_tenancy::fault::disposition(&e)
             }
         }
     }

@@ -11,9 +11,9 @@ use async_nats::jetstream;
 use sqlx::PgPool;
 use threadline_runtime::batch::Batcher;
 use threadline_runtime::bus::Topology;
-use threadline_runtime::secrets::TokenCipher;
 use threadline_runtime::worker::Disposition;
 use threadline_slack::WebClient;
+use threadline_tenancy::secrets::TokenCipher;
 use uuid::Uuid;
 
 use crate::intents::{self, PostRecord, PostToRecord, Proposal, Recorded};
@@ -30,7 +30,7 @@ pub struct Handler {
     pub web: WebClient,
     pub cipher: TokenCipher,
     /// Refreshes rotating tokens before they expire (when client credentials are set).
-    pub refresher: Option<threadline_runtime::tokens::Refresher>,
+    pub refresher: Option<threadline_tenancy::tokens::Refresher>,
     pub evidence: Evidence,
     /// Seconds between posts in one channel.
     pub post_spacing: f64,
@@ -97,7 +97,7 @@ where
     let mut tries = 0u32;
     loop {
         match write().await.map_err(Into::into) {
-            Err(e) if threadline_runtime::transient::is_transient(&e) && tries < 1000 => {
+            Err(e) if threadline_tenancy::fault::is_transient(&e) && tries < 1000 => {
                 tries += 1;
                 tracing::warn!(error = %e, tries, "recording what Slack did failed; trying again");
                 // (jittered: records that failed together, a batch that
@@ -135,7 +135,7 @@ pub(crate) struct Job<'a> {
 
 impl Handler {
     pub(crate) async fn bot(&self, inst: Uuid) -> anyhow::Result<Option<Bot>> {
-        let Some((token, id)) = threadline_runtime::tokens::bot(
+        let Some((token, id)) = threadline_tenancy::tokens::bot(
             &self.pool,
             &self.cipher,
             self.refresher.as_ref(),

@@ -10,12 +10,12 @@ use threadline_proto::v1::ProposalReady;
 use threadline_publisher::{Handler, PublisherConfig};
 use threadline_runtime::bus::Topology;
 use threadline_runtime::config::Source;
-use threadline_runtime::secrets::{TokenCipher, token_aad};
 use threadline_runtime::worker::Disposition;
 use threadline_store::testing::{
     audit, decisions, installations, intents, outbox, receipts, server, threads,
 };
 use threadline_store::tokens::SealedPair;
+use threadline_tenancy::secrets::{TokenCipher, token_aad};
 use threadline_testkit::{TestDb, delete_streams, nats_url, unique_prefix};
 use uuid::Uuid;
 
@@ -752,7 +752,7 @@ async fn a_refused_refresh_disables_the_installation_instead_of_looping() {
 async fn refused_client_credentials_disable_no_installation() {
     use secrecy::ExposeSecret as _;
     let env = Env::rotating().await;
-    let wrong = threadline_runtime::tokens::Refresher {
+    let wrong = threadline_tenancy::tokens::Refresher {
         client_secret: "wrong-secret".to_owned().into(),
         ..env.refresher()
     };
@@ -762,7 +762,7 @@ async fn refused_client_credentials_disable_no_installation() {
         .await
         .expect_err("an expired token and no refresh: an error");
     assert!(
-        err.downcast_ref::<threadline_runtime::tokens::RefreshUnavailable>()
+        err.downcast_ref::<threadline_tenancy::tokens::RefreshUnavailable>()
             .is_some(),
         "transient, got {err:#}"
     );
@@ -2029,8 +2029,8 @@ async fn intents_nothing_can_finish_are_held_or_withdrawn() {
 // ---- token refresh, judged from Slack's side ----
 
 impl Env {
-    fn refresher(&self) -> threadline_runtime::tokens::Refresher {
-        threadline_runtime::tokens::Refresher {
+    fn refresher(&self) -> threadline_tenancy::tokens::Refresher {
+        threadline_tenancy::tokens::Refresher {
             web: threadline_slack::WebClient::new(
                 &format!("{}/api/", self.sim),
                 Duration::from_secs(10),
@@ -2045,9 +2045,9 @@ impl Env {
     /// with `refresher` when it is due.
     async fn bot_token(
         &self,
-        refresher: &threadline_runtime::tokens::Refresher,
+        refresher: &threadline_tenancy::tokens::Refresher,
     ) -> anyhow::Result<Option<secrecy::SecretString>> {
-        threadline_runtime::tokens::bot_token(
+        threadline_tenancy::tokens::bot_token(
             &self.db.pool,
             &self.cipher(),
             Some(refresher),
@@ -2145,7 +2145,7 @@ async fn concurrent_refreshes_across_replicas_make_one_exchange_and_share_its_to
         };
         let (refresher, cipher, inst) = (refresher.clone(), cipher.clone(), env.inst);
         tasks.push(tokio::spawn(async move {
-            threadline_runtime::tokens::bot_token(&pool, &cipher, Some(&refresher), inst)
+            threadline_tenancy::tokens::bot_token(&pool, &cipher, Some(&refresher), inst)
                 .await
                 .map(|t| t.map(|t| t.expose_secret().to_owned()))
         }));
@@ -2225,7 +2225,7 @@ async fn transient_refresh_answers_keep_the_installation_and_are_retried() {
             .err()
             .unwrap_or_else(|| panic!("{mode}: an expired token whose refresh failed is an error"));
         assert!(
-            err.downcast_ref::<threadline_runtime::tokens::RefreshUnavailable>()
+            err.downcast_ref::<threadline_tenancy::tokens::RefreshUnavailable>()
                 .is_some(),
             "{mode}: transient, got {err:#}"
         );
@@ -2267,7 +2267,7 @@ async fn transient_refresh_answers_keep_the_installation_and_are_retried() {
             .err()
             .unwrap_or_else(|| panic!("{mode}: an error"));
         assert!(
-            err.downcast_ref::<threadline_runtime::tokens::RefreshUnavailable>()
+            err.downcast_ref::<threadline_tenancy::tokens::RefreshUnavailable>()
                 .is_some(),
             "{mode}: transient, got {err:#}"
         );
@@ -2405,7 +2405,7 @@ async fn a_refresh_keeps_its_lease_when_the_database_connections_drop() {
             env.inst,
         );
         tokio::spawn(async move {
-            threadline_runtime::tokens::bot_token(&pool, &cipher, Some(&refresher), inst)
+            threadline_tenancy::tokens::bot_token(&pool, &cipher, Some(&refresher), inst)
                 .await
                 .map(|t| t.map(|t| t.expose_secret().to_owned()))
         })
@@ -2437,7 +2437,7 @@ async fn a_refresh_keeps_its_lease_when_the_database_connections_drop() {
         .connect(&env.db.url)
         .await
         .expect("second replica's pool");
-    let second = threadline_runtime::tokens::bot_token(&other, &cipher, Some(&refresher), env.inst)
+    let second = threadline_tenancy::tokens::bot_token(&other, &cipher, Some(&refresher), env.inst)
         .await
         .expect("the holder's result, not an error")
         .expect("a token");

@@ -20,6 +20,9 @@ use crate::config::{ConfigError, Source};
 type HmacSha256 = Hmac<Sha256>;
 
 pub const AUDIT_KEY_SETTING: &str = "THREADLINE_AUDIT_KEY";
+/// The token keys (`threadline_tenancy::secrets`), read here only to
+/// derive the pseudonym key when [`AUDIT_KEY_SETTING`] is unset.
+const TOKEN_KEYS_SETTING: &str = "THREADLINE_TOKEN_KEYS";
 
 static KEY: OnceLock<Option<[u8; 32]>> = OnceLock::new();
 
@@ -37,7 +40,7 @@ pub fn key_from(src: &Source) -> Result<Option<[u8; 32]>, ConfigError> {
         return Ok(Some(bytes));
     }
     let Some(first) = src
-        .get(crate::secrets::TOKEN_KEYS_SETTING)
+        .get(TOKEN_KEYS_SETTING)
         .and_then(|raw| raw.split(',').map(str::trim).find(|e| !e.is_empty()))
     else {
         return Ok(None);
@@ -51,7 +54,7 @@ pub fn key_from(src: &Source) -> Result<Option<[u8; 32]>, ConfigError> {
         return Ok(None);
     };
     let mut mac = <HmacSha256 as KeyInit>::new_from_slice(&key)
-        .map_err(|_| invalid(crate::secrets::TOKEN_KEYS_SETTING, "unusable key"))?;
+        .map_err(|_| invalid(TOKEN_KEYS_SETTING, "unusable key"))?;
     mac.update(b"threadline audit channel pseudonym v1");
     Ok(Some(mac.finalize().into_bytes().into()))
 }
@@ -116,7 +119,7 @@ mod tests {
         let err = key_from(&bad).expect_err("refused").to_string();
         assert!(err.contains(AUDIT_KEY_SETTING), "{err}");
         let derived = Source::from_pairs([(
-            crate::secrets::TOKEN_KEYS_SETTING,
+            TOKEN_KEYS_SETTING,
             format!("k2:{},k1:{}", "22".repeat(32), "33".repeat(32)),
         )]);
         let k = key_from(&derived).expect("key").expect("derived");

@@ -312,8 +312,14 @@ mod tests {
         for c in calls {
             let e =
                 anyhow::Error::new(c.await.expect("join").expect_err("failed")).context("claiming");
-            assert!(crate::transient::is_transient(&e), "{e:#}");
-            assert_eq!(crate::worker::error_code(&e), "database");
+            assert!(
+                crate::transient::is_transient(&e, crate::transient::infrastructure_only),
+                "{e:#}"
+            );
+            assert_eq!(
+                crate::worker::error_code(&e, crate::transient::infrastructure_only),
+                "database"
+            );
         }
         // Not split up: an outage is retried by the callers, not here.
         assert!(runs.load(Ordering::SeqCst) <= 2);
@@ -328,7 +334,10 @@ mod tests {
         });
         // Alone, it fails as a defect (dead-lettered after its retries).
         let e = anyhow::Error::new(b.submit(0).await.expect_err("panicked"));
-        assert!(!crate::transient::is_transient(&e), "{e:#}");
+        assert!(
+            !crate::transient::is_transient(&e, crate::transient::infrastructure_only),
+            "{e:#}"
+        );
         assert_eq!(b.submit(1).await.expect("the runner goes on"), 2);
         // In a batch, it fails alone and the others are answered.
         let calls: Vec<_> = [5u32, 0, 6]
@@ -354,7 +363,10 @@ mod tests {
                 (items, Ok(Vec::new()))
             });
             let e = anyhow::Error::new(b.submit(1).await.expect_err("no row"));
-            assert!(!crate::transient::is_transient(&e), "{e:#}");
+            assert!(
+                !crate::transient::is_transient(&e, crate::transient::infrastructure_only),
+                "{e:#}"
+            );
         });
     }
 

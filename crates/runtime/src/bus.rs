@@ -55,8 +55,6 @@ pub struct Topology {
     dead_letter_max_age: Duration,
     /// The ack deadline (`THREADLINE_REDELIVERY_MS`, default [`ACK_WAIT`]).
     redelivery: Duration,
-    /// Seals dead letters' messages (`THREADLINE_DEAD_LETTER_KEYS`).
-    dead_letter_keys: Option<std::sync::Arc<crate::secrets::TokenCipher>>,
     /// The share of a worker's slots one installation may hold while more
     /// work waits (`THREADLINE_TENANT_SHARE_PERCENT`).
     tenant_share_percent: u8,
@@ -72,7 +70,6 @@ impl Topology {
             replicas: 1,
             dead_letter_max_age: Duration::from_secs(14 * 24 * 3600),
             redelivery: ACK_WAIT,
-            dead_letter_keys: None,
             tenant_share_percent: 100,
             role: None,
         }
@@ -84,7 +81,6 @@ impl Topology {
             replicas: common.stream_replicas,
             dead_letter_max_age: common.dead_letter_max_age,
             redelivery: common.redelivery,
-            dead_letter_keys: common.dead_letter_keys.clone(),
             tenant_share_percent: common.tenant_share_percent,
             role: common.nats_url.role(),
             ..Self::new(common.bus_prefix.clone())
@@ -103,11 +99,6 @@ impl Topology {
     pub fn with_tenant_share(mut self, percent: u8) -> Self {
         self.tenant_share_percent = percent.clamp(1, 100);
         self
-    }
-
-    /// The keys dead letters are sealed and opened with, if configured.
-    pub fn dead_letter_keys(&self) -> Option<&crate::secrets::TokenCipher> {
-        self.dead_letter_keys.as_deref()
     }
 
     pub fn prefix(&self) -> &str {

@@ -62,8 +62,10 @@ pub struct CommonConfig {
     /// token keys): dead letters keep their message sealed with them, so
     /// `threadline dlq replay` can restore it and nobody reading the stream
     /// sees message text. Unset: a dead letter keeps only what carries no
-    /// message text (see `dead_letter`).
-    pub dead_letter_keys: Option<std::sync::Arc<crate::secrets::TokenCipher>>,
+    /// message text. Kept as read: `threadline_tenancy::dead_letter`
+    /// parses it (and refuses a malformed list) when a worker or the CLI
+    /// builds its letters.
+    pub dead_letter_keys: Option<SecretString>,
     /// `THREADLINE_TENANT_SHARE_PERCENT`, default 50: the share of a
     /// worker's concurrency one installation may hold while more work waits
     /// behind its message (100: no limit).
@@ -93,7 +95,10 @@ impl std::fmt::Debug for CommonConfig {
             .field("stream_replicas", &self.stream_replicas)
             .field("dead_letter_max_age", &self.dead_letter_max_age)
             .field("redelivery", &self.redelivery)
-            .field("dead_letter_keys", &self.dead_letter_keys)
+            .field(
+                "dead_letter_keys",
+                &self.dead_letter_keys.as_ref().map(|_| "[redacted]"),
+            )
             .field("tenant_share_percent", &self.tenant_share_percent)
             .field("statement_batch", &self.statement_batch)
             .finish()
@@ -150,13 +155,7 @@ impl CommonConfig {
                 src.bounded("THREADLINE_DLQ_MAX_AGE_HOURS", 336, 1..=8760)? * 3600,
             ),
             redelivery: src.millis("THREADLINE_REDELIVERY_MS", 60_000, 1_000..=3_600_000)?,
-            dead_letter_keys: src
-                .secret(DEAD_LETTER_KEYS_SETTING)?
-                .map(|raw| {
-                    crate::secrets::TokenCipher::parse_setting(&raw, DEAD_LETTER_KEYS_SETTING)
-                })
-                .transpose()?
-                .map(std::sync::Arc::new),
+            dead_letter_keys: src.secret(DEAD_LETTER_KEYS_SETTING)?,
             tenant_share_percent: src.bounded("THREADLINE_TENANT_SHARE_PERCENT", 50, 1..=100)?
                 as u8,
             statement_batch: src.bounded("THREADLINE_STATEMENT_BATCH", 64, 1..=1000)? as usize,

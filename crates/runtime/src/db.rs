@@ -1,33 +1,22 @@
-//! Postgres pool and the embedded migrator. Services check that the schema is
+//! Postgres pool and the schema check. Services check that the schema is
 //! current at start and refuse to run otherwise; only `threadline migrate`
-//! changes it.
+//! changes it. The migrations themselves are the store's
+//! (`threadline_store::schema::MIGRATOR`, compiled into each binary); this
+//! module applies and compares whatever migrator it is given, through
+//! sqlx's migrator alone (no statement of its own).
 
 use std::str::FromStr;
 
 use anyhow::Context as _;
+use sqlx::migrate::{Migrate as _, MigrateError, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::config::CommonConfig;
 
-/// Every migration in `migrations/`, compiled into the binaries.
-pub use threadline_store::schema::MIGRATOR;
-
 /// A lazily connecting pool: the process starts even while Postgres is down
 /// (readiness reports it), and each acquire waits at most the configured time.
 pub fn pool(cfg: &CommonConfig) -> anyhow::Result<PgPool> {
-    Ok(options(cfg).connect_lazy_with(connect_options(cfg)?))
-}
-
-/// [`pool`] for a writer that wakes the outbox relays itself after each
-/// commit (`threadline_store::outbox::wake`, or in-process): its inserts into the
-/// outbox do not NOTIFY, so its commits do not queue on NOTIFY's
-/// cluster-wide lock (migration 0018).
-pub fn pool_waking_after_commit(cfg: &CommonConfig) -> anyhow::Result<PgPool> {
-    Ok(options(cfg)
-        .after_connect(|conn, _| {
-            Box::pin(async move { threadline_store::outbox::wake_after_commit(conn).await })
-        })
-        .connect_lazy_with(connect_options(cfg)?))
+    Ok(pool_options(cfg).connect_lazy_with(connect_options(cfg)?))
 }
 
 /// A pool of `connections` to `pool`'s database whose sessions always use
@@ -48,42 +37,66 @@ pub fn generic_plan_pool(pool: &PgPool, connections: u32) -> PgPool {
         )
 }
 
-fn options(cfg: &CommonConfig) -> PgPoolOptions {
+/// The configured pool size and acquire timeout, for a pool that needs
+/// more (a hook after each connect).
+pub fn pool_options(cfg: &CommonConfig) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(cfg.db_max_connections)
         .acquire_timeout(cfg.db_acquire_timeout)
 }
 
-fn connect_options(cfg: &CommonConfig) -> anyhow::Result<PgConnectOptions> {
+/// Where the configured database is (`DATABASE_URL`), as a service.
+pub fn connect_options(cfg: &CommonConfig) -> anyhow::Result<PgConnectOptions> {
     Ok(PgConnectOptions::from_str(&cfg.database_url)
         .context("DATABASE_URL is not a valid Postgres URL")?
         .application_name("threadline"))
 }
 
-/// Applies pending migrations. Idempotent.
-pub async fn migrate(pool: &PgPool) -> anyhow::Result<usize> {
+/// Applies `migrator`'s pending migrations. Idempotent.
+pub async fn migrate(pool: &PgPool, migrator: &Migrator) -> anyhow::Result<usize> {
     let before = applied_versions(pool).await.unwrap_or_default().len();
-    MIGRATOR.run(pool).await.context("applying migrations")?;
+    migrator.run(pool).await.context("applying migrations")?;
     let after = applied_versions(pool).await?.len();
     Ok(after.saturating_sub(before))
 }
 
+/// The versions of the migrations the database has applied successfully
+/// (none when it never saw `threadline migrate`).
 async fn applied_versions(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
-    threadline_store::schema::applied_versions(pool)
-        .await
-        .context("reading applied migrations")
+    let mut conn = pool.acquire().await.context("reading applied migrations")?;
+    // A migration that failed half way (possible only outside a
+    // transaction) is not applied.
+    let read = async {
+        let dirty = conn.dirty_version().await?;
+        let applied = conn.list_applied_migrations().await?;
+        Ok::<_, MigrateError>((dirty, applied))
+    };
+    match read.await {
+        Ok((dirty, applied)) => Ok(applied
+            .into_iter()
+            .map(|m| m.version)
+            .filter(|v| Some(*v) != dirty)
+            .collect()),
+        // No `_sqlx_migrations` table (42P01): never migrated.
+        Err(MigrateError::Execute(sqlx::Error::Database(db)))
+            if db.code().as_deref() == Some("42P01") =>
+        {
+            Ok(Vec::new())
+        }
+        Err(e) => Err(anyhow::Error::new(e).context("reading applied migrations")),
+    }
 }
 
-/// Fails with an actionable message when the database lags the binary.
-pub async fn ensure_schema_current(pool: &PgPool) -> anyhow::Result<()> {
-    schema_verdict(missing_migrations(pool).await?)
+/// Fails with an actionable message when the database lags `migrator`.
+pub async fn ensure_schema_current(pool: &PgPool, migrator: &Migrator) -> anyhow::Result<()> {
+    schema_verdict(missing_migrations(pool, migrator).await?)
 }
 
-/// The migrations this binary has that the database lacks; an error means
-/// the database could not be read (unreachable, for example).
-pub async fn missing_migrations(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
+/// The migrations of `migrator` (the binary's) that the database lacks; an
+/// error means the database could not be read (unreachable, for example).
+pub async fn missing_migrations(pool: &PgPool, migrator: &Migrator) -> anyhow::Result<Vec<i64>> {
     let applied = applied_versions(pool).await?;
-    Ok(MIGRATOR
+    Ok(migrator
         .iter()
         .map(|m| m.version)
         .filter(|v| !applied.contains(v))

@@ -34,14 +34,14 @@ impl Readiness {
         self
     }
 
-    /// Postgres answers `SELECT 1`.
+    /// Postgres answers a ping on a connection of `pool`.
     pub fn postgres(self, pool: sqlx::PgPool) -> Self {
         self.check("postgres", move || {
             let pool = pool.clone();
             async move {
-                threadline_store::schema::ping(&pool)
-                    .await
-                    .map_err(|e| e.to_string())
+                use sqlx::Connection as _;
+                let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
+                conn.ping().await.map_err(|e| e.to_string())
             }
         })
     }

@@ -1,6 +1,9 @@
-//! Shared runtime of the threadline services: configuration, telemetry,
-//! database pool and migrator, JetStream topology and publishing, token
-//! encryption, health routes and shutdown.
+//! Shared runtime of the threadline services, infrastructure only:
+//! configuration, telemetry, the database pool and schema check, the
+//! JetStream topology and worker loop, health routes and shutdown. It knows
+//! no table and no Slack: installations, tokens, sealing and dead letters
+//! are `threadline_tenancy`'s, statements `threadline_store`'s (a test in
+//! `tests/tests/shape.rs` keeps it so).
 
 pub mod audit;
 pub mod batch;
@@ -9,21 +12,17 @@ pub mod bus;
 pub mod bus_refusal;
 pub mod config;
 pub mod db;
-pub mod dead_letter;
 pub mod health;
-pub mod installations;
 /// Kill switch features (pure; they live in `domain`).
 pub use threadline_domain::kill_switch as killswitch;
 pub mod nats_auth;
 pub mod nats_role;
 pub mod outbox;
 pub mod redact;
-pub mod secrets;
 pub mod service;
 pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
-pub mod tokens;
 pub mod transient;
 pub mod worker;
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use sqlx::PgPool;
+use sqlx::migrate::Migrator;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -28,15 +29,16 @@ pub const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
 
 /// Connects `name` to its dependencies and declares the topology. Transient
 /// failures are retried (with a warning each) for [`STARTUP_PATIENCE`]; a
-/// schema behind the binary is reported at once. `Ok(None)` means `shutdown`
-/// came first.
+/// schema behind `migrator` (the binary's: `threadline_store::schema::MIGRATOR`)
+/// is reported at once. `Ok(None)` means `shutdown` came first.
 pub async fn start(
     common: &CommonConfig,
     name: &str,
+    migrator: &Migrator,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<Deps>> {
     let pool = crate::db::pool(common)?;
-    if !schema_checked(&pool, shutdown).await? {
+    if !schema_checked(&pool, migrator, shutdown).await? {
         return Ok(None);
     }
     let nats = crate::bus::connect(&common.nats_url, name).await?;
@@ -60,9 +62,13 @@ pub async fn start(
 
 /// Waits (as [`retrying`]) until the database can be read, then refuses a
 /// schema behind the binary at once. `Ok(false)` means `shutdown` came first.
-pub async fn schema_checked(pool: &PgPool, shutdown: &CancellationToken) -> anyhow::Result<bool> {
+pub async fn schema_checked(
+    pool: &PgPool,
+    migrator: &Migrator,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<bool> {
     let Some(missing) = retrying("reading the database schema", shutdown, || {
-        crate::db::missing_migrations(pool)
+        crate::db::missing_migrations(pool, migrator)
     })
     .await?
     else {

@@ -3,26 +3,41 @@
 //! failed for such a reason is retried with backoff for as long as the
 //! outage lasts and never dead-lettered (DESIGN invariant 11); anything else
 //! is a defect or a poison message and is retried a bounded number of times.
+//!
+//! This crate knows the infrastructure's errors (sqlx, NATS, I/O, timeouts,
+//! the statement batcher). Errors of the crates above it (Slack's Web API, a
+//! token refresh, a sealed secret) are told by a [`Classify`] function their
+//! owner gives: `threadline_tenancy::fault::classify`, which services pass
+//! (or call through its `disposition` and `is_transient`).
 
-use threadline_slack::WebError;
+/// What an error this crate does not know says about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    /// A dependency unavailable: retried for as long as it lasts.
+    pub transient: bool,
+    /// A short code naming the kind of failure, never its data.
+    pub code: String,
+}
 
-/// Whether anything in `e`'s chain of causes is a transient failure.
-pub fn is_transient(e: &anyhow::Error) -> bool {
-    e.chain().any(cause_is_transient)
+/// Classifies one cause of an error chain, or `None` when it does not know
+/// it.
+pub type Classify = fn(&(dyn std::error::Error + 'static)) -> Option<Fault>;
+
+/// A [`Classify`] that knows nothing beyond the infrastructure.
+pub fn infrastructure_only(_: &(dyn std::error::Error + 'static)) -> Option<Fault> {
+    None
+}
+
+/// Whether anything in `e`'s chain of causes is a transient failure, by
+/// this crate's rules and `more`'s.
+pub fn is_transient(e: &anyhow::Error, more: Classify) -> bool {
+    e.chain()
+        .any(|cause| more(cause).map_or_else(|| cause_is_transient(cause), |f| f.transient))
 }
 
 fn cause_is_transient(cause: &(dyn std::error::Error + 'static)) -> bool {
     if let Some(e) = cause.downcast_ref::<sqlx::Error>() {
         return sql_is_transient(e);
-    }
-    if let Some(e) = cause.downcast_ref::<WebError>() {
-        return web_is_transient(e);
-    }
-    if cause
-        .downcast_ref::<crate::tokens::RefreshUnavailable>()
-        .is_some()
-    {
-        return true;
     }
     if let Some(e) = cause.downcast_ref::<crate::batch_error::BatchError>() {
         // A failed batch's own cause is its source, looked at next.
@@ -72,25 +87,20 @@ pub fn sqlstate_is_transient(code: &str) -> bool {
         || matches!(code, "40001" | "40P01" | "55000" | "55P03" | "25006")
 }
 
-/// Slack could not be reached or failed on its side.
-pub fn web_is_transient(e: &WebError) -> bool {
-    match e {
-        WebError::Transport(_) | WebError::Decode | WebError::RateLimited { .. } => true,
-        WebError::Http(status) => *status >= 500 || *status == 408 || *status == 429,
-        WebError::Api { code } => matches!(
-            code.as_str(),
-            "internal_error"
-                | "fatal_error"
-                | "service_unavailable"
-                | "request_timeout"
-                | "ratelimited"
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("an outside failure")]
+    struct Outside(bool);
+
+    fn outside(cause: &(dyn std::error::Error + 'static)) -> Option<Fault> {
+        cause.downcast_ref::<Outside>().map(|o| Fault {
+            transient: o.0,
+            code: "outside".into(),
+        })
+    }
 
     #[test]
     fn outages_are_transient_and_defects_are_not() {
@@ -99,22 +109,27 @@ mod tests {
             "refused",
         )))
         .context("opening the event");
-        assert!(is_transient(&io));
-        assert!(is_transient(&anyhow::Error::new(sqlx::Error::PoolTimedOut)));
-        assert!(!is_transient(&anyhow::Error::new(sqlx::Error::RowNotFound)));
-        assert!(!is_transient(&anyhow::anyhow!("a logic error")));
-        assert!(is_transient(&anyhow::Error::new(WebError::Http(503))));
-        assert!(!is_transient(&anyhow::Error::new(WebError::Http(400))));
-        assert!(!is_transient(&anyhow::Error::new(WebError::Api {
-            code: "channel_not_found".into()
-        })));
-        assert!(is_transient(&anyhow::Error::new(WebError::Transport(
-            "timeout".into()
-        ))));
-        assert!(is_transient(&anyhow::Error::new(WebError::Http(429))));
-        assert!(is_transient(&anyhow::Error::new(
-            crate::tokens::RefreshUnavailable("unknown_error".into())
-        )));
+        assert!(is_transient(&io, infrastructure_only));
+        assert!(is_transient(
+            &anyhow::Error::new(sqlx::Error::PoolTimedOut),
+            infrastructure_only
+        ));
+        assert!(!is_transient(
+            &anyhow::Error::new(sqlx::Error::RowNotFound),
+            infrastructure_only
+        ));
+        assert!(!is_transient(
+            &anyhow::anyhow!("a logic error"),
+            infrastructure_only
+        ));
+    }
+
+    #[test]
+    fn errors_from_above_are_told_by_their_classifier() {
+        let down = anyhow::Error::new(Outside(true)).context("calling out");
+        assert!(!is_transient(&down, infrastructure_only));
+        assert!(is_transient(&down, outside));
+        assert!(!is_transient(&anyhow::Error::new(Outside(false)), outside));
     }
 
     #[test]

@@ -26,6 +26,31 @@ use tracing::Instrument as _;
 
 use crate::bus::{HeaderExtractor, Topic, Topology};
 use crate::shutdown::CancellationToken;
+use crate::transient::Classify;
+
+/// What a worker must know of the messages it carries and does not know
+/// itself (it knows subjects and bytes): whose each message is, for its
+/// fair-share queue, and what the dead letter of one keeps. The contracts'
+/// owner gives it: `threadline_tenancy::dead_letter::Letters`.
+pub trait Contracts: Send + Sync + 'static {
+    /// The installation a message of `topic` is for, when it names one.
+    fn installation_of(&self, topic: Topic, payload: &[u8]) -> Option<String>;
+
+    /// The dead letter of a message that arrived on `subject` (of `topic`)
+    /// with `headers`: the headers to publish and the payload to keep.
+    fn letter(
+        &self,
+        topic: Topic,
+        subject: &str,
+        headers: Option<&async_nats::HeaderMap>,
+        payload: &[u8],
+        reason: &str,
+    ) -> (async_nats::HeaderMap, bytes::Bytes);
+
+    /// Whether a dead letter keeps the whole message (sealed), so that any
+    /// of them can be replayed; when not, the worker says so at start.
+    fn letters_keep_messages(&self) -> bool;
+}
 
 /// What became of a message.
 #[derive(Debug)]
@@ -52,12 +77,13 @@ pub enum Disposition {
 
 impl Disposition {
     /// How a handler error is retried: `Transient` when a dependency is
-    /// unavailable (see [`crate::transient`]), else `Fail`.
-    pub fn of_error(e: &anyhow::Error) -> Self {
-        if crate::transient::is_transient(e) {
+    /// unavailable (see [`crate::transient`]; `more` tells the errors of
+    /// the crates above this one), else `Fail`.
+    pub fn of_error(e: &anyhow::Error, more: Classify) -> Self {
+        if crate::transient::is_transient(e, more) {
             Self::Transient
         } else {
-            Self::Fail(error_code(e))
+            Self::Fail(error_code(e, more))
         }
     }
 }
@@ -66,17 +92,10 @@ impl Disposition {
 /// from its text: an error's message can quote the data it failed on (a
 /// JSON parser quotes the value), and the code ends up in dead-letter
 /// headers, receipts and logs.
-pub fn error_code(e: &anyhow::Error) -> String {
-    use threadline_slack::WebError;
+pub fn error_code(e: &anyhow::Error, more: Classify) -> String {
     for cause in e.chain() {
-        if let Some(w) = cause.downcast_ref::<WebError>() {
-            return match w {
-                WebError::Api { code } => format!("slack_{}", crate::audit::sanitise_code(code)),
-                WebError::RateLimited { .. } => "slack_ratelimited".into(),
-                WebError::Http(status) => format!("slack_http_{status}"),
-                WebError::Transport(_) => "slack_transport".into(),
-                WebError::Decode => "slack_undecodable".into(),
-            };
+        if let Some(f) = more(cause) {
+            return crate::audit::sanitise_code(&f.code);
         }
         if let Some(d) = cause.downcast_ref::<sqlx::Error>() {
             return match d {
@@ -96,12 +115,6 @@ pub fn error_code(e: &anyhow::Error) -> String {
         }
         if cause.downcast_ref::<prost::DecodeError>().is_some() {
             return "protobuf_decode".into();
-        }
-        if cause
-            .downcast_ref::<crate::secrets::SecretError>()
-            .is_some()
-        {
-            return "sealed_secret".into();
         }
     }
     "handler_error".into()
@@ -229,10 +242,12 @@ pub fn backoff(n: u32) -> Duration {
 
 /// Pulls `topic` with the topology's durable consumer and runs `handler` on
 /// up to `concurrency` messages at a time until `shutdown`; in-flight
-/// handlers finish before this returns.
+/// handlers finish before this returns. `contracts` tells whose each
+/// message is and writes its dead letter.
 pub async fn run<H, F>(
     js: jetstream::Context,
     topology: Topology,
+    contracts: Arc<dyn Contracts>,
     topic: Topic,
     concurrency: usize,
     shutdown: CancellationToken,
@@ -269,17 +284,17 @@ where
         .messages()
         .await
         .context("pulling messages")?;
-    let dlq = DeadLetters {
-        subject: topology.dead_letter_subject(topic),
-        topic,
-        topology: topology.clone(),
-    };
-    if topology.dead_letter_keys().is_none() {
+    if !contracts.letters_keep_messages() {
         tracing::warn!(
-            setting = crate::dead_letter::KEYS_SETTING,
+            setting = crate::config::DEAD_LETTER_KEYS_SETTING,
             "dead letters keep no message text and events or contexts dead-lettered here cannot be replayed: set THREADLINE_DEAD_LETTER_KEYS"
         );
     }
+    let dlq = DeadLetters {
+        subject: topology.dead_letter_subject(topic),
+        topic,
+        contracts: contracts.clone(),
+    };
     let dlq = Arc::new(dlq);
     let progress_every = topology.progress_every();
     let failures = Arc::new(Failures::default());
@@ -334,7 +349,7 @@ where
             () = tokio::time::sleep_until(paused_until), if paused_until > tokio::time::Instant::now() => {}
             next = messages.next(), if open && sched.queued < lookahead && paused_until <= tokio::time::Instant::now() => match next {
                 Some(Ok(msg)) => {
-                    let tenant = crate::dead_letter::installation_of(topic, &msg.payload)
+                    let tenant = contracts.installation_of(topic, &msg.payload)
                         .unwrap_or_default();
                     sched.push(tenant, msg);
                 }
@@ -413,8 +428,8 @@ fn spawn_lag_sampler(
 struct DeadLetters {
     subject: String,
     topic: Topic,
-    /// Its dead-letter keys seal the letters' messages.
-    topology: Topology,
+    /// Write the letters.
+    contracts: Arc<dyn Contracts>,
 }
 
 async fn handle_one<H, F>(
@@ -516,13 +531,12 @@ async fn dead_letter(
     metrics::counter!("threadline_dead_letters_total", "subject" => msg.subject.to_string())
         .increment(1);
     tracing::error!(reason, subject = %msg.subject, "message dead-lettered");
-    let (headers, payload) = crate::dead_letter::letter(
+    let (headers, payload) = dlq.contracts.letter(
         dlq.topic,
         msg.subject.as_str(),
         msg.headers.as_ref(),
         &msg.payload,
         reason,
-        dlq.topology.dead_letter_keys(),
     );
     js.publish_with_headers(dlq.subject.clone(), headers, payload)
         .await?
@@ -533,6 +547,7 @@ async fn dead_letter(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transient::infrastructure_only;
 
     #[test]
     fn an_error_code_names_the_kind_never_the_data() {
@@ -544,16 +559,21 @@ mod tests {
             format!("{json:#}").contains("hunter2"),
             "the message quotes it"
         );
-        assert_eq!(error_code(&json), "json_data");
-        let slack = anyhow::Error::new(threadline_slack::WebError::Api {
-            code: "channel_not_found".into(),
-        })
-        .context("conversations.info");
-        assert_eq!(error_code(&slack), "slack_channel_not_found");
+        assert_eq!(error_code(&json, infrastructure_only), "json_data");
+        // An error of a crate above is named by its classifier, cut to a
+        // label.
+        let outside = |cause: &(dyn std::error::Error + 'static)| {
+            (cause.to_string() == "outside").then(|| crate::transient::Fault {
+                transient: false,
+                code: "slack_Channel Not Found".into(),
+            })
+        };
+        let slack = anyhow::anyhow!("outside").context("conversations.info");
+        assert_eq!(error_code(&slack, outside), "slack_channel_not_found");
         let other = anyhow::anyhow!("thread {} has text hunter2", 1);
-        assert_eq!(error_code(&other), "handler_error");
+        assert_eq!(error_code(&other, outside), "handler_error");
         assert!(
-            matches!(Disposition::of_error(&other), Disposition::Fail(c) if c == "handler_error")
+            matches!(Disposition::of_error(&other, outside), Disposition::Fail(c) if c == "handler_error")
         );
     }
 }

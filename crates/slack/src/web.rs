@@ -24,6 +24,40 @@ pub enum WebError {
     Decode,
 }
 
+impl WebError {
+    /// Whether Slack could not be reached or failed on its side (try again
+    /// later), as opposed to an answer that will not change. The worker's
+    /// retry rules read it through `threadline_tenancy::fault`.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            WebError::Transport(_) | WebError::Decode | WebError::RateLimited { .. } => true,
+            WebError::Http(status) => *status >= 500 || *status == 408 || *status == 429,
+            WebError::Api { code } => matches!(
+                code.as_str(),
+                "internal_error"
+                    | "fatal_error"
+                    | "service_unavailable"
+                    | "request_timeout"
+                    | "ratelimited"
+            ),
+        }
+    }
+
+    /// What failed, as a short code naming the kind, never the data:
+    /// `slack_<error code>` (Slack's code as it came: cut to a label by the
+    /// caller), `slack_ratelimited`, `slack_http_<status>`,
+    /// `slack_transport`, `slack_undecodable`.
+    pub fn code(&self) -> String {
+        match self {
+            WebError::Api { code } => format!("slack_{code}"),
+            WebError::RateLimited { .. } => "slack_ratelimited".into(),
+            WebError::Http(status) => format!("slack_http_{status}"),
+            WebError::Transport(_) => "slack_transport".into(),
+            WebError::Decode => "slack_undecodable".into(),
+        }
+    }
+}
+
 /// Slack's answers that mean the credentials were refused.
 const AUTH_ERRORS: &[&str] = &[
     "not_authed",

@@ -48,7 +48,7 @@ impl TestDb {
     /// A fresh, migrated database.
     pub async fn new() -> Self {
         let db = Self::empty().await;
-        threadline_runtime::db::migrate(&db.pool)
+        threadline_runtime::db::migrate(&db.pool, &threadline_store::schema::MIGRATOR)
             .await
             .expect("migrating the test database");
         db

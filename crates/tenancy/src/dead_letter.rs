@@ -17,17 +17,21 @@
 //! Letters from before this format have no `Threadline-Payload` header and
 //! are treated as `whole`.
 
+use std::sync::Arc;
+
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use prost::Message as _;
 use threadline_proto::v1::{
     ContextReady, EventAccepted, ProposalReady, Reconsider, SpooledDelivery,
 };
+use threadline_runtime::bus::Topic;
+use threadline_runtime::config::{CommonConfig, ConfigError};
+use threadline_runtime::worker::Contracts;
 
-use crate::bus::Topic;
 use crate::secrets::{Sealed, TokenCipher};
 
-pub use crate::config::DEAD_LETTER_KEYS_SETTING as KEYS_SETTING;
+pub use threadline_runtime::config::DEAD_LETTER_KEYS_SETTING as KEYS_SETTING;
 
 pub const REASON: &str = "Threadline-Dead-Letter-Reason";
 pub const ORIGINAL: &str = "Threadline-Original-Subject";
@@ -238,6 +242,62 @@ pub fn letter(
         h.insert("Threadline-Message-Id", id.as_str());
     }
     (h, body)
+}
+
+/// What a worker (and `threadline dlq`) knows of the messages on the bus:
+/// whose each one is and what its dead letter keeps, sealed with the
+/// dead-letter keys when there are some.
+pub struct Letters {
+    keys: Option<TokenCipher>,
+}
+
+impl Letters {
+    /// The keys of `THREADLINE_DEAD_LETTER_KEYS`, if set (a malformed list
+    /// is refused, naming the setting).
+    pub fn from_config(common: &CommonConfig) -> Result<Self, ConfigError> {
+        let keys = common
+            .dead_letter_keys
+            .as_ref()
+            .map(|raw| TokenCipher::parse_setting(raw, KEYS_SETTING))
+            .transpose()?;
+        Ok(Self { keys })
+    }
+
+    /// Letters sealed with `keys`, or kept without text when `None`.
+    pub fn new(keys: Option<TokenCipher>) -> Self {
+        Self { keys }
+    }
+
+    /// The keys letters are sealed and opened with, if configured.
+    pub fn keys(&self) -> Option<&TokenCipher> {
+        self.keys.as_ref()
+    }
+
+    /// [`Letters::from_config`], shared by a worker's tasks.
+    pub fn shared(common: &CommonConfig) -> Result<Arc<dyn Contracts>, ConfigError> {
+        Ok(Arc::new(Self::from_config(common)?))
+    }
+}
+
+impl Contracts for Letters {
+    fn installation_of(&self, topic: Topic, payload: &[u8]) -> Option<String> {
+        installation_of(topic, payload)
+    }
+
+    fn letter(
+        &self,
+        topic: Topic,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        payload: &[u8],
+        reason: &str,
+    ) -> (HeaderMap, Bytes) {
+        letter(topic, subject, headers, payload, reason, self.keys.as_ref())
+    }
+
+    fn letters_keep_messages(&self) -> bool {
+        self.keys.is_some()
+    }
 }
 
 /// Why a dead letter cannot be put back.

@@ -13,7 +13,7 @@ use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
 use chacha20poly1305::{Key, XChaCha20Poly1305, XNonce};
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::settings::{ConfigError, Source};
+use threadline_runtime::settings::{ConfigError, Source};
 
 const NONCE_LEN: usize = 24;
 pub const TOKEN_KEYS_SETTING: &str = "THREADLINE_TOKEN_KEYS";

@@ -13,8 +13,8 @@ use threadline_slack::{WebClient, WebError};
 use threadline_store::tokens::{self, SealedPair};
 use uuid::Uuid;
 
-use crate::config::{ConfigError, Source};
 use crate::secrets::{Sealed, TokenCipher, token_aad};
+use threadline_runtime::config::{ConfigError, Source};
 
 /// Refresh this long before expiry.
 const REFRESH_AHEAD_SECS: f64 = 300.0;
