@@ -20,8 +20,9 @@ psql -q "$admin" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABA
 # Loopback Postgres without TLS: the figure is about the gateway's own work.
 export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/$db?sslmode=disable"
 "$target/threadline" migrate >/dev/null
-THREADLINE_TOKEN_KEYS="$("$target/threadline" keys generate --id bench)" \
-  "$target/threadline" install add --team T0BENCH --app A0BENCH --bot-user U0BOT --bot-id B0BOT --token xoxb-bench >/dev/null
+# (the bot token through the environment: no secret on a command line)
+THREADLINE_TOKEN_KEYS="$("$target/threadline" keys generate --id bench)" SLACK_BOT_TOKEN=xoxb-bench \
+  "$target/threadline" install add --team T0BENCH --app A0BENCH --bot-user U0BOT --bot-id B0BOT >/dev/null
 echo "cores: $(nproc); postgres: synchronous_commit=$(psql -tA "$admin" -c 'SHOW synchronous_commit'), fsync=$(psql -tA "$admin" -c 'SHOW fsync')"
 
 SLACK_SIGNING_SECRET="$secret" NATS_URL="$nats" THREADLINE_BUS_PREFIX="$prefix" \
@@ -31,7 +32,7 @@ gw=$!
 cleanup() {
   kill "$gw" 2>/dev/null || true
   wait "$gw" 2>/dev/null || true
-  NATS_URL="$nats" "$target/threadline-bench-gateway" --secret x --delete-streams "$prefix" || true
+  NATS_URL="$nats" "$target/threadline-bench-gateway" --delete-streams "$prefix" || true
   psql -q "$admin" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true
 }
 trap cleanup EXIT

@@ -40,7 +40,9 @@ MSG
   exit 2
 fi
 api="${SLACK_API_URL:-https://slack.com/api/}"
-slack() { curl -sS -D "$2" -H "Authorization: Bearer $SLACK_BOT_TOKEN" "${api%/}/$1"; }
+# The token goes to curl on its standard input (`-H @-`; printf is a shell
+# builtin), never in an argument that `ps` would show.
+slack() { printf 'Authorization: Bearer %s\n' "$SLACK_BOT_TOKEN" | curl -sS -D "$2" -H @- "${api%/}/$1"; }
 headers="$(mktemp)"; trap 'rm -f "$headers"' EXIT
 me="$(slack auth.test "$headers")"
 field() { python3 -c 'import json,sys; v=json.loads(sys.argv[1]); print(v.get(sys.argv[2]) or "")' "$1" "$2"; }
@@ -89,8 +91,11 @@ db="$(basename "${DATABASE_URL%%\?*}")"
 psql -q "$admin" -tc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1 \
   || psql -q "$admin" -c "CREATE DATABASE \"$db\""
 "$bin/threadline" migrate
+# The bot token from SLACK_BOT_TOKEN in the environment (never an argument);
+# then out of the environment: no service needs it in the clear.
 "$bin/threadline" install add --team "$team" --app "$app" --bot-user "$bot_user" --bot-id "$bot_id" \
   ${scopes:+--scopes "$scopes"}
+unset SLACK_BOT_TOKEN
 
 relay=""
 if [ "${TL_NATS_AUTH:-0}" = 1 ]; then

@@ -384,6 +384,31 @@ pub async fn cli(args: &[&str], env: &[(&str, String)]) -> std::process::Output 
     cmd.output().await.expect("running threadline")
 }
 
+/// [`cli`] with `stdin` written to its standard input (a secret an
+/// operator pipes in, never an argument).
+pub async fn cli_with_stdin(
+    args: &[&str],
+    env: &[(&str, String)],
+    stdin: &str,
+) -> std::process::Output {
+    use tokio::io::AsyncWriteExt as _;
+    let mut cmd = Command::new(bin_path("threadline"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("running threadline");
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(stdin.as_bytes()).await.expect("stdin");
+    drop(input);
+    child.wait_with_output().await.expect("running threadline")
+}
+
 /// Starts `threadline-slack-sim` on a fresh port and waits until it answers.
 pub async fn spawn_slack_sim(seed: u64, time_scale: f64) -> Proc {
     let mut attempt = 0;
@@ -759,12 +784,12 @@ async fn register(
             bot_user,
             "--bot-id",
             bot_id,
-            "--token",
-            token,
         ],
         &[
             ("DATABASE_URL", db_url.to_owned()),
             ("THREADLINE_TOKEN_KEYS", keys.to_owned()),
+            // (the token through the environment, never an argument)
+            ("SLACK_BOT_TOKEN", token.to_owned()),
         ],
     )
     .await;

@@ -9,7 +9,7 @@ use async_nats::jetstream;
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_testkit::slack::{TEST_SECRET, app_mention, deliver, seed_installation};
 use threadline_testkit::{TestDb, delete_streams, eventually, nats_url, stream_len, unique_prefix};
-use threadline_tests::{cli, free_port, otlp_collector, spawn_gateway};
+use threadline_tests::{cli, cli_with_stdin, free_port, otlp_collector, spawn_gateway};
 
 fn gateway_env(db: &TestDb, prefix: &str, nats: String) -> Vec<(&'static str, String)> {
     vec![
@@ -214,11 +214,47 @@ async fn operator_cli_migrates_registers_and_reports_the_ledger() {
         "U0BOT",
         "--bot-id",
         "B0BOT",
-        "--token",
-        token,
     ];
-    for _ in 0..2 {
-        let out = cli(&add, &env).await;
+    // A token on the command line is refused, without echoing it, and
+    // nothing is registered.
+    for refused in [vec!["--token", token], vec![&format!("--token={token}")]] {
+        let out = cli(&[&add[..], &refused[..]].concat(), &env).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("--token is refused") && stderr.contains("--token-stdin"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("secretpart"), "{stderr}");
+    }
+    assert!(
+        matches!(
+            threadline_store::testing::installations::first_id(&db.pool).await,
+            Err(sqlx::Error::RowNotFound)
+        ),
+        "a refused token registers nothing"
+    );
+    // Without a token anywhere, it says where one may come from.
+    let out = cli(&add, &env).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SLACK_BOT_TOKEN"));
+    // On standard input, then from a file, then from the environment: each
+    // registers (updating in place).
+    let file = std::env::temp_dir().join(format!("threadline-token-{}", uuid::Uuid::new_v4()));
+    std::fs::write(&file, format!("{token}\n")).expect("token file");
+    let path = file.to_string_lossy().into_owned();
+    let mut with_env = env.clone();
+    with_env.push(("SLACK_BOT_TOKEN", token.to_owned()));
+    for out in [
+        cli_with_stdin(
+            &[&add[..], &["--token-stdin"]].concat(),
+            &env,
+            &format!("{token}\n"),
+        )
+        .await,
+        cli(&[&add[..], &["--token-file", &path]].concat(), &env).await,
+        cli(&add, &with_env).await,
+    ] {
         assert!(
             out.status.success(),
             "{}",
@@ -226,6 +262,7 @@ async fn operator_cli_migrates_registers_and_reports_the_ledger() {
         );
         assert!(!String::from_utf8_lossy(&out.stdout).contains("secretpart"));
     }
+    std::fs::remove_file(&file).expect("remove the token file");
     let threadline_store::testing::installations::CountAndBotToken {
         installations: n,
         sealed,
@@ -244,12 +281,14 @@ async fn operator_cli_migrates_registers_and_reports_the_ledger() {
     );
 
     // Without keys, or with a user token, registration is refused clearly.
-    let out = cli(&add, &env[..1]).await;
+    let out = cli(&add, &[with_env[0].clone(), with_env[2].clone()]).await;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("THREADLINE_TOKEN_KEYS"));
-    let mut user_token = add.to_vec();
-    *user_token.last_mut().expect("token arg") = "xoxp-1";
-    assert!(!cli(&user_token, &env).await.status.success());
+    let mut user_token = env.clone();
+    user_token.push(("SLACK_BOT_TOKEN", "xoxp-1".to_owned()));
+    let out = cli(&add, &user_token).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a bot token"));
 
     let gw = spawn_gateway(&gateway_env(&db, &prefix, nats_url())).await;
     let client = reqwest::Client::new();
@@ -599,14 +638,13 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
         "U0B",
         "--bot-id",
         "B0B",
-        "--token",
-        "xoxb-rotate-me-123",
     ];
     let out = cli(
         &add,
         &[
             ("DATABASE_URL", db.url.clone()),
             ("THREADLINE_TOKEN_KEYS", k1.clone()),
+            ("SLACK_BOT_TOKEN", "xoxb-rotate-me-123".to_owned()),
         ],
     )
     .await;
@@ -712,10 +750,10 @@ async fn policy_commands_change_what_may_trigger() {
         "U0B",
         "--bot-id",
         "B0B",
-        "--token",
-        "xoxb-p",
     ];
-    assert!(cli(&add, &env).await.status.success());
+    let mut with_token = env.clone();
+    with_token.push(("SLACK_BOT_TOKEN", "xoxb-p".to_owned()));
+    assert!(cli(&add, &with_token).await.status.success());
     let id: uuid::Uuid = threadline_store::testing::installations::first_id(&db.pool)
         .await
         .expect("id");

@@ -18,8 +18,6 @@ struct Args {
     /// Events endpoint of the gateway.
     #[arg(long, default_value = "http://127.0.0.1:3900/slack/events")]
     url: String,
-    #[arg(long, env = "SLACK_SIGNING_SECRET", hide_env_values = true)]
-    secret: String,
     #[arg(long, default_value = "A0BENCH")]
     app: String,
     #[arg(long, default_value = "T0BENCH")]
@@ -58,7 +56,15 @@ async fn main() -> anyhow::Result<()> {
     if let Some(prefix) = &args.delete_streams {
         return delete_streams(&args.nats_url, prefix).await;
     }
-    let secret = SigningSecret::new(&args.secret)?;
+    // The signing secret from the environment only: never on a command
+    // line, where `ps` shows it.
+    let secret = std::env::var("SLACK_SIGNING_SECRET")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| {
+            anyhow::anyhow!("set SLACK_SIGNING_SECRET (the gateway's signing secret)")
+        })?;
+    let secret = SigningSecret::new(&secret)?;
     let target = Target::parse(&args.url)?;
     let run_id = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
     let measuring = Arc::new(AtomicBool::new(false));
