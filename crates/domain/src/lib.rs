@@ -4,6 +4,7 @@
 
 pub mod assistant;
 pub mod audit;
+pub mod budget;
 pub mod classify;
 pub mod context;
 pub mod envelope;

@@ -356,6 +356,25 @@ impl ReviewRequestState {
     }
 }
 
+states! {
+    /// A triggering request's place in its installation's line (DESIGN
+    /// invariant 11): `parked` (over a budget, or its installation holds its
+    /// share of the model's queue) `→ admitted` (its context is in the
+    /// model's queue) when there is room again; a request with room is
+    /// admitted at once. The row goes once inference settled its decision.
+    WorkState, "tenant work" {
+        Parked = "parked",
+        Admitted = "admitted",
+    }
+}
+
+impl WorkState {
+    /// Whether `self → to` is an allowed move ([`Machine::can_become`]).
+    fn allows(self, to: Self) -> bool {
+        matches!((self, to), (WorkState::Parked, WorkState::Admitted))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,6 +397,9 @@ mod tests {
         roundtrip::<DecisionStatus>();
         roundtrip::<IntentState>();
         roundtrip::<ReviewRequestState>();
+        roundtrip::<WorkState>();
+        assert_eq!(WorkState::from_states(WorkState::Admitted), ["parked"]);
+        assert!(WorkState::from_states(WorkState::Parked).is_empty());
     }
 
     #[test]
