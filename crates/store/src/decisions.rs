@@ -704,7 +704,21 @@ pub async fn settle_many(pool: &PgPool, all: &[Settle]) -> sqlx::Result<Vec<Opti
              WHERE d.id = u.id AND d.status = u.from_status
             RETURNING u.n, d.id, d.receipt_id, d.installation_id, d.event_id, d.channel_id, d.root_ts, d.source_ts,
                       d.thread_version, d.action_kind, d.status, d.review_reasons, d.fallback, d.model_config_id,
-                      d.output_hash, d.body_text, d.body_blocks)
+                      d.output_hash, d.body_text, d.body_blocks, d.prompt_tokens, d.completion_tokens),
+         -- A decided request leaves its installation's share of the
+         -- model's queue (whatever became of the settle: a decision
+         -- discarded meanwhile is decided too)...
+         freed AS (
+            DELETE FROM tenant_work w USING decisions d, u
+             WHERE d.id = u.id AND w.receipt_id = d.receipt_id AND w.state = $15),
+         -- ...and what its model call used counts against today's tokens.
+         spent AS (
+            INSERT INTO tenant_tokens (installation_id, day, tokens)
+            SELECT done.installation_id, (now() AT TIME ZONE 'UTC')::date,
+                   sum(coalesce(done.prompt_tokens, 0) + coalesce(done.completion_tokens, 0))
+              FROM done GROUP BY done.installation_id
+            HAVING sum(coalesce(done.prompt_tokens, 0) + coalesce(done.completion_tokens, 0)) > 0
+            ON CONFLICT (installation_id, day) DO UPDATE SET tokens = tenant_tokens.tokens + EXCLUDED.tokens)
          SELECT u.n AS "n!", done.id AS "id?", done.receipt_id AS "receipt_id?",
                 done.installation_id AS "installation_id?", done.event_id AS "event_id?",
                 done.channel_id AS "channel_id?", done.root_ts AS "root_ts?", done.source_ts AS "source_ts?",
@@ -727,6 +741,7 @@ pub async fn settle_many(pool: &PgPool, all: &[Settle]) -> sqlx::Result<Vec<Opti
         &hashes as &[Option<String>],
         &bodies as &[Option<String>],
         &blocks as &[Option<serde_json::Value>],
+        threadline_domain::state::WorkState::Admitted.name(),
     )
     .fetch_all(pool)
     .await?;

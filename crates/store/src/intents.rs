@@ -774,6 +774,9 @@ async fn record_round(
                   FROM i JOIN decisions dd ON dd.id = i.decision_id
                  WHERE t.installation_id = dd.installation_id AND t.channel_id = dd.channel_id
                    AND t.ts = dd.source_ts
+                   -- (answered by a decision of its own receipt: not by a
+                   -- note about the thread, which has a receipt of its own)
+                   AND t.receipt_id = dd.receipt_id
                 RETURNING 1)
              INSERT INTO crossed_answers (intent_id, installation_id, channel_id, root_ts, reply_ts, crossing_ts, detected_by,
                                           detected_at)

@@ -51,6 +51,8 @@ pub struct Ledger {
     pub late_events_by_outcome: Counts,
     /// Messages repeating a person's action another message owns.
     pub doubled_messages: i64,
+    /// Parked and admitted requests, the installations over budget.
+    pub budgets: crate::budgets::Sample,
 }
 
 /// A grouping statement whose columns are `key` and `n`.
@@ -205,5 +207,6 @@ pub async fn snapshot(pool: &PgPool) -> sqlx::Result<Ledger> {
     l.doubled_messages = sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM doubled_messages"#)
         .fetch_one(&mut *tx)
         .await?;
+    l.budgets = crate::budgets::sample(&mut *tx, 20).await?;
     Ok(l)
 }

@@ -12,6 +12,7 @@
 pub mod actions;
 pub mod assistant;
 pub mod audit;
+pub mod budgets;
 pub mod channels;
 pub mod decisions;
 pub mod installations;

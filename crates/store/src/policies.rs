@@ -180,3 +180,108 @@ pub async fn set_channel_policy(
     .fetch_one(pool)
     .await
 }
+
+/// The installation's own budgets (`None`: the services' default; 0: no
+/// limit), as `threadline policy set` leaves them.
+pub async fn budget_overrides(
+    pool: &PgPool,
+    installation: Uuid,
+) -> sqlx::Result<threadline_domain::budget::Overrides> {
+    let r = sqlx::query!(
+        "SELECT answers_per_minute, model_calls_per_minute, model_tokens_per_day
+           FROM installation_policies WHERE installation_id = $1",
+        installation
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(r.map(|r| threadline_domain::budget::Overrides {
+        answers_per_minute: r.answers_per_minute,
+        model_calls_per_minute: r.model_calls_per_minute,
+        model_tokens_per_day: r.model_tokens_per_day,
+    })
+    .unwrap_or_default())
+}
+
+/// Changes to an installation's budgets: `None` leaves one as it is,
+/// `Some(None)` returns it to the services' default, `Some(Some(n))` sets
+/// it (0: no limit).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BudgetChanges {
+    pub answers_per_minute: Option<Option<i32>>,
+    pub model_calls_per_minute: Option<Option<i32>>,
+    pub model_tokens_per_day: Option<Option<i64>>,
+}
+
+impl BudgetChanges {
+    pub fn is_empty(&self) -> bool {
+        self.answers_per_minute.is_none()
+            && self.model_calls_per_minute.is_none()
+            && self.model_tokens_per_day.is_none()
+    }
+}
+
+/// Applies `c` to the installation's budgets (its policy made from the
+/// defaults first when it has none).
+pub async fn set_budget_overrides(
+    pool: &PgPool,
+    installation: Uuid,
+    c: &BudgetChanges,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO installation_policies (installation_id, answers_per_minute, model_calls_per_minute,
+                                            model_tokens_per_day)
+         VALUES ($1, $3, $5, $7)
+         ON CONFLICT (installation_id) DO UPDATE
+            SET answers_per_minute = CASE WHEN $2 THEN $3 ELSE installation_policies.answers_per_minute END,
+                model_calls_per_minute = CASE WHEN $4 THEN $5 ELSE installation_policies.model_calls_per_minute END,
+                model_tokens_per_day = CASE WHEN $6 THEN $7 ELSE installation_policies.model_tokens_per_day END,
+                updated_at = now()",
+        installation,
+        c.answers_per_minute.is_some(),
+        c.answers_per_minute.flatten(),
+        c.model_calls_per_minute.is_some(),
+        c.model_calls_per_minute.flatten(),
+        c.model_tokens_per_day.is_some(),
+        c.model_tokens_per_day.flatten(),
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// What the installation has used of its budgets: its buckets as last
+/// stored (units left then, and how long ago) and its tokens today.
+#[derive(Debug, Clone, Default)]
+pub struct BudgetUse {
+    pub answers_left: Option<f64>,
+    pub model_calls_left: Option<f64>,
+    pub seconds_since: Option<f64>,
+    pub tokens_today: i64,
+    pub parked: i64,
+    pub in_queue: i64,
+}
+
+pub async fn budget_use(pool: &PgPool, installation: Uuid) -> sqlx::Result<BudgetUse> {
+    let r = sqlx::query!(
+        r#"SELECT b.answers, b.model_calls, extract(epoch FROM now() - b.refilled_at)::float8 AS since,
+                  coalesce((SELECT t.tokens FROM tenant_tokens t
+                             WHERE t.installation_id = $1 AND t.day = (now() AT TIME ZONE 'UTC')::date), 0)
+                      AS "tokens!",
+                  (SELECT count(*) FROM tenant_work w WHERE w.installation_id = $1 AND w.state = $2) AS "parked!",
+                  (SELECT count(*) FROM tenant_work w WHERE w.installation_id = $1 AND w.state = $3) AS "in_queue!"
+             FROM (SELECT 1) one LEFT JOIN tenant_budgets b ON b.installation_id = $1"#,
+        installation,
+        threadline_domain::state::WorkState::Parked.name(),
+        threadline_domain::state::WorkState::Admitted.name(),
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(BudgetUse {
+        answers_left: r.answers,
+        model_calls_left: r.model_calls,
+        seconds_since: r.since,
+        tokens_today: r.tokens,
+        parked: r.parked,
+        in_queue: r.in_queue,
+    })
+}

@@ -11,6 +11,7 @@
 
 pub mod assistant;
 pub mod audit;
+pub mod budgets;
 pub mod channels;
 pub mod decisions;
 pub mod installations;
