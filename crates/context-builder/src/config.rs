@@ -8,6 +8,7 @@ use threadline_tenancy::secrets::TokenCipher;
 
 use crate::backfill::BackfillLimits;
 use crate::context::Limits;
+use crate::store::AdmitRules;
 
 pub struct ContextConfig {
     pub common: CommonConfig,
@@ -33,6 +34,19 @@ pub struct ContextConfig {
     /// recorded, and a request handled by its installation's late-event
     /// policy.
     pub late_after: Duration,
+    /// Admission to the model's queue (DESIGN invariant 11): the budgets
+    /// of an installation without its own (`threadline policy set`):
+    /// `THREADLINE_BUDGET_ANSWERS_PER_MINUTE` (0),
+    /// `THREADLINE_BUDGET_MODEL_CALLS_PER_MINUTE` (0) and
+    /// `THREADLINE_BUDGET_MODEL_TOKENS_PER_DAY` (0), 0 being no limit;
+    /// `THREADLINE_TENANT_QUEUE_SHARE` (64), the most requests one
+    /// installation holds in the model's queue at once;
+    /// `THREADLINE_BUDGET_NOTICE` (`note`), what a person sees when their
+    /// workspace is over budget: a note once per thread, or `none`.
+    pub admission: AdmitRules,
+    /// `THREADLINE_PARKED_RESUME_MS`, default 250: how often parked
+    /// requests are looked at for room.
+    pub resume_every: Duration,
 }
 
 impl ContextConfig {
@@ -64,6 +78,38 @@ impl ContextConfig {
                 src,
                 &CommonConfig::from_source(src)?.slack_api_url,
             )?,
+            admission: admission(src)?,
+            resume_every: src.millis("THREADLINE_PARKED_RESUME_MS", 250, 10..=60_000)?,
         })
     }
+}
+
+fn admission(src: &Source) -> Result<AdmitRules, ConfigError> {
+    let notice = src.string("THREADLINE_BUDGET_NOTICE", "note");
+    Ok(AdmitRules {
+        limits: threadline_domain::budget::Limits {
+            answers_per_minute: src.bounded(
+                "THREADLINE_BUDGET_ANSWERS_PER_MINUTE",
+                0,
+                0..=1_000_000,
+            )? as u32,
+            model_calls_per_minute: src.bounded(
+                "THREADLINE_BUDGET_MODEL_CALLS_PER_MINUTE",
+                0,
+                0..=1_000_000,
+            )? as u32,
+            model_tokens_per_day: src.bounded(
+                "THREADLINE_BUDGET_MODEL_TOKENS_PER_DAY",
+                0,
+                0..=1_000_000_000_000,
+            )?,
+        },
+        share: src.bounded("THREADLINE_TENANT_QUEUE_SHARE", 64, 1..=100_000)? as u32,
+        notice: threadline_domain::budget::Notice::parse(&notice).ok_or_else(|| {
+            ConfigError::Invalid {
+                key: "THREADLINE_BUDGET_NOTICE".into(),
+                message: format!("expected note or none, got {notice:?}"),
+            }
+        })?,
+    })
 }

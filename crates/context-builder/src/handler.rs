@@ -7,9 +7,10 @@ use prost::Message as _;
 use secrecy::ExposeSecret as _;
 use sqlx::PgPool;
 use threadline_domain::assistant;
+use threadline_domain::budget::ParkReason;
 use threadline_domain::classify::{self, Outcome};
 use threadline_domain::late::{self, LateOutcome};
-use threadline_domain::state::ReceiptState;
+use threadline_domain::state::{ReceiptState, WorkState};
 use threadline_proto::v1::{ContextMessage, ContextReady, EventAccepted, SCHEMA_VERSION};
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::worker::Disposition;
@@ -99,16 +100,17 @@ pub const APPLY_RUNNERS: usize = 4;
 /// of one thread and their twins split across two batches in opposite
 /// orders) is a deadlock Postgres breaks, and the batcher reruns those
 /// events one by one.
-pub fn applies(pool: &PgPool, max_batch: usize) -> Applies {
+pub fn applies(pool: &PgPool, max_batch: usize, rules: store::AdmitRules) -> Applies {
     let pool = pool.clone();
+    let rules = std::sync::Arc::new(rules);
     threadline_runtime::batch::Batcher::spawn(
         "event_apply",
         APPLY_RUNNERS,
         max_batch,
         move |jobs: Vec<_>| {
-            let pool = pool.clone();
+            let (pool, rules) = (pool.clone(), rules.clone());
             async move {
-                let r = store::apply_many(&pool, &jobs).await;
+                let r = store::apply_many(&pool, &jobs, &rules).await;
                 (jobs, r)
             }
         },
@@ -190,6 +192,8 @@ fn ignored(reason: &'static str) -> Result<Step, anyhow::Error> {
 enum Step {
     Ignored(&'static str),
     Done,
+    /// Parked for its installation's budget or share (DESIGN invariant 11).
+    Parked(ParkReason),
 }
 
 impl Handler {
@@ -212,6 +216,12 @@ impl Handler {
         match processed {
             Ok(Step::Done) => {
                 span.record("outcome", "context");
+                Disposition::Done
+            }
+            Ok(Step::Parked(reason)) => {
+                span.record("outcome", WorkState::Parked.name());
+                metrics::counter!("threadline_requests_parked_total", "reason" => reason.as_str())
+                    .increment(1);
                 Disposition::Done
             }
             Ok(Step::Ignored(reason)) => {
@@ -292,6 +302,7 @@ impl Handler {
         let (c, late) = self.timed(ev, &inst, c).await?;
         let (source_ts, root) = match self.apply(ev, receipt, &inst, c, late).await? {
             store::Next::Ignored(reason) => return ignored(reason),
+            store::Next::Parked(reason) => return Ok(Step::Parked(reason)),
             store::Next::Build {
                 source_ts, root, ..
             } => (source_ts, root),
@@ -431,6 +442,7 @@ impl Handler {
                 installation: inst.id,
                 channel: channel.to_owned(),
                 receipt,
+                event_id: ev.event_id.clone(),
                 classified: c,
                 late,
             })
@@ -457,6 +469,9 @@ impl Handler {
                 cancelled = applied.cancelled,
                 "deleted source cancelled pending work"
             );
+        }
+        if applied.noted {
+            metrics::counter!("threadline_budget_notes_total").increment(1);
         }
         if applied.answered_source_changed {
             // Policy: record and notify; never a second automatic answer.
@@ -502,6 +517,9 @@ impl Handler {
             };
             let latest = store::latest_turn(&self.pool, inst.id, &r.channel_id, &r.root_ts).await?;
             let result = match latest {
+                Some(t) if !t.answered && self.parked_still(&inst, &r, &t).await? => {
+                    WorkState::Parked.name()
+                }
                 Some(t) if !t.answered => {
                     // (a late request's answer says so again)
                     let noted = threadline_store::late::noted_age_ms(&self.pool, t.receipt_id)
@@ -541,6 +559,63 @@ impl Handler {
                 threadline_tenancy::fault::disposition(&e)
             }
         }
+    }
+
+    /// Whether the thread's latest request waits parked (the resumer builds
+    /// it, from the thread as it is then); otherwise its rebuild keeps its
+    /// place in the model's queue and is charged a model call.
+    async fn parked_still(
+        &self,
+        inst: &Installation,
+        r: &threadline_proto::v1::Reconsider,
+        t: &store::LatestTurn,
+    ) -> anyhow::Result<bool> {
+        let request = threadline_store::budgets::Request {
+            installation: inst.id,
+            receipt: t.receipt_id,
+            event_id: t.event_id.clone(),
+            channel: r.channel_id.clone(),
+            root_ts: r.root_ts.clone(),
+            source_ts: t.ts.clone(),
+            channel_ref: threadline_runtime::audit::channel_ref(inst.id, &r.channel_id),
+        };
+        let state = threadline_store::budgets::rebuild(&self.pool, &request).await?;
+        Ok(state == Some(WorkState::Parked))
+    }
+
+    /// A parked request whose turn came (the resumer leased it and took its
+    /// units): its thread read from Slack first if it was never seen, its
+    /// context built from the thread as it is now and published. False
+    /// when it will never be answered (its installation gone, its question
+    /// deleted): its place is dropped.
+    pub async fn resume(&self, r: &threadline_store::budgets::Request) -> anyhow::Result<bool> {
+        let active = store::installation(&self.pool, r.installation)
+            .await?
+            .filter(|i| i.active);
+        let Some(inst) = active else {
+            threadline_store::budgets::drop_parked(&self.pool, r.receipt).await?;
+            return Ok(false);
+        };
+        let (channel, root) = (r.channel.as_str(), r.root_ts.as_str());
+        if root != r.source_ts && !store::has_message(&self.pool, inst.id, channel, root).await? {
+            self.backfill(&inst, channel, root).await?;
+        }
+        // (a late request's answer says so when it resumes too)
+        let noted = threadline_store::late::noted_age_ms(&self.pool, r.receipt)
+            .await?
+            .map(|ms| std::time::Duration::from_millis(ms.max(0) as u64));
+        let asked = Asked {
+            event_id: &r.event_id,
+            receipt: r.receipt,
+            source_ts: &r.source_ts,
+            noted_late: noted,
+        };
+        let step = self.build_and_publish(asked, &inst, channel, root).await?;
+        if matches!(step, Step::Ignored(_)) {
+            threadline_store::budgets::drop_parked(&self.pool, r.receipt).await?;
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// Whether `channel` is private, for a trigger whose event cannot tell

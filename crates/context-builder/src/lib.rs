@@ -5,6 +5,7 @@
 //! event builds a versioned, permission-filtered, deterministically
 //! truncated context and publishes it.
 
+pub mod admission;
 pub mod backfill;
 pub mod config;
 /// The context window (pure; it lives in `domain`).
@@ -55,13 +56,25 @@ pub async fn run(
         limits: cfg.limits,
         backfill: cfg.backfill,
         opens: handler::opens(&statements, cfg.common.statement_batch),
-        applies: handler::applies(&deps.pool, cfg.common.statement_batch),
+        applies: handler::applies(
+            &deps.pool,
+            cfg.common.statement_batch,
+            cfg.admission.clone(),
+        ),
         builds: handler::builds(&deps.pool, cfg.common.statement_batch),
         finishes: handler::finishes(&statements, cfg.common.statement_batch),
         late_after: cfg.late_after,
     });
     let health = deps.serve_health(listener, shutdown.clone());
     tracing::info!(concurrency = cfg.concurrency, "context-builder consuming");
+    // Parked work resumed as there is room (DESIGN invariant 11).
+    let resumer = admission::spawn_resumer(
+        handler.clone(),
+        cfg.admission.clone(),
+        cfg.resume_every,
+        shutdown.clone(),
+    );
+    admission::spawn_gauges(deps.pool.clone(), shutdown.clone());
     let reconsider = {
         let (js, topology, letters, shutdown, handler) = (
             deps.js.clone(),
@@ -97,6 +110,7 @@ pub async fn run(
     )
     .await?;
     reconsider.await.context("reconsider worker")??;
+    resumer.await.context("resumer")?;
     deps.close(health).await;
     tracing::info!("context-builder stopped");
     Ok(())

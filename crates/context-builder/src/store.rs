@@ -3,10 +3,12 @@
 //! under this process's key.
 
 use sqlx::{PgConnection, PgPool};
+use threadline_domain::budget::{Limits, Notice, ParkReason, Verdict};
 use threadline_domain::classify::{Classification, Effect, Outcome, Speaker, TriggerSource};
 use threadline_domain::late::LateOutcome;
 use threadline_domain::state::ReceiptState;
 use threadline_runtime::audit;
+use threadline_store::budgets::{self, NoteBody, Request};
 pub use threadline_store::channels::{channel_kind, learn_channel_kind};
 pub use threadline_store::threads::*;
 use uuid::Uuid;
@@ -50,6 +52,8 @@ pub struct ApplyJob {
     pub installation: Uuid,
     pub channel: String,
     pub receipt: Uuid,
+    /// The event's id (what a parked request's place names).
+    pub event_id: String,
     /// What the event is, after the channel's policy (and, for a late
     /// request, its installation's late-event policy).
     pub classified: Classification,
@@ -80,6 +84,9 @@ pub struct ApplyOutcome {
     pub doubled: bool,
     /// The event's lateness, recorded now for the first time.
     pub late_recorded: bool,
+    /// The over-budget note was proposed in its thread (parked for a
+    /// budget, the first time in the thread).
+    pub noted: bool,
 }
 
 /// Where the event goes after its change is committed.
@@ -94,6 +101,47 @@ pub enum Next {
         root: String,
         trigger: TriggerSource,
     },
+    /// Parked, for this reason: its receipt finished as done (its change is
+    /// in the thread store) in the same transaction; the resumer builds its
+    /// context when there is room (DESIGN invariant 11).
+    Parked(ParkReason),
+}
+
+/// How triggers are admitted to the model's queue (DESIGN invariant 11).
+#[derive(Debug, Clone)]
+pub struct AdmitRules {
+    /// The budgets of an installation without its own
+    /// (`THREADLINE_BUDGET_*`; 0: no limit).
+    pub limits: Limits,
+    /// The most requests one installation holds in the model's queue at
+    /// once (`THREADLINE_TENANT_QUEUE_SHARE`).
+    pub share: u32,
+    /// What a person sees when their workspace is over budget
+    /// (`THREADLINE_BUDGET_NOTICE`).
+    pub notice: Notice,
+}
+
+impl AdmitRules {
+    /// Nothing limited, a generous share: what tests of other things use.
+    pub fn unlimited() -> Self {
+        Self {
+            limits: Limits::default(),
+            share: 1_000_000,
+            notice: Notice::Nothing,
+        }
+    }
+}
+
+/// The over-budget note as posted: threadline's own words, unlabelled
+/// (no model wrote them).
+pub fn note_body() -> NoteBody {
+    use sha2::Digest as _;
+    let text = threadline_domain::budget::NOTE_TEXT.to_owned();
+    NoteBody {
+        blocks: serde_json::json!([{"type": "section", "text": {"type": "mrkdwn", "text": text}}]),
+        hash: hex::encode(sha2::Sha256::digest(text.as_bytes())),
+        text,
+    }
 }
 
 /// How long a batch of applies (or of builds) waits for a lock held
@@ -110,7 +158,11 @@ pub const APPLY_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_se
 /// race (a deadlock, the lock timeout), the batcher then runs each event
 /// alone, so one bad event fails by itself. Timestamps written with
 /// `now()` (audit records, a turn's creation) are the batch's start.
-pub async fn apply_many(pool: &PgPool, jobs: &[ApplyJob]) -> sqlx::Result<Vec<ApplyOutcome>> {
+pub async fn apply_many(
+    pool: &PgPool,
+    jobs: &[ApplyJob],
+    rules: &AdmitRules,
+) -> sqlx::Result<Vec<ApplyOutcome>> {
     // Threads in key order (a stable sort: one thread's events keep their
     // order), as the publisher's batched records lock them, so that two
     // batches holding several threads never wait on each other crosswise.
@@ -124,11 +176,77 @@ pub async fn apply_many(pool: &PgPool, jobs: &[ApplyJob]) -> sqlx::Result<Vec<Ap
     for k in order {
         out[k] = Some(apply_one(&mut tx, &jobs[k]).await?);
     }
-    tx.commit().await?;
-    Ok(out
+    let mut out: Vec<ApplyOutcome> = out
         .into_iter()
         .map(|o| o.expect("every event applied"))
-        .collect())
+        .collect();
+    // The triggers' admission, after every thread's lock (the buckets are
+    // locked last, in key order), in the order the events came.
+    admit(&mut tx, jobs, &mut out, rules).await?;
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// Admits the batch's triggers or parks them (DESIGN invariant 11): a
+/// parked one's receipt is finished as done with why (its audit record),
+/// and the first request of a thread parked for a spent budget proposes
+/// the over-budget note there, when the notice is a note.
+async fn admit(
+    conn: &mut PgConnection,
+    jobs: &[ApplyJob],
+    out: &mut [ApplyOutcome],
+    rules: &AdmitRules,
+) -> sqlx::Result<()> {
+    let builds: Vec<(usize, Request)> = out
+        .iter()
+        .enumerate()
+        .filter_map(|(k, o)| match &o.next {
+            Next::Build {
+                source_ts, root, ..
+            } => Some((
+                k,
+                Request {
+                    installation: jobs[k].installation,
+                    receipt: jobs[k].receipt,
+                    event_id: jobs[k].event_id.clone(),
+                    channel: jobs[k].channel.clone(),
+                    root_ts: root.clone(),
+                    source_ts: source_ts.clone(),
+                    channel_ref: audit::channel_ref(jobs[k].installation, &jobs[k].channel),
+                },
+            )),
+            _ => None,
+        })
+        .collect();
+    if builds.is_empty() {
+        return Ok(());
+    }
+    let requests: Vec<Request> = builds.iter().map(|(_, r)| r.clone()).collect();
+    let admitted = budgets::admit_many(conn, &requests, &rules.limits, rules.share).await?;
+    for ((k, r), a) in builds.iter().zip(admitted) {
+        let Verdict::Park(reason) = a.verdict else {
+            continue;
+        };
+        out[*k].next = Next::Parked(reason);
+        if !a.new {
+            continue;
+        }
+        let why = format!("parked:{reason}");
+        finish(
+            conn,
+            r.receipt,
+            ReceiptState::Done,
+            Some(&why),
+            (r.installation, &r.channel),
+        )
+        .await?;
+        if reason.over_budget() && rules.notice == Notice::Note {
+            out[*k].noted = budgets::propose_note(conn, r, &note_body())
+                .await?
+                .is_some();
+        }
+    }
+    Ok(())
 }
 
 impl ApplyJob {
@@ -214,6 +332,7 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
         answered_source_changed,
         doubled: false,
         late_recorded,
+        noted: false,
     })
 }
 
@@ -270,6 +389,7 @@ async fn doubled(
         answered_source_changed: false,
         doubled: new,
         late_recorded,
+        noted: false,
     })
 }
 

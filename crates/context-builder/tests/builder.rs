@@ -79,7 +79,11 @@ impl Env {
             limits,
             backfill,
             opens: threadline_context_builder::handler::opens(&db.pool, 64),
-            applies: threadline_context_builder::handler::applies(&db.pool, 64),
+            applies: threadline_context_builder::handler::applies(
+                &db.pool,
+                64,
+                store::AdmitRules::unlimited(),
+            ),
             builds: threadline_context_builder::handler::builds(&db.pool, 64),
             finishes: threadline_context_builder::handler::finishes(&db.pool, 64),
             late_after: Duration::from_secs(300),
@@ -1501,6 +1505,7 @@ async fn a_batch_of_applies_reads_as_the_same_applies_one_by_one_and_a_bad_event
         installation: env.inst,
         channel: "C0CHAN".into(),
         receipt,
+        event_id: format!("Ev{receipt}"),
         classified: Classification { effect, outcome },
         late: None,
     };
@@ -1531,7 +1536,7 @@ async fn a_batch_of_applies_reads_as_the_same_applies_one_by_one_and_a_bad_event
         store::Next::Ignored("duplicate_turn"),
         store::Next::Ignored("not_addressed"),
     ];
-    let applied = store::apply_many(&env.db.pool, &jobs)
+    let applied = store::apply_many(&env.db.pool, &jobs, &store::AdmitRules::unlimited())
         .await
         .expect("one transaction");
     let next: Vec<store::Next> = applied.iter().map(|a| a.next.clone()).collect();
@@ -1551,7 +1556,9 @@ async fn a_batch_of_applies_reads_as_the_same_applies_one_by_one_and_a_bad_event
         ("ignored".into(), Some("not_addressed".into()))
     );
     // Delivered again: the same outcomes, and the thread unchanged.
-    let again = store::apply_many(&env.db.pool, &jobs).await.expect("again");
+    let again = store::apply_many(&env.db.pool, &jobs, &store::AdmitRules::unlimited())
+        .await
+        .expect("again");
     let next: Vec<store::Next> = again.iter().map(|a| a.next.clone()).collect();
     assert_eq!(next, expected);
     assert_eq!(env.version(root).await, 2);
@@ -1580,9 +1587,13 @@ async fn a_batch_of_applies_reads_as_the_same_applies_one_by_one_and_a_bad_event
         unaddressed,
     );
     assert!(
-        store::apply_many(&env.db.pool, &[fine_job.clone(), bad_job.clone()])
-            .await
-            .is_err()
+        store::apply_many(
+            &env.db.pool,
+            &[fine_job.clone(), bad_job.clone()],
+            &store::AdmitRules::unlimited()
+        )
+        .await
+        .is_err()
     );
     assert_eq!(env.version(root).await, 2, "the batch kept nothing");
     assert_eq!(env.state(fine_receipt).await.0, "processing");
