@@ -1,6 +1,8 @@
 //! `threadline policy …`: what may trigger an answer, per installation and
 //! per channel. DMs, private channels and Slack Connect channels are denied
 //! until allowed here; so is unfurling the links and media of a reply.
+//! An installation's budgets (answers and model calls a minute, model
+//! tokens a day) override the services' defaults here.
 
 use clap::{Subcommand, ValueEnum};
 use sqlx::PgPool;
@@ -25,6 +27,49 @@ pub enum ChannelToggle {
     Off,
     /// As the installation says.
     Inherit,
+}
+
+/// A budget as typed: a number (0: no limit), or `default` (the
+/// services' setting).
+#[derive(Clone, Copy, Debug)]
+pub enum Limit {
+    Default,
+    Value(i64),
+}
+
+impl std::str::FromStr for Limit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "default" => Ok(Limit::Default),
+            n => n
+                .parse::<i64>()
+                .ok()
+                .filter(|n| *n >= 0)
+                .map(Limit::Value)
+                .ok_or_else(|| format!("expected a number (0: no limit) or `default`, got {n:?}")),
+        }
+    }
+}
+
+impl Limit {
+    fn per_minute(self) -> anyhow::Result<Option<i32>> {
+        match self {
+            Limit::Default => Ok(None),
+            Limit::Value(n) => {
+                Ok(Some(i32::try_from(n).map_err(|_| {
+                    anyhow::anyhow!("{n} a minute is more than a budget can be")
+                })?))
+            }
+        }
+    }
+
+    fn per_day(self) -> Option<i64> {
+        match self {
+            Limit::Default => None,
+            Limit::Value(n) => Some(n),
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -69,6 +114,18 @@ pub enum PolicyCommand {
         /// takes effect where inference streams, `THREADLINE_STREAMING`).
         #[arg(long, value_enum)]
         streaming: Option<Toggle>,
+        /// Requests admitted for an answer a minute (0: no limit;
+        /// `default`: `THREADLINE_BUDGET_ANSWERS_PER_MINUTE`).
+        #[arg(long)]
+        answers_per_minute: Option<Limit>,
+        /// Contexts sent to the model a minute (0: no limit; `default`:
+        /// `THREADLINE_BUDGET_MODEL_CALLS_PER_MINUTE`).
+        #[arg(long)]
+        model_calls_per_minute: Option<Limit>,
+        /// Model tokens a UTC day (0: no limit; `default`:
+        /// `THREADLINE_BUDGET_MODEL_TOKENS_PER_DAY`).
+        #[arg(long)]
+        model_tokens_per_day: Option<Limit>,
     },
     /// How one channel triggers answers (default: mentions only), and
     /// whether it is on the allow-list (which also admits it when it is
@@ -160,6 +217,8 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                 .unwrap_or_default();
             let channels = threadline_store::policies::channel_policies(pool, installation).await?;
             let late = threadline_store::late::action(pool, installation).await?;
+            let own = threadline_store::policies::budget_overrides(pool, installation).await?;
+            let used = threadline_store::policies::budget_use(pool, installation).await?;
             println!(
                 "{}",
                 serde_json::to_string_pretty(&serde_json::json!({
@@ -169,6 +228,20 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                     "allowlist_only": p.allowlist_only, "unfurl": p.unfurl_allowed,
                     "streaming": p.streaming_allowed, // not a state: a setting's name
                     "late_events": late.as_str(),
+                    // null: the services' default (THREADLINE_BUDGET_*); 0: no limit
+                    "budgets": {
+                        "answers_per_minute": own.answers_per_minute,
+                        "model_calls_per_minute": own.model_calls_per_minute,
+                        "model_tokens_per_day": own.model_tokens_per_day,
+                        // units left in the per-minute buckets when last
+                        // stored, and how long ago (they refill since)
+                        "answers_left": used.answers_left,
+                        "model_calls_left": used.model_calls_left,
+                        "left_as_of_seconds_ago": used.seconds_since,
+                        "model_tokens_today": used.tokens_today,
+                        "requests_parked": used.parked,
+                        "requests_in_model_queue": used.in_queue,
+                    },
                     "channels": channels.into_iter().map(|c| serde_json::json!({
                         "channel": c.channel_id, "mode": c.mode, "keywords": c.keywords, "allowed": c.allowed,
                         // null: as the installation says
@@ -188,6 +261,9 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
             allowlist_only,
             unfurl,
             streaming,
+            answers_per_minute,
+            model_calls_per_minute,
+            model_tokens_per_day,
         } => {
             let exists = threadline_store::installations::exists(pool, installation).await?;
             if !exists {
@@ -214,6 +290,17 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                 },
             )
             .await?;
+            let budgets = threadline_store::policies::BudgetChanges {
+                answers_per_minute: answers_per_minute.map(Limit::per_minute).transpose()?,
+                model_calls_per_minute: model_calls_per_minute
+                    .map(Limit::per_minute)
+                    .transpose()?,
+                model_tokens_per_day: model_tokens_per_day.map(Limit::per_day),
+            };
+            if !budgets.is_empty() {
+                threadline_store::policies::set_budget_overrides(pool, installation, &budgets)
+                    .await?;
+            }
             println!("policy of {installation} updated");
         }
         PolicyCommand::Channel {

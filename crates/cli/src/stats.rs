@@ -102,5 +102,20 @@ pub async fn collect(pool: &PgPool) -> anyhow::Result<Value> {
         // Messages repeating a person's action another message owns
         // (recorded, never answered).
         "doubled_messages_total": l.doubled_messages,
+        // Requests waiting for their installation's budget or its share of
+        // the model's queue, and those in that queue (DESIGN invariant 11).
+        "parked_requests_total": l.budgets.parked_by_reason.iter().map(|r| r.1).sum::<i64>(),
+        "parked_by_reason": to_map(l.budgets.parked_by_reason),
+        "parked_by_installation": to_map(
+            l.budgets
+                .parked_by_installation
+                .into_iter()
+                .map(|(i, n)| (i.to_string(), n))
+                .collect()
+        ),
+        "parked_oldest_age_seconds": l.budgets.oldest_parked_seconds,
+        "installations_over_budget": l.budgets.over_budget_installations,
+        "requests_in_model_queue": l.budgets.in_queue,
+        "budget_notes_total": l.budgets.notes,
     }))
 }
