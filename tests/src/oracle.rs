@@ -68,6 +68,10 @@ pub const CLOSING_LINES: [&str; 5] = [
     "This answer was interrupted before it finished.",
 ];
 
+/// The note threadline posts, once per thread, when a workspace is over its
+/// budget and the question waits (written out here, as Slack shows it).
+pub const BUDGET_NOTE: &str = "This workspace has used its threadline budget for the moment, so this question waits in line. It will be answered here, in order, when the budget refills.";
+
 /// Whether a message of the app is a stream ended early: a stream (it has
 /// a streaming state) whose last line is one of the closing lines.
 pub fn ended_early(m: &Value) -> bool {
@@ -142,7 +146,7 @@ pub struct Judgement {
     /// `reply_outside_thread`, `missed_message`, `read_outdated_text`,
     /// `read_deleted_message`, `text_never_had`, `answered_deleted_question`,
     /// `unattributed_reply`, `post_without_call`, `unlabelled_reply`,
-    /// `stream_left_open`).
+    /// `stream_left_open`, `budget_note_repeated`).
     pub violations: Vec<(&'static str, String)>,
     /// Threads the violations concern (channel, root).
     pub offending: BTreeSet<(String, String)>,
@@ -159,6 +163,9 @@ pub struct Judgement {
     pub expired: usize,
     /// Review requests of the app (not answers).
     pub review_requests: usize,
+    /// Notes that a workspace is over its budget (not answers; at most one
+    /// per thread).
+    pub budget_notes: usize,
     /// Review requests decided (they show no buttons any more), and of
     /// those, the ones that say the answer was posted or was rejected.
     pub review_decided: usize,
@@ -463,6 +470,29 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
             {
                 // A pane thread's opening message is the app's, and no reply.
                 if m["subtype"] == "assistant_app_thread" {
+                    continue;
+                }
+                // A note that the workspace is over budget answers nobody,
+                // and is said once per thread.
+                if m["text"].as_str() == Some(BUDGET_NOTE) {
+                    j.budget_notes += 1;
+                    if thread
+                        .iter()
+                        .filter(|o| o["app_id"].as_str() == Some(app_id))
+                        .filter(|o| o["text"].as_str() == Some(BUDGET_NOTE))
+                        .take_while(|o| o["ts"] != m["ts"])
+                        .count()
+                        > 0
+                    {
+                        j.violations.push((
+                            "budget_note_repeated",
+                            format!(
+                                "thread {root} of {} was told of its budget twice",
+                                scope.channel
+                            ),
+                        ));
+                        j.offending.insert((scope.channel.clone(), root.clone()));
+                    }
                     continue;
                 }
                 // A review request asks a person; it answers nobody.

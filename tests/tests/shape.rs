@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use threadline_domain::state::{
     DecisionStatus, InstallationStatus, IntentState, Machine, ReceiptState, ReviewRequestState,
+    WorkState,
 };
 use threadline_testkit::repo_root;
 
@@ -224,6 +225,7 @@ fn state_names() -> BTreeSet<&'static str> {
         .chain(of::<IntentState>())
         .chain(of::<ReviewRequestState>())
         .chain(of::<InstallationStatus>())
+        .chain(of::<WorkState>())
         .collect()
 }
 

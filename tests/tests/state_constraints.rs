@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use threadline_domain::state::{
     DecisionStatus, InstallationStatus, IntentState, Machine, ReceiptState, ReviewRequestState,
+    WorkState,
 };
 use threadline_testkit::TestDb;
 
@@ -51,5 +52,9 @@ async fn the_machines_and_the_check_constraints_name_the_same_states() {
     assert_eq!(
         allowed(&db, "installations_status_check").await,
         states::<InstallationStatus>()
+    );
+    assert_eq!(
+        allowed(&db, "tenant_work_state_check").await,
+        states::<WorkState>()
     );
 }
