@@ -1808,3 +1808,114 @@ async fn a_late_event_is_recorded_and_a_late_request_handled_as_its_installation
     );
     env.cleanup().await;
 }
+
+/// Admission (DESIGN invariant 11) in the transaction that applies the
+/// triggers: within the budget a trigger is built; over it, parked in
+/// order, its receipt done with why, its thread told once; delivered
+/// again, the same places and nothing charged or told twice; resumed, in
+/// the order asked, only once there is room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn triggers_are_admitted_or_parked_once_and_resume_in_the_order_asked() {
+    use threadline_domain::budget::{Budget, Limits, Notice, ParkReason};
+    use threadline_domain::classify::{Classification, Outcome, TriggerSource};
+    use threadline_store::budgets;
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let rules = store::AdmitRules {
+        limits: Limits {
+            answers_per_minute: 1,
+            ..Limits::default()
+        },
+        share: 16,
+        notice: Notice::Note,
+    };
+    let asked = ["400.000001", "400.000002", "400.000003"];
+    let mut jobs = Vec::new();
+    for (i, ts) in asked.iter().enumerate() {
+        let (id, _) = env.receipt(&format!("EvQ{i}"), mention(ts, None)).await;
+        testing::receipts::set_receipt_state(&env.db.pool, id, "processing", None)
+            .await
+            .expect("begun");
+        jobs.push(store::ApplyJob {
+            installation: env.inst,
+            channel: "C0CHAN".into(),
+            receipt: id,
+            event_id: format!("EvQ{i}"),
+            classified: Classification {
+                effect: Effect::Upsert(facts(ts, ts, "what now?", None)),
+                outcome: Outcome::Trigger(TriggerSource::Mention),
+            },
+            late: None,
+        });
+    }
+    let over = store::Next::Parked(ParkReason::Over(Budget::AnswersPerMinute));
+    let applied = store::apply_many(&env.db.pool, &jobs, &rules)
+        .await
+        .expect("applied");
+    let next: Vec<store::Next> = applied.iter().map(|a| a.next.clone()).collect();
+    assert!(matches!(next[0], store::Next::Build { .. }), "{next:?}");
+    assert_eq!(next[1..], [over.clone(), over.clone()]);
+    assert!(applied[1].noted && applied[2].noted, "each thread told");
+    assert_eq!(
+        env.state(jobs[1].receipt).await,
+        ("done".into(), Some("parked:answers_per_minute".into()))
+    );
+    // Delivered again: the same places; nothing charged or told twice.
+    let again = store::apply_many(&env.db.pool, &jobs, &rules)
+        .await
+        .expect("again");
+    let again: Vec<store::Next> = again.iter().map(|a| a.next.clone()).collect();
+    assert_eq!(again, next);
+    let mut conn = env.db.pool.acquire().await.expect("conn");
+    let s = budgets::sample(&mut conn, 20).await.expect("sample");
+    assert_eq!(s.parked_by_reason, [("answers_per_minute".to_owned(), 2)]);
+    assert_eq!(
+        (s.in_queue, s.notes, s.over_budget_installations),
+        (1, 2, 1)
+    );
+    // No room yet: nothing resumes.
+    let lease = |l: &Limits| {
+        let (pool, l) = (env.db.pool.clone(), *l);
+        async move {
+            budgets::lease_resumable(&pool, &l, 16, 30.0, 64)
+                .await
+                .expect("lease")
+        }
+    };
+    assert!(lease(&rules.limits).await.is_empty());
+    // The limit lifted for this installation: both, in the order asked.
+    policies::set_budget_overrides(
+        &env.db.pool,
+        env.inst,
+        &policies::BudgetChanges {
+            answers_per_minute: Some(Some(0)),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("override");
+    let resumed = lease(&rules.limits).await;
+    let order: Vec<&str> = resumed
+        .iter()
+        .map(|r| r.request.source_ts.as_str())
+        .collect();
+    assert_eq!(order, asked[1..]);
+    assert!(
+        lease(&rules.limits).await.is_empty(),
+        "leased: no other round takes them"
+    );
+    let marked = budgets::mark_admitted(&env.db.pool, &resumed)
+        .await
+        .expect("marked");
+    assert_eq!(marked.len(), 2);
+    let s = budgets::sample(&mut conn, 20).await.expect("sample");
+    assert!(s.parked_by_reason.is_empty());
+    assert_eq!(s.in_queue, 3);
+    drop(conn);
+    env.cleanup().await;
+}
