@@ -4,7 +4,7 @@
 //! round, the oldest parked requests there is room for now (round-robin
 //! across installations, first in, first out within one, `SKIP LOCKED` so
 //! replicas share the work), builds their contexts from their threads as
-//! they are now, publishes them, and only then marks them admitted: a
+//! they are now, publishes each and marks it admitted at once: a
 //! resumer that dies midway leaves its lease to run out, and the request is
 //! resumed again (its units are not charged twice; a context published
 //! twice is one message, by its `Nats-Msg-Id`).
@@ -89,40 +89,42 @@ async fn round(handler: &Handler, rules: &AdmitRules) -> anyhow::Result<usize> {
     let lines = by_installation
         .into_values()
         .map(|line| resume_line(handler, line));
-    let resumed: Vec<Resumed> = futures::future::join_all(lines)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
-    let marked = budgets::mark_admitted(&handler.pool, &resumed).await?;
-    for r in &resumed {
-        let reason = r
-            .reason
-            .as_deref()
-            .and_then(ParkReason::parse)
-            .unwrap_or(ParkReason::TenantQueue);
-        metrics::counter!("threadline_requests_resumed_total", "reason" => reason.as_str())
-            .increment(1);
-    }
-    Ok(marked.len())
+    Ok(futures::future::join_all(lines).await.into_iter().sum())
 }
 
-/// One installation's leased requests, in order: each context built and
-/// published; at the first failure the rest wait for the next round (their
-/// lease runs out), so none overtakes it.
-async fn resume_line(handler: &Handler, line: Vec<Resumed>) -> Vec<Resumed> {
-    let mut done = Vec::with_capacity(line.len());
+/// One installation's leased requests, in order: each context built,
+/// published and at once marked admitted (a reconsideration of it meanwhile
+/// finds it leased, and builds it); at the first failure the rest wait for
+/// the next round (their lease runs out), so none overtakes it. How many
+/// were marked.
+async fn resume_line(handler: &Handler, line: Vec<Resumed>) -> usize {
+    let mut marked = 0;
     for r in line {
-        match handler.resume(&r.request).await {
-            Ok(true) => done.push(r),
-            Ok(false) => {}
+        let done = match handler.resume(&r.request).await {
+            Ok(true) => budgets::mark_admitted(&handler.pool, std::slice::from_ref(&r))
+                .await
+                .map_err(anyhow::Error::from),
+            Ok(false) => continue,
+            Err(e) => Err(e),
+        };
+        match done {
+            Ok(m) => {
+                marked += m.len();
+                let reason = r
+                    .reason
+                    .as_deref()
+                    .and_then(ParkReason::parse)
+                    .unwrap_or(ParkReason::TenantQueue);
+                metrics::counter!("threadline_requests_resumed_total", "reason" => reason.as_str())
+                    .increment(1);
+            }
             Err(e) => {
                 tracing::warn!(error = format!("{e:#}"), receipt_id = %r.request.receipt, "resuming a parked request failed; it waits for its lease to run out");
                 break;
             }
         }
     }
-    done
+    marked
 }
 
 /// Samples the gauges once, then every 15 s until `shutdown`.

@@ -1919,3 +1919,82 @@ async fn triggers_are_admitted_or_parked_once_and_resume_in_the_order_asked() {
     drop(conn);
     env.cleanup().await;
 }
+
+/// Applies one question per `asked` ts (each its own thread) under
+/// `rules`: their jobs and what became of them.
+async fn ask_under(
+    env: &Env,
+    rules: &store::AdmitRules,
+    tag: &str,
+    asked: &[&str],
+) -> (Vec<store::ApplyJob>, Vec<store::ApplyOutcome>) {
+    use threadline_domain::classify::{Classification, Outcome, TriggerSource};
+    let mut jobs = Vec::new();
+    for (i, ts) in asked.iter().enumerate() {
+        let event_id = format!("Ev{tag}{i}");
+        let (id, _) = env.receipt(&event_id, mention(ts, None)).await;
+        testing::receipts::set_receipt_state(&env.db.pool, id, "processing", None)
+            .await
+            .expect("begun");
+        jobs.push(store::ApplyJob {
+            installation: env.inst,
+            channel: "C0CHAN".into(),
+            receipt: id,
+            event_id,
+            classified: Classification {
+                effect: Effect::Upsert(facts(ts, ts, "what now?", None)),
+                outcome: Outcome::Trigger(TriggerSource::Mention),
+            },
+            late: None,
+        });
+    }
+    let applied = store::apply_many(&env.db.pool, &jobs, rules)
+        .await
+        .expect("applied");
+    (jobs, applied)
+}
+
+/// One answer a minute, the over-budget note on.
+fn one_a_minute() -> store::AdmitRules {
+    store::AdmitRules {
+        limits: threadline_domain::budget::Limits {
+            answers_per_minute: 1,
+            ..Default::default()
+        },
+        share: 16,
+        notice: threadline_domain::budget::Notice::Note,
+    }
+}
+
+/// A parked request a resumer leased (its context maybe published from
+/// an older version of its thread, its mark as admitted not yet made) is
+/// in flight: a reconsideration of it meanwhile builds it, rather than
+/// leaving it to a resumer that has already read the thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconsideration_of_a_leased_parked_request_builds_it() {
+    use threadline_domain::state::WorkState;
+    use threadline_store::budgets;
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let rules = one_a_minute();
+    let (_, applied) = ask_under(&env, &rules, "L", &["410.000001", "410.000002"]).await;
+    assert!(matches!(applied[1].next, store::Next::Parked(_)));
+    let resumed = budgets::lease_resumable(&env.db.pool, &Default::default(), 16, 30.0, 64)
+        .await
+        .expect("lease");
+    assert_eq!(resumed.len(), 1);
+    let state = budgets::rebuild(&env.db.pool, &resumed[0].request)
+        .await
+        .expect("rebuild");
+    assert_eq!(state, Some(WorkState::Admitted), "leased: in flight, built");
+    let marked = budgets::mark_admitted(&env.db.pool, &resumed)
+        .await
+        .expect("marked");
+    assert_eq!(marked.len(), 1);
+    env.cleanup().await;
+}

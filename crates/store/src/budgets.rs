@@ -611,13 +611,19 @@ pub async fn sweep_stale(pool: &PgPool) -> sqlx::Result<u64> {
 }
 
 /// A request rebuilt for a newer version of its thread (a
-/// reconsideration): `Some(Parked)` when it waits parked (the resumer
-/// builds it, from the thread as it is then); otherwise it keeps (or takes
-/// again) its place in the model's queue and is charged one model call,
-/// whatever is left (a bucket may go into debt).
+/// reconsideration): `Some(Parked)` when it waits parked and no resumer
+/// holds it (the resumer builds it, from the thread as it is then);
+/// otherwise it keeps (or takes again) its place in the model's queue and
+/// is charged one model call, whatever is left (a bucket may go into
+/// debt). A parked request under a resumer's lease counts as admitted: its
+/// context may be published already from an older version of the thread,
+/// and its mark as admitted may come after this reconsideration, which
+/// must then build it.
 pub async fn rebuild(pool: &PgPool, r: &Request) -> sqlx::Result<Option<WorkState>> {
     let state = sqlx::query_scalar!(
-        r#"WITH cur AS (SELECT state FROM tenant_work WHERE receipt_id = $1),
+        r#"WITH cur AS (
+            SELECT CASE WHEN state = $9 AND lease_until > now() THEN $8 ELSE state END AS state
+              FROM tenant_work WHERE receipt_id = $1),
          placed AS (
             INSERT INTO tenant_work (receipt_id, installation_id, event_id, channel_id, root_ts, source_ts,
                                      channel_ref, state, charged, admitted_at)
@@ -632,6 +638,7 @@ pub async fn rebuild(pool: &PgPool, r: &Request) -> sqlx::Result<Option<WorkStat
         r.source_ts,
         r.channel_ref,
         WorkState::Admitted.as_str(),
+        WorkState::Parked.as_str(),
     )
     .fetch_optional(pool)
     .await?;
