@@ -517,24 +517,7 @@ impl Handler {
             };
             let latest = store::latest_turn(&self.pool, inst.id, &r.channel_id, &r.root_ts).await?;
             let result = match latest {
-                Some(t) if !t.answered && self.parked_still(&inst, &r, &t).await? => {
-                    WorkState::Parked.name()
-                }
-                Some(t) if !t.answered => {
-                    // (a late request's answer says so again)
-                    let noted = threadline_store::late::noted_age_ms(&self.pool, t.receipt_id)
-                        .await?
-                        .map(|ms| std::time::Duration::from_millis(ms.max(0) as u64));
-                    let asked = Asked {
-                        event_id: &t.event_id,
-                        receipt: t.receipt_id,
-                        source_ts: &t.ts,
-                        noted_late: noted,
-                    };
-                    self.build_and_publish(asked, &inst, &r.channel_id, &r.root_ts)
-                        .await?;
-                    "rebuilt"
-                }
+                Some(t) if !t.answered => self.rebuild(&inst, &r, &t).await?,
                 _ => "no_reply_needed",
             };
             metrics::counter!("threadline_reconsiderations_handled_total", "result" => result)
@@ -561,15 +544,48 @@ impl Handler {
         }
     }
 
-    /// Whether the thread's latest request waits parked (the resumer builds
-    /// it, from the thread as it is then); otherwise its rebuild keeps its
-    /// place in the model's queue and is charged a model call.
-    async fn parked_still(
+    /// The thread's latest request rebuilt, unless it waits parked (the
+    /// resumer builds it, from the thread as it is then); a place it took
+    /// for a build that came to nothing goes again.
+    async fn rebuild(
         &self,
         inst: &Installation,
         r: &threadline_proto::v1::Reconsider,
         t: &store::LatestTurn,
-    ) -> anyhow::Result<bool> {
+    ) -> anyhow::Result<&'static str> {
+        let placed = self.placed(inst, r, t).await?;
+        if placed == Some(WorkState::Parked) {
+            return Ok(WorkState::Parked.name());
+        }
+        // (a late request's answer says so again)
+        let noted = threadline_store::late::noted_age_ms(&self.pool, t.receipt_id)
+            .await?
+            .map(|ms| std::time::Duration::from_millis(ms.max(0) as u64));
+        let asked = Asked {
+            event_id: &t.event_id,
+            receipt: t.receipt_id,
+            source_ts: &t.ts,
+            noted_late: noted,
+        };
+        let step = self
+            .build_and_publish(asked, inst, &r.channel_id, &r.root_ts)
+            .await?;
+        if placed.is_none() && matches!(step, Step::Ignored(_)) {
+            threadline_store::budgets::free(&self.pool, t.receipt_id).await?;
+        }
+        Ok("rebuilt")
+    }
+
+    /// The place of the thread's latest request for its rebuild:
+    /// `Some(Parked)` when it waits parked (the resumer builds it);
+    /// otherwise it keeps its place in the model's queue (`None`: it took
+    /// one now) and is charged a model call.
+    async fn placed(
+        &self,
+        inst: &Installation,
+        r: &threadline_proto::v1::Reconsider,
+        t: &store::LatestTurn,
+    ) -> anyhow::Result<Option<WorkState>> {
         let request = threadline_store::budgets::Request {
             installation: inst.id,
             receipt: t.receipt_id,
@@ -579,8 +595,7 @@ impl Handler {
             source_ts: t.ts.clone(),
             channel_ref: threadline_runtime::audit::channel_ref(inst.id, &r.channel_id),
         };
-        let state = threadline_store::budgets::rebuild(&self.pool, &request).await?;
-        Ok(state == Some(WorkState::Parked))
+        Ok(threadline_store::budgets::rebuild(&self.pool, &request).await?)
     }
 
     /// A parked request whose turn came (the resumer leased it and took its

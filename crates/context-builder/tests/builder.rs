@@ -1998,3 +1998,70 @@ async fn a_reconsideration_of_a_leased_parked_request_builds_it() {
     assert_eq!(marked.len(), 1);
     env.cleanup().await;
 }
+
+/// A resumed request decided before its mark as admitted (a fast
+/// fallback, a kill switch) leaves its installation's share of the model's
+/// queue at once: the mark finds nothing to move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_request_decided_before_its_mark_frees_its_place() {
+    use threadline_domain::state::DecisionStatus;
+    use threadline_store::{budgets, decisions};
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let rules = one_a_minute();
+    let (jobs, _) = ask_under(&env, &rules, "F", &["420.000001", "420.000002"]).await;
+    let resumed = budgets::lease_resumable(&env.db.pool, &Default::default(), 16, 30.0, 64)
+        .await
+        .expect("lease");
+    assert_eq!(resumed.len(), 1);
+    assert!(
+        env.handler
+            .resume(&resumed[0].request)
+            .await
+            .expect("resume")
+    );
+    let ctx = env
+        .contexts()
+        .await
+        .into_iter()
+        .find(|c| c.source_ts == "420.000002")
+        .expect("its context");
+    let binding = decisions::Binding::of(&ctx, jobs[1].receipt, env.inst, None);
+    let decisions::Claim::Mine(id) = decisions::claim(&env.db.pool, &binding, 60.0, None)
+        .await
+        .expect("claim")
+    else {
+        panic!("claimed");
+    };
+    let settled = decisions::Settled {
+        status: DecisionStatus::Suppressed,
+        reason: Some("test"),
+        action_kind: "thread_reply",
+        review_reasons: Vec::new(),
+        model_config_id: "m",
+        provider: "none",
+        fallback: false,
+        prompt_tokens: None,
+        completion_tokens: None,
+        output_hash: None,
+        body_text: None,
+        body_blocks: None,
+    };
+    decisions::settle(&env.db.pool, id, &settled)
+        .await
+        .expect("settle");
+    let marked = budgets::mark_admitted(&env.db.pool, &resumed)
+        .await
+        .expect("marked");
+    assert!(marked.is_empty(), "decided: nothing to mark");
+    let mut conn = env.db.pool.acquire().await.expect("conn");
+    let s = budgets::sample(&mut conn, 20).await.expect("sample");
+    assert_eq!(s.in_queue, 1, "only the first question holds a place");
+    drop(conn);
+    env.cleanup().await;
+}

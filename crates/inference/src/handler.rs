@@ -295,8 +295,10 @@ impl Handler {
         let mut releaser = self.open_stream(id, ctx, inst, &label).await?;
         let Some(answer) = self.ask_released(ctx, releaser.as_mut()).await else {
             // The publisher ended the stream (the thread moved on) and
-            // settled the decision: nothing to record.
+            // settled the decision: nothing to record but that the
+            // request left its installation's share of the model's queue.
             tracing::info!("streamed answer ended by the publisher; model call stopped");
+            threadline_store::budgets::free(&self.pool, receipt).await?;
             return Ok(Disposition::Done);
         };
         self.settle_answer(id, inst, pane, answer, &label).await

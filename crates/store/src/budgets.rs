@@ -597,6 +597,16 @@ pub async fn drop_parked(pool: &PgPool, receipt: Uuid) -> sqlx::Result<bool> {
     Ok(r.rows_affected() == 1)
 }
 
+/// A request decided without a settle of its own (the publisher ended its
+/// streamed answer), or whose rebuild built nothing: its place, in
+/// whatever state, goes.
+pub async fn free(pool: &PgPool, receipt: Uuid) -> sqlx::Result<bool> {
+    let r = sqlx::query!("DELETE FROM tenant_work WHERE receipt_id = $1", receipt)
+        .execute(pool)
+        .await?;
+    Ok(r.rows_affected() == 1)
+}
+
 /// Admitted requests inference never settled within
 /// [`ADMITTED_STALE_SECS`] (their context dead-lettered): their places go.
 pub async fn sweep_stale(pool: &PgPool) -> sqlx::Result<u64> {

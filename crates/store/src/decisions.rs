@@ -707,10 +707,12 @@ pub async fn settle_many(pool: &PgPool, all: &[Settle]) -> sqlx::Result<Vec<Opti
                       d.output_hash, d.body_text, d.body_blocks, d.prompt_tokens, d.completion_tokens),
          -- A decided request leaves its installation's share of the
          -- model's queue (whatever became of the settle: a decision
-         -- discarded meanwhile is decided too)...
+         -- discarded meanwhile is decided too), in whatever state its
+         -- place is: a resumed request may be decided before its mark as
+         -- admitted, which then finds nothing to move...
          freed AS (
             DELETE FROM tenant_work w USING decisions d, u
-             WHERE d.id = u.id AND w.receipt_id = d.receipt_id AND w.state = $15),
+             WHERE d.id = u.id AND w.receipt_id = d.receipt_id AND w.state = ANY($15)),
          -- ...and what its model call used counts against today's tokens.
          spent AS (
             INSERT INTO tenant_tokens (installation_id, day, tokens)
@@ -741,7 +743,10 @@ pub async fn settle_many(pool: &PgPool, all: &[Settle]) -> sqlx::Result<Vec<Opti
         &hashes as &[Option<String>],
         &bodies as &[Option<String>],
         &blocks as &[Option<serde_json::Value>],
-        threadline_domain::state::WorkState::Admitted.name(),
+        &[
+            threadline_domain::state::WorkState::Admitted.name(),
+            threadline_domain::state::WorkState::Parked.name()
+        ] as &[&str],
     )
     .fetch_all(pool)
     .await?;
