@@ -87,6 +87,7 @@ impl Env {
             builds: threadline_context_builder::handler::builds(&db.pool, 64),
             finishes: threadline_context_builder::handler::finishes(&db.pool, 64),
             late_after: Duration::from_secs(300),
+            budgets: Default::default(),
         };
         Self {
             db,
@@ -1988,7 +1989,7 @@ async fn a_reconsideration_of_a_leased_parked_request_builds_it() {
         .await
         .expect("lease");
     assert_eq!(resumed.len(), 1);
-    let state = budgets::rebuild(&env.db.pool, &resumed[0].request)
+    let state = budgets::rebuild(&env.db.pool, &resumed[0].request, &Default::default())
         .await
         .expect("rebuild");
     assert_eq!(state, Some(WorkState::Admitted), "leased: in flight, built");
@@ -2063,5 +2064,61 @@ async fn a_resumed_request_decided_before_its_mark_frees_its_place() {
     let s = budgets::sample(&mut conn, 20).await.expect("sample");
     assert_eq!(s.in_queue, 1, "only the first question holds a place");
     drop(conn);
+    env.cleanup().await;
+}
+
+/// A rebuild is charged a model call only where that budget is limited,
+/// from the bucket refilled to now and at most its size into debt: an
+/// unlimited installation owes nothing when a limit is set later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_charges_a_model_call_only_under_a_limit_and_within_a_floor() {
+    use threadline_domain::budget::Limits;
+    use threadline_store::budgets;
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let request = |n: u32| budgets::Request {
+        installation: env.inst,
+        receipt: Uuid::now_v7(),
+        event_id: format!("EvR{n}"),
+        channel: "C0CHAN".into(),
+        root_ts: "430.000001".into(),
+        source_ts: "430.000001".into(),
+        channel_ref: None,
+    };
+    let calls = |l: Limits| {
+        let pool = env.db.pool.clone();
+        let inst = env.inst;
+        async move {
+            let mut tx = pool.begin().await.expect("tx");
+            let b = budgets::lock(&mut tx, &[inst], &l).await.expect("lock");
+            tx.rollback().await.expect("rollback");
+            b[&inst].model_calls
+        }
+    };
+    let limited = Limits {
+        model_calls_per_minute: 2,
+        ..Default::default()
+    };
+    for n in 0..5 {
+        budgets::rebuild(&env.db.pool, &request(n), &Limits::default())
+            .await
+            .expect("rebuild");
+    }
+    assert!(calls(limited).await >= 0.0, "no limit: nothing owed");
+    for n in 5..10 {
+        budgets::rebuild(&env.db.pool, &request(n), &limited)
+            .await
+            .expect("rebuild");
+    }
+    let left = calls(limited).await;
+    assert!(
+        (-2.0..-1.5).contains(&left),
+        "at most its size in debt: {left}"
+    );
     env.cleanup().await;
 }

@@ -117,10 +117,12 @@ pub struct Overrides {
 /// A per-minute budget as a token bucket of `size` units (its limit a
 /// minute), refilling its whole size over a minute: what `left` units
 /// `elapsed` seconds ago come to now, at most `size`. A bucket may be in
-/// debt (a rebuild is charged whatever is left); it refills from there.
+/// debt (a rebuild is charged whatever is left), at most `size` (a debt
+/// left from a larger limit counts no further); it refills from there. A
+/// bucket of no limit (`size` 0) holds nothing, and owes nothing.
 pub fn refill(left: f64, size: u32, elapsed_secs: f64) -> f64 {
     let size = f64::from(size);
-    (left + elapsed_secs.max(0.0) * size / 60.0).min(size)
+    (left.max(-size) + elapsed_secs.max(0.0) * size / 60.0).min(size)
 }
 
 /// What one admission round knows of an installation: its buckets as
@@ -266,6 +268,8 @@ mod tests {
         assert_eq!(refill(10.0, 60, 600.0), 60.0);
         assert_eq!(refill(-2.0, 60, 1.0), -1.0, "a debt refills too");
         assert_eq!(refill(5.0, 60, -3.0), 5.0, "a clock step back adds nothing");
+        assert_eq!(refill(-5.0, 0, 0.0), 0.0, "no limit, no debt");
+        assert_eq!(refill(-50.0, 2, 0.0), -2.0, "a debt is at most the size");
     }
 
     #[test]

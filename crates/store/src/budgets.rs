@@ -624,12 +624,17 @@ pub async fn sweep_stale(pool: &PgPool) -> sqlx::Result<u64> {
 /// reconsideration): `Some(Parked)` when it waits parked and no resumer
 /// holds it (the resumer builds it, from the thread as it is then);
 /// otherwise it keeps (or takes again) its place in the model's queue and
-/// is charged one model call, whatever is left (a bucket may go into
-/// debt). A parked request under a resumer's lease counts as admitted: its
+/// is charged one model call when its installation has that limit
+/// (`defaults` with its overrides), whatever is left: the bucket, refilled
+/// to now, may go into debt, at most its size. A parked request under a resumer's lease counts as admitted: its
 /// context may be published already from an older version of the thread,
 /// and its mark as admitted may come after this reconsideration, which
 /// must then build it.
-pub async fn rebuild(pool: &PgPool, r: &Request) -> sqlx::Result<Option<WorkState>> {
+pub async fn rebuild(
+    pool: &PgPool,
+    r: &Request,
+    defaults: &Limits,
+) -> sqlx::Result<Option<WorkState>> {
     let state = sqlx::query_scalar!(
         r#"WITH cur AS (
             SELECT CASE WHEN state = $9 AND lease_until > now() THEN $8 ELSE state END AS state
@@ -658,14 +663,18 @@ pub async fn rebuild(pool: &PgPool, r: &Request) -> sqlx::Result<Option<WorkStat
         .transpose()
         .map_err(|e| sqlx::Error::Decode(format!("tenant_work.state: {e}").into()))?;
     if state != Some(WorkState::Parked) {
-        // (a statement of its own: no lock on the work row is held while
+        // (a transaction of its own: no lock on the work row is held while
         // the bucket is locked, nor the other way round)
-        sqlx::query!(
-            "UPDATE tenant_budgets SET model_calls = model_calls - 1 WHERE installation_id = $1",
-            r.installation
-        )
-        .execute(pool)
-        .await?;
+        let mut tx = pool.begin().await?;
+        let buckets = lock(&mut tx, &[r.installation], defaults).await?;
+        if let Some(b) = buckets.get(&r.installation)
+            && b.limits.model_calls_per_minute > 0
+        {
+            let size = f64::from(b.limits.model_calls_per_minute);
+            let left = (b.model_calls - 1.0).max(-size);
+            record(&mut tx, &[(r.installation, b.answers, left)], &[]).await?;
+        }
+        tx.commit().await?;
     }
     Ok(state)
 }
