@@ -2122,3 +2122,52 @@ async fn a_rebuild_charges_a_model_call_only_under_a_limit_and_within_a_floor() 
     );
     env.cleanup().await;
 }
+
+/// The over-budget note never lands after its question's answer: once the
+/// question is answered (or its answer on its way) the note's claim finds
+/// it answered already, and it is discarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_budget_note_is_discarded_once_its_question_is_answered() {
+    use threadline_store::{decisions, intents};
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let asked = ["440.000001", "440.000002"];
+    let (_, applied) = ask_under(&env, &one_a_minute(), "N", &asked).await;
+    assert!(applied[1].noted);
+    let id = testing::budgets::note_decision(&env.db.pool, asked[1])
+        .await
+        .expect("read")
+        .expect("a note");
+    let d = decisions::load(&env.db.pool, id)
+        .await
+        .expect("load")
+        .expect("the note's decision");
+    let claim = || async {
+        let p = intents::Proposal {
+            installation: d.installation_id,
+            receipt: d.receipt_id,
+            decision: d.id,
+            event_id: &d.event_id,
+            action_kind: &d.action_kind,
+            channel: &d.channel_id,
+            root_ts: &d.root_ts,
+            source_ts: &d.source_ts,
+            version: d.thread_version,
+            body_hash: d.output_hash.as_deref().unwrap_or_default(),
+            channel_ref: None,
+        };
+        intents::check_and_claim(&env.db.pool, &p, 60.0, 0.0)
+            .await
+            .expect("claim")
+    };
+    testing::threads::set_turn_answered(&env.db.pool, asked[1])
+        .await
+        .expect("answered");
+    assert_eq!(claim().await, intents::Verdict::AlreadySent);
+    env.cleanup().await;
+}

@@ -129,6 +129,7 @@ pub async fn claim_for(
     }
     let claim_from = moves(&from, IntentState::Sending);
     debug_assert!(IntentState::Pending.can_become(IntentState::Sending));
+    use threadline_domain::budget::{NOTE_ACTION_KIND, note_event_id};
     let c = sqlx::query!(
         r#"WITH th AS (
             SELECT version FROM threads
@@ -146,6 +147,19 @@ pub async fn claim_for(
                      ORDER BY CASE o.state WHEN 'sent' THEN 0 WHEN 'held' THEN 1 ELSE 2 END
                      LIMIT 1) AS other,
                    (SELECT e.switch FROM engaged_switch($1::text, $8) e) AS switch,
+                   -- an over-budget note ($18: its question's event) comes
+                   -- too late once the question is answered, or its answer
+                   -- is on its way: the note would say it waits in line
+                   ($18::text IS NOT NULL
+                    AND (EXISTS (SELECT 1 FROM turns t
+                                  WHERE t.installation_id = $1 AND t.channel_id = $2 AND t.ts = $5
+                                    AND t.answered_at IS NOT NULL)
+                         OR EXISTS (SELECT 1 FROM reply_intents q
+                                     WHERE q.installation_id = $1 AND q.event_id = $18
+                                       AND (q.state IN ('sent', 'held', 'sending', 'unknown', 'reconciling',
+                                                        'streaming', 'ending', 'interrupted')
+                                            OR (q.state IN ('pending', 'failed_retryable') AND q.attempts > 0)))))
+                       AS answered_first,
                    (SELECT coalesce(bool_or(deleted), false) FROM thread_messages
                      WHERE installation_id = $1 AND channel_id = $2 AND ts = $5) AS deleted,
                    EXISTS (SELECT 1 FROM turns t JOIN thread_messages m
@@ -194,7 +208,7 @@ pub async fn claim_for(
          SELECT c.intent AS "intent?", c.state AS "state?", c.due_in AS "due_in?", c.sending_for AS "sending_for?",
                 c.other AS "other?", c.switch AS "switch?", c.deleted AS "deleted!",
                 c.newer_trigger AS "newer_trigger!", c.pending_age AS "pending_age?", c.version AS "version?",
-                c.streamed AS "streamed!",
+                c.streamed AS "streamed!", c.answered_first AS "answered_first!",
                 (SELECT s.next_allowed_at FROM slot s) AS "slot_until?",
                 -- the slot as it was before this statement (what it is now,
                 -- when this statement did not take it)
@@ -223,6 +237,9 @@ pub async fn claim_for(
         Uuid::now_v7(),
         // (a stream is started once per intent, whatever its state now)
         what == Claim::Stream,
+        (p.action_kind == NOTE_ACTION_KIND)
+            .then(|| p.event_id.strip_prefix(&note_event_id("")))
+            .flatten(),
     )
     .fetch_one(pool)
     .await?;
@@ -264,6 +281,11 @@ pub async fn claim_for(
         Some("held") => return Ok(Verdict::Closed),
         Some(_) => return Ok(Verdict::NotNow(5.0)),
         None => {}
+    }
+    // The question an over-budget note is about was answered, or its
+    // answer is on its way: the note is discarded, never posted after it.
+    if c.answered_first {
+        return Ok(Verdict::AlreadySent);
     }
     if let Some(switch) = c.switch {
         return Ok(Verdict::Suppressed(switch));

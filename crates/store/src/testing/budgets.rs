@@ -15,3 +15,13 @@ pub async fn audit_outcomes(pool: &PgPool) -> sqlx::Result<Vec<(String, Option<S
     .map(|r| (r.outcome, r.reason))
     .collect())
 }
+
+/// The decision of the over-budget note of the thread at `root_ts`.
+pub async fn note_decision(pool: &PgPool, root_ts: &str) -> sqlx::Result<Option<uuid::Uuid>> {
+    sqlx::query_scalar!(
+        "SELECT decision_id FROM budget_notes WHERE root_ts = $1",
+        root_ts
+    )
+    .fetch_optional(pool)
+    .await
+}
