@@ -1929,11 +1929,23 @@ async fn ask_under(
     tag: &str,
     asked: &[&str],
 ) -> (Vec<store::ApplyJob>, Vec<store::ApplyOutcome>) {
+    let asked: Vec<(&str, &str)> = asked.iter().map(|ts| (*ts, *ts)).collect();
+    ask_in_threads(env, rules, tag, &asked).await
+}
+
+/// [`ask_under`], each question (its ts) in the thread of its root ts.
+async fn ask_in_threads(
+    env: &Env,
+    rules: &store::AdmitRules,
+    tag: &str,
+    asked: &[(&str, &str)],
+) -> (Vec<store::ApplyJob>, Vec<store::ApplyOutcome>) {
     use threadline_domain::classify::{Classification, Outcome, TriggerSource};
     let mut jobs = Vec::new();
-    for (i, ts) in asked.iter().enumerate() {
+    for (i, (ts, root)) in asked.iter().enumerate() {
         let event_id = format!("Ev{tag}{i}");
-        let (id, _) = env.receipt(&event_id, mention(ts, None)).await;
+        let thread = (ts != root).then_some(*root);
+        let (id, _) = env.receipt(&event_id, mention(ts, thread)).await;
         testing::receipts::set_receipt_state(&env.db.pool, id, "processing", None)
             .await
             .expect("begun");
@@ -1943,7 +1955,7 @@ async fn ask_under(
             receipt: id,
             event_id,
             classified: Classification {
-                effect: Effect::Upsert(facts(ts, ts, "what now?", None)),
+                effect: Effect::Upsert(facts(ts, root, "what now?", None)),
                 outcome: Outcome::Trigger(TriggerSource::Mention),
             },
             late: None,
@@ -2169,5 +2181,59 @@ async fn an_over_budget_note_is_discarded_once_its_question_is_answered() {
         .await
         .expect("answered");
     assert_eq!(claim().await, intents::Verdict::AlreadySent);
+    env.cleanup().await;
+}
+
+/// A parked request that will never be answered (a newer question in its
+/// thread answers instead, or its question was deleted) is dropped when
+/// its turn comes, before anything is charged or built for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_requests_superseded_or_deleted_are_dropped_not_resumed() {
+    use threadline_store::budgets;
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let asked = [
+        ("450.000001", "450.000001"),
+        ("450.000002", "450.000002"),
+        ("450.000003", "450.000003"),
+        ("450.000004", "450.000002"),
+    ];
+    let (_, applied) = ask_in_threads(&env, &one_a_minute(), "D", &asked).await;
+    assert!(
+        applied[1..]
+            .iter()
+            .all(|a| matches!(a.next, store::Next::Parked(_))),
+        "{:?}",
+        applied.iter().map(|a| &a.next).collect::<Vec<_>>()
+    );
+    env.handle("EvDdel", json!({"type": "message", "subtype": "message_deleted", "channel": "C0CHAN",
+                                "deleted_ts": "450.000003", "ts": "450.000009",
+                                "previous_message": {"ts": "450.000003", "text": "x", "user": "U0ANA"}}))
+        .await;
+    let resumed = budgets::lease_resumable(&env.db.pool, &Default::default(), 16, 30.0, 64)
+        .await
+        .expect("lease");
+    let order: Vec<&str> = resumed
+        .iter()
+        .map(|r| r.request.source_ts.as_str())
+        .collect();
+    assert_eq!(
+        order,
+        ["450.000004"],
+        "only the thread's latest, not deleted"
+    );
+    let mut conn = env.db.pool.acquire().await.expect("conn");
+    let s = budgets::sample(&mut conn, 20).await.expect("sample");
+    assert_eq!(
+        s.parked_by_reason.iter().map(|(_, n)| n).sum::<i64>(),
+        1,
+        "the others' places went"
+    );
+    drop(conn);
     env.cleanup().await;
 }

@@ -445,7 +445,8 @@ pub struct Resumed {
 /// `per_installation`), leased for `lease_secs`: every installation with
 /// work parked gets its turn each round, and within one the requests go in
 /// the order asked. A request charged by a round that died is not
-/// charged again.
+/// charged again. A request that will never be answered (its question
+/// deleted, or not its thread's latest any more) is dropped, uncharged.
 pub async fn lease_resumable(
     pool: &PgPool,
     defaults: &Limits,
@@ -477,7 +478,18 @@ pub async fn lease_resumable(
     let oldest = sqlx::query!(
         r#"SELECT w.receipt_id AS "receipt!", w.installation_id AS "inst!", w.event_id AS "event_id!",
                   w.channel_id AS "channel!", w.root_ts AS "root_ts!", w.source_ts AS "source_ts!", w.channel_ref,
-                  w.reason, w.charged AS "charged!"
+                  w.reason, w.charged AS "charged!",
+                  -- never to be answered: its question deleted, or a newer
+                  -- question in its thread answers instead
+                  (EXISTS (SELECT 1 FROM thread_messages m
+                            WHERE m.installation_id = w.installation_id AND m.channel_id = w.channel_id
+                              AND m.ts = w.source_ts AND m.deleted)
+                   OR EXISTS (SELECT 1 FROM turns n JOIN thread_messages m
+                                ON m.installation_id = n.installation_id AND m.channel_id = n.channel_id
+                               AND m.ts = n.ts
+                               WHERE n.installation_id = w.installation_id AND n.channel_id = w.channel_id
+                                 AND m.root_ts = w.root_ts AND n.ts::numeric > w.source_ts::numeric
+                                 AND NOT m.deleted)) AS "gone!"
              FROM unnest($2::uuid[]) AS t(inst)
             CROSS JOIN LATERAL (
                 SELECT x.* FROM tenant_work x
@@ -491,7 +503,13 @@ pub async fn lease_resumable(
     .await?;
     let mut now: HashMap<Uuid, (Standing, bool)> = HashMap::new();
     let mut leased = Vec::new();
+    let mut gone = Vec::new();
     for w in oldest {
+        if w.gone {
+            // (dropped before anything is charged for it)
+            gone.push(w.receipt);
+            continue;
+        }
         let (Some(b), Some(f)) = (buckets.get(&w.inst), found.get(&w.inst)) else {
             continue;
         };
@@ -547,7 +565,8 @@ pub async fn lease_resumable(
         r#"WITH b AS (
             UPDATE tenant_budgets t SET answers = u.answers, model_calls = u.calls, refilled_at = now()
               FROM unnest($1::uuid[], $2::float8[], $3::float8[]) AS u(inst, answers, calls)
-             WHERE t.installation_id = u.inst)
+             WHERE t.installation_id = u.inst),
+         g AS (DELETE FROM tenant_work WHERE receipt_id = ANY($7) AND state = $6)
          UPDATE tenant_work SET lease_until = now() + make_interval(secs => $5), charged = true
           WHERE receipt_id = ANY($4) AND state = $6"#,
         &spent.iter().map(|s| s.0).collect::<Vec<_>>(),
@@ -556,6 +575,7 @@ pub async fn lease_resumable(
         &receipts,
         lease_secs,
         WorkState::Parked.as_str(),
+        &gone,
     )
     .execute(&mut *tx)
     .await?;
