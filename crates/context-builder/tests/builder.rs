@@ -2237,3 +2237,60 @@ async fn parked_requests_superseded_or_deleted_are_dropped_not_resumed() {
     drop(conn);
     env.cleanup().await;
 }
+
+/// A round whose transaction began before another's but locked the
+/// bucket after it neither refills from before that round nor stores its
+/// own start as the time refilled to: the bucket is never over-credited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_that_began_earlier_but_locked_later_never_overcredits() {
+    use threadline_domain::budget::Limits;
+    use threadline_store::budgets;
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let l = Limits {
+        answers_per_minute: 60,
+        ..Default::default()
+    };
+    let request = |n: u32| budgets::Request {
+        installation: env.inst,
+        receipt: Uuid::now_v7(),
+        event_id: format!("EvC{n}"),
+        channel: "C0CHAN".into(),
+        root_ts: format!("460.{n:06}"),
+        source_ts: format!("460.{n:06}"),
+        channel_ref: None,
+    };
+    // The early round's transaction starts (its now() is fixed here).
+    let mut early = env.db.pool.begin().await.expect("tx");
+    budgets::lock(&mut early, &[Uuid::now_v7()], &l)
+        .await
+        .expect("a statement");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Another round spends all but one unit meanwhile.
+    let mut tx = env.db.pool.begin().await.expect("tx");
+    let many: Vec<_> = (0..59).map(request).collect();
+    budgets::admit_many(&mut tx, &many, &l, 1000)
+        .await
+        .expect("admitted");
+    tx.commit().await.expect("commit");
+    // The early round takes the last unit.
+    let a = budgets::admit_many(&mut early, &[request(100)], &l, 1000)
+        .await
+        .expect("admitted");
+    assert_eq!(a[0].verdict, threadline_domain::budget::Verdict::Admit);
+    early.commit().await.expect("commit");
+    let mut tx = env.db.pool.begin().await.expect("tx");
+    let b = budgets::lock(&mut tx, &[env.inst], &l).await.expect("lock");
+    tx.rollback().await.expect("rollback");
+    let left = b[&env.inst].answers;
+    assert!(
+        left < 0.5,
+        "spent; refilled for a moment only, not 1.5 s: {left}"
+    );
+    env.cleanup().await;
+}

@@ -34,6 +34,9 @@ pub struct Bucket {
     pub limits: Limits,
     pub answers: f64,
     pub model_calls: f64,
+    /// When it was refilled to (the clock once its lock was taken, as
+    /// seconds since the epoch): what is stored as its `refilled_at`.
+    pub at: f64,
 }
 
 /// Locks the buckets of `insts` for this transaction (made full for an
@@ -55,10 +58,14 @@ pub async fn lock(
             INSERT INTO tenant_budgets (installation_id, answers, model_calls)
             SELECT lim.inst, lim.apm, lim.cpm FROM lim ORDER BY lim.inst
             ON CONFLICT (installation_id) DO UPDATE SET installation_id = EXCLUDED.installation_id
-            RETURNING installation_id, answers, model_calls,
-                      extract(epoch FROM now() - refilled_at)::float8 AS elapsed)
+            -- (the clock once the lock is held, not the transaction's
+            -- start: a round that began earlier but locked later must
+            -- neither refill from a time before the last one nor store it)
+            RETURNING installation_id, answers, model_calls, refilled_at, clock_timestamp() AS at)
          SELECT up.installation_id AS "inst!", up.answers AS "answers!", up.model_calls AS "model_calls!",
-                up.elapsed AS "elapsed!", lim.apm AS "apm!", lim.cpm AS "cpm!", lim.tpd AS "tpd!"
+                extract(epoch FROM up.at - up.refilled_at)::float8 AS "elapsed!",
+                extract(epoch FROM up.at)::float8 AS "at!",
+                lim.apm AS "apm!", lim.cpm AS "cpm!", lim.tpd AS "tpd!"
            FROM up JOIN lim ON lim.inst = up.installation_id"#,
         insts,
         defaults.answers_per_minute as i32,
@@ -79,6 +86,7 @@ pub async fn lock(
                 limits,
                 answers: refill(r.answers, limits.answers_per_minute, r.elapsed),
                 model_calls: refill(r.model_calls, limits.model_calls_per_minute, r.elapsed),
+                at: r.at,
             };
             (r.inst, bucket)
         })
@@ -245,9 +253,9 @@ pub async fn admit_many(
         }
         out.push(Admitted { verdict, new: true });
     }
-    let spent: Vec<(Uuid, f64, f64)> = charged
+    let spent: Vec<Spent> = charged
         .iter()
-        .map(|i| (*i, now[i].answers, now[i].model_calls))
+        .map(|i| (*i, now[i].answers, now[i].model_calls, buckets[i].at))
         .collect();
     let placed: Vec<(&Request, Verdict)> = requests
         .iter()
@@ -259,11 +267,16 @@ pub async fn admit_many(
     Ok(out)
 }
 
-/// Stores the buckets after the units taken (refilled to now) and the
-/// places of new requests, in one statement.
+/// A bucket after the units taken: its installation, what is left of each
+/// budget, and when it was refilled to ([`Bucket::at`]).
+type Spent = (Uuid, f64, f64, f64);
+
+/// Stores the buckets after the units taken (refilled to when they were
+/// locked, never back in time) and the places of new requests, in one
+/// statement.
 async fn record(
     conn: &mut PgConnection,
-    spent: &[(Uuid, f64, f64)],
+    spent: &[Spent],
     placed: &[(&Request, Verdict)],
 ) -> sqlx::Result<()> {
     let state = |v: &Verdict| match v {
@@ -276,8 +289,9 @@ async fn record(
     };
     sqlx::query!(
         r#"WITH b AS (
-            UPDATE tenant_budgets t SET answers = u.answers, model_calls = u.calls, refilled_at = now()
-              FROM unnest($1::uuid[], $2::float8[], $3::float8[]) AS u(inst, answers, calls)
+            UPDATE tenant_budgets t
+               SET answers = u.answers, model_calls = u.calls, refilled_at = greatest(t.refilled_at, to_timestamp(u.at))
+              FROM unnest($1::uuid[], $2::float8[], $3::float8[], $15::float8[]) AS u(inst, answers, calls, at)
              WHERE t.installation_id = u.inst)
          INSERT INTO tenant_work (receipt_id, installation_id, event_id, channel_id, root_ts, source_ts, channel_ref,
                                   state, reason, parked_at, charged, admitted_at)
@@ -312,6 +326,7 @@ async fn record(
         &placed.iter().map(|p| reason(&p.1)).collect::<Vec<_>>() as &[Option<String>],
         WorkState::Parked.as_str(),
         WorkState::Admitted.as_str(),
+        &spent.iter().map(|s| s.3).collect::<Vec<_>>(),
     )
     .execute(&mut *conn)
     .await?;
@@ -551,20 +566,21 @@ pub async fn lease_resumable(
             ));
         }
     }
-    let spent: Vec<(Uuid, f64, f64)> = now
+    let spent: Vec<Spent> = now
         .iter()
         .filter(|(i, _)| {
             leased
                 .iter()
                 .any(|(c, l)| !c && l.request.installation == **i)
         })
-        .map(|(i, (s, _))| (*i, s.answers, s.model_calls))
+        .map(|(i, (s, _))| (*i, s.answers, s.model_calls, buckets[i].at))
         .collect();
     let receipts: Vec<Uuid> = leased.iter().map(|(_, l)| l.request.receipt).collect();
     sqlx::query!(
         r#"WITH b AS (
-            UPDATE tenant_budgets t SET answers = u.answers, model_calls = u.calls, refilled_at = now()
-              FROM unnest($1::uuid[], $2::float8[], $3::float8[]) AS u(inst, answers, calls)
+            UPDATE tenant_budgets t
+               SET answers = u.answers, model_calls = u.calls, refilled_at = greatest(t.refilled_at, to_timestamp(u.at))
+              FROM unnest($1::uuid[], $2::float8[], $3::float8[], $8::float8[]) AS u(inst, answers, calls, at)
              WHERE t.installation_id = u.inst),
          g AS (DELETE FROM tenant_work WHERE receipt_id = ANY($7) AND state = $6)
          UPDATE tenant_work SET lease_until = now() + make_interval(secs => $5), charged = true
@@ -576,6 +592,7 @@ pub async fn lease_resumable(
         lease_secs,
         WorkState::Parked.as_str(),
         &gone,
+        &spent.iter().map(|s| s.3).collect::<Vec<_>>(),
     )
     .execute(&mut *tx)
     .await?;
@@ -692,7 +709,7 @@ pub async fn rebuild(
         {
             let size = f64::from(b.limits.model_calls_per_minute);
             let left = (b.model_calls - 1.0).max(-size);
-            record(&mut tx, &[(r.installation, b.answers, left)], &[]).await?;
+            record(&mut tx, &[(r.installation, b.answers, left, b.at)], &[]).await?;
         }
         tx.commit().await?;
     }
