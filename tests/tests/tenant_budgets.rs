@@ -136,11 +136,18 @@ async fn a_tenants_backlog_never_delays_another_tenants_answer_past_one_model_ca
             None,
         )
         .await;
-    eventually("every event taken in", Duration::from_secs(60), || async {
+    // Taken in: B's question's receipts done, and every mention's two
+    // events (`app_mention` and `message`) received and closed.
+    let _b_taken_in = eventually("every event taken in", Duration::from_secs(60), || async {
+        let (b_all, b_open, b_done) =
+            threadline_store::testing::receipts::message_receipts(&s.db.pool, &b_question)
+                .await
+                .ok()?;
         let (all, open) = threadline_store::testing::receipts::count_all_and_open(&s.db.pool)
             .await
             .ok()?;
-        (all > backlog as i64 && open == 0).then_some(())
+        (b_all >= 1 && b_open == 0 && all >= 2 * (backlog as i64 + 1) && open == 0)
+            .then_some(b_done)
     })
     .await;
     let released = std::time::SystemTime::now()

@@ -712,3 +712,21 @@ pub async fn lock_waits(pool: &sqlx::PgPool) -> sqlx::Result<i64> {
     .fetch_one(pool)
     .await
 }
+
+/// The receipts of the message at `message_ts` (its `app_mention` and
+/// `message` events): how many, how many are still open, and when the last
+/// of them was last updated (seconds since the epoch; 0 without any).
+pub async fn message_receipts(
+    pool: &sqlx::PgPool,
+    message_ts: &str,
+) -> sqlx::Result<(i64, i64, f64)> {
+    sqlx::query!(
+        r#"SELECT count(*) AS "all!", count(*) FILTER (WHERE state IN ('accepted', 'processing')) AS "open!",
+                  coalesce(extract(epoch FROM max(updated_at)), 0)::float8 AS "updated!"
+             FROM event_receipts WHERE message_ts = $1"#,
+        message_ts
+    )
+    .fetch_one(pool)
+    .await
+    .map(|r| (r.all, r.open, r.updated))
+}
