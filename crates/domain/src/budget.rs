@@ -135,6 +135,9 @@ pub struct Standing {
     pub tokens_today: i64,
     pub in_queue: u32,
     pub parked_ahead: bool,
+    /// Why the request at the head of the line waits (`None`: nothing is
+    /// parked ahead, or it gave no reason).
+    pub head: Option<ParkReason>,
 }
 
 /// What becomes of one request.
@@ -169,7 +172,10 @@ impl Standing {
     /// admitted while nothing is short and nothing waits ahead of it (its
     /// units taken), and once one is parked every later one parks behind it
     /// (first in, first out). A request parked only behind others is parked
-    /// for what is short, or its turn (`tenant_queue`).
+    /// for what is short, or else for why the head of the line waits (so a
+    /// request behind work parked for a budget waits for that budget, is
+    /// told so and counted over budget, even when a unit is there at that
+    /// instant), or else its turn (`tenant_queue`).
     pub fn decide(&mut self, limits: &Limits, share: u32, n: usize) -> Vec<Verdict> {
         (0..n)
             .map(|_| match (self.short(limits, share), self.parked_ahead) {
@@ -179,7 +185,9 @@ impl Standing {
                 }
                 (short, _) => {
                     self.parked_ahead = true;
-                    Verdict::Park(short.unwrap_or(ParkReason::TenantQueue))
+                    let why = short.or(self.head).unwrap_or(ParkReason::TenantQueue);
+                    self.head.get_or_insert(why);
+                    Verdict::Park(why)
                 }
             })
             .collect()
@@ -313,6 +321,28 @@ mod tests {
         // The resumer takes the oldest first, as many as there is room for.
         assert_eq!(s.resumable(&LIMITS, 16, 10), 3);
         assert_eq!(s.resumable(&LIMITS, 16, 10), 0);
+    }
+
+    #[test]
+    fn a_request_behind_work_parked_for_a_budget_waits_for_that_budget() {
+        let over = ParkReason::Over(Budget::AnswersPerMinute);
+        // A unit is there at this instant, but the head waits for it.
+        let mut s = Standing {
+            answers: 1.0,
+            parked_ahead: true,
+            head: Some(over),
+            ..full()
+        };
+        assert_eq!(s.decide(&LIMITS, 16, 2), [Verdict::Park(over); 2]);
+        // Parked in this round for a budget: those behind it wait for it too.
+        let mut s = Standing {
+            answers: 1.0,
+            ..full()
+        };
+        assert_eq!(
+            s.decide(&LIMITS, 16, 3),
+            [Verdict::Admit, Verdict::Park(over), Verdict::Park(over)]
+        );
     }
 
     #[test]

@@ -101,6 +101,8 @@ pub async fn lock(
 pub struct Found {
     pub in_queue: i64,
     pub parked_ahead: bool,
+    /// Why the oldest of those waits.
+    pub head: Option<ParkReason>,
     pub tokens_today: i64,
     pub admitted: Vec<Uuid>,
     /// Parked already, with why.
@@ -123,6 +125,9 @@ pub async fn standing(
                 EXISTS (SELECT 1 FROM tenant_work w
                          WHERE w.installation_id = i.inst AND w.state = $4
                            AND NOT (w.receipt_id = ANY($2))) AS "parked_ahead!",
+                (SELECT w.reason FROM tenant_work w
+                  WHERE w.installation_id = i.inst AND w.state = $4 AND NOT (w.receipt_id = ANY($2))
+                  ORDER BY w.source_ts::numeric, w.seq LIMIT 1) AS head,
                 coalesce((SELECT t.tokens FROM tenant_tokens t
                            WHERE t.installation_id = i.inst AND t.day = (now() AT TIME ZONE 'UTC')::date), 0)
                     AS "tokens!",
@@ -158,6 +163,7 @@ pub async fn standing(
                 Found {
                     in_queue: r.in_queue,
                     parked_ahead: r.parked_ahead,
+                    head: r.head.as_deref().and_then(ParkReason::parse),
                     tokens_today: r.tokens,
                     admitted: r.admitted,
                     parked,
@@ -246,6 +252,7 @@ pub async fn admit_many(
             tokens_today: f.tokens_today,
             in_queue: u32::try_from(f.in_queue).unwrap_or(u32::MAX),
             parked_ahead: f.parked_ahead,
+            head: f.head,
         });
         let verdict = s.decide(&b.limits, share, 1)[0];
         if verdict == Verdict::Admit {
@@ -536,6 +543,7 @@ pub async fn lease_resumable(
                     tokens_today: f.tokens_today,
                     in_queue: u32::try_from(f.in_queue).unwrap_or(u32::MAX),
                     parked_ahead: false,
+                    head: None,
                 },
                 true,
             )
