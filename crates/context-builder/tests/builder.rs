@@ -2294,3 +2294,28 @@ async fn a_round_that_began_earlier_but_locked_later_never_overcredits() {
     );
     env.cleanup().await;
 }
+
+/// A workspace over budget that opens thread after thread is sent at most
+/// `NOTES_PER_MINUTE` notes a minute, not one post per thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_budget_notes_are_capped_per_installation_and_minute() {
+    use threadline_store::budgets;
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let asked: Vec<String> = (1..=9).map(|i| format!("470.{i:06}")).collect();
+    let asked: Vec<&str> = asked.iter().map(String::as_str).collect();
+    let (_, applied) = ask_under(&env, &one_a_minute(), "K", &asked).await;
+    let parked = applied
+        .iter()
+        .filter(|a| matches!(a.next, store::Next::Parked(_)))
+        .count();
+    let noted = applied.iter().filter(|a| a.noted).count();
+    assert_eq!(parked, 8);
+    assert_eq!(noted as i64, budgets::NOTES_PER_MINUTE);
+    env.cleanup().await;
+}

@@ -26,6 +26,13 @@ use crate::moves;
 /// counts no more, and the resumer deletes it.
 pub const ADMITTED_STALE_SECS: f64 = 600.0;
 
+/// The most over-budget notes one installation is sent in a minute: a
+/// workspace over budget that opens thread after thread is not answered
+/// with a post in each (the notes are threadline's own posts, under no
+/// budget else); a thread not told for this is told by a later request of
+/// it, if any, once the minute has passed.
+pub const NOTES_PER_MINUTE: i64 = 5;
+
 /// An installation's budgets as one round sees them: its limits (the
 /// defaults with its overrides) and its buckets refilled to now, locked
 /// for the round's transaction.
@@ -356,7 +363,9 @@ pub struct NoteBody {
 /// through the one reply mechanism. A note not claimed yet (its thread
 /// moved on before it was posted: a newer question made it stale or
 /// superseded) is replaced by one bound to this question and version; a
-/// note claimed or posted is the thread's. `None` when nothing is proposed.
+/// note claimed or posted is the thread's. `None` when nothing is proposed
+/// (also when its installation was sent [`NOTES_PER_MINUTE`] notes in the
+/// last minute).
 pub async fn propose_note(
     conn: &mut PgConnection,
     r: &Request,
@@ -364,6 +373,18 @@ pub async fn propose_note(
 ) -> sqlx::Result<Option<Uuid>> {
     use threadline_domain::budget::{NOTE_ACTION_KIND, note_event_id};
     use threadline_domain::state::DecisionStatus;
+    // (the installation's bucket is locked by this transaction: rounds of
+    // one installation count these one after another)
+    let recent = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM budget_notes
+            WHERE installation_id = $1 AND noted_at > now() - make_interval(secs => 60)"#,
+        r.installation
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if recent >= NOTES_PER_MINUTE {
+        return Ok(None);
+    }
     let marked = sqlx::query!(
         r#"SELECT n.decision_id, d.status AS "status?",
                   EXISTS (SELECT 1 FROM reply_intents i
