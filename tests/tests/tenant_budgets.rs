@@ -285,6 +285,12 @@ async fn over_budget_work_waits_in_order_is_told_once_per_thread_and_resumes_as_
     for i in 0..BUDGET {
         within.push(s.post(&mention(&format!("within budget {i}")), None).await);
     }
+    // Threads are applied concurrently, so questions posted together may
+    // be admitted in any order: the budget is spent on these three before
+    // the next two are asked (well inside the twenty seconds of a refill).
+    for q in &within {
+        answer_in(&s, &s.channel, q, Duration::from_secs(20)).await;
+    }
     let first = s.post(&mention("over budget, first"), None).await;
     let second = s.post(&mention("over budget, second"), None).await;
     let notes_in = |root: String| {
