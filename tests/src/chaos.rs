@@ -1086,28 +1086,7 @@ pub async fn soak(
         }
         // A fault on the stream methods, now and then.
         if below(&mut rng, 100) < cfg.stream_fault_percent {
-            let (kind, body) = match below(&mut rng, 5) {
-                0 => (
-                    "stream_stop_429",
-                    json!({"method": "chat.stopStream", "mode": "ratelimited", "retry_after": 1}),
-                ),
-                1 => (
-                    "stream_append_429",
-                    json!({"method": "chat.appendStream", "mode": "ratelimited", "retry_after": 1}),
-                ),
-                2 => (
-                    "stream_start_response_lost",
-                    json!({"method": "chat.startStream", "mode": "lost_response", "latency_ms": 1500}),
-                ),
-                3 => (
-                    "stream_stop_response_lost",
-                    json!({"method": "chat.stopStream", "mode": "lost_response", "latency_ms": 1500}),
-                ),
-                _ => (
-                    "stream_start_503_not_applied",
-                    json!({"method": "chat.startStream", "mode": "http_error", "status": 503, "applied": false}),
-                ),
-            };
+            let (kind, body) = stream_fault(below(&mut rng, STREAM_FAULTS as u64) as usize);
             // (not while Postgres or NATS is away: nothing streams then, and
             // what is armed at the end of the activity is cleared unfired)
             let outage = episodes
@@ -1413,6 +1392,8 @@ pub async fn soak(
             format!("after the last action: SIGKILL {} and restart", SERVICES[i]),
         ));
     }
+    // (people[0]'s channel streams: only every third channel answers whole)
+    stream_faults_topped_up(s, &people[0], &mut faults, &mut log).await;
     crate::sim_clear_faults(&s.sim).await;
     set_stream_lifetime(s, SLACK_STREAM_LIFETIME_MS).await;
     let acting = started.elapsed();
@@ -1668,6 +1649,73 @@ async fn posts_refused_429(s: &Stack) -> BTreeMap<(String, String), usize> {
             .or_default() += 1;
     }
     refused
+}
+
+/// How many kinds of fault the soak arms on the stream methods.
+const STREAM_FAULTS: usize = 5;
+
+/// The `i`th kind of fault on the stream methods: its name in the
+/// soak's counts (`stream_` and its name in Slack's call log) and what
+/// arms it for the next call.
+fn stream_fault(i: usize) -> (&'static str, Value) {
+    match i {
+        0 => (
+            "stream_stop_429",
+            json!({"method": "chat.stopStream", "mode": "ratelimited", "retry_after": 1}),
+        ),
+        1 => (
+            "stream_append_429",
+            json!({"method": "chat.appendStream", "mode": "ratelimited", "retry_after": 1}),
+        ),
+        2 => (
+            "stream_start_response_lost",
+            json!({"method": "chat.startStream", "mode": "lost_response", "latency_ms": 1500}),
+        ),
+        3 => (
+            "stream_stop_response_lost",
+            json!({"method": "chat.stopStream", "mode": "lost_response", "latency_ms": 1500}),
+        ),
+        _ => (
+            "stream_start_503_not_applied",
+            json!({"method": "chat.startStream", "mode": "http_error", "status": 503, "applied": false}),
+        ),
+    }
+}
+
+/// Every armable stream fault fires in every run: one armed late may meet
+/// no call of its method before the activity ends (its arming is then
+/// cleared unfired), and one armed behind another on the same method waits
+/// its turn. Each that has not fired yet is armed again and one more
+/// question is asked where answers stream, until Slack's call log shows it
+/// fired (or a minute passes: the run's check then names it).
+async fn stream_faults_topped_up(
+    s: &Stack,
+    who: &Person,
+    faults: &mut BTreeMap<&'static str, usize>,
+    log: &mut Vec<(Option<String>, String)>,
+) {
+    for i in 0..STREAM_FAULTS {
+        let (kind, body) = stream_fault(i);
+        let fired_as = &kind["stream_".len()..];
+        if stream_faults_fired(s).await.contains_key(fired_as) {
+            continue;
+        }
+        fault(s, body).await;
+        *faults.entry(kind).or_default() += 1;
+        let text = format!("<@{}> one more streamed answer, for {kind}?", who.bot);
+        let asked = post(s, who, &text, None).await;
+        log.push((
+            asked.clone(),
+            format!(
+                "after the last action: {kind} armed again, and a question asked in {}",
+                who.channel
+            ),
+        ));
+        let until = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < until && !stream_faults_fired(s).await.contains_key(fired_as) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
 }
 
 /// The stream faults that fired, from Slack's call log: 429s on appends
