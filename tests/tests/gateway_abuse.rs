@@ -891,3 +891,51 @@ async fn stalled_one_byte_bodies_cannot_hold_the_connections_a_signed_delivery_n
     drop(stalled);
     assert!(gw.terminate().await.success());
 }
+
+/// Refusals anyone can cause at will are logged at a bounded rate: a flood
+/// of deliveries signed with the wrong secret gives one warning line (the
+/// first at once, the next a minute later with how many went unlogged),
+/// and the metric counts every one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_forged_signatures_is_counted_each_and_logged_once_a_minute() {
+    const FORGED: usize = 200;
+    let db = TestDb::new().await;
+    let gw = spawn_gateway(&base_env(&db)).await;
+    let http = reqwest::Client::new();
+    let body = event("EvForged");
+    for _ in 0..FORGED {
+        let (ts, sig) =
+            threadline_testkit::slack::signature("not the signing secret", now_unix(), &body);
+        let status = http
+            .post(format!("{}/slack/events", gw.base_url))
+            .header("content-type", "application/json")
+            .header("x-slack-request-timestamp", ts)
+            .header("x-slack-signature", sig)
+            .body(body.clone())
+            .send()
+            .await
+            .expect("answered")
+            .status();
+        assert_eq!(status, reqwest::StatusCode::UNAUTHORIZED);
+    }
+    let counted = metric_sum(
+        &metrics(&gw).await,
+        "threadline_auth_failures_total",
+        "reason=\"signature_mismatch\"",
+    );
+    assert_eq!(counted, FORGED as f64, "every refusal counted");
+    let log = std::fs::read_to_string(gw.log.as_ref().expect("a log")).expect("the log");
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("unverified request refused"))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one line for the flood of {FORGED}; the first: {:?}",
+        lines.first()
+    );
+    assert!(lines[0].contains("signature_mismatch"), "{}", lines[0]);
+    assert_eq!(receipts(&db).await, 0, "nothing forged was recorded");
+    assert!(gw.terminate().await.success());
+}

@@ -110,7 +110,7 @@ pub(crate) async fn receive(
     let declared = declared.map(|n| n as usize);
     let Some(share) = app.unverified.reserve(declared.unwrap_or(limit)).await else {
         metrics::counter!("threadline_gateway_unverified_budget_refusals_total").increment(1);
-        tracing::debug!("unverified-bytes budget spent; delivery refused unread");
+        refusal_line("unverified_budget");
         let mut resp = StatusCode::SERVICE_UNAVAILABLE.into_response();
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -121,12 +121,14 @@ pub(crate) async fn receive(
             Ok(body) => body,
             Err(ReadError::TooLarge) => return Err(too_large()),
             Err(ReadError::Slow) => {
+                refusal_line("body_timeout");
                 return Err((
                     Answer::Rejected("body_timeout"),
                     StatusCode::REQUEST_TIMEOUT.into_response(),
                 ));
             }
             Err(ReadError::Broken) => {
+                refusal_line("body_unreadable");
                 return Err((
                     Answer::Rejected("body_unreadable"),
                     StatusCode::BAD_REQUEST.into_response(),
@@ -154,9 +156,21 @@ fn verify(
     )
 }
 
+/// A line for a refusal of an unverified request, at most one a minute per
+/// `reason` (anyone can cause them at will; the metrics count each).
+fn refusal_line(reason: &'static str) {
+    if let Some(unlogged) = threadline_runtime::sampled::refusals().admit(reason) {
+        tracing::warn!(
+            reason,
+            unlogged_since_last = unlogged,
+            "unverified request refused (one line a minute per reason; the metrics count each)"
+        );
+    }
+}
+
 fn unauthorized(e: SignatureError) -> (Answer, Response) {
     // No detail to the caller, and nothing of the body or signatures in logs.
-    tracing::debug!(reason = e.reason_code(), "delivery failed signature check");
+    refusal_line(e.reason_code());
     metrics::counter!("threadline_auth_failures_total", "source" => "slack_signature", "reason" => e.reason_code())
         .increment(1);
     (
@@ -166,6 +180,7 @@ fn unauthorized(e: SignatureError) -> (Answer, Response) {
 }
 
 fn too_large() -> (Answer, Response) {
+    refusal_line("body_too_large");
     (
         Answer::Rejected("body_too_large"),
         StatusCode::PAYLOAD_TOO_LARGE.into_response(),

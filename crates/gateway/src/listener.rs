@@ -379,6 +379,14 @@ pub async fn serve(
             Ok(slot) => slot,
             Err(_) => {
                 metrics::counter!("threadline_gateway_connections_at_cap_total").increment(1);
+                if let Some(unlogged) =
+                    threadline_runtime::sampled::refusals().admit("connections_at_cap")
+                {
+                    tracing::warn!(
+                        unlogged_since_last = unlogged,
+                        "connections at their cap; the idlest is closed for a new one (one line a minute; the metrics count each)"
+                    );
+                }
                 registry.evict_one();
                 tokio::select! {
                     slot = slots.clone().acquire_owned() => match slot {

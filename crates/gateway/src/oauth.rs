@@ -96,6 +96,13 @@ pub async fn install(State(s): State<OAuthState>, req: Request) -> Response {
     if let Err((why, wait)) = s.limiter.check(client_address(&req, s.trust_forwarded_for)) {
         metrics::counter!("threadline_oauth_installs_limited_total", "limit" => why.label())
             .increment(1);
+        if let Some(unlogged) = threadline_runtime::sampled::refusals().admit("install_limited") {
+            tracing::warn!(
+                limit = why.label(),
+                unlogged_since_last = unlogged,
+                "install link rate-limited (one line a minute; the metrics count each)"
+            );
+        }
         let mut resp = page(
             StatusCode::TOO_MANY_REQUESTS,
             "Too many installation attempts",

@@ -19,6 +19,7 @@ pub mod nats_auth;
 pub mod nats_role;
 pub mod outbox;
 pub mod redact;
+pub mod sampled;
 pub mod service;
 pub mod settings;
 pub mod shutdown;
