@@ -238,6 +238,23 @@ async fn purge_removes_only_what_is_past_retention() {
             .await
             .expect("assistant thread");
     }
+    // Budget records: token counts a day (kept as long as the audit log),
+    // over-budget notes (one whose thread is still in use, one whose
+    // thread is gone, one recent).
+    for days in [500, 10] {
+        threadline_store::testing::budgets::insert_tokens_days_ago(&db.pool, inst, days, 1000)
+            .await
+            .expect("tokens");
+    }
+    for (root, age) in [
+        ("200.000001", DAY * 40),
+        ("300.000001", DAY * 40),
+        ("400.000001", DAY),
+    ] {
+        threadline_store::testing::budgets::insert_note_ago(&db.pool, inst, root, age)
+            .await
+            .expect("note");
+    }
     let env = [("DATABASE_URL", db.url.clone())];
     let counts = |out: &std::process::Output| -> Value {
         assert!(
@@ -284,6 +301,14 @@ async fn purge_removes_only_what_is_past_retention() {
         .expect("kept");
     assert_eq!(kept, ["EvNEW", "EvOPEN"], "unfinished work is never purged");
     assert_eq!(done["assistant_threads"], 2, "{done}");
+    assert_eq!(done["budget_records"], 2, "{done}");
+    assert_eq!(
+        threadline_store::testing::budgets::retained(&db.pool)
+            .await
+            .expect("budget records"),
+        (1, vec!["200.000001".to_owned(), "400.000001".to_owned()]),
+        "a day's tokens within the audit retention, and the notes of a thread in use or recent, are kept"
+    );
     assert_eq!(
         threadline_store::testing::assistant::thread_roots(&db.pool)
             .await

@@ -3,7 +3,7 @@
 //! receipts with their contexts and rejections, the raw bodies of unparsed
 //! deliveries never replayed (their receipts are closed as `failed`,
 //! reason `unparsed_expired`), the stored text of idle threads and of
-//! settled proposals, and idle assistant-pane threads.
+//! settled proposals, idle assistant-pane threads, and old budget records.
 
 use sqlx::PgPool;
 use threadline_domain::state::{Machine as _, ReceiptState};
@@ -39,6 +39,12 @@ pub struct Purged {
     /// messages past the receipts' retention, persons' actions past the
     /// threads'.
     pub delivery_records: i64,
+    /// Budget records (identifiers and counts only): model tokens per day
+    /// past the audit retention (they are usage accounting, as the audit
+    /// log is), and over-budget notes past the threads' retention whose
+    /// thread is gone (a thread still in use keeps its note, so it is
+    /// never told twice).
+    pub budget_records: i64,
 }
 
 pub async fn purge(pool: &PgPool, keep: Retention, dry_run: bool) -> sqlx::Result<Purged> {
@@ -164,6 +170,22 @@ pub async fn purge(pool: &PgPool, keep: Retention, dry_run: bool) -> sqlx::Resul
                     RETURNING 1)
          SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b) + (SELECT count(*) FROM c) AS "n!""#,
         cutoff,
+        keep.threads_days
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+
+    p.budget_records = sqlx::query_scalar!(
+        r#"WITH a AS (DELETE FROM tenant_tokens WHERE day < (now() - make_interval(days => $1::int))::date
+                    RETURNING 1),
+              b AS (DELETE FROM budget_notes n
+                     WHERE n.noted_at < now() - make_interval(days => $2::int)
+                       AND NOT EXISTS (SELECT 1 FROM threads t
+                                        WHERE t.installation_id = n.installation_id AND t.channel_id = n.channel_id
+                                          AND t.root_ts = n.root_ts)
+                    RETURNING 1)
+         SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b) AS "n!""#,
+        keep.audit_days,
         keep.threads_days
     )
     .fetch_one(&mut *tx)

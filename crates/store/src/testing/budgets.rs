@@ -25,3 +25,54 @@ pub async fn note_decision(pool: &PgPool, root_ts: &str) -> sqlx::Result<Option<
     .fetch_optional(pool)
     .await
 }
+
+/// A day's model tokens of `installation_id`, `days_ago` UTC days back.
+pub async fn insert_tokens_days_ago(
+    pool: &PgPool,
+    installation_id: uuid::Uuid,
+    days_ago: i32,
+    tokens: i64,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO tenant_tokens (installation_id, day, tokens)
+         VALUES ($1, (now() - make_interval(days => $2::int))::date, $3)",
+        installation_id,
+        days_ago,
+        tokens
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// An over-budget note in thread `root_ts` of channel `C1`, given `ago`.
+pub async fn insert_note_ago(
+    pool: &PgPool,
+    installation_id: uuid::Uuid,
+    root_ts: &str,
+    ago: std::time::Duration,
+) -> sqlx::Result<()> {
+    let ago = sqlx::postgres::types::PgInterval::try_from(ago).map_err(sqlx::Error::Encode)?;
+    sqlx::query!(
+        "INSERT INTO budget_notes (installation_id, channel_id, root_ts, decision_id, noted_at)
+         VALUES ($1, 'C1', $2, $3, now() - $4::interval)",
+        installation_id,
+        root_ts,
+        uuid::Uuid::now_v7(),
+        ago
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The budget records left: (days of token counts, note roots), sorted.
+pub async fn retained(pool: &PgPool) -> sqlx::Result<(i64, Vec<String>)> {
+    let days = sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM tenant_tokens"#)
+        .fetch_one(pool)
+        .await?;
+    let roots = sqlx::query_scalar!("SELECT root_ts FROM budget_notes ORDER BY root_ts")
+        .fetch_all(pool)
+        .await?;
+    Ok((days, roots))
+}
