@@ -45,9 +45,10 @@ pub struct Handler {
     /// An event that reaches the gateway this long after it happened is
     /// late (`THREADLINE_LATE_EVENT_MS`).
     pub late_after: std::time::Duration,
-    /// The budgets of an installation without its own, for a rebuild's
-    /// charge (`THREADLINE_BUDGET_*`; 0: no limit).
-    pub budgets: threadline_domain::budget::Limits,
+    /// How requests are admitted: the budgets of an installation without
+    /// its own and its share of the model's queue, for a rebuild's place
+    /// and charge (`THREADLINE_BUDGET_*`, `THREADLINE_TENANT_QUEUE_SHARE`).
+    pub admission: store::AdmitRules,
 }
 
 /// A request whose context is built: its event, receipt and message, and
@@ -598,7 +599,13 @@ impl Handler {
             source_ts: t.ts.clone(),
             channel_ref: threadline_runtime::audit::channel_ref(inst.id, &r.channel_id),
         };
-        Ok(threadline_store::budgets::rebuild(&self.pool, &request, &self.budgets).await?)
+        Ok(threadline_store::budgets::rebuild(
+            &self.pool,
+            &request,
+            &self.admission.limits,
+            self.admission.share,
+        )
+        .await?)
     }
 
     /// A parked request whose turn came (the resumer leased it and took its

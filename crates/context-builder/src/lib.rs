@@ -64,7 +64,7 @@ pub async fn run(
         builds: handler::builds(&deps.pool, cfg.common.statement_batch),
         finishes: handler::finishes(&statements, cfg.common.statement_batch),
         late_after: cfg.late_after,
-        budgets: cfg.admission.limits,
+        admission: cfg.admission.clone(),
     });
     let health = deps.serve_health(listener, shutdown.clone());
     tracing::info!(concurrency = cfg.concurrency, "context-builder consuming");

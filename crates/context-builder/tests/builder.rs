@@ -87,7 +87,7 @@ impl Env {
             builds: threadline_context_builder::handler::builds(&db.pool, 64),
             finishes: threadline_context_builder::handler::finishes(&db.pool, 64),
             late_after: Duration::from_secs(300),
-            budgets: Default::default(),
+            admission: store::AdmitRules::unlimited(),
         };
         Self {
             db,
@@ -2001,9 +2001,14 @@ async fn a_reconsideration_of_a_leased_parked_request_builds_it() {
         .await
         .expect("lease");
     assert_eq!(resumed.len(), 1);
-    let state = budgets::rebuild(&env.db.pool, &resumed[0].request, &Default::default())
-        .await
-        .expect("rebuild");
+    let state = budgets::rebuild(
+        &env.db.pool,
+        &resumed[0].request,
+        &Default::default(),
+        1_000_000,
+    )
+    .await
+    .expect("rebuild");
     assert_eq!(state, Some(WorkState::Admitted), "leased: in flight, built");
     let marked = budgets::mark_admitted(&env.db.pool, &resumed)
         .await
@@ -2117,13 +2122,13 @@ async fn a_rebuild_charges_a_model_call_only_under_a_limit_and_within_a_floor() 
         ..Default::default()
     };
     for n in 0..5 {
-        budgets::rebuild(&env.db.pool, &request(n), &Limits::default())
+        budgets::rebuild(&env.db.pool, &request(n), &Limits::default(), 1_000_000)
             .await
             .expect("rebuild");
     }
     assert!(calls(limited).await >= 0.0, "no limit: nothing owed");
     for n in 5..10 {
-        budgets::rebuild(&env.db.pool, &request(n), &limited)
+        budgets::rebuild(&env.db.pool, &request(n), &limited, 1_000_000)
             .await
             .expect("rebuild");
     }
@@ -2131,6 +2136,83 @@ async fn a_rebuild_charges_a_model_call_only_under_a_limit_and_within_a_floor() 
     assert!(
         (-2.0..-1.5).contains(&left),
         "at most its size in debt: {left}"
+    );
+    env.cleanup().await;
+}
+
+/// A rebuild that takes a new place in the model's queue counts against
+/// its installation's share like a new request: past the share it is
+/// parked (`tenant_queue`, not charged) for the resumer, and a rebuild of
+/// a request already in the queue keeps its place whatever the share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_past_the_installations_share_is_parked_not_queued() {
+    use threadline_domain::budget::Limits;
+    use threadline_store::budgets;
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let request = |n: u32| budgets::Request {
+        installation: env.inst,
+        receipt: Uuid::now_v7(),
+        event_id: format!("EvS{n}"),
+        channel: "C0CHAN".into(),
+        root_ts: format!("44{n}.000001"),
+        source_ts: format!("44{n}.000001"),
+        channel_ref: None,
+    };
+    let calls = Limits {
+        model_calls_per_minute: 10,
+        ..Default::default()
+    };
+    const SHARE: u32 = 2;
+    let first = request(0);
+    let mut placed = Vec::new();
+    for r in [first.clone(), request(1), request(2)] {
+        placed.push(
+            budgets::rebuild(&env.db.pool, &r, &calls, SHARE)
+                .await
+                .expect("rebuild"),
+        );
+    }
+    assert_eq!(
+        placed,
+        [
+            None,
+            None,
+            Some(threadline_domain::state::WorkState::Parked)
+        ],
+        "two places taken, the third parked"
+    );
+    // (the one in the queue is rebuilt again: it keeps its place)
+    assert_eq!(
+        budgets::rebuild(&env.db.pool, &first, &calls, SHARE)
+            .await
+            .expect("rebuild"),
+        Some(threadline_domain::state::WorkState::Admitted)
+    );
+    let sample = {
+        let mut conn = env.db.pool.acquire().await.expect("conn");
+        budgets::sample(&mut conn, 10).await.expect("sample")
+    };
+    assert_eq!(sample.in_queue, 2, "{sample:?}");
+    assert_eq!(
+        sample.parked_by_reason,
+        [("tenant_queue".to_owned(), 1)],
+        "{sample:?}"
+    );
+    let mut tx = env.db.pool.begin().await.expect("tx");
+    let b = budgets::lock(&mut tx, &[env.inst], &calls)
+        .await
+        .expect("lock");
+    tx.rollback().await.expect("rollback");
+    let left = b[&env.inst].model_calls;
+    assert!(
+        (7.0..7.5).contains(&left),
+        "three model calls charged (the parked rebuild none): {left}"
     );
     env.cleanup().await;
 }

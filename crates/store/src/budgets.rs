@@ -689,28 +689,46 @@ pub async fn sweep_stale(pool: &PgPool) -> sqlx::Result<u64> {
 /// A request rebuilt for a newer version of its thread (a
 /// reconsideration): `Some(Parked)` when it waits parked and no resumer
 /// holds it (the resumer builds it, from the thread as it is then);
-/// otherwise it keeps (or takes again) its place in the model's queue and
-/// is charged one model call when its installation has that limit
-/// (`defaults` with its overrides), whatever is left: the bucket, refilled
-/// to now, may go into debt, at most its size. A parked request under a resumer's lease counts as admitted: its
-/// context may be published already from an older version of the thread,
-/// and its mark as admitted may come after this reconsideration, which
-/// must then build it.
+/// otherwise it keeps its place in the model's queue (`Some(Admitted)`),
+/// or takes one now (`None`) if its installation holds fewer than `share`
+/// there — else it is parked now (`tenant_queue`, `Some(Parked)`), as a
+/// new request would be. A request in the queue is charged one model call
+/// when its installation has that limit (`defaults` with its overrides),
+/// whatever is left: the bucket, refilled to now, may go into debt, at
+/// most its size. A parked request under a resumer's lease counts as
+/// admitted: its context may be published already from an older version
+/// of the thread, and its mark as admitted may come after this
+/// reconsideration, which must then build it. The installation's bucket
+/// is locked first, as admission and the resumer lock it, so that the
+/// share is counted under the same lock.
 pub async fn rebuild(
     pool: &PgPool,
     r: &Request,
     defaults: &Limits,
+    share: u32,
 ) -> sqlx::Result<Option<WorkState>> {
-    let state = sqlx::query_scalar!(
+    let mut tx = pool.begin().await?;
+    let buckets = lock(&mut tx, &[r.installation], defaults).await?;
+    let found = sqlx::query!(
         r#"WITH cur AS (
             SELECT CASE WHEN state = $9 AND lease_until > now() THEN $8 ELSE state END AS state
               FROM tenant_work WHERE receipt_id = $1),
+         room AS (
+            SELECT CASE WHEN count(*) >= $10 THEN $9 ELSE $8 END AS state
+              FROM tenant_work WHERE installation_id = $2 AND state = $8),
          placed AS (
             INSERT INTO tenant_work (receipt_id, installation_id, event_id, channel_id, root_ts, source_ts,
-                                     channel_ref, state, charged, admitted_at)
-            SELECT $1, $2, $3, $4, $5, $6, $7, $8, true, now() WHERE NOT EXISTS (SELECT 1 FROM cur)
-            ON CONFLICT (receipt_id) DO NOTHING)
-         SELECT state AS "state!" FROM cur"#,
+                                     channel_ref, state, reason, parked_at, charged, admitted_at)
+            SELECT $1, $2, $3, $4, $5, $6, $7, room.state,
+                   CASE WHEN room.state = $9 THEN $11 END,
+                   CASE WHEN room.state = $9 THEN clock_timestamp() END,
+                   room.state = $8,
+                   CASE WHEN room.state = $8 THEN now() END
+              FROM room WHERE NOT EXISTS (SELECT 1 FROM cur)
+            ON CONFLICT (receipt_id) DO NOTHING
+            RETURNING state)
+         SELECT state AS "state!", false AS "new!" FROM cur
+         UNION ALL SELECT state, true FROM placed"#,
         r.receipt,
         r.installation,
         r.event_id,
@@ -720,29 +738,36 @@ pub async fn rebuild(
         r.channel_ref,
         WorkState::Admitted.as_str(),
         WorkState::Parked.as_str(),
+        i64::from(share),
+        ParkReason::TenantQueue.as_str(),
     )
-    .fetch_optional(pool)
+    .fetch_optional(&mut *tx)
     .await?;
-    let state = state
-        .as_deref()
-        .map(WorkState::parse)
-        .transpose()
-        .map_err(|e| sqlx::Error::Decode(format!("tenant_work.state: {e}").into()))?;
-    if state != Some(WorkState::Parked) {
-        // (a transaction of its own: no lock on the work row is held while
-        // the bucket is locked, nor the other way round)
-        let mut tx = pool.begin().await?;
-        let buckets = lock(&mut tx, &[r.installation], defaults).await?;
-        if let Some(b) = buckets.get(&r.installation)
-            && b.limits.model_calls_per_minute > 0
-        {
-            let size = f64::from(b.limits.model_calls_per_minute);
-            let left = (b.model_calls - 1.0).max(-size);
-            record(&mut tx, &[(r.installation, b.answers, left, b.at)], &[]).await?;
-        }
-        tx.commit().await?;
+    let (state, new) = match found {
+        Some(f) => (
+            Some(
+                WorkState::parse(&f.state)
+                    .map_err(|e| sqlx::Error::Decode(format!("tenant_work.state: {e}").into()))?,
+            ),
+            f.new,
+        ),
+        None => (None, false),
+    };
+    if state != Some(WorkState::Parked)
+        && let Some(b) = buckets.get(&r.installation)
+        && b.limits.model_calls_per_minute > 0
+    {
+        let size = f64::from(b.limits.model_calls_per_minute);
+        let left = (b.model_calls - 1.0).max(-size);
+        record(&mut tx, &[(r.installation, b.answers, left, b.at)], &[]).await?;
     }
-    Ok(state)
+    tx.commit().await?;
+    // (a place taken now answers `None`, as before: the caller gives it
+    // back if the rebuild builds nothing)
+    Ok(match (state, new) {
+        (Some(WorkState::Admitted), true) => None,
+        (s, _) => s,
+    })
 }
 
 /// What is parked and admitted now, for gauges and `threadline stats`.
