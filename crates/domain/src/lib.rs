@@ -9,6 +9,7 @@ pub mod classify;
 pub mod context;
 pub mod envelope;
 pub mod event;
+pub mod feedback;
 pub mod ids;
 pub mod kill_switch;
 pub mod late;

@@ -43,6 +43,53 @@ pub fn ending_metadata(intent: Option<&str>, ending: Ending) -> Value {
     }
 }
 
+/// What a reply of threadline shows in blocks. Every form of reply gets
+/// its blocks from [`blocks`], the one place they are built, so that every
+/// answer carries its feedback buttons by construction (DESIGN invariant
+/// 12: one reply mechanism) and nothing that is no answer does.
+#[derive(Debug, Clone, Copy)]
+pub enum Shown<'a> {
+    /// An answer posted whole (also an approved review answer, or the
+    /// whole answer after an interrupted stream): the decision's blocks
+    /// (its body and its AI label), then its feedback buttons.
+    Posted {
+        blocks: Option<&'a Value>,
+        decision: &'a str,
+    },
+    /// An answer's stream stopped with the whole answer: the AI label
+    /// below the streamed text, then its feedback buttons.
+    Stopped { label: &'a str, decision: &'a str },
+    /// A stream ended before the whole answer (its closing line): the AI
+    /// label only; it answered nothing, so nothing to rate.
+    Ended { label: &'a str },
+    /// threadline's own note (the over-budget note): its blocks as stored;
+    /// no answer, no buttons.
+    Note { blocks: Option<&'a Value> },
+}
+
+/// The AI label as a `context` block (the test oracle looks for it).
+pub fn label_block(label: &str) -> Value {
+    json!({"type": "context", "elements": [{"type": "mrkdwn", "text": label}]})
+}
+
+/// The blocks a reply carries (a JSON array; empty when it has none).
+pub fn blocks(shown: Shown<'_>) -> Value {
+    let stored = |b: Option<&Value>| b.and_then(Value::as_array).cloned().unwrap_or_default();
+    let all = match shown {
+        Shown::Posted { blocks, decision } => {
+            let mut all = stored(blocks);
+            all.push(crate::feedback::block(decision));
+            all
+        }
+        Shown::Stopped { label, decision } => {
+            vec![label_block(label), crate::feedback::block(decision)]
+        }
+        Shown::Ended { label } => vec![label_block(label)],
+        Shown::Note { blocks } => stored(blocks),
+    };
+    Value::Array(all)
+}
+
 /// Why a stream ended before the whole answer, and what it then says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {
@@ -362,6 +409,45 @@ pub fn conclude(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_answer_carries_feedback_buttons_and_nothing_else_does() {
+        use crate::feedback::carries_buttons;
+        let stored = json!([{"type": "section", "text": {"type": "mrkdwn", "text": "hi"}},
+                            label_block("AI-generated")]);
+        let posted = blocks(Shown::Posted {
+            blocks: Some(&stored),
+            decision: "d1",
+        });
+        assert_eq!(
+            posted.as_array().unwrap()[..2],
+            stored.as_array().unwrap()[..]
+        );
+        assert!(carries_buttons(&posted));
+        assert_eq!(
+            posted[2]["elements"][0]["positive_button"]["value"],
+            "positive:d1"
+        );
+        let stopped = blocks(Shown::Stopped {
+            label: "AI-generated",
+            decision: "d2",
+        });
+        assert_eq!(stopped[0], label_block("AI-generated"));
+        assert!(carries_buttons(&stopped));
+        assert_eq!(
+            blocks(Shown::Ended {
+                label: "AI-generated"
+            }),
+            json!([label_block("AI-generated")])
+        );
+        assert_eq!(
+            blocks(Shown::Note {
+                blocks: Some(&stored)
+            }),
+            stored
+        );
+        assert_eq!(blocks(Shown::Note { blocks: None }), json!([]));
+    }
 
     const PATIENCE: Patience = Patience {
         reads: 3,

@@ -1,10 +1,13 @@
 //! Review in Slack: the action ids of a review request's buttons, and the
 //! parts of an interactivity request (`POST /slack/interactions`, a signed
-//! form whose `payload` field is JSON) that a click on them carries.
+//! form whose `payload` field is JSON) that a click on them carries; a
+//! click on an answer's feedback buttons is read here too (one parse of a
+//! payload, one type per kind: [`Interaction`]).
 
 use serde_json::Value;
 
 use crate::envelope::InstallationKey;
+use crate::feedback;
 use crate::ids::{AppId, ChannelId, EnterpriseId, TeamId, Ts, UserId};
 
 pub const APPROVE_ACTION: &str = "threadline_review_approve";
@@ -58,6 +61,8 @@ pub fn response_url_allowed(url: &str, web_api_url: &str) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Interaction {
     Review(Click),
+    /// A click on an answer's feedback buttons.
+    Feedback(feedback::Click),
     /// Another kind of interaction, or another action, that threadline
     /// does not act on (its `type`, and the action id if any).
     Other {
@@ -112,16 +117,62 @@ pub fn parse(v: &Value) -> Result<Interaction, InteractionError> {
     let action_id = action
         .and_then(|a| a.get("action_id"))
         .and_then(Value::as_str);
-    let approve = match (kind, action_id) {
-        ("block_actions", Some(APPROVE_ACTION)) => true,
-        ("block_actions", Some(REJECT_ACTION)) => false,
-        _ => {
-            return Ok(Interaction::Other {
-                kind: kind.to_owned(),
-                action: action_id.map(str::to_owned),
-            });
-        }
+    let value = || {
+        action
+            .and_then(|a| a.get("value"))
+            .and_then(Value::as_str)
+            .ok_or(InteractionError::Field("actions[0].value"))
     };
+    match (kind, action_id) {
+        ("block_actions", Some(a @ (APPROVE_ACTION | REJECT_ACTION))) => {
+            let o = clicked_from(v)?;
+            Ok(Interaction::Review(Click {
+                key: o.key,
+                user: o.user,
+                channel: o.channel,
+                message_ts: o.message_ts,
+                approve: a == APPROVE_ACTION,
+                decision: value()?.to_owned(),
+                response_url: o.response_url,
+            }))
+        }
+        ("block_actions", Some(feedback::FEEDBACK_ACTION)) => {
+            let o = clicked_from(v)?;
+            let (verdict, decision) = feedback::Verdict::of_value(value()?)
+                .ok_or(InteractionError::Field("actions[0].value"))?;
+            let action_ts = action
+                .and_then(|a| a.get("action_ts"))
+                .and_then(Value::as_str)
+                .map(Ts::parse)
+                .transpose()
+                .map_err(|_| InteractionError::Field("actions[0].action_ts"))?;
+            Ok(Interaction::Feedback(feedback::Click {
+                key: o.key,
+                user: o.user,
+                channel: o.channel,
+                message_ts: o.message_ts,
+                verdict,
+                decision: decision.to_owned(),
+                action_ts,
+            }))
+        }
+        _ => Ok(Interaction::Other {
+            kind: kind.to_owned(),
+            action: action_id.map(str::to_owned),
+        }),
+    }
+}
+
+/// Where a click comes from: the installation, the person, the message.
+struct Origin {
+    key: InstallationKey,
+    user: UserId,
+    channel: ChannelId,
+    message_ts: Ts,
+    response_url: Option<String>,
+}
+
+fn clicked_from(v: &Value) -> Result<Origin, InteractionError> {
     let s = |ptr: &str| {
         v.pointer(ptr)
             .and_then(Value::as_str)
@@ -161,20 +212,13 @@ pub fn parse(v: &Value) -> Result<Interaction, InteractionError> {
         .or_else(|| s("/message/ts"))
         .ok_or(InteractionError::Field("container.message_ts"))?;
     let message_ts = Ts::parse(ts).map_err(|_| InteractionError::Field("container.message_ts"))?;
-    let decision = action
-        .and_then(|a| a.get("value"))
-        .and_then(Value::as_str)
-        .ok_or(InteractionError::Field("actions[0].value"))?
-        .to_owned();
-    Ok(Interaction::Review(Click {
+    Ok(Origin {
         key,
         user,
         channel,
         message_ts,
-        approve,
-        decision,
         response_url: s("/response_url").map(str::to_owned),
-    }))
+    })
 }
 
 #[cfg(test)]
@@ -289,6 +333,26 @@ mod tests {
             parse(&bad_ts),
             Err(InteractionError::Field("container.message_ts"))
         );
+    }
+
+    #[test]
+    fn a_click_on_feedback_buttons_is_its_own_kind() {
+        let mut v = click(feedback::FEEDBACK_ACTION);
+        v["actions"][0]["type"] = json!("feedback_buttons");
+        v["actions"][0]["value"] = json!("negative:0191-dec");
+        let Interaction::Feedback(c) = parse(&v).unwrap() else {
+            panic!("a feedback click");
+        };
+        assert_eq!(c.verdict, feedback::Verdict::Negative);
+        assert_eq!(c.decision, "0191-dec");
+        assert_eq!(c.user.as_str(), "U0REVIEW");
+        assert_eq!(c.message_ts.as_str(), "1700000000.000100");
+        assert_eq!(
+            c.action_ts.as_ref().map(|t| t.as_str()),
+            Some("1700000001.000200")
+        );
+        v["actions"][0]["value"] = json!("good-feedback");
+        assert_eq!(parse(&v), Err(InteractionError::Field("actions[0].value")));
     }
 
     #[test]
