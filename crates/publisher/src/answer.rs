@@ -8,6 +8,7 @@
 //! back to the broker, never slept on in a worker slot.
 
 use secrecy::ExposeSecret as _;
+use threadline_domain::budget::NOTE_ACTION_KIND;
 use threadline_domain::output;
 use threadline_domain::reply;
 use threadline_domain::state::{DecisionStatus, IntentState};
@@ -334,18 +335,24 @@ impl Handler {
     }
 
     /// The post: what the decision row holds, labelled, with the metadata
-    /// that names the intent; recorded once Slack has it.
+    /// that names the intent and, for an answer, its feedback buttons;
+    /// recorded once Slack has it.
     async fn post(&self, claim: &Claimed, job: &Job<'_>, bot: &Bot) -> anyhow::Result<Disposition> {
         let p = &job.proposal;
         let intent = claim.id;
         let metadata =
             reply::answer_metadata(&intent.to_string(), p.body_hash, p.source_ts).to_string();
-        let blocks = job
-            .decision
-            .body_blocks
-            .as_ref()
-            .map(|b| b.to_string())
-            .unwrap_or_default();
+        let stored = job.decision.body_blocks.as_ref();
+        let decision = p.decision.to_string();
+        let blocks = crate::reply::blocks_arg(if job.decision.action_kind == NOTE_ACTION_KIND {
+            // threadline's own note: no answer, nothing to rate
+            reply::Shown::Note { blocks: stored }
+        } else {
+            reply::Shown::Posted {
+                blocks: stored,
+                decision: &decision,
+            }
+        });
         let started = std::time::Instant::now();
         let r = self
             .web

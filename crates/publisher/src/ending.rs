@@ -12,8 +12,7 @@
 use std::time::Duration;
 
 use secrecy::ExposeSecret as _;
-use serde_json::json;
-use threadline_domain::reply::{self, Ending, Found};
+use threadline_domain::reply::{self, Ending, Found, Shown};
 use threadline_slack::WebError;
 use threadline_store::streams::{self, ToEnd};
 use uuid::Uuid;
@@ -21,6 +20,7 @@ use uuid::Uuid;
 use crate::handler::{Bot, Handler, jitter, persist};
 use crate::intents::{self, Proposal};
 use crate::reconcile::{self, Owned, Thread};
+use crate::reply::blocks_arg;
 
 /// How long a stream being stopped is kept from other stoppers.
 const LEASE_SECS: f64 = 10.0;
@@ -42,10 +42,6 @@ pub(crate) enum Stopped {
 /// The AI label when the decision has none yet (an answer ended before
 /// inference wrote its first words).
 pub(crate) const FALLBACK_LABEL: &str = "AI-generated";
-
-pub(crate) fn label_blocks(label: &str) -> String {
-    json!([{"type": "context", "elements": [{"type": "mrkdwn", "text": label}]}]).to_string()
-}
 
 impl Handler {
     /// `chat.stopStream`, tried again at once when its outcome is unknown (a
@@ -99,7 +95,9 @@ impl Handler {
     /// otherwise it stays `ending`, due again after Slack's wait.
     pub(crate) async fn stop_early(&self, e: &ToEnd, bot: &Bot) -> anyhow::Result<bool> {
         let metadata = reply::ending_metadata(Some(&e.intent.to_string()), e.ending).to_string();
-        let blocks = label_blocks(e.label.as_deref().unwrap_or(FALLBACK_LABEL));
+        let blocks = blocks_arg(Shown::Ended {
+            label: e.label.as_deref().unwrap_or(FALLBACK_LABEL),
+        });
         let text = e.ending.closing(e.shown);
         let token = bot.token.expose_secret();
         let due = match self
@@ -200,7 +198,9 @@ impl Handler {
         streams: &[String],
     ) -> anyhow::Result<()> {
         let metadata = reply::ending_metadata(None, Ending::Interrupted).to_string();
-        let blocks = label_blocks(FALLBACK_LABEL);
+        let blocks = blocks_arg(Shown::Ended {
+            label: FALLBACK_LABEL,
+        });
         let text = Ending::Interrupted.closing(false);
         for ts in streams {
             let r = self

@@ -23,10 +23,11 @@ use threadline_slack::WebError;
 use threadline_store::streams::{self, Tick, ToEnd};
 use uuid::Uuid;
 
-use crate::ending::{FALLBACK_LABEL, Stopped, label_blocks};
+use crate::ending::{FALLBACK_LABEL, Stopped};
 use crate::handler::{Bot, Handler, Job, defer, persist};
 use crate::intents::{self, Claim, Claimed, Fence, PostToRecord, Proposal, Verdict};
 use crate::proposals;
+use crate::reply::blocks_arg;
 
 pub use crate::config::Streams;
 
@@ -327,7 +328,10 @@ impl Handler {
                     }
                 }
                 Step::Finish(rest) => {
-                    let label = t.label.as_deref().unwrap_or(FALLBACK_LABEL);
+                    let blocks = blocks_arg(reply::Shown::Stopped {
+                        label: t.label.as_deref().unwrap_or(FALLBACK_LABEL),
+                        decision: &p.decision.to_string(),
+                    });
                     let metadata = reply::answer_metadata(
                         &claim.id.to_string(),
                         t.output_hash.as_deref().unwrap_or_default(),
@@ -335,7 +339,7 @@ impl Handler {
                     )
                     .to_string();
                     return match self
-                        .stop_call(token, p.channel, ts, &rest, &label_blocks(label), &metadata)
+                        .stop_call(token, p.channel, ts, &rest, &blocks, &metadata)
                         .await
                     {
                         Stopped::Yes => self.record_stream(claim, p, ts).await,
