@@ -188,3 +188,22 @@ pub async fn audit_reasons(
     .fetch_all(pool)
     .await
 }
+
+/// Every `feedback` record, oldest first: the decision it names and its
+/// outcome (the verdict), and whether it carries anything beside
+/// identifiers, codes and the thread version (it must not).
+pub async fn feedback_records(
+    pool: &sqlx::PgPool,
+) -> sqlx::Result<Vec<(Option<uuid::Uuid>, String, bool)>> {
+    let rows = sqlx::query!(
+        r#"SELECT decision_id, outcome,
+                  (reviewer IS NOT NULL OR output_hash IS NOT NULL OR error_code IS NOT NULL) AS "extra!"
+             FROM audit_log WHERE stage = 'feedback' ORDER BY id"#
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.decision_id, r.outcome, r.extra))
+        .collect())
+}
