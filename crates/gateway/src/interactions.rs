@@ -1,5 +1,6 @@
 //! `POST /slack/interactions`: a click on a review request's Approve or
-//! Reject button. Verified like an event delivery (signature and timestamp
+//! Reject button, or on an answer's feedback buttons (handled in
+//! [`crate::feedback`]). Verified like an event delivery (signature and timestamp
 //! on the raw body, read within the budget for unverified bytes); then the
 //! verdict and what it asks of the publisher (post the approved answer, or
 //! show the rejection on the request) commit in one transaction, the CLI's
@@ -61,28 +62,37 @@ pub(crate) async fn handle_payload(app: &AppState, payload: &serde_json::Value) 
     on(app, parsed).await.1.status()
 }
 
-#[tracing::instrument(skip_all, fields(decision_id, installation_id))]
+/// One handler per kind of interaction.
 async fn on(
     app: &AppState,
     parsed: Result<Interaction, threadline_domain::review::InteractionError>,
 ) -> (&'static str, Response) {
-    let click = match parsed {
-        Ok(Interaction::Review(c)) => c,
+    match parsed {
+        Ok(Interaction::Review(c)) => review(app, c).await,
+        Ok(Interaction::Feedback(c)) => crate::feedback::click(app, c).await,
         Ok(Interaction::Other { kind, action }) => {
             // (codes only: an action id is the app's own identifier)
             tracing::debug!(kind = %kind.chars().take(40).collect::<String>(), has_action = action.is_some(), "interaction not handled; acknowledged");
-            return ("ignored", StatusCode::OK.into_response()); // not a state: the gateway's answer
+            ("ignored", StatusCode::OK.into_response()) // not a state: the gateway's answer
         }
         Err(e) => {
             tracing::warn!(reason = e.code(), error = %e, "signed interaction is malformed; refused");
             metrics::counter!("threadline_review_clicks_total", "outcome" => "malformed")
                 .increment(1);
-            return (
+            (
                 "rejected", // not a state: the gateway's answer
                 (StatusCode::BAD_REQUEST, "malformed interaction payload").into_response(),
-            );
+            )
         }
-    };
+    }
+}
+
+/// A click on a review request's Approve or Reject.
+#[tracing::instrument(skip_all, fields(decision_id, installation_id))]
+async fn review(
+    app: &AppState,
+    click: threadline_domain::review::Click,
+) -> (&'static str, Response) {
     let Ok(decision) = Uuid::parse_str(&click.decision) else {
         tracing::warn!("review click names no decision; refused");
         metrics::counter!("threadline_review_clicks_total", "outcome" => "malformed").increment(1);
@@ -164,7 +174,7 @@ async fn on(
     ("handled", StatusCode::OK.into_response())
 }
 
-fn unavailable(e: &dyn std::fmt::Display) -> (&'static str, Response) {
+pub(crate) fn unavailable(e: &dyn std::fmt::Display) -> (&'static str, Response) {
     tracing::error!(error = %e, "could not record a review click; answering 503");
     (
         "unavailable",

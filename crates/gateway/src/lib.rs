@@ -6,6 +6,7 @@
 pub mod config;
 pub mod drain;
 pub mod events;
+pub mod feedback;
 pub mod installations;
 pub mod intake;
 pub mod interactions;
