@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod dlq;
 mod events;
+mod feedback;
 mod install;
 mod intents;
 mod keys;
@@ -55,6 +56,11 @@ enum Command {
     Review {
         #[command(subcommand)]
         command: review::ReviewCommand,
+    },
+    /// Feedback on answers: export the verdicts people gave with the buttons.
+    Feedback {
+        #[command(subcommand)]
+        command: feedback::FeedbackCommand,
     },
     /// Kill switches: stop model calls and posts at run time.
     #[command(name = "kill-switch")]
@@ -149,6 +155,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let common = threadline_runtime::config::CommonConfig::from_source(&src)?;
             review::run(command, &common, &pool(&src).await?).await?
         }
+        Command::Feedback { command } => feedback::run(command, &pool(&src).await?).await?,
         Command::KillSwitch { command } => switches::run(command, &pool(&src).await?).await?,
         Command::Events { command } => events::run(command, &pool(&src).await?).await?,
         Command::Dlq { command } => {
