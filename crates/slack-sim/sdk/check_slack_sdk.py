@@ -4,7 +4,9 @@ streams a reply through chat.startStream / appendStream / stopStream the way
 it does against Slack, its conversations_history (and its cursor paging)
 reads the channel, and its SignatureVerifier accepts slack-sim's Events API
 deliveries and a button click's block_actions form (and refuses it
-tampered), its WebhookClient answers the click through the payload's
+tampered), its ContextActionsBlock / FeedbackButtonsElement (feedback
+buttons on an answer, sent with a stream's stop and a post, read back and
+clicked), its WebhookClient answers the click through the payload's
 response_url, and its Socket Mode client connects through apps.connections.open,
 receives an events_api envelope and acknowledges it. Run by scripts/sdk-check.sh against a running slack-sim:
 
@@ -23,6 +25,12 @@ import urllib.request
 import slack_sdk
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
+from slack_sdk.models.blocks import (
+    Block,
+    ContextActionsBlock,
+    FeedbackButtonObject,
+    FeedbackButtonsElement,
+)
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.socket_mode import SocketModeClient
 from slack_sdk.socket_mode.request import SocketModeRequest
@@ -258,6 +266,73 @@ for i in range(3):
 sent = hook.send(text="one too many")
 check(sent.status_code == 404 and json.loads(sent.body) == {"ok": False, "error": "used_url"},
       f"the sixth use is refused with used_url ({sent.status_code} {sent.body})")
+
+# 7c. Feedback buttons, as AI apps attach them to an answer: a
+#     context_actions block with feedback_buttons built with the SDK's own
+#     classes, sent with a stream's stop and with a post, read back as the
+#     SDK parses it; a malformed one refused; a click on either button is a
+#     signed block_actions payload whose action is the element's, with the
+#     pressed button's value.
+def feedback_block(decision):
+    return ContextActionsBlock(
+        block_id=f"feedback_{decision}",
+        elements=[
+            FeedbackButtonsElement(
+                action_id="feedback",
+                positive_button=FeedbackButtonObject(
+                    text="👍", accessibility_label="This answer was helpful", value=f"positive:{decision}"
+                ),
+                negative_button=FeedbackButtonObject(
+                    text="👎", accessibility_label="This answer was not helpful", value=f"negative:{decision}"
+                ),
+            )
+        ],
+    )
+
+
+fb = feedback_block("d1")
+fb.validate_json()
+stream = client.chat_stream(
+    channel=channel, thread_ts=root, recipient_team_id=team, recipient_user_id=user
+)
+stream.append(markdown_text="An answer worth rating.")
+stream.stop(blocks=[label[0], fb])
+rated_ts = stream.ts
+rated = {m["ts"]: m for m in client.conversations_replies(channel=channel, ts=root)["messages"]}[rated_ts]
+parsed = [Block.parse(b) for b in rated["blocks"]]
+kinds = [type(b).__name__ for b in parsed]
+check(kinds[-1] == "ContextActionsBlock" and "ContextBlock" in kinds,
+      f"the stop's feedback block reads back below the text and the label ({kinds})")
+check(isinstance(parsed[-1].elements[0], FeedbackButtonsElement)
+      and parsed[-1].to_dict() == fb.to_dict(),
+      "the SDK parses the feedback block back as it was sent (FeedbackButtonsElement)")
+posted_fb = client.chat_postMessage(channel=channel, thread_ts=root, text="A posted answer",
+                                    blocks=[label[0], feedback_block("d2")])
+check(Block.parse(posted_fb["message"]["blocks"][-1]).to_dict() == feedback_block("d2").to_dict(),
+      "chat.postMessage takes the feedback block")
+broken = feedback_block("d3").to_dict()
+del broken["elements"][0]["negative_button"]
+try:
+    client.chat_postMessage(channel=channel, text="x", blocks=[broken])
+    check(False, "feedback buttons without a negative button are refused")
+except SlackApiError as e:
+    check(e.response["error"] == "invalid_blocks", "a malformed context_actions block: invalid_blocks")
+before = len(interactions)
+for side in ["positive", "negative"]:
+    entry = ctl("act/click", {"user": user, "channel": channel, "ts": rated_ts, "action_id": "feedback",
+                              "button": side})
+    check(entry["status"] == 200 and entry["value"] == f"{side}:d1", f"the {side} click reached the app ({entry})")
+check(len(interactions) == before + 2, f"two feedback interactions arrived ({len(interactions) - before})")
+for got, side in zip(interactions[before:], ["positive", "negative"]):
+    check(got["valid"] and not got["tampered_valid"], "SignatureVerifier accepts a feedback click, refuses it tampered")
+    payload = json.loads(got["form"]["payload"][0])
+    action = payload["actions"][0]
+    check(payload["type"] == "block_actions" and action["type"] == "feedback_buttons"
+          and action["action_id"] == "feedback" and action["block_id"] == "feedback_d1"
+          and action["value"] == f"{side}:d1" and action["text"]["type"] == "plain_text"
+          and "action_ts" in action,
+          f"the {side} click's action is the element's, with the pressed button's value ({action})")
+    check(payload["container"]["message_ts"] == rated_ts, "the feedback click names the answer")
 
 # 8. Socket Mode: the SDK's own client (the builtin one) opens a connection
 #    with the app-level token through apps.connections.open, gets a

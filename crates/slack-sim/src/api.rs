@@ -587,11 +587,57 @@ pub(crate) fn writable_channel(
 pub(crate) const MAX_ATTACHMENTS: usize = 100;
 
 /// `blocks`: a JSON array, sent as one (JSON bodies) or JSON-encoded (forms).
+/// A `context_actions` block is checked as Slack documents it (see
+/// [`context_actions_ok`]); other blocks are kept as sent.
 pub(crate) fn blocks_of(p: &Params) -> Result<Option<Value>, ApiError> {
     match p.json("blocks", "invalid_blocks_format")? {
         Some(b) if !b.is_array() => Err(ApiError::new("invalid_blocks_format")),
+        Some(b)
+            if b.as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|b| b["type"] == "context_actions" && !context_actions_ok(b))
+            }) =>
+        {
+            Err(ApiError::new("invalid_blocks"))
+        }
         b => Ok(b),
     }
+}
+
+/// Slack's `context_actions` block (docs.slack.dev, "Context actions
+/// block", "Feedback buttons element"; slack_sdk's `ContextActionsBlock`,
+/// `FeedbackButtonsElement`): 1 to 5 elements, each `feedback_buttons`
+/// (a `positive_button` and a `negative_button`, each with `plain_text`
+/// text, a value of at most 2000 characters and an optional
+/// `accessibility_label` of at most 75) or `icon_button` (an icon and
+/// `plain_text` text); `block_id` and `action_id` at most 255 characters.
+pub(crate) fn context_actions_ok(b: &Value) -> bool {
+    let within =
+        |v: &Value, max: usize| v.is_null() || v.as_str().is_some_and(|s| s.chars().count() <= max);
+    let plain =
+        |t: &Value| t["type"] == "plain_text" && t["text"].as_str().is_some_and(|s| !s.is_empty());
+    let button = |b: &Value| {
+        b.is_object()
+            && plain(&b["text"])
+            && b["value"]
+                .as_str()
+                .is_some_and(|v| !v.is_empty() && v.chars().count() <= 2000)
+            && within(&b["accessibility_label"], 75)
+    };
+    let element = |e: &Value| {
+        within(&e["action_id"], 255)
+            && match e["type"].as_str() {
+                Some("feedback_buttons") => {
+                    button(&e["positive_button"]) && button(&e["negative_button"])
+                }
+                Some("icon_button") => e["icon"].is_string() && plain(&e["text"]),
+                _ => false,
+            }
+    };
+    within(&b["block_id"], 255)
+        && b["elements"]
+            .as_array()
+            .is_some_and(|e| (1..=5).contains(&e.len()) && e.iter().all(element))
 }
 
 /// `attachments`: a JSON array of at most 100, as `blocks` is sent.
@@ -638,4 +684,43 @@ pub(crate) fn b64_decode(s: &str) -> Option<Vec<u8>> {
         }
     }
     Some(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::context_actions_ok;
+    use serde_json::json;
+
+    #[test]
+    fn a_context_actions_block_is_checked_as_slack_documents_it() {
+        let fb = |pos: serde_json::Value| {
+            json!({"type": "context_actions", "elements": [{
+                "type": "feedback_buttons", "action_id": "feedback_buttons_1",
+                "positive_button": pos,
+                "negative_button": {"text": {"type": "plain_text", "text": "👎"}, "value": "negative_feedback"}
+            }]})
+        };
+        let good =
+            json!({"text": {"type": "plain_text", "text": "👍"}, "value": "positive_feedback"});
+        assert!(context_actions_ok(&fb(good)));
+        assert!(context_actions_ok(
+            &json!({"type": "context_actions", "elements": [
+            {"type": "icon_button", "icon": "trash", "text": {"type": "plain_text", "text": "Delete"}}]})
+        ));
+        for bad in [
+            json!({"text": {"type": "mrkdwn", "text": "👍"}, "value": "p"}),
+            json!({"text": {"type": "plain_text", "text": "👍"}}),
+            json!({"text": {"type": "plain_text", "text": "👍"}, "value": "p",
+                   "accessibility_label": "x".repeat(76)}),
+            json!(null),
+        ] {
+            assert!(!context_actions_ok(&fb(bad)));
+        }
+        assert!(!context_actions_ok(
+            &json!({"type": "context_actions", "elements": []})
+        ));
+        assert!(!context_actions_ok(
+            &json!({"type": "context_actions", "elements": [{"type": "button"}]})
+        ));
+    }
 }

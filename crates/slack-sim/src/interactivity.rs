@@ -21,6 +21,13 @@
 //! keeps blocks as posted) gets one derived from the message's `ts` and the
 //! block's place, the same at every click.
 //!
+//! A `feedback_buttons` element (in a `context_actions` block, as AI apps
+//! attach to answers) is clicked on one side (`button`: `positive` or
+//! `negative`); its action is the element's `type` and `action_id` with
+//! the pressed button's `text` and `value` (bolt's `FeedbackButtonsAction`).
+//! Slack toggles the buttons in the client and reports no deselect: every
+//! click is sent.
+//!
 //! Every payload carries a `response_url` on the emulator, issued for the
 //! click (its app, channel, message and person) and served by
 //! [`crate::response_url`]: the app answers the person through it, up to 5
@@ -44,8 +51,30 @@ pub struct ClickReq {
     channel: String,
     /// The message's `ts`.
     ts: String,
-    /// The button's `action_id`.
+    /// The button's `action_id` (of a `feedback_buttons` element: the
+    /// element's, shared by its two buttons).
     action_id: String,
+    /// Which of a `feedback_buttons` element's buttons: `positive` or
+    /// `negative` (required for one; refused for any other element).
+    #[serde(default)]
+    button: Option<FeedbackSide>,
+}
+
+/// One of the two buttons of a `feedback_buttons` element.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FeedbackSide {
+    Positive,
+    Negative,
+}
+
+impl FeedbackSide {
+    fn field(self) -> &'static str {
+        match self {
+            FeedbackSide::Positive => "positive_button",
+            FeedbackSide::Negative => "negative_button",
+        }
+    }
 }
 
 /// An interaction built under the world's lock, to be sent without it.
@@ -61,15 +90,16 @@ pub struct Outgoing {
     record: InteractionRecord,
 }
 
-/// The button with `action_id` in `blocks`: an element of an `actions`
-/// block or a section's `accessory`, with its block's index and `block_id`.
+/// The button with `action_id` in `blocks`: an element of an `actions` or
+/// `context_actions` block or a section's `accessory`, with its block's
+/// index and `block_id`.
 fn find_button<'a>(
     blocks: &'a [Value],
     action_id: &str,
 ) -> Option<(usize, Option<&'a str>, &'a Value)> {
     blocks.iter().enumerate().find_map(|(i, b)| {
         let candidates: Vec<&Value> = match b["type"].as_str() {
-            Some("actions") => b["elements"].as_array()?.iter().collect(),
+            Some("actions" | "context_actions") => b["elements"].as_array()?.iter().collect(),
             Some("section") => b.get("accessory").into_iter().collect(),
             _ => Vec::new(),
         };
@@ -135,14 +165,31 @@ pub fn prepare(w: &mut World, r: &ClickReq, host: &str) -> Result<Outgoing, Refu
             r.action_id
         ))
     })?;
-    if element["type"].as_str() != Some("button") {
-        return Err(bad(format!(
-            "the element with action_id {:?} is a {}, not a button",
-            r.action_id,
-            element["type"].as_str().unwrap_or("element of no type")
-        )));
-    }
-    let element = element.clone();
+    // What the person pressed: a button, or one side of feedback buttons
+    // (Slack reports the element's type and action_id with the pressed
+    // side's text and value; a deselect is never reported, so every click
+    // is one).
+    let element = match (element["type"].as_str(), r.button) {
+        (Some("button"), None) => element.clone(),
+        (Some("feedback_buttons"), Some(side)) => {
+            let mut pressed = element[side.field()].clone();
+            pressed["type"] = "feedback_buttons".into();
+            pressed
+        }
+        (Some("feedback_buttons"), None) => {
+            return Err(bad(format!(
+                "the element with action_id {:?} is feedback_buttons: say which button (positive or negative)",
+                r.action_id
+            )));
+        }
+        (kind, _) => {
+            return Err(bad(format!(
+                "the element with action_id {:?} is a {}, not a button",
+                r.action_id,
+                kind.unwrap_or("element of no type")
+            )));
+        }
+    };
     let block_id = block_id.map_or_else(|| derived_block_id(&msg.ts, index), str::to_owned);
     let app_id = msg
         .app_id
@@ -214,8 +261,9 @@ pub fn prepare(w: &mut World, r: &ClickReq, host: &str) -> Result<Outgoing, Refu
     if let Some(t) = msg.thread_ts.as_deref().filter(|t| *t != msg.ts) {
         container["thread_ts"] = t.into();
     }
+    let kind = element["type"].as_str().unwrap_or("button").to_owned();
     let mut action = json!({"action_id": r.action_id, "block_id": block_id, "text": element["text"],
-                            "type": "button", "action_ts": w.clock.next_ts()});
+                            "type": kind, "action_ts": w.clock.next_ts()});
     for k in ["value", "style"] {
         if let Some(v) = element.get(k) {
             action[k] = v.clone();
