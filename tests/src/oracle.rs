@@ -33,6 +33,10 @@
 //!   acknowledged once it had started (a new message, an edit, a deletion);
 //! * a stream Slack ended itself at its lifetime (`expired`) was never
 //!   stopped: it answered nothing, whatever it shows;
+//! * **every answer carries its feedback buttons** (a `context_actions`
+//!   block with `feedback_buttons`, beside its AI label), and what is no
+//!   answer carries none: a stream ended early with its closing line, the
+//!   over-budget note;
 //! * a review request (a message of the app with buttons) is not an
 //!   answer, and is not judged as one; in a review channel every message
 //!   of the app is a request, decided ones (no buttons) included;
@@ -57,6 +61,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde_json::Value;
+use threadline_domain::feedback::carries_buttons;
 
 /// The closing lines a stream ended early shows, as a reader sees them
 /// (written out here, not imported: the oracle trusts Slack's text).
@@ -146,7 +151,8 @@ pub struct Judgement {
     /// `reply_outside_thread`, `missed_message`, `read_outdated_text`,
     /// `read_deleted_message`, `text_never_had`, `answered_deleted_question`,
     /// `unattributed_reply`, `post_without_call`, `unlabelled_reply`,
-    /// `stream_left_open`, `budget_note_repeated`).
+    /// `stream_left_open`, `budget_note_repeated`, `answer_without_feedback`,
+    /// `feedback_on_no_answer`).
     pub violations: Vec<(&'static str, String)>,
     /// Threads the violations concern (channel, root).
     pub offending: BTreeSet<(String, String)>,
@@ -476,6 +482,14 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                 // and is said once per thread.
                 if m["text"].as_str() == Some(BUDGET_NOTE) {
                     j.budget_notes += 1;
+                    // (no answer: nothing to rate)
+                    if carries_buttons(&m["blocks"]) {
+                        j.violations.push((
+                            "feedback_on_no_answer",
+                            format!("the budget note in thread {root} carries feedback buttons"),
+                        ));
+                        j.offending.insert((scope.channel.clone(), root.clone()));
+                    }
                     if thread
                         .iter()
                         .filter(|o| o["app_id"].as_str() == Some(app_id))
@@ -587,10 +601,32 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                     offend(&mut j);
                 }
                 // A stream ended early says so in its last line (one of
-                // threadline's closing lines): it answered nothing.
+                // threadline's closing lines): it answered nothing, so it
+                // has nothing to rate.
                 if streamed && closes(text) {
                     j.interrupted += 1;
+                    if carries_buttons(&r["blocks"]) {
+                        j.violations.push((
+                            "feedback_on_no_answer",
+                            format!(
+                                "stream {rts} in thread {root} ended early with feedback buttons"
+                            ),
+                        ));
+                        offend(&mut j);
+                    }
                     continue;
+                }
+                // Every answer carries its feedback buttons (a stream the
+                // person stopped was never stopped by threadline).
+                if labelled
+                    && r["stream"]["ended"] != "stopped_by_user"
+                    && !carries_buttons(&r["blocks"])
+                {
+                    j.violations.push((
+                        "answer_without_feedback",
+                        format!("answer {rts} in thread {root} carries no feedback buttons"),
+                    ));
+                    offend(&mut j);
                 }
                 if streamed {
                     j.streamed += 1;

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use threadline_domain::reply::{self, Shown};
 use threadline_store::testing::{decisions, threads};
 use threadline_testkit::eventually;
 use threadline_testkit::sim::SimWorkspace;
@@ -118,9 +119,7 @@ impl World {
             .map(|(ts, text)| format!("{ts}/{}", digest(text)))
             .collect();
         let text = format!("an answer\nAnswering {question}; read {}", read.join(" "));
-        let blocks = json!([{"type": "section", "text": {"type": "mrkdwn", "text": "an answer"}},
-                            {"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}])
-        .to_string();
+        let blocks = labelled("an answer").to_string();
         let r: Value = self
             .ws
             .http
@@ -583,11 +582,22 @@ impl World {
         ts
     }
 
-    /// The bot stops stream `ts` with `rest`, labelled.
+    /// The bot stops stream `ts` with `rest`, labelled as threadline
+    /// labels it: with feedback buttons when `rest` finishes the answer,
+    /// without when it is a closing line (an italic last line).
     async fn stop_stream(&self, ts: &str, rest: &str) {
-        let blocks =
-            json!([{"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}])
-                .to_string();
+        let last = rest.lines().last().unwrap_or_default();
+        let shown = if last.len() > 1 && last.starts_with('_') && last.ends_with('_') {
+            Shown::Ended {
+                label: "AI-generated",
+            }
+        } else {
+            Shown::Stopped {
+                label: "AI-generated",
+                decision: "d",
+            }
+        };
+        let blocks = reply::blocks(shown).to_string();
         let r = self
             .call(
                 "chat.stopStream",
@@ -701,6 +711,63 @@ async fn a_stream_left_open_after_its_thread_changed_and_a_second_stream_are_cau
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_without_feedback_buttons_and_a_closing_line_with_them_are_caught() {
+    let w = World::new().await;
+    let bot = w.ws.bot_user();
+    let q_text = format!("<@{bot}> why is it slow?");
+    let q = w.ask(&q_text, None).await;
+    // An answer with its label and no buttons.
+    let plain = json!([{"type": "section", "text": {"type": "mrkdwn", "text": "an answer"}},
+                       {"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}]);
+    let answer = format!("an answer\nAnswering {q}; read {q}/{}", digest(&q_text));
+    let a = w.bot_post(&w.ws.channel, Some(&q), &answer, &plain).await;
+    let j = w.judge().await;
+    assert!(
+        caught(
+            &j,
+            "answer_without_feedback",
+            &format!("answer {a} in thread {q}")
+        ),
+        "{:?}",
+        j.violations
+    );
+    // A stream ended early, stopped with buttons as if it were an answer.
+    let q2_text = format!("<@{bot}> what failed?");
+    let q2 = w.ask(&q2_text, None).await;
+    let ts = w.start_stream(&q2, &format!("Answering {q2}. The ")).await;
+    let blocks = reply::blocks(Shown::Stopped {
+        label: "AI-generated",
+        decision: "d",
+    })
+    .to_string();
+    let r = w
+        .call(
+            "chat.stopStream",
+            &[
+                ("channel", &w.ws.channel),
+                ("ts", &ts),
+                (
+                    "markdown_text",
+                    "\n\n_This answer was interrupted before it finished._",
+                ),
+                ("blocks", &blocks),
+            ],
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let j = w.judge().await;
+    assert!(
+        caught(
+            &j,
+            "feedback_on_no_answer",
+            &format!("stream {ts} in thread {q2}")
+        ),
+        "{:?}",
+        j.violations
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_review_request_is_not_an_answer() {
     let w = World::new().await;
     let q_text = format!("<@{}> delete the branch?", w.ws.bot_user());
@@ -748,9 +815,7 @@ async fn fallback_replies_answer_one_question_each_and_no_more() {
     let bot = w.ws.bot_user();
     let q1 = w.ask(&format!("<@{bot}> first?"), None).await;
     let _q2 = w.ask(&format!("<@{bot}> second?"), Some(&q1)).await;
-    let blocks = json!([{"type": "section", "text": {"type": "mrkdwn", "text": FALLBACK}},
-                        {"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}])
-    .to_string();
+    let blocks = labelled(FALLBACK).to_string();
     let fallback = || async {
         let r = w
             .call(
@@ -822,9 +887,15 @@ fn caught(j: &oracle::Judgement, kind: &str, what: &str) -> bool {
         .any(|v| v.0 == kind && v.1.contains(what))
 }
 
+/// An answer's blocks as threadline posts them: its text, its AI label,
+/// its feedback buttons.
 fn labelled(text: &str) -> Value {
-    json!([{"type": "section", "text": {"type": "mrkdwn", "text": text}},
-           {"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}])
+    let stored = json!([{"type": "section", "text": {"type": "mrkdwn", "text": text}},
+                        {"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}]);
+    reply::blocks(Shown::Posted {
+        blocks: Some(&stored),
+        decision: "d",
+    })
 }
 
 fn limits() -> oracle::Limits {
