@@ -120,7 +120,7 @@ pub async fn record(pool: &PgPool, id: Uuid, click: &Click<'_>) -> sqlx::Result<
         return Ok(Recorded::Outdated);
     }
     audit::append(
-        &mut *tx,
+        &mut tx,
         &audit::Record {
             stage: "feedback",
             outcome: click.verdict.as_str(),
