@@ -40,7 +40,7 @@ pub(crate) async fn click(app: &AppState, click: Click) -> (&'static str, Respon
             count("no_installation");
             return ("refused", StatusCode::OK.into_response());
         }
-        Err(e) => return crate::interactions::unavailable(&e),
+        Err(e) => return unavailable(&e),
     };
     span.record("installation_id", tracing::field::display(installation));
     let r = feedback::record(
@@ -61,7 +61,7 @@ pub(crate) async fn click(app: &AppState, click: Click) -> (&'static str, Respon
     )
     .await;
     let outcome = match r {
-        Err(e) => return crate::interactions::unavailable(&e),
+        Err(e) => return unavailable(&e),
         Ok(Recorded::Counted) => {
             tracing::info!(verdict = click.verdict.as_str(), "feedback recorded");
             metrics::counter!("threadline_feedback_total", "verdict" => click.verdict.as_str())
@@ -87,4 +87,12 @@ pub(crate) async fn click(app: &AppState, click: Click) -> (&'static str, Respon
     };
     count(outcome);
     ("handled", StatusCode::OK.into_response())
+}
+
+fn unavailable(e: &dyn std::fmt::Display) -> (&'static str, Response) {
+    tracing::error!(error = %e, "could not record a feedback click; answering 503");
+    (
+        "unavailable",
+        StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    )
 }

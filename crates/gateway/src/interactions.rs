@@ -174,7 +174,7 @@ async fn review(
     ("handled", StatusCode::OK.into_response())
 }
 
-pub(crate) fn unavailable(e: &dyn std::fmt::Display) -> (&'static str, Response) {
+fn unavailable(e: &dyn std::fmt::Display) -> (&'static str, Response) {
     tracing::error!(error = %e, "could not record a review click; answering 503");
     (
         "unavailable",
