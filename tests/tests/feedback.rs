@@ -168,6 +168,46 @@ async fn each_persons_latest_click_on_an_answer_is_its_verdict() {
     click(&s, &bo, &first_ts, "negative").await;
     click(&s, &s.user, &second_ts, "positive").await;
 
+    // Signed clicks Slack did not make from these buttons: a click of ana
+    // older than her latest (arriving late) changes nothing; a decision's
+    // buttons on a message that is not its answer (the question, the
+    // other answer) count for nothing.
+    let signed = |message_ts: String, value: String, action_ts: &'static str| {
+        let payload = json!({"type": "block_actions", "api_app_id": s.app,
+            "team": {"id": s.team, "domain": "acme"}, "user": {"id": s.user, "team_id": s.team},
+            "container": {"type": "message", "channel_id": s.channel, "message_ts": message_ts},
+            "actions": [{"action_id": FEEDBACK_ACTION, "block_id": "b", "value": value,
+                         "type": "feedback_buttons", "action_ts": action_ts,
+                         "text": {"type": "plain_text", "text": "x"}}]});
+        let gateway = format!("{}/slack/interactions", s.services[0].base_url);
+        async move {
+            let body = serde_urlencoded::to_string([("payload", payload.to_string())]).unwrap();
+            let (ts, sig) = threadline_testkit::slack::signature(
+                threadline_testkit::slack::TEST_SECRET,
+                threadline_testkit::slack::now_unix(),
+                body.as_bytes(),
+            );
+            reqwest::Client::new()
+                .post(gateway)
+                .header("content-type", "application/x-www-form-urlencoded")
+                .header("x-slack-request-timestamp", ts)
+                .header("x-slack-signature", sig)
+                .body(body)
+                .send()
+                .await
+                .expect("gateway")
+                .status()
+                .as_u16()
+        }
+    };
+    let (p1, n2) = (format!("positive:{first}"), format!("negative:{second}"));
+    assert_eq!(
+        signed(first_ts.clone(), p1.clone(), "1000000000.000001").await,
+        200
+    );
+    assert_eq!(signed(q.clone(), p1, "9999999999.000001").await, 200);
+    assert_eq!(signed(first_ts.clone(), n2, "9999999999.000002").await, 200);
+
     // Slack's side: every click went out once, as feedback_buttons.
     let log = sim_get(&s.sim, "interactions").await["interactions"]
         .as_array()
@@ -226,6 +266,9 @@ async fn each_persons_latest_click_on_an_answer_is_its_verdict() {
     for line in [
         "threadline_feedback_total{verdict=\"positive\"} 3",
         "threadline_feedback_total{verdict=\"negative\"} 2",
+        "threadline_feedback_clicks_total{outcome=\"counted\"} 5",
+        "threadline_feedback_clicks_total{outcome=\"outdated\"} 1",
+        "threadline_feedback_clicks_total{outcome=\"not_the_answer\"} 2",
     ] {
         assert!(metrics.contains(line), "{line} in {metrics}");
     }
