@@ -4,10 +4,12 @@
 //!
 //! Channels are pseudonymised: `channel_ref` is a keyed hash (HMAC-SHA256 of
 //! installation and channel id) so records of one channel can be correlated
-//! without naming it. The key is `THREADLINE_AUDIT_KEY` (64 hex digits), or,
-//! when unset, derived from the first `THREADLINE_TOKEN_KEYS` key (then a
-//! token-key rotation starts new pseudonyms). Without either, `channel_ref`
-//! stays empty. The key is set once per process by [`configure`].
+//! without naming it. The key is `THREADLINE_AUDIT_KEY` (64 hex digits), the
+//! same in every process; it is never derived from the token keys, which
+//! the gateway does not hold. The services that open tokens require it
+//! ([`require`]); elsewhere, without it, `channel_ref` stays empty (with a
+//! warning). The key is set once per process by [`configure`] or
+//! [`require`].
 
 use std::sync::OnceLock;
 
@@ -20,54 +22,47 @@ use crate::config::{ConfigError, Source};
 type HmacSha256 = Hmac<Sha256>;
 
 pub const AUDIT_KEY_SETTING: &str = "THREADLINE_AUDIT_KEY";
-/// The token keys (`threadline_tenancy::secrets`), read here only to
-/// derive the pseudonym key when [`AUDIT_KEY_SETTING`] is unset.
-const TOKEN_KEYS_SETTING: &str = "THREADLINE_TOKEN_KEYS";
 
 static KEY: OnceLock<Option<[u8; 32]>> = OnceLock::new();
 
 /// The pseudonymisation key from the settings (see the module docs).
 pub fn key_from(src: &Source) -> Result<Option<[u8; 32]>, ConfigError> {
-    let invalid = |key: &str, message: &str| ConfigError::Invalid {
-        key: key.into(),
-        message: message.into(),
-    };
-    if let Some(raw) = src.get(AUDIT_KEY_SETTING) {
-        let bytes = hex::decode(raw.trim())
-            .ok()
-            .and_then(|b| <[u8; 32]>::try_from(b).ok())
-            .ok_or_else(|| invalid(AUDIT_KEY_SETTING, "expected 64 hex digits (32 bytes)"))?;
-        return Ok(Some(bytes));
-    }
-    let Some(first) = src
-        .get(TOKEN_KEYS_SETTING)
-        .and_then(|raw| raw.split(',').map(str::trim).find(|e| !e.is_empty()))
-    else {
+    let Some(raw) = src.get(AUDIT_KEY_SETTING) else {
         return Ok(None);
     };
-    let Some(key) = first
-        .split_once(':')
-        .and_then(|(_, h)| hex::decode(h).ok())
-        .filter(|b| b.len() == 32)
-    else {
-        // The token cipher reports a malformed key list with its own error.
-        return Ok(None);
-    };
-    let mut mac = <HmacSha256 as KeyInit>::new_from_slice(&key)
-        .map_err(|_| invalid(TOKEN_KEYS_SETTING, "unusable key"))?;
-    mac.update(b"threadline audit channel pseudonym v1");
-    Ok(Some(mac.finalize().into_bytes().into()))
+    let bytes = hex::decode(raw.trim())
+        .ok()
+        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        .ok_or_else(|| ConfigError::Invalid {
+            key: AUDIT_KEY_SETTING.into(),
+            message: "expected 64 hex digits (32 bytes)".into(),
+        })?;
+    Ok(Some(bytes))
 }
 
-/// Sets this process's pseudonymisation key (the first call wins).
+/// Sets this process's pseudonymisation key, if configured (the first call
+/// wins); without one, audit records carry no channel reference.
 pub fn configure(src: &Source) -> Result<(), ConfigError> {
     let key = key_from(src)?;
     if key.is_none() {
         tracing::warn!(
-            "neither THREADLINE_AUDIT_KEY nor THREADLINE_TOKEN_KEYS is set: audit records carry no channel reference"
+            "THREADLINE_AUDIT_KEY is not set: audit records carry no channel reference"
         );
     }
     let _ = KEY.set(key);
+    Ok(())
+}
+
+/// [`configure`], refusing to start without the key: the services that
+/// open tokens, whose records must correlate with every other service's.
+pub fn require(src: &Source) -> Result<(), ConfigError> {
+    let key = key_from(src)?.ok_or_else(|| ConfigError::Invalid {
+        key: AUDIT_KEY_SETTING.into(),
+        message: "required (64 hex digits, the same in every service): the key of the audit \
+                  log's channel pseudonyms, no longer derived from THREADLINE_TOKEN_KEYS"
+            .into(),
+    })?;
+    let _ = KEY.set(Some(key));
     Ok(())
 }
 
@@ -112,19 +107,18 @@ mod tests {
     }
 
     #[test]
-    fn the_key_comes_from_its_setting_or_from_the_token_keys() {
+    fn the_key_comes_from_its_setting_only() {
         let explicit = Source::from_pairs([(AUDIT_KEY_SETTING, "11".repeat(32))]);
         assert_eq!(key_from(&explicit).expect("key"), Some([0x11; 32]));
         let bad = Source::from_pairs([(AUDIT_KEY_SETTING, "nothex")]);
         let err = key_from(&bad).expect_err("refused").to_string();
         assert!(err.contains(AUDIT_KEY_SETTING), "{err}");
-        let derived = Source::from_pairs([(
-            TOKEN_KEYS_SETTING,
-            format!("k2:{},k1:{}", "22".repeat(32), "33".repeat(32)),
+        let token_keys_only = Source::from_pairs([(
+            "THREADLINE_TOKEN_KEYS",
+            format!("k1:{}", "33".repeat(32)),
         )]);
-        let k = key_from(&derived).expect("key").expect("derived");
-        assert_ne!(k, [0x22; 32], "derived, not the token key itself");
-        let none = Source::from_pairs(Vec::<(String, String)>::new());
-        assert_eq!(key_from(&none).expect("ok"), None);
+        assert_eq!(key_from(&token_keys_only).expect("ok"), None, "not derived");
+        let err = require(&token_keys_only).expect_err("required").to_string();
+        assert!(err.contains(AUDIT_KEY_SETTING), "{err}");
     }
 }
