@@ -127,7 +127,7 @@ async fn poison_is_dead_lettered_listed_dropped_and_a_dead_letter_replayed() {
     };
     let mut original = async_nats::HeaderMap::new();
     original.insert("Nats-Msg-Id", "evt:A0DLQ:Ev0DLQ");
-    let cipher = threadline_tenancy::secrets::TokenCipher::parse_setting(
+    let cipher = threadline_tenancy::secrets::SymmetricKeys::parse_setting(
         &letter_keys.clone().into(),
         threadline_tenancy::dead_letter::KEYS_SETTING,
     )

@@ -623,9 +623,11 @@ async fn held_intents_are_listed_and_settled_by_an_operator() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_rotate_reseals_every_token_with_the_new_key() {
     let db = TestDb::new().await;
+    // k1 is a symmetric key of before public-key sealing; the rotation
+    // moves its tokens to the X25519 key k2.
     let (k1, k2) = (
         "k1:".to_owned() + &"11".repeat(32),
-        "k2:".to_owned() + &"22".repeat(32),
+        threadline_tenancy::secrets::TokenKeys::generate_entry("k2"),
     );
     let add = [
         "install",
@@ -659,13 +661,13 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
         .await
         .expect("installation");
     let only_k1 =
-        threadline_tenancy::secrets::TokenCipher::parse(&k1.clone().into()).expect("keys");
-    let refresh = only_k1
-        .seal(
-            b"xoxe-1-refresh-me",
-            &threadline_tenancy::secrets::token_aad(&inst, "refresh"),
-        )
-        .expect("seal");
+        threadline_tenancy::secrets::TokenKeys::parse(&k1.clone().into()).expect("keys");
+    let refresh = threadline_tenancy::secrets::Seal::seal(
+        &only_k1,
+        b"xoxe-1-refresh-me",
+        &threadline_tenancy::secrets::token_aad(&inst, "refresh"),
+    )
+    .expect("seal");
     threadline_store::testing::installations::set_refresh_token(
         &db.pool,
         inst,
@@ -698,7 +700,7 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
         String::from_utf8_lossy(&out.stderr)
     );
     // Both tokens are under k2 now, and k2 alone opens them.
-    let only_k2 = threadline_tenancy::secrets::TokenCipher::parse(&k2.into()).expect("keys");
+    let only_k2 = threadline_tenancy::secrets::TokenKeys::parse(&k2.into()).expect("keys");
     for (kind, purpose, expected) in [
         (
             threadline_store::installations::TokenKind::Bot,
@@ -1199,15 +1201,15 @@ async fn a_gateway_that_does_not_relay_is_ready_without_the_broker() {
 async fn key_rotation_never_overwrites_a_refreshed_token_nor_one_being_refreshed() {
     use threadline_store::installations::{self, SealedToken, TokenKind};
     use threadline_store::testing::installations as inst_testing;
-    use threadline_tenancy::secrets::{Sealed, TokenCipher, token_aad};
+    use threadline_tenancy::secrets::{Seal as _, Sealed, TokenKeys, token_aad};
     let db = TestDb::new().await;
     let inst = seed_installation(&db.pool, "A0RACE", "T0RACE").await;
     let k1 = "k1:".to_owned() + &"11".repeat(32);
-    let both = format!("k2:{},{k1}", "22".repeat(32));
-    let old_keys = TokenCipher::parse(&k1.clone().into()).expect("keys");
-    let new_keys = TokenCipher::parse(&both.clone().into()).expect("keys");
+    let both = format!("{},{k1}", TokenKeys::generate_entry("k2"));
+    let old_keys = TokenKeys::parse(&k1.clone().into()).expect("keys");
+    let new_keys = TokenKeys::parse(&both.clone().into()).expect("keys");
     let aad = token_aad(&inst, TokenKind::Refresh.purpose());
-    let seal = |c: &TokenCipher, t: &str| c.seal(t.as_bytes(), &aad).expect("seal");
+    let seal = |c: &TokenKeys, t: &str| c.seal(t.as_bytes(), &aad).expect("seal");
     let store = |s: &Sealed| {
         let (pool, bytes, key) = (db.pool.clone(), s.bytes.clone(), s.key_id.clone());
         async move {

@@ -14,7 +14,9 @@ use threadline_domain::{AppId, BotId, EnterpriseId, TeamId, UserId};
 use secrecy::{ExposeSecret as _, SecretString};
 use threadline_runtime::config::Source;
 use threadline_tenancy::installations::Registration;
-use threadline_tenancy::secrets::TokenCipher;
+use threadline_tenancy::secrets::{
+    Seal, TOKEN_KEYS_SETTING, TOKEN_PUBLIC_KEYS_SETTING, TokenKeys, TokenSealer,
+};
 
 #[derive(Subcommand)]
 pub enum InstallCommand {
@@ -148,10 +150,20 @@ pub async fn run(cmd: InstallCommand, src: &Source, pool: &PgPool) -> anyhow::Re
             if !token.expose_secret().starts_with("xoxb-") {
                 anyhow::bail!("the token given is not a bot token (xoxb-…)");
             }
-            let cipher = TokenCipher::from_source(src)?;
+            // Sealing needs only the public keys: an operator may install
+            // without holding the keys that open tokens.
+            let cipher: Box<dyn Seal + Sync> = if src.get(TOKEN_KEYS_SETTING).is_some() {
+                Box::new(TokenKeys::from_source(src)?)
+            } else if src.get(TOKEN_PUBLIC_KEYS_SETTING).is_some() {
+                Box::new(TokenSealer::from_source(src)?)
+            } else {
+                anyhow::bail!(
+                    "set {TOKEN_PUBLIC_KEYS_SETTING} (or {TOKEN_KEYS_SETTING}) to seal the token"
+                );
+            };
             let (id, key_id) = threadline_tenancy::installations::register(
                 pool,
-                &cipher,
+                cipher.as_ref(),
                 &Registration {
                     app_id: app.as_str(),
                     team_id: team.as_ref().map(|t| t.as_str()),

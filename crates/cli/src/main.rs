@@ -95,14 +95,18 @@ enum Command {
 
 #[derive(Subcommand)]
 enum KeysCommand {
-    /// Print a new random key entry for THREADLINE_TOKEN_KEYS.
+    /// Print a new X25519 private key entry for THREADLINE_TOKEN_KEYS
+    /// (`id:x25519:hex64`); `keys public` prints its public half.
     Generate {
-        /// Key id stored with every ciphertext it seals.
+        /// Key id stored with every ciphertext sealed to it.
         #[arg(long, default_value = "k1")]
         id: String,
     },
-    /// Re-seal every stored token with the first key of THREADLINE_TOKEN_KEYS
-    /// (list the old keys after it until this has run).
+    /// Print THREADLINE_TOKEN_PUBLIC_KEYS (the gateway's) for the X25519
+    /// keys of THREADLINE_TOKEN_KEYS, in the same order.
+    Public,
+    /// Re-seal every stored token to the first key of THREADLINE_TOKEN_KEYS,
+    /// an X25519 key (list the old keys after it until this has run).
     Rotate,
 }
 
@@ -178,9 +182,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             println!(
                 "{}",
-                threadline_tenancy::secrets::TokenCipher::generate_entry(&id)
+                threadline_tenancy::secrets::TokenKeys::generate_entry(&id)
             );
         }
+        Command::Keys {
+            command: KeysCommand::Public,
+        } => keys::public(&src)?,
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use threadline_runtime::config::{CommonConfig, ConfigError, Source};
-use threadline_tenancy::secrets::TokenCipher;
+use threadline_tenancy::secrets::TokenKeys;
 
 use crate::backfill::BackfillLimits;
 use crate::context::Limits;
@@ -16,7 +16,7 @@ pub struct ContextConfig {
     /// readiness and metrics.
     pub addr: std::net::SocketAddr,
     /// `THREADLINE_TOKEN_KEYS` (required): opens bot tokens for backfills.
-    pub cipher: TokenCipher,
+    pub cipher: TokenKeys,
     /// `THREADLINE_CONTEXT_CONCURRENCY`, default 8: events handled at once.
     pub concurrency: usize,
     /// `THREADLINE_CONTEXT_MAX_MESSAGES` (50), `…_MAX_BYTES` (32768),
@@ -54,7 +54,7 @@ impl ContextConfig {
         Ok(Self {
             common: CommonConfig::from_source(src)?,
             addr: src.socket_addr("THREADLINE_CONTEXT_BUILDER_ADDR", "127.0.0.1:3001")?,
-            cipher: TokenCipher::from_source(src)?,
+            cipher: TokenKeys::from_source(src)?,
             concurrency: src.bounded("THREADLINE_CONTEXT_CONCURRENCY", 8, 1..=256)? as usize,
             limits: Limits {
                 max_messages: src.bounded("THREADLINE_CONTEXT_MAX_MESSAGES", 50, 2..=1000)?

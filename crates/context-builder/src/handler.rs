@@ -15,7 +15,7 @@ use threadline_proto::v1::{ContextMessage, ContextReady, EventAccepted, SCHEMA_V
 use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::worker::Disposition;
 use threadline_slack::{WebClient, WebError};
-use threadline_tenancy::secrets::TokenCipher;
+use threadline_tenancy::secrets::TokenKeys;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
@@ -28,7 +28,7 @@ pub struct Handler {
     pub js: jetstream::Context,
     pub topology: Topology,
     pub web: WebClient,
-    pub cipher: TokenCipher,
+    pub cipher: TokenKeys,
     /// Refreshes rotating tokens before they expire (when client credentials are set).
     pub refresher: Option<threadline_tenancy::tokens::Refresher>,
     pub limits: Limits,

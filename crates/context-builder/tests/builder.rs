@@ -15,7 +15,7 @@ use threadline_runtime::bus::{Topic, Topology};
 use threadline_runtime::worker::Disposition;
 use threadline_slack::WebClient;
 use threadline_store::{policies, testing};
-use threadline_tenancy::secrets::{TokenCipher, token_aad};
+use threadline_tenancy::secrets::{Seal as _, TokenKeys, token_aad};
 use threadline_testkit::{TestDb, delete_streams, nats_url, stream_len, unique_prefix};
 use uuid::Uuid;
 
@@ -43,8 +43,8 @@ impl Env {
         let prefix = unique_prefix();
         let topology = Topology::new(prefix.clone());
         topology.declare(&js).await.expect("topology");
-        let keys = TokenCipher::generate_entry("k1");
-        let cipher = TokenCipher::parse(&keys.clone().into()).expect("keys");
+        let keys = TokenKeys::generate_entry("k1");
+        let cipher = TokenKeys::parse(&keys.clone().into()).expect("keys");
         let inst = Uuid::now_v7();
         let sealed = cipher
             .seal(token.as_bytes(), &token_aad(&inst, "bot"))
@@ -74,7 +74,7 @@ impl Env {
             js: js.clone(),
             topology,
             web: WebClient::new(slack_api_url, Duration::from_secs(5)).expect("client"),
-            cipher: TokenCipher::parse(&keys.into()).expect("keys"),
+            cipher: TokenKeys::parse(&keys.into()).expect("keys"),
             refresher: None,
             limits,
             backfill,

@@ -110,7 +110,9 @@ pub struct ConnectionLimits {
 }
 
 /// `SLACK_CLIENT_ID`, `SLACK_CLIENT_SECRET`, `THREADLINE_OAUTH_REDIRECT_URL`
-/// (this gateway's public `/slack/oauth/callback`), `THREADLINE_TOKEN_KEYS`;
+/// (this gateway's public `/slack/oauth/callback`),
+/// `THREADLINE_TOKEN_PUBLIC_KEYS` (public keys only: the gateway seals the
+/// tokens an install stores and can open none, DESIGN §8);
 /// optional `SLACK_AUTHORIZE_URL` (default Slack's consent page),
 /// `THREADLINE_BOT_SCOPES` (default least privilege),
 /// `THREADLINE_OAUTH_STATE_TTL_MS` (default 10 minutes),
@@ -131,7 +133,7 @@ pub struct OAuthSettings {
     pub state_ttl: Duration,
     pub install_rate_per_minute: u32,
     pub install_rate_per_client_per_minute: u32,
-    pub cipher: threadline_tenancy::secrets::TokenCipher,
+    pub cipher: threadline_tenancy::secrets::TokenSealer,
 }
 
 impl OAuthSettings {
@@ -181,13 +183,24 @@ impl OAuthSettings {
                 10,
                 1..=60_000,
             )? as u32,
-            cipher: threadline_tenancy::secrets::TokenCipher::from_source(src)?,
+            cipher: threadline_tenancy::secrets::TokenSealer::from_source(src)?,
         }))
     }
 }
 
 impl GatewayConfig {
     pub fn from_source(src: &Source) -> Result<Self, ConfigError> {
+        // The internet-facing process never holds a key that opens a token
+        // (DESIGN §8): private keys in its environment are a mistake to
+        // refuse, not to ignore.
+        if src.get(threadline_tenancy::secrets::TOKEN_KEYS_SETTING).is_some() {
+            return Err(ConfigError::Invalid {
+                key: threadline_tenancy::secrets::TOKEN_KEYS_SETTING.into(),
+                message: "the gateway must not hold the keys that open tokens; give it \
+                          THREADLINE_TOKEN_PUBLIC_KEYS (`threadline keys public`) instead"
+                    .into(),
+            });
+        }
         let mut secrets = Vec::new();
         for key in ["SLACK_SIGNING_SECRET", "SLACK_SIGNING_SECRET_PREVIOUS"] {
             let value = if key == "SLACK_SIGNING_SECRET" {
@@ -322,6 +335,43 @@ mod tests {
             err.contains("THREADLINE_GATEWAY_HEADER_TIMEOUT_MS"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn private_token_keys_are_refused_and_public_ones_seal() {
+        use threadline_tenancy::secrets::{TOKEN_KEYS_SETTING, TokenKeys};
+        let private = TokenKeys::generate_entry("k1");
+        let err = GatewayConfig::from_source(&Source::from_pairs([
+            ("SLACK_SIGNING_SECRET", "s"),
+            (TOKEN_KEYS_SETTING, private.as_str()),
+        ]))
+        .expect_err("private keys refused")
+        .to_string();
+        assert!(err.contains(TOKEN_KEYS_SETTING), "{err}");
+        assert!(!err.contains(&private[10..]), "{err}");
+        let oauth = || {
+            Source::from_pairs([
+                ("SLACK_SIGNING_SECRET", "s"),
+                ("SLACK_CLIENT_ID", "1.2"),
+                ("SLACK_CLIENT_SECRET", "c"),
+                (
+                    "THREADLINE_OAUTH_REDIRECT_URL",
+                    "https://example.com/slack/oauth/callback",
+                ),
+            ])
+        };
+        let err = GatewayConfig::from_source(&oauth())
+            .expect_err("public keys required with OAuth")
+            .to_string();
+        assert!(err.contains("THREADLINE_TOKEN_PUBLIC_KEYS"), "{err}");
+        let public = TokenKeys::parse(&private.clone().into())
+            .expect("keys")
+            .public_entries();
+        let cfg = GatewayConfig::from_source(
+            &oauth().with("THREADLINE_TOKEN_PUBLIC_KEYS", public.as_str()),
+        )
+        .expect("valid");
+        assert!(cfg.oauth.is_some());
     }
 
     #[test]

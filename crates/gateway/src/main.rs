@@ -14,7 +14,12 @@ async fn main() -> ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     let src = Source::from_env()?;
-    threadline_runtime::audit::configure(&src)?;
+    // With the OAuth install its records must correlate with the others'.
+    if src.get("SLACK_CLIENT_ID").is_some() {
+        threadline_runtime::audit::require(&src)?;
+    } else {
+        threadline_runtime::audit::configure(&src)?;
+    }
     let cfg = GatewayConfig::from_source(&src)?;
     let _telemetry = threadline_runtime::telemetry::init("threadline-gateway", &cfg.common)?;
     let listener = threadline_gateway::listener::bind(cfg.addr)

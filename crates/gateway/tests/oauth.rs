@@ -9,7 +9,7 @@ use threadline_gateway::GatewayConfig;
 use threadline_runtime::config::Source;
 use threadline_runtime::shutdown::CancellationToken;
 use threadline_store::testing;
-use threadline_tenancy::secrets::{Sealed, TokenCipher, token_aad};
+use threadline_tenancy::secrets::{Sealed, TokenKeys, token_aad};
 use threadline_testkit::slack::TEST_SECRET;
 use threadline_testkit::{TestDb, eventually, nats_url, unique_prefix};
 
@@ -58,7 +58,10 @@ impl Flow {
             .to_owned();
         let app = ctl("apps", json!({"name": "Threadline"})).await;
         let db = TestDb::new().await;
-        let keys = TokenCipher::generate_entry("k1");
+        let keys = TokenKeys::generate_entry("k1");
+        let public = TokenKeys::parse(&keys.clone().into())
+            .expect("keys")
+            .public_entries();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -82,7 +85,9 @@ impl Flow {
                 "THREADLINE_OAUTH_REDIRECT_URL",
                 format!("{gw}/slack/oauth/callback"),
             ),
-            ("THREADLINE_TOKEN_KEYS", keys.clone()),
+            // The gateway seals to the public key; the private half stays
+            // with this test, standing in for the services that open tokens.
+            ("THREADLINE_TOKEN_PUBLIC_KEYS", public),
             ("THREADLINE_RELAY_ENABLED", "false".to_owned()),
         ]);
         let cfg = GatewayConfig::from_source(&src).expect("config");
@@ -172,7 +177,7 @@ impl Flow {
 
     /// Opens the stored token of installation `id` and asks Slack whose it is.
     async fn auth_test(&self, id: uuid::Uuid, key_id: String, sealed: Vec<u8>) -> Value {
-        let cipher = TokenCipher::parse(&self.keys.clone().into()).expect("keys");
+        let cipher = TokenKeys::parse(&self.keys.clone().into()).expect("keys");
         let token = cipher
             .open(
                 &Sealed {

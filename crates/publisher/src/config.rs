@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use threadline_runtime::config::{CommonConfig, ConfigError, Source};
-use threadline_tenancy::secrets::TokenCipher;
+use threadline_tenancy::secrets::TokenKeys;
 
 use crate::reconcile::Evidence;
 
@@ -33,7 +33,7 @@ pub struct PublisherConfig {
     /// `THREADLINE_PUBLISHER_ADDR`, default `127.0.0.1:3003`.
     pub addr: std::net::SocketAddr,
     /// `THREADLINE_TOKEN_KEYS` (required): opens bot tokens for posting.
-    pub cipher: TokenCipher,
+    pub cipher: TokenKeys,
     /// `THREADLINE_PUBLISHER_CONCURRENCY`, default 8.
     pub concurrency: usize,
     /// `THREADLINE_RECONCILE_READS` (3) over `THREADLINE_RECONCILE_WINDOW_MS`
@@ -78,7 +78,7 @@ impl PublisherConfig {
         Ok(Self {
             common: CommonConfig::from_source(src)?,
             addr: src.socket_addr("THREADLINE_PUBLISHER_ADDR", "127.0.0.1:3003")?,
-            cipher: TokenCipher::from_source(src)?,
+            cipher: TokenKeys::from_source(src)?,
             concurrency: src.bounded("THREADLINE_PUBLISHER_CONCURRENCY", 8, 1..=256)? as usize,
             evidence: Evidence {
                 reads: src.bounded("THREADLINE_RECONCILE_READS", 3, 1..=100)? as i32,

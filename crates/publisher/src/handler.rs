@@ -13,7 +13,7 @@ use threadline_runtime::batch::Batcher;
 use threadline_runtime::bus::Topology;
 use threadline_runtime::worker::Disposition;
 use threadline_slack::WebClient;
-use threadline_tenancy::secrets::TokenCipher;
+use threadline_tenancy::secrets::TokenKeys;
 use uuid::Uuid;
 
 use crate::intents::{self, PostRecord, PostToRecord, Proposal, Recorded};
@@ -28,7 +28,7 @@ pub struct Handler {
     pub js: jetstream::Context,
     pub topology: Topology,
     pub web: WebClient,
-    pub cipher: TokenCipher,
+    pub cipher: TokenKeys,
     /// Refreshes rotating tokens before they expire (when client credentials are set).
     pub refresher: Option<threadline_tenancy::tokens::Refresher>,
     pub evidence: Evidence,

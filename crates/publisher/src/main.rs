@@ -13,7 +13,7 @@ async fn main() -> ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     let src = Source::from_env()?;
-    threadline_runtime::audit::configure(&src)?;
+    threadline_runtime::audit::require(&src)?;
     let cfg = PublisherConfig::from_source(&src)?;
     let _telemetry = threadline_runtime::telemetry::init("threadline-publisher", &cfg.common)?;
     let listener = tokio::net::TcpListener::bind(cfg.addr)

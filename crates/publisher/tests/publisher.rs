@@ -15,7 +15,7 @@ use threadline_store::testing::{
     audit, decisions, installations, intents, outbox, receipts, server, threads,
 };
 use threadline_store::tokens::SealedPair;
-use threadline_tenancy::secrets::{TokenCipher, token_aad};
+use threadline_tenancy::secrets::{Seal as _, TokenKeys, token_aad};
 use threadline_testkit::{TestDb, delete_streams, nats_url, unique_prefix};
 use uuid::Uuid;
 
@@ -75,8 +75,8 @@ impl Env {
         let inst_sim = ws.install.clone();
         let token = ws.token();
         let db = TestDb::new().await;
-        let keys = TokenCipher::generate_entry("k1");
-        let cipher = TokenCipher::parse(&keys.clone().into()).expect("keys");
+        let keys = TokenKeys::generate_entry("k1");
+        let cipher = TokenKeys::parse(&keys.clone().into()).expect("keys");
         let inst = Uuid::now_v7();
         let sealed = cipher
             .seal(token.as_bytes(), &token_aad(&inst, "bot"))
@@ -2056,8 +2056,8 @@ impl Env {
         .await
     }
 
-    fn cipher(&self) -> TokenCipher {
-        TokenCipher::parse(&self.keys.clone().into()).expect("keys")
+    fn cipher(&self) -> TokenKeys {
+        TokenKeys::parse(&self.keys.clone().into()).expect("keys")
     }
 
     /// The installation's token expired `secs` ago (negative: expires in).

@@ -29,7 +29,7 @@ use threadline_runtime::bus::Topic;
 use threadline_runtime::config::{CommonConfig, ConfigError};
 use threadline_runtime::worker::Contracts;
 
-use crate::secrets::{Sealed, TokenCipher};
+use crate::secrets::{Sealed, SymmetricKeys};
 
 pub use threadline_runtime::config::DEAD_LETTER_KEYS_SETTING as KEYS_SETTING;
 
@@ -215,7 +215,7 @@ pub fn letter(
     headers: Option<&HeaderMap>,
     payload: &[u8],
     reason: &str,
-    keys: Option<&TokenCipher>,
+    keys: Option<&SymmetricKeys>,
 ) -> (HeaderMap, Bytes) {
     let message_id = headers
         .and_then(|h| h.get("Nats-Msg-Id"))
@@ -248,7 +248,7 @@ pub fn letter(
 /// whose each one is and what its dead letter keeps, sealed with the
 /// dead-letter keys when there are some.
 pub struct Letters {
-    keys: Option<TokenCipher>,
+    keys: Option<SymmetricKeys>,
 }
 
 impl Letters {
@@ -258,18 +258,18 @@ impl Letters {
         let keys = common
             .dead_letter_keys
             .as_ref()
-            .map(|raw| TokenCipher::parse_setting(raw, KEYS_SETTING))
+            .map(|raw| SymmetricKeys::parse_setting(raw, KEYS_SETTING))
             .transpose()?;
         Ok(Self { keys })
     }
 
     /// Letters sealed with `keys`, or kept without text when `None`.
-    pub fn new(keys: Option<TokenCipher>) -> Self {
+    pub fn new(keys: Option<SymmetricKeys>) -> Self {
         Self { keys }
     }
 
     /// The keys letters are sealed and opened with, if configured.
-    pub fn keys(&self) -> Option<&TokenCipher> {
+    pub fn keys(&self) -> Option<&SymmetricKeys> {
         self.keys.as_ref()
     }
 
@@ -341,7 +341,7 @@ pub fn open(
     letter_subject: &str,
     headers: &HeaderMap,
     payload: &[u8],
-    keys: Option<&TokenCipher>,
+    keys: Option<&SymmetricKeys>,
     legacy: bool,
 ) -> Result<(String, Bytes), ReplayError> {
     let subject = headers
@@ -406,8 +406,8 @@ mod tests {
 
     const SECRET: &str = "the deploy password is hunter2";
 
-    fn keys(spec: &str) -> TokenCipher {
-        TokenCipher::parse_setting(&spec.to_owned().into(), KEYS_SETTING).expect("keys")
+    fn keys(spec: &str) -> SymmetricKeys {
+        SymmetricKeys::parse_setting(&spec.to_owned().into(), KEYS_SETTING).expect("keys")
     }
 
     fn context() -> Vec<u8> {
@@ -447,7 +447,7 @@ mod tests {
 
     #[test]
     fn a_sealed_letter_shows_identities_not_text_and_opens_to_the_original() {
-        let k = keys(&TokenCipher::generate_entry("d1"));
+        let k = keys(&SymmetricKeys::generate_entry("d1"));
         let payload = context();
         let (h, body) = letter(
             Topic::Contexts,
@@ -495,7 +495,7 @@ mod tests {
         assert!(
             matches!(open("tl.dlq.contexts", &h, &body, None, false), Err(ReplayError::NoKey(id)) if id == "d1")
         );
-        let other = keys(&TokenCipher::generate_entry("d2"));
+        let other = keys(&SymmetricKeys::generate_entry("d2"));
         assert!(
             matches!(open("tl.dlq.contexts", &h, &body, Some(&other), false), Err(ReplayError::NoKey(id)) if id == "d1")
         );
@@ -629,7 +629,7 @@ mod tests {
     fn a_letter_names_only_the_work_subject_of_its_own_dead_letter_subject() {
         // A process allowed to dead-letter contexts writes a letter that
         // claims to come from the events subject.
-        let k = keys(&TokenCipher::generate_entry("d1"));
+        let k = keys(&SymmetricKeys::generate_entry("d1"));
         let (mut h, body) = letter(
             Topic::Contexts,
             "tl.contexts",

@@ -9,7 +9,7 @@ pub use threadline_store::tokens::Registration;
 use threadline_store::tokens::{self, SealedPair};
 use uuid::Uuid;
 
-use crate::secrets::{TokenCipher, token_aad};
+use crate::secrets::{Seal, token_aad};
 
 /// The tokens Slack granted an installation, in the clear until sealed here.
 pub struct Tokens<'a> {
@@ -21,10 +21,11 @@ pub struct Tokens<'a> {
 
 /// Inserts or updates (re-install) the installation that `r` names
 /// (identifiers validated by the caller) with its tokens sealed; returns
-/// its id and the id of the key that sealed them.
+/// its id and the id of the key that sealed them. `cipher` may be public
+/// keys only (the gateway): sealing needs nothing that opens.
 pub async fn register(
     pool: &PgPool,
-    cipher: &TokenCipher,
+    cipher: &(dyn Seal + Sync),
     r: &Registration<'_>,
     t: &Tokens<'_>,
 ) -> anyhow::Result<(Uuid, String)> {

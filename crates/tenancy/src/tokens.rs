@@ -13,7 +13,7 @@ use threadline_slack::{WebClient, WebError};
 use threadline_store::tokens::{self, SealedPair};
 use uuid::Uuid;
 
-use crate::secrets::{Sealed, TokenCipher, token_aad};
+use crate::secrets::{Seal as _, Sealed, TokenKeys, token_aad};
 use threadline_runtime::config::{ConfigError, Source};
 
 /// Refresh this long before expiry.
@@ -102,7 +102,7 @@ enum Current {
 }
 
 fn read_current(
-    cipher: &TokenCipher,
+    cipher: &TokenKeys,
     refresher: Option<&Refresher>,
     inst: Uuid,
     row: Option<tokens::Stored>,
@@ -147,7 +147,7 @@ fn read_current(
 /// The lease lives in the row, so a holder whose connection breaks keeps it.
 pub async fn bot_token(
     pool: &PgPool,
-    cipher: &TokenCipher,
+    cipher: &TokenKeys,
     refresher: Option<&Refresher>,
     inst: Uuid,
 ) -> anyhow::Result<Option<SecretString>> {
@@ -164,7 +164,7 @@ pub struct BotIdentity {
 /// [`bot_token`] and the bot's identity, from the same read of the row.
 pub async fn bot(
     pool: &PgPool,
-    cipher: &TokenCipher,
+    cipher: &TokenKeys,
     refresher: Option<&Refresher>,
     inst: Uuid,
 ) -> anyhow::Result<Option<(SecretString, BotIdentity)>> {
@@ -176,7 +176,7 @@ pub async fn bot(
 /// [`bot_token`], keeping the identity of the last read in `seen`.
 async fn bot_token_seen(
     pool: &PgPool,
-    cipher: &TokenCipher,
+    cipher: &TokenKeys,
     refresher: Option<&Refresher>,
     inst: Uuid,
     seen: &mut Option<BotIdentity>,
@@ -279,7 +279,7 @@ fn maybe_applied(e: &WebError) -> bool {
 /// the refresh token exchanged.
 async fn refresh_leased(
     pool: &PgPool,
-    cipher: &TokenCipher,
+    cipher: &TokenKeys,
     refresher: &Refresher,
     inst: Uuid,
     current: SecretString,
