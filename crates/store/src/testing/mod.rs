@@ -21,5 +21,6 @@ pub mod oauth_states;
 pub mod outbox;
 pub mod receipts;
 pub mod rejections;
+pub mod roles;
 pub mod server;
 pub mod threads;
