@@ -863,12 +863,17 @@ impl Stack {
         }
         let js = async_nats::jetstream::new(options.connect(&nats_url).await.expect("nats"));
         let sim = spawn_slack_sim(11, 0.01).await;
-        let keys = "k1:".to_owned() + &"42".repeat(32);
+        // Tokens are sealed to an X25519 key: the gateway gets the public
+        // half only, the services that post or read Slack the private one.
+        let keys = threadline_tenancy::secrets::TokenKeys::generate_entry("k1");
+        let public_keys = threadline_tenancy::secrets::TokenKeys::parse(&keys.clone().into())
+            .expect("keys")
+            .public_entries();
         let mut env: Vec<(&str, String)> = vec![
             ("DATABASE_URL", db.url.clone()),
             ("NATS_URL", threadline_testkit::nats_url()),
             ("THREADLINE_BUS_PREFIX", prefix.clone()),
-            ("THREADLINE_TOKEN_KEYS", keys.clone()),
+            ("THREADLINE_AUDIT_KEY", "5a".repeat(32)),
             (
                 "THREADLINE_DEAD_LETTER_KEYS",
                 "d1:".to_owned() + &"17".repeat(32),
@@ -896,7 +901,21 @@ impl Stack {
         let with = |own: &[(&'static str, String)]| -> Vec<(&str, String)> {
             env.iter().cloned().chain(own.iter().cloned()).collect()
         };
-        let relay_env = own(Role::Relay, &[("THREADLINE_RELAY_ENABLED", "true")]);
+        // Each service logs in to Postgres as its own role
+        // (migrations/0029_service_roles.sql), so every test of a stack
+        // proves the grants suffice.
+        let own_db = |v: &mut Vec<(&'static str, String)>, role: &str, token_keys: Option<&str>| {
+            v.push(("DATABASE_URL", db.url_as(role)));
+            match (role, token_keys) {
+                ("threadline_gateway", _) => {
+                    v.push(("THREADLINE_TOKEN_PUBLIC_KEYS", public_keys.clone()));
+                }
+                (_, Some(k)) => v.push(("THREADLINE_TOKEN_KEYS", k.to_owned())),
+                (_, None) => {}
+            }
+        };
+        let mut relay_env = own(Role::Relay, &[("THREADLINE_RELAY_ENABLED", "true")]);
+        own_db(&mut relay_env, "threadline_gateway", None);
         let relay = match logins {
             Some(_) => Some(spawn_gateway(&with(&relay_env)).await),
             None => None,
@@ -914,6 +933,14 @@ impl Stack {
             own(Role::Inference, &[]),
             own(Role::Publisher, &[]),
         ];
+        for (v, (role, token_keys)) in service_env.iter_mut().zip([
+            ("threadline_gateway", None),
+            ("threadline_context_builder", Some(keys.as_str())),
+            ("threadline_inference", None),
+            ("threadline_publisher", Some(keys.as_str())),
+        ]) {
+            own_db(v, role, token_keys);
+        }
         let gw = spawn_gateway(&with(&service_env[0])).await;
         let events_url = gw.events_url();
         let mut services = vec![
@@ -1014,7 +1041,7 @@ impl Stack {
     }
 
     /// The settings service `i` was started with.
-    fn env_of(&self, i: usize) -> Vec<(&str, String)> {
+    pub fn env_of(&self, i: usize) -> Vec<(&str, String)> {
         self.env
             .iter()
             .chain(self.service_env.get(i).into_iter().flatten())
@@ -1182,8 +1209,7 @@ impl Stack {
             id_of(&install, "bot_id"),
             id_of(&install, "bot_token"),
         );
-        let keys = self
-            .env
+        let keys = self.service_env[3]
             .iter()
             .find(|(k, _)| k == "THREADLINE_TOKEN_KEYS")
             .map(|(_, v)| v.clone())

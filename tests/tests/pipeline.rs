@@ -375,7 +375,11 @@ async fn every_event_to_two_gateways_gives_one_receipt_one_model_call_one_reply_
  {
     let mut s = Stack::start(&[]).await;
     // A second gateway; Slack delivers every event to both at once.
-    let owned = s.env.clone();
+    let owned: Vec<(String, String)> = s
+        .env_of(0)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
     let env: Vec<(&str, String)> = owned.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     let gw2 = threadline_tests::spawn_gateway(&env).await;
     sim_ctl(

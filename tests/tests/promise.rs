@@ -321,7 +321,12 @@ async fn an_intent_whose_proposal_vanished_after_its_post_is_settled_by_the_swee
         intent(&s, &q).await.map(|i| i.1).as_deref(),
         Some("sending")
     );
-    let env: Vec<(&str, String)> = s.env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let owned: Vec<(String, String)> = s
+        .env_of(3)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    let env: Vec<(&str, String)> = owned.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     s.services.insert(
         3,
         threadline_tests::spawn_service_at(&bin, &setting, port, &env).await,

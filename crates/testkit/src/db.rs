@@ -81,6 +81,20 @@ impl TestDb {
         Self { name, url, pool }
     }
 
+    /// This database's URL logging in as `role` (a service's own role,
+    /// `migrations/0029_service_roles.sql`), without a password: the test
+    /// cluster's authentication trusts local connections.
+    pub fn url_as(&self, role: &str) -> String {
+        let scheme_end = self.url.find("://").map(|i| i + 3).unwrap_or(0);
+        let rest = &self.url[scheme_end..];
+        let host = match (rest.find('@'), rest.find('/')) {
+            (Some(at), Some(slash)) if at < slash => &rest[at + 1..],
+            (Some(at), None) => &rest[at + 1..],
+            _ => rest,
+        };
+        format!("{}{role}@{host}", &self.url[..scheme_end])
+    }
+
     /// Makes the database refuse connections and cuts existing ones: from
     /// the application's point of view, Postgres is down.
     pub async fn take_down(&self) {
