@@ -162,6 +162,13 @@ def _(i: Input):
              "SLACK_SIGNING_SECRET")
 
 
+@breakage("settings", "the keys that open tokens given to the public gateway",
+          "production/app:", "Deployment/threadline-gateway", "THREADLINE_TOKEN_KEYS", "must not be given to threadline-gateway")
+def _(i: Input):
+    set_env(container(i.edit("production/app", "Deployment", "threadline-gateway"), "threadline-gateway"),
+            "THREADLINE_TOKEN_KEYS", "k1:x25519:" + "11" * 32)
+
+
 @breakage("settings", "a setting the binary never reads (meant for another service)",
           "production/app:", "Deployment/threadline-publisher", "THREADLINE_MODEL_NAME", "is not a setting threadline-publisher reads")
 def _(i: Input):
