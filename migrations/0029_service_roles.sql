@@ -71,6 +71,9 @@ GRANT INSERT ON audit_log TO threadline_gateway, threadline_context_builder,
 -- Inference copies a decision's channel pseudonym from the record of an
 -- earlier decision of the same event (decisions::claim).
 GRANT SELECT ON audit_log TO threadline_inference;
+-- The context-builder's records of a receipt's end and of an admission
+-- return the receipts recorded (threads::finish, budgets::mark_admitted).
+GRANT SELECT (receipt_id) ON audit_log TO threadline_context_builder;
 
 -- ---------------------------------------------------------------- gateway
 -- Installations: it resolves a delivery's installation (lookup) and
