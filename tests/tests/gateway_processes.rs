@@ -660,8 +660,7 @@ async fn keys_rotate_reseals_every_token_with_the_new_key() {
     let inst: uuid::Uuid = threadline_store::testing::installations::first_id(&db.pool)
         .await
         .expect("installation");
-    let only_k1 =
-        threadline_tenancy::secrets::TokenKeys::parse(&k1.clone().into()).expect("keys");
+    let only_k1 = threadline_tenancy::secrets::TokenKeys::parse(&k1.clone().into()).expect("keys");
     let refresh = threadline_tenancy::secrets::Seal::seal(
         &only_k1,
         b"xoxe-1-refresh-me",

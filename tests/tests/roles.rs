@@ -36,7 +36,8 @@ async fn login(db: &TestDb, role: &str) -> sqlx::PgPool {
 /// An installation with a bot and a refresh token, sealed as an OAuth
 /// install seals them (to the public key).
 async fn installed(db: &TestDb) -> uuid::Uuid {
-    let keys = TokenKeys::parse(&SecretString::from(TokenKeys::generate_entry("k1"))).expect("keys");
+    let keys =
+        TokenKeys::parse(&SecretString::from(TokenKeys::generate_entry("k1"))).expect("keys");
     let sealer = TokenSealer::parse(&keys.public_entries()).expect("public keys");
     let (id, _) = register(
         &db.pool,
@@ -70,8 +71,14 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
     let refusals: Vec<(&[&str], String)> = vec![
         // The tokens: the gateway may not read them in any form, nor copy
         // them elsewhere in the row; inference not even their key ids.
-        (&[GATEWAY, INFERENCE], "SELECT bot_token_sealed FROM installations".into()),
-        (&[GATEWAY, INFERENCE], "SELECT refresh_token_sealed FROM installations".into()),
+        (
+            &[GATEWAY, INFERENCE],
+            "SELECT bot_token_sealed FROM installations".into(),
+        ),
+        (
+            &[GATEWAY, INFERENCE],
+            "SELECT refresh_token_sealed FROM installations".into(),
+        ),
         (&[GATEWAY, INFERENCE], "SELECT * FROM installations".into()),
         (
             &[GATEWAY],
@@ -83,18 +90,30 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
             &[GATEWAY],
             "SELECT id FROM installations WHERE bot_token_sealed IS NOT NULL".into(),
         ),
-        (&[INFERENCE], "SELECT bot_token_key_id FROM installations".into()),
+        (
+            &[INFERENCE],
+            "SELECT bot_token_key_id FROM installations".into(),
+        ),
         (
             &[INFERENCE],
             format!("UPDATE installations SET status = 'disabled' WHERE id = '{inst}'"),
         ),
         // Installations are never deleted, and nobody changes the schema.
-        (&everyone, format!("DELETE FROM installations WHERE id = '{inst}'")),
+        (
+            &everyone,
+            format!("DELETE FROM installations WHERE id = '{inst}'"),
+        ),
         (&everyone, "CREATE TABLE intruder (a int)".into()),
         (&everyone, "CREATE TEMP TABLE intruder (a int)".into()),
-        (&everyone, "ALTER TABLE decisions ADD COLUMN intruder int".into()),
+        (
+            &everyone,
+            "ALTER TABLE decisions ADD COLUMN intruder int".into(),
+        ),
         (&everyone, "DROP TABLE outbox".into()),
-        (&everyone, "CREATE INDEX intruder ON threads (version)".into()),
+        (
+            &everyone,
+            "CREATE INDEX intruder ON threads (version)".into(),
+        ),
         (&everyone, "TRUNCATE thread_messages".into()),
         // The audit log is appended to, never rewritten or erased.
         (&everyone, "DELETE FROM audit_log".into()),
@@ -103,22 +122,55 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
         // Message text: the gateway stores deliveries and reads none; the
         // body of an undecodable delivery is written once and kept from
         // every service (an operator replays it).
-        (&[GATEWAY, INFERENCE], "SELECT * FROM thread_messages".into()),
+        (
+            &[GATEWAY, INFERENCE],
+            "SELECT * FROM thread_messages".into(),
+        ),
         (&everyone, "SELECT body FROM unparsed_events".into()),
-        (&[GATEWAY, INFERENCE, PUBLISHER], "SELECT * FROM contexts".into()),
+        (
+            &[GATEWAY, INFERENCE, PUBLISHER],
+            "SELECT * FROM contexts".into(),
+        ),
         // Other services' state.
-        (&[GATEWAY, INFERENCE], "UPDATE threads SET version = version + 1".into()),
-        (&[PUBLISHER], "UPDATE threads SET version = version + 1".into()),
-        (&[GATEWAY, CONTEXT_BUILDER, INFERENCE], "DELETE FROM reply_intents".into()),
-        (&[GATEWAY, INFERENCE], "UPDATE reply_intents SET state = 'sent'".into()),
-        (&[CONTEXT_BUILDER, INFERENCE, PUBLISHER], "SELECT * FROM oauth_states".into()),
-        (&[CONTEXT_BUILDER, INFERENCE, PUBLISHER], "DELETE FROM outbox".into()),
-        (&[INFERENCE, PUBLISHER], "UPDATE event_receipts SET state = 'done'".into()),
-        (&[PUBLISHER], "INSERT INTO decisions (id) VALUES (gen_random_uuid())".into()),
+        (
+            &[GATEWAY, INFERENCE],
+            "UPDATE threads SET version = version + 1".into(),
+        ),
+        (
+            &[PUBLISHER],
+            "UPDATE threads SET version = version + 1".into(),
+        ),
+        (
+            &[GATEWAY, CONTEXT_BUILDER, INFERENCE],
+            "DELETE FROM reply_intents".into(),
+        ),
+        (
+            &[GATEWAY, INFERENCE],
+            "UPDATE reply_intents SET state = 'sent'".into(),
+        ),
+        (
+            &[CONTEXT_BUILDER, INFERENCE, PUBLISHER],
+            "SELECT * FROM oauth_states".into(),
+        ),
+        (
+            &[CONTEXT_BUILDER, INFERENCE, PUBLISHER],
+            "DELETE FROM outbox".into(),
+        ),
+        (
+            &[INFERENCE, PUBLISHER],
+            "UPDATE event_receipts SET state = 'done'".into(),
+        ),
+        (
+            &[PUBLISHER],
+            "INSERT INTO decisions (id) VALUES (gen_random_uuid())".into(),
+        ),
         // Kill switches and policies are the operator's.
         (&everyone, "UPDATE kill_switches SET engaged = false".into()),
         (&everyone, "DELETE FROM kill_switches".into()),
-        (&everyone, "UPDATE installation_policies SET updated_at = now()".into()),
+        (
+            &everyone,
+            "UPDATE installation_policies SET updated_at = now()".into(),
+        ),
         (&everyone, "DELETE FROM channel_policies".into()),
     ];
     // What each role may do, so that a refusal above is the privilege's
@@ -134,8 +186,14 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
                 "UPDATE installations SET bot_token_sealed = '\\x00', updated_at = now() WHERE id = '{inst}'"
             ),
         ),
-        (CONTEXT_BUILDER, "SELECT bot_token_sealed FROM installations".into()),
-        (PUBLISHER, "SELECT refresh_token_sealed FROM installations".into()),
+        (
+            CONTEXT_BUILDER,
+            "SELECT bot_token_sealed FROM installations".into(),
+        ),
+        (
+            PUBLISHER,
+            "SELECT refresh_token_sealed FROM installations".into(),
+        ),
         (INFERENCE, "SELECT id, status FROM installations".into()),
         (PUBLISHER, "SELECT 1 FROM threads FOR SHARE".into()),
     ];
@@ -169,9 +227,7 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_table_no_service_touches_is_an_operators() {
     let db = TestDb::new().await;
-    let untouched = tables_no_service_may_touch(&db.pool)
-        .await
-        .expect("tables");
+    let untouched = tables_no_service_may_touch(&db.pool).await.expect("tables");
     assert_eq!(
         untouched,
         ["audit_timeline", "workspace_pauses"].map(String::from),

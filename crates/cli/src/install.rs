@@ -154,8 +154,8 @@ pub async fn run(cmd: InstallCommand, src: &Source, pool: &PgPool) -> anyhow::Re
             // without holding the keys that open tokens.
             let cipher: Box<dyn Seal + Sync> = if src.get(TOKEN_KEYS_SETTING).is_some() {
                 Box::new(TokenKeys::from_source(src)?)
-            } else if src.get(TOKEN_PUBLIC_KEYS_SETTING).is_some() {
-                Box::new(TokenSealer::from_source(src)?)
+            } else if let Some(public) = src.get(TOKEN_PUBLIC_KEYS_SETTING) {
+                Box::new(TokenSealer::parse(public)?)
             } else {
                 anyhow::bail!(
                     "set {TOKEN_PUBLIC_KEYS_SETTING} (or {TOKEN_KEYS_SETTING}) to seal the token"

@@ -68,11 +68,7 @@ pub fn public(src: &Source) -> anyhow::Result<()> {
 /// Re-seals every token of `kind` not yet under the active key: how many
 /// were re-sealed, and how many changed or were held by a refresh
 /// meanwhile (left for the next round).
-async fn reseal(
-    cipher: &TokenKeys,
-    pool: &PgPool,
-    kind: TokenKind,
-) -> anyhow::Result<(u64, u64)> {
+async fn reseal(cipher: &TokenKeys, pool: &PgPool, kind: TokenKind) -> anyhow::Result<(u64, u64)> {
     let purpose = kind.purpose();
     let rows = installations::sealed_with_other_key(pool, kind, cipher.active_key_id()).await?;
     let (mut done, mut left) = (0, 0);

@@ -101,6 +101,10 @@ enum KeysCommand {
         /// Key id stored with every ciphertext sealed to it.
         #[arg(long, default_value = "k1")]
         id: String,
+        /// A symmetric key (`id:hex64`) instead, for
+        /// THREADLINE_DEAD_LETTER_KEYS.
+        #[arg(long)]
+        symmetric: bool,
     },
     /// Print THREADLINE_TOKEN_PUBLIC_KEYS (the gateway's) for the X25519
     /// keys of THREADLINE_TOKEN_KEYS, in the same order.
@@ -178,12 +182,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             command: KeysCommand::Rotate,
         } => keys::rotate(&src, &pool(&src).await?).await?,
         Command::Keys {
-            command: KeysCommand::Generate { id },
+            command: KeysCommand::Generate { id, symmetric },
         } => {
-            println!(
-                "{}",
-                threadline_tenancy::secrets::TokenKeys::generate_entry(&id)
-            );
+            use threadline_tenancy::secrets::{SymmetricKeys, TokenKeys};
+            if symmetric {
+                println!("{}", SymmetricKeys::generate_entry(&id));
+            } else {
+                println!("{}", TokenKeys::generate_entry(&id));
+            }
         }
         Command::Keys {
             command: KeysCommand::Public,

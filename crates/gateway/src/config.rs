@@ -183,7 +183,9 @@ impl OAuthSettings {
                 10,
                 1..=60_000,
             )? as u32,
-            cipher: threadline_tenancy::secrets::TokenSealer::from_source(src)?,
+            cipher: threadline_tenancy::secrets::TokenSealer::parse(
+                src.required(threadline_tenancy::secrets::TOKEN_PUBLIC_KEYS_SETTING)?,
+            )?,
         }))
     }
 }
@@ -193,7 +195,10 @@ impl GatewayConfig {
         // The internet-facing process never holds a key that opens a token
         // (DESIGN §8): private keys in its environment are a mistake to
         // refuse, not to ignore.
-        if src.get(threadline_tenancy::secrets::TOKEN_KEYS_SETTING).is_some() {
+        if src
+            .get(threadline_tenancy::secrets::TOKEN_KEYS_SETTING)
+            .is_some()
+        {
             return Err(ConfigError::Invalid {
                 key: threadline_tenancy::secrets::TOKEN_KEYS_SETTING.into(),
                 message: "the gateway must not hold the keys that open tokens; give it \

@@ -45,9 +45,7 @@ pub fn key_from(src: &Source) -> Result<Option<[u8; 32]>, ConfigError> {
 pub fn configure(src: &Source) -> Result<(), ConfigError> {
     let key = key_from(src)?;
     if key.is_none() {
-        tracing::warn!(
-            "THREADLINE_AUDIT_KEY is not set: audit records carry no channel reference"
-        );
+        tracing::warn!("THREADLINE_AUDIT_KEY is not set: audit records carry no channel reference");
     }
     let _ = KEY.set(key);
     Ok(())
@@ -113,10 +111,8 @@ mod tests {
         let bad = Source::from_pairs([(AUDIT_KEY_SETTING, "nothex")]);
         let err = key_from(&bad).expect_err("refused").to_string();
         assert!(err.contains(AUDIT_KEY_SETTING), "{err}");
-        let token_keys_only = Source::from_pairs([(
-            "THREADLINE_TOKEN_KEYS",
-            format!("k1:{}", "33".repeat(32)),
-        )]);
+        let token_keys_only =
+            Source::from_pairs([("THREADLINE_TOKEN_KEYS", format!("k1:{}", "33".repeat(32)))]);
         assert_eq!(key_from(&token_keys_only).expect("ok"), None, "not derived");
         let err = require(&token_keys_only).expect_err("required").to_string();
         assert!(err.contains(AUDIT_KEY_SETTING), "{err}");

@@ -135,9 +135,14 @@ fn hpke_seal(
     plaintext: &[u8],
     aad: &[u8],
 ) -> Result<Sealed, SecretError> {
-    let (enc, ct) =
-        hpke::single_shot_seal::<Suite, Kdf, Kem>(&OpModeS::Base, pk, &info(key_id), plaintext, aad)
-            .map_err(|_| SecretError::Encrypt)?;
+    let (enc, ct) = hpke::single_shot_seal::<Suite, Kdf, Kem>(
+        &OpModeS::Base,
+        pk,
+        &info(key_id),
+        plaintext,
+        aad,
+    )
+    .map_err(|_| SecretError::Encrypt)?;
     let mut bytes = Vec::with_capacity(ENC_LEN + ct.len());
     bytes.extend_from_slice(&enc.to_bytes());
     bytes.extend_from_slice(&ct);
@@ -176,12 +181,9 @@ impl fmt::Debug for TokenSealer {
 }
 
 impl TokenSealer {
-    /// `THREADLINE_TOKEN_PUBLIC_KEYS`, required.
-    pub fn from_source(src: &Source) -> Result<Self, ConfigError> {
-        Self::parse(src.required(TOKEN_PUBLIC_KEYS_SETTING)?)
-    }
-
-    /// `id:hex64[,…]`, X25519 public keys in hex.
+    /// `id:hex64[,…]`, X25519 public keys in hex, as
+    /// `THREADLINE_TOKEN_PUBLIC_KEYS` holds them (read by the gateway and
+    /// `threadline install add`, which alone seal without opening).
     pub fn parse(raw: &str) -> Result<Self, ConfigError> {
         let setting = TOKEN_PUBLIC_KEYS_SETTING;
         let mut keys: Vec<(String, _)> = Vec::new();
@@ -203,7 +205,10 @@ impl TokenSealer {
             let pk = <Kem as hpke::Kem>::PublicKey::from_bytes(&bytes)
                 .map_err(|_| invalid_in(setting, format!("entry {n} ({id}): not a public key")))?;
             if keys.iter().any(|k| k.0 == id) {
-                return Err(invalid_in(setting, format!("key id {id:?} is listed twice")));
+                return Err(invalid_in(
+                    setting,
+                    format!("key id {id:?} is listed twice"),
+                ));
             }
             keys.push((id.to_owned(), pk));
         }
@@ -284,7 +289,10 @@ impl TokenKeys {
                 )?))),
             };
             if keys.iter().any(|k| k.0 == id) {
-                return Err(invalid_in(setting, format!("key id {id:?} is listed twice")));
+                return Err(invalid_in(
+                    setting,
+                    format!("key id {id:?} is listed twice"),
+                ));
             }
             keys.push((id.to_owned(), key));
         }
@@ -413,7 +421,10 @@ impl SymmetricKeys {
             check_id(id, n, setting)?;
             let bytes = key_bytes(hex_key, n, id, setting)?;
             if keys.iter().any(|k| k.0 == id) {
-                return Err(invalid_in(setting, format!("key id {id:?} is listed twice")));
+                return Err(invalid_in(
+                    setting,
+                    format!("key id {id:?} is listed twice"),
+                ));
             }
             keys.push((
                 id.to_owned(),
@@ -516,14 +527,20 @@ mod tests {
         // A private key first: it seals; the legacy key still opens.
         let both = keys(&format!("{k1},{legacy}"));
         assert!(both.seals_to_public_key());
-        assert_eq!(both.open(&old, &aad).expect("legacy").expose_secret(), "xoxe-1");
+        assert_eq!(
+            both.open(&old, &aad).expect("legacy").expose_secret(),
+            "xoxe-1"
+        );
         let new = both.seal(b"xoxe-2", &aad).expect("seal");
         assert_eq!(new.key_id, "k1");
         // The next key pair: the public half first at the gateway, the
         // private half first where tokens are opened; k1 still opens.
         let rotated = keys(&format!("{k2},{k1}"));
         assert!(rotated.public_entries().starts_with("k2:"));
-        assert_eq!(rotated.open(&new, &aad).expect("k1").expose_secret(), "xoxe-2");
+        assert_eq!(
+            rotated.open(&new, &aad).expect("k1").expose_secret(),
+            "xoxe-2"
+        );
         let sealed_k2 = sealer(&rotated).seal(b"xoxe-3", &aad).expect("seal");
         assert_eq!(sealed_k2.key_id, "k2");
         assert!(matches!(
