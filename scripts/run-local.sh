@@ -86,6 +86,11 @@ as() {
 }
 [ -s .dev/token-keys ] || "$bin/threadline" keys generate --id dev >.dev/token-keys
 export THREADLINE_TOKEN_KEYS="${THREADLINE_TOKEN_KEYS:-$(cat .dev/token-keys)}"
+# The gateway seals to the public half and never holds the private one.
+THREADLINE_TOKEN_PUBLIC_KEYS="$("$bin/threadline" keys public)"
+# The audit pseudonyms' key, the same for every service.
+[ -s .dev/audit-key ] || od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >.dev/audit-key
+export THREADLINE_AUDIT_KEY="${THREADLINE_AUDIT_KEY:-$(cat .dev/audit-key)}"
 
 db="$(basename "${DATABASE_URL%%\?*}")"
 psql -q "$admin" -tc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1 \
@@ -101,7 +106,7 @@ relay=""
 if [ "${TL_NATS_AUTH:-0}" = 1 ]; then
   # The relay declares the streams the workers wait for: first.
   (export THREADLINE_RELAY_ENABLED=true THREADLINE_GATEWAY_ADDR="${THREADLINE_RELAY_ADDR:-127.0.0.1:3004}"
-   as relay "$bin/threadline-gateway") &
+   THREADLINE_TOKEN_PUBLIC_KEYS="$THREADLINE_TOKEN_PUBLIC_KEYS" as relay env -u THREADLINE_TOKEN_KEYS "$bin/threadline-gateway") &
   relay=$!
   export THREADLINE_RELAY_ENABLED=false
 fi
@@ -112,4 +117,4 @@ inf=$!
 as publisher "$bin/threadline-publisher" &
 pub=$!
 trap 'kill $relay "$cb" "$inf" "$pub" 2>/dev/null; wait $relay "$cb" "$inf" "$pub" 2>/dev/null; rm -f "$headers"; "$root/scripts/services.sh" down' EXIT
-(as gateway "$bin/threadline-gateway")
+(export THREADLINE_TOKEN_PUBLIC_KEYS; as gateway env -u THREADLINE_TOKEN_KEYS "$bin/threadline-gateway")

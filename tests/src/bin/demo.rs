@@ -182,12 +182,19 @@ fn cli_env(s: &Stack) -> Vec<String> {
         "THREADLINE_BUS_PREFIX",
         "THREADLINE_TOKEN_KEYS",
         "THREADLINE_DEAD_LETTER_KEYS",
+        "THREADLINE_AUDIT_KEY",
         "SLACK_API_URL",
     ];
+    // The CLI is the owner: the common DATABASE_URL, and the private token
+    // keys the publisher (service 3) holds.
     CLI_READS
         .iter()
         .filter_map(|k| {
-            let v = s.env.iter().find(|(name, _)| name == k)?;
+            let v = s
+                .env
+                .iter()
+                .find(|(name, _)| name == k)
+                .or_else(|| s.service_env[3].iter().find(|(name, _)| name == k))?;
             Some(format!("{k}='{}'", v.1))
         })
         .collect()

@@ -321,11 +321,19 @@ async fn smoke() -> Result<(), String> {
     let sim_port = free_port();
     let sim_url = format!("http://127.0.0.1:{sim_port}");
     let id = prefix.to_ascii_lowercase().replace('_', "-");
+    let token_keys = threadline_tenancy::secrets::TokenKeys::generate_entry("k1");
+    let public_keys = threadline_tenancy::secrets::TokenKeys::parse(&token_keys.clone().into())
+        .map_err(|e| e.to_string())?
+        .public_entries();
     let settings: String = [
         ("DATABASE_URL", db.url.clone()),
         ("NATS_URL", nats_url()),
         ("THREADLINE_BUS_PREFIX", prefix.clone()),
-        ("THREADLINE_TOKEN_KEYS", "k1:".to_owned() + &"42".repeat(32)),
+        // The private token key for the services that open tokens (and
+        // the CLI); the gateway's containers get it emptied and the public
+        // half instead.
+        ("THREADLINE_TOKEN_KEYS", token_keys.clone()),
+        ("THREADLINE_AUDIT_KEY", "5a".repeat(32)),
         (
             "THREADLINE_DEAD_LETTER_KEYS",
             "d1:".to_owned() + &"17".repeat(32),
@@ -356,20 +364,48 @@ async fn smoke() -> Result<(), String> {
     let js = async_nats::jetstream::new(nats);
     // A panic inside (a helper's assertion) still cleans up below.
     use futures::FutureExt as _;
-    let result = std::panic::AssertUnwindSafe(pipeline(&run, &http, &sim_url, sim_port))
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|panic| {
-            Err(panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "a panic".to_owned()))
-        });
+    let result = std::panic::AssertUnwindSafe(pipeline(
+        &run,
+        &http,
+        &sim_url,
+        sim_port,
+        &Logins {
+            db: &db,
+            public_keys: &public_keys,
+        },
+    ))
+    .catch_unwind()
+    .await
+    .unwrap_or_else(|panic| {
+        Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "a panic".to_owned()))
+    });
     threadline_testkit::delete_streams(&js, &prefix).await;
     drop(run);
     drop(db);
     result
+}
+
+/// How each service logs in: its own database role
+/// (`migrations/0029_service_roles.sql`), and for the gateway the public
+/// token keys in place of the private ones.
+struct Logins<'a> {
+    db: &'a TestDb,
+    public_keys: &'a str,
+}
+
+impl Logins<'_> {
+    fn of(&self, role: &str) -> Vec<(&'static str, String)> {
+        let mut v = vec![("DATABASE_URL", self.db.url_as(role))];
+        if role == "threadline_gateway" {
+            v.push(("THREADLINE_TOKEN_KEYS", String::new()));
+            v.push(("THREADLINE_TOKEN_PUBLIC_KEYS", self.public_keys.to_owned()));
+        }
+        v
+    }
 }
 
 async fn pipeline(
@@ -377,6 +413,7 @@ async fn pipeline(
     http: &reqwest::Client,
     sim_url: &str,
     sim_port: u16,
+    logins: &Logins<'_>,
 ) -> Result<(), String> {
     println!("image-smoke: migrating with {}", run.image("cli"));
     run.cli(&["migrate"], None)?;
@@ -410,7 +447,10 @@ async fn pipeline(
             vec![
                 addr("THREADLINE_GATEWAY_ADDR", relay_port),
                 ("THREADLINE_RELAY_ENABLED", "true".to_owned()),
-            ],
+            ]
+            .into_iter()
+            .chain(logins.of("threadline_gateway"))
+            .collect::<Vec<_>>(),
         ),
         (
             "gateway",
@@ -419,25 +459,34 @@ async fn pipeline(
             vec![
                 addr("THREADLINE_GATEWAY_ADDR", gw_port),
                 ("THREADLINE_RELAY_ENABLED", "false".to_owned()),
-            ],
+            ]
+            .into_iter()
+            .chain(logins.of("threadline_gateway"))
+            .collect::<Vec<_>>(),
         ),
         (
             "context-builder",
             "context-builder",
             cb_port,
-            vec![addr("THREADLINE_CONTEXT_BUILDER_ADDR", cb_port)],
+            std::iter::once(addr("THREADLINE_CONTEXT_BUILDER_ADDR", cb_port))
+                .chain(logins.of("threadline_context_builder"))
+                .collect::<Vec<_>>(),
         ),
         (
             "inference",
             "inference",
             inf_port,
-            vec![addr("THREADLINE_INFERENCE_ADDR", inf_port)],
+            std::iter::once(addr("THREADLINE_INFERENCE_ADDR", inf_port))
+                .chain(logins.of("threadline_inference"))
+                .collect::<Vec<_>>(),
         ),
         (
             "publisher",
             "publisher",
             pub_port,
-            vec![addr("THREADLINE_PUBLISHER_ADDR", pub_port)],
+            std::iter::once(addr("THREADLINE_PUBLISHER_ADDR", pub_port))
+                .chain(logins.of("threadline_publisher"))
+                .collect::<Vec<_>>(),
         ),
     ];
     let mut running = Vec::new();
