@@ -234,3 +234,161 @@ async fn every_table_no_service_touches_is_an_operators() {
         "a table no service role may touch: grant it in its migration, or list it here as the operator's"
     );
 }
+
+/// The proof, end to end: a real gateway process, given what a
+/// deployment gives it (its role, the public keys), completes an OAuth
+/// install against slack-sim's `oauth.v2.access`; the token it stored opens
+/// with nothing in its environment and cannot be read on its role, while
+/// on the publisher's role and with the publisher's key it opens and
+/// speaks for the workspace's bot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_process_installs_a_token_it_can_neither_read_nor_open() {
+    use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
+    use secrecy::ExposeSecret as _;
+    use serde_json::json;
+    use threadline_tenancy::secrets::{Sealed, SymmetricKeys, token_aad};
+    use threadline_tests::{free_port, sim_ctl, spawn_service_at, spawn_slack_sim};
+
+    let db = TestDb::new().await;
+    let sim = spawn_slack_sim(5, 0.01).await;
+    let team = sim_ctl(&sim, "teams", json!({"name": "Acme"})).await["id"]
+        .as_str()
+        .expect("team")
+        .to_owned();
+    let app = sim_ctl(&sim, "apps", json!({"name": "Threadline"})).await;
+    let private = TokenKeys::generate_entry("k1");
+    let keys = TokenKeys::parse(&SecretString::from(private.clone())).expect("keys");
+    let port = free_port();
+    let gw = format!("http://127.0.0.1:{port}");
+    let prefix = threadline_testkit::unique_prefix();
+    let env: Vec<(&str, String)> = vec![
+        ("DATABASE_URL", db.url_as(GATEWAY)),
+        ("NATS_URL", threadline_testkit::nats_url()),
+        ("THREADLINE_BUS_PREFIX", prefix.clone()),
+        (
+            "SLACK_SIGNING_SECRET",
+            threadline_testkit::slack::TEST_SECRET.to_owned(),
+        ),
+        ("SLACK_API_URL", format!("{}/api/", sim.base_url)),
+        (
+            "SLACK_AUTHORIZE_URL",
+            format!("{}/oauth/v2/authorize", sim.base_url),
+        ),
+        (
+            "SLACK_CLIENT_ID",
+            app["client_id"].as_str().expect("client id").to_owned(),
+        ),
+        (
+            "SLACK_CLIENT_SECRET",
+            app["client_secret"].as_str().expect("secret").to_owned(),
+        ),
+        (
+            "THREADLINE_OAUTH_REDIRECT_URL",
+            format!("{gw}/slack/oauth/callback"),
+        ),
+        ("THREADLINE_TOKEN_PUBLIC_KEYS", keys.public_entries()),
+        ("THREADLINE_AUDIT_KEY", "5a".repeat(32)),
+    ];
+    let gateway =
+        spawn_service_at("threadline-gateway", "THREADLINE_GATEWAY_ADDR", port, &env).await;
+
+    // A person installs the app: /slack/install, Slack's consent, the
+    // callback, which exchanges the code with oauth.v2.access.
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let r = http
+        .get(format!("{gw}/slack/install"))
+        .send()
+        .await
+        .expect("install");
+    assert_eq!(r.status(), 302);
+    let consent = r.headers()[LOCATION].to_str().expect("location").to_owned();
+    let cookie = r.headers()[SET_COOKIE]
+        .to_str()
+        .expect("cookie")
+        .split(';')
+        .next()
+        .expect("pair")
+        .to_owned();
+    let r = http
+        .get(format!("{consent}&team={team}"))
+        .send()
+        .await
+        .expect("consent");
+    assert_eq!(r.status(), 303);
+    let callback = r.headers()[LOCATION].to_str().expect("callback").to_owned();
+    let r = http
+        .get(callback)
+        .header(COOKIE, cookie)
+        .send()
+        .await
+        .expect("callback");
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    let inst = threadline_store::testing::installations::first_id(&db.pool)
+        .await
+        .expect("the install stored an installation");
+
+    // On the gateway's role the token cannot be read, by the very
+    // statement the services read it with.
+    let gateway_pool = login(&db, GATEWAY).await;
+    let read = threadline_store::tokens::read(&gateway_pool, inst).await;
+    assert!(
+        matches!(&read, Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501")),
+        "the gateway's role read the token row: {:?}",
+        read.as_ref().map(|_| "a row")
+    );
+    // On the publisher's role it can, and the publisher's key opens it.
+    let publisher_pool = login(&db, PUBLISHER).await;
+    let stored = threadline_store::tokens::read(&publisher_pool, inst)
+        .await
+        .expect("the publisher reads the token")
+        .expect("the installation");
+    let sealed = Sealed {
+        key_id: stored.bot_key_id.expect("sealed"),
+        bytes: stored.bot_sealed.expect("sealed"),
+    };
+    let aad = token_aad(&inst, "bot");
+    // Nothing in the gateway's environment opens it: no private key is
+    // there, and no value read as one (a public key taken for a private
+    // one, any value as a symmetric key) opens it.
+    assert!(!env.iter().any(|(k, _)| *k == "THREADLINE_TOKEN_KEYS"));
+    for (name, value) in &env {
+        let mut tries = vec![value.clone()];
+        tries.extend(value.split(',').filter_map(|e| {
+            e.split_once(':')
+                .map(|(id, hex)| format!("{id}:x25519:{hex}"))
+        }));
+        for t in &tries {
+            if let Ok(k) = TokenKeys::parse(&SecretString::from(t.clone())) {
+                assert!(k.open(&sealed, &aad).is_err(), "{name} opened the token");
+            }
+            if let Ok(k) = SymmetricKeys::parse_setting(&SecretString::from(t.clone()), name) {
+                assert!(
+                    k.open_bytes(&sealed, &aad).is_err(),
+                    "{name} opened the token"
+                );
+            }
+        }
+    }
+    let token = keys.open(&sealed, &aad).expect("the private key opens it");
+    let who: serde_json::Value = http
+        .post(format!("{}/api/auth.test", sim.base_url))
+        .bearer_auth(token.expose_secret())
+        .send()
+        .await
+        .expect("auth.test")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(who["ok"], true, "{who}");
+    assert_eq!(who["team_id"].as_str(), Some(team.as_str()), "{who}");
+    gateway.kill().await;
+    let js = async_nats::jetstream::new(
+        async_nats::connect(threadline_testkit::nats_url())
+            .await
+            .expect("nats"),
+    );
+    threadline_testkit::delete_streams(&js, &prefix).await;
+}
