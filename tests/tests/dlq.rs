@@ -32,6 +32,7 @@ async fn poison_is_dead_lettered_listed_dropped_and_a_dead_letter_replayed() {
         ("NATS_URL", nats_url()),
         ("THREADLINE_BUS_PREFIX", prefix.clone()),
         ("THREADLINE_TOKEN_KEYS", keys),
+        ("THREADLINE_AUDIT_KEY", "5a".repeat(32)),
         ("SLACK_API_URL", "http://127.0.0.1:9/api/".to_owned()),
     ];
     let cb = spawn_context_builder(&env).await;

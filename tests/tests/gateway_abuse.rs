@@ -540,6 +540,11 @@ async fn the_install_link_is_rate_limited_purged_and_renders_names_escaped() {
     let app = sim_ctl(&sim, "apps", json!({"name": "Threadline"})).await;
     let port = free_port();
     let gw_url = format!("http://127.0.0.1:{port}");
+    let public_keys = threadline_tenancy::secrets::TokenKeys::parse(
+        &threadline_tenancy::secrets::TokenKeys::generate_entry("k1").into(),
+    )
+    .expect("keys")
+    .public_entries();
     let env = with(
         base_env(&db),
         &[
@@ -560,7 +565,9 @@ async fn the_install_link_is_rate_limited_purged_and_renders_names_escaped() {
                 "THREADLINE_OAUTH_REDIRECT_URL",
                 &format!("{gw_url}/slack/oauth/callback"),
             ),
-            ("THREADLINE_TOKEN_KEYS", &format!("k1:{}", "42".repeat(32))),
+            // (the gateway seals to public keys only)
+            ("THREADLINE_TOKEN_PUBLIC_KEYS", &public_keys),
+            ("THREADLINE_AUDIT_KEY", &"5a".repeat(32)),
             ("THREADLINE_INSTALL_RATE_PER_MINUTE", "20"),
             ("THREADLINE_INSTALL_RATE_PER_CLIENT_PER_MINUTE", "5"),
             ("THREADLINE_GATEWAY_TRUST_FORWARDED_FOR", "true"),

@@ -133,6 +133,7 @@ async fn a_service_started_while_postgres_is_down_waits_for_it_and_then_serves()
         ("NATS_URL", nats_url()),
         ("THREADLINE_BUS_PREFIX", prefix.clone()),
         ("THREADLINE_TOKEN_KEYS", format!("k1:{}", "42".repeat(32))),
+        ("THREADLINE_AUDIT_KEY", "5a".repeat(32)),
     ];
     let starting = tokio::spawn(async move { threadline_tests::spawn_context_builder(&env).await });
     // It is still waiting, and its log says on what.
