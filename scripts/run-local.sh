@@ -85,6 +85,11 @@ as() {
   exec "$@"
 }
 [ -s .dev/token-keys ] || "$bin/threadline" keys generate --id dev >.dev/token-keys
+# (a symmetric key of an older checkout: an X25519 key goes first)
+if ! grep -q ':x25519:' .dev/token-keys; then
+  printf '%s,%s\n' "$("$bin/threadline" keys generate --id dev-x25519)" "$(cat .dev/token-keys)" >.dev/token-keys.new
+  mv .dev/token-keys.new .dev/token-keys
+fi
 export THREADLINE_TOKEN_KEYS="${THREADLINE_TOKEN_KEYS:-$(cat .dev/token-keys)}"
 # The gateway seals to the public half and never holds the private one.
 THREADLINE_TOKEN_PUBLIC_KEYS="$("$bin/threadline" keys public)"
