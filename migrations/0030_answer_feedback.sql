@@ -23,3 +23,10 @@ ALTER TABLE audit_log DROP CONSTRAINT audit_log_stage_check;
 ALTER TABLE audit_log ADD CONSTRAINT audit_log_stage_check
     CHECK (stage IN ('intake', 'context', 'decision', 'review', 'delivery', 'lifecycle',
                      'operator', 'feedback'));
+
+-- The gateway records the clicks (threadline_store::feedback::record): it
+-- reads the decision and its reply (granted in 0029) and inserts or
+-- updates the person's row (`ON CONFLICT … DO UPDATE` reads the row it
+-- updates). Nothing else of the services touches it; the CLI's export
+-- runs as the owner.
+GRANT SELECT, INSERT, UPDATE ON answer_feedback TO threadline_gateway;
