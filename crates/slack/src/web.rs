@@ -336,6 +336,28 @@ impl WebClient {
         self.call("chat.stopStream", token, &form).await.map(|_| ())
     }
 
+    /// `chat.update` of our own message `ts`: its whole text, blocks and
+    /// metadata (all replaced). Never retried here: an update of the same
+    /// content is idempotent, and its caller decides when to try again.
+    pub async fn update_message(
+        &self,
+        token: &str,
+        channel: &str,
+        ts: &str,
+        text: &str,
+        blocks_json: &str,
+        metadata_json: &str,
+    ) -> Result<(), WebError> {
+        let mut form = vec![("channel", channel), ("ts", ts), ("text", text)];
+        if !blocks_json.is_empty() {
+            form.push(("blocks", blocks_json));
+        }
+        if !metadata_json.is_empty() {
+            form.push(("metadata", metadata_json));
+        }
+        self.call("chat.update", token, &form).await.map(|_| ())
+    }
+
     pub async fn conversations_replies(
         &self,
         token: &str,

@@ -287,10 +287,24 @@ pub struct Tick {
 /// whether it goes on: the thread's version, the source, kill switches,
 /// the installation, and the decision with its text.
 pub async fn tick(pool: &PgPool, p: &Proposal<'_>, c: &Claimed) -> sqlx::Result<Tick> {
+    tick_as(pool, p, c.id, Some(c.attempt), IntentState::Streaming).await
+}
+
+/// [`tick`] for whoever holds the intent in `state` (`attempt`: its
+/// attempt, when the holder is one): the checks an expired stream's update
+/// goes through, held by a reconciliation (`reconciling`) or a stop
+/// (`ending`). `mine`: the intent is still in `state`.
+pub async fn tick_as(
+    pool: &PgPool,
+    p: &Proposal<'_>,
+    intent: Uuid,
+    attempt: Option<i32>,
+    state: IntentState,
+) -> sqlx::Result<Tick> {
     let r = sqlx::query!(
         r#"WITH fresh AS (
             UPDATE reply_intents SET updated_at = now()
-             WHERE id = $6 AND attempts = $7 AND state = $8
+             WHERE id = $6 AND ($7::int4 IS NULL OR attempts = $7) AND state = $8
             RETURNING id)
          SELECT EXISTS (SELECT 1 FROM fresh) AS "mine!",
                 (SELECT version FROM threads WHERE installation_id = $1 AND channel_id = $2 AND root_ts = $3)
@@ -309,9 +323,9 @@ pub async fn tick(pool: &PgPool, p: &Proposal<'_>, c: &Claimed) -> sqlx::Result<
         p.root_ts,
         p.source_ts,
         p.decision,
-        c.id,
-        c.attempt,
-        IntentState::Streaming.as_str(),
+        intent,
+        attempt,
+        state.as_str(),
         feature_of(p.action_kind),
         p.receipt,
     )
@@ -476,7 +490,8 @@ pub async fn due_ending(pool: &PgPool, intent: Uuid, lease: f64) -> sqlx::Result
 }
 
 /// A stream whose end its publisher could not see (a stop whose answer
-/// was lost, a stream another publisher or Slack had ended): `streaming →
+/// was lost, a stream another publisher or Slack had ended), or an expired
+/// stream's update whose outcome is not known: `streaming | reconciling →
 /// unknown`, reconciled from what Slack shows (its metadata says whether
 /// it stopped with the whole answer or with a closing line).
 pub async fn to_unknown(pool: &PgPool, intent: Uuid, code: &str) -> sqlx::Result<bool> {
@@ -487,7 +502,10 @@ pub async fn to_unknown(pool: &PgPool, intent: Uuid, code: &str) -> sqlx::Result
         intent,
         IntentState::Unknown.as_str(),
         code,
-        &moves(&[IntentState::Streaming], IntentState::Unknown),
+        &moves(
+            &[IntentState::Streaming, IntentState::Reconciling],
+            IntentState::Unknown
+        ),
     )
     .execute(pool)
     .await?;
