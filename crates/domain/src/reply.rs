@@ -12,6 +12,17 @@
 //! an unknown start of the intent may have made, inside that start's own
 //! window, and that no other intent's unresolved start could have made too
 //! (such a stream is ended unclaimed instead: it answers nobody).
+//!
+//! A stream of the intent that Slack ended itself at its lifetime
+//! (`streaming_state: errored`, nothing written over it yet) is
+//! [`Seen::Expired`]: it is finished by updating that same message with the
+//! whole answer (its label and [`answer_metadata`]), or, when the answer
+//! may not be shown any more (the thread moved on, a switch, a review),
+//! with its closing line and [`ending_metadata`] — never by a second
+//! message beside it. Once the update landed, the message names the intent
+//! like any reply ([`Seen::Named`], or [`Seen::Ended`] for a closing line),
+//! so an update whose outcome is unknown is reconciled like a post, and
+//! tried again (it is idempotent) while Slack still shows it expired.
 
 use serde_json::{Value, json};
 
@@ -195,8 +206,11 @@ pub enum Seen {
     /// Its stream, still open: it must be ended.
     Open,
     /// Its stream, ended without the answer (our closing line, an unclaimed
-    /// end, expired in Slack).
+    /// end, an expired stream another start may have made).
     Ended,
+    /// Its stream, expired in Slack (its lifetime ran out before its stop)
+    /// and not written over since: finished by updating it.
+    Expired,
     /// Its stream, stopped by the person before the end (completed without
     /// our metadata): what it shows is the answer they wanted.
     StoppedByPerson,
@@ -207,6 +221,9 @@ pub enum Seen {
     /// may have made: whose answer it is cannot be told.
     Ambiguous,
 }
+
+/// The `streaming_state` of a stream Slack ended itself at its lifetime.
+pub const EXPIRED: &str = "errored";
 
 fn str_at<'v>(m: &'v Value, pointer: &str) -> Option<&'v str> {
     m.pointer(pointer).and_then(Value::as_str)
@@ -238,6 +255,7 @@ pub fn see(m: &Value, s: &Subject<'_>) -> Seen {
             return match state {
                 "in_progress" => Seen::Open,
                 "completed" if no_metadata => Seen::StoppedByPerson,
+                EXPIRED if no_metadata => Seen::Expired,
                 _ => Seen::Ended,
             };
         }
@@ -250,6 +268,7 @@ pub fn see(m: &Value, s: &Subject<'_>) -> Seen {
                 ("in_progress", true) => Seen::Unclaimed,
                 ("completed", false) => Seen::StoppedByPerson,
                 ("completed", true) => Seen::Ambiguous,
+                (EXPIRED, false) => Seen::Expired,
                 _ => Seen::Ended,
             };
         }
@@ -291,6 +310,7 @@ pub struct Read {
     pub by_body: Vec<String>,
     pub open: Vec<String>,
     pub ended: Vec<String>,
+    pub expired: Vec<String>,
     pub stopped: Vec<String>,
     pub unclaimed: Vec<String>,
     pub ambiguous: Vec<String>,
@@ -308,6 +328,7 @@ impl Read {
             Seen::ByBody => self.by_body.push(ts),
             Seen::Open => self.open.push(ts),
             Seen::Ended => self.ended.push(ts),
+            Seen::Expired => self.expired.push(ts),
             Seen::StoppedByPerson => self.stopped.push(ts),
             Seen::Unclaimed => self.unclaimed.push(ts),
             Seen::Ambiguous => self.ambiguous.push(ts),
@@ -343,6 +364,10 @@ pub enum Found {
     Sent(String),
     /// Its stream is open (its ts): it must be ended.
     Open(String),
+    /// Its stream expired in Slack (its ts): it is finished by updating
+    /// that message (the whole answer, or its closing line), never by a
+    /// second message.
+    Expired(String),
     /// Its stream ended without the answer (its ts when known): the whole
     /// answer may follow.
     Ended(Option<String>),
@@ -386,6 +411,9 @@ pub fn conclude(
     }
     if let [one] = read.open.as_slice() {
         return Found::Open(one.clone());
+    }
+    if let Some(expired) = read.expired.first() {
+        return Found::Expired(expired.clone());
     }
     if let Some(ended) = read.ended.first() {
         return Found::Ended(Some(ended.clone()));
@@ -531,10 +559,72 @@ mod tests {
             at("completed", answer_metadata("I1", "h", "1.1")),
             Seen::Named
         );
-        assert_eq!(at("errored", Value::Null), Seen::Ended, "expired in Slack");
+        assert_eq!(
+            at("errored", Value::Null),
+            Seen::Expired,
+            "expired in Slack"
+        );
+        assert_eq!(
+            at("errored", answer_metadata("I1", "h", "1.1")),
+            Seen::Named,
+            "expired, then updated to the whole answer"
+        );
+        assert_eq!(
+            at(
+                "errored",
+                ending_metadata(Some("I1"), Ending::ThreadChanged)
+            ),
+            Seen::Ended,
+            "expired, then updated to its closing line"
+        );
         // Gone from the thread: it shows nothing any more.
         let read = Read::default();
         assert_eq!(conclude(&s, &read, 1, 0.0, PATIENCE), Found::Ended(None));
+    }
+
+    #[test]
+    fn an_expired_stream_is_finished_by_updating_it_never_beside_it() {
+        let none: Vec<String> = Vec::new();
+        let s = Subject {
+            stream: Some(StreamSide::Known("250.000001")),
+            ..post_subject(&none, &none)
+        };
+        let expired = json!({"ts": "250.000001", "bot_id": "B1", "text": "Answering 1.1. I re",
+            "streaming_state": EXPIRED});
+        let mut read = Read::default();
+        read.add("250.000001", see(&expired, &s));
+        assert_eq!(
+            conclude(&s, &read, 1, 0.0, PATIENCE),
+            Found::Expired("250.000001".into()),
+            "at once: Slack confirmed the stream ended without the answer"
+        );
+        // The update landed: the message names the intent, and is its
+        // answer (the stream's state stays as Slack left it).
+        let mut updated = expired.clone();
+        updated["metadata"] = answer_metadata("I1", "h", "1.1");
+        let mut read = Read::default();
+        read.add("250.000001", see(&updated, &s));
+        assert_eq!(
+            conclude(&s, &read, 1, 0.0, PATIENCE),
+            Found::Sent("250.000001".into())
+        );
+        // An unknown start's expired stream, which no other start may have
+        // made, is its own; one another start may have made is nobody's.
+        let start = Subject {
+            stream: Some(StreamSide::Start {
+                window: (248.0, 260.0),
+            }),
+            ..post_subject(&none, &none)
+        };
+        assert_eq!(see(&expired, &start), Seen::Expired);
+        let rivals = [(249.0, 262.0)];
+        let rivalled = Subject {
+            rivals: &rivals,
+            ..start
+        };
+        assert_eq!(see(&expired, &rivalled), Seen::Ended);
+        // A post's attempt never takes an expired stream for its own.
+        assert_eq!(see(&expired, &post_subject(&none, &none)), Seen::Nothing);
     }
 
     #[test]

@@ -420,7 +420,7 @@ impl<'a> Job<'a> {
 
 /// The output policy again on what the decision row holds, unless a
 /// reviewer approved it (they saw what is stored).
-fn refused(d: &Decision) -> Option<output::Risk> {
+pub(crate) fn refused(d: &Decision) -> Option<output::Risk> {
     if d.status == DecisionStatus::Approved {
         return None;
     }

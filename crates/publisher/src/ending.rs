@@ -129,7 +129,9 @@ impl Handler {
 
     /// Slack answered that `e`'s stream is not open any more: read it, and
     /// record what it shows (the whole answer, stopped by its publisher or
-    /// by the person, is the answer; anything else ended without it).
+    /// by the person, is the answer; a stream Slack expired is finished by
+    /// updating it, see [`crate::expired`]; anything else ended without
+    /// it).
     async fn ended_elsewhere(&self, e: &ToEnd, bot: &Bot) -> anyhow::Result<bool> {
         let o = Owned::load(
             &self.pool,
@@ -173,6 +175,10 @@ impl Handler {
                 self.after_record(&r, e.intent);
             }
             None => {
+                if let Some(ts) = seen.read.expired.first() {
+                    let shown = seen.expired_text.get(ts).map_or("", String::as_str);
+                    return self.expired_at_stop(e, ts, shown, bot).await;
+                }
                 persist(|| streams::ended_in_slack(&self.pool, e.intent, None, "ended_elsewhere"))
                     .await?;
             }

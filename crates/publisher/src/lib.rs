@@ -9,6 +9,7 @@ pub mod answer;
 pub mod config;
 pub mod dispatch;
 pub mod ending;
+pub mod expired;
 pub mod handler;
 pub mod intents;
 pub mod ledger;

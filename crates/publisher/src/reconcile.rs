@@ -152,11 +152,14 @@ impl Owned {
 }
 
 /// What one read found, with the body hash of each message found (ts →
-/// SHA-256 of its text: which decision's text Slack holds).
+/// SHA-256 of its text: which decision's text Slack holds), and the text
+/// each expired stream of the intent shows (kept in memory only, to close
+/// it with what it showed).
 #[derive(Debug, Default, Clone)]
 pub struct Seen {
     pub read: Read,
     pub hashes: std::collections::BTreeMap<String, String>,
+    pub expired_text: std::collections::BTreeMap<String, String>,
 }
 
 /// How long to wait before reading the thread again after a read that
@@ -191,6 +194,9 @@ pub async fn read(web: &WebClient, token: &str, o: &Owned) -> anyhow::Result<See
             if s != reply::Seen::Nothing {
                 let text = m.get("text").and_then(Value::as_str).unwrap_or_default();
                 seen.hashes.insert(ts.to_owned(), reply::text_hash(text));
+                if s == reply::Seen::Expired {
+                    seen.expired_text.insert(ts.to_owned(), text.to_owned());
+                }
             }
             seen.read.add(ts, s);
         }
@@ -206,20 +212,21 @@ pub async fn read(web: &WebClient, token: &str, o: &Owned) -> anyhow::Result<See
 /// the thread and settles the intent by what it found, with how long to
 /// wait before the next step when it comes to `Found::Again` (longer when
 /// Slack refused the read). `Found::Open` and `Found::Unclaimed` leave
-/// streams for the caller to stop.
+/// streams for the caller to stop, `Found::Expired` one to finish by
+/// update (what it shows is in the returned [`Seen`]).
 pub async fn run(
     pool: &PgPool,
     web: &WebClient,
     token: &str,
     o: &Owned,
     ev: Evidence,
-) -> anyhow::Result<(Found, f64)> {
+) -> anyhow::Result<(Found, f64, Seen)> {
     let (decision, unknown_for) = intents::begin_reconciling(pool, o.intent).await?;
     let seen = match read(web, token, o).await {
         Ok(seen) => seen,
         Err(e) => {
             tracing::warn!(error = %e, "reconciliation read failed; will read again");
-            return Ok((Found::Again, wait_after(&e, ev.pause())));
+            return Ok((Found::Again, wait_after(&e, ev.pause()), Seen::default()));
         }
     };
     let reads = intents::count_reconcile_read(pool, o.intent).await?;
@@ -237,7 +244,7 @@ pub async fn run(
     }
     let found = reply::conclude(&o.subject(), &seen.read, reads, unknown_for, ev.patience());
     settle(pool, o, &seen, decision, &found, ev).await?;
-    Ok((found, ev.pause()))
+    Ok((found, ev.pause(), seen))
 }
 
 /// Writes what a reconciliation found.
@@ -276,6 +283,14 @@ async fn settle(
             // finds it due) before anything else.
             streams::found_open(pool, o.intent, ts).await?;
             "stream_open"
+        }
+        Found::Expired(ts) => {
+            // Its stream expired in Slack: finished by updating it (by the
+            // caller); the one its unknown start made is its stream.
+            if matches!(o.stream, Some(StreamEvidence::Start { .. })) {
+                streams::adopt(pool, o.intent, ts).await?;
+            }
+            "stream_expired"
         }
         Found::Ended(ts) => {
             let why = match ts {

@@ -228,7 +228,7 @@ impl Handler {
     ) -> anyhow::Result<Disposition> {
         let p = &job.proposal;
         let o = self.evidence_of(intent, p, bot, false).await?;
-        let (found, wait) = reconcile::run(
+        let (found, wait, seen) = reconcile::run(
             &self.pool,
             &self.web,
             bot.token.expose_secret(),
@@ -258,6 +258,17 @@ impl Handler {
                 threadline_store::decisions::cancel_for_held_intent(&self.pool, p.decision, intent)
                     .await?;
                 Ok(Disposition::Done)
+            }
+            // Its stream expired in Slack: finished by updating it, never
+            // by a second message.
+            Found::Expired(ts) => {
+                let x = crate::expired::Expired {
+                    intent,
+                    ts: &ts,
+                    shown: seen.expired_text.get(&ts).map_or("", String::as_str),
+                    holder: crate::expired::Holder::Reconciling,
+                };
+                self.finish_expired(&x, job, bot).await
             }
             // Its stream is stopped (or being stopped), or ended: the whole
             // answer is claimed next, once Slack confirmed the stop.

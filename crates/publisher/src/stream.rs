@@ -314,6 +314,21 @@ impl Handler {
                             // the answer they wanted.
                             return self.record_stream(claim, p, ts).await;
                         }
+                        Err(WebError::Api { code }) if code == "message_not_in_streaming_state" => {
+                            // Slack ended it (its lifetime ran out, or an
+                            // earlier stop landed): what it shows decides,
+                            // read by reconciliation once the answer is
+                            // settled. One Slack expired is finished by
+                            // updating it with the whole answer.
+                            tracing::warn!(
+                                "the stream is not open any more; reconciled from what Slack shows"
+                            );
+                            persist(|| {
+                                streams::to_unknown(&self.pool, claim.id, "stream_not_open")
+                            })
+                            .await?;
+                            return Ok(Disposition::Done);
+                        }
                         Err(e) => {
                             // Ended elsewhere (its lifetime, a deletion), or
                             // it may or may not have landed: what the stream
@@ -406,7 +421,7 @@ impl Handler {
     /// is reconsidered, a switch or deletion settles it; a decision that
     /// needs review waits for its reviewer (the approved answer is posted
     /// whole); anything else is posted whole by its settled proposal.
-    async fn after_ending(
+    pub(crate) async fn after_ending(
         &self,
         job: &Job<'_>,
         t: &Tick,
