@@ -587,7 +587,7 @@ async fn late_answers(
             }
             // (not an answer: a stream ended early or expired by Slack)
             let Some(q) = answers else { continue };
-            if crate::oracle::ended_early(&m) || m["stream"]["ended"] == "expired" {
+            if crate::oracle::ended_early(&m) || crate::oracle::expired_unfinished(&m) {
                 continue;
             }
             let noted = context_text(&m).contains(LATE_NOTE);

@@ -32,7 +32,11 @@
 //!   `stream_end` after the first change of its thread threadline
 //!   acknowledged once it had started (a new message, an edit, a deletion);
 //! * a stream Slack ended itself at its lifetime (`expired`) was never
-//!   stopped: it answered nothing, whatever it shows;
+//!   stopped: it answered nothing, whatever it shows, unless the app
+//!   updated it since (`chat.update`: Slack shows an edit): then it is
+//!   judged as what it shows now — a whole answer (labelled, stating its
+//!   question), whole when its first update reached Slack, or a stream
+//!   ended early (its closing line);
 //! * **every answer carries its feedback buttons** (a `context_actions`
 //!   block with `feedback_buttons`, beside its AI label), and what is no
 //!   answer carries none: a stream ended early with its closing line, the
@@ -87,6 +91,23 @@ fn closes(text: &str) -> bool {
     text.lines()
         .last()
         .is_some_and(|l| CLOSING_LINES.iter().any(|c| l == format!("_{c}_")))
+}
+
+/// Whether `m` is a stream Slack expired (its lifetime ran out before its
+/// stop) that the app never updated since: it answered nothing.
+pub fn expired_unfinished(m: &Value) -> bool {
+    m["stream"]["ended"] == "expired" && finished_at(m).is_none()
+}
+
+/// When a stream Slack expired was finished by an update of the app (its
+/// first edit, as Slack records it): what it shows since is judged.
+fn finished_at(m: &Value) -> Option<u64> {
+    if m["stream"]["ended"] != "expired" {
+        return None;
+    }
+    m["edits"]
+        .as_array()
+        .and_then(|e| e.iter().filter_map(|e| e["at_micros"].as_u64()).min())
 }
 
 /// What a conversation holds, which decides what a question is there.
@@ -165,8 +186,12 @@ pub struct Judgement {
     pub whole: usize,
     /// Answers (whole or streamed) in direct conversations: the pane.
     pub pane: usize,
-    /// Streams Slack ended itself at their lifetime (not answers).
+    /// Streams Slack ended itself at their lifetime, never updated since
+    /// (not answers).
     pub expired: usize,
+    /// Streams Slack expired that the app then updated to the whole answer
+    /// (answers, counted in `streamed` too).
+    pub expired_finished: usize,
     /// Review requests of the app (not answers).
     pub review_requests: usize,
     /// Notes that a workspace is over its budget (not answers; at most one
@@ -584,11 +609,13 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                 }
                 // A stream Slack ended at its lifetime was never stopped:
                 // whatever it shows, it answered nothing (and was never
-                // whole, so it carries no label).
-                if streamed && r["stream"]["ended"] == "expired" {
+                // whole, so it carries no label) — unless the app updated
+                // it since: then it is what it shows now.
+                if streamed && expired_unfinished(r) {
                     j.expired += 1;
                     continue;
                 }
+                let finished = streamed.then(|| finished_at(r)).flatten();
                 // Every reply carries the AI label (a context block).
                 let labelled = r["blocks"]
                     .as_array()
@@ -630,6 +657,9 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                 }
                 if streamed {
                     j.streamed += 1;
+                    if finished.is_some() {
+                        j.expired_finished += 1;
+                    }
                 } else {
                     j.whole += 1;
                 }
@@ -694,11 +724,12 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                     continue;
                 };
                 // A stream's answer became whole when Slack ended it (its
-                // stop, whichever call's answer was lost).
-                let call = if streamed {
-                    r["stream"]["ended_at_micros"].as_u64().unwrap_or(call)
-                } else {
-                    call
+                // stop, whichever call's answer was lost), or, for one Slack
+                // expired, when the app's first update of it reached Slack.
+                let call = match finished {
+                    Some(at) => at,
+                    None if streamed => r["stream"]["ended_at_micros"].as_u64().unwrap_or(call),
+                    None => call,
                 };
                 for h in &humans {
                     let hts = s(h, "ts");

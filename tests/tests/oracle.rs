@@ -875,6 +875,24 @@ impl World {
             .to_owned()
     }
 
+    /// The bot updates its message `ts` to an answer saying `text`,
+    /// labelled.
+    async fn update_answer(&self, ts: &str, text: String) {
+        let blocks = labelled("an answer").to_string();
+        let r = self
+            .call(
+                "chat.update",
+                &[
+                    ("channel", &self.ws.channel),
+                    ("ts", ts),
+                    ("text", &text),
+                    ("blocks", &blocks),
+                ],
+            )
+            .await;
+        assert_eq!(r["ok"], true, "Slack updates it: {r}");
+    }
+
     async fn judge_with(&self, scopes: &[Scope], limits: oracle::Limits) -> oracle::Judgement {
         oracle::judge_with(&self.ws.base, &self.ws.app_id(), scopes, limits).await
     }
@@ -1114,6 +1132,50 @@ async fn a_stream_slack_expired_answers_nothing_and_its_open_time_counts() {
         .insert((w.ws.channel.clone(), ts.clone()), seen_open + 1_500_000);
     let j = w.judge_with(&w.scope(), seen).await;
     assert!(caught(&j, "stream_left_open", &ts), "{:?}", j.violations);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_slack_expired_then_updated_to_the_whole_answer_is_that_answer() {
+    let w = World::new().await;
+    let q_text = format!("<@{}> is it up?", w.ws.bot_user());
+    let q = w.ask(&q_text, None).await;
+    // Half an answer streamed; Slack expires the stream.
+    let ts = w.start_stream(&q, &format!("Answering {q}. I re")).await;
+    w.ws.ctl("settings", json!({"stream_lifetime_ms": 200}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let j = w.judge_with(&w.scope(), limits()).await;
+    assert_eq!(
+        (j.expired, j.expired_finished, j.answered),
+        (1, 0, 0),
+        "not updated: it answered nothing: {j:?}"
+    );
+    // Said after the expiry, before the update: judged against the update.
+    let more_text = "it was down at noon";
+    let more = w.ask(more_text, Some(&q)).await;
+    tokio::time::sleep(GRACE * 2).await;
+    let update =
+        |read: String| w.update_answer(&ts, format!("an answer\nAnswering {q}; read {read}"));
+    let q_read = format!("{q}/{}", digest(&q_text));
+    update(q_read.clone()).await;
+    let j = w.judge_with(&w.scope(), limits()).await;
+    assert!(
+        caught(&j, "missed_message", &format!("missed message {more}")),
+        "whole when updated, not when Slack expired it: {:?}",
+        j.violations
+    );
+    update(format!("{q_read} {more}/{}", digest(more_text))).await;
+    let j = w.judge_with(&w.scope(), limits()).await;
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+    assert_eq!(
+        (j.expired, j.expired_finished, j.streamed, j.answered),
+        (0, 1, 1, 1),
+        "the updated stream is the answer: {j:?}"
+    );
+    // An answer beside it is a second one.
+    w.answer(&q, &q, &[(&q, &q_text), (&more, more_text)]).await;
+    let j = w.judge_with(&w.scope(), limits()).await;
+    assert!(caught(&j, "duplicate_reply", &q), "{:?}", j.violations);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
