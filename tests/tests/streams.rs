@@ -671,3 +671,279 @@ async fn a_kill_switch_engaged_mid_stream_ends_it_and_nothing_more_is_posted() {
     assert!(out.status.success());
     s.stop().await;
 }
+
+/// The thread's one message of the app once it carries metadata naming an
+/// intent as answered (an expired stream finished by update).
+async fn wait_named(s: &Stack, q: &str) -> Vec<Value> {
+    eventually(
+        "the expired stream finished by update",
+        Duration::from_secs(40),
+        || async {
+            let a = s.answers(q).await;
+            a.iter()
+                .any(|m| m["metadata"]["event_payload"]["intent_id"].is_string())
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    s.answers(q).await
+}
+
+/// What Slack shows of a stream it expired that threadline then finished:
+/// one message, the stream's own, with the whole answer, the AI label and
+/// the metadata naming the intent; never a post beside it.
+async fn assert_finished_in_place(s: &Stack, q: &str, answers: &[Value]) {
+    assert_eq!(answers.len(), 1, "one message, never a second: {answers:?}");
+    let a = &answers[0];
+    let ts = a["ts"].as_str().expect("ts");
+    assert_eq!(a["stream"]["ended"], "expired", "Slack expired it: {a}");
+    let text = a["text"].as_str().expect("text");
+    assert!(
+        text.contains(&format!("Answering {q}; read")),
+        "the whole answer: {text}"
+    );
+    assert!(
+        a["blocks"].as_array().is_some_and(|b| b
+            .iter()
+            .any(|b| b["type"] == "context" && b.to_string().contains("AI-generated"))),
+        "with the AI label: {a}"
+    );
+    assert_eq!(a["metadata"]["event_type"], "threadline_reply", "{a}");
+    assert!(
+        a["metadata"]["event_payload"]["intent_id"].is_string(),
+        "the metadata names the intent as answered: {a}"
+    );
+    assert_eq!(calls(s, "chat.startStream").await.len(), 1);
+    assert!(calls(s, "chat.postMessage").await.is_empty(), "no post");
+    let updates = calls(s, "chat.update").await;
+    assert!(
+        !updates.is_empty() && updates.iter().all(|c| c["ts"] == ts),
+        "updated in place: {updates:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_slack_expires_mid_answer_is_finished_by_updating_that_message() {
+    // About 50 words at 150 ms: the stream outlives Slack's (shortened)
+    // lifetime by seconds.
+    let s = Stack::start(&streaming(150, &[])).await;
+    sim_ctl(
+        &s.sim,
+        "settings",
+        serde_json::json!({"stream_lifetime_ms": 1500}),
+    )
+    .await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    let answers = wait_named(&s, &q).await;
+    assert_finished_in_place(&s, &q, &answers).await;
+    // Slack told an append that the stream was not open any more.
+    let refused = sim_get(&s.sim, "calls?method=chat.appendStream").await["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["outcome"] == "message_not_in_streaming_state")
+        .count();
+    assert!(refused >= 1, "the expiry was met mid-answer");
+    assert!(
+        s.metrics()
+            .await
+            .contains("threadline_streams_expired_total{finished=\"answer\"}")
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_found_expired_only_at_its_stop_is_finished_by_updating_that_message() {
+    // A short answer (about a second); its stop reaches Slack only after
+    // the stream's lifetime.
+    let s = Stack::start(&streaming(20, &[])).await;
+    sim_ctl(
+        &s.sim,
+        "settings",
+        serde_json::json!({"stream_lifetime_ms": 3500}),
+    )
+    .await;
+    sim_ctl(
+        &s.sim,
+        "faults",
+        serde_json::json!({"method": "chat.stopStream", "mode": "latency", "latency_ms": 4000, "times": 1}),
+    )
+    .await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    let answers = wait_named(&s, &q).await;
+    assert_finished_in_place(&s, &q, &answers).await;
+    // Every append went through; the stop was the first to meet the expiry.
+    let outcomes = |method: &'static str| {
+        let sim = &s.sim;
+        async move {
+            sim_get(sim, &format!("calls?method={method}")).await["calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| c["outcome"].as_str().unwrap_or_default().to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    let appends = outcomes("chat.appendStream").await;
+    assert!(
+        !appends.is_empty() && appends.iter().all(|o| o == "ok"),
+        "{appends:?}"
+    );
+    assert!(
+        outcomes("chat.stopStream")
+            .await
+            .iter()
+            .any(|o| o == "message_not_in_streaming_state"),
+        "the stop found it expired"
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_stream_whose_thread_moved_on_is_closed_by_update_and_the_answer_follows() {
+    let s = Stack::start(&streaming(150, &[])).await;
+    sim_ctl(
+        &s.sim,
+        "settings",
+        serde_json::json!({"stream_lifetime_ms": 1500}),
+    )
+    .await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    eventually(
+        "Slack expired the stream",
+        Duration::from_secs(30),
+        || async {
+            s.answers(&q)
+                .await
+                .iter()
+                .any(|m| m["streaming_state"] == "errored")
+                .then_some(())
+        },
+    )
+    .await;
+    // The thread moves on while the answer is still being written.
+    let reply = s.post("it only fails on Mondays", Some(&q)).await;
+    eventually("the answer after", Duration::from_secs(40), || async {
+        (s.answers(&q).await.len() >= 2).then_some(())
+    })
+    .await;
+    let answers = s.wait_answers(&q, 2).await;
+    assert_eq!(
+        answers.len(),
+        2,
+        "the closed stream and one answer: {answers:?}"
+    );
+    let first = &answers[0];
+    let text = first["text"].as_str().expect("text");
+    assert!(
+        text.ends_with(CHANGED),
+        "the expired stream is closed with its closing line: {text}"
+    );
+    assert!(
+        first["metadata"]["event_payload"]["interrupted_intent_id"].is_string(),
+        "its metadata names the intent as interrupted: {first}"
+    );
+    assert!(
+        first["blocks"].to_string().contains("AI-generated"),
+        "labelled: {first}"
+    );
+    let second = answers[1]["text"].as_str().expect("text");
+    assert!(
+        second.contains(&format!("Answering {q}; read")) && second.contains(&format!("{reply}/")),
+        "the reconsidered answer read the reply: {second}"
+    );
+    assert_eq!(calls(&s, "chat.startStream").await.len(), 1);
+    assert_eq!(calls(&s, "chat.postMessage").await.len(), 1);
+    let updates = calls(&s, "chat.update").await;
+    assert!(
+        !updates.is_empty() && updates.iter().all(|c| c["ts"] == first["ts"]),
+        "{updates:?}"
+    );
+    assert!(
+        s.metrics()
+            .await
+            .contains("threadline_streams_expired_total{finished=\"closing_line\"}")
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_streams_update_whose_answer_was_lost_is_found_in_slack_never_repeated() {
+    let s = Stack::start(&streaming(150, &[])).await;
+    sim_ctl(
+        &s.sim,
+        "settings",
+        serde_json::json!({"stream_lifetime_ms": 1500}),
+    )
+    .await;
+    // Slack applies the update, then answers `fatal_error`: its outcome is
+    // unknown to threadline, which reads the thread for it.
+    sim_ctl(
+        &s.sim,
+        "faults",
+        serde_json::json!({"method": "chat.update", "mode": "fatal_error", "times": 1}),
+    )
+    .await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    let answers = wait_named(&s, &q).await;
+    let updates = sim_get(&s.sim, "calls?method=chat.update").await["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        updates.len(),
+        1,
+        "found in Slack, not sent again: {updates:?}"
+    );
+    assert_eq!(updates[0]["outcome"], "fatal_error");
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert!(calls(&s, "chat.postMessage").await.is_empty(), "no post");
+    use threadline_store::testing::intents;
+    let o = eventually(
+        "the update's outcome settled",
+        Duration::from_secs(20),
+        || async {
+            intents::one_intent_outcome(&s.db.pool)
+                .await
+                .ok()
+                .filter(|o| o.state != "unknown" && o.state != "reconciling")
+        },
+    )
+    .await;
+    assert_eq!(
+        (o.state.as_str(), o.reconciled),
+        ("sent", true),
+        "recorded as the answer, from what Slack shows"
+    );
+    assert_eq!(
+        intents::one_intent_slack_ts(&s.db.pool)
+            .await
+            .expect("its ts"),
+        answers[0]["ts"].as_str().map(str::to_owned),
+        "the stream's own message"
+    );
+    s.stop().await;
+}
