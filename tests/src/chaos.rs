@@ -221,10 +221,15 @@ pub struct Report {
     pub streamed: usize,
     pub pane: usize,
     /// Messages of the app that answer nothing: streams ended early with
-    /// a closing line, streams Slack expired, review requests (of which
-    /// rejected).
+    /// a closing line, streams Slack expired never updated since, review
+    /// requests (of which rejected).
     pub ended_early: usize,
     pub expired: usize,
+    /// Streams Slack expired that threadline finished by updating them:
+    /// with the whole answer (among `streamed`), or with their closing
+    /// line (among `ended_early`).
+    pub expired_answered: usize,
+    pub expired_closed: usize,
     pub review_requests: usize,
     pub rejected: usize,
     /// Questions without a reply that Slack explains, by reason.
@@ -278,6 +283,7 @@ impl Report {
              Slack shows {} replies to {} questions: {} answered once; explained by Slack: {}\n\
              answers by form: {} posted whole ({} approved by a reviewer), {} streamed, {} in the pane\n\
              not answers: {} streams ended early, {} streams expired by Slack, {} review requests ({} rejected)\n\
+             streams Slack expired, finished in place: {} with the whole answer, {} with their closing line\n\
              explained by threadline's records: {}\n\
              answers crossed in flight (recorded and reconsidered): {}\n\
              late and doubled deliveries: {} actions doubled; late questions by policy: {}\n\
@@ -301,6 +307,8 @@ impl Report {
             self.expired,
             self.review_requests,
             self.rejected,
+            self.expired_answered,
+            self.expired_closed,
             owned(&self.reasons),
             self.crossed,
             self.doubled,
@@ -1516,6 +1524,8 @@ pub async fn soak(
     report.pane = j.pane;
     report.ended_early = j.interrupted;
     report.expired = j.expired;
+    report.expired_answered = j.expired_finished;
+    report.expired_closed = j.expired_closed;
     report.review_requests = j.review_requests;
     report.rejected = j.review_rejected;
     report.crossed = j.crossed.len();

@@ -190,8 +190,10 @@ pub struct Judgement {
     /// (not answers).
     pub expired: usize,
     /// Streams Slack expired that the app then updated to the whole answer
-    /// (answers, counted in `streamed` too).
+    /// (answers, counted in `streamed` too), or to a closing line (counted
+    /// in `interrupted` too).
     pub expired_finished: usize,
+    pub expired_closed: usize,
     /// Review requests of the app (not answers).
     pub review_requests: usize,
     /// Notes that a workspace is over its budget (not answers; at most one
@@ -640,6 +642,9 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                             ),
                         ));
                         offend(&mut j);
+                    }
+                    if finished.is_some() {
+                        j.expired_closed += 1;
                     }
                     continue;
                 }

@@ -180,7 +180,7 @@ async fn main() -> std::process::ExitCode {
                 r.streamed,
                 r.pane,
                 r.ended_early,
-                r.expired,
+                r.expired + r.expired_answered + r.expired_closed,
                 r.review_requests,
                 r.rejected,
                 explained,
