@@ -141,12 +141,13 @@ impl Handler {
         let p = &job.proposal;
         let metadata =
             reply::answer_metadata(&x.intent.to_string(), p.body_hash, p.source_ts).to_string();
-        let blocks = job
-            .decision
-            .body_blocks
-            .as_ref()
-            .map(|b| b.to_string())
-            .unwrap_or_default();
+        // (as a post of the whole answer shows it: its blocks, its label and
+        // its feedback buttons)
+        let decision = p.decision.to_string();
+        let blocks = crate::reply::blocks_arg(reply::Shown::Posted {
+            blocks: job.decision.body_blocks.as_ref(),
+            decision: &decision,
+        });
         let r = self
             .web
             .update_message(
@@ -198,9 +199,10 @@ impl Handler {
         }
         let text = closed_text(x.shown, ending);
         let label = label.as_deref().unwrap_or(FALLBACK_LABEL);
+        // (the closing line and the label; no answer, so nothing to rate)
         let blocks = json!([
             {"type": "section", "text": {"type": "mrkdwn", "text": text}},
-            {"type": "context", "elements": [{"type": "mrkdwn", "text": label}]}
+            reply::label_block(label)
         ])
         .to_string();
         let metadata = reply::ending_metadata(Some(&x.intent.to_string()), ending).to_string();
