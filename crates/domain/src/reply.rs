@@ -101,6 +101,15 @@ pub fn blocks(shown: Shown<'_>) -> Value {
     Value::Array(all)
 }
 
+/// [`blocks`] as a Web API call's `blocks` argument: empty when the reply
+/// has none.
+pub fn blocks_arg(shown: Shown<'_>) -> String {
+    match blocks(shown) {
+        Value::Array(a) if a.is_empty() => String::new(),
+        b => b.to_string(),
+    }
+}
+
 /// Why a stream ended before the whole answer, and what it then says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {

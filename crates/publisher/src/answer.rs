@@ -344,7 +344,7 @@ impl Handler {
             reply::answer_metadata(&intent.to_string(), p.body_hash, p.source_ts).to_string();
         let stored = job.decision.body_blocks.as_ref();
         let decision = p.decision.to_string();
-        let blocks = crate::reply::blocks_arg(if job.decision.action_kind == NOTE_ACTION_KIND {
+        let blocks = reply::blocks_arg(if job.decision.action_kind == NOTE_ACTION_KIND {
             // threadline's own note: no answer, nothing to rate
             reply::Shown::Note { blocks: stored }
         } else {

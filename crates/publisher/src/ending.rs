@@ -20,7 +20,7 @@ use uuid::Uuid;
 use crate::handler::{Bot, Handler, jitter, persist};
 use crate::intents::{self, Proposal};
 use crate::reconcile::{self, Owned, Thread};
-use crate::reply::blocks_arg;
+use threadline_domain::reply::blocks_arg;
 
 /// How long a stream being stopped is kept from other stoppers.
 const LEASE_SECS: f64 = 10.0;

@@ -144,7 +144,7 @@ impl Handler {
         // (as a post of the whole answer shows it: its blocks, its label and
         // its feedback buttons)
         let decision = p.decision.to_string();
-        let blocks = crate::reply::blocks_arg(reply::Shown::Posted {
+        let blocks = reply::blocks_arg(reply::Shown::Posted {
             blocks: job.decision.body_blocks.as_ref(),
             decision: &decision,
         });

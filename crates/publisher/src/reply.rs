@@ -7,7 +7,7 @@
 //! Slack confirms it ([`crate::ending`]).
 
 use secrecy::ExposeSecret as _;
-use threadline_domain::reply::{self, Found};
+use threadline_domain::reply::Found;
 use threadline_domain::state::{DecisionStatus, IntentState};
 use threadline_runtime::worker::Disposition;
 use threadline_slack::WebError;
@@ -16,16 +16,6 @@ use uuid::Uuid;
 use crate::handler::{Bot, Handler, Job, defer, jitter, persist};
 use crate::intents::{self, Claimed, Proposal};
 use crate::reconcile;
-
-/// A reply's `blocks` argument, built in the one place a reply's blocks
-/// are ([`reply::blocks`]: an answer gets its feedback buttons there);
-/// empty when it has none.
-pub(crate) fn blocks_arg(shown: reply::Shown<'_>) -> String {
-    match reply::blocks(shown) {
-        serde_json::Value::Array(a) if a.is_empty() => String::new(),
-        b => b.to_string(),
-    }
-}
 
 /// Codes after which Slack certainly did not post and never will.
 const PERMANENT: &[&str] = &[

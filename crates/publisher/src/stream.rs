@@ -27,7 +27,7 @@ use crate::ending::{FALLBACK_LABEL, Stopped};
 use crate::handler::{Bot, Handler, Job, defer, persist};
 use crate::intents::{self, Claim, Claimed, Fence, PostToRecord, Proposal, Verdict};
 use crate::proposals;
-use crate::reply::blocks_arg;
+use threadline_domain::reply::blocks_arg;
 
 pub use crate::config::Streams;
 
