@@ -243,6 +243,10 @@ pub struct Report {
     /// delivered late, by their workspace's late-event policy.
     pub doubled: usize,
     pub late: BTreeMap<&'static str, usize>,
+    /// Feedback clicks on answers Slack took (the gateway answered), and
+    /// the (answer, person) verdicts they came to.
+    pub feedback_clicks: usize,
+    pub feedback_verdicts: usize,
     /// How long the actions took, and then the settling.
     pub acting: Duration,
     pub settling: Duration,
@@ -287,6 +291,7 @@ impl Report {
              explained by threadline's records: {}\n\
              answers crossed in flight (recorded and reconsidered): {}\n\
              late and doubled deliveries: {} actions doubled; late questions by policy: {}\n\
+             feedback: {} clicks taken, {} verdicts (answer, person), each the person's last click\n\
              violations: {}\n",
             self.seed,
             self.events,
@@ -313,6 +318,8 @@ impl Report {
             self.crossed,
             self.doubled,
             list(&self.late),
+            self.feedback_clicks,
+            self.feedback_verdicts,
             list(&self.violations_by_kind()),
         );
         if self.violations.is_empty() {
@@ -678,6 +685,9 @@ pub async fn soak(
     // The reviewer's choices have a generator of their own: when a request
     // shows depends on the stack's timing, the people's actions do not.
     let mut reviewer_rng = Rng::new(cfg.seed ^ 0x5eed_0f7e_71e3_e7e1);
+    // (their own generator: rating answers leaves the schedule as it was)
+    let mut rating_rng = Rng::new(cfg.seed ^ 0x0fee_db0c_0c1c_0001);
+    let mut rating = Rating::default();
     let mut report = Report {
         seed: cfg.seed,
         events: cfg.events,
@@ -1090,6 +1100,12 @@ pub async fn soak(
         if step % 3 == 0 {
             reviewing
                 .tick(s, &workspaces, &mut reviewer_rng, &mut faults, false)
+                .await;
+        }
+        // Someone rates an answer now and then.
+        if step % 4 == 1 {
+            rating
+                .tick(s, &people, &threads, &mut rating_rng, &mut log)
                 .await;
         }
         // A fault on the stream methods, now and then.
@@ -1513,6 +1529,10 @@ pub async fn soak(
             .unwrap_or_default();
         offending.insert((channel, root));
     }
+    let (verdicts, lost) = rating.judge(s).await;
+    report.feedback_clicks = rating.taken;
+    report.feedback_verdicts = verdicts;
+    violations.extend(lost);
     report.stream_faults = stream_faults_fired(s).await;
     report.faults = faults;
     report.replies = j.replies;
@@ -1549,6 +1569,153 @@ pub async fn soak(
     }
     report.traces = traces;
     report
+}
+
+/// People rating answers with their feedback buttons: now and then the
+/// person of a thread clicks 👍 or 👎 on an answer Slack shows there
+/// (sometimes changing their mind on one they rated before), each click a
+/// real `block_actions` through the gateway, through kills and outages.
+/// Judged at the end from threadline's records: every (answer, person)
+/// with a click the gateway answered 200 holds that person's last click,
+/// and nothing else is recorded.
+#[derive(Default)]
+struct Rating {
+    /// The clicks by (decision, user), in order: the verdict, and whether
+    /// the gateway took it (answered 200; otherwise it may or may not have
+    /// recorded it before it went away).
+    clicks: BTreeMap<(String, String), Vec<(String, bool)>>,
+    /// Answers rated before, to click again (channel, ts, user).
+    rated: Vec<(String, String, String)>,
+    taken: usize,
+}
+
+impl Rating {
+    async fn tick(
+        &mut self,
+        s: &Stack,
+        people: &[Person],
+        threads: &[Thread],
+        rng: &mut Rng,
+        log: &mut Vec<(Option<String>, String)>,
+    ) {
+        // (a change of mind on an answer rated before, one time in four)
+        let again = !self.rated.is_empty() && below(rng, 4) == 0;
+        let target = if again {
+            Some(self.rated[below(rng, self.rated.len() as u64) as usize].clone())
+        } else if threads.is_empty() {
+            None
+        } else {
+            let t = &threads[below(rng, threads.len() as u64) as usize];
+            let who = &people[t.person];
+            let shown = crate::sim_get(
+                &s.sim,
+                &format!("channels/{}/threads/{}", who.channel, t.root),
+            )
+            .await;
+            let answers: Vec<String> = shown["messages"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .filter(|m| m["app_id"] == s.app.as_str() && m["deleted"] != true)
+                .filter(|m| threadline_domain::feedback::carries_buttons(&m["blocks"]))
+                .filter_map(|m| m["ts"].as_str().map(str::to_owned))
+                .collect();
+            (!answers.is_empty()).then(|| {
+                let ts = answers[below(rng, answers.len() as u64) as usize].clone();
+                (who.channel.clone(), ts, who.user.clone())
+            })
+        };
+        let Some((channel, ts, user)) = target else {
+            return;
+        };
+        let button = if below(rng, 3) == 0 {
+            "negative"
+        } else {
+            "positive"
+        };
+        let Some(entry) = try_ctl(
+            s,
+            "act/click",
+            json!({"user": user, "channel": channel, "ts": ts,
+                   "action_id": threadline_domain::feedback::FEEDBACK_ACTION, "button": button}),
+        )
+        .await
+        else {
+            return;
+        };
+        let Some(decision) = entry["value"]
+            .as_str()
+            .and_then(|v| v.strip_prefix(&format!("{button}:")))
+        else {
+            return;
+        };
+        // (not answered 200: the gateway away, or killed after it recorded
+        // the click; Slack shows the person an error)
+        let taken = entry["status"] == 200;
+        self.taken += usize::from(taken);
+        self.clicks
+            .entry((decision.to_owned(), user.clone()))
+            .or_default()
+            .push((button.to_owned(), taken));
+        if !again {
+            self.rated.push((channel.clone(), ts.clone(), user));
+        }
+        log.push((
+            None,
+            format!("a person rated answer {ts} in {channel}: {button}"),
+        ));
+    }
+
+    /// How many verdicts are recorded, and a violation for each (answer,
+    /// person) whose record is not their last click taken, or that has a
+    /// record without a click.
+    async fn judge(&self, s: &Stack) -> (usize, Vec<(&'static str, String)>) {
+        let recorded = threadline_store::testing::feedback::verdicts(&s.db.pool)
+            .await
+            .expect("feedback records");
+        let got: BTreeMap<(String, String), String> = recorded
+            .into_iter()
+            .map(|(d, u, v)| ((d.to_string(), u), v))
+            .collect();
+        let mut violations = Vec::new();
+        for (key, clicks) in &self.clicks {
+            // What may be recorded: the last click taken, or any click
+            // after it whose outcome is unknown; nothing, if none was taken.
+            let mut may: Vec<Option<&str>> = Vec::new();
+            let mut taken = false;
+            for (verdict, took) in clicks.iter().rev() {
+                may.push(Some(verdict));
+                if *took {
+                    taken = true;
+                    break;
+                }
+            }
+            if !taken {
+                may.push(None);
+            }
+            let recorded = got.get(key).map(String::as_str);
+            if !may.contains(&recorded) {
+                violations.push((
+                    "feedback_lost",
+                    format!(
+                        "answer of decision {} rated by {} (clicks {clicks:?}): recorded {recorded:?}",
+                        key.0, key.1
+                    ),
+                ));
+            }
+        }
+        for key in got.keys().filter(|k| !self.clicks.contains_key(*k)) {
+            violations.push((
+                "feedback_unasked",
+                format!(
+                    "a verdict on decision {} by {} that no click gave",
+                    key.0, key.1
+                ),
+            ));
+        }
+        (got.len(), violations)
+    }
 }
 
 /// What Slack shows of thread `root` of `channel`, one line a message, for

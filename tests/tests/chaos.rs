@@ -106,6 +106,12 @@ async fn a_short_adversarial_soak_keeps_every_invariant_as_slack_shows_it() {
             report.render()
         );
     }
+    // People rated answers, and some changed their minds.
+    assert!(
+        report.feedback_clicks > report.feedback_verdicts && report.feedback_verdicts > 0,
+        "feedback clicks (with some changes of mind) in\n{}",
+        report.render()
+    );
     assert!(report.violations.is_empty(), "{}", report.render());
     s.unjudged = Some("judged by the soak");
     s.stop().await;

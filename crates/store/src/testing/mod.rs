@@ -14,6 +14,7 @@ pub mod audit;
 pub mod budgets;
 pub mod channels;
 pub mod decisions;
+pub mod feedback;
 pub mod installations;
 pub mod intents;
 pub mod kill_switches;
