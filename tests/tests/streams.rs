@@ -947,3 +947,70 @@ async fn an_expired_streams_update_whose_answer_was_lost_is_found_in_slack_never
     );
     s.stop().await;
 }
+
+/// An append meets the expiry while the model still writes, and the answer
+/// it then settles may not be streamed (it holds a Markdown link): the
+/// reconciliation that found the stream expired closes it with its closing
+/// line, and the whole answer still follows as a post, never lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_stream_whose_answer_may_not_be_streamed_is_closed_and_the_answer_follows() {
+    let s = scripted_stack(
+        &[
+            "The deploy fails ",
+            "because the token ",
+            "expired last night, ",
+            "as the log shows. ",
+            "Ask the admin ",
+            "to renew it, ",
+            "then retry. ",
+            "Renew it at ",
+            "[the admin page](https://evil.example/login) ",
+            "and retry.",
+        ],
+        Duration::from_millis(300),
+        &[],
+    )
+    .await;
+    sim_ctl(
+        &s.sim,
+        "settings",
+        serde_json::json!({"stream_lifetime_ms": 1200}),
+    )
+    .await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    let answers = s.wait_answers(&q, 2).await;
+    assert_eq!(
+        answers.len(),
+        2,
+        "the closed stream and the whole answer: {answers:#?}"
+    );
+    let closed = &answers[0];
+    assert_eq!(closed["stream"]["ended"], "expired", "{closed}");
+    let shown = closed["text"].as_str().unwrap_or_default();
+    assert!(shown.ends_with(INTERRUPTED), "closed in place: {shown}");
+    assert!(!shown.contains("evil.example"), "{shown}");
+    assert!(
+        closed["metadata"]["event_payload"]["interrupted_intent_id"].is_string(),
+        "{closed}"
+    );
+    assert!(answers[1]["streaming_state"].is_null(), "a post");
+    let whole = answers[1]["text"].as_str().unwrap_or_default();
+    assert!(
+        whole.contains("[the admin page](https://evil.example/login)"),
+        "the whole answer, its link's target shown: {whole}"
+    );
+    let refused = sim_get(&s.sim, "calls?method=chat.appendStream").await["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["outcome"] == "message_not_in_streaming_state")
+        .count();
+    assert!(refused >= 1, "the expiry was met by an append");
+    s.stop().await;
+}

@@ -91,9 +91,19 @@ impl Handler {
         job: &Job<'_>,
         bot: &Bot,
     ) -> anyhow::Result<Disposition> {
+        let t = persist(|| {
+            streams::tick_as(&self.pool, &job.proposal, x.intent, None, x.holder.state())
+        })
+        .await?;
+        // The decision as it is now, read after the checks: the job's copy
+        // may be older (a job republished while the model still wrote), and
+        // what the update shows must be what the checks passed.
+        let Some(d) = crate::proposals::load(&self.pool, job.proposal.decision).await? else {
+            return Ok(Disposition::Done);
+        };
+        let fresh = Job::of(&d, job.unfurl);
+        let job = &fresh;
         let p = &job.proposal;
-        let t =
-            persist(|| streams::tick_as(&self.pool, p, x.intent, None, x.holder.state())).await?;
         // (a stop's own reason for ending the answer stands)
         let forced = match x.holder {
             Holder::Ending(e) if e != Ending::Interrupted => Some(e),
@@ -107,6 +117,17 @@ impl Handler {
             (Step::Finish(_), None) if self.spool_waiting().await => Step::Wait,
             (Step::Finish(_), None) if crate::answer::refused(job.decision).is_some() => {
                 Step::End(Ending::Interrupted)
+            }
+            // (settled, but not read back whole yet)
+            (Step::Finish(_), None)
+                if job
+                    .decision
+                    .body_text
+                    .as_deref()
+                    .unwrap_or_default()
+                    .is_empty() =>
+            {
+                Step::Wait
             }
             (s, None) => s,
         };
@@ -125,7 +146,18 @@ impl Handler {
             Step::End(ending) => {
                 self.close_expired(x, p.channel, ending, &t.label, bot)
                     .await?;
-                self.after_ending(job, &t, ending).await
+                match (x.holder, ending) {
+                    // Found by a reconciliation of the answer's own job,
+                    // ended for a reason that is not the thread's (the
+                    // output policy, a review, an interruption): the whole
+                    // answer, or its review request, follows on this job
+                    // once the intent is settled, as after any stream
+                    // ended without the answer.
+                    (Holder::Reconciling, Ending::Interrupted | Ending::NeedsReview) => {
+                        Ok(defer(0.5))
+                    }
+                    _ => self.after_ending(job, &t, ending).await,
+                }
             }
         }
     }
