@@ -99,15 +99,21 @@ pub fn expired_unfinished(m: &Value) -> bool {
     m["stream"]["ended"] == "expired" && finished_at(m).is_none()
 }
 
-/// When a stream Slack expired was finished by an update of the app (its
-/// first edit, as Slack records it): what it shows since is judged.
+/// When a stream Slack expired was finished by an update of the app: the
+/// first edit, as Slack records it, that made it show what it shows now
+/// (an earlier edit to something else, a closing line say, does not make
+/// a later whole answer whole any sooner).
 fn finished_at(m: &Value) -> Option<u64> {
     if m["stream"]["ended"] != "expired" {
         return None;
     }
-    m["edits"]
-        .as_array()
-        .and_then(|e| e.iter().filter_map(|e| e["at_micros"].as_u64()).min())
+    let now = m["text"].as_str()?;
+    m["edits"].as_array().and_then(|e| {
+        e.iter()
+            .filter(|e| e["text"].as_str() == Some(now))
+            .filter_map(|e| e["at_micros"].as_u64())
+            .min()
+    })
 }
 
 /// What a conversation holds, which decides what a question is there.
