@@ -255,6 +255,12 @@ async fn purge_removes_only_what_is_past_retention() {
             .await
             .expect("note");
     }
+    // Verdicts on answers: one past the threads' retention, one recent.
+    for (user, age) in [("U0OLD", DAY * 40), ("U0NEW", DAY)] {
+        threadline_store::testing::feedback::insert_ago(&db.pool, inst, user, age)
+            .await
+            .expect("verdict");
+    }
     let env = [("DATABASE_URL", db.url.clone())];
     let counts = |out: &std::process::Output| -> Value {
         assert!(
@@ -302,6 +308,14 @@ async fn purge_removes_only_what_is_past_retention() {
     assert_eq!(kept, ["EvNEW", "EvOPEN"], "unfinished work is never purged");
     assert_eq!(done["assistant_threads"], 2, "{done}");
     assert_eq!(done["budget_records"], 2, "{done}");
+    assert_eq!(done["feedback_records"], 1, "{done}");
+    let left: Vec<String> = threadline_store::testing::feedback::verdicts(&db.pool)
+        .await
+        .expect("verdicts")
+        .into_iter()
+        .map(|(_, u, _)| u)
+        .collect();
+    assert_eq!(left, ["U0NEW"], "a recent verdict is kept");
     assert_eq!(
         threadline_store::testing::budgets::retained(&db.pool)
             .await

@@ -56,7 +56,9 @@ impl Refusal {
 pub enum Recorded {
     /// The person's verdict on the decision is now this click's.
     Counted,
-    /// The person clicked later already (their later verdict stands).
+    /// The person clicked later already (their later verdict stands), or
+    /// this very click was recorded before (Slack's redelivery of it, the
+    /// same `action_ts`): it changes nothing and is not counted again.
     Outdated,
     Refused(Refusal),
     NotFound,
@@ -105,7 +107,7 @@ pub async fn record(pool: &PgPool, id: Uuid, click: &Click<'_>) -> sqlx::Result<
          ON CONFLICT (decision_id, user_id) DO UPDATE
             SET verdict = EXCLUDED.verdict, action_ts = EXCLUDED.action_ts,
                 clicks = f.clicks + 1, updated_at = now()
-          WHERE f.action_ts <= EXCLUDED.action_ts",
+          WHERE f.action_ts < EXCLUDED.action_ts",
         id,
         click.user,
         click.installation,

@@ -45,6 +45,10 @@ pub struct Purged {
     /// thread is gone (a thread still in use keeps its note, so it is
     /// never told twice).
     pub budget_records: i64,
+    /// Each person's verdict on an answer (it names the person by their
+    /// Slack user id, as persons' actions do) past the threads' retention;
+    /// the audit log keeps each verdict without the person.
+    pub feedback_records: i64,
 }
 
 pub async fn purge(pool: &PgPool, keep: Retention, dry_run: bool) -> sqlx::Result<Purged> {
@@ -190,6 +194,14 @@ pub async fn purge(pool: &PgPool, keep: Retention, dry_run: bool) -> sqlx::Resul
     )
     .fetch_one(&mut *tx)
     .await?;
+
+    p.feedback_records = sqlx::query!(
+        "DELETE FROM answer_feedback WHERE updated_at < now() - make_interval(days => $1::int)",
+        keep.threads_days
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected() as i64;
 
     if dry_run {
         tx.rollback().await?;
