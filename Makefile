@@ -73,11 +73,12 @@ image-smoke-only:
 	./scripts/image-smoke.sh
 
 .PHONY: lint
-lint: ## Docs against the code (settings, links, invariants, commit subjects; scripts/check-docs.py), rustfmt check, the store's offline query data against the migrations (needs Postgres), clippy with warnings denied
+lint: ## Docs against the code (settings, links, invariants, commit subjects; scripts/check-docs.py), rustfmt check, the store's offline query data against the migrations and each service's statements against its role's grants (needs Postgres), clippy with warnings denied
 	python3 scripts/check-docs.py --self-test
 	python3 scripts/check-docs.py
 	cargo fmt --all --check
 	./scripts/sqlx-prepare.sh --check
+	python3 scripts/check-grants.py
 	cargo clippy --workspace --all-targets -- -D warnings
 
 .PHONY: sqlx-prepare

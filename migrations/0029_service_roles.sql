@@ -7,6 +7,14 @@
 -- The migrator (the database owner, which the CLI and migrations use)
 -- keeps every right; nobody else may change the schema.
 --
+-- UPDATE is granted column by column on the tables whose rows carry what
+-- another service acts on (decisions: the answer the publisher posts;
+-- installations: the workspace and the tokens a row stands for): each
+-- role may set only the columns its statements set. A row a statement
+-- locks (SELECT … FOR UPDATE / FOR SHARE) needs UPDATE on one column of
+-- it, which those grants give. scripts/check-grants.py (make lint)
+-- EXPLAINs every statement of each service as its role.
+--
 -- Roles are cluster-wide: they are created here only when missing (by
 -- CloudNativePG's managed roles in a deployment, with their passwords; a
 -- local or test cluster gets them from here, logging in by its own auth
@@ -78,9 +86,14 @@ GRANT SELECT (receipt_id) ON audit_log TO threadline_context_builder;
 -- ---------------------------------------------------------------- gateway
 -- Installations: it resolves a delivery's installation (lookup) and
 -- registers an OAuth install (tokens::register, store_installed): INSERT
--- and UPDATE of the row, tokens included, but SELECT only of the columns
+-- of the row and UPDATE of what a reinstall changes, tokens included (never
+-- the workspace or app a row stands for), but SELECT only of the columns
 -- that are not a token, so no statement of its role can read or copy one.
-GRANT INSERT, UPDATE ON installations TO threadline_gateway;
+GRANT INSERT ON installations TO threadline_gateway;
+GRANT UPDATE (enterprise_id, bot_user_id, bot_id, scopes, status, disabled_reason, updated_at,
+              bot_token_sealed, bot_token_key_id, refresh_token_sealed, refresh_token_key_id,
+              token_expires_at, refresh_lease_until, refresh_lease_holder, refresh_unknown_since)
+    ON installations TO threadline_gateway;
 DO $$
 DECLARE
     cols text;
@@ -106,9 +119,11 @@ GRANT SELECT, INSERT, UPDATE ON outbox_ledger TO threadline_gateway;
 -- the sweep of expired ones).
 GRANT SELECT, INSERT, UPDATE, DELETE ON oauth_states TO threadline_gateway;
 -- A review click: its verdict on the decision (locked, then moved to
--- approved or rejected), the review request it came from, the reviewers
--- allowed, and the outbox row that carries the verdict (review::decide).
-GRANT SELECT, UPDATE ON decisions TO threadline_gateway;
+-- approved or rejected, by whom and when: never its answer), the review
+-- request it came from, the reviewers allowed, and the outbox row that
+-- carries the verdict (review::decide).
+GRANT SELECT ON decisions TO threadline_gateway;
+GRANT UPDATE (status, reviewed_by, reviewed_at, updated_at) ON decisions TO threadline_gateway;
 GRANT SELECT, UPDATE ON review_messages TO threadline_gateway;
 GRANT SELECT ON review_settings, reply_intents TO threadline_gateway;
 
@@ -122,8 +137,12 @@ GRANT INSERT ON doubled_messages TO threadline_context_builder;
 GRANT SELECT, UPDATE ON event_receipts TO threadline_context_builder;
 -- Opens bot tokens for backfills and refreshes them under the lease in
 -- the row; disables an installation whose refresh token Slack refused
--- (threadline_tenancy::tokens).
-GRANT SELECT, UPDATE ON installations TO threadline_context_builder;
+-- (threadline_tenancy::tokens, threads::disable_installation).
+GRANT SELECT ON installations TO threadline_context_builder;
+GRANT UPDATE (status, disabled_reason, updated_at, bot_token_sealed, bot_token_key_id,
+              refresh_token_sealed, refresh_token_key_id, token_expires_at, refresh_lease_until,
+              refresh_lease_holder, refresh_unknown_since)
+    ON installations TO threadline_context_builder;
 -- Channel kinds learnt, read budgets, late events and their policies,
 -- assistant-pane threads, and the policies a trigger is checked against.
 GRANT SELECT, INSERT, UPDATE ON channel_kinds, slack_read_budgets, assistant_threads
@@ -133,9 +152,11 @@ GRANT SELECT ON late_event_policies, channel_policies, installation_policies
     TO threadline_context_builder;
 -- Admission: budgets, parked and admitted work, the model tokens spent,
 -- and the over-budget note, a decision of threadline's own with its
--- outbox row (budgets::*).
+-- outbox row (budgets::*), which supersedes an older note of its own.
 GRANT SELECT, INSERT, UPDATE, DELETE ON tenant_work TO threadline_context_builder;
-GRANT SELECT, INSERT, UPDATE ON tenant_budgets, budget_notes, decisions TO threadline_context_builder;
+GRANT SELECT, INSERT, UPDATE ON tenant_budgets, budget_notes TO threadline_context_builder;
+GRANT SELECT, INSERT ON decisions TO threadline_context_builder;
+GRANT UPDATE (status, status_reason, updated_at) ON decisions TO threadline_context_builder;
 GRANT SELECT ON tenant_tokens, reply_intents TO threadline_context_builder;
 GRANT INSERT ON outbox TO threadline_context_builder;
 
@@ -146,7 +167,11 @@ GRANT INSERT ON outbox TO threadline_context_builder;
 -- and channel policies that shape the answer, and the pane's thread. It
 -- calls no Slack API, so it holds no token key, and may read no token
 -- column of an installation.
-GRANT SELECT, INSERT, UPDATE ON decisions TO threadline_inference;
+GRANT SELECT, INSERT ON decisions TO threadline_inference;
+GRANT UPDATE (status, status_reason, action_kind, review_reasons, model_config_id, provider, fallback,
+              prompt_tokens, completion_tokens, output_hash, body_text, body_blocks, lease_until,
+              lease_message_seq, stream_text, stream_label, updated_at)
+    ON decisions TO threadline_inference;
 GRANT INSERT ON outbox TO threadline_inference;
 GRANT SELECT ON kill_switches, channel_policies, installation_policies, assistant_threads
     TO threadline_inference;
@@ -171,14 +196,21 @@ GRANT SELECT, INSERT, UPDATE ON tenant_tokens TO threadline_inference;
 -- -------------------------------------------------------------- publisher
 -- Reply intents and their posts, budgets per channel, crossed answers,
 -- review requests, streams (intents::*, streams::*, review::*); decisions it
--- moves (held, discarded, reconsidered) with their outbox rows.
+-- moves (held, discarded, reconsidered: their status, never their
+-- answer) with their outbox rows.
 GRANT SELECT, INSERT, UPDATE ON reply_intents, post_budgets TO threadline_publisher;
 GRANT SELECT, INSERT, UPDATE, DELETE ON review_messages TO threadline_publisher;
 GRANT SELECT, INSERT ON crossed_answers TO threadline_publisher;
-GRANT SELECT, UPDATE ON decisions, assistant_threads, turns TO threadline_publisher;
+GRANT SELECT, UPDATE ON assistant_threads, turns TO threadline_publisher;
+GRANT SELECT ON decisions TO threadline_publisher;
+GRANT UPDATE (status, status_reason, updated_at) ON decisions TO threadline_publisher;
 GRANT INSERT ON outbox TO threadline_publisher;
 -- Opens bot tokens to post and refreshes them (threadline_tenancy::tokens).
-GRANT SELECT, UPDATE ON installations TO threadline_publisher;
+GRANT SELECT ON installations TO threadline_publisher;
+GRANT UPDATE (status, disabled_reason, updated_at, bot_token_sealed, bot_token_key_id,
+              refresh_token_sealed, refresh_token_key_id, token_expires_at, refresh_lease_until,
+              refresh_lease_holder, refresh_unknown_since)
+    ON installations TO threadline_publisher;
 -- What it re-checks before posting: the thread's version and messages,
 -- unprocessed receipts (pending_receipt_age), kill switches, policies.
 GRANT SELECT ON threads, thread_messages, event_receipts, kill_switches, channel_kinds,

@@ -164,6 +164,34 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
             &[PUBLISHER],
             "INSERT INTO decisions (id) VALUES (gen_random_uuid())".into(),
         ),
+        // An answer is inference's to write: a review click sets the
+        // verdict, a hold or a discard the status, never the text that is
+        // posted (issue 34's review: the whole row was updatable).
+        (
+            &[GATEWAY, CONTEXT_BUILDER, PUBLISHER],
+            "UPDATE decisions SET body_text = 'rewritten'".into(),
+        ),
+        (
+            &[GATEWAY, CONTEXT_BUILDER, PUBLISHER],
+            "UPDATE decisions SET body_blocks = '[]'::jsonb, output_hash = 'x'".into(),
+        ),
+        (
+            &[GATEWAY, CONTEXT_BUILDER, PUBLISHER],
+            "UPDATE decisions SET channel_id = 'C0ELSEWHERE'".into(),
+        ),
+        (
+            &[CONTEXT_BUILDER, INFERENCE, PUBLISHER],
+            "UPDATE decisions SET reviewed_by = 'U0NOBODY'".into(),
+        ),
+        // Nobody moves an installation to another workspace or app.
+        (
+            &everyone,
+            format!("UPDATE installations SET team_id = 'T0EVIL' WHERE id = '{inst}'"),
+        ),
+        (
+            &everyone,
+            format!("UPDATE installations SET app_id = 'A0EVIL' WHERE id = '{inst}'"),
+        ),
         // Kill switches and policies are the operator's.
         (&everyone, "UPDATE kill_switches SET engaged = false".into()),
         (&everyone, "DELETE FROM kill_switches".into()),
@@ -175,7 +203,7 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
     ];
     // What each role may do, so that a refusal above is the privilege's
     // doing, not a login that failed.
-    let allowed: [(&str, String); 6] = [
+    let allowed: [(&str, String); 8] = [
         (
             GATEWAY,
             format!("SELECT id, app_id, bot_token_key_id FROM installations WHERE id = '{inst}'"),
@@ -196,6 +224,16 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
         ),
         (INFERENCE, "SELECT id, status FROM installations".into()),
         (PUBLISHER, "SELECT 1 FROM threads FOR SHARE".into()),
+        (
+            GATEWAY,
+            "UPDATE decisions SET status = 'approved', reviewed_by = 'U1', reviewed_at = now(), \
+             updated_at = now()"
+                .into(),
+        ),
+        (
+            INFERENCE,
+            "UPDATE decisions SET body_text = 'answer', updated_at = now()".into(),
+        ),
     ];
     let mut pools = std::collections::BTreeMap::new();
     for role in everyone {
