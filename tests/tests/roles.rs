@@ -9,7 +9,9 @@
 
 use secrecy::SecretString;
 use sqlx::postgres::PgPoolOptions;
-use threadline_store::testing::roles::{SERVICE_ROLES, attempt, tables_no_service_may_touch};
+use threadline_store::testing::roles::{
+    SERVICE_ROLES, attempt, privileges, tables_no_service_may_touch,
+};
 use threadline_store::tokens::Registration;
 use threadline_tenancy::installations::{Tokens, register};
 use threadline_tenancy::secrets::{TokenKeys, TokenSealer};
@@ -270,6 +272,67 @@ async fn every_table_no_service_touches_is_an_operators() {
         untouched,
         ["audit_timeline", "workspace_pauses"].map(String::from),
         "a table no service role may touch: grant it in its migration, or list it here as the operator's"
+    );
+}
+
+/// The checked-in matrix of what the service roles hold: every table,
+/// column, sequence, function, schema and database privilege granted to
+/// them, and their attributes. A migration that widens (or narrows) a grant
+/// changes it, so the change is seen and reviewed here, not found in
+/// production; `THREADLINE_BLESS=1` rewrites the file after a deliberate
+/// change (migrations/README.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_roles_hold_exactly_the_checked_in_privileges() {
+    const FILE: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/service-role-privileges.txt"
+    );
+    let db = TestDb::new().await;
+    let now = privileges(&db.pool).await.expect("privileges");
+    // Whatever the file says: no role is more than a login.
+    for role in SERVICE_ROLES {
+        let attrs = now
+            .iter()
+            .find(|l| l.starts_with(&format!("role {role}: login=")))
+            .unwrap_or_else(|| panic!("{role} does not exist"));
+        for a in [
+            "superuser",
+            "createrole",
+            "createdb",
+            "bypassrls",
+            "replication",
+        ] {
+            assert!(attrs.contains(&format!(" {a}=f")), "{role} is {a}: {attrs}");
+        }
+    }
+    let members: Vec<&String> = now.iter().filter(|l| l.contains(": member of ")).collect();
+    assert!(
+        members.is_empty(),
+        "a service role is a member of another role: {members:?}"
+    );
+
+    let header = "# What the service roles hold in a database migrated to the latest migration\n\
+                  # (tests/tests/roles.rs compares it; migrations/README.md). Regenerate after a\n\
+                  # deliberate grant change: THREADLINE_BLESS=1 cargo nextest run -p threadline-tests --test roles\n";
+    if std::env::var("THREADLINE_BLESS").as_deref() == Ok("1") {
+        std::fs::write(FILE, format!("{header}{}\n", now.join("\n"))).expect("writing the matrix");
+        return;
+    }
+    let text = std::fs::read_to_string(FILE).unwrap_or_default();
+    let want: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .collect();
+    let got: std::collections::BTreeSet<&str> = now.iter().map(String::as_str).collect();
+    let mut diff: Vec<String> = want.difference(&got).map(|l| format!("- {l}")).collect();
+    diff.extend(got.difference(&want).map(|l| format!("+ {l}")));
+    assert!(
+        diff.is_empty(),
+        "the service roles' privileges differ from tests/fixtures/service-role-privileges.txt \
+         (- only in the file, + only in the database):\n{}\n\
+         A deliberate grant change? Regenerate the file and review its diff: \
+         THREADLINE_BLESS=1 cargo nextest run -p threadline-tests --test roles",
+        diff.join("\n")
     );
 }
 
