@@ -363,6 +363,30 @@ def check_cnpg_cluster(rep, where, doc, ctx):
     for key, v in (dig(doc, "spec.postgresql.parameters") or {}).items():
         if not isinstance(v, str):
             rep.error(where, f"{kn(doc)}: postgresql parameter {key} must be a string")
+    # A managed role's password Secret exists before the Cluster asks for it:
+    # made in the Cluster's own overlay (or out of band, before it), never
+    # in one applied later, or the roles are missing when the migration
+    # grants them (migrations/0029_service_roles.sql stops).
+    secrets = ctx["by_kind"].get("Secret", {})
+    for role in dig(doc, "spec.managed.roles") or []:
+        sname = dig(role, "passwordSecret.name")
+        if not sname:
+            continue
+        if sname in secrets:
+            sec = secrets[sname]
+            if sec.get("type") != "kubernetes.io/basic-auth":
+                rep.error(where, f"{kn(doc)}: managed role {role.get('name')}'s Secret {sname} must be of type "
+                                 f"kubernetes.io/basic-auth")
+            if str(dig(sec, "metadata.labels") and sec["metadata"]["labels"].get("cnpg.io/reload")) != "true":
+                rep.error(where, f"{kn(doc)}: managed role {role.get('name')}'s Secret {sname} lacks the label "
+                                 f"cnpg.io/reload: \"true\" (a changed password waits for a reconciliation)")
+            continue
+        for other, docs in ctx["renders"]:
+            if other.split("/")[0] == where.split("/")[0] and other != where and any(
+                    d.get("kind") == "Secret" and dig(d, "metadata.name") == sname for d in docs):
+                rep.error(where, f"{kn(doc)}: managed role {role.get('name')} takes its password from Secret "
+                                 f"{sname}, which {other} makes: applied after the Cluster, so the role is "
+                                 f"missing when the migration grants it; make it in {where}")
 
 
 def check_scheduledbackup(rep, where, doc, ctx):

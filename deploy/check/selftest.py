@@ -196,6 +196,21 @@ def _(i: Input):
             "THREADLINE_BUS_PREFIX", "tl2")
 
 
+@breakage("postgres", "a managed role's password Secret made in a later step than the Cluster",
+          "dev/infra:", "Cluster/threadline-db", "threadline-db-publisher, which dev/app makes")
+def _(i: Input):
+    docs = i.docs("dev/infra")
+    sec = next(d for d in docs if d.get("kind") == "Secret" and cm.dig(d, "metadata.name") == "threadline-db-publisher")
+    docs.remove(sec)
+    i.docs("dev/app").append(sec)
+
+
+@breakage("postgres", "a managed role's password Secret without cnpg.io/reload",
+          "dev/infra:", "Cluster/threadline-db", "threadline-db-gateway lacks the label cnpg.io/reload")
+def _(i: Input):
+    i.edit("dev/infra", "Secret", "threadline-db-gateway")["metadata"]["labels"].pop("cnpg.io/reload")
+
+
 # Images: the manifests run what `make images` builds.
 
 @breakage("images", "a dev Deployment on an image tag make images does not build",
