@@ -26,7 +26,7 @@ THREADLINE_TOKEN_KEYS="$("$target/threadline" keys generate --id bench)" SLACK_B
 echo "cores: $(nproc); postgres: synchronous_commit=$(psql -tA "$admin" -c 'SHOW synchronous_commit'), fsync=$(psql -tA "$admin" -c 'SHOW fsync')"
 
 SLACK_SIGNING_SECRET="$secret" NATS_URL="$nats" THREADLINE_BUS_PREFIX="$prefix" \
-THREADLINE_GATEWAY_ADDR="127.0.0.1:$port" RUST_LOG=warn \
+THREADLINE_GATEWAY_ADDR="127.0.0.1:$port" RUST_LOG=warn THREADLINE_AUDIT_KEY="$(printf '5a%.0s' {1..32})" \
   "$target/threadline-gateway" &
 gw=$!
 cleanup() {

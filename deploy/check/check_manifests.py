@@ -134,6 +134,13 @@ CONDITIONAL = {
         never, "cli: only `keys rotate` and `install add` need it, not `migrate`"),
 }
 
+# Binaries that write audit records naming a channel by its pseudonym
+# (crates/runtime/src/audit.rs): every Deployment of one is given the key,
+# the same in all, or its records do not correlate with the others' (the
+# gateway, relay or not, refuses to relay or install without it).
+AUDIT_WRITERS = {"threadline-gateway", "threadline-context-builder", "threadline-inference",
+                 "threadline-publisher"}
+
 # Settings a binary must never be given, though it links code that reads
 # them: binary -> {key: why}.
 FORBIDDEN = {
@@ -1519,6 +1526,10 @@ def check_overlay(rep, where, docs, ctx_base, kv):
                 check_settings(rep, where, d, c, binary, provided, bins)
                 if binary == "threadline":
                     check_cli_container(rep, where, d, c, ctx)
+                if binary in AUDIT_WRITERS and "THREADLINE_AUDIT_KEY" not in provided:
+                    rep.error(where, f"{kn(d)} container {c['name']}: writes audit records but is not given "
+                                     f"THREADLINE_AUDIT_KEY (Secret threadline-audit): its channel pseudonyms "
+                                     f"would not match the other services'")
                 if binary in SERVICES:
                     if d["kind"] != "Deployment":
                         rep.error(where, f"{kn(d)}: {binary} is a long-running service: run it as a Deployment")

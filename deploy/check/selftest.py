@@ -169,6 +169,13 @@ def _(i: Input):
             "THREADLINE_TOKEN_KEYS", "k1:x25519:" + "11" * 32)
 
 
+@breakage("settings", "the relay without the audit key its intake records are pseudonymised with",
+          "production/app:", "Deployment/threadline-relay", "writes audit records but is not given THREADLINE_AUDIT_KEY")
+def _(i: Input):
+    drop_env(container(i.edit("production/app", "Deployment", "threadline-relay"), "threadline-gateway"),
+             "THREADLINE_AUDIT_KEY")
+
+
 @breakage("settings", "a setting the binary never reads (meant for another service)",
           "production/app:", "Deployment/threadline-publisher", "THREADLINE_MODEL_NAME", "is not a setting threadline-publisher reads")
 def _(i: Input):

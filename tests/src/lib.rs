@@ -64,8 +64,14 @@ pub fn free_port() -> u16 {
 
 /// Starts `threadline-gateway` with `env` (on a fresh port) and waits for
 /// `/healthz`.
+/// Like a deployment's, it is given the audit key when `env` has none (the
+/// relay and the OAuth install refuse to start without it).
 pub async fn spawn_gateway(env: &[(&str, String)]) -> Proc {
-    spawn_service("threadline-gateway", "THREADLINE_GATEWAY_ADDR", env).await
+    let mut env = env.to_vec();
+    if !env.iter().any(|(k, _)| *k == "THREADLINE_AUDIT_KEY") {
+        env.push(("THREADLINE_AUDIT_KEY", "5a".repeat(32)));
+    }
+    spawn_service("threadline-gateway", "THREADLINE_GATEWAY_ADDR", &env).await
 }
 
 /// Starts `threadline-context-builder` and waits for its `/healthz`.

@@ -100,10 +100,27 @@ async fn gateway_refuses_to_start_on_bad_settings_or_an_unmigrated_database() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("THREADLINE_INTAKE_WRITERS"));
 
+    // The relay (on by default) writes audit records: no key, no start,
+    // and the error says which setting and why.
     let db = TestDb::empty().await;
     let out = tokio::process::Command::new(threadline_testkit::bin_path("threadline-gateway"))
         .env_clear()
         .env("SLACK_SIGNING_SECRET", "x")
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .await
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("THREADLINE_AUDIT_KEY") && err.contains("relay"),
+        "{err}"
+    );
+
+    let out = tokio::process::Command::new(threadline_testkit::bin_path("threadline-gateway"))
+        .env_clear()
+        .env("SLACK_SIGNING_SECRET", "x")
+        .env("THREADLINE_AUDIT_KEY", "5a".repeat(32))
         .env("DATABASE_URL", &db.url)
         .env(
             "THREADLINE_GATEWAY_ADDR",

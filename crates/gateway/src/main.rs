@@ -14,13 +14,19 @@ async fn main() -> ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     let src = Source::from_env()?;
-    // With the OAuth install its records must correlate with the others'.
-    if src.get("SLACK_CLIENT_ID").is_some() {
-        threadline_runtime::audit::require(&src)?;
+    let cfg = GatewayConfig::from_source(&src)?;
+    // The relay writes the intake records and the OAuth install its own,
+    // each naming its channel by pseudonym: they must correlate with every
+    // other service's, so neither runs without the key.
+    if cfg.relay_enabled || cfg.oauth.is_some() {
+        threadline_runtime::audit::require(&src).context(
+            "the outbox relay (THREADLINE_RELAY_ENABLED, on by default) and the OAuth install \
+             (SLACK_CLIENT_ID) write audit records: give this gateway THREADLINE_AUDIT_KEY, the \
+             same as every service's",
+        )?;
     } else {
         threadline_runtime::audit::configure(&src)?;
     }
-    let cfg = GatewayConfig::from_source(&src)?;
     let _telemetry = threadline_runtime::telemetry::init("threadline-gateway", &cfg.common)?;
     let listener = threadline_gateway::listener::bind(cfg.addr)
         .with_context(|| format!("binding THREADLINE_GATEWAY_ADDR {}", cfg.addr))?;
