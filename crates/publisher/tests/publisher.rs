@@ -273,7 +273,9 @@ impl Env {
                 Disposition::Done => return attempt,
                 Disposition::Defer(d) => tokio::time::sleep(d.min(Duration::from_secs(3))).await,
                 Disposition::Transient => tokio::time::sleep(Duration::from_millis(500)).await,
-                Disposition::Fail(why) | Disposition::Poison(why) => panic!("failed: {why}"),
+                Disposition::Fail(why) | Disposition::Retry(why) | Disposition::Poison(why) => {
+                    panic!("failed: {why}")
+                }
             }
         }
         panic!("not done after 12 deliveries");

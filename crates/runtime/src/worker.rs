@@ -67,6 +67,11 @@ pub enum Disposition {
     /// [`MAX_BACKOFF`]) for as long as the outage lasts; never
     /// dead-lettered (DESIGN invariant 11).
     Transient,
+    /// A failure that, as a rule, heals on its own within minutes but may
+    /// not (a sealed secret whose key id the pods of a rollout do not all
+    /// hold yet): redelivered with the transient backoff, and dead-lettered
+    /// once it has failed [`RETRY_LIMIT`] times (about ten minutes).
+    Retry(String),
     /// A failure not known to be transient (a defect, data the handler
     /// cannot cope with): retried with backoff, and dead-lettered once it
     /// has failed [`FAILURE_LIMIT`] times.
@@ -123,6 +128,11 @@ pub fn error_code(e: &anyhow::Error, more: Classify) -> String {
 /// Failures not known to be transient after which a message is
 /// dead-lettered (counted per worker process).
 pub const FAILURE_LIMIT: u32 = 5;
+
+/// How many times a [`Disposition::Retry`] failure is tried before its
+/// message is dead-lettered: with [`backoff`] (at most [`MAX_BACKOFF`])
+/// between tries, about ten minutes, the length of a slow rollout.
+pub const RETRY_LIMIT: u32 = 64;
 /// The longest wait between two tries of a failing message.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
@@ -497,6 +507,17 @@ async fn handle_one<H, F>(
             metrics::counter!("threadline_worker_transient_failures_total", "subject" => msg.subject.to_string())
                 .increment(1);
             msg.ack_with(AckKind::Nak(Some(backoff(n)))).await
+        }
+        Disposition::Retry(reason) => {
+            let (n, _) = failures.record(seq, true);
+            if n >= RETRY_LIMIT {
+                failures.forget(seq);
+                dead_letter(js, dlq, &msg, &format!("failed {n} times: {reason}"))
+                    .instrument(span.clone())
+                    .await
+            } else {
+                msg.ack_with(AckKind::Nak(Some(backoff(n)))).await
+            }
         }
         Disposition::Fail(reason) => {
             let (_, n) = failures.record(seq, false);

@@ -29,17 +29,40 @@ pub fn classify(cause: &(dyn std::error::Error + 'static)) -> Option<Fault> {
             code: "token_refresh_unavailable".into(),
         });
     }
-    if cause.downcast_ref::<SecretError>().is_some() {
-        return Some(Fault {
+    match cause.downcast_ref::<SecretError>() {
+        // A key id this process does not hold: during a rollout another
+        // pod may already seal with a key this one gets only when it is
+        // replaced (docs/operations.md, key rotation). Retried, bounded
+        // ([`disposition`]).
+        Some(SecretError::UnknownKey(_)) => Some(Fault {
+            transient: true,
+            code: UNKNOWN_KEY.into(),
+        }),
+        Some(_) => Some(Fault {
             transient: false,
             code: "sealed_secret".into(),
-        });
+        }),
+        None => None,
     }
-    None
 }
 
-/// How a handler's error is retried (`Transient` or `Fail` with its code).
+/// The code of a sealed secret whose key id this process does not hold.
+const UNKNOWN_KEY: &str = "sealed_secret_unknown_key";
+
+/// How a handler's error is retried: `Transient` (an outage), `Retry` (a
+/// sealed secret under a key id this process does not hold yet: retried
+/// with backoff for about ten minutes, then dead-lettered), or `Fail` with
+/// its code.
 pub fn disposition(e: &anyhow::Error) -> Disposition {
+    let unknown_key = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<SecretError>(),
+            Some(SecretError::UnknownKey(_))
+        )
+    });
+    if unknown_key {
+        return Disposition::Retry(UNKNOWN_KEY.into());
+    }
     Disposition::of_error(e, classify)
 }
 
@@ -82,6 +105,14 @@ mod tests {
         );
         let sealed = anyhow::Error::new(SecretError::Decrypt).context("opening the token");
         assert!(matches!(disposition(&sealed), Disposition::Fail(c) if c == "sealed_secret"));
+        // A key id not held yet (key skew between the pods of a rollout):
+        // retried, bounded, and the code names no key id.
+        let skew =
+            anyhow::Error::new(SecretError::UnknownKey("k2".into())).context("opening the token");
+        assert!(
+            matches!(disposition(&skew), Disposition::Retry(c) if c == "sealed_secret_unknown_key")
+        );
+        assert!(is_transient(&skew));
         assert!(matches!(
             disposition(&anyhow::Error::new(WebError::Http(502))),
             Disposition::Transient
