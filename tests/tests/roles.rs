@@ -457,9 +457,11 @@ async fn a_gateway_process_installs_a_token_it_can_neither_read_nor_open() {
     assert!(!env.iter().any(|(k, _)| *k == "THREADLINE_TOKEN_KEYS"));
     for (name, value) in &env {
         let mut tries = vec![value.clone()];
+        // (a public entry's key taken for a private one: `id:x25519pub:hex`)
         tries.extend(value.split(',').filter_map(|e| {
-            e.split_once(':')
-                .map(|(id, hex)| format!("{id}:x25519:{hex}"))
+            e.split_once(':').map(|(id, rest)| {
+                format!("{id}:x25519:{}", rest.rsplit(':').next().unwrap_or(rest))
+            })
         }));
         for t in &tries {
             if let Ok(k) = TokenKeys::parse(&SecretString::from(t.clone())) {

@@ -17,6 +17,12 @@ async fn run() -> anyhow::Result<()> {
     let cfg = ContextConfig::from_source(&src)?;
     let _telemetry =
         threadline_runtime::telemetry::init("threadline-context-builder", &cfg.common)?;
+    // Which keys, never what they are: a pair whose halves differ from
+    // the gateway's public keys shows as different fingerprints.
+    tracing::info!(
+        token_keys = %cfg.cipher.fingerprints(),
+        "token keys (id=first 8 hex of the SHA-256 of the public half; the first seals)"
+    );
     let listener = tokio::net::TcpListener::bind(cfg.addr).await.map_err(|e| {
         anyhow::anyhow!("binding THREADLINE_CONTEXT_BUILDER_ADDR {}: {e}", cfg.addr)
     })?;

@@ -28,6 +28,15 @@ async fn run() -> anyhow::Result<()> {
         threadline_runtime::audit::configure(&src)?;
     }
     let _telemetry = threadline_runtime::telemetry::init("threadline-gateway", &cfg.common)?;
+    if let Some(oauth) = &cfg.oauth {
+        // Which keys installs are sealed to, never what they are: the
+        // context-builder and publisher log the same fingerprints for the
+        // private halves that open them.
+        tracing::info!(
+            token_public_keys = %oauth.cipher.fingerprints(),
+            "token public keys (id=first 8 hex of the SHA-256 of the key; the first seals)"
+        );
+    }
     let listener = threadline_gateway::listener::bind(cfg.addr)
         .with_context(|| format!("binding THREADLINE_GATEWAY_ADDR {}", cfg.addr))?;
     let shutdown = threadline_runtime::shutdown::on_signal();

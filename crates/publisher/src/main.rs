@@ -16,6 +16,12 @@ async fn run() -> anyhow::Result<()> {
     threadline_runtime::audit::require(&src)?;
     let cfg = PublisherConfig::from_source(&src)?;
     let _telemetry = threadline_runtime::telemetry::init("threadline-publisher", &cfg.common)?;
+    // Which keys, never what they are: a pair whose halves differ from
+    // the gateway's public keys shows as different fingerprints.
+    tracing::info!(
+        token_keys = %cfg.cipher.fingerprints(),
+        "token keys (id=first 8 hex of the SHA-256 of the public half; the first seals)"
+    );
     let listener = tokio::net::TcpListener::bind(cfg.addr)
         .await
         .map_err(|e| anyhow::anyhow!("binding THREADLINE_PUBLISHER_ADDR {}: {e}", cfg.addr))?;

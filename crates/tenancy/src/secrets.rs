@@ -9,8 +9,10 @@
 //! (installation and purpose), so a ciphertext copied to another
 //! installation does not open.
 //!
-//! * `THREADLINE_TOKEN_PUBLIC_KEYS` = `id:hex64[,…]` (X25519 public keys):
-//!   the gateway's, seals only ([`TokenSealer`]); the first seals.
+//! * `THREADLINE_TOKEN_PUBLIC_KEYS` = `id:x25519pub:hex64[,…]` (X25519
+//!   public keys): the gateway's, seals only ([`TokenSealer`]); the first
+//!   seals. The tag keeps a symmetric key (`id:hex64`, which opens what it
+//!   seals) from being taken for a public one.
 //! * `THREADLINE_TOKEN_KEYS` = `id:x25519:hex64[,…]` (X25519 private keys)
 //!   where tokens are used ([`TokenKeys`]): every key listed opens, the
 //!   first seals (a refreshed token). Entries of the older form `id:hex64`
@@ -43,6 +45,16 @@ pub const TOKEN_KEYS_SETTING: &str = "THREADLINE_TOKEN_KEYS";
 pub const TOKEN_PUBLIC_KEYS_SETTING: &str = "THREADLINE_TOKEN_PUBLIC_KEYS";
 /// The marker of a private-key entry: `id:x25519:hex64`.
 const X25519_TAG: &str = "x25519";
+/// The marker of a public-key entry: `id:x25519pub:hex64`.
+const X25519_PUB_TAG: &str = "x25519pub";
+
+/// A key's fingerprint for logs: the first 8 hex digits of the SHA-256 of
+/// the X25519 public key, equal for the two halves of a pair and telling
+/// nothing of the private one.
+fn fingerprint(pk: &<Kem as hpke::Kem>::PublicKey) -> String {
+    use sha2::Digest as _;
+    hex::encode(&sha2::Sha256::digest(pk.to_bytes())[..4])
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
@@ -181,26 +193,46 @@ impl fmt::Debug for TokenSealer {
 }
 
 impl TokenSealer {
-    /// `id:hex64[,…]`, X25519 public keys in hex, as
+    /// `id:x25519pub:hex64[,…]`, X25519 public keys in hex, as
     /// `THREADLINE_TOKEN_PUBLIC_KEYS` holds them (read by the gateway and
-    /// `threadline install add`, which alone seal without opening).
+    /// `threadline install add`, which alone seal without opening). An
+    /// untagged `id:hex64` is refused: that is how a symmetric key looks.
     pub fn parse(raw: &str) -> Result<Self, ConfigError> {
         let setting = TOKEN_PUBLIC_KEYS_SETTING;
         let mut keys: Vec<(String, _)> = Vec::new();
         for (n, entry) in entries(raw) {
-            let (id, hex_key) = entry
+            let (id, rest) = entry
                 .split_once(':')
-                .ok_or_else(|| invalid_in(setting, format!("entry {n} is not id:hex")))?;
+                .ok_or_else(|| invalid_in(setting, format!("entry {n} is not id:x25519pub:hex")))?;
             check_id(id, n, setting)?;
-            if hex_key.contains(':') {
-                return Err(invalid_in(
-                    setting,
-                    format!(
-                        "entry {n} ({id}) looks like a private key: list the public keys \
-                         (`threadline keys public`)"
-                    ),
-                ));
-            }
+            let hex_key = match rest.split_once(':') {
+                Some((X25519_PUB_TAG, hex_key)) => hex_key,
+                Some((X25519_TAG, _)) => {
+                    return Err(invalid_in(
+                        setting,
+                        format!(
+                            "entry {n} ({id}) is a private key: list the public keys \
+                             (`threadline keys public`)"
+                        ),
+                    ));
+                }
+                Some(_) => {
+                    return Err(invalid_in(
+                        setting,
+                        format!("entry {n} ({id}): expected id:x25519pub:hex64"),
+                    ));
+                }
+                None => {
+                    return Err(invalid_in(
+                        setting,
+                        format!(
+                            "entry {n} ({id}) has no x25519pub tag: an untagged id:hex64 is a \
+                             symmetric key, which opens what it seals; list the public keys \
+                             (`threadline keys public`: id:x25519pub:hex64)"
+                        ),
+                    ));
+                }
+            };
             let bytes = key_bytes(hex_key, n, id, setting)?;
             let pk = <Kem as hpke::Kem>::PublicKey::from_bytes(&bytes)
                 .map_err(|_| invalid_in(setting, format!("entry {n} ({id}): not a public key")))?;
@@ -216,6 +248,16 @@ impl TokenSealer {
             return Err(invalid_in(setting, "no keys listed"));
         }
         Ok(Self { keys })
+    }
+
+    /// The keys for a start-up log line: `id=fingerprint`, the first (the
+    /// one that seals) first. No key material.
+    pub fn fingerprints(&self) -> String {
+        self.keys
+            .iter()
+            .map(|(id, pk)| format!("{id}={}", fingerprint(pk)))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 }
 
@@ -278,6 +320,15 @@ impl TokenKeys {
                     let pk = Kem::sk_to_pk(&sk);
                     TokenKey::X25519 { sk, pk }
                 }
+                Some((X25519_PUB_TAG, _)) => {
+                    return Err(invalid_in(
+                        setting,
+                        format!(
+                            "entry {n} ({id}) is a public key: this setting holds the private \
+                             keys (id:x25519:hex64) that open tokens"
+                        ),
+                    ));
+                }
                 Some(_) => {
                     return Err(invalid_in(
                         setting,
@@ -315,8 +366,26 @@ impl TokenKeys {
         self.keys
             .iter()
             .filter_map(|(id, k)| match k {
-                TokenKey::X25519 { pk, .. } => Some(format!("{id}:{}", hex::encode(pk.to_bytes()))),
+                TokenKey::X25519 { pk, .. } => Some(format!(
+                    "{id}:{X25519_PUB_TAG}:{}",
+                    hex::encode(pk.to_bytes())
+                )),
                 TokenKey::Legacy(_) => None,
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The keys for a start-up log line: `id=fingerprint` of each X25519
+    /// key's public half (as the gateway logs its public keys, so that a
+    /// mismatched pair shows), `id=symmetric` for a key of before; the
+    /// first (the one that seals) first. No key material.
+    pub fn fingerprints(&self) -> String {
+        self.keys
+            .iter()
+            .map(|(id, k)| match k {
+                TokenKey::X25519 { pk, .. } => format!("{id}={}", fingerprint(pk)),
+                TokenKey::Legacy(_) => format!("{id}=symmetric"),
             })
             .collect::<Vec<_>>()
             .join(",")
@@ -536,7 +605,7 @@ mod tests {
         // The next key pair: the public half first at the gateway, the
         // private half first where tokens are opened; k1 still opens.
         let rotated = keys(&format!("{k2},{k1}"));
-        assert!(rotated.public_entries().starts_with("k2:"));
+        assert!(rotated.public_entries().starts_with("k2:x25519pub:"));
         assert_eq!(
             rotated.open(&new, &aad).expect("k1").expose_secret(),
             "xoxe-2"
@@ -593,6 +662,7 @@ mod tests {
             &format!("k:rsa:{}", "1".repeat(64)),
             &format!("a b:{}", "0".repeat(64)),
             &format!("k:{0},k:x25519:{0}", "1".repeat(64)),
+            &format!("k:x25519pub:{}", "1".repeat(64)),
         ] {
             let err = TokenKeys::parse(&SecretString::from(spec.to_owned()))
                 .expect_err(spec)
@@ -608,5 +678,53 @@ mod tests {
         }
         let c = keys(&TokenKeys::generate_entry("visible"));
         assert_eq!(format!("{c:?}"), "TokenKeys { key_ids: [\"visible\"] }");
+    }
+
+    /// Issue 34's review: a public key looked exactly like a symmetric key
+    /// (`id:hex64`), so a symmetric key pasted into the gateway's public
+    /// keys was taken. Public keys carry their own tag; an untagged entry is
+    /// refused there, and a public key is refused among the private ones.
+    #[test]
+    fn public_keys_are_tagged_and_a_symmetric_key_is_not_one() {
+        let symmetric = SymmetricKeys::generate_entry("k1");
+        let err = TokenSealer::parse(&symmetric)
+            .expect_err("a symmetric key")
+            .to_string();
+        assert!(
+            err.contains("no x25519pub tag") && err.contains("symmetric"),
+            "{err}"
+        );
+        assert!(!err.contains(&symmetric[3..]), "{err}");
+        let private = keys(&TokenKeys::generate_entry("k1"));
+        let public = private.public_entries();
+        assert!(public.starts_with("k1:x25519pub:"), "{public}");
+        TokenSealer::parse(&public).expect("its own public keys");
+        // The untagged form of that same public key is refused too.
+        let untagged = public.replace(":x25519pub:", ":");
+        assert!(TokenSealer::parse(&untagged).is_err());
+        let err = TokenKeys::parse(&SecretString::from(public.clone()))
+            .expect_err("a public key among the private ones")
+            .to_string();
+        assert!(err.contains("is a public key"), "{err}");
+    }
+
+    #[test]
+    fn fingerprints_match_across_the_halves_and_show_no_key() {
+        let entry = TokenKeys::generate_entry("k2");
+        let legacy = SymmetricKeys::generate_entry("k1");
+        let private = keys(&format!("{entry},{legacy}"));
+        let public = sealer(&private);
+        let fp = public.fingerprints();
+        assert!(fp.starts_with("k2=") && fp.len() == "k2=".len() + 8, "{fp}");
+        assert_eq!(private.fingerprints(), format!("{fp},k1=symmetric"));
+        let pk_hex = private
+            .public_entries()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .to_owned();
+        for material in [&entry[10..], &legacy[3..], &pk_hex] {
+            assert!(!private.fingerprints().contains(&material[..8]));
+        }
     }
 }
