@@ -85,14 +85,23 @@ as() {
   exec "$@"
 }
 [ -s .dev/token-keys ] || "$bin/threadline" keys generate --id dev >.dev/token-keys
-# (a symmetric key of an older checkout: an X25519 key goes first)
+# (a symmetric key of an older checkout: an X25519 key goes first; made
+# into a variable first, so that a failure stops here)
 if ! grep -q ':x25519:' .dev/token-keys; then
-  printf '%s,%s\n' "$("$bin/threadline" keys generate --id dev-x25519)" "$(cat .dev/token-keys)" >.dev/token-keys.new
+  new_key="$("$bin/threadline" keys generate --id dev-x25519)"
+  printf '%s,%s\n' "$new_key" "$(cat .dev/token-keys)" >.dev/token-keys.new
+  unset new_key
   mv .dev/token-keys.new .dev/token-keys
 fi
-export THREADLINE_TOKEN_KEYS="${THREADLINE_TOKEN_KEYS:-$(cat .dev/token-keys)}"
-# The gateway seals to the public half and never holds the private one.
-THREADLINE_TOKEN_PUBLIC_KEYS="$("$bin/threadline" keys public)"
+# The private keys open tokens: only the context-builder and the publisher
+# are given them (never exported: inference and the gateway hold none).
+token_keys="${THREADLINE_TOKEN_KEYS:-$(cat .dev/token-keys)}"
+unset THREADLINE_TOKEN_KEYS
+# The gateway (and `install add`) seal to the public halves.
+if ! THREADLINE_TOKEN_PUBLIC_KEYS="$(THREADLINE_TOKEN_KEYS="$token_keys" "$bin/threadline" keys public)"; then
+  echo "run: THREADLINE_TOKEN_KEYS lists no X25519 key: add one (threadline keys generate), or unset it to use .dev/token-keys" >&2
+  exit 1
+fi
 # The audit pseudonyms' key, the same for every service.
 [ -s .dev/audit-key ] || od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >.dev/audit-key
 export THREADLINE_AUDIT_KEY="${THREADLINE_AUDIT_KEY:-$(cat .dev/audit-key)}"
@@ -103,7 +112,8 @@ psql -q "$admin" -tc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q
 "$bin/threadline" migrate
 # The bot token from SLACK_BOT_TOKEN in the environment (never an argument);
 # then out of the environment: no service needs it in the clear.
-"$bin/threadline" install add --team "$team" --app "$app" --bot-user "$bot_user" --bot-id "$bot_id" \
+THREADLINE_TOKEN_PUBLIC_KEYS="$THREADLINE_TOKEN_PUBLIC_KEYS" \
+  "$bin/threadline" install add --team "$team" --app "$app" --bot-user "$bot_user" --bot-id "$bot_id" \
   ${scopes:+--scopes "$scopes"}
 unset SLACK_BOT_TOKEN
 
@@ -111,15 +121,15 @@ relay=""
 if [ "${TL_NATS_AUTH:-0}" = 1 ]; then
   # The relay declares the streams the workers wait for: first.
   (export THREADLINE_RELAY_ENABLED=true THREADLINE_GATEWAY_ADDR="${THREADLINE_RELAY_ADDR:-127.0.0.1:3004}"
-   THREADLINE_TOKEN_PUBLIC_KEYS="$THREADLINE_TOKEN_PUBLIC_KEYS" as relay env -u THREADLINE_TOKEN_KEYS "$bin/threadline-gateway") &
+   THREADLINE_TOKEN_PUBLIC_KEYS="$THREADLINE_TOKEN_PUBLIC_KEYS" as relay "$bin/threadline-gateway") &
   relay=$!
   export THREADLINE_RELAY_ENABLED=false
 fi
-as context-builder "$bin/threadline-context-builder" &
+THREADLINE_TOKEN_KEYS="$token_keys" as context-builder "$bin/threadline-context-builder" &
 cb=$!
 as inference "$bin/threadline-inference" &
 inf=$!
-as publisher "$bin/threadline-publisher" &
+THREADLINE_TOKEN_KEYS="$token_keys" as publisher "$bin/threadline-publisher" &
 pub=$!
 trap 'kill $relay "$cb" "$inf" "$pub" 2>/dev/null; wait $relay "$cb" "$inf" "$pub" 2>/dev/null; rm -f "$headers"; "$root/scripts/services.sh" down' EXIT
-(export THREADLINE_TOKEN_PUBLIC_KEYS; as gateway env -u THREADLINE_TOKEN_KEYS "$bin/threadline-gateway")
+(export THREADLINE_TOKEN_PUBLIC_KEYS; as gateway "$bin/threadline-gateway")

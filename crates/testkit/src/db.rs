@@ -82,17 +82,11 @@ impl TestDb {
     }
 
     /// This database's URL logging in as `role` (a service's own role,
-    /// `migrations/0029_service_roles.sql`), without a password: the test
-    /// cluster's authentication trusts local connections.
+    /// `migrations/0029_service_roles.sql`), with the admin URL's password
+    /// if it has one (a test cluster with password authentication gives the
+    /// service roles the admin's password), else none (local trust).
     pub fn url_as(&self, role: &str) -> String {
-        let scheme_end = self.url.find("://").map(|i| i + 3).unwrap_or(0);
-        let rest = &self.url[scheme_end..];
-        let host = match (rest.find('@'), rest.find('/')) {
-            (Some(at), Some(slash)) if at < slash => &rest[at + 1..],
-            (Some(at), None) => &rest[at + 1..],
-            _ => rest,
-        };
-        format!("{}{role}@{host}", &self.url[..scheme_end])
+        url_as(&self.url, role)
     }
 
     /// Makes the database refuse connections and cuts existing ones: from
@@ -168,9 +162,43 @@ impl Drop for TestDb {
     }
 }
 
+/// `url` logging in as `role`: the user swapped, the password kept.
+fn url_as(url: &str, role: &str) -> String {
+    let scheme_end = url.find("://").map(|i| i + 3).unwrap_or(0);
+    let rest = &url[scheme_end..];
+    let (userinfo, host) = match (rest.find('@'), rest.find('/')) {
+        (Some(at), Some(slash)) if at < slash => (&rest[..at], &rest[at + 1..]),
+        (Some(at), None) => (&rest[..at], &rest[at + 1..]),
+        _ => ("", rest),
+    };
+    match userinfo.split_once(':') {
+        Some((_, password)) => format!("{}{role}:{password}@{host}", &url[..scheme_end]),
+        None => format!("{}{role}@{host}", &url[..scheme_end]),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_role_logs_in_with_the_admin_urls_password_if_any() {
+        assert_eq!(
+            url_as(
+                "postgres://postgres@127.0.0.1:5432/t1",
+                "threadline_gateway"
+            ),
+            "postgres://threadline_gateway@127.0.0.1:5432/t1"
+        );
+        assert_eq!(
+            url_as(
+                "postgres://postgres:s%40cret@db:5432/t1?sslmode=disable",
+                "r"
+            ),
+            "postgres://r:s%40cret@db:5432/t1?sslmode=disable"
+        );
+        assert_eq!(url_as("postgres://db/t1", "r"), "postgres://r@db/t1");
+    }
 
     #[test]
     fn database_is_swapped_in_urls() {

@@ -390,8 +390,8 @@ async fn smoke() -> Result<(), String> {
 }
 
 /// How each service logs in: its own database role
-/// (`migrations/0029_service_roles.sql`), and for the gateway the public
-/// token keys in place of the private ones.
+/// (`migrations/0029_service_roles.sql`), the private token keys only
+/// where tokens are opened, and for the gateway the public ones.
 struct Logins<'a> {
     db: &'a TestDb,
     public_keys: &'a str,
@@ -400,8 +400,12 @@ struct Logins<'a> {
 impl Logins<'_> {
     fn of(&self, role: &str) -> Vec<(&'static str, String)> {
         let mut v = vec![("DATABASE_URL", self.db.url_as(role))];
-        if role == "threadline_gateway" {
+        // Only the context-builder and the publisher open tokens: the
+        // gateway seals to the public half, inference holds no key at all.
+        if role == "threadline_gateway" || role == "threadline_inference" {
             v.push(("THREADLINE_TOKEN_KEYS", String::new()));
+        }
+        if role == "threadline_gateway" {
             v.push(("THREADLINE_TOKEN_PUBLIC_KEYS", self.public_keys.to_owned()));
         }
         v
