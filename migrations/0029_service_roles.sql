@@ -21,8 +21,9 @@
 -- rules), and many databases of one cluster share them. Grants are per
 -- database and made here. A later migration that adds a table or a
 -- statement grants what it needs itself (no default privileges: a new
--- table is nobody's until granted); `tests/tests/roles.rs` fails on a table
--- no role was considered for.
+-- table is nobody's until granted; the rule and its checks are in
+-- migrations/README.md); `tests/tests/roles.rs` fails on a table no role
+-- was considered for, and on any privilege its checked-in matrix lacks.
 
 DO $$
 DECLARE

@@ -45,7 +45,7 @@ a. Settings (docs/configuration.md against the code, both ways).
       not compared); the range of `src.bounded/millis` appears there as
       `LOW–HIGH` (plain digits, an en dash).
 b. Links. In README.md, CONTRIBUTING.md, docs/**/*.md, crates/*/README.md,
-   proto/README.md and deploy/README.md, every relative link or image
+   proto/README.md, deploy/README.md and migrations/README.md, every relative link or image
    (inline or reference definition, outside code) resolves to a file or
    directory in the repository, and its `#anchor`, when it points into a
    Markdown file, matches a heading there by GitHub's rules (lowercased,
@@ -119,7 +119,7 @@ SERVICES: dict[str, str] = {
 }
 
 LINKED_DOCS = ["README.md", "CONTRIBUTING.md", "docs/**/*.md", "crates/*/README.md",
-               "proto/README.md", "deploy/README.md"]
+               "proto/README.md", "deploy/README.md", "migrations/README.md"]
 
 NAME_RE = re.compile(r"THREADLINE_[A-Z0-9_]*")
 TEST_START = re.compile(r"^#\[cfg\(test\)\]")
