@@ -15,6 +15,27 @@ async fn calls(s: &Stack, method: &str) -> Vec<Value> {
     ok_calls(&s.sim, method).await
 }
 
+/// Slack expires streams `ms` after their start (its lifetime, shortened).
+async fn stream_lifetime(s: &Stack, ms: u64) {
+    sim_ctl(
+        &s.sim,
+        "settings",
+        serde_json::json!({"stream_lifetime_ms": ms}),
+    )
+    .await;
+}
+
+/// Appends Slack refused because it had expired the stream.
+async fn appends_after_expiry(s: &Stack) -> usize {
+    sim_get(&s.sim, "calls?method=chat.appendStream").await["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["outcome"] == "message_not_in_streaming_state")
+        .count()
+}
+
 const CHANGED: &str = "_The thread changed while I was answering, so I stopped here. I'm reconsidering with the new messages._";
 const INTERRUPTED: &str = "_This answer was interrupted before it finished._";
 
@@ -728,12 +749,7 @@ async fn a_stream_slack_expires_mid_answer_is_finished_by_updating_that_message(
     // About 50 words at 150 ms: the stream outlives Slack's (shortened)
     // lifetime by seconds.
     let s = Stack::start(&streaming(150, &[])).await;
-    sim_ctl(
-        &s.sim,
-        "settings",
-        serde_json::json!({"stream_lifetime_ms": 1500}),
-    )
-    .await;
+    stream_lifetime(&s, 1500).await;
     let q = s
         .post(
             &format!("<@{}> why does the deploy fail?", s.bot_user),
@@ -743,13 +759,7 @@ async fn a_stream_slack_expires_mid_answer_is_finished_by_updating_that_message(
     let answers = wait_named(&s, &q).await;
     assert_finished_in_place(&s, &q, &answers).await;
     // Slack told an append that the stream was not open any more.
-    let refused = sim_get(&s.sim, "calls?method=chat.appendStream").await["calls"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| c["outcome"] == "message_not_in_streaming_state")
-        .count();
+    let refused = appends_after_expiry(&s).await;
     assert!(refused >= 1, "the expiry was met mid-answer");
     assert!(
         s.metrics()
@@ -764,12 +774,7 @@ async fn a_stream_found_expired_only_at_its_stop_is_finished_by_updating_that_me
     // A short answer (about a second); its stop reaches Slack only after
     // the stream's lifetime.
     let s = Stack::start(&streaming(20, &[])).await;
-    sim_ctl(
-        &s.sim,
-        "settings",
-        serde_json::json!({"stream_lifetime_ms": 3500}),
-    )
-    .await;
+    stream_lifetime(&s, 3500).await;
     sim_ctl(
         &s.sim,
         "faults",
@@ -815,12 +820,7 @@ async fn a_stream_found_expired_only_at_its_stop_is_finished_by_updating_that_me
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_stream_whose_thread_moved_on_is_closed_by_update_and_the_answer_follows() {
     let s = Stack::start(&streaming(150, &[])).await;
-    sim_ctl(
-        &s.sim,
-        "settings",
-        serde_json::json!({"stream_lifetime_ms": 1500}),
-    )
-    .await;
+    stream_lifetime(&s, 1500).await;
     let q = s
         .post(
             &format!("<@{}> why does the deploy fail?", s.bot_user),
@@ -888,12 +888,7 @@ async fn an_expired_stream_whose_thread_moved_on_is_closed_by_update_and_the_ans
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_streams_update_whose_answer_was_lost_is_found_in_slack_never_repeated() {
     let s = Stack::start(&streaming(150, &[])).await;
-    sim_ctl(
-        &s.sim,
-        "settings",
-        serde_json::json!({"stream_lifetime_ms": 1500}),
-    )
-    .await;
+    stream_lifetime(&s, 1500).await;
     // Slack applies the update, then answers `fatal_error`: its outcome is
     // unknown to threadline, which reads the thread for it.
     sim_ctl(
@@ -971,12 +966,7 @@ async fn an_expired_stream_whose_answer_may_not_be_streamed_is_closed_and_the_an
         &[],
     )
     .await;
-    sim_ctl(
-        &s.sim,
-        "settings",
-        serde_json::json!({"stream_lifetime_ms": 1200}),
-    )
-    .await;
+    stream_lifetime(&s, 1200).await;
     let q = s
         .post(
             &format!("<@{}> why does the deploy fail?", s.bot_user),
@@ -1004,13 +994,7 @@ async fn an_expired_stream_whose_answer_may_not_be_streamed_is_closed_and_the_an
         whole.contains("[the admin page](https://evil.example/login)"),
         "the whole answer, its link's target shown: {whole}"
     );
-    let refused = sim_get(&s.sim, "calls?method=chat.appendStream").await["calls"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| c["outcome"] == "message_not_in_streaming_state")
-        .count();
+    let refused = appends_after_expiry(&s).await;
     assert!(refused >= 1, "the expiry was met by an append");
     s.stop().await;
 }
