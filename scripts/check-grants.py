@@ -33,8 +33,13 @@ STORE = os.path.join(ROOT, "crates/store/src")
 # seals tokens and registers installations (`installations`) but never
 # opens or refreshes one (`tokens`, whose statements read the sealed
 # columns); the workers open them and register nothing.
+# The relay is the gateway binary with THREADLINE_RELAY_ENABLED=true, on a
+# role of its own (migrations/0031_relay_role.sql): the gateway's role runs
+# none of the relay's statements (`gateway!relay.rs`: the crate without
+# that file), the relay's all of the crate's.
 SERVICES = {
-    "threadline_gateway": ["gateway", "runtime"],
+    "threadline_gateway": ["gateway!relay.rs", "runtime"],
+    "threadline_relay": ["gateway", "runtime"],
     "threadline_context_builder": ["context-builder", "runtime"],
     "threadline_inference": ["inference", "runtime"],
     "threadline_publisher": ["publisher", "runtime"],
@@ -46,9 +51,13 @@ def norm(s):
 
 
 def rust_sources(path):
-    """A crate's (or one file's) sources without their unit tests."""
+    """A crate's (or one file's) sources without their unit tests; `crate!file.rs`
+    leaves that file of its `src/` out."""
     text = ""
+    path, _, left_out = path.partition("!")
     files = [path] if path.endswith(".rs") else glob.glob(os.path.join(path, "src/**/*.rs"), recursive=True)
+    if left_out:
+        files = [f for f in files if os.path.relpath(f, os.path.join(path, "src")) != left_out]
     for f in sorted(files):
         with open(f) as fh:
             text += fh.read().split("#[cfg(test)]")[0] + "\n"

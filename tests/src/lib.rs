@@ -913,7 +913,7 @@ impl Stack {
         let own_db = |v: &mut Vec<(&'static str, String)>, role: &str, token_keys: Option<&str>| {
             v.push(("DATABASE_URL", db.url_as(role)));
             match (role, token_keys) {
-                ("threadline_gateway", _) => {
+                ("threadline_gateway" | "threadline_relay", _) => {
                     v.push(("THREADLINE_TOKEN_PUBLIC_KEYS", public_keys.clone()));
                 }
                 (_, Some(k)) => v.push(("THREADLINE_TOKEN_KEYS", k.to_owned())),
@@ -921,7 +921,7 @@ impl Stack {
             }
         };
         let mut relay_env = own(Role::Relay, &[("THREADLINE_RELAY_ENABLED", "true")]);
-        own_db(&mut relay_env, "threadline_gateway", None);
+        own_db(&mut relay_env, "threadline_relay", None);
         let relay = match logins {
             Some(_) => Some(spawn_gateway(&with(&relay_env)).await),
             None => None,
@@ -939,8 +939,14 @@ impl Stack {
             own(Role::Inference, &[]),
             own(Role::Publisher, &[]),
         ];
+        // (a gateway that relays itself logs in as the relay, which
+        // holds the gateway's rights and the outbox's consumption)
+        let gateway_role = match logins {
+            Some(_) => "threadline_gateway",
+            None => "threadline_relay",
+        };
         for (v, (role, token_keys)) in service_env.iter_mut().zip([
-            ("threadline_gateway", None),
+            (gateway_role, None),
             ("threadline_context_builder", Some(keys.as_str())),
             ("threadline_inference", None),
             ("threadline_publisher", Some(keys.as_str())),

@@ -1,5 +1,6 @@
 //! One database role per service (DESIGN §8,
-//! `migrations/0029_service_roles.sql`): each role logs in and is refused
+//! `migrations/0029_service_roles.sql`; the outbox relay's, 0031): each
+//! role logs in and is refused
 //! what it must not read or write. Above all the gateway's role cannot
 //! read any installation's sealed token (and its environment holds no key
 //! that opens one: `crates/gateway/src/config.rs` refuses private keys,
@@ -18,6 +19,7 @@ use threadline_tenancy::secrets::{TokenKeys, TokenSealer};
 use threadline_testkit::TestDb;
 
 const GATEWAY: &str = "threadline_gateway";
+const RELAY: &str = "threadline_relay";
 const CONTEXT_BUILDER: &str = "threadline_context_builder";
 const INFERENCE: &str = "threadline_inference";
 const PUBLISHER: &str = "threadline_publisher";
@@ -73,15 +75,19 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
     let refusals: Vec<(&[&str], String)> = vec![
         // The tokens: the gateway may not read them in any form, nor copy
         // them elsewhere in the row; inference not even their key ids.
+        // (The relay is a member of the gateway's role: refused the same.)
         (
-            &[GATEWAY, INFERENCE],
+            &[GATEWAY, RELAY, INFERENCE],
             "SELECT bot_token_sealed FROM installations".into(),
         ),
         (
-            &[GATEWAY, INFERENCE],
+            &[GATEWAY, RELAY, INFERENCE],
             "SELECT refresh_token_sealed FROM installations".into(),
         ),
-        (&[GATEWAY, INFERENCE], "SELECT * FROM installations".into()),
+        (
+            &[GATEWAY, RELAY, INFERENCE],
+            "SELECT * FROM installations".into(),
+        ),
         (
             &[GATEWAY],
             format!(
@@ -154,9 +160,23 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
             &[CONTEXT_BUILDER, INFERENCE, PUBLISHER],
             "SELECT * FROM oauth_states".into(),
         ),
+        // The outbox: every service queues in it, only the relay reads,
+        // leases and deletes what is queued (the public gateway neither).
         (
-            &[CONTEXT_BUILDER, INFERENCE, PUBLISHER],
+            &[GATEWAY, CONTEXT_BUILDER, INFERENCE, PUBLISHER],
             "DELETE FROM outbox".into(),
+        ),
+        (
+            &[GATEWAY, CONTEXT_BUILDER, INFERENCE, PUBLISHER],
+            "SELECT payload FROM outbox".into(),
+        ),
+        (
+            &[GATEWAY, CONTEXT_BUILDER, INFERENCE, PUBLISHER],
+            "UPDATE outbox SET next_attempt_at = now()".into(),
+        ),
+        (
+            &[GATEWAY, CONTEXT_BUILDER, INFERENCE, PUBLISHER],
+            "UPDATE outbox_ledger SET published_total = 0".into(),
         ),
         (
             &[INFERENCE, PUBLISHER],
@@ -205,7 +225,14 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
     ];
     // What each role may do, so that a refusal above is the privilege's
     // doing, not a login that failed.
-    let allowed: [(&str, String); 8] = [
+    let allowed: [(&str, String); 11] = [
+        (RELAY, "DELETE FROM outbox".into()),
+        (RELAY, "UPDATE outbox_ledger SET published_total = 0".into()),
+        // (the gateway's rights, through its membership)
+        (
+            RELAY,
+            format!("SELECT id, app_id, bot_token_key_id FROM installations WHERE id = '{inst}'"),
+        ),
         (
             GATEWAY,
             format!("SELECT id, app_id, bot_token_key_id FROM installations WHERE id = '{inst}'"),
@@ -305,10 +332,20 @@ async fn the_service_roles_hold_exactly_the_checked_in_privileges() {
             assert!(attrs.contains(&format!(" {a}=f")), "{role} is {a}: {attrs}");
         }
     }
-    let members: Vec<&String> = now.iter().filter(|l| l.contains(": member of ")).collect();
-    assert!(
-        members.is_empty(),
-        "a service role is a member of another role: {members:?}"
+    // One membership only: the relay holds the gateway's rights (it is
+    // the gateway binary, recording what it drains through the intake) and
+    // the outbox's consumption on top. Any other (the gateway a member of
+    // the relay, a service of another's) would hand a role rights it was
+    // not granted.
+    let members: Vec<&str> = now
+        .iter()
+        .filter(|l| l.contains(": member of "))
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        members,
+        ["role threadline_relay: member of threadline_gateway"],
+        "a service role is a member of another role"
     );
 
     let header = "# What the service roles hold in a database migrated to the latest migration\n\
@@ -366,6 +403,8 @@ async fn a_gateway_process_installs_a_token_it_can_neither_read_nor_open() {
         ("DATABASE_URL", db.url_as(GATEWAY)),
         ("NATS_URL", threadline_testkit::nats_url()),
         ("THREADLINE_BUS_PREFIX", prefix.clone()),
+        // (the public gateway: the relay runs apart, on its own role)
+        ("THREADLINE_RELAY_ENABLED", "false".to_owned()),
         (
             "SLACK_SIGNING_SECRET",
             threadline_testkit::slack::TEST_SECRET.to_owned(),
@@ -494,4 +533,44 @@ async fn a_gateway_process_installs_a_token_it_can_neither_read_nor_open() {
             .expect("nats"),
     );
     threadline_testkit::delete_streams(&js, &prefix).await;
+}
+
+/// The public gateway's role only adds to the outbox: a gateway that would
+/// relay on it (reading, leasing and deleting what every service queued)
+/// refuses to start and names the role it needs; on the relay's role the
+/// same process starts and relays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_on_the_gateways_role_refuses_to_start_and_on_its_own_relays() {
+    let db = TestDb::new().await;
+    let env = |role: &str| {
+        vec![
+            ("DATABASE_URL", db.url_as(role)),
+            ("NATS_URL", threadline_testkit::nats_url()),
+            ("THREADLINE_BUS_PREFIX", threadline_testkit::unique_prefix()),
+            ("SLACK_SIGNING_SECRET", "x".to_owned()),
+            ("THREADLINE_AUDIT_KEY", "5a".repeat(32)),
+            ("THREADLINE_RELAY_ENABLED", "true".to_owned()),
+        ]
+    };
+    let out = tokio::process::Command::new(threadline_testkit::bin_path("threadline-gateway"))
+        .env_clear()
+        .envs(env(GATEWAY))
+        .env(
+            "THREADLINE_GATEWAY_ADDR",
+            format!("127.0.0.1:{}", threadline_tests::free_port()),
+        )
+        .output()
+        .await
+        .expect("run");
+    assert!(
+        !out.status.success(),
+        "a relay on the gateway's role started"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("THREADLINE_RELAY_ENABLED") && err.contains(RELAY),
+        "{err}"
+    );
+    let relay = threadline_tests::spawn_gateway(&env(RELAY)).await;
+    relay.kill().await;
 }

@@ -193,6 +193,9 @@ pub async fn run(
     {
         return Ok(());
     }
+    if cfg.relay_enabled {
+        relay::check_role(&pool).await?;
+    }
     // The relay and the spool use the bus. A gateway that does not relay
     // (the public one, under per-role NATS users) connects only to spool,
     // and neither waits for NATS nor counts it in its readiness, so a

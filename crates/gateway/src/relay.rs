@@ -56,6 +56,31 @@ const LEASE_MARGIN: Duration = Duration::from_secs(5);
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// Refuses to relay as a database role that may not consume the outbox
+/// (the public gateway's, `threadline_gateway`, may only add to it): every
+/// round would fail. A database that cannot be read now is not a refusal
+/// (a gateway with a spool starts during an outage); the relay's rounds
+/// then say what fails.
+pub async fn check_role(pool: &PgPool) -> anyhow::Result<()> {
+    match tokio::time::timeout(Duration::from_secs(5), outbox::may_relay(pool)).await {
+        Ok(Ok(true)) => Ok(()),
+        Ok(Ok(false)) => anyhow::bail!(
+            "THREADLINE_RELAY_ENABLED: the outbox relay reads, leases and deletes outbox rows, \
+             which the role of this DATABASE_URL may not (the public gateway's role, \
+             threadline_gateway, only adds to the outbox): log the relay in as \
+             threadline_relay, or set THREADLINE_RELAY_ENABLED=false where another process relays"
+        ),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "the relay's database role could not be checked at start");
+            Ok(())
+        }
+        Err(_) => {
+            tracing::warn!("the relay's database role could not be checked at start (timed out)");
+            Ok(())
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// Rows claimed per round.

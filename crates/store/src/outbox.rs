@@ -79,6 +79,18 @@ pub async fn wake(pool: &PgPool) -> sqlx::Result<()> {
     Ok(())
 }
 
+/// Whether this connection's role may consume the outbox (read, lease and
+/// delete its rows): the relay's (`threadline_relay`, migration 0031) or
+/// the owner's. The public gateway's role may only add to it.
+pub async fn may_relay(pool: &PgPool) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT has_table_privilege('outbox', 'SELECT, UPDATE, DELETE')
+              AND has_table_privilege('outbox_ledger', 'SELECT, INSERT, UPDATE') AS "may!""#
+    )
+    .fetch_one(pool)
+    .await
+}
+
 /// Makes a connection's outbox inserts wake the relay only after their
 /// transaction commits (a pool's `after_connect` for the writers of rows
 /// whose relay must not look before the commit).

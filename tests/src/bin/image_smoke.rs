@@ -390,7 +390,7 @@ async fn smoke() -> Result<(), String> {
 }
 
 /// How each service logs in: its own database role
-/// (`migrations/0029_service_roles.sql`), the private token keys only
+/// (`migrations/0029_service_roles.sql`, the relay's 0031), the private token keys only
 /// where tokens are opened, and for the gateway the public ones.
 struct Logins<'a> {
     db: &'a TestDb,
@@ -402,10 +402,11 @@ impl Logins<'_> {
         let mut v = vec![("DATABASE_URL", self.db.url_as(role))];
         // Only the context-builder and the publisher open tokens: the
         // gateway seals to the public half, inference holds no key at all.
-        if role == "threadline_gateway" || role == "threadline_inference" {
+        let gateway = matches!(role, "threadline_gateway" | "threadline_relay");
+        if gateway || role == "threadline_inference" {
             v.push(("THREADLINE_TOKEN_KEYS", String::new()));
         }
-        if role == "threadline_gateway" {
+        if gateway {
             v.push(("THREADLINE_TOKEN_PUBLIC_KEYS", self.public_keys.to_owned()));
         }
         v
@@ -453,7 +454,7 @@ async fn pipeline(
                 ("THREADLINE_RELAY_ENABLED", "true".to_owned()),
             ]
             .into_iter()
-            .chain(logins.of("threadline_gateway"))
+            .chain(logins.of("threadline_relay"))
             .collect::<Vec<_>>(),
         ),
         (

@@ -3,8 +3,9 @@
 //! holds any right on.
 
 /// The roles the services log in as.
-pub const SERVICE_ROLES: [&str; 4] = [
+pub const SERVICE_ROLES: [&str; 5] = [
     "threadline_gateway",
+    "threadline_relay",
     "threadline_context_builder",
     "threadline_inference",
     "threadline_publisher",
