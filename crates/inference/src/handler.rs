@@ -294,14 +294,41 @@ impl Handler {
         let label = self.label_for(ctx);
         let mut releaser = self.open_stream(id, ctx, inst, &label).await?;
         let Some(answer) = self.ask_released(ctx, releaser.as_mut()).await else {
-            // The publisher ended the stream (the thread moved on) and
-            // settled the decision: nothing to record but that the
-            // request left its installation's share of the model's queue.
-            tracing::info!("streamed answer ended by the publisher; model call stopped");
-            threadline_store::budgets::free(&self.pool, receipt).await?;
+            // The decision stopped being called while its answer streamed
+            // (another holder settled it, or it was discarded): nothing
+            // to record but that the request left its installation's
+            // share of the model's queue, and what its call used until it
+            // stopped.
+            let spent = self.stopped_call_tokens(ctx, releaser.as_ref().map_or(0, |r| r.raw.len()));
+            tracing::info!(
+                tokens_estimated = spent,
+                "streamed answer no longer wanted; model call stopped"
+            );
+            threadline_store::budgets::free_stopped(&self.pool, receipt, inst, spent).await?;
             return Ok(Disposition::Done);
         };
         self.settle_answer(id, inst, pane, answer, &label).await
+    }
+
+    /// What a model call stopped mid-stream used, estimated at four bytes
+    /// a token (about what BPE tokenizers take for English) plus four a
+    /// message for its framing: the prompt it was sent and the text it
+    /// wrote until it stopped. Providers report usage only at a stream's
+    /// end, and an aborted call is billed all the same. The built-in model
+    /// uses none, as its whole answers count none.
+    fn stopped_call_tokens(&self, ctx: &ContextReady, written: usize) -> i64 {
+        if self.primary.is_none() {
+            return 0;
+        }
+        let read = self.system_prompt.len()
+            + ctx.messages.iter().map(|m| m.text.len()).sum::<usize>()
+            + ctx
+                .channel_context
+                .iter()
+                .map(|m| m.text.len())
+                .sum::<usize>();
+        let framing = 4 * (1 + ctx.messages.len() + ctx.channel_context.len());
+        ((read + written).div_ceil(4) + framing) as i64
     }
 
     /// The AI label this context's answer carries: with the note of its

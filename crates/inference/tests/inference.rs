@@ -35,6 +35,9 @@ enum Reply {
     SseCut(&'static [&'static str]),
     /// A streamed tool call.
     SseTool(&'static str),
+    /// A streamed answer whose pieces come one every so many milliseconds,
+    /// with usage only at its end (as providers report it).
+    SseSlow(&'static [&'static str], u64),
 }
 
 #[derive(Clone, Default)]
@@ -89,6 +92,29 @@ async fn completions(
             (
                 [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
                 body,
+            )
+                .into_response()
+        }
+        Reply::SseSlow(pieces, gap) => {
+            use futures::StreamExt as _;
+            let chunk = |p: &str| {
+                let c = json!({"id": "c1", "object": "chat.completion.chunk",
+                               "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": null}]});
+                format!("data: {c}\n\n")
+            };
+            let usage = json!({"id": "c1", "object": "chat.completion.chunk", "choices": [],
+                               "usage": {"prompt_tokens": 12, "completion_tokens": 3}});
+            let events = futures::stream::iter(pieces.iter().map(move |p| chunk(p)))
+                .chain(futures::stream::once(async move {
+                    format!("data: {usage}\n\ndata: [DONE]\n\n")
+                }))
+                .then(move |e| async move {
+                    tokio::time::sleep(Duration::from_millis(gap)).await;
+                    Ok::<_, std::convert::Infallible>(e)
+                });
+            (
+                [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                axum::body::Body::from_stream(events),
             )
                 .into_response()
         }
@@ -960,6 +986,93 @@ async fn one_claim_statement_serves_a_batch_and_no_binding_is_claimed_twice() {
     assert_eq!(
         settled[2].as_ref().map(|d| (d.id, d.status.name())),
         Some((expired_id, "review"))
+    );
+    env.cleanup().await;
+}
+
+/// A streamed call whose decision stops being called before the provider's
+/// usage arrives (another holder settled it, the answer is not wanted)
+/// stops the model; what it read and wrote until then still counts against
+/// its installation's tokens of the day, as an estimate, since providers
+/// report usage only at a stream's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_call_stopped_midway_counts_its_estimated_tokens() {
+    const WORDS: &[&str] = &[
+        "The ",
+        "deploy ",
+        "fails ",
+        "because ",
+        "the ",
+        "migration ",
+        "job ",
+        "runs ",
+        "before ",
+        "the ",
+        "database ",
+        "is ",
+        "ready. ",
+        "Add ",
+        "a ",
+        "readiness ",
+        "gate.",
+    ];
+    let (e, url) = endpoint().await;
+    let env = Env::new(&[
+        ("THREADLINE_MODEL_PROVIDER", "openai"),
+        ("THREADLINE_MODEL_BASE_URL", &url),
+        ("THREADLINE_MODEL_NAME", "m"),
+        ("THREADLINE_STREAMING", "true"),
+        ("THREADLINE_STREAM_RELEASE_MS", "10"),
+    ])
+    .await;
+    e.script
+        .lock()
+        .expect("lock")
+        .push_back(Reply::SseSlow(WORDS, 150));
+    let question = "why does the deploy fail every Monday morning after the backup job?";
+    let (receipt, payload) = env.context(&[question], 1);
+    let pool = env.db.pool.clone();
+    // Once the call is under way, its decision leaves `calling`, as when
+    // another holder settles it.
+    let settle_elsewhere = async {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let id = threadline_testkit::eventually(
+            "the decision being called",
+            Duration::from_secs(10),
+            || async {
+                testing::decisions::decision_id_with_status(&pool, "calling")
+                    .await
+                    .expect("read")
+            },
+        )
+        .await;
+        testing::decisions::set_decision_status(&pool, id, "proposed")
+            .await
+            .expect("settled elsewhere");
+    };
+    let started = std::time::Instant::now();
+    let (done, ()) = tokio::join!(env.handler.handle(&payload), settle_elsewhere);
+    assert!(matches!(done, Disposition::Done), "{done:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(150 * WORDS.len() as u64),
+        "the model call stopped before its end"
+    );
+    let spent = testing::budgets::tokens_today(&env.db.pool, env.inst)
+        .await
+        .expect("tokens");
+    let sys =
+        InferenceConfig::from_source(&Source::from_pairs([("DATABASE_URL", "postgres://x/y")]))
+            .expect("config")
+            .system_prompt
+            .len() as i64;
+    assert!(
+        spent >= (question.len() as i64 + sys) / 4,
+        "the estimate counts at least the prompt it sent: {spent}"
+    );
+    assert_eq!(
+        env.decision(receipt).await.status,
+        "proposed",
+        "the other holder's settle stands"
     );
     env.cleanup().await;
 }

@@ -673,6 +673,31 @@ pub async fn free(pool: &PgPool, receipt: Uuid) -> sqlx::Result<bool> {
     Ok(r.rows_affected() == 1)
 }
 
+/// A request whose model call stopped unsettled because the publisher ended
+/// its streamed answer (the thread moved on): its place goes, as [`free`],
+/// and what the call used counts against today's tokens. Providers report
+/// a stream's usage only at its end, so `tokens` is inference's estimate
+/// of what was read and written until it stopped (0 counts nothing).
+pub async fn free_stopped(
+    pool: &PgPool,
+    receipt: Uuid,
+    installation: Uuid,
+    tokens: i64,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "WITH freed AS (DELETE FROM tenant_work WHERE receipt_id = $1)
+         INSERT INTO tenant_tokens (installation_id, day, tokens)
+         SELECT $2, (now() AT TIME ZONE 'UTC')::date, $3::bigint WHERE $3::bigint > 0
+         ON CONFLICT (installation_id, day) DO UPDATE SET tokens = tenant_tokens.tokens + EXCLUDED.tokens",
+        receipt,
+        installation,
+        tokens
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// Admitted requests inference never settled within
 /// [`ADMITTED_STALE_SECS`] (their context dead-lettered): their places go.
 pub async fn sweep_stale(pool: &PgPool) -> sqlx::Result<u64> {

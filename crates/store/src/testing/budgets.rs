@@ -76,3 +76,15 @@ pub async fn retained(pool: &PgPool) -> sqlx::Result<(i64, Vec<String>)> {
         .await?;
     Ok((days, roots))
 }
+
+/// The model tokens `installation` has used today (UTC), as its budget
+/// counts them.
+pub async fn tokens_today(pool: &PgPool, installation: uuid::Uuid) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        r#"SELECT coalesce(sum(tokens), 0)::bigint AS "n!" FROM tenant_tokens
+            WHERE installation_id = $1 AND day = (now() AT TIME ZONE 'UTC')::date"#,
+        installation
+    )
+    .fetch_one(pool)
+    .await
+}
