@@ -840,23 +840,44 @@ async fn bodies_that_stall_neither_starve_signed_deliveries_nor_hold_the_budget(
 /// for their timeouts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_one_byte_bodies_cannot_hold_the_connections_a_signed_delivery_needs() {
-    let db = TestDb::new().await;
-    seed_installation(&db.pool, APP, TEAM).await;
-    let gw = spawn_gateway(&with(
-        base_env(&db),
+    // The smallest cap and budget: 40 stalled bodies against 16 places.
+    stalled_bodies_then_a_signed_delivery(
+        40,
         &[
-            // The smallest cap and budget, and the longest body timeout.
             ("THREADLINE_GATEWAY_MAX_CONNECTIONS", "16"),
             ("THREADLINE_GATEWAY_UNVERIFIED_BYTES", "65536"),
             ("THREADLINE_GATEWAY_MAX_BODY_BYTES", "16384"),
-            ("THREADLINE_GATEWAY_BODY_TIMEOUT_MS", "9000"),
         ],
-    ))
+    )
     .await;
+}
+
+/// The same at the gateway's defaults (1,024 connections, 8 MiB of
+/// unverified bodies), by the attack's own numbers: 1,100 stalled bodies,
+/// more than the connection cap and twice what the budget lets hold a
+/// place, renewed by nobody. The signed delivery is answered before the
+/// first of them could time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eleven_hundred_stalled_bodies_at_the_defaults_do_not_hold_up_a_signed_delivery() {
+    stalled_bodies_then_a_signed_delivery(1100, &[]).await;
+}
+
+/// `n` heads with a current timestamp and a well-formed (wrong) signature
+/// declaring a one-byte body that never comes, against a gateway with
+/// `settings` and the longest body timeout, then one signed delivery: it
+/// must be answered 200 while every stalled body is still within its body
+/// timeout, so that no timeout freed anything for it (the bound stated: the
+/// body timeout, counted from the first stalled head).
+async fn stalled_bodies_then_a_signed_delivery(n: usize, settings: &[(&'static str, &str)]) {
+    let db = TestDb::new().await;
+    seed_installation(&db.pool, APP, TEAM).await;
+    let mut env = vec![("THREADLINE_GATEWAY_BODY_TIMEOUT_MS", "9000")];
+    env.extend_from_slice(settings);
+    let gw = spawn_gateway(&with(base_env(&db), &env)).await;
     let body_timeout = Duration::from_millis(9000);
     let started = Instant::now();
     let mut stalled = Vec::new();
-    for _ in 0..40 {
+    for _ in 0..n {
         let Ok(mut s) = TcpStream::connect(addr(&gw)).await else {
             continue;
         };
@@ -872,7 +893,7 @@ async fn stalled_one_byte_bodies_cannot_hold_the_connections_a_signed_delivery_n
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let client = reqwest::Client::new();
     let r = tokio::time::timeout(
-        body_timeout,
+        body_timeout.saturating_sub(started.elapsed()),
         deliver(
             &client,
             &gw.events_url(),
@@ -887,8 +908,8 @@ async fn stalled_one_byte_bodies_cannot_hold_the_connections_a_signed_delivery_n
     assert_eq!(
         status,
         Some(200),
-        "the signed delivery was answered before any stalled body's timeout \
-         (after {answered_within:?})"
+        "the signed delivery after {n} stalled bodies was answered before any stalled \
+         body's timeout (after {answered_within:?})"
     );
     assert!(
         answered_within < body_timeout,
