@@ -188,7 +188,7 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
         ),
         // An answer is inference's to write: a review click sets the
         // verdict, a hold or a discard the status, never the text that is
-        // posted (issue 34's review: the whole row was updatable).
+        // posted (a grant of the whole row would allow it).
         (
             &[GATEWAY, CONTEXT_BUILDER, PUBLISHER],
             "UPDATE decisions SET body_text = 'rewritten'".into(),
@@ -373,7 +373,7 @@ async fn the_service_roles_hold_exactly_the_checked_in_privileges() {
     );
 }
 
-/// The issue's proof, end to end: a real gateway process, given what a
+/// End to end: a real gateway process, given what a
 /// deployment gives it (its role, the public keys), completes an OAuth
 /// install against slack-sim's `oauth.v2.access`; the token it stored opens
 /// with nothing in its environment and cannot be read on its role, while

@@ -175,7 +175,7 @@ async fn a_tenants_backlog_never_delays_another_tenants_answer_past_one_model_ca
         "B's answer took {waited:.2} s, more than one model call of A's ahead of its own plus the margin ({bound:.2} s); \
          {a_before_b} of A's answers landed first"
     );
-    // And from B's question (the issue's measure): its intake behind A's
+    // And from B's question (the measure that matters): its intake behind A's
     // backlog of events, then the above; the time the test held the model
     // stage after B's question was taken in is the test's, not B's wait.
     // Intake is bounded by MARGIN alone (measured well under 1 s: A's

@@ -680,7 +680,7 @@ mod tests {
         assert_eq!(format!("{c:?}"), "TokenKeys { key_ids: [\"visible\"] }");
     }
 
-    /// Issue 34's review: a public key looked exactly like a symmetric key
+    /// A public key used to look exactly like a symmetric key
     /// (`id:hex64`), so a symmetric key pasted into the gateway's public
     /// keys was taken. Public keys carry their own tag; an untagged entry is
     /// refused there, and a public key is refused among the private ones.
