@@ -4,7 +4,9 @@
 # schemas (kubernetes-validate, strict) and threadline's own rules
 # (deploy/check/check_manifests.py: custom resources, pod security, settings
 # each binary reads vs. settings the manifests give it, NetworkPolicies,
-# the NATS Helm values), proves those checks can fail (a self-test,
+# the NATS Helm values), checks the Slack app manifests (deploy/check/
+# check_slack_manifest.py: the default's agent_view, the assistant_view
+# manifest equal to it but for the experience), proves those checks can fail (a self-test,
 # deploy/check/selftest.py: deliberate breakages of the same input, each of
 # which must be caught), checks the monitoring as code (the Prometheus alert
 # rules of deploy/monitoring with `promtool check rules` and their unit tests
@@ -108,6 +110,15 @@ say "rendered ${#renders[@]} overlays: $(printf '%s ' "${renders[@]%%=*}")"
 PYTHONDONTWRITEBYTECODE=1 "$VENV/bin/python" deploy/check/check_manifests.py --root . --self-test \
   ${DEPLOY_CHECK_VERBOSE:+--verbose} "${renders[@]}" \
   || die "manifests do not match Kubernetes' schemas or the code, or the self-test failed (see FAIL lines above)"
+
+# Slack app manifests -----------------------------------------------------------
+# deploy/slack/manifest.yaml (the agent messaging experience, the default)
+# and manifest-assistant-view.yaml (the assistant pane, for existing apps):
+# each experience complete and alone, events threadline handles, the gateway's
+# routes, and the two equal but for the experience; with a self-test.
+PYTHONDONTWRITEBYTECODE=1 "$VENV/bin/python" deploy/check/check_slack_manifest.py --root . --self-test \
+  ${DEPLOY_CHECK_VERBOSE:+--verbose} \
+  || die "the Slack app manifests are incomplete, disagree with each other, or the self-test failed (see FAIL lines above)"
 
 # Monitoring -----------------------------------------------------------------
 # promtool (it ships with Prometheus) from $PROMTOOL or the PATH; else the

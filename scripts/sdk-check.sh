@@ -2,14 +2,15 @@
 # slack-sim checked by Slack's own Python SDK: starts the built slack-sim
 # binary on a free port and runs crates/slack-sim/sdk/check_slack_sdk.py
 # against it (WebClient, the chat_stream helper, SignatureVerifier, the
-# builtin SocketModeClient).
-# slack_sdk is installed once from PyPI into a virtualenv under
-# ${XDG_CACHE_HOME:-$HOME/.cache}/threadline/sdk-venv; the pin below is the
-# SDK version checked.
+# builtin SocketModeClient) and Bolt for Python (its request parsing of the
+# agent messaging experience's events).
+# slack_sdk and slack_bolt are installed once from PyPI into a virtualenv under
+# ${XDG_CACHE_HOME:-$HOME/.cache}/threadline/sdk-venv; the pins below are the
+# versions checked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SLACK_SDK="slack_sdk==3.48.0"
+SLACK_SDK="slack_sdk==3.48.0 slack_bolt==1.30.0"
 VENV="${XDG_CACHE_HOME:-$HOME/.cache}/threadline/sdk-venv"
 TARGET="${CARGO_TARGET_DIR:-target}"
 SIM="${SLACK_SIM_BIN:-$TARGET/debug/threadline-slack-sim}"
@@ -23,7 +24,8 @@ if [[ ! -x "$VENV/bin/python" || "$(cat "$stamp" 2>/dev/null)" != "$SLACK_SDK" ]
   say "setting up $VENV ($SLACK_SDK)"
   rm -rf "$VENV"
   python3 -m venv "$VENV" || die "python3 -m venv failed (install python3-venv)"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check "$SLACK_SDK" \
+  # shellcheck disable=SC2086
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check $SLACK_SDK \
     || die "pip install $SLACK_SDK failed (PyPI unreachable?)"
   echo "$SLACK_SDK" > "$stamp"
 fi

@@ -6,6 +6,7 @@ use futures::FutureExt as _;
 use prost::Message as _;
 use secrecy::ExposeSecret as _;
 use sqlx::PgPool;
+use threadline_domain::agent_view;
 use threadline_domain::assistant;
 use threadline_domain::budget::ParkReason;
 use threadline_domain::classify::{self, Outcome};
@@ -193,7 +194,7 @@ fn ignored(reason: &'static str) -> Result<Step, anyhow::Error> {
     Ok(Step::Ignored(reason))
 }
 
-enum Step {
+pub(crate) enum Step {
     Ignored(&'static str),
     Done,
     /// Parked for its installation's budget or share (DESIGN invariant 11).
@@ -365,7 +366,8 @@ impl Handler {
 
     /// Events that are not a thread's: the app removed or its token revoked
     /// (all outbound work of the installation stops, its tokens dropped),
-    /// and the assistant pane's. `None`: a thread's event.
+    /// the assistant pane's, and the agent messaging experience's
+    /// ([`crate::agent`]). `None`: a thread's event.
     async fn route(
         &self,
         ev: &EventAccepted,
@@ -391,6 +393,11 @@ impl Handler {
             return Ok(Some(
                 self.assistant_event(ev, receipt, inst, policy, event)
                     .await?,
+            ));
+        }
+        if matches!(kind, agent_view::HOME_OPENED | agent_view::CONTEXT_CHANGED) {
+            return Ok(Some(
+                self.agent_event(ev, receipt, inst, policy, event).await?,
             ));
         }
         Ok(None)
@@ -771,9 +778,12 @@ impl Handler {
             store::BuildOutcome::Recorded(snap) => snap,
         };
         let built = &snap.built;
-        // A question in the assistant pane: the latest messages of the
-        // channel the person is looking at, where the policy allows it.
+        // A question in the assistant pane, or in an agent's Messages tab
+        // (its own thread, recorded as the pane's are): the latest messages
+        // of the channel the person is looking at, where the policy allows
+        // it.
         let (context_channel_id, channel_context) = if threadline_domain::ids::is_dm(channel) {
+            self.agent_question(inst, channel, root).await?;
             self.viewed_channel(inst, channel, root).await
         } else {
             (String::new(), Vec::new())
@@ -1070,7 +1080,7 @@ impl Handler {
         .await
     }
 
-    async fn end(
+    pub(crate) async fn end(
         &self,
         ev: &EventAccepted,
         receipt: Uuid,

@@ -6,6 +6,7 @@
 //! truncated context and publishes it.
 
 pub mod admission;
+pub mod agent;
 pub mod backfill;
 pub mod config;
 /// The context window (pure; it lives in `domain`).

@@ -2,6 +2,7 @@
 //! is deterministic given its inputs, so `cargo test -p threadline-domain` needs
 //! nothing running.
 
+pub mod agent_view;
 pub mod assistant;
 pub mod audit;
 pub mod budget;

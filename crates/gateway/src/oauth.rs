@@ -35,6 +35,13 @@ pub const PANE_EVENTS: &[&str] = &[
     threadline_domain::assistant::STARTED,
     threadline_domain::assistant::CONTEXT_CHANGED,
 ];
+/// What the agent messaging experience (`features.agent_view`, the
+/// manifest's default) adds with the same scopes: the events to subscribe.
+pub const AGENT_EVENTS: &[&str] = &[
+    "message.im",
+    threadline_domain::agent_view::HOME_OPENED,
+    threadline_domain::agent_view::CONTEXT_CHANGED,
+];
 const COOKIE: &str = "tl_oauth_browser";
 
 pub struct OAuth {

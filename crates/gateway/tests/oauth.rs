@@ -436,35 +436,51 @@ fn the_app_manifest_points_at_the_gateway_routes() {
     assert!(manifest.contains("interactivity:\n") && manifest.contains("is_enabled: true"));
 }
 
-/// The assistant pane's scopes and events are in the manifest, as opt-in
-/// items (commented out: DMs are denied by default), and are exactly what
-/// the code handles.
-#[test]
-fn the_app_manifest_offers_exactly_the_assistant_panes_scopes_and_events() {
-    let manifest =
-        std::fs::read_to_string(threadline_testkit::repo_root().join("deploy/slack/manifest.yaml"))
-            .expect("deploy/slack/manifest.yaml");
-    let optional: Vec<String> = manifest
+/// The opt-in items of a manifest (`# - x`: commented out, DMs are denied
+/// by default): the scopes and the events.
+fn opt_in(file: &str) -> (String, Vec<String>) {
+    let manifest = std::fs::read_to_string(threadline_testkit::repo_root().join(file)).expect(file);
+    let optional = manifest
         .lines()
         .filter_map(|l| l.trim().strip_prefix("# - "))
         .map(|item| item.split_whitespace().next().unwrap_or("").to_owned())
         .collect();
-    for scope in threadline_gateway::oauth::PANE_BOT_SCOPES.split(',') {
-        assert!(
-            optional.iter().any(|o| o == scope),
-            "{scope} in {optional:?}"
-        );
-    }
-    let events: Vec<&String> = optional
-        .iter()
-        .filter(|o| o.starts_with("message.") || o.starts_with("assistant_"))
-        .collect();
-    assert_eq!(
-        events,
-        threadline_gateway::oauth::PANE_EVENTS
-            .to_vec()
+    (manifest, optional)
+}
+
+/// The agent messaging experience (the default manifest's) and the
+/// assistant pane (the manifest for existing apps that keep it): each
+/// offers the pane's scopes and exactly the events the code handles for
+/// it, as opt-in items.
+#[test]
+fn the_app_manifests_offer_exactly_each_experiences_scopes_and_events() {
+    for (file, events, feature) in [
+        (
+            "deploy/slack/manifest.yaml",
+            threadline_gateway::oauth::AGENT_EVENTS,
+            "\n  agent_view:\n    agent_description: ",
+        ),
+        (
+            "deploy/slack/manifest-assistant-view.yaml",
+            threadline_gateway::oauth::PANE_EVENTS,
+            "\n  assistant_view:\n    assistant_description: ",
+        ),
+    ] {
+        let (manifest, optional) = opt_in(file);
+        for scope in threadline_gateway::oauth::PANE_BOT_SCOPES.split(',') {
+            assert!(
+                optional.iter().any(|o| o == scope),
+                "{file}: {scope} in {optional:?}"
+            );
+        }
+        let offered: Vec<&str> = optional
             .iter()
-            .collect::<Vec<_>>()
-    );
-    assert!(manifest.contains("# assistant_view:"));
+            .map(String::as_str)
+            .filter(|o| {
+                o.starts_with("message.") || o.starts_with("assistant_") || o.starts_with("app_")
+            })
+            .collect();
+        assert_eq!(offered, events, "{file}");
+        assert!(manifest.contains(feature), "{file}");
+    }
 }

@@ -2,7 +2,8 @@
 //! decoded once into its typed [`Work`] (ids parsed, kind named), and each
 //! kind goes to its own handler: an answer ([`crate::answer`]), a stream to
 //! start ([`crate::stream`]), progress to show or a thread to greet in the
-//! assistant pane ([`crate::pane`]). What every kind shares (a reviewed
+//! assistant pane ([`crate::pane`]), an agent's Messages tab to greet
+//! ([`crate::agent`]). What every kind shares (a reviewed
 //! answer's request, the pane's progress after an answer) follows here.
 
 use prost::Message as _;
@@ -42,6 +43,9 @@ pub enum Work {
     },
     /// An assistant thread opened: greet it.
     PaneGreeting { place: Place },
+    /// An agent's Messages tab opened (the DM `place.channel`, no thread):
+    /// greet it.
+    AgentGreeting { place: Place },
 }
 
 impl Work {
@@ -66,8 +70,10 @@ impl Work {
             channel: p.channel_id.clone(),
             root_ts: p.root_ts.clone(),
         };
-        if let W::PaneGreeting(_) = kind {
-            return Ok(Work::PaneGreeting { place });
+        match kind {
+            W::PaneGreeting(_) => return Ok(Work::PaneGreeting { place }),
+            W::AgentGreeting(_) => return Ok(Work::AgentGreeting { place }),
+            _ => {}
         }
         let decision =
             Uuid::parse_str(&p.decision_id).map_err(|_| "ProposalReady without a decision")?;
@@ -83,7 +89,7 @@ impl Work {
                 decision,
                 title: s.title,
             },
-            W::PaneGreeting(_) => unreachable!("handled above"),
+            W::PaneGreeting(_) | W::AgentGreeting(_) => unreachable!("handled above"),
         })
     }
 }
@@ -111,6 +117,9 @@ impl Handler {
             }
             Work::PaneGreeting { .. } => {
                 tracing::info_span!("publisher.assistant_greet", event_id = %p.event_id)
+            }
+            Work::AgentGreeting { .. } => {
+                tracing::info_span!("publisher.agent_greet", event_id = %p.event_id)
             }
         };
         match self.work(&work).instrument(span.clone()).await {
@@ -162,6 +171,9 @@ impl Handler {
             Work::PaneGreeting { place } => {
                 self.greet(place.installation, &place.channel, &place.root_ts)
                     .await
+            }
+            Work::AgentGreeting { place } => {
+                self.greet_agent(place.installation, &place.channel).await
             }
         }
     }
@@ -232,7 +244,17 @@ mod tests {
         let mut old = message(None);
         old.assistant = "greet".into();
         old.decision_id.clear();
-        assert_eq!(Work::of(&old), Ok(Work::PaneGreeting { place }));
+        assert_eq!(
+            Work::of(&old),
+            Ok(Work::PaneGreeting {
+                place: place.clone()
+            })
+        );
+        let mut agent = message(Some(
+            proposal_ready::Work::AgentGreeting(Default::default()),
+        ));
+        agent.decision_id.clear();
+        assert_eq!(Work::of(&agent), Ok(Work::AgentGreeting { place }));
         // Without ids: poison.
         let mut bad = message(None);
         bad.decision_id = "not a uuid".into();

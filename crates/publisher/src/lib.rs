@@ -5,6 +5,7 @@
 //! once, reconciles unknown outcomes from evidence instead of posting again,
 //! and sweeps intents that no delivery drives any more.
 
+pub mod agent;
 pub mod answer;
 pub mod config;
 pub mod dispatch;

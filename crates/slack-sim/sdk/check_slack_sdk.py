@@ -8,7 +8,9 @@ tampered), its ContextActionsBlock / FeedbackButtonsElement (feedback
 buttons on an answer, sent with a stream's stop and a post, read back and
 clicked), its WebhookClient answers the click through the payload's
 response_url, and its Socket Mode client connects through apps.connections.open,
-receives an events_api envelope and acknowledges it. Run by scripts/sdk-check.sh against a running slack-sim:
+receives an events_api envelope and acknowledges it. Bolt for Python
+(slack_bolt) parses the agent messaging experience's app_home_opened and
+app_context_changed deliveries into events for its listeners. Run by scripts/sdk-check.sh against a running slack-sim:
 
     python check_slack_sdk.py http://127.0.0.1:PORT
 
@@ -66,6 +68,7 @@ def get(path):
 # An app endpoint that verifies every delivery and interaction with the
 # SDK's verifier.
 deliveries = []
+raws = []
 interactions = []
 secret_box = {}
 
@@ -91,6 +94,7 @@ class Receiver(http.server.BaseHTTPRequestHandler):
             signature=self.headers.get("x-slack-signature", ""),
         )
         deliveries.append((ok, json.loads(body)))
+        raws.append({"body": body.decode(), "headers": {k.lower(): [v] for k, v in self.headers.items()}})
         self.send_response(200)
         self.end_headers()
 
@@ -382,7 +386,84 @@ try:
 finally:
     sock.close()
 
+# 9. The agent messaging experience: an agent_view app hears
+#    app_home_opened (tab messages) and app_context_changed with Slack's
+#    entities, signed as the SDK verifies; Bolt for Python (slack_bolt)
+#    parses each delivery into an event for its listener, naming the person
+#    and the DM as its context; the SDK's setSuggestedPrompts without a
+#    thread sets the prompts at the top of the Messages tab.
+agent_app = ctl("apps", {"name": "SDK agent", "request_urls": [url], "experience": "agent_view",
+                         "events": ["message.im", "app_home_opened", "app_context_changed"]})
+agent_install = ctl(f"apps/{agent_app['id']}/installs",
+                    {"team_id": team, "scopes": ["chat:write", "im:history", "assistant:write"]})
+secret_box["secret"] = agent_app["signing_secret"]
+before = len(deliveries)
+canvas = {"type": "slack#/types/canvas_id", "value": "F0CANVAS01"}
+listed = {"type": "slack#/types/list_id", "value": "F0LIST0001"}
+said = {"type": "slack#/types/message_context", "value": {"message_ts": root, "channel_id": channel}}
+dm = ctl("act/agent_open", {"user": user, "app_id": agent_app["id"], "channel": channel})["channel"]
+ctl("act/agent_context", {"user": user, "app_id": agent_app["id"], "entities": [canvas, said, listed]})
+ctl("act/agent_context", {"user": user, "app_id": agent_app["id"], "entities": []})
+deadline = time.time() + 10
+while len(deliveries) < before + 3 and time.time() < deadline:
+    time.sleep(0.05)
+got = deliveries[before:]
+check(len(got) == 3 and all(ok for ok, _ in got), f"three agent events, each verified ({len(got)})")
+opened, changed, cleared = (d["event"] for _, d in got)
+check(opened["type"] == "app_home_opened" and opened["tab"] == "messages" and opened["channel"] == dm
+      and opened["user"] == user and opened["context"]["entities"][0]["value"] == channel
+      and opened["context"]["entities"][0]["team_id"] == team,
+      f"app_home_opened on the Messages tab, with the context ({opened})")
+check(changed["type"] == "app_context_changed" and [e["type"] for e in changed["context"]["entities"]]
+      == ["slack#/types/canvas_id", "slack#/types/message_context", "slack#/types/list_id"]
+      and changed["context"]["entities"][1]["value"] == {"message_ts": root, "channel_id": channel},
+      f"app_context_changed with the entities in order ({changed})")
+check(cleared["context"] == {}, f"an empty context is {{}} ({cleared})")
+
+from slack_bolt import App as BoltApp
+from slack_bolt.request import BoltRequest
+
+bolt = BoltApp(signing_secret=agent_app["signing_secret"], token=agent_install["bot_token"],
+               token_verification_enabled=False,
+               client=WebClient(token=agent_install["bot_token"], base_url=f"{BASE}/api/"))
+heard = []
+
+
+@bolt.event("app_home_opened")
+def on_opened(event, context):
+    heard.append(("opened", event.get("tab"), context.user_id, context.channel_id, context.team_id))
+
+
+@bolt.event("app_context_changed")
+def on_changed(event, context):
+    entities = (event.get("context") or {}).get("entities") or []
+    heard.append(("changed", [e["type"] for e in entities], context.user_id, context.channel_id,
+                  context.team_id))
+
+
+for (_, body), raw in zip(got, raws[before:]):
+    resp = bolt.dispatch(BoltRequest(body=raw["body"], headers=raw["headers"]))
+    check(resp.status == 200, f"Bolt accepts the {body['event']['type']} delivery ({resp.status} {resp.body})")
+deadline = time.time() + 10
+while len(heard) < 3 and time.time() < deadline:
+    time.sleep(0.05)
+check(heard[0] == ("opened", "messages", user, dm, team),
+      f"Bolt's app_home_opened listener gets the Messages tab, the person and the DM ({heard[0]})")
+check(heard[1] == ("changed", ["slack#/types/canvas_id", "slack#/types/message_context",
+                               "slack#/types/list_id"], user, dm, team),
+      f"Bolt's app_context_changed listener gets the entities, the person and the DM ({heard[1]})")
+check(heard[2][:2] == ("changed", []), f"Bolt's listener gets the empty context ({heard[2]})")
+
+agent_client = WebClient(token=agent_install["bot_token"], base_url=f"{BASE}/api/")
+prompts = [{"title": "Explain an error", "message": "Explain this error: "}]
+set_prompts = agent_client.assistant_threads_setSuggestedPrompts(channel_id=dm, title="How can I help?",
+                                                                 prompts=prompts)
+check(set_prompts["ok"], "setSuggestedPrompts without a thread answers ok")
+tab = get(f"agent_tabs?channel={dm}")["tabs"][0]
+check(tab["suggested_prompts"] == prompts and tab["prompts_title"] == "How can I help?",
+      f"the prompts show at the top of the Messages tab ({tab})")
+
 server.shutdown()
-print(f"slack_sdk {slack_sdk.version.__version__}: {len(checks)} checks passed")
+print(f"slack_sdk {slack_sdk.version.__version__}, slack_bolt: {len(checks)} checks passed")
 for c in checks:
     print(f"  ok  {c}")

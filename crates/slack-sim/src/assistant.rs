@@ -13,7 +13,8 @@
 //!   and after two minutes without a reply;
 //! * `setSuggestedPrompts` (`prompts`: `[{title, message}]`, `title`) and
 //!   `setTitle` (`title`) take `assistant:write` and need an assistant
-//!   thread;
+//!   thread; `setSuggestedPrompts` without `thread_ts` sets the prompts at
+//!   the top of an agent's Messages tab instead ([`crate::agent`]);
 //! * `channel_not_found` for a conversation the bot cannot see (or no
 //!   `channel_id`), `invalid_thread_ts` for a thread that is not there (no
 //!   `thread_ts`, a reply's ts rather than its root's, or, for prompts and
@@ -203,7 +204,18 @@ pub fn set_suggested_prompts(
     p: &Params,
 ) -> Result<Value, ApiError> {
     need_any_scope(install, &["assistant:write"])?;
-    let at = own_assistant_thread(w, app, install, p)?;
+    // (without a thread: the top of an agent's Messages tab)
+    let tab = match p.str("thread_ts") {
+        None => Some(
+            p.str("channel_id")
+                .ok_or(ApiError::new("channel_not_found"))?,
+        ),
+        Some(_) => None,
+    };
+    let at = match tab {
+        None => Some(own_assistant_thread(w, app, install, p)?),
+        Some(_) => None,
+    };
     let prompts = match p.json("prompts", "invalid_arguments")? {
         Some(Value::Array(a))
             if !a.is_empty()
@@ -223,6 +235,10 @@ pub fn set_suggested_prompts(
         w.settings.tier4_per_minute,
     )?;
     let title = p.str("title");
+    let Some(at) = at else {
+        let dm = tab.expect("a tab when no thread");
+        return crate::agent::set_tab_prompts(w, app, install, &dm, prompts, title);
+    };
     let t = w.assistant.get_mut(&at).expect("an assistant thread");
     t.suggested_prompts = Some(prompts);
     t.prompts_title = title;
@@ -283,6 +299,9 @@ pub fn open(
         return Err("a bot cannot open the assistant");
     }
     let app = w.apps.get(app_id).cloned().ok_or("no such app")?;
+    if app.experience == crate::model::Experience::AgentView {
+        return Err("the app uses agent_view: open its Messages tab instead");
+    }
     let install = w
         .install_of(&app, &person.team_id)
         .cloned()

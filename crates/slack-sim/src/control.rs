@@ -276,6 +276,9 @@ pub struct AppReq {
     token_rotation: bool,
     #[serde(default)]
     non_marketplace_limits: bool,
+    /// `agent_view` or `assistant_view` (the default).
+    #[serde(default)]
+    experience: crate::model::Experience,
 }
 
 pub async fn create_app(State(sim): State<Sim>, Json(r): Json<AppReq>) -> ApiResult {
@@ -299,6 +302,7 @@ pub async fn create_app(State(sim): State<Sim>, Json(r): Json<AppReq>) -> ApiRes
         events: r.events.into_iter().collect(),
         token_rotation: r.token_rotation,
         non_marketplace_limits: r.non_marketplace_limits,
+        experience: r.experience,
         installs: BTreeMap::new(),
     };
     w.apps.insert(id, app.clone());
@@ -892,6 +896,96 @@ pub async fn act_assistant_context(
             .map_err(bad)?
     };
     Ok(announce(&sim, None, envs))
+}
+
+#[derive(Deserialize)]
+pub struct ExperienceReq {
+    experience: crate::model::Experience,
+}
+
+/// Switches the app's AI messaging experience (`agent_view` or
+/// `assistant_view`), as an app owner does in its settings.
+pub async fn set_experience(
+    State(sim): State<Sim>,
+    Path(app_id): Path<String>,
+    Json(r): Json<ExperienceReq>,
+) -> ApiResult {
+    let mut w = sim.lock();
+    let app = w
+        .apps
+        .get_mut(&app_id)
+        .ok_or_else(|| not_found("app", &app_id))?;
+    app.experience = r.experience;
+    Ok(Json(json!({"ok": true, "experience": app.experience})))
+}
+
+#[derive(Deserialize)]
+pub struct AgentReq {
+    user: String,
+    app_id: String,
+    /// What the person looks at, most relevant first, as Slack's entities
+    /// (`{"type": "slack#/types/channel_id", "value": "C…"}`; a channel or
+    /// message entity's `team_id` is filled in when left out). For
+    /// `agent_open`, absent leaves the context as it was.
+    entities: Option<Vec<Value>>,
+    /// Shorthand for one `slack#/types/channel_id` entity.
+    channel: Option<String>,
+}
+
+impl AgentReq {
+    fn entities(&self) -> Option<Vec<Value>> {
+        match (&self.entities, &self.channel) {
+            (Some(e), _) => Some(e.clone()),
+            (None, Some(c)) => Some(vec![json!({"type": "slack#/types/channel_id", "value": c})]),
+            (None, None) => None,
+        }
+    }
+}
+
+/// A person opens an agent's Messages tab (agent view): their DM with the
+/// app (made if missing), and `app_home_opened` with `tab: "messages"`.
+pub async fn act_agent_open(State(sim): State<Sim>, Json(r): Json<AgentReq>) -> ApiResult {
+    let (dm, envs) = {
+        let mut w = sim.lock();
+        crate::agent::open(&mut w, &r.user, &r.app_id, r.entities().as_deref()).map_err(bad)?
+    };
+    let mut v = announce(&sim, None, envs).0;
+    v["channel"] = dm.into();
+    Ok(Json(v))
+}
+
+/// The person looks at something else (agent view): `app_context_changed`.
+pub async fn act_agent_context(State(sim): State<Sim>, Json(r): Json<AgentReq>) -> ApiResult {
+    let (dm, envs) = {
+        let mut w = sim.lock();
+        let entities = r.entities().unwrap_or_default();
+        crate::agent::change_context(&mut w, &r.user, &r.app_id, &entities).map_err(bad)?
+    };
+    let mut v = announce(&sim, None, envs).0;
+    v["channel"] = dm.into();
+    Ok(Json(v))
+}
+
+#[derive(Deserialize)]
+pub struct AgentTabsQuery {
+    channel: Option<String>,
+}
+
+/// Every agent's Messages tab: its app and person, the context last sent,
+/// how often it was opened, the prompts at its top.
+pub async fn agent_tabs(State(sim): State<Sim>, Query(q): Query<AgentTabsQuery>) -> ApiResult {
+    let w = sim.lock();
+    let tabs: Vec<Value> = w
+        .agent_tabs
+        .iter()
+        .filter(|(c, _)| q.channel.as_deref().is_none_or(|x| x == c.as_str()))
+        .map(|(c, t)| {
+            let mut v = serde_json::to_value(t).unwrap_or_default();
+            v["channel"] = c.clone().into();
+            v
+        })
+        .collect();
+    Ok(Json(json!({"tabs": tabs})))
 }
 
 #[derive(Deserialize)]

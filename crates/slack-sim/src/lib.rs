@@ -14,6 +14,7 @@
 //!
 //! State is in memory and every id comes from a seeded generator.
 
+pub mod agent;
 pub mod api;
 pub mod assistant;
 pub mod control;
@@ -120,6 +121,10 @@ pub fn router(sim: Sim) -> Router {
             post(control::act_assistant_context),
         )
         .route("/_sim/assistant_threads", get(control::assistant_threads))
+        .route("/_sim/act/agent_open", post(control::act_agent_open))
+        .route("/_sim/act/agent_context", post(control::act_agent_context))
+        .route("/_sim/agent_tabs", get(control::agent_tabs))
+        .route("/_sim/apps/{app}/experience", post(control::set_experience))
         .route(
             "/_sim/faults",
             post(control::add_fault).delete(control::clear_faults),

@@ -215,7 +215,22 @@ pub struct App {
     /// and `conversations.history` are limited to 1 request a minute and 15
     /// messages.
     pub non_marketplace_limits: bool,
+    /// Which AI messaging experience the app has (`features.agent_view`
+    /// or `features.assistant_view` in its manifest).
+    pub experience: Experience,
     pub installs: BTreeMap<String, Install>,
+}
+
+/// An app's AI messaging experience: Slack's agent messaging experience
+/// (`agent_view`, the only one a new app gets), whose Messages tab is the
+/// person's DM with the app, or the assistant pane (`assistant_view`, kept
+/// for existing apps). slack-sim's apps default to `assistant_view`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Experience {
+    #[default]
+    AssistantView,
+    AgentView,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -668,6 +683,8 @@ pub struct World {
     pub open_streams: BTreeSet<(String, TsKey)>,
     /// Assistant threads, and threads with a status: (channel, root ts).
     pub assistant: BTreeMap<(String, TsKey), ThreadState>,
+    /// Agents' Messages tabs (agent view): DM → its state.
+    pub agent_tabs: BTreeMap<String, AgentTab>,
     /// Socket Mode: tickets, open connections, envelopes awaiting acks,
     /// and the log of every connection.
     pub socket: crate::socket_state::SocketState,
@@ -702,6 +719,7 @@ impl World {
             reorder_queue: Vec::new(),
             open_streams: BTreeSet::new(),
             assistant: BTreeMap::new(),
+            agent_tabs: BTreeMap::new(),
             socket: Default::default(),
             responses: Default::default(),
             ephemerals: Vec::new(),
@@ -870,6 +888,21 @@ impl World {
         }
         Some(fault)
     }
+}
+
+/// An agent's Messages tab (its DM with a person), for inspection.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AgentTab {
+    pub app_id: String,
+    pub user_id: String,
+    /// What the person looks at, as the last event told the app (the
+    /// `context` object: `{"entities": […]}`, or `{}`).
+    pub context: Value,
+    /// How many times the person opened the tab.
+    pub opened: u32,
+    /// Set at the top of the tab (`setSuggestedPrompts` without a thread).
+    pub suggested_prompts: Option<Value>,
+    pub prompts_title: Option<String>,
 }
 
 /// One thread's assistant state, for inspection.

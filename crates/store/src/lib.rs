@@ -10,6 +10,7 @@
 //! pseudonym, a sealed token) comes in as a value.
 
 pub mod actions;
+pub mod agent_view;
 pub mod assistant;
 pub mod audit;
 pub mod budgets;

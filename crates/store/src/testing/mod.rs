@@ -9,6 +9,7 @@
 //! Production code must not call these: a fixture skips the state machines'
 //! transitions on purpose (a test sets a row to the state it needs).
 
+pub mod agent_view;
 pub mod assistant;
 pub mod audit;
 pub mod budgets;
