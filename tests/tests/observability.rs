@@ -255,6 +255,12 @@ async fn purge_removes_only_what_is_past_retention() {
             .await
             .expect("note");
     }
+    // Agent Messaging tabs: one idle past the threads' retention, one recent.
+    for (channel, age) in [("D0OLDTAB", DAY * 40), ("D0NEWTAB", DAY)] {
+        threadline_store::testing::agent_view::insert_ago(&db.pool, inst, channel, age)
+            .await
+            .expect("agent view");
+    }
     // Verdicts on answers: one past the threads' retention, one recent.
     for (user, age) in [("U0OLD", DAY * 40), ("U0NEW", DAY)] {
         threadline_store::testing::feedback::insert_ago(&db.pool, inst, user, age)
@@ -309,6 +315,14 @@ async fn purge_removes_only_what_is_past_retention() {
     assert_eq!(done["assistant_threads"], 2, "{done}");
     assert_eq!(done["budget_records"], 2, "{done}");
     assert_eq!(done["feedback_records"], 1, "{done}");
+    assert_eq!(done["agent_views"], 1, "{done}");
+    assert_eq!(
+        threadline_store::testing::agent_view::channels(&db.pool)
+            .await
+            .expect("agent views"),
+        ["D0NEWTAB"],
+        "a tab in use is kept"
+    );
     let left: Vec<String> = threadline_store::testing::feedback::verdicts(&db.pool)
         .await
         .expect("verdicts")

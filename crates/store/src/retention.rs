@@ -49,6 +49,10 @@ pub struct Purged {
     /// Slack user id, as persons' actions do) past the threads' retention;
     /// the audit log keeps each verdict without the person.
     pub feedback_records: i64,
+    /// Agent Messaging tabs (which channel a person was looking at, by id)
+    /// not opened nor changed past the threads' retention; a tab opened
+    /// again is recorded anew and greeted again.
+    pub agent_views: i64,
 }
 
 pub async fn purge(pool: &PgPool, keep: Retention, dry_run: bool) -> sqlx::Result<Purged> {
@@ -194,6 +198,14 @@ pub async fn purge(pool: &PgPool, keep: Retention, dry_run: bool) -> sqlx::Resul
     )
     .fetch_one(&mut *tx)
     .await?;
+
+    p.agent_views = sqlx::query!(
+        "DELETE FROM agent_views WHERE updated_at < now() - make_interval(days => $1::int)",
+        keep.threads_days
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected() as i64;
 
     p.feedback_records = sqlx::query!(
         "DELETE FROM answer_feedback WHERE updated_at < now() - make_interval(days => $1::int)",

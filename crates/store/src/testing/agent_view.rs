@@ -12,3 +12,30 @@ pub async fn context_channel(pool: &sqlx::PgPool, channel: &str) -> Option<Optio
     .ok()
     .flatten()
 }
+
+/// An agent Messaging tab last opened or changed `ago`.
+pub async fn insert_ago(
+    pool: &sqlx::PgPool,
+    installation_id: uuid::Uuid,
+    channel: &str,
+    ago: std::time::Duration,
+) -> sqlx::Result<()> {
+    let ago = sqlx::postgres::types::PgInterval::try_from(ago).map_err(sqlx::Error::Encode)?;
+    sqlx::query!(
+        "INSERT INTO agent_views (installation_id, channel_id, user_id, opened_at, updated_at)
+         VALUES ($1, $2, 'U0TAB', now() - $3::interval, now() - $3::interval)",
+        installation_id,
+        channel,
+        ago
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The channels of the agent Messaging tabs recorded, sorted.
+pub async fn channels(pool: &sqlx::PgPool) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar!("SELECT channel_id FROM agent_views ORDER BY channel_id")
+        .fetch_all(pool)
+        .await
+}
