@@ -374,7 +374,15 @@ struct Ws {
     dm: Option<usize>,
 }
 
-const SERVICES: [&str; 4] = ["gateway", "context-builder", "inference", "publisher"];
+/// The stack's services by index (`Stack::services`; the relay, with the
+/// spool's drainer, is its own process as deployed).
+const SERVICES: [&str; 5] = [
+    "gateway",
+    "context-builder",
+    "inference",
+    "publisher",
+    "relay",
+];
 
 /// Something under way that ends at a given time.
 enum Episode {
@@ -868,6 +876,7 @@ pub async fn soak(
             "kill:inference",
             "kill:publisher",
             "kill:gateway",
+            "kill:relay",
         ] {
             spread(&mut rng, 1, what, from, to);
         }
@@ -968,7 +977,7 @@ pub async fn soak(
                     // Each service in turn, the publisher first.
                     let i = if w == "pause" {
                         pauses_done += 1;
-                        [3usize, 1, 2, 0][(pauses_done - 1) % 4]
+                        [3usize, 1, 2, 0, 4][(pauses_done - 1) % 5]
                     } else {
                         3
                     };
@@ -990,6 +999,7 @@ pub async fn soak(
                                 "context_builder_paused",
                                 "inference_paused",
                                 "publisher_paused",
+                                "relay_paused",
                             ][i],
                         )
                         .or_default() += 1;

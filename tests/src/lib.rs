@@ -475,6 +475,12 @@ pub async fn sim_get(sim: &Proc, path: &str) -> serde_json::Value {
         .expect("slack-sim answers JSON")
 }
 
+/// The index in [`Stack::services`] of the outbox relay (the gateway binary
+/// with `THREADLINE_RELAY_ENABLED`, on its own role, the spool's drainer
+/// beside it): after the gateway (0), the context-builder (1), inference
+/// (2) and the publisher (3).
+pub const RELAY: usize = 4;
+
 /// The whole of threadline as processes, with slack-sim playing Slack and a
 /// workspace where the app is installed in one public channel.
 pub struct Stack {
@@ -920,33 +926,21 @@ impl Stack {
                 (_, None) => {}
             }
         };
+        // As deployed: the outbox relay (and the spool's drainer beside
+        // it) is a process of its own on its own role, service 4, and the
+        // gateway that serves Slack does not relay, on the gateway's role,
+        // so every test of a stack runs the public gateway as deployed.
         let mut relay_env = own(Role::Relay, &[("THREADLINE_RELAY_ENABLED", "true")]);
         own_db(&mut relay_env, "threadline_relay", None);
-        let relay = match logins {
-            Some(_) => Some(spawn_gateway(&with(&relay_env)).await),
-            None => None,
-        };
+        let relay = spawn_gateway(&with(&relay_env)).await;
         let mut service_env = vec![
-            own(
-                Role::Gateway,
-                if logins.is_some() {
-                    &[("THREADLINE_RELAY_ENABLED", "false")]
-                } else {
-                    &[]
-                },
-            ),
+            own(Role::Gateway, &[("THREADLINE_RELAY_ENABLED", "false")]),
             own(Role::ContextBuilder, &[]),
             own(Role::Inference, &[]),
             own(Role::Publisher, &[]),
         ];
-        // (a gateway that relays itself logs in as the relay, which
-        // holds the gateway's rights and the outbox's consumption)
-        let gateway_role = match logins {
-            Some(_) => "threadline_gateway",
-            None => "threadline_relay",
-        };
         for (v, (role, token_keys)) in service_env.iter_mut().zip([
-            (gateway_role, None),
+            ("threadline_gateway", None),
             ("threadline_context_builder", Some(keys.as_str())),
             ("threadline_inference", None),
             ("threadline_publisher", Some(keys.as_str())),
@@ -961,10 +955,8 @@ impl Stack {
             spawn_inference(&with(&service_env[2])).await,
             spawn_publisher(&with(&service_env[3])).await,
         ];
-        if let Some(relay) = relay {
-            services.push(relay);
-            service_env.push(relay_env);
-        }
+        services.push(relay);
+        service_env.push(relay_env);
         let service_env: Vec<Vec<(String, String)>> = service_env
             .into_iter()
             .map(|v| v.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
@@ -1347,6 +1339,10 @@ impl Stack {
                 eprintln!("judging with work in flight: {open}");
             }
             let (j, violations) = self.verdict(ORACLE_GRACE).await;
+            eprintln!(
+                "judged by the oracle: {} questions, {} answered, {} replies",
+                j.questions, j.answered, j.replies
+            );
             assert!(
                 violations.is_empty(),
                 "the oracle (Slack's side) found violations:\n  {}\n({} replies, {} questions, {} answered)",

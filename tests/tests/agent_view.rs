@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use threadline_testkit::eventually;
+use threadline_tests::oracle::ScopeKind;
 use threadline_tests::{Stack, cli, first_installation, sim_ctl, sim_get};
 
 const EVENTS: &[&str] = &[
@@ -38,7 +39,6 @@ async fn agent_stack(dms: bool) -> Stack {
         SCOPES,
     )
     .await;
-    s.unjudged = Some("the agent's questions are in a DM the oracle does not read");
     let set = sim_ctl(
         &s.sim,
         &format!("apps/{}/experience", s.app),
@@ -76,7 +76,11 @@ async fn open_tab(s: &Stack, entities: Value) -> String {
         json!({"user": s.user, "app_id": s.app, "entities": entities}),
     )
     .await;
-    opened["channel"].as_str().expect("channel").to_owned()
+    let dm = opened["channel"].as_str().expect("channel").to_owned();
+    // (the oracle judges the DM too: every message there is a question,
+    // each answered once in its own thread)
+    s.judge_also_as(&dm, &s.bot_user, ScopeKind::Direct);
+    dm
 }
 
 /// The tab as Slack shows it.

@@ -396,7 +396,7 @@ async fn every_event_to_two_gateways_gives_one_receipt_one_model_call_one_reply_
     retries_reached_both(&s, &gw2.events_url()).await;
 
     // Restart everything (SIGKILL, like a crash), then again.
-    for i in 0..4 {
+    for i in 0..s.services.len() {
         s.kill_and_restart(i).await;
     }
     gw2.kill().await;

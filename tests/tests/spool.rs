@@ -182,9 +182,9 @@ async fn a_drainer_killed_mid_drain_loses_and_doubles_nothing() {
         },
     )
     .await;
-    // …when the gateway (and the drainer beside its relay) is killed; a
-    // new one starts, and the lock goes.
-    s.kill_and_restart(0).await;
+    // …when the relay (and the drainer beside it) is killed; a new one
+    // starts, and the lock goes.
+    s.kill_and_restart(threadline_tests::RELAY).await;
     let left = stream_len(&s.js, &spool_stream(&s)).await;
     assert!(
         left > 0,
