@@ -375,6 +375,19 @@ def check_cnpg_cluster(rep, where, doc, ctx):
     # in one applied later, or the roles are missing when the migration
     # grants them (migrations/0029_service_roles.sql stops).
     secrets = ctx["by_kind"].get("Secret", {})
+    managed = {r.get("name"): r for r in dig(doc, "spec.managed.roles") or []}
+    for rname, in_roles in SERVICE_DB_ROLES.items():
+        role = managed.get(rname)
+        if role is None:
+            rep.error(where, f"{kn(doc)}: no managed role {rname}: the migrations grant it and stop without it")
+            continue
+        if sorted(role.get("inRoles") or []) != in_roles:
+            rep.error(where, f"{kn(doc)}: managed role {rname} must be a member of "
+                             f"{in_roles or 'no role'}, not {role.get('inRoles') or 'none'} "
+                             f"(migrations/0031_relay_role.sql)")
+        if dig(role, "passwordSecret.name") != "threadline-db-" + rname.removeprefix("threadline_").replace("_", "-"):
+            rep.error(where, f"{kn(doc)}: managed role {rname} takes its password from "
+                             f"{dig(role, 'passwordSecret.name')}, not its service's Secret")
     for role in dig(doc, "spec.managed.roles") or []:
         sname = dig(role, "passwordSecret.name")
         if not sname:
@@ -553,7 +566,44 @@ def check_settings(rep, where, doc, container, binary, provided, bins):
                 rep.error(where, f"{name}: {k} is required {why}, and is provided nowhere")
 
 
+# The database role each service logs in as (migrations/0029_service_roles.sql,
+# 0031_relay_role.sql): the `uri` of its own Secret threadline-db-<role>.
+DB_SECRET_OF = {
+    "threadline-context-builder": "threadline-db-context-builder",
+    "threadline-inference": "threadline-db-inference",
+    "threadline-publisher": "threadline-db-publisher",
+}
+# Managed roles: the one membership allowed (the relay holds the gateway's
+# rights and the outbox's consumption); any other would hand a role rights
+# it was not granted.
+SERVICE_DB_ROLES = {"threadline_gateway": [], "threadline_relay": ["threadline_gateway"],
+                    "threadline_context_builder": [], "threadline_inference": [],
+                    "threadline_publisher": []}
+
+
+def check_database_login(rep, where, doc, binary, provided):
+    """A service's DATABASE_URL is its own role's: the relay's for a gateway
+    that relays (it consumes the outbox), the gateway's for one that does
+    not (it may only add to the outbox), each worker's its own."""
+    name = f"{kn(doc)} ({binary})"
+    if binary == "threadline-gateway":
+        relay_on = (provided.get("THREADLINE_RELAY_ENABLED") or ("", "true"))[1] != "false"
+        want = "threadline-db-relay" if relay_on else "threadline-db-gateway"
+        why = (" (THREADLINE_RELAY_ENABLED is on: the relay reads, leases and deletes outbox rows, which only "
+               "threadline_relay may)" if relay_on else
+               " (THREADLINE_RELAY_ENABLED is off: the public gateway's role only adds to the outbox)")
+    else:
+        want, why = DB_SECRET_OF.get(binary), ""
+    if want is None:
+        return
+    got = provided.get("DATABASE_URL")
+    if got is None or got[0] != f"Secret {want}/uri":
+        rep.error(where, f"{name}: DATABASE_URL must be the key uri of Secret {want}{why}; it is "
+                         f"{got[0] if got else 'not set'}")
+
+
 def check_service_container(rep, where, doc, container, binary, provided, ctx):
+    check_database_login(rep, where, doc, binary, provided)
     addr_key = SERVICES[binary]
     name = f"{kn(doc)} container {container['name']}"
     addr = provided.get(addr_key)

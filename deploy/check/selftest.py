@@ -218,6 +218,32 @@ def _(i: Input):
     i.edit("dev/infra", "Secret", "threadline-db-gateway")["metadata"]["labels"].pop("cnpg.io/reload")
 
 
+def db_secret_ref(c: dict) -> dict:
+    """The secretKeyRef of a container's DATABASE_URL."""
+    return next(e for e in c["env"] if e["name"] == "DATABASE_URL")["valueFrom"]["secretKeyRef"]
+
+
+@breakage("postgres", "the relay logged in as the public gateway's role",
+          "production/app:", "Deployment/threadline-relay", "must be the key uri of Secret threadline-db-relay")
+def _(i: Input):
+    db_secret_ref(container(i.edit("production/app", "Deployment", "threadline-relay"),
+                            "threadline-gateway"))["name"] = "threadline-db-gateway"
+
+
+@breakage("postgres", "the public gateway given the relay's role, which consumes the outbox",
+          "production/app:", "Deployment/threadline-gateway", "must be the key uri of Secret threadline-db-gateway")
+def _(i: Input):
+    db_secret_ref(container(i.edit("production/app", "Deployment", "threadline-gateway"),
+                            "threadline-gateway"))["name"] = "threadline-db-relay"
+
+
+@breakage("postgres", "the relay's managed role not a member of the gateway's",
+          "production/infra:", "Cluster/threadline-db", "managed role threadline_relay must be a member of")
+def _(i: Input):
+    roles = i.edit("production/infra", "Cluster", "threadline-db")["spec"]["managed"]["roles"]
+    next(r for r in roles if r["name"] == "threadline_relay").pop("inRoles")
+
+
 # Images: the manifests run what `make images` builds.
 
 @breakage("images", "a dev Deployment on an image tag make images does not build",
