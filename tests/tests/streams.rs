@@ -998,3 +998,86 @@ async fn an_expired_stream_whose_answer_may_not_be_streamed_is_closed_and_the_an
     assert!(refused >= 1, "the expiry was met by an append");
     s.stop().await;
 }
+
+/// A streamed answer the publisher ends because the thread moved on is
+/// discarded while its model call still runs: the call stops at its next
+/// release instead of writing a whole answer nobody will be shown, and
+/// what it read and wrote until then still counts against its workspace's
+/// tokens of the day (an estimate: providers report a stream's usage only
+/// at its end), so a tenant whose threads keep moving spends nothing
+/// uncounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ended_because_its_thread_moved_on_stops_its_model_and_counts_its_tokens() {
+    const WORDS: &[&str] = &[
+        "The ",
+        "deploy ",
+        "fails ",
+        "because ",
+        "the ",
+        "migration ",
+        "job ",
+        "runs ",
+        "before ",
+        "the ",
+        "database ",
+        "is ",
+        "ready; ",
+        "add ",
+        "a ",
+        "readiness ",
+        "gate ",
+        "to ",
+        "the ",
+        "job ",
+        "and ",
+        "retry ",
+        "it ",
+        "with ",
+        "backoff ",
+        "until ",
+        "the ",
+        "primary ",
+        "answers ",
+        "its ",
+        "health ",
+        "check. ",
+    ];
+    let s = scripted_stack(WORDS, Duration::from_millis(250), &[]).await;
+    let inst = threadline_store::testing::installations::first_id(&s.db.pool)
+        .await
+        .expect("the stack's installation");
+    let question = format!("<@{}> why does the deploy fail?", s.bot_user);
+    let q = s.post(&question, None).await;
+    eventually(
+        "the stream showing words",
+        Duration::from_secs(30),
+        || async { (!calls(&s, "chat.appendStream").await.is_empty()).then_some(()) },
+    )
+    .await;
+    s.post("it only fails on Mondays", Some(&q)).await;
+    let answers = s.wait_answers(&q, 2).await;
+    assert!(
+        answers[0]["text"]
+            .as_str()
+            .is_some_and(|t| t.ends_with(CHANGED)),
+        "the stream was ended because the thread moved on: {answers:?}"
+    );
+    // (the scripted model reports no usage: the reconsidered whole answer
+    // adds nothing, so all that counts is the stopped call's estimate)
+    let spent = eventually(
+        "the stopped call counted",
+        Duration::from_secs(30),
+        || async {
+            let n = threadline_store::testing::budgets::tokens_today(&s.db.pool, inst)
+                .await
+                .expect("tokens");
+            (n > 0).then_some(n)
+        },
+    )
+    .await;
+    assert!(
+        spent >= (question.len() as i64) / 4,
+        "at least the question it read: {spent}"
+    );
+    s.stop().await;
+}

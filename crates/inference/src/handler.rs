@@ -135,6 +135,15 @@ impl<'a> Releaser<'a> {
     async fn flush(&mut self) -> bool {
         self.last = Some(std::time::Instant::now());
         if self.held {
+            // Nothing more is shown, but whether the answer is still
+            // wanted is looked at all the same: a held stream the
+            // publisher ended stops its model call too.
+            if !self.gone
+                && let Ok(calling) =
+                    threadline_store::streams::calling(self.pool, self.decision).await
+            {
+                self.gone = !calling;
+            }
             return !self.gone;
         }
         let Some(text) = Self::releasable(&self.raw, self.label, self.max_chars) else {
@@ -295,19 +304,20 @@ impl Handler {
         let mut releaser = self.open_stream(id, ctx, inst, &label).await?;
         let Some(answer) = self.ask_released(ctx, releaser.as_mut()).await else {
             // The decision stopped being called while its answer streamed
-            // (another holder settled it, or it was discarded): nothing
-            // to record but that the request left its installation's
-            // share of the model's queue, and what its call used until it
-            // stopped.
+            // (the publisher discarded it as the stream ended, or another
+            // holder settled it): nothing to record but that the request
+            // left its installation's share of the model's queue, and what
+            // its call used until it stopped.
             let spent = self.stopped_call_tokens(ctx, releaser.as_ref().map_or(0, |r| r.raw.len()));
             tracing::info!(
                 tokens_estimated = spent,
                 "streamed answer no longer wanted; model call stopped"
             );
-            threadline_store::budgets::free_stopped(&self.pool, receipt, inst, spent).await?;
+            threadline_store::budgets::free_counting(&self.pool, receipt, inst, spent).await?;
             return Ok(Disposition::Done);
         };
-        self.settle_answer(id, inst, pane, answer, &label).await
+        self.settle_answer(id, (receipt, inst), pane, answer, &label)
+            .await
     }
 
     /// What a model call stopped mid-stream used, estimated at four bytes
@@ -532,7 +542,7 @@ impl Handler {
     async fn settle_answer(
         &self,
         id: Uuid,
-        inst: Uuid,
+        (receipt, inst): (Uuid, Uuid),
         pane: bool,
         answer: Answer,
         label: &str,
@@ -578,7 +588,12 @@ impl Handler {
             body_blocks: Some(&reply.blocks),
         };
         let Some(settled) = self.settle_hard(id, &settled).await? else {
-            // Our lease ran out and another worker settled it.
+            // Another worker settled it (our lease ran out), or the
+            // publisher discarded it while its answer streamed: the call
+            // ran all the same, and what it used counts.
+            let used = i64::from(out.prompt_tokens.unwrap_or(0))
+                + i64::from(out.completion_tokens.unwrap_or(0));
+            threadline_store::budgets::free_counting(&self.pool, receipt, inst, used).await?;
             return Ok(Disposition::Done);
         };
         metrics::counter!("threadline_decisions_total", "status" => status.as_str()).increment(1);

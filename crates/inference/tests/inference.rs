@@ -1069,6 +1069,11 @@ async fn a_streamed_call_stopped_midway_counts_its_estimated_tokens() {
         spent >= (question.len() as i64 + sys) / 4,
         "the estimate counts at least the prompt it sent: {spent}"
     );
+    let written: usize = WORDS.iter().map(|w| w.len()).sum();
+    assert!(
+        spent <= (question.len() as i64 + sys + written as i64) / 4 + 1 + 4 * 2,
+        "and no more than the prompt and the whole answer: {spent}"
+    );
     assert_eq!(
         env.decision(receipt).await.status,
         "proposed",

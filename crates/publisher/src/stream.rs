@@ -188,7 +188,8 @@ impl Handler {
         {
             Verdict::Claimed(c) => c,
             // The thread already moved on: the same as for a post, at once
-            // (the model call stops when it next releases text).
+            // (the decision, still being called, is discarded: its model
+            // call stops when it next releases text).
             Verdict::Stale => return Ok(Err(self.stale(job).await?)),
             Verdict::SourceDeleted => return Ok(Err(self.source_deleted(job).await?)),
             Verdict::Suppressed(switch) => {

@@ -673,12 +673,15 @@ pub async fn free(pool: &PgPool, receipt: Uuid) -> sqlx::Result<bool> {
     Ok(r.rows_affected() == 1)
 }
 
-/// A request whose model call stopped unsettled because the publisher ended
-/// its streamed answer (the thread moved on): its place goes, as [`free`],
-/// and what the call used counts against today's tokens. Providers report
-/// a stream's usage only at its end, so `tokens` is inference's estimate
-/// of what was read and written until it stopped (0 counts nothing).
-pub async fn free_stopped(
+/// A request decided without a settle of its own whose model call still
+/// spent tokens: its place goes, as [`free`], and `tokens` count against
+/// today's (0 counts nothing). Either the call stopped midway because its
+/// decision was discarded or settled by another holder while its answer
+/// streamed (providers report a stream's usage only at its end, so
+/// `tokens` is inference's estimate of what was read and written until
+/// then), or it ran to its end and lost its settle to such a discard (the
+/// usage the provider reported).
+pub async fn free_counting(
     pool: &PgPool,
     receipt: Uuid,
     installation: Uuid,

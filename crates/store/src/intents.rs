@@ -1059,11 +1059,17 @@ pub async fn set_decision_in(
     status: DecisionStatus,
     reason: Option<&str>,
 ) -> sqlx::Result<bool> {
-    // The publisher discards what was offered to it (proposed or approved)
-    // and nothing else; a status that is no discard matches no row.
+    // The publisher discards what was offered to it (proposed or approved,
+    // or still being called when its answer streams: the model call then
+    // stops at its next release) and nothing else; a status that is no
+    // discard matches no row.
     let from = if status.is_discard() {
         moves(
-            &[DecisionStatus::Proposed, DecisionStatus::Approved],
+            &[
+                DecisionStatus::Calling,
+                DecisionStatus::Proposed,
+                DecisionStatus::Approved,
+            ],
             status,
         )
     } else {

@@ -17,8 +17,9 @@ use crate::moves;
 
 /// Stores the answer's text released so far (escaped, a prefix of the
 /// final body) while the decision is still being called; false when it is
-/// not any more (settled, or ended by the publisher because the thread
-/// moved on): the model call may stop.
+/// not any more (settled by another holder, or discarded by the publisher
+/// because the stream ended: the thread moved on, the question was
+/// deleted, a switch engaged): the model call may stop.
 pub async fn release_text(
     pool: &PgPool,
     decision: Uuid,
@@ -35,6 +36,19 @@ pub async fn release_text(
     .execute(pool)
     .await?;
     Ok(r.rows_affected() == 1)
+}
+
+/// Whether the decision is still being called (nobody settled nor discarded
+/// it): a streamed answer held back from release looks by this whether its
+/// model call is still wanted.
+pub async fn calling(pool: &PgPool, decision: Uuid) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM decisions WHERE id = $1 AND status = $2) AS "calling!""#,
+        decision,
+        DecisionStatus::Calling.as_str()
+    )
+    .fetch_one(pool)
+    .await
 }
 
 /// Whether answers may be streamed in `channel`: its setting, else the
