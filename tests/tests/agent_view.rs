@@ -33,7 +33,7 @@ const SCOPES: &[&str] = &[
 /// A stack whose app has the agent messaging experience, with DMs allowed
 /// or not.
 async fn agent_stack(dms: bool) -> Stack {
-    let mut s = Stack::start_with_app(
+    let s = Stack::start_with_app(
         &[("THREADLINE_BUILTIN_LATENCY_MS", "1500".to_owned())],
         EVENTS,
         SCOPES,
