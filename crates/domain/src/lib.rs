@@ -19,6 +19,7 @@ pub mod prompt;
 pub mod reply;
 pub mod review;
 pub mod state;
+pub mod thinking;
 pub mod topic;
 
 pub use envelope::{

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use secrecy::ExposeSecret as _;
 use threadline_domain::reply::{self, Ending, Found, Shown};
-use threadline_slack::WebError;
+use threadline_domain::thinking;
+use threadline_slack::{StreamContent, WebError};
 use threadline_store::streams::{self, ToEnd};
 use uuid::Uuid;
 
@@ -39,6 +40,15 @@ pub(crate) enum Stopped {
     Unknown,
 }
 
+/// What a `chat.stopStream` carries: its last text, the same text with the
+/// stream's thinking steps as `chunks`, the blocks below, the metadata.
+pub(crate) struct Stop<'a> {
+    pub(crate) text: &'a str,
+    pub(crate) chunks: &'a str,
+    pub(crate) blocks: &'a str,
+    pub(crate) metadata: &'a str,
+}
+
 /// The AI label when the decision has none yet (an answer ended before
 /// inference wrote its first words).
 pub(crate) const FALLBACK_LABEL: &str = "AI-generated";
@@ -46,19 +56,22 @@ pub(crate) const FALLBACK_LABEL: &str = "AI-generated";
 impl Handler {
     /// `chat.stopStream`, tried again at once when its outcome is unknown (a
     /// stop that landed answers the next one `message_not_in_streaming_state`).
+    /// A stream that carries its text as `markdown_text` (started before
+    /// thinking steps were shown) refuses chunks: it is stopped with the
+    /// text alone.
     pub(crate) async fn stop_call(
         &self,
         token: &str,
         channel: &str,
         ts: &str,
-        text: &str,
-        blocks: &str,
-        metadata: &str,
+        stop: &Stop<'_>,
     ) -> Stopped {
-        for attempt in 1..=2u32 {
+        let mut content = StreamContent::Chunks(stop.chunks);
+        let mut attempt = 1u32;
+        while attempt <= 2 {
             match self
                 .web
-                .stop_stream(token, channel, ts, text, blocks, metadata)
+                .stop_stream(token, channel, ts, content, stop.blocks, stop.metadata)
                 .await
             {
                 Ok(()) => return Stopped::Yes,
@@ -66,6 +79,13 @@ impl Handler {
                     if code == "message_not_in_streaming_state" || code == "stopped_by_user" =>
                 {
                     return Stopped::AlreadyEnded;
+                }
+                Err(WebError::Api { code })
+                    if code == "streaming_mode_mismatch"
+                        && content != StreamContent::Text(stop.text) =>
+                {
+                    content = StreamContent::Text(stop.text);
+                    continue;
                 }
                 Err(WebError::RateLimited { retry_after }) => {
                     metrics::counter!("threadline_slack_rate_limited_total", "method" => "chat.stopStream")
@@ -85,6 +105,7 @@ impl Handler {
                     }
                 }
             }
+            attempt += 1;
         }
         Stopped::Unknown
     }
@@ -99,11 +120,15 @@ impl Handler {
             label: e.label.as_deref().unwrap_or(FALLBACK_LABEL),
         });
         let text = e.ending.closing(e.shown);
+        let chunks = thinking::arg(&thinking::ended(&text, e.ending));
+        let stop = Stop {
+            text: &text,
+            chunks: &chunks,
+            blocks: &blocks,
+            metadata: &metadata,
+        };
         let token = bot.token.expose_secret();
-        let due = match self
-            .stop_call(token, &e.channel, &e.stream_ts, &text, &blocks, &metadata)
-            .await
-        {
+        let due = match self.stop_call(token, &e.channel, &e.stream_ts, &stop).await {
             Stopped::Yes => {
                 persist(|| streams::interrupted(&self.pool, e.intent, e.ending)).await?;
                 metrics::counter!("threadline_streams_interrupted_total", "reason" => e.ending.reason())
@@ -208,16 +233,16 @@ impl Handler {
             label: FALLBACK_LABEL,
         });
         let text = Ending::Interrupted.closing(false);
+        let chunks = thinking::arg(&thinking::ended(&text, Ending::Interrupted));
+        let stop = Stop {
+            text: &text,
+            chunks: &chunks,
+            blocks: &blocks,
+            metadata: &metadata,
+        };
         for ts in streams {
             let r = self
-                .stop_call(
-                    bot.token.expose_secret(),
-                    channel,
-                    ts,
-                    &text,
-                    &blocks,
-                    &metadata,
-                )
+                .stop_call(bot.token.expose_secret(), channel, ts, &stop)
                 .await;
             if matches!(r, Stopped::Yes) {
                 metrics::counter!("threadline_streams_interrupted_total", "reason" => "unclaimed")

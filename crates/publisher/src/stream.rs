@@ -18,12 +18,13 @@ use secrecy::ExposeSecret as _;
 use threadline_domain::output::{self, markup};
 use threadline_domain::reply::{self, Ending};
 use threadline_domain::state::{DecisionStatus, IntentState};
+use threadline_domain::thinking;
 use threadline_runtime::worker::Disposition;
-use threadline_slack::WebError;
+use threadline_slack::{StreamContent, WebError};
 use threadline_store::streams::{self, Tick, ToEnd};
 use uuid::Uuid;
 
-use crate::ending::{FALLBACK_LABEL, Stopped};
+use crate::ending::{FALLBACK_LABEL, Stop, Stopped};
 use crate::handler::{Bot, Handler, Job, defer, persist};
 use crate::intents::{self, Claim, Claimed, Fence, PostToRecord, Proposal, Verdict};
 use crate::proposals;
@@ -238,6 +239,7 @@ impl Handler {
                 p.channel,
                 p.root_ts,
                 (to.user.as_deref(), to.team.as_deref()),
+                &thinking::arg(&thinking::start()),
             )
             .await;
         metrics::histogram!("threadline_slack_post_seconds")
@@ -304,7 +306,9 @@ impl Handler {
                 Step::Lost => return Ok(Disposition::Done),
                 Step::Wait => {}
                 Step::Append(more) => {
-                    match self.web.append_stream(token, p.channel, ts, &more).await {
+                    let chunks = thinking::arg(&thinking::append(&more));
+                    let content = StreamContent::Chunks(&chunks);
+                    match self.web.append_stream(token, p.channel, ts, content).await {
                         Ok(()) => shown.push_str(&more),
                         Err(WebError::RateLimited { retry_after }) => {
                             metrics::counter!("threadline_slack_rate_limited_total", "method" => "chat.appendStream").increment(1);
@@ -354,10 +358,14 @@ impl Handler {
                         p.source_ts,
                     )
                     .to_string();
-                    return match self
-                        .stop_call(token, p.channel, ts, &rest, &blocks, &metadata)
-                        .await
-                    {
+                    let chunks = thinking::arg(&thinking::finished(&rest));
+                    let stop = Stop {
+                        text: &rest,
+                        chunks: &chunks,
+                        blocks: &blocks,
+                        metadata: &metadata,
+                    };
+                    return match self.stop_call(token, p.channel, ts, &stop).await {
                         Stopped::Yes => self.record_stream(claim, p, ts).await,
                         Stopped::RateLimited(wait) if opened.elapsed() < cfg.max_open => {
                             pause = wait;

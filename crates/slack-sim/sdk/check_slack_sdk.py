@@ -33,6 +33,8 @@ from slack_sdk.models.blocks import (
     FeedbackButtonObject,
     FeedbackButtonsElement,
 )
+from slack_sdk.models.blocks.block_elements import UrlSourceElement
+from slack_sdk.models.messages.chunk import MarkdownTextChunk, PlanUpdateChunk, TaskUpdateChunk
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.socket_mode import SocketModeClient
 from slack_sdk.socket_mode.request import SocketModeRequest
@@ -163,6 +165,66 @@ check(by_ts[short_ts]["text"] == "Short answer.", "conversations.replies shows t
 check(by_ts[long_ts]["metadata"] == meta, "conversations.replies shows the stop's metadata")
 check(by_ts[long_ts]["streaming_state"] == "completed", "conversations.replies shows streaming_state")
 
+# 3b. Thinking steps: task and plan chunks through the helper, read back as
+#     task cards and a plan block; a chunk Slack refuses is invalid_chunks.
+stream = client.chat_stream(
+    channel=channel, thread_ts=root, recipient_team_id=team, recipient_user_id=user
+)
+stream.append(chunks=[
+    TaskUpdateChunk(id="read", title="Reading the thread", status="complete"),
+    TaskUpdateChunk(id="write", title="Writing the answer", status="in_progress"),
+])
+stream.append(chunks=[MarkdownTextChunk(text="Thought through.")])
+stopped = stream.stop(chunks=[
+    TaskUpdateChunk(
+        id="write", title="Writing the answer", status="complete",
+        details="All written.",
+        sources=[UrlSourceElement(url="https://example.com/runbook", text="Runbook")],
+    ),
+])
+tasks_ts = stream.ts
+replies = client.conversations_replies(channel=channel, ts=root)
+shown = next(m for m in replies["messages"] if m["ts"] == tasks_ts)
+cards = [b for b in shown.get("blocks", []) if b["type"] == "task_card"]
+check(
+    [(c["task_id"], c["status"]) for c in cards] == [("read", "complete"), ("write", "complete")],
+    "chat_stream with TaskUpdateChunk: the tasks read back by id, latest status winning",
+)
+check(
+    cards[1]["sources"] == [{"type": "url", "url": "https://example.com/runbook", "text": "Runbook"}]
+    and cards[1]["details"]["type"] == "rich_text",
+    "a task card shows its details as rich_text and its URL sources",
+)
+check(shown["text"] == "Thought through.", "the task chunks leave the text as streamed")
+stream = client.chat_stream(
+    channel=channel, thread_ts=root, recipient_team_id=team, recipient_user_id=user,
+    task_display_mode="plan",
+)
+stream.append(chunks=[PlanUpdateChunk(title="Looking into it"),
+                      TaskUpdateChunk(id="a", title="Read", status="in_progress")])
+stopped = stream.stop(chunks=[TaskUpdateChunk(id="a", title="Read", status="complete")])
+plan = [b for b in stopped["message"]["blocks"] if b["type"] == "plan"]
+check(
+    len(plan) == 1 and plan[0]["title"] == "Looking into it"
+    and [(t["task_id"], t["status"]) for t in plan[0]["tasks"]] == [("a", "complete")],
+    "task_display_mode=plan with PlanUpdateChunk: one plan block holding its tasks",
+)
+started = client.chat_startStream(
+    channel=channel, thread_ts=root, recipient_team_id=team, recipient_user_id=user,
+    chunks=[TaskUpdateChunk(id="x", title="Step", status="pending")],
+)
+for bad in (
+    [{"type": "task_update", "id": "x", "title": "Step", "status": "finished"}],
+    [{"type": "markdown_text", "text": "x", "sources": [{"type": "url", "url": "https://e.com", "text": "e"}]}],
+    [{"type": "thinking", "text": "x"}],
+):
+    try:
+        client.chat_appendStream(channel=channel, ts=started["ts"], chunks=bad)
+        check(False, f"{bad} is refused")
+    except SlackApiError as e:
+        check(e.response["error"] == "invalid_chunks", f"invalid_chunks for {bad[0]['type']}")
+client.chat_stopStream(channel=channel, ts=started["ts"])
+
 # 4. The raw methods and their errors, as SlackApiError.
 started = client.chat_startStream(
     channel=channel, thread_ts=root, recipient_team_id=team, recipient_user_id=user,
@@ -186,16 +248,16 @@ try:
 except SlackApiError as e:
     check(e.response["error"] == "missing_recipient_user_id", "missing_recipient_user_id in a channel")
 
-# 5. Every delivery (the question, three opening events, three
+# 5. Every delivery (the question, six opening events, six
 #    message_changed) passed the SDK's signature verifier.
 deadline = time.time() + 10
-while len(deliveries) < 7 and time.time() < deadline:
+while len(deliveries) < 13 and time.time() < deadline:
     time.sleep(0.05)
-check(len(deliveries) >= 7, f"seven deliveries arrived ({len(deliveries)})")
+check(len(deliveries) >= 13, f"thirteen deliveries arrived ({len(deliveries)})")
 check(all(ok for ok, _ in deliveries), "SignatureVerifier accepts every delivery")
 kinds = [(d["event"].get("subtype"), d["event"].get("streaming_state")) for _, d in deliveries]
-check(kinds.count((None, "in_progress")) == 3, f"three opening events ({kinds})")
-check(kinds.count(("message_changed", None)) == 3, f"three message_changed at the stops ({kinds})")
+check(kinds.count((None, "in_progress")) == 6, f"six opening events ({kinds})")
+check(kinds.count(("message_changed", None)) == 6, f"six message_changed at the stops ({kinds})")
 
 # 6. conversations.history: a post with a button and metadata reads back,
 #    metadata only when asked; thread replies stay out; the SDK's own

@@ -304,6 +304,14 @@ pub struct Stream {
     /// Chunks other than text (`task_update`, `plan_update`, `blocks`), in
     /// the order received.
     pub other_chunks: Vec<Value>,
+    /// How its tasks show: `timeline` (task cards) or `plan` (one plan
+    /// block), from the start's `task_display_mode`.
+    pub task_display_mode: String,
+    /// Its tasks, one per `id` in the order first seen; a later update of
+    /// an id replaces the fields it carries (the latest status wins).
+    pub tasks: Vec<Value>,
+    /// The plan's title, from the latest `plan_update`.
+    pub plan_title: Option<String>,
     pub ended_at_micros: Option<u64>,
     /// How it ended: `stopped` (`chat.stopStream`), `stopped_by_user` (the
     /// person pressed Stop), `expired` (still open at the lifetime) or

@@ -16,6 +16,13 @@
 //!   (`message_not_owned_by_app`); a stream that ended answers
 //!   `message_not_in_streaming_state`, or `stopped_by_user` to an append
 //!   after the person pressed Stop;
+//! * thinking steps: `task_update` (`id`, `title`, `status` of
+//!   `pending`/`in_progress`/`complete`/`error`, optional `details`,
+//!   `output` and URL `sources`) and `plan_update` (`title`) chunks, the
+//!   start's `task_display_mode` (`timeline`, `plan`); `sources` only on a
+//!   task update; anything else `invalid_chunks`. A message keeps its
+//!   tasks by id (the latest fields win) and shows them as `task_card`
+//!   blocks, or one `plan` block, as the Block Kit reference gives them;
 //! * Tier 2 budgets for start and stop, Tier 4 for append, and the start
 //!   takes a post from the channel's budget like `chat.postMessage`.
 //!
@@ -27,8 +34,10 @@
 //! streams), not in DMs; recipients are required in channels only, as the
 //! reference says (some report Slack asking for them in DMs too);
 //! `chat.update` of a stream still open is refused (`cant_update_message`);
-//! the final message's blocks are one `rich_text` block of the streamed
-//! text, then the stop's `blocks`.
+//! the final message's blocks are its tasks (above the text, where Slack
+//! interleaves task cards and text in timeline mode), one `rich_text` block
+//! of the streamed text, then the stop's `blocks`; a plan without a
+//! `plan_update` has an empty title.
 
 use serde_json::{Value, json};
 
@@ -81,6 +90,10 @@ fn content(p: &Params) -> Result<Content, ApiError> {
                 ..Content::default()
             };
             for chunk in chunks {
+                // Sources (citations) are carried by task updates only.
+                if chunk["type"] != "task_update" && chunk.get("sources").is_some() {
+                    return Err(ApiError::new("invalid_chunks"));
+                }
                 match chunk["type"].as_str() {
                     Some("markdown_text") => {
                         let t = chunk["text"]
@@ -88,17 +101,8 @@ fn content(p: &Params) -> Result<Content, ApiError> {
                             .ok_or(ApiError::new("invalid_chunks"))?;
                         c.text.push_str(t);
                     }
-                    Some("task_update")
-                        if chunk["id"].is_string()
-                            && chunk["title"].is_string()
-                            && matches!(
-                                chunk["status"].as_str(),
-                                Some("pending" | "in_progress" | "complete" | "error")
-                            ) =>
-                    {
-                        c.other.push(chunk)
-                    }
-                    Some("plan_update") if chunk["title"].is_string() => c.other.push(chunk),
+                    Some("task_update") if valid_task(&chunk) => c.other.push(chunk),
+                    Some("plan_update") if non_empty(&chunk["title"]) => c.other.push(chunk),
                     Some("blocks") if chunk["blocks"].is_array() => c.other.push(chunk),
                     _ => return Err(ApiError::new("invalid_chunks")),
                 }
@@ -110,6 +114,101 @@ fn content(p: &Params) -> Result<Content, ApiError> {
         }
         (None, None) => Ok(Content::default()),
     }
+}
+
+fn non_empty(v: &Value) -> bool {
+    v.as_str().is_some_and(|s| !s.is_empty())
+}
+
+/// A `task_update` as Slack's reference gives it: an `id` and a `title`,
+/// a `status` of `pending`, `in_progress`, `complete` or `error`,
+/// optional text `details` and `output`, and optional `sources`, each a
+/// URL source element (`type: url`, `url`, `text`).
+fn valid_task(c: &Value) -> bool {
+    let text_or_absent = |k: &str| c.get(k).is_none_or(Value::is_string);
+    let sources = match c.get("sources") {
+        None => true,
+        Some(Value::Array(a)) => a.iter().all(|s| {
+            s["type"] == "url"
+                && non_empty(&s["text"])
+                && s["url"]
+                    .as_str()
+                    .is_some_and(|u| u.starts_with("https://") || u.starts_with("http://"))
+        }),
+        Some(_) => false,
+    };
+    non_empty(&c["id"])
+        && non_empty(&c["title"])
+        && matches!(
+            c["status"].as_str(),
+            Some("pending" | "in_progress" | "complete" | "error")
+        )
+        && text_or_absent("details")
+        && text_or_absent("output")
+        && sources
+}
+
+/// Keeps a stream's tasks and plan title from the chunks of one call: an
+/// id seen before is updated in place with the fields this update carries.
+fn keep_tasks(s: &mut Stream, chunks: &[Value]) {
+    for c in chunks {
+        match c["type"].as_str() {
+            Some("task_update") => {
+                let mut task = c.clone();
+                if let Some(o) = task.as_object_mut() {
+                    o.remove("type");
+                }
+                match s.tasks.iter_mut().find(|t| t["id"] == c["id"]) {
+                    Some(t) => {
+                        if let (Some(t), Some(new)) = (t.as_object_mut(), task.as_object()) {
+                            for (k, v) in new {
+                                t.insert(k.clone(), v.clone());
+                            }
+                        }
+                    }
+                    None => s.tasks.push(task),
+                }
+            }
+            Some("plan_update") => s.plan_title = c["title"].as_str().map(str::to_owned),
+            _ => {}
+        }
+    }
+}
+
+/// Text as a `rich_text` object of one section (a task card's `details`
+/// and `output`).
+fn rich(text: &str) -> Value {
+    json!({"type": "rich_text", "elements": [{"type": "rich_text_section",
+                                              "elements": [{"type": "text", "text": text}]}]})
+}
+
+/// A stream's tasks as Slack's blocks show them: a `task_card` block each
+/// (timeline), or one `plan` block holding them (plan).
+fn task_blocks(s: &Stream, ts: &str) -> Vec<Value> {
+    let cards: Vec<Value> = s
+        .tasks
+        .iter()
+        .map(|t| {
+            let mut card = json!({"type": "task_card", "task_id": t["id"], "title": t["title"],
+                                  "status": t["status"]});
+            for k in ["details", "output"] {
+                if let Some(text) = t[k].as_str() {
+                    card[k] = rich(text);
+                }
+            }
+            if let Some(sources) = t.get("sources") {
+                card["sources"] = sources.clone();
+            }
+            card
+        })
+        .collect();
+    if s.task_display_mode == "plan" && (!cards.is_empty() || s.plan_title.is_some()) {
+        return vec![
+            json!({"type": "plan", "block_id": format!("p{}", ts.replace('.', "")),
+                           "title": s.plan_title.clone().unwrap_or_default(), "tasks": cards}),
+        ];
+    }
+    cards
 }
 
 /// Ends, as `errored`, every stream still open past the lifetime.
@@ -169,6 +268,11 @@ pub fn start(
             return Err(ApiError::new("team_not_found"));
         }
     }
+    let task_display_mode = match p.str("task_display_mode").as_deref() {
+        None | Some("timeline") => "timeline",
+        Some("plan") => "plan",
+        Some(_) => return Err(ApiError::new("invalid_arguments")),
+    };
     let c = content(p)?;
     // Both budgets are checked before either is taken: a start refused by
     // one takes nothing from the other.
@@ -184,7 +288,7 @@ pub fn start(
     });
     let ts = w.clock.next_ts();
     let now = now_micros();
-    let msg = Message {
+    let mut msg = Message {
         channel: channel.id.clone(),
         ts: ts.clone(),
         user: Some(install.bot_user_id.clone()),
@@ -211,11 +315,19 @@ pub fn start(
             recipient_team_id: recipient_team,
             started_at_micros: now,
             appends: 0,
-            other_chunks: c.other,
+            other_chunks: Vec::new(),
+            task_display_mode: task_display_mode.to_owned(),
+            tasks: Vec::new(),
+            plan_title: None,
             ended_at_micros: None,
             ended: None,
         }),
     };
+    if let Some(s) = msg.stream.as_mut() {
+        keep_tasks(s, &c.other);
+        s.other_chunks = c.other;
+    }
+    render_open(&mut msg);
     w.insert_message(msg.clone());
     w.open_streams
         .insert((channel.id.clone(), crate::model::ts_key(&ts)));
@@ -270,8 +382,10 @@ fn add(m: &mut Message, c: Content) -> Result<(), ApiError> {
     if s.mode.is_none() {
         s.mode = c.mode.map(str::to_owned);
     }
+    keep_tasks(s, &c.other);
     s.other_chunks.extend(c.other);
     m.text.push_str(&c.text);
+    render_open(m);
     Ok(())
 }
 
@@ -352,10 +466,23 @@ pub fn stop(
     Ok(json!({"channel": channel.id, "ts": after.ts, "message": message}))
 }
 
-/// A stream's final blocks: the streamed text as Slack renders it (a
-/// `rich_text` block), then `below` (the stop's blocks), however it ended.
+/// An open stream with tasks shows them (and its text so far) as blocks;
+/// one without shows no blocks until it ends.
+fn render_open(m: &mut Message) {
+    if m.stream.as_ref().is_some_and(|s| !s.tasks.is_empty()) {
+        render(m, Vec::new());
+    }
+}
+
+/// A stream's blocks: its tasks (see [`task_blocks`]), the streamed text
+/// as Slack renders it (a `rich_text` block), then `below` (the stop's
+/// blocks), however it ended.
 fn render(m: &mut Message, below: Vec<Value>) {
-    let mut blocks = Vec::new();
+    let mut blocks = m
+        .stream
+        .as_ref()
+        .map(|s| task_blocks(s, &m.ts))
+        .unwrap_or_default();
     if !m.text.is_empty() {
         blocks.push(
             json!({"type": "rich_text", "block_id": format!("s{}", m.ts.replace('.', "")),

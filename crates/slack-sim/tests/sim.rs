@@ -2987,11 +2987,13 @@ async fn a_stream_starts_grows_and_stops_as_slacks_does() {
     );
     assert_eq!(
         m["blocks"],
-        json!([{"type": "rich_text", "block_id": format!("s{}", ts.replace('.', "")),
+        json!([{"type": "task_card", "task_id": "t1", "title": "Reading the thread",
+                "status": "in_progress"},
+               {"type": "rich_text", "block_id": format!("s{}", ts.replace('.', "")),
                 "elements": [{"type": "rich_text_section",
                               "elements": [{"type": "text", "text": "Hello world"}]}]},
                blocks[0]]),
-        "the streamed text as a rich_text block, the stop's blocks below it"
+        "its task as a task card, the streamed text as a rich_text block, the stop's blocks below"
     );
     assert_eq!(m["metadata"], metadata);
     assert!(m.get("edited").is_none(), "{m}");
@@ -3081,6 +3083,191 @@ async fn a_stream_starts_grows_and_stops_as_slacks_does() {
         posts["per_thread"],
         json!([{"channel": w.channel, "thread_ts": root, "count": 1}])
     );
+}
+
+/// Thinking steps: `task_update` and `plan_update` chunks are checked as
+/// Slack's reference gives them, a message keeps its tasks by id (the
+/// latest status wins), and its history shows them as `task_card` blocks,
+/// or one `plan` block in plan mode.
+#[tokio::test]
+async fn a_streams_tasks_are_checked_kept_by_id_and_shown_as_slack_shows_them() {
+    let (side, url) = app_side().await;
+    let w = World::new(
+        44,
+        vec![url],
+        &["message.channels"],
+        &["chat:write", "channels:history"],
+    )
+    .await;
+    w.ctl(
+        "settings",
+        json!({"posts_per_second": 100.0, "post_burst": 100.0}),
+    )
+    .await;
+    let root = w.person_posts("question", None).await;
+    received(&side, 1).await;
+    let args = |extra: Value| {
+        let mut a = json!({"channel": w.channel, "thread_ts": root,
+                           "recipient_user_id": w.user, "recipient_team_id": w.team});
+        for (k, v) in extra.as_object().expect("object") {
+            a[k] = v.clone();
+        }
+        a
+    };
+    let task = |id: &str, status: &str| json!({"type": "task_update", "id": id, "title": "Step", "status": status});
+    let url = json!({"type": "url", "url": "https://example.com/a", "text": "A"});
+    for (chunk, code) in [
+        (json!({"type": "thinking"}), "invalid_chunks"),
+        (
+            json!({"type": "task_update", "title": "Step", "status": "pending"}),
+            "invalid_chunks",
+        ),
+        (
+            json!({"type": "task_update", "id": "t", "status": "pending"}),
+            "invalid_chunks",
+        ),
+        (task("t", "done"), "invalid_chunks"),
+        (
+            json!({"type": "markdown_text", "text": "x", "sources": [url]}),
+            "invalid_chunks",
+        ),
+        (
+            json!({"type": "plan_update", "title": "Plan", "sources": [url]}),
+            "invalid_chunks",
+        ),
+        (json!({"type": "plan_update"}), "invalid_chunks"),
+        (
+            {
+                let mut t = task("t", "complete");
+                t["sources"] = json!([{"type": "url", "text": "A"}]);
+                t
+            },
+            "invalid_chunks",
+        ),
+    ] {
+        let (_, r) = w
+            .api_json(
+                "chat.startStream",
+                args(json!({"chunks": [chunk.clone()]})),
+                None,
+            )
+            .await;
+        assert_eq!(r["error"].as_str(), Some(code), "{chunk}: {r}");
+    }
+    let (_, r) = w
+        .api_json(
+            "chat.startStream",
+            args(json!({"task_display_mode": "list"})),
+            None,
+        )
+        .await;
+    assert_eq!(r["error"], "invalid_arguments", "{r}");
+
+    // Timeline: a card per task, updated in place.
+    let (_, r) = w
+        .api_json(
+            "chat.startStream",
+            args(json!({"chunks": [task("read", "complete"), task("write", "in_progress")]})),
+            None,
+        )
+        .await;
+    let ts = r["ts"].as_str().expect("a stream").to_owned();
+    let replies = || async {
+        let (_, _, r) = w
+            .api(
+                "conversations.replies",
+                &[("channel", &w.channel), ("ts", &root)],
+            )
+            .await;
+        r["messages"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["ts"] == ts.as_str()).cloned())
+            .expect("the stream in the thread")
+    };
+    let cards = |m: &Value| -> Vec<(String, String)> {
+        m["blocks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|b| b["type"] == "task_card")
+            .map(|b| {
+                (
+                    b["task_id"].as_str().unwrap().to_owned(),
+                    b["status"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let open = replies().await;
+    assert_eq!(
+        cards(&open),
+        [
+            ("read".into(), "complete".into()),
+            ("write".into(), "in_progress".into())
+        ],
+        "shown while the stream is open: {open}"
+    );
+    let mut done = task("write", "error");
+    done["details"] = "Stopped early.".into();
+    done["sources"] = json!([url]);
+    let (_, r) = w
+        .api_json(
+            "chat.stopStream",
+            json!({"channel": w.channel, "ts": ts,
+                   "chunks": [{"type": "markdown_text", "text": "Hi"}, done]}),
+            None,
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let m = replies().await;
+    assert_eq!(
+        cards(&m),
+        [
+            ("read".into(), "complete".into()),
+            ("write".into(), "error".into())
+        ]
+    );
+    let write = &m["blocks"][1];
+    assert_eq!(write["details"]["type"], "rich_text", "{write}");
+    assert_eq!(
+        write["details"]["elements"][0]["elements"][0]["text"],
+        "Stopped early."
+    );
+    assert_eq!(write["sources"], json!([url]));
+    assert_eq!(
+        m["blocks"][2]["type"], "rich_text",
+        "the text below its tasks"
+    );
+
+    // Plan: one plan block with its title and tasks.
+    let (_, r) = w
+        .api_json(
+            "chat.startStream",
+            args(json!({"task_display_mode": "plan",
+                        "chunks": [{"type": "plan_update", "title": "Looking"}, task("a", "pending")]})),
+            None,
+        )
+        .await;
+    let ts = r["ts"].as_str().expect("a stream").to_owned();
+    let (_, r) = w
+        .api_json(
+            "chat.stopStream",
+            json!({"channel": w.channel, "ts": ts, "chunks": [task("a", "complete")]}),
+            None,
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let plan = &r["message"]["blocks"][0];
+    assert_eq!(
+        (
+            plan["type"].as_str(),
+            plan["title"].as_str(),
+            plan["tasks"][0]["status"].as_str()
+        ),
+        (Some("plan"), Some("Looking"), Some("complete")),
+        "{plan}"
+    );
+    assert_eq!(plan["tasks"].as_array().map(Vec::len), Some(1));
 }
 
 /// Who may stream where, and how a stream ends when nobody stops it: the

@@ -7,4 +7,4 @@ pub mod signature;
 pub mod web;
 
 pub use signature::{SignatureError, SigningSecret, Verifier, sign};
-pub use web::{RepliesPage, WebClient, WebError};
+pub use web::{RepliesPage, StreamContent, WebClient, WebError};

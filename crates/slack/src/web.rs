@@ -267,15 +267,16 @@ impl WebClient {
     }
 
     /// `chat.startStream` in thread `thread_ts`, for `recipient` (user,
-    /// team; Slack asks for them in channels); the stream's ts. Never
-    /// retried here: the start is a post, and an unknown outcome is
-    /// reconciled.
+    /// team; Slack asks for them in channels), with its first `chunks` (a
+    /// JSON array; none when empty); the stream's ts. Never retried here:
+    /// the start is a post, and an unknown outcome is reconciled.
     pub async fn start_stream(
         &self,
         token: &str,
         channel: &str,
         thread_ts: &str,
         recipient: (Option<&str>, Option<&str>),
+        chunks_json: &str,
     ) -> Result<String, WebError> {
         let mut form = vec![("channel", channel), ("thread_ts", thread_ts)];
         if let Some(u) = recipient.0 {
@@ -284,6 +285,9 @@ impl WebClient {
         if let Some(t) = recipient.1 {
             form.push(("recipient_team_id", t));
         }
+        if !chunks_json.is_empty() {
+            form.push(("chunks", chunks_json));
+        }
         let v = self.call("chat.startStream", token, &form).await?;
         v.get("ts")
             .and_then(Value::as_str)
@@ -291,42 +295,34 @@ impl WebClient {
             .ok_or(WebError::Decode)
     }
 
-    /// `chat.appendStream`: adds `markdown_text` to the open stream `ts`.
+    /// `chat.appendStream`: adds `content` to the open stream `ts`.
     pub async fn append_stream(
         &self,
         token: &str,
         channel: &str,
         ts: &str,
-        markdown_text: &str,
+        content: StreamContent<'_>,
     ) -> Result<(), WebError> {
-        self.call(
-            "chat.appendStream",
-            token,
-            &[
-                ("channel", channel),
-                ("ts", ts),
-                ("markdown_text", markdown_text),
-            ],
-        )
-        .await
-        .map(|_| ())
+        let mut form = vec![("channel", channel), ("ts", ts)];
+        content.push_to(&mut form);
+        self.call("chat.appendStream", token, &form)
+            .await
+            .map(|_| ())
     }
 
-    /// `chat.stopStream`: the last text (may be empty), blocks shown below
-    /// the streamed text, and the message's metadata.
+    /// `chat.stopStream`: the last content (may be empty), blocks shown
+    /// below the streamed text, and the message's metadata.
     pub async fn stop_stream(
         &self,
         token: &str,
         channel: &str,
         ts: &str,
-        markdown_text: &str,
+        content: StreamContent<'_>,
         blocks_json: &str,
         metadata_json: &str,
     ) -> Result<(), WebError> {
         let mut form = vec![("channel", channel), ("ts", ts)];
-        if !markdown_text.is_empty() {
-            form.push(("markdown_text", markdown_text));
-        }
+        content.push_to(&mut form);
         if !blocks_json.is_empty() {
             form.push(("blocks", blocks_json));
         }
@@ -404,6 +400,28 @@ impl WebClient {
         match (flag("is_private"), flag("is_im"), flag("is_mpim")) {
             (None, None, None) => Err(WebError::Decode),
             (p, im, mpim) => Ok(p.unwrap_or(false) || im.unwrap_or(false) || mpim.unwrap_or(false)),
+        }
+    }
+}
+
+/// What one call adds to a stream: `markdown_text`, or `chunks` (a JSON
+/// array of Slack's streaming chunks). A stream keeps to the form its
+/// first content came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamContent<'a> {
+    Text(&'a str),
+    Chunks(&'a str),
+}
+
+impl<'a> StreamContent<'a> {
+    fn push_to<'f>(self, form: &mut Vec<(&'static str, &'f str)>)
+    where
+        'a: 'f,
+    {
+        match self {
+            Self::Text(t) if !t.is_empty() => form.push(("markdown_text", t)),
+            Self::Chunks(c) if !c.is_empty() && c != "[]" => form.push(("chunks", c)),
+            _ => {}
         }
     }
 }

@@ -1,0 +1,190 @@
+//! Thinking steps of streamed answers against the compiled services,
+//! judged from Slack's side (the task cards slack-sim shows in the
+//! thread's messages): a clean stream shows its three stages complete; a
+//! stream the thread moved on from ends its writing task as an error that
+//! says why, and the reconsidered answer is a message of its own; a stream
+//! Slack expired and threadline finished by update shows no task in
+//! progress.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use threadline_testkit::eventually;
+use threadline_tests::{Stack, ok_calls, sim_ctl, streaming};
+
+/// The task cards a message shows: (task id, status, details text).
+fn cards(m: &Value) -> Vec<(String, String, String)> {
+    m["blocks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["type"] == "task_card")
+        .map(|b| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            (
+                s(&b["task_id"]),
+                s(&b["status"]),
+                s(&b["details"]["elements"][0]["elements"][0]["text"]),
+            )
+        })
+        .collect()
+}
+
+fn statuses(m: &Value) -> Vec<(String, String)> {
+    cards(m).into_iter().map(|(id, st, _)| (id, st)).collect()
+}
+
+fn pair(id: &str, status: &str) -> (String, String) {
+    (id.to_owned(), status.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stream_shows_its_three_stages_complete() {
+    let s = Stack::start(&streaming(20, &[])).await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    // While it streams, Slack shows the thread read and the answer being
+    // written.
+    let open = eventually("the stream open", Duration::from_secs(30), || async {
+        s.answers(&q)
+            .await
+            .into_iter()
+            .find(|m| m["streaming_state"] == "in_progress" && !cards(m).is_empty())
+    })
+    .await;
+    assert_eq!(
+        statuses(&open),
+        [
+            pair("threadline_read", "complete"),
+            pair("threadline_write", "in_progress")
+        ],
+        "{open}"
+    );
+    eventually("the stream stopped", Duration::from_secs(30), || async {
+        let a = s.answers(&q).await;
+        a.iter()
+            .any(|m| m["streaming_state"] == "completed")
+            .then_some(())
+    })
+    .await;
+    let answers = s.wait_answers(&q, 1).await;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    let a = &answers[0];
+    assert_eq!(
+        statuses(a),
+        [
+            pair("threadline_read", "complete"),
+            pair("threadline_write", "complete"),
+            pair("threadline_check", "complete")
+        ],
+        "{a}"
+    );
+    let titles: Vec<&str> = a["blocks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["title"].as_str())
+        .collect();
+    assert_eq!(
+        titles,
+        [
+            "Reading the thread",
+            "Writing the answer",
+            "Checking the thread before the answer is whole"
+        ]
+    );
+    // The whole answer and its label are still there.
+    assert!(a["text"].as_str().unwrap_or_default().contains(&q));
+    assert!(a["blocks"].to_string().contains("AI-generated"));
+    s.assert_at_most_one_reply_per_message().await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_that_moves_on_mid_stream_leaves_the_writing_task_in_error_with_why() {
+    let s = Stack::start(&streaming(150, &[])).await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    eventually(
+        "the stream showing words",
+        Duration::from_secs(30),
+        || async { (!ok_calls(&s.sim, "chat.appendStream").await.is_empty()).then_some(()) },
+    )
+    .await;
+    s.post("it only fails on Mondays", Some(&q)).await;
+    let answers = s.wait_answers(&q, 2).await;
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    let ended = &answers[0];
+    let c = cards(ended);
+    assert_eq!(
+        c.iter().map(|(id, st, _)| pair(id, st)).collect::<Vec<_>>(),
+        [
+            pair("threadline_read", "complete"),
+            pair("threadline_write", "error")
+        ],
+        "never complete, and no check shown as passed: {ended}"
+    );
+    assert!(
+        c[1].2
+            .starts_with("The thread changed while I was answering"),
+        "the writing task says why: {c:?}"
+    );
+    // The reconsidered answer is a message of its own (posted whole, as
+    // after any interrupted stream): none of the ended stream's tasks.
+    let second = &answers[1];
+    assert_ne!(second["ts"], ended["ts"]);
+    assert!(cards(second).is_empty(), "{second}");
+    assert!(
+        second["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&format!("Answering {q}; read"))
+    );
+    assert_eq!(ok_calls(&s.sim, "chat.startStream").await.len(), 1);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_slack_expired_and_threadline_updated_shows_no_task_in_progress() {
+    let s = Stack::start(&streaming(150, &[])).await;
+    sim_ctl(
+        &s.sim,
+        "settings",
+        serde_json::json!({"stream_lifetime_ms": 1500}),
+    )
+    .await;
+    let q = s
+        .post(
+            &format!("<@{}> why does the deploy fail?", s.bot_user),
+            None,
+        )
+        .await;
+    let a = eventually(
+        "the expired stream finished by update",
+        Duration::from_secs(40),
+        || async {
+            s.answers(&q)
+                .await
+                .into_iter()
+                .find(|m| m["metadata"]["event_payload"]["intent_id"].is_string())
+        },
+    )
+    .await;
+    assert_eq!(a["stream"]["ended"], "expired", "Slack expired it: {a}");
+    // chat.update replaces the message's blocks: the task cards the stream
+    // showed are gone with them, none left in progress.
+    assert!(
+        !cards(&a).iter().any(|(_, st, _)| st == "in_progress"),
+        "{a}"
+    );
+    assert!(!ok_calls(&s.sim, "chat.update").await.is_empty());
+    s.stop().await;
+}
