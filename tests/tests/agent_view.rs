@@ -22,10 +22,14 @@ const EVENTS: &[&str] = &[
     "app_home_opened",
     "app_context_changed",
 ];
+// (with the private channels' scopes: a private channel the policy denies
+// is refused by the policy, not by a scope Slack would refuse)
 const SCOPES: &[&str] = &[
     "chat:write",
     "channels:history",
     "channels:read",
+    "groups:history",
+    "groups:read",
     "im:history",
     "assistant:write",
 ];
@@ -305,6 +309,24 @@ async fn the_viewed_context_follows_app_context_changed_under_the_channel_policy
         [s.channel.as_str()],
         "only the public channel was read, once"
     );
+
+    // A change that names no DM (as Slack's event reference shows the
+    // event) is the person's recorded tab's.
+    sim_ctl(
+        &s.sim,
+        "act/agent_context",
+        json!({"user": s.user, "app_id": s.app, "channel": s.channel, "without_channel": true}),
+    )
+    .await;
+    eventually(
+        "the change without its DM recorded on the person's tab",
+        Duration::from_secs(30),
+        || async {
+            let c = threadline_store::testing::agent_view::context_channel(&s.db.pool, &dm).await;
+            (c == Some(Some(s.channel.clone()))).then_some(())
+        },
+    )
+    .await;
     s.stop().await;
 }
 

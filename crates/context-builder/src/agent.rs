@@ -41,6 +41,16 @@ impl Handler {
                     .end(ev, receipt, ReceiptState::Ignored, "app_home_tab")
                     .await;
             }
+            Some(Kind::Unaddressed) => {
+                return self
+                    .end(
+                        ev,
+                        receipt,
+                        ReceiptState::Ignored,
+                        "agent_context_unaddressed",
+                    )
+                    .await;
+            }
             None => {
                 return self
                     .end(ev, receipt, ReceiptState::Failed, "malformed_agent_event")
@@ -52,9 +62,28 @@ impl Handler {
                 .end(ev, receipt, ReceiptState::Ignored, "dm_not_allowed")
                 .await;
         }
-        self.record_tab(ev, receipt, inst, &e, opened).await?;
+        // (a context change that names no DM is the person's recorded tab;
+        // none yet: their tab's opening will carry the context)
+        let channel = match &e.channel {
+            Some(c) => c.as_str().to_owned(),
+            None => {
+                match threadline_store::agent_view::tab_of(&self.pool, inst.id, e.user.as_str())
+                    .await?
+                {
+                    Some(c) => c,
+                    None => {
+                        return self
+                            .end(ev, receipt, ReceiptState::Ignored, "agent_context_no_tab")
+                            .await;
+                    }
+                }
+            }
+        };
+        self.record_tab(ev, receipt, inst, &e, &channel, opened)
+            .await?;
         metrics::counter!("threadline_agent_events_total", "type" => if opened { "opened" } else { "context_changed" })
             .increment(1);
+        // (recorded, not ignored: the step is done)
         self.end(
             ev,
             receipt,
@@ -65,7 +94,8 @@ impl Handler {
                 "agent_context_changed"
             },
         )
-        .await
+        .await?;
+        Ok(Step::Done)
     }
 
     /// Records the tab and what the person looks at (ids only), counting
@@ -76,6 +106,7 @@ impl Handler {
         receipt: Uuid,
         inst: &Installation,
         e: &AgentEvent,
+        channel: &str,
         greet: bool,
     ) -> anyhow::Result<()> {
         let viewed = e.context.as_deref().map(agent_view::viewed);
@@ -93,7 +124,7 @@ impl Handler {
             &self.pool,
             &threadline_store::agent_view::Tab {
                 installation: inst.id,
-                channel: e.channel.as_str(),
+                channel,
                 user: e.user.as_str(),
                 context: viewed.as_ref().map(|v| {
                     (

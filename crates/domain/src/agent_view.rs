@@ -91,10 +91,13 @@ pub fn viewed(entities: &[Entity]) -> Viewed {
 /// An agent-view event: the DM (the Messages tab), the person, and what
 /// they look at (`None`: the event carried no context at all, so what was
 /// recorded before stands; `Some(empty)`: they look at nothing Slack names).
+/// An `app_context_changed` may name no DM (Slack's event reference shows
+/// one with only its context): `channel` is then `None`, and the person's
+/// tab is the one recorded for them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentEvent {
     pub user: UserId,
-    pub channel: ChannelId,
+    pub channel: Option<ChannelId>,
     pub context: Option<Vec<Entity>>,
 }
 
@@ -107,6 +110,9 @@ pub enum Kind {
     ContextChanged(AgentEvent),
     /// `app_home_opened` on another tab (the Home tab): not the agent's.
     OtherTab,
+    /// `app_context_changed` that names no person: whose tab it is cannot
+    /// be told.
+    Unaddressed,
 }
 
 /// Reads an `app_home_opened` or `app_context_changed` event; `None` when
@@ -123,11 +129,22 @@ pub fn parse(event: &Value) -> Option<Kind> {
     if kind == HOME_OPENED && s("tab") != Some(MESSAGES_TAB) {
         return Some(Kind::OtherTab);
     }
-    let channel = ChannelId::parse(s("channel")?).ok()?;
-    if !channel.is_dm() {
-        return None;
-    }
-    let user = UserId::parse(s("user")?).ok()?;
+    let channel = match s("channel") {
+        Some(c) => {
+            let c = ChannelId::parse(c).ok()?;
+            if !c.is_dm() {
+                return None;
+            }
+            Some(c)
+        }
+        None if kind == CONTEXT_CHANGED => None,
+        None => return None,
+    };
+    let user = match s("user") {
+        Some(u) => UserId::parse(u).ok()?,
+        None if kind == CONTEXT_CHANGED => return Some(Kind::Unaddressed),
+        None => return None,
+    };
     let context = match event.get("context") {
         None | Some(Value::Null) if kind == HOME_OPENED => None,
         // (Slack sends `"context": {}` when the person looks at nothing)
@@ -203,7 +220,7 @@ mod tests {
         let Some(Kind::ContextChanged(a)) = parse(&e) else {
             panic!("a context change")
         };
-        assert_eq!(a.channel.as_str(), "D0123456789");
+        assert_eq!(a.channel.as_ref().map(|c| c.as_str()), Some("D0123456789"));
         assert_eq!(a.user.as_str(), "U0123456789");
         let v = viewed(a.context.as_deref().expect("a context"));
         assert_eq!(v.channel.as_ref().map(|c| c.as_str()), Some("C0OPS"));
@@ -253,5 +270,30 @@ mod tests {
         let mut no_user = opened;
         no_user["user"] = json!("");
         assert_eq!(parse(&no_user), None);
+    }
+
+    #[test]
+    fn a_context_change_without_a_dm_or_a_person_is_read_as_slack_documents_it() {
+        // Slack's event reference: only the type and the context.
+        let bare = json!({"type": "app_context_changed", "context": {"entities": [
+            {"type": "slack#/types/channel_id", "value": "C01234ABDCE", "team_id": "T0ABCDE6543"}]}});
+        assert_eq!(parse(&bare), Some(Kind::Unaddressed));
+        // With the person but no DM: their recorded tab is meant.
+        let mut with_user = bare.clone();
+        with_user["user"] = json!("U0123456789");
+        let Some(Kind::ContextChanged(a)) = parse(&with_user) else {
+            panic!("a context change")
+        };
+        assert_eq!(a.channel, None);
+        assert_eq!(a.user.as_str(), "U0123456789");
+        assert_eq!(
+            viewed(a.context.as_deref().expect("a context"))
+                .channel
+                .map(|c| c.as_str().to_owned()),
+            Some("C01234ABDCE".to_owned())
+        );
+        // The Messages tab's opening always names its DM.
+        let opened = json!({"type": "app_home_opened", "tab": "messages", "user": "U0123456789"});
+        assert_eq!(parse(&opened), None);
     }
 }

@@ -161,12 +161,15 @@ fn context(entities: Vec<Value>) -> Value {
 }
 
 /// The person looks at `entities` (most relevant first; none: at nothing
-/// Slack names): the app hears `app_context_changed`. Returns the DM.
+/// Slack names): the app hears `app_context_changed` (without its
+/// `channel` when `without_channel`, as Slack's event reference shows it).
+/// Returns the DM.
 pub fn change_context(
     w: &mut World,
     user: &str,
     app_id: &str,
     entities: &[Value],
+    without_channel: bool,
 ) -> Result<(String, Vec<Envelope>), &'static str> {
     let (app, install, team) = agent_app(w, user, app_id)?;
     let entities = filled(w, entities)?;
@@ -180,8 +183,11 @@ pub fn change_context(
             ..AgentTab::default()
         });
     tab.context = context(entities);
-    let event = json!({"type": "app_context_changed", "channel": dm.id, "user": user,
-                       "context": tab.context.clone(), "event_ts": w.clock.next_ts()});
+    let mut event = json!({"type": "app_context_changed", "channel": dm.id, "user": user,
+                           "context": tab.context.clone(), "event_ts": w.clock.next_ts()});
+    if without_channel {
+        event.as_object_mut().map(|o| o.remove("channel"));
+    }
     let envs = if app.events.contains("app_context_changed") {
         vec![events::for_app(w, &app, &dm, event, "app_context_changed")]
     } else {

@@ -930,6 +930,10 @@ pub struct AgentReq {
     entities: Option<Vec<Value>>,
     /// Shorthand for one `slack#/types/channel_id` entity.
     channel: Option<String>,
+    /// `agent_context`: send the event without its `channel` (the DM), as
+    /// Slack's event reference shows it.
+    #[serde(default)]
+    without_channel: bool,
 }
 
 impl AgentReq {
@@ -959,7 +963,8 @@ pub async fn act_agent_context(State(sim): State<Sim>, Json(r): Json<AgentReq>) 
     let (dm, envs) = {
         let mut w = sim.lock();
         let entities = r.entities().unwrap_or_default();
-        crate::agent::change_context(&mut w, &r.user, &r.app_id, &entities).map_err(bad)?
+        crate::agent::change_context(&mut w, &r.user, &r.app_id, &entities, r.without_channel)
+            .map_err(bad)?
     };
     let mut v = announce(&sim, None, envs).0;
     v["channel"] = dm.into();

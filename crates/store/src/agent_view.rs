@@ -91,6 +91,20 @@ pub struct View {
     pub greeted: bool,
 }
 
+/// The Messages tab (its DM) recorded for `user` of the installation, the
+/// latest if several: where an `app_context_changed` that names no DM
+/// belongs.
+pub async fn tab_of(pool: &PgPool, installation: Uuid, user: &str) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar!(
+        "SELECT channel_id FROM agent_views WHERE installation_id = $1 AND user_id = $2
+          ORDER BY updated_at DESC LIMIT 1",
+        installation,
+        user
+    )
+    .fetch_optional(pool)
+    .await
+}
+
 /// Whether `channel` is an agent's Messages tab of the installation.
 pub async fn view(pool: &PgPool, installation: Uuid, channel: &str) -> sqlx::Result<Option<View>> {
     sqlx::query_as!(

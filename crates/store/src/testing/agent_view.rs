@@ -9,8 +9,7 @@ pub async fn context_channel(pool: &sqlx::PgPool, channel: &str) -> Option<Optio
     )
     .fetch_optional(pool)
     .await
-    .ok()
-    .flatten()
+    .unwrap_or_else(|e| panic!("reading agent_views: {e}"))
 }
 
 /// An agent Messaging tab last opened or changed `ago`.
