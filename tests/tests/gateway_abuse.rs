@@ -889,6 +889,11 @@ async fn stalled_bodies_then_a_signed_delivery(n: usize, settings: &[(&'static s
         let _ = s.write_all(head.as_bytes()).await;
         stalled.push(s);
     }
+    assert_eq!(
+        stalled.len(),
+        n,
+        "every stalled head was sent (the test process may hold {n} sockets)"
+    );
     // (long enough for the oldest stalled bodies to be cut for a new one)
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let client = reqwest::Client::new();

@@ -89,13 +89,13 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
             "SELECT * FROM installations".into(),
         ),
         (
-            &[GATEWAY],
+            &[GATEWAY, RELAY],
             format!(
                 "UPDATE installations SET bot_id = encode(bot_token_sealed, 'hex') WHERE id = '{inst}'"
             ),
         ),
         (
-            &[GATEWAY],
+            &[GATEWAY, RELAY],
             "SELECT id FROM installations WHERE bot_token_sealed IS NOT NULL".into(),
         ),
         (
@@ -131,17 +131,17 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
         // body of an undecodable delivery is written once and kept from
         // every service (an operator replays it).
         (
-            &[GATEWAY, INFERENCE],
+            &[GATEWAY, RELAY, INFERENCE],
             "SELECT * FROM thread_messages".into(),
         ),
         (&everyone, "SELECT body FROM unparsed_events".into()),
         (
-            &[GATEWAY, INFERENCE, PUBLISHER],
+            &[GATEWAY, RELAY, INFERENCE, PUBLISHER],
             "SELECT * FROM contexts".into(),
         ),
         // Other services' state.
         (
-            &[GATEWAY, INFERENCE],
+            &[GATEWAY, RELAY, INFERENCE],
             "UPDATE threads SET version = version + 1".into(),
         ),
         (
@@ -149,11 +149,11 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
             "UPDATE threads SET version = version + 1".into(),
         ),
         (
-            &[GATEWAY, CONTEXT_BUILDER, INFERENCE],
+            &[GATEWAY, RELAY, CONTEXT_BUILDER, INFERENCE],
             "DELETE FROM reply_intents".into(),
         ),
         (
-            &[GATEWAY, INFERENCE],
+            &[GATEWAY, RELAY, INFERENCE],
             "UPDATE reply_intents SET state = 'sent'".into(),
         ),
         (
@@ -190,15 +190,15 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
         // verdict, a hold or a discard the status, never the text that is
         // posted (a grant of the whole row would allow it).
         (
-            &[GATEWAY, CONTEXT_BUILDER, PUBLISHER],
+            &[GATEWAY, RELAY, CONTEXT_BUILDER, PUBLISHER],
             "UPDATE decisions SET body_text = 'rewritten'".into(),
         ),
         (
-            &[GATEWAY, CONTEXT_BUILDER, PUBLISHER],
+            &[GATEWAY, RELAY, CONTEXT_BUILDER, PUBLISHER],
             "UPDATE decisions SET body_blocks = '[]'::jsonb, output_hash = 'x'".into(),
         ),
         (
-            &[GATEWAY, CONTEXT_BUILDER, PUBLISHER],
+            &[GATEWAY, RELAY, CONTEXT_BUILDER, PUBLISHER],
             "UPDATE decisions SET channel_id = 'C0ELSEWHERE'".into(),
         ),
         (
@@ -552,16 +552,21 @@ async fn a_relay_on_the_gateways_role_refuses_to_start_and_on_its_own_relays() {
             ("THREADLINE_RELAY_ENABLED", "true".to_owned()),
         ]
     };
-    let out = tokio::process::Command::new(threadline_testkit::bin_path("threadline-gateway"))
-        .env_clear()
-        .envs(env(GATEWAY))
-        .env(
-            "THREADLINE_GATEWAY_ADDR",
-            format!("127.0.0.1:{}", threadline_tests::free_port()),
-        )
-        .output()
-        .await
-        .expect("run");
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        tokio::process::Command::new(threadline_testkit::bin_path("threadline-gateway"))
+            .env_clear()
+            .envs(env(GATEWAY))
+            .env(
+                "THREADLINE_GATEWAY_ADDR",
+                format!("127.0.0.1:{}", threadline_tests::free_port()),
+            )
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("a relay on the gateway's role exits at once instead of relaying")
+    .expect("run");
     assert!(
         !out.status.success(),
         "a relay on the gateway's role started"

@@ -84,8 +84,12 @@ pub async fn wake(pool: &PgPool) -> sqlx::Result<()> {
 /// the owner's. The public gateway's role may only add to it.
 pub async fn may_relay(pool: &PgPool) -> sqlx::Result<bool> {
     sqlx::query_scalar!(
-        r#"SELECT has_table_privilege('outbox', 'SELECT, UPDATE, DELETE')
-              AND has_table_privilege('outbox_ledger', 'SELECT, INSERT, UPDATE') AS "may!""#
+        // (each privilege on its own: a list asks whether any is held)
+        r#"SELECT has_table_privilege('outbox', 'SELECT') AND has_table_privilege('outbox', 'UPDATE')
+              AND has_table_privilege('outbox', 'DELETE')
+              AND has_table_privilege('outbox_ledger', 'SELECT')
+              AND has_table_privilege('outbox_ledger', 'INSERT')
+              AND has_table_privilege('outbox_ledger', 'UPDATE') AS "may!""#
     )
     .fetch_one(pool)
     .await
