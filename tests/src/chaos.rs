@@ -20,8 +20,11 @@
 //! streaming off, and are answered whole), held for review in each
 //! workspace's review channel, where a simulated reviewer clicks (Approve
 //! mostly, Reject sometimes, sometimes late, sometimes twice, sometimes
-//! after a click of someone who is not a reviewer), and in the assistant
-//! pane of a person's DM with the app.
+//! after a click of someone who is not a reviewer), in the assistant pane
+//! of a person's DM with the app, and, once the app has moved to Slack's
+//! agent messaging experience halfway through the run, at the top of its
+//! Messages tab (each question a thread of its own; what the person looks
+//! at changes now and then). Streams show their thinking steps.
 //!
 //! The verdict comes from the oracle (`crate::oracle`), which reads only
 //! what Slack shows and the answers' text, plus threadline's own records
@@ -56,13 +59,16 @@ fn below(rng: &mut Rng, n: u64) -> u64 {
 }
 
 /// The app's events and the scopes of its installations: mentions and
-/// public channels, and the assistant pane.
+/// public channels, the assistant pane, and the agent messaging experience
+/// the app moves to halfway (as an existing app moves from the pane).
 pub const EVENTS: &[&str] = &[
     "app_mention",
     "message.channels",
     "message.im",
     "assistant_thread_started",
     "assistant_thread_context_changed",
+    "app_home_opened",
+    "app_context_changed",
 ];
 pub const SCOPES: &[&str] = &[
     "chat:write",
@@ -912,7 +918,27 @@ pub async fn soak(
     let mut doubling: Vec<(Instant, String, String, String)> = Vec::new();
     let mut doubled: BTreeSet<String> = BTreeSet::new();
     let mut late: Vec<Late> = Vec::new();
+    // Halfway, the app moves from the assistant pane to the agent
+    // messaging experience, as an existing app does: its DMs' older pane
+    // threads go on, and new questions are asked at the top of the
+    // Messages tab, each its own thread.
+    let mut agent_view = false;
     for step in 0..cfg.events {
+        if !agent_view && step >= cfg.events / 2 {
+            let set = try_ctl(
+                s,
+                &format!("apps/{}/experience", s.app),
+                json!({"experience": "agent_view"}),
+            )
+            .await;
+            agent_view = set.is_some_and(|v| v["experience"] == "agent_view");
+            if agent_view {
+                log.push((
+                    None,
+                    format!("step {step}: the app moves to the agent messaging experience"),
+                ));
+            }
+        }
         report.doubled += double_due(s, &mut doubling, false, &mut log, step).await;
         // End what is due.
         let now = Instant::now();
@@ -1141,6 +1167,67 @@ pub async fn soak(
             (!threads.is_empty()).then(|| below(rng, threads.len() as u64) as usize)
         };
         match roll {
+            0..=3 if agent_view => {
+                // A person opens the app's Messages tab looking at their
+                // channel (and now and then looks at it again, told without
+                // the DM as Slack's reference shows it), and asks at the
+                // top of the tab: a thread of its own.
+                let w = below(&mut rng, workspaces.len() as u64) as usize;
+                let text = question(&mut rng, None, step, &format!("what about issue {step}?"));
+                let opened = try_ctl(
+                    s,
+                    "act/agent_open",
+                    json!({"user": workspaces[w].user, "app_id": s.app,
+                           "channel": workspaces[w].channel}),
+                )
+                .await;
+                let Some(dm) = opened.and_then(|o| Some(o["channel"].as_str()?.to_owned())) else {
+                    continue;
+                };
+                *faults.entry("agent_tab_opened").or_default() += 1;
+                if below(&mut rng, 100) < 30 {
+                    try_ctl(
+                        s,
+                        "act/agent_context",
+                        json!({"user": workspaces[w].user, "app_id": s.app,
+                               "channel": workspaces[w].channel,
+                               "without_channel": below(&mut rng, 2) == 0}),
+                    )
+                    .await;
+                    *faults.entry("agent_context_changed").or_default() += 1;
+                }
+                let p = match workspaces[w].dm {
+                    Some(p) => p,
+                    None => {
+                        people.push(Person {
+                            user: workspaces[w].user.clone(),
+                            channel: dm.clone(),
+                            bot: workspaces[w].bot.clone(),
+                            ws: w,
+                            kind: ScopeKind::Direct,
+                        });
+                        s.judge_also_as(&dm, &workspaces[w].bot, ScopeKind::Direct);
+                        workspaces[w].dm = Some(people.len() - 1);
+                        people.len() - 1
+                    }
+                };
+                if let Some(root) = post(s, &people[p], &text, None).await {
+                    log.push((
+                        Some(root.clone()),
+                        format!("step {step}: agent tab question starts thread {root} in {dm}"),
+                    ));
+                    threads.push(Thread {
+                        person: p,
+                        root: root.clone(),
+                        messages: vec![root.clone()],
+                    });
+                    if below(&mut rng, 100) < DOUBLE_PERCENT {
+                        let after = Duration::from_millis(below(&mut rng, DOUBLE_WITHIN_MS));
+                        doubled.insert(root.clone());
+                        doubling.push((Instant::now() + after, dm, root.clone(), root));
+                    }
+                }
+            }
             0..=3 => {
                 // A person opens the assistant pane (a new thread in their
                 // DM with the app) looking at their channel, and asks.

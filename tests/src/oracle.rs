@@ -93,6 +93,36 @@ fn closes(text: &str) -> bool {
         .is_some_and(|l| CLOSING_LINES.iter().any(|c| l == format!("_{c}_")))
 }
 
+/// What a settled reply's thinking steps (`task_card` blocks) say that is
+/// not so: a stream ended early (`ended_early`) whose writing step shows
+/// complete, or a whole answer with a step still pending or in progress.
+/// (A stream the person stopped keeps what it showed: Slack takes no update
+/// after a Stop.)
+fn untrue_step(m: &Value, ended_early: bool) -> Option<String> {
+    if m["stream"]["ended"] == "stopped_by_user" {
+        return None;
+    }
+    let cards: Vec<&Value> = m["blocks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["type"] == "task_card")
+        .collect();
+    for c in cards {
+        let (id, status) = (
+            c["task_id"].as_str().unwrap_or_default(),
+            c["status"].as_str().unwrap_or_default(),
+        );
+        if ended_early && id == "threadline_write" && status == "complete" {
+            return Some("ended early, yet its writing step shows complete".to_owned());
+        }
+        if !ended_early && matches!(status, "pending" | "in_progress") {
+            return Some(format!("a whole answer whose step {id} shows {status}"));
+        }
+    }
+    None
+}
+
 /// Whether `m` is a stream Slack expired (its lifetime ran out before its
 /// stop) that the app never updated since: it answered nothing.
 pub fn expired_unfinished(m: &Value) -> bool {
@@ -632,6 +662,17 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                     j.violations.push((
                         "unlabelled_reply",
                         format!("reply {rts} in thread {root} carries no AI label"),
+                    ));
+                    offend(&mut j);
+                }
+                // Thinking steps tell the truth: a stream ended early shows
+                // its writing step not complete, and a whole answer none
+                // still pending or in progress (an expired stream finished
+                // by an update shows none at all).
+                if let Some(untrue) = untrue_step(r, streamed && closes(text)) {
+                    j.violations.push((
+                        "thinking_step_untrue",
+                        format!("reply {rts} in thread {root}: {untrue}"),
                     ));
                     offend(&mut j);
                 }

@@ -767,6 +767,66 @@ async fn an_answer_without_feedback_buttons_and_a_closing_line_with_them_are_cau
     );
 }
 
+/// Thinking steps are judged: a stream ended early that shows its writing
+/// step complete says something untrue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ended_early_whose_writing_step_shows_complete_is_caught() {
+    let w = World::new().await;
+    let bot = w.ws.bot_user();
+    let q_text = format!("<@{bot}> what failed?");
+    let q = w.ask(&q_text, None).await;
+    // (a stream of chunks throughout: Slack refuses to mix them with
+    // markdown_text in one stream)
+    let first =
+        json!([{"type": "markdown_text", "text": format!("Answering {q}. The ")}]).to_string();
+    let r = w
+        .call(
+            "chat.startStream",
+            &[
+                ("channel", &w.ws.channel),
+                ("thread_ts", &q),
+                ("recipient_user_id", &w.ws.user),
+                ("recipient_team_id", &w.ws.team),
+                ("chunks", &first),
+            ],
+        )
+        .await;
+    let ts = r["ts"]
+        .as_str()
+        .unwrap_or_else(|| panic!("started: {r}"))
+        .to_owned();
+    let chunks = json!([
+        {"type": "markdown_text", "text": "\n\n_This answer was interrupted before it finished._"},
+        {"type": "task_update", "id": "threadline_write", "title": "Writing the answer",
+         "status": "complete"}])
+    .to_string();
+    let blocks =
+        json!([{"type": "context", "elements": [{"type": "mrkdwn", "text": "AI-generated"}]}])
+            .to_string();
+    let r = w
+        .call(
+            "chat.stopStream",
+            &[
+                ("channel", &w.ws.channel),
+                ("ts", &ts),
+                ("chunks", &chunks),
+                ("blocks", &blocks),
+            ],
+        )
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let j = w.judge().await;
+    assert!(
+        caught(
+            &j,
+            "thinking_step_untrue",
+            &format!("reply {ts} in thread {q}: ended early, yet its writing step shows complete")
+        ),
+        "{:?}",
+        j.violations
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_review_request_is_not_an_answer() {
     let w = World::new().await;
