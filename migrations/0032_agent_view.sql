@@ -3,8 +3,8 @@
 -- (tab `messages`) and kept current by `app_context_changed` (and the
 -- context those events carry): what the person is looking at, as
 -- identifiers only — the most relevant channel-like entity (a channel, or
--- the channel of a message), its workspace, and whether the channel policy
--- would answer there (decided again by each question). Other entities
+-- the channel of a message) and its workspace; whether the channel policy
+-- would answer there is decided again by each question. Other entities
 -- (canvases, lists) are counted and not kept. `greeted`: the suggested
 -- prompts were set at the top of the tab (by the publisher). Each
 -- top-level message in the DM is a thread of its own; its question's
@@ -26,6 +26,9 @@ CREATE TABLE agent_views (
 -- threads that copy it (agent_view::*); the publisher reads it to greet
 -- and marks it greeted; inference reads nothing of it (it reads the
 -- question's thread in assistant_threads).
-GRANT SELECT, INSERT, UPDATE ON agent_views TO threadline_context_builder;
+GRANT SELECT, INSERT ON agent_views TO threadline_context_builder;
+-- (column by column: whether the tab was greeted is the publisher's)
+GRANT UPDATE (context_channel_id, context_team_id, updated_at) ON agent_views
+    TO threadline_context_builder;
 GRANT SELECT ON agent_views TO threadline_publisher;
 GRANT UPDATE (greeted, updated_at) ON agent_views TO threadline_publisher;

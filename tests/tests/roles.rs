@@ -205,6 +205,17 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
             &[CONTEXT_BUILDER, INFERENCE, PUBLISHER],
             "UPDATE decisions SET reviewed_by = 'U0NOBODY'".into(),
         ),
+        // An agent's Messages tab: what the person looks at is the
+        // context-builder's to record, whether it was greeted the
+        // publisher's.
+        (
+            &[CONTEXT_BUILDER],
+            "UPDATE agent_views SET greeted = true".into(),
+        ),
+        (
+            &[PUBLISHER],
+            "UPDATE agent_views SET context_channel_id = 'C0ELSEWHERE'".into(),
+        ),
         // Nobody moves an installation to another workspace or app.
         (
             &everyone,
