@@ -18,6 +18,7 @@ pub mod relay;
 pub mod socket;
 pub mod spool;
 pub mod unverified;
+pub mod wake;
 
 use std::sync::Arc;
 use std::time::Duration;

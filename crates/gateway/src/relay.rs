@@ -39,6 +39,8 @@ use threadline_store::outbox::{self, Claimed, Failed, Published};
 use tokio::sync::Notify;
 use tracing::Instrument as _;
 
+pub use crate::wake::Wake;
+
 pub const NOTIFY_CHANNEL: &str = outbox::WAKE_CHANNEL;
 /// How long a round waits for its PubAcks before treating the rest as
 /// failed (they wait out a backoff and are published again).
@@ -114,43 +116,6 @@ pub struct Relay {
     cfg: RelayConfig,
     /// Wakes this relay from its own process (the gateway's intake).
     local: Arc<Notify>,
-}
-
-/// How a writer whose inserts do not NOTIFY
-/// (`pool_waking_after_commit` in lib.rs) wakes the relays
-/// once its commit is done.
-#[derive(Clone)]
-pub enum Wake {
-    /// The relay running in this process.
-    Local(Arc<Notify>),
-    /// Relays in other processes, by a task that sends a NOTIFY of its own.
-    Remote(Arc<Notify>),
-}
-
-impl Wake {
-    /// Wakes relays in other processes with a NOTIFY of its own, sent by a
-    /// task of its own: a writer never waits for it, and wake-ups that come
-    /// while one is on its way make one more, not one each.
-    pub fn remote(pool: PgPool) -> Self {
-        let asked = Arc::new(Notify::new());
-        let waiting = asked.clone();
-        tokio::spawn(async move {
-            loop {
-                waiting.notified().await;
-                if let Err(e) = outbox::wake(&pool).await {
-                    // The relays' sweep finds the rows all the same.
-                    tracing::debug!(error = %e, "waking the outbox relays failed");
-                }
-            }
-        });
-        Wake::Remote(asked)
-    }
-
-    pub fn wake(&self) {
-        match self {
-            Wake::Local(n) | Wake::Remote(n) => n.notify_one(),
-        }
-    }
 }
 
 /// A round's rows, sent, with their PubAcks to come.
