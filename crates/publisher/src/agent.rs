@@ -42,6 +42,9 @@ impl Handler {
                 installation_id = %inst,
                 "the installation lacks assistant:write; the agent's Messages tab gets no prompts (reinstall with the scope)"
             );
+            // Settled as a definite refusal is: each opening of the tab
+            // would ask (and alert) again otherwise.
+            threadline_store::agent_view::greeted(&self.pool, inst, channel).await?;
             return Ok(Disposition::Done);
         }
         let prompts = crate::pane::prompts().to_string();
