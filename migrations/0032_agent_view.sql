@@ -16,6 +16,9 @@ CREATE TABLE agent_views (
     user_id              text NOT NULL,
     context_channel_id   text,
     context_team_id      text,
+    -- Slack's event_ts of the event that set the context: an older event
+    -- (a retry, another replica's) never overwrites a newer one.
+    context_ts           numeric,
     greeted              boolean NOT NULL DEFAULT false,
     opened_at            timestamptz NOT NULL DEFAULT now(),
     updated_at           timestamptz NOT NULL DEFAULT now(),
@@ -28,7 +31,7 @@ CREATE TABLE agent_views (
 -- question's thread in assistant_threads).
 GRANT SELECT, INSERT ON agent_views TO threadline_context_builder;
 -- (column by column: whether the tab was greeted is the publisher's)
-GRANT UPDATE (context_channel_id, context_team_id, updated_at) ON agent_views
+GRANT UPDATE (context_channel_id, context_team_id, context_ts, updated_at) ON agent_views
     TO threadline_context_builder;
 GRANT SELECT ON agent_views TO threadline_publisher;
 GRANT UPDATE (greeted, updated_at) ON agent_views TO threadline_publisher;

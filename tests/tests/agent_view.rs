@@ -367,3 +367,47 @@ async fn the_messages_tab_stays_under_the_dm_policy() {
     );
     s.stop().await;
 }
+
+/// Slack may deliver a person's context changes out of order (a retry,
+/// two gateways, two context-builders): an older change never overwrites
+/// a newer one; a newer one always does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_context_change_never_overwrites_a_newer_one() {
+    use threadline_store::agent_view::{Tab, record};
+    let db = threadline_testkit::TestDb::new().await;
+    let inst = threadline_testkit::slack::seed_installation(&db.pool, "A0AGENT", "T0AGENT").await;
+    let change = |channel: &'static str, at: &'static str| Tab {
+        installation: inst,
+        channel: "D0TAB00001",
+        user: "U0PERSON01",
+        context: Some((Some(channel), None)),
+        at: Some(at),
+    };
+    let viewed = || async {
+        threadline_store::testing::agent_view::context_channel(&db.pool, "D0TAB00001").await
+    };
+    for (i, (channel, at, want)) in [
+        ("C0SECOND01", "1700000000.000200", "C0SECOND01"),
+        // (delivered late: older than what is recorded)
+        ("C0FIRST001", "1700000000.000100", "C0SECOND01"),
+        ("C0THIRD001", "1700000001.000000", "C0THIRD001"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        record(
+            &db.pool,
+            &change(channel, at),
+            uuid::Uuid::now_v7(),
+            &format!("Ev{i}"),
+            false,
+        )
+        .await
+        .expect("recorded");
+        assert_eq!(
+            viewed().await,
+            Some(Some(want.to_owned())),
+            "after {channel} at {at}"
+        );
+    }
+}

@@ -132,6 +132,7 @@ impl Handler {
                         v.team.as_ref().map(|t| t.as_str()),
                     )
                 }),
+                at: e.at.as_deref(),
             },
             receipt,
             &ev.event_id,

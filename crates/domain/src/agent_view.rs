@@ -99,6 +99,9 @@ pub struct AgentEvent {
     pub user: UserId,
     pub channel: Option<ChannelId>,
     pub context: Option<Vec<Entity>>,
+    /// Slack's `event_ts` (`None`: absent or not a timestamp), which orders
+    /// the person's context changes.
+    pub at: Option<String>,
 }
 
 /// What an agent-view event is.
@@ -151,10 +154,20 @@ pub fn parse(event: &Value) -> Option<Kind> {
         None | Some(Value::Null) => Some(Vec::new()),
         Some(c) => Some(entities(c)),
     };
+    let at = s("event_ts")
+        .filter(|t| {
+            let (secs, frac) = t.split_once('.').unwrap_or((t, "0"));
+            !secs.is_empty()
+                && secs.len() <= 12
+                && frac.len() <= 9
+                && secs.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())
+        })
+        .map(str::to_owned);
     let e = AgentEvent {
         user,
         channel,
         context,
+        at,
     };
     match kind {
         HOME_OPENED => Some(Kind::Opened(e)),

@@ -21,6 +21,9 @@ pub struct Tab<'a> {
     /// event said nothing of it); `Some((channel, team))` replaces it,
     /// `Some((None, None))` clears it.
     pub context: Option<(Option<&'a str>, Option<&'a str>)>,
+    /// Slack's `event_ts` of the event (`None`: it gave none): a context
+    /// older than the one recorded is not recorded.
+    pub at: Option<&'a str>,
 }
 
 /// The greeting's message id: one per DM.
@@ -44,11 +47,16 @@ pub async fn record(
         Some((c, team)) => (false, c, team),
     };
     let r = sqlx::query!(
-        r#"INSERT INTO agent_views AS v (installation_id, channel_id, user_id, context_channel_id, context_team_id)
-           VALUES ($1, $2, $3, $4, $5)
+        r#"INSERT INTO agent_views AS v (installation_id, channel_id, user_id, context_channel_id, context_team_id,
+                                         context_ts)
+           VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN NULL ELSE $7::text::numeric END)
            ON CONFLICT (installation_id, channel_id) DO UPDATE
-              SET context_channel_id = CASE WHEN $6 THEN v.context_channel_id ELSE EXCLUDED.context_channel_id END,
-                  context_team_id = CASE WHEN $6 THEN v.context_team_id ELSE EXCLUDED.context_team_id END,
+              SET context_channel_id = CASE WHEN $6 OR $7::text::numeric < v.context_ts THEN v.context_channel_id
+                                            ELSE EXCLUDED.context_channel_id END,
+                  context_team_id = CASE WHEN $6 OR $7::text::numeric < v.context_ts THEN v.context_team_id
+                                         ELSE EXCLUDED.context_team_id END,
+                  context_ts = CASE WHEN $6 OR $7::text::numeric < v.context_ts THEN v.context_ts
+                                    ELSE coalesce($7::text::numeric, v.context_ts) END,
                   updated_at = now()
            RETURNING (xmax = 0) AS "new!", greeted"#,
         t.installation,
@@ -57,6 +65,7 @@ pub async fn record(
         channel,
         team,
         keep,
+        t.at,
     )
     .fetch_one(&mut *tx)
     .await?;
