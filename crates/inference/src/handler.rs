@@ -136,8 +136,8 @@ impl<'a> Releaser<'a> {
         self.last = Some(std::time::Instant::now());
         if self.held {
             // Nothing more is shown, but whether the answer is still
-            // wanted is looked at all the same: a held stream the
-            // publisher ended stops its model call too.
+            // wanted is looked at all the same: a held stream whose
+            // decision another holder settled stops its model call too.
             if !self.gone
                 && let Ok(calling) =
                     threadline_store::streams::calling(self.pool, self.decision).await
@@ -303,21 +303,19 @@ impl Handler {
         let label = self.label_for(ctx);
         let mut releaser = self.open_stream(id, ctx, inst, &label).await?;
         let Some(answer) = self.ask_released(ctx, releaser.as_mut()).await else {
-            // The decision stopped being called while its answer streamed
-            // (the publisher discarded it as the stream ended, or another
-            // holder settled it): nothing to record but that the request
-            // left its installation's share of the model's queue, and what
-            // its call used until it stopped.
+            // The decision stopped being called while its answer streamed:
+            // another holder settled it (a redelivery took the lease over),
+            // which freed the request's place; nothing to record but what
+            // this call used until it stopped.
             let spent = self.stopped_call_tokens(ctx, releaser.as_ref().map_or(0, |r| r.raw.len()));
             tracing::info!(
                 tokens_estimated = spent,
                 "streamed answer no longer wanted; model call stopped"
             );
-            threadline_store::budgets::free_counting(&self.pool, receipt, inst, spent).await?;
+            threadline_store::budgets::count_tokens(&self.pool, inst, spent).await?;
             return Ok(Disposition::Done);
         };
-        self.settle_answer(id, (receipt, inst), pane, answer, &label)
-            .await
+        self.settle_answer(id, inst, pane, answer, &label).await
     }
 
     /// What a model call stopped mid-stream used, estimated at four bytes
@@ -542,7 +540,7 @@ impl Handler {
     async fn settle_answer(
         &self,
         id: Uuid,
-        (receipt, inst): (Uuid, Uuid),
+        inst: Uuid,
         pane: bool,
         answer: Answer,
         label: &str,
@@ -588,12 +586,17 @@ impl Handler {
             body_blocks: Some(&reply.blocks),
         };
         let Some(settled) = self.settle_hard(id, &settled).await? else {
-            // Another worker settled it (our lease ran out), or the
-            // publisher discarded it while its answer streamed: the call
-            // ran all the same, and what it used counts.
-            let used = i64::from(out.prompt_tokens.unwrap_or(0))
-                + i64::from(out.completion_tokens.unwrap_or(0));
-            threadline_store::budgets::free_counting(&self.pool, receipt, inst, used).await?;
+            // Another worker settled it (our lease ran out): this call ran
+            // all the same, and what it used counts, unless the settle
+            // found is our own whose answer was lost (its hash is ours).
+            let ours = threadline_store::decisions::load(&self.pool, id)
+                .await?
+                .is_some_and(|d| d.output_hash.as_deref() == Some(hash.as_str()));
+            if !ours {
+                let used = i64::from(out.prompt_tokens.unwrap_or(0))
+                    + i64::from(out.completion_tokens.unwrap_or(0));
+                threadline_store::budgets::count_tokens(&self.pool, inst, used).await?;
+            }
             return Ok(Disposition::Done);
         };
         metrics::counter!("threadline_decisions_total", "status" => status.as_str()).increment(1);

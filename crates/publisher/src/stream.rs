@@ -189,8 +189,8 @@ impl Handler {
         {
             Verdict::Claimed(c) => c,
             // The thread already moved on: the same as for a post, at once
-            // (the decision, still being called, is discarded: its model
-            // call stops when it next releases text).
+            // (a decision still being called settles itself and finds the
+            // thread changed).
             Verdict::Stale => return Ok(Err(self.stale(job).await?)),
             Verdict::SourceDeleted => return Ok(Err(self.source_deleted(job).await?)),
             Verdict::Suppressed(switch) => {

@@ -673,26 +673,19 @@ pub async fn free(pool: &PgPool, receipt: Uuid) -> sqlx::Result<bool> {
     Ok(r.rows_affected() == 1)
 }
 
-/// A request decided without a settle of its own whose model call still
-/// spent tokens: its place goes, as [`free`], and `tokens` count against
-/// today's (0 counts nothing). Either the call stopped midway because its
-/// decision was discarded or settled by another holder while its answer
-/// streamed (providers report a stream's usage only at its end, so
-/// `tokens` is inference's estimate of what was read and written until
-/// then), or it ran to its end and lost its settle to such a discard (the
+/// Tokens a model call spent whose decision another holder settled (its
+/// lease ran out and a redelivery took it over): that settle counted its
+/// own call and freed the request's place; this call's `tokens` count
+/// against today's too (0 counts nothing). Either the call stopped midway
+/// while its answer streamed (providers report a stream's usage only at
+/// its end, so `tokens` is inference's estimate of what was read and
+/// written until then), or it ran to its end and lost its settle (the
 /// usage the provider reported).
-pub async fn free_counting(
-    pool: &PgPool,
-    receipt: Uuid,
-    installation: Uuid,
-    tokens: i64,
-) -> sqlx::Result<()> {
+pub async fn count_tokens(pool: &PgPool, installation: Uuid, tokens: i64) -> sqlx::Result<()> {
     sqlx::query!(
-        "WITH freed AS (DELETE FROM tenant_work WHERE receipt_id = $1)
-         INSERT INTO tenant_tokens (installation_id, day, tokens)
-         SELECT $2, (now() AT TIME ZONE 'UTC')::date, $3::bigint WHERE $3::bigint > 0
+        "INSERT INTO tenant_tokens (installation_id, day, tokens)
+         SELECT $1, (now() AT TIME ZONE 'UTC')::date, $2::bigint WHERE $2::bigint > 0
          ON CONFLICT (installation_id, day) DO UPDATE SET tokens = tenant_tokens.tokens + EXCLUDED.tokens",
-        receipt,
         installation,
         tokens
     )

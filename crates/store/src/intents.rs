@@ -1059,17 +1059,16 @@ pub async fn set_decision_in(
     status: DecisionStatus,
     reason: Option<&str>,
 ) -> sqlx::Result<bool> {
-    // The publisher discards what was offered to it (proposed or approved,
-    // or still being called when its answer streams: the model call then
-    // stops at its next release) and nothing else; a status that is no
-    // discard matches no row.
+    // The publisher discards what was offered to it (proposed or approved)
+    // and nothing else; a status that is no discard matches no row. (A
+    // decision still being called when its stream ends is left to its
+    // model call, which settles it and finds it stale: discarding it here
+    // would stop the call sooner, but the request's place in the model's
+    // queue, kept by receipt, would then be freed by the stopped call
+    // under the reconsideration that took it over.)
     let from = if status.is_discard() {
         moves(
-            &[
-                DecisionStatus::Calling,
-                DecisionStatus::Proposed,
-                DecisionStatus::Approved,
-            ],
+            &[DecisionStatus::Proposed, DecisionStatus::Approved],
             status,
         )
     } else {

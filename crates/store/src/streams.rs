@@ -17,9 +17,7 @@ use crate::moves;
 
 /// Stores the answer's text released so far (escaped, a prefix of the
 /// final body) while the decision is still being called; false when it is
-/// not any more (settled by another holder, or discarded by the publisher
-/// because the stream ended: the thread moved on, the question was
-/// deleted, a switch engaged): the model call may stop.
+/// not any more (another holder settled it): the model call may stop.
 pub async fn release_text(
     pool: &PgPool,
     decision: Uuid,
