@@ -93,31 +93,42 @@ fn closes(text: &str) -> bool {
         .is_some_and(|l| CLOSING_LINES.iter().any(|c| l == format!("_{c}_")))
 }
 
-/// What a settled reply's thinking steps (`task_card` blocks) say that is
-/// not so: a stream ended early (`ended_early`) whose writing step shows
-/// complete, or a whole answer with a step still pending or in progress.
-/// (A stream the person stopped keeps what it showed: Slack takes no update
-/// after a Stop.)
+/// What a settled reply's thinking steps say that is not so (the tasks of
+/// its `task_card` blocks, or of its `plan` block): a step still pending
+/// or in progress on a message that is finished; a stream ended early
+/// (`ended_early`) whose writing step shows complete; a whole answer with
+/// a step of threadline's in error. (A stream the person stopped keeps what
+/// it showed.)
 fn untrue_step(m: &Value, ended_early: bool) -> Option<String> {
     if m["stream"]["ended"] == "stopped_by_user" {
         return None;
     }
-    let cards: Vec<&Value> = m["blocks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|b| b["type"] == "task_card")
+    let blocks = m["blocks"].as_array().cloned().unwrap_or_default();
+    let tasks: Vec<&Value> = blocks
+        .iter()
+        .flat_map(|b| match b["type"].as_str() {
+            Some("task_card") => vec![b],
+            Some("plan") => b["tasks"]
+                .as_array()
+                .map(|t| t.iter().collect())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        })
         .collect();
-    for c in cards {
-        let (id, status) = (
-            c["task_id"].as_str().unwrap_or_default(),
-            c["status"].as_str().unwrap_or_default(),
-        );
+    for t in tasks {
+        let id = t["task_id"]
+            .as_str()
+            .or(t["id"].as_str())
+            .unwrap_or_default();
+        let status = t["status"].as_str().unwrap_or_default();
+        if matches!(status, "pending" | "in_progress") {
+            return Some(format!("finished, yet its step {id} shows {status}"));
+        }
         if ended_early && id == "threadline_write" && status == "complete" {
             return Some("ended early, yet its writing step shows complete".to_owned());
         }
-        if !ended_early && matches!(status, "pending" | "in_progress") {
-            return Some(format!("a whole answer whose step {id} shows {status}"));
+        if !ended_early && id.starts_with("threadline_") && status == "error" {
+            return Some(format!("a whole answer whose step {id} shows error"));
         }
     }
     None
