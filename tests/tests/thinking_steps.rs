@@ -179,6 +179,14 @@ async fn a_stream_slack_expired_and_threadline_updated_shows_no_task_in_progress
     )
     .await;
     assert_eq!(a["stream"]["ended"], "expired", "Slack expired it: {a}");
+    // It showed its steps while open (the writing step in progress), so
+    // what follows is the update's doing, not a stream that had none.
+    assert!(
+        a["stream"]["tasks"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["id"] == "threadline_write")),
+        "the stream showed its writing step: {a}"
+    );
     // chat.update replaces the message's blocks: the task cards the stream
     // showed are gone with them, none left in progress.
     assert!(
