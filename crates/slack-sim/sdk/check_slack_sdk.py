@@ -471,7 +471,11 @@ while len(deliveries) < before + 3 and time.time() < deadline:
     time.sleep(0.05)
 got = deliveries[before:]
 check(len(got) == 3 and all(ok for ok, _ in got), f"three agent events, each verified ({len(got)})")
-opened, changed, cleared = (d["event"] for _, d in got)
+# (each event is delivered on its own: they may arrive in any order)
+events_got = [d["event"] for _, d in got]
+opened = next((e for e in events_got if e["type"] == "app_home_opened"), {})
+changed = next((e for e in events_got if e["type"] == "app_context_changed" and e.get("context")), {})
+cleared = next((e for e in events_got if e["type"] == "app_context_changed" and e.get("context") == {}), {})
 check(opened["type"] == "app_home_opened" and opened["tab"] == "messages" and opened["channel"] == dm
       and opened["user"] == user and opened["context"]["entities"][0]["value"] == channel
       and opened["context"]["entities"][0]["team_id"] == team,
@@ -480,7 +484,7 @@ check(changed["type"] == "app_context_changed" and [e["type"] for e in changed["
       == ["slack#/types/canvas_id", "slack#/types/message_context", "slack#/types/list_id"]
       and changed["context"]["entities"][1]["value"] == {"message_ts": root, "channel_id": channel},
       f"app_context_changed with the entities in order ({changed})")
-check(cleared["context"] == {}, f"an empty context is {{}} ({cleared})")
+check(cleared.get("context") == {}, f"an empty context is {{}} ({events_got})")
 
 from slack_bolt import App as BoltApp
 from slack_bolt.request import BoltRequest
@@ -509,12 +513,13 @@ for (_, body), raw in zip(got, raws[before:]):
 deadline = time.time() + 10
 while len(heard) < 3 and time.time() < deadline:
     time.sleep(0.05)
-check(heard[0] == ("opened", "messages", user, dm, team),
-      f"Bolt's app_home_opened listener gets the Messages tab, the person and the DM ({heard[0]})")
-check(heard[1] == ("changed", ["slack#/types/canvas_id", "slack#/types/message_context",
-                               "slack#/types/list_id"], user, dm, team),
-      f"Bolt's app_context_changed listener gets the entities, the person and the DM ({heard[1]})")
-check(heard[2][:2] == ("changed", []), f"Bolt's listener gets the empty context ({heard[2]})")
+# (in the order the deliveries arrived, which is any)
+check(("opened", "messages", user, dm, team) in heard,
+      f"Bolt's app_home_opened listener gets the Messages tab, the person and the DM ({heard})")
+check(("changed", ["slack#/types/canvas_id", "slack#/types/message_context",
+                   "slack#/types/list_id"], user, dm, team) in heard,
+      f"Bolt's app_context_changed listener gets the entities, the person and the DM ({heard})")
+check(any(h[:2] == ("changed", []) for h in heard), f"Bolt's listener gets the empty context ({heard})")
 
 agent_client = WebClient(token=agent_install["bot_token"], base_url=f"{BASE}/api/")
 prompts = [{"title": "Explain an error", "message": "Explain this error: "}]
