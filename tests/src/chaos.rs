@@ -380,6 +380,24 @@ struct Ws {
     dm: Option<usize>,
 }
 
+/// The person of workspace `w` in their DM with the app (`dm`), added to
+/// the people, and the DM to what the oracle judges, the first time.
+fn dm_person(s: &Stack, people: &mut Vec<Person>, ws: &mut Ws, w: usize, dm: &str) -> usize {
+    if let Some(p) = ws.dm {
+        return p;
+    }
+    people.push(Person {
+        user: ws.user.clone(),
+        channel: dm.to_owned(),
+        bot: ws.bot.clone(),
+        ws: w,
+        kind: ScopeKind::Direct,
+    });
+    s.judge_also_as(dm, &ws.bot, ScopeKind::Direct);
+    ws.dm = Some(people.len() - 1);
+    people.len() - 1
+}
+
 /// The stack's services by index (`Stack::services`; the relay, with the
 /// spool's drainer, is its own process as deployed).
 const SERVICES: [&str; 5] = [
@@ -1196,21 +1214,7 @@ pub async fn soak(
                     .await;
                     *faults.entry("agent_context_changed").or_default() += 1;
                 }
-                let p = match workspaces[w].dm {
-                    Some(p) => p,
-                    None => {
-                        people.push(Person {
-                            user: workspaces[w].user.clone(),
-                            channel: dm.clone(),
-                            bot: workspaces[w].bot.clone(),
-                            ws: w,
-                            kind: ScopeKind::Direct,
-                        });
-                        s.judge_also_as(&dm, &workspaces[w].bot, ScopeKind::Direct);
-                        workspaces[w].dm = Some(people.len() - 1);
-                        people.len() - 1
-                    }
-                };
+                let p = dm_person(s, &mut people, &mut workspaces[w], w, &dm);
                 if let Some(root) = post(s, &people[p], &text, None).await {
                     log.push((
                         Some(root.clone()),
@@ -1248,21 +1252,7 @@ pub async fn soak(
                 }) else {
                     continue;
                 };
-                let p = match workspaces[w].dm {
-                    Some(p) => p,
-                    None => {
-                        people.push(Person {
-                            user: workspaces[w].user.clone(),
-                            channel: dm.clone(),
-                            bot: workspaces[w].bot.clone(),
-                            ws: w,
-                            kind: ScopeKind::Direct,
-                        });
-                        s.judge_also_as(&dm, &workspaces[w].bot, ScopeKind::Direct);
-                        workspaces[w].dm = Some(people.len() - 1);
-                        people.len() - 1
-                    }
-                };
+                let p = dm_person(s, &mut people, &mut workspaces[w], w, &dm);
                 log.push((
                     Some(root.clone()),
                     format!("step {step}: the pane opens thread {root} in {dm}"),
