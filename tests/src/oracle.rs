@@ -264,6 +264,22 @@ pub struct Judgement {
 pub struct Stated {
     pub answering: String,
     pub read: Vec<(String, String)>,
+    /// The person's earlier messages of a burst it answers too (double
+    /// texting: top-level messages of their own, outside its thread).
+    pub earlier: Vec<(String, String)>,
+}
+
+/// How the built-in model names the earlier messages of a burst it reads.
+const EARLIER: &str = "earlier message(s) you sent just before: ";
+
+/// `ts/digest` items, separated by spaces.
+fn read_items(list: &str) -> Option<Vec<(String, String)>> {
+    list.split_whitespace()
+        .map(|item| {
+            item.split_once('/')
+                .map(|(ts, d)| (ts.to_owned(), d.to_owned()))
+        })
+        .collect()
 }
 
 /// Parses `Answering <ts>; read <ts>/<digest> <ts>/<digest> …` from a reply.
@@ -276,17 +292,18 @@ pub fn stated(text: &str) -> Option<Stated> {
     // (an answer in the assistant pane adds what it read of the channel
     // the person looks at: `; and N message(s) of channel C…, …`, which is
     // not part of the thread)
-    let rest = rest.split_once("; and ").map_or(rest, |(thread, _)| thread);
-    let read = rest
-        .split_whitespace()
-        .map(|item| {
-            item.split_once('/')
-                .map(|(ts, d)| (ts.to_owned(), d.to_owned()))
-        })
-        .collect::<Option<Vec<_>>>()?;
+    let mut parts = rest.split("; and ");
+    let read = read_items(parts.next().unwrap_or_default())?;
+    // (and, under double texting, the earlier messages of the person's
+    // burst: `; and N earlier message(s) you sent just before: …`)
+    let earlier = match parts.find_map(|p| p.split_once(EARLIER)) {
+        Some((_, list)) => read_items(list)?,
+        None => Vec::new(),
+    };
     Some(Stated {
         answering: answering.trim().to_owned(),
         read,
+        earlier,
     })
 }
 
@@ -534,6 +551,11 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
         // Fallback replies (no question stated) by thread, oldest first.
         let mut fallbacks: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut read_by_later: BTreeSet<String> = BTreeSet::new();
+        // The earlier messages of a person's burst each reply read with its
+        // question (double texting): ts → (reply, its thread, the question
+        // it answers, the digest it read).
+        let mut read_as_earlier: BTreeMap<String, Vec<(String, String, String, String)>> =
+            BTreeMap::new();
         for (root, thread) in &threads {
             let offend = |j: &mut Judgement| {
                 j.offending.insert((scope.channel.clone(), root.clone()));
@@ -764,6 +786,15 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                         read_by_later.insert(t.clone());
                     }
                 }
+                for (t, d) in &st.earlier {
+                    read_by_later.insert(t.clone());
+                    read_as_earlier.entry(t.clone()).or_default().push((
+                        rts.clone(),
+                        root.clone(),
+                        st.answering.clone(),
+                        d.clone(),
+                    ));
+                }
                 // With its context full, a reply read the root, the
                 // question and the newest replies: what is older than every
                 // reply it read was left out by the limit, not missed.
@@ -919,6 +950,9 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                 }
             }
         }
+        earlier_judged(&mut j, &scope.channel, &threads, &read_as_earlier, |q| {
+            answers.contains_key(&copies.action(q))
+        });
         // At most one stream per question.
         for (q, rs) in &streams {
             if rs.len() > 1 {
@@ -1046,6 +1080,81 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
     j
 }
 
+/// The earlier messages of bursts that replies read with their questions
+/// (double texting): each is a top-level message of the same person, sent
+/// before the question, with a text it had, and answered once — by the one
+/// reply that read it, never also by a reply of its own or another's.
+fn earlier_judged(
+    j: &mut Judgement,
+    channel: &str,
+    threads: &BTreeMap<String, Vec<Value>>,
+    read_as_earlier: &BTreeMap<String, Vec<(String, String, String, String)>>,
+    answered: impl Fn(&str) -> bool,
+) {
+    let by_ts: BTreeMap<String, &Value> = threads
+        .values()
+        .flatten()
+        .map(|m| (s(m, "ts"), m))
+        .collect();
+    for (t, readers) in read_as_earlier {
+        if answered(t) || readers.len() > 1 {
+            j.violations.push((
+                "answered_twice",
+                format!(
+                    "message {t} in {channel} was read as an earlier message by {:?}{}",
+                    readers.iter().map(|r| &r.0).collect::<Vec<_>>(),
+                    if answered(t) {
+                        " and has an answer of its own"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+            for r in readers {
+                j.offending.insert((channel.to_owned(), r.1.clone()));
+            }
+        }
+        for (rts, root, q, d) in readers {
+            let fits = match (by_ts.get(t), by_ts.get(q)) {
+                (Some(m), Some(asked)) => {
+                    m["user"] == asked["user"]
+                        && m["thread_ts"].as_str().is_none_or(|r| r == t)
+                        && ts_key(t) < ts_key(q)
+                }
+                _ => false,
+            };
+            if !fits {
+                j.violations.push((
+                    "earlier_not_the_askers",
+                    format!(
+                        "reply {rts} in thread {root} read {t} as an earlier message of the person asking {q}, which it is not"
+                    ),
+                ));
+                j.offending.insert((channel.to_owned(), root.clone()));
+                continue;
+            }
+            let m = by_ts[t];
+            let had = std::iter::once(&m["original_text"])
+                .chain(
+                    m["edits"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|e| &e["text"]),
+                )
+                .filter_map(Value::as_str)
+                .any(|text| digest(text) == *d);
+            if !had {
+                j.violations.push((
+                    "text_never_had",
+                    format!("reply {rts} in thread {root} read earlier message {t} with a text it never had"),
+                ));
+                j.offending.insert((channel.to_owned(), root.clone()));
+            }
+        }
+    }
+}
+
 /// One person's action delivered as more than one message: the messages
 /// of one person in a channel with the same `client_msg_id`, as Slack
 /// shows them.
@@ -1127,9 +1236,22 @@ mod tests {
                     ("1.000001".into(), "ca978112".into()),
                     ("1.000002".into(), "3e23e816".into())
                 ],
+                earlier: Vec::new(),
             })
         );
         assert_eq!(stated("a fallback answer with nothing stated"), None);
+        // Under double texting it names the earlier messages of the burst
+        // apart from the thread (and from the channel the person views).
+        let burst = "Answering 3.000001; read 3.000001/aa; and 1 message(s) of channel C1, the one you are looking at: 0.5/cc; and 2 earlier message(s) you sent just before: 1.000001/bb 2.000001/dd";
+        let st = stated(burst).expect("stated");
+        assert_eq!(st.read, vec![("3.000001".into(), "aa".into())]);
+        assert_eq!(
+            st.earlier,
+            vec![
+                ("1.000001".into(), "bb".into()),
+                ("2.000001".into(), "dd".into())
+            ]
+        );
         // A stream ended early states its question in its first words.
         assert_eq!(
             answering("[threadline built-in model] Answering 1.000002. I read 2 mess"),

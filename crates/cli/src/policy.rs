@@ -162,6 +162,70 @@ pub enum PolicyCommand {
         #[arg(long, value_enum)]
         action: LateEventAction,
     },
+    /// What a person's quick messages come to: each answered as it comes
+    /// (the default), or the latest of a burst answered once they were
+    /// quiet for a while, the earlier ones read with it.
+    DoubleTexting {
+        #[arg(long)]
+        installation: Uuid,
+        #[arg(long, value_enum)]
+        action: DoubleTextingAction,
+        /// How long the person must be quiet before `latest` answers, in
+        /// milliseconds (500–30000; the last chosen, else 2000).
+        #[arg(long, requires = "action")]
+        quiet_ms: Option<u32>,
+    },
+}
+
+/// What a person's quick messages come to.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DoubleTextingAction {
+    /// Each request answered as it comes (the default).
+    Each,
+    /// The latest request of a burst answered, after a quiet period.
+    Latest,
+}
+
+/// `policy double-texting`: the installation's double-texting policy.
+async fn set_double_texting(
+    pool: &PgPool,
+    installation: Uuid,
+    action: DoubleTextingAction,
+    quiet_ms: Option<u32>,
+) -> anyhow::Result<()> {
+    use threadline_domain::double_text::{DoubleTexting, QUIET_DEFAULT_MS, QUIET_RANGE_MS};
+    if !threadline_store::installations::exists(pool, installation).await? {
+        anyhow::bail!("no installation {installation} (see `threadline install list`)");
+    }
+    let policy = match (action, quiet_ms) {
+        (DoubleTextingAction::Each, Some(_)) => {
+            anyhow::bail!("--quiet-ms goes with --action latest")
+        }
+        (DoubleTextingAction::Each, None) => DoubleTexting::Each,
+        (DoubleTextingAction::Latest, q) => {
+            let kept = threadline_store::policies::double_texting(pool, installation).await?;
+            let ms = q.unwrap_or_else(|| {
+                kept.quiet()
+                    .map_or(QUIET_DEFAULT_MS, |d| d.as_millis() as u32)
+            });
+            DoubleTexting::parse("latest", ms).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--quiet-ms {ms} is out of range ({}–{} ms)",
+                    QUIET_RANGE_MS.start(),
+                    QUIET_RANGE_MS.end()
+                )
+            })?
+        }
+    };
+    threadline_store::policies::set_double_texting(pool, installation, policy).await?;
+    match policy.quiet() {
+        None => println!("requests of {installation}: each answered as it comes"),
+        Some(q) => println!(
+            "requests of {installation}: the latest of a person's burst answered once they were quiet for {} ms",
+            q.as_millis()
+        ),
+    }
+    Ok(())
 }
 
 /// What happens to a request that arrived late.
@@ -217,6 +281,7 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                 .unwrap_or_default();
             let channels = threadline_store::policies::channel_policies(pool, installation).await?;
             let late = threadline_store::late::action(pool, installation).await?;
+            let doubled = threadline_store::policies::double_texting(pool, installation).await?;
             let own = threadline_store::policies::budget_overrides(pool, installation).await?;
             let used = threadline_store::policies::budget_use(pool, installation).await?;
             println!(
@@ -228,6 +293,9 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
                     "allowlist_only": p.allowlist_only, "unfurl": p.unfurl_allowed,
                     "streaming": p.streaming_allowed, // not a state: a setting's name
                     "late_events": late.as_str(),
+                    "double_texting": doubled.as_str(),
+                    // null: each request answered as it comes
+                    "double_texting_quiet_ms": doubled.quiet().map(|q| q.as_millis() as u64),
                     // null: the services' default (THREADLINE_BUDGET_*); 0: no limit
                     "budgets": {
                         "answers_per_minute": own.answers_per_minute,
@@ -368,6 +436,11 @@ pub async fn run(cmd: PolicyCommand, pool: &PgPool) -> anyhow::Result<()> {
             installation,
             action,
         } => set_late_events(pool, installation, action).await?,
+        PolicyCommand::DoubleTexting {
+            installation,
+            action,
+            quiet_ms,
+        } => set_double_texting(pool, installation, action, quiet_ms).await?,
     }
     Ok(())
 }

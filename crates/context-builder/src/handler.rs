@@ -197,6 +197,9 @@ fn ignored(reason: &'static str) -> Result<Step, anyhow::Error> {
 pub(crate) enum Step {
     Ignored(&'static str),
     Done,
+    /// Waiting out its asker's quiet period (double texting): handed back
+    /// and built after this long.
+    Quiet(std::time::Duration),
     /// Parked for its installation's budget or share (DESIGN invariant 11).
     Parked(ParkReason),
 }
@@ -222,6 +225,10 @@ impl Handler {
             Ok(Step::Done) => {
                 span.record("outcome", "context");
                 Disposition::Done
+            }
+            Ok(Step::Quiet(wait)) => {
+                span.record("outcome", "quiet");
+                Disposition::Defer(wait)
             }
             Ok(Step::Parked(reason)) => {
                 span.record("outcome", WorkState::Parked.name());
@@ -312,6 +319,10 @@ impl Handler {
                 source_ts, root, ..
             } => (source_ts, root),
         };
+        if let Some(wait) = self.quiet_wait(&inst, ev.received_at_unix_ms) {
+            // (its change is applied; a redelivery finds it so)
+            return Ok(Step::Quiet(wait));
+        }
         let channel = ev.channel_id.as_str();
         // A reply in a thread never seen: read the thread from Slack first
         // (no transaction is open during the call).
@@ -754,6 +765,11 @@ impl Handler {
             source_ts,
             noted_late,
         } = asked;
+        // A request a later one of its burst answers builds nothing.
+        let earlier = match self.burst(inst, channel, root, source_ts, receipt).await? {
+            crate::burst::Burst::Absorbed => return ignored(crate::burst::DOUBLE_TEXTED),
+            crate::burst::Burst::Read(earlier) => earlier,
+        };
         // One snapshot for the version and the messages it numbers (with
         // the other handlers' builds: one transaction).
         let channel_ref = threadline_runtime::audit::channel_ref(inst.id, channel);
@@ -818,6 +834,7 @@ impl Handler {
             context_channel_id,
             channel_context,
             late_by_ms: noted_late.map_or(0, |d| d.as_millis() as i64),
+            earlier,
         };
         threadline_runtime::bus::publish(
             &self.js,

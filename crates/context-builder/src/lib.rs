@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod agent;
 pub mod backfill;
+pub mod burst;
 pub mod config;
 /// The context window (pure; it lives in `domain`).
 pub use threadline_domain::context;

@@ -8,6 +8,7 @@ pub mod audit;
 pub mod budget;
 pub mod classify;
 pub mod context;
+pub mod double_text;
 pub mod envelope;
 pub mod event;
 pub mod feedback;

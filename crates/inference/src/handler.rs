@@ -333,9 +333,10 @@ impl Handler {
             + ctx
                 .channel_context
                 .iter()
+                .chain(&ctx.earlier)
                 .map(|m| m.text.len())
                 .sum::<usize>();
-        let framing = 4 * (1 + ctx.messages.len() + ctx.channel_context.len());
+        let framing = 4 * (1 + ctx.messages.len() + ctx.channel_context.len() + ctx.earlier.len());
         ((read + written).div_ceil(4) + framing) as i64
     }
 
@@ -765,6 +766,19 @@ impl Handler {
                     read.join(" ")
                 ));
             }
+            if !ctx.earlier.is_empty() {
+                // (the earlier messages of the person's burst it answers too)
+                let read: Vec<String> = ctx
+                    .earlier
+                    .iter()
+                    .map(|m| format!("{}/{}", m.ts, crate::provider::text_digest(&m.text)))
+                    .collect();
+                completion.text.push_str(&format!(
+                    "; and {} earlier message(s) you sent just before: {}",
+                    read.len(),
+                    read.join(" ")
+                ));
+            }
             if let (Some(r), Some(st)) = (releaser, &self.streaming) {
                 // Word by word at the configured pace, as a model writes,
                 // within the model's time limit like any model call (the
@@ -807,11 +821,22 @@ impl Handler {
                 text: &m.text,
             })
             .collect();
+        let earlier: Vec<Quoted<'_>> = ctx
+            .earlier
+            .iter()
+            .map(|m| Quoted {
+                role: &m.role,
+                speaker_id: &m.user_id,
+                ts: &m.ts,
+                text: &m.text,
+            })
+            .collect();
         let messages = prompt::build_viewing(
             &self.system_prompt,
             &quoted,
             &ctx.source_ts,
             (!viewing.is_empty()).then_some((ctx.context_channel_id.as_str(), viewing.as_slice())),
+            &earlier,
         );
         let mut last = "provider_error";
         for g in std::iter::once(primary).chain(self.backup.as_ref()) {

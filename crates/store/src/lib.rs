@@ -16,6 +16,7 @@ pub mod audit;
 pub mod budgets;
 pub mod channels;
 pub mod decisions;
+pub mod double_text;
 pub mod feedback;
 pub mod installations;
 pub mod intents;

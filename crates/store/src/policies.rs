@@ -285,3 +285,58 @@ pub async fn budget_use(pool: &PgPool, installation: Uuid) -> sqlx::Result<Budge
         in_queue: r.in_queue,
     })
 }
+
+/// The installation's double-texting policy (the default when it never
+/// chose).
+pub async fn double_texting(
+    pool: &PgPool,
+    installation: Uuid,
+) -> sqlx::Result<threadline_domain::double_text::DoubleTexting> {
+    use threadline_domain::double_text::DoubleTexting;
+    let r = sqlx::query!(
+        "SELECT double_texting, double_texting_quiet_ms FROM installation_policies
+          WHERE installation_id = $1",
+        installation
+    )
+    .fetch_optional(pool)
+    .await?;
+    match r {
+        None => Ok(DoubleTexting::DEFAULT),
+        Some(r) => DoubleTexting::parse(&r.double_texting, r.double_texting_quiet_ms.max(0) as u32)
+            .ok_or_else(|| {
+                sqlx::Error::Decode(
+                    format!(
+                        "installation_policies.double_texting: {:?}",
+                        r.double_texting
+                    )
+                    .into(),
+                )
+            }),
+    }
+}
+
+/// Sets the installation's double-texting policy (its other settings made
+/// from the defaults first when it has none); `each` keeps the quiet period
+/// last chosen.
+pub async fn set_double_texting(
+    pool: &PgPool,
+    installation: Uuid,
+    policy: threadline_domain::double_text::DoubleTexting,
+) -> sqlx::Result<()> {
+    let quiet = policy.quiet().map(|q| q.as_millis() as i32);
+    sqlx::query!(
+        "INSERT INTO installation_policies (installation_id, double_texting, double_texting_quiet_ms)
+         VALUES ($1, $2, coalesce($3::int, $4::int))
+         ON CONFLICT (installation_id) DO UPDATE
+            SET double_texting = EXCLUDED.double_texting,
+                double_texting_quiet_ms = coalesce($3::int, installation_policies.double_texting_quiet_ms),
+                updated_at = now()",
+        installation,
+        policy.as_str(),
+        quiet,
+        threadline_domain::double_text::QUIET_DEFAULT_MS as i32
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}

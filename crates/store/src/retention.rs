@@ -36,8 +36,8 @@ pub struct Purged {
     /// retention.
     pub assistant_threads: i64,
     /// Records of deliveries (identifiers only): late events and doubled
-    /// messages past the receipts' retention, persons' actions past the
-    /// threads'.
+    /// messages past the receipts' retention, persons' actions and the
+    /// parts of double-texting bursts past the threads'.
     pub delivery_records: i64,
     /// Budget records (identifiers and counts only): model tokens per day
     /// past the audit retention (they are usage accounting, as the audit
@@ -175,8 +175,11 @@ pub async fn purge(pool: &PgPool, keep: Retention, dry_run: bool) -> sqlx::Resul
               b AS (DELETE FROM doubled_messages WHERE detected_at < now() - make_interval(days => $1::int)
                     RETURNING 1),
               c AS (DELETE FROM person_actions WHERE created_at < now() - make_interval(days => $2::int)
+                    RETURNING 1),
+              d AS (DELETE FROM double_texts WHERE decided_at < now() - make_interval(days => $2::int)
                     RETURNING 1)
-         SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b) + (SELECT count(*) FROM c) AS "n!""#,
+         SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b) + (SELECT count(*) FROM c)
+                + (SELECT count(*) FROM d) AS "n!""#,
         cutoff,
         keep.threads_days
     )

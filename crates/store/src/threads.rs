@@ -11,6 +11,7 @@ use threadline_domain::classify::{
     BotIdentity, ChannelMode, Effect, MessageFacts, Speaker, TriggerPolicy,
 };
 use threadline_domain::context::{self, Built, Limits, Offer, StoredMessage};
+use threadline_domain::double_text::DoubleTexting;
 use threadline_domain::state::{Machine as _, ReceiptState};
 use threadline_domain::topic::Topic;
 use uuid::Uuid;
@@ -35,6 +36,8 @@ pub struct Installation {
     pub allowlist_only: bool,
     /// Granted bot scopes; empty when never recorded (a manual install).
     pub scopes: Vec<String>,
+    /// What a person's quick messages come to.
+    pub double_texting: DoubleTexting,
 }
 
 /// The installation's row and its policy's, as read.
@@ -53,6 +56,8 @@ struct InstallationRow {
     shared_channels_allowed: Option<bool>,
     scopes: Vec<String>,
     allowlist_only: Option<bool>,
+    double_texting: Option<String>,
+    double_texting_quiet_ms: Option<i32>,
 }
 
 impl From<InstallationRow> for Installation {
@@ -74,6 +79,12 @@ impl From<InstallationRow> for Installation {
             shared_allowed: r.shared_channels_allowed.unwrap_or(false),
             allowlist_only: r.allowlist_only.unwrap_or(false),
             scopes: r.scopes,
+            // (the columns' checks keep what is stored parseable)
+            double_texting: r
+                .double_texting
+                .zip(r.double_texting_quiet_ms)
+                .and_then(|(a, q)| DoubleTexting::parse(&a, q.max(0) as u32))
+                .unwrap_or(DoubleTexting::DEFAULT),
         }
     }
 }
@@ -85,7 +96,8 @@ pub async fn installation(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Instal
                   p.dms_allowed AS "dms_allowed?", p.approved_bots AS "approved_bots?",
                   p.read_limits AS "read_limits?", p.private_channels_allowed AS "private_channels_allowed?",
                   p.shared_channels_allowed AS "shared_channels_allowed?", i.scopes,
-                  p.allowlist_only AS "allowlist_only?"
+                  p.allowlist_only AS "allowlist_only?", p.double_texting AS "double_texting?",
+                  p.double_texting_quiet_ms AS "double_texting_quiet_ms?"
              FROM installations i LEFT JOIN installation_policies p ON p.installation_id = i.id
             WHERE i.id = $1"#,
         id
@@ -142,7 +154,8 @@ pub async fn open_many(
                 p.dms_allowed AS "dms_allowed?", p.approved_bots AS "approved_bots?",
                 p.read_limits AS "read_limits?", p.private_channels_allowed AS "private_channels_allowed?",
                 p.shared_channels_allowed AS "shared_channels_allowed?", i.scopes AS "scopes?",
-                p.allowlist_only AS "allowlist_only?",
+                p.allowlist_only AS "allowlist_only?", p.double_texting AS "double_texting?",
+                p.double_texting_quiet_ms AS "double_texting_quiet_ms?",
                 cp.mode AS "mode?", cp.keywords AS "keywords?", cp.allowed AS "allowed?",
                 ck.is_private AS "is_private?",
                 ck.checked_at >= now() - interval '10 minutes' AS "kind_fresh?",
@@ -204,6 +217,8 @@ pub async fn open_many(
                 shared_channels_allowed: r.shared_channels_allowed,
                 scopes,
                 allowlist_only: r.allowlist_only,
+                double_texting: r.double_texting,
+                double_texting_quiet_ms: r.double_texting_quiet_ms,
             });
             let allowed = r.allowed.unwrap_or(false);
             let policy = trigger_policy(

@@ -1,0 +1,91 @@
+//! Double texting (`threadline_domain::double_text`): under an
+//! installation's `latest` policy a request waits out its asker's quiet
+//! period before its context is built; a request with a later one of its
+//! burst is absorbed (its receipt ends `ignored` with `double_texted`, its
+//! place in the model's queue goes), and the latest top-level request of a
+//! burst reads the earlier ones with its thread.
+
+use std::time::Duration;
+
+use threadline_domain::double_text::BurstPart;
+use threadline_domain::state::ReceiptState;
+use threadline_proto::v1::ContextMessage;
+use threadline_store::double_text;
+use uuid::Uuid;
+
+use crate::handler::Handler;
+use crate::store::{self, Installation};
+
+/// The receipt's reason when a later request of its burst answers it.
+pub const DOUBLE_TEXTED: &str = "double_texted";
+
+/// What a request's burst comes to when its context is built.
+pub(crate) enum Burst {
+    /// Read by a later request's answer: nothing to build.
+    Absorbed,
+    /// Built, with the earlier messages of its burst from other threads
+    /// (top-level messages before it; none for a reply in a thread).
+    Read(Vec<ContextMessage>),
+}
+
+impl Handler {
+    /// How much longer the request `received_ms` reached threadline waits
+    /// for its asker's quiet period; `None`: it may be built now.
+    pub(crate) fn quiet_wait(&self, inst: &Installation, received_ms: i64) -> Option<Duration> {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        inst.double_texting.wait(received_ms, now_ms)
+    }
+
+    /// The request `source_ts` of `root` under its installation's
+    /// double-texting policy: absorbed (its receipt finished, its place
+    /// freed, counted) or read with the earlier messages of its burst.
+    pub(crate) async fn burst(
+        &self,
+        inst: &Installation,
+        channel: &str,
+        root: &str,
+        source_ts: &str,
+        receipt: Uuid,
+    ) -> anyhow::Result<Burst> {
+        let Some(quiet) = inst.double_texting.quiet() else {
+            return Ok(Burst::Read(Vec::new()));
+        };
+        let quiet_ms = quiet.as_millis() as i64;
+        let part = double_text::decide(&self.pool, inst.id, channel, source_ts, quiet_ms).await?;
+        metrics::counter!("threadline_double_texts_total", "outcome" => part.as_str()).increment(1);
+        if let BurstPart::Absorbed { .. } = part {
+            let mut conn = self.pool.acquire().await?;
+            store::finish(
+                &mut conn,
+                receipt,
+                ReceiptState::Ignored,
+                Some(DOUBLE_TEXTED),
+                (inst.id, channel),
+            )
+            .await?;
+            drop(conn);
+            threadline_store::budgets::free(&self.pool, receipt).await?;
+            tracing::info!(
+                channel,
+                "a request was absorbed by a later one of its burst"
+            );
+            return Ok(Burst::Absorbed);
+        }
+        if root != source_ts {
+            return Ok(Burst::Read(Vec::new()));
+        }
+        let earlier = double_text::earlier(&self.pool, inst.id, channel, source_ts, quiet_ms)
+            .await?
+            .into_iter()
+            .map(|m| ContextMessage {
+                ts: m.ts,
+                user_id: m.user_id,
+                role: "user".into(),
+                text: m.text,
+            })
+            .collect();
+        Ok(Burst::Read(earlier))
+    }
+}

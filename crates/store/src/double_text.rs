@@ -1,0 +1,153 @@
+//! Double texting under an installation's `latest` policy
+//! (`threadline_domain::double_text`): what each request of a person's
+//! burst came to (`double_texts`), decided once, and the earlier messages
+//! of a burst its latest request's answer reads. Identifiers only are
+//! stored here; the earlier messages' text is read from the thread store.
+
+use sqlx::PgPool;
+use threadline_domain::double_text::{BurstPart, EARLIER_MAX};
+use uuid::Uuid;
+
+/// A person's earlier message of a burst, read with its latest request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Earlier {
+    pub ts: String,
+    pub user_id: String,
+    pub text: String,
+}
+
+/// The request at `ts`: what it comes to, decided now unless decided
+/// before (by its own earlier build, or by a later request of its burst
+/// that read it). Absorbed when a later request of the same person in the
+/// same conversation (the same thread, or both top-level in the channel)
+/// was sent within `quiet_ms` of it.
+pub async fn decide(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+    quiet_ms: i64,
+) -> sqlx::Result<BurstPart> {
+    let later = sqlx::query_scalar!(
+        r#"SELECT l.ts
+             FROM thread_messages q
+             JOIN thread_messages l
+               ON l.installation_id = q.installation_id AND l.channel_id = q.channel_id
+              AND l.user_id = q.user_id AND NOT l.deleted
+              AND (l.root_ts = q.root_ts OR (q.root_ts = q.ts AND l.root_ts = l.ts))
+              AND l.ts::numeric > q.ts::numeric
+              AND l.ts::numeric <= q.ts::numeric + $4::bigint / 1000.0
+             JOIN turns t ON t.installation_id = l.installation_id AND t.channel_id = l.channel_id
+                         AND t.ts = l.ts
+            WHERE q.installation_id = $1 AND q.channel_id = $2 AND q.ts = $3
+            ORDER BY l.ts::numeric
+            LIMIT 1"#,
+        inst,
+        channel,
+        ts,
+        quiet_ms
+    )
+    .fetch_optional(pool)
+    .await?;
+    let part = match later {
+        Some(later_ts) => BurstPart::Absorbed { later_ts },
+        None => BurstPart::Alone,
+    };
+    settle(pool, inst, channel, ts, &part).await
+}
+
+/// Records `part` for the request at `ts` unless one was recorded before;
+/// what is recorded now (a second statement, so it sees a row another
+/// transaction committed meanwhile).
+async fn settle(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+    part: &BurstPart,
+) -> sqlx::Result<BurstPart> {
+    let later = match part {
+        BurstPart::Alone => None,
+        BurstPart::Absorbed { later_ts } => Some(later_ts.as_str()),
+    };
+    sqlx::query!(
+        "INSERT INTO double_texts (installation_id, channel_id, ts, outcome, later_ts)
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+        inst,
+        channel,
+        ts,
+        part.as_str(),
+        later
+    )
+    .execute(pool)
+    .await?;
+    let row = sqlx::query!(
+        "SELECT outcome, later_ts FROM double_texts
+          WHERE installation_id = $1 AND channel_id = $2 AND ts = $3",
+        inst,
+        channel,
+        ts
+    )
+    .fetch_one(pool)
+    .await?;
+    BurstPart::parse(&row.outcome, row.later_ts).ok_or_else(|| {
+        sqlx::Error::Decode(format!("double_texts.outcome: {:?}", row.outcome).into())
+    })
+}
+
+/// The earlier messages of the burst that ends at the top-level request
+/// `ts` (oldest first, at most [`EARLIER_MAX`]): going back from it, the
+/// same person's previous top-level request in the channel, while it was
+/// sent within `quiet_ms` of the next one and is absorbed (decided so now
+/// when it was not decided yet: this request read it). A request of the
+/// burst answered alone, or read by another request, ends the walk. Nothing for a reply in a
+/// thread: its burst's earlier messages are in its thread.
+pub async fn earlier(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+    quiet_ms: i64,
+) -> sqlx::Result<Vec<Earlier>> {
+    let mut found = Vec::new();
+    let mut next = ts.to_owned();
+    while found.len() < EARLIER_MAX {
+        let prev = sqlx::query!(
+            r#"SELECT p.ts, p.user_id AS "user_id!", p.text
+                 FROM thread_messages n
+                 JOIN thread_messages p
+                   ON p.installation_id = n.installation_id AND p.channel_id = n.channel_id
+                  AND p.user_id = n.user_id AND NOT p.deleted AND p.root_ts = p.ts
+                  AND p.ts::numeric < n.ts::numeric
+                  AND p.ts::numeric >= n.ts::numeric - $4::bigint / 1000.0
+                 JOIN turns t ON t.installation_id = p.installation_id AND t.channel_id = p.channel_id
+                             AND t.ts = p.ts
+                WHERE n.installation_id = $1 AND n.channel_id = $2 AND n.ts = $3 AND n.root_ts = n.ts
+                ORDER BY p.ts::numeric DESC
+                LIMIT 1"#,
+            inst,
+            channel,
+            next,
+            quiet_ms
+        )
+        .fetch_optional(pool)
+        .await?;
+        let Some(p) = prev else { break };
+        let read = BurstPart::Absorbed {
+            later_ts: next.clone(),
+        };
+        // (absorbed by another request, a reply in its own thread: that
+        // one's answer reads it)
+        if settle(pool, inst, channel, &p.ts, &read).await? != read {
+            break;
+        }
+        next = p.ts.clone();
+        found.push(Earlier {
+            ts: p.ts,
+            user_id: p.user_id,
+            text: p.text,
+        });
+    }
+    found.reverse();
+    Ok(found)
+}

@@ -1,0 +1,225 @@
+//! Double texting, judged from Slack's side: people send one question as
+//! two or three quick messages. Under an installation's `latest` policy
+//! (`threadline policy double-texting --action latest`) the latest message
+//! of a person's burst is answered once they were quiet, its answer reading
+//! the earlier ones (top-level messages, each a thread of its own, named by
+//! the built-in model apart from the thread; replies, in the thread), and
+//! the earlier ones get no answer of their own; under `each` (the default)
+//! every message is answered. The oracle judges every answer: each question
+//! answered once — by its own answer or read by exactly one later one of
+//! the same person — never both.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use threadline_testkit::eventually;
+use threadline_tests::oracle::{ScopeKind, stated};
+use threadline_tests::{Stack, cli, first_installation, quiesce, sim_ctl};
+
+/// The quiet period the tests choose (short, so they run fast).
+const QUIET_MS: u64 = 1500;
+
+/// Sets the installation's double-texting policy through the CLI.
+async fn policy(s: &Stack, inst: &str, args: &[&str]) -> String {
+    let mut all = vec!["policy", "double-texting", "--installation", inst];
+    all.extend_from_slice(args);
+    let out = cli(&all, &[("DATABASE_URL", s.db.url.clone())]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits until nothing is in flight in threadline (and a moment more).
+async fn settled(s: &Stack) {
+    let open = quiesce(
+        &s.db.pool,
+        Some((&s.js, &s.prefix)),
+        Duration::from_secs(60),
+        Duration::from_millis(QUIET_MS + 1500),
+    )
+    .await;
+    assert!(open.is_none(), "work still in flight: {open:?}");
+}
+
+/// The answer in thread `root` of `channel` that states it answers
+/// `question`, waited for.
+async fn answer_to(s: &Stack, channel: &str, root: &str, question: &str) -> Value {
+    eventually(
+        &format!("the answer to {question}"),
+        Duration::from_secs(40),
+        || async {
+            s.answers_in(channel, root).await.into_iter().find(|a| {
+                a["text"]
+                    .as_str()
+                    .and_then(stated)
+                    .is_some_and(|st| st.answering == question)
+            })
+        },
+    )
+    .await
+}
+
+/// What the answer read as earlier messages of the person's burst.
+fn earlier_read(answer: &Value) -> Vec<String> {
+    stated(answer["text"].as_str().unwrap_or_default())
+        .map(|st| st.earlier.into_iter().map(|(ts, _)| ts).collect())
+        .unwrap_or_default()
+}
+
+/// The receipts ended as absorbed by a later request of their burst.
+async fn absorbed(s: &Stack) -> usize {
+    threadline_store::testing::receipts::states_and_reasons(&s.db.pool)
+        .await
+        .expect("receipts")
+        .into_iter()
+        .filter(|(state, why)| state == "ignored" && why.as_deref() == Some("double_texted"))
+        .count()
+}
+
+/// The oracle finds nothing wrong, and explains every question without an
+/// answer of its own by a later answer that read it.
+async fn judged_clean(s: &Stack, unanswered: usize) {
+    let (j, violations) = s.verdict(Duration::from_millis(500)).await;
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert_eq!(
+        j.explained
+            .get("answered_with_a_later_question")
+            .copied()
+            .unwrap_or(0),
+        unanswered,
+        "{j:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_latest_a_burst_is_answered_once_by_its_latest_message() {
+    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())]).await;
+    let inst = first_installation(&s).await;
+    let said = policy(&s, &inst, &["--action", "latest", "--quiet-ms", "1500"]).await;
+    assert!(said.contains("quiet for 1500 ms"), "{said}");
+    let bot = s.bot_user.clone();
+
+    // 1. Three top-level questions in quick succession: each a thread of
+    //    its own. The last is answered, in its own thread, reading the two
+    //    before it; they get no answer of their own.
+    let first = s.post(&format!("<@{bot}> hi"), None).await;
+    let second = s
+        .post(&format!("<@{bot}> why did the deploy fail?"), None)
+        .await;
+    let third = s.post(&format!("<@{bot}> the one in staging"), None).await;
+    let answer = answer_to(&s, &s.channel, &third, &third).await;
+    assert_eq!(earlier_read(&answer), vec![first.clone(), second.clone()]);
+    settled(&s).await;
+    assert!(s.answers(&first).await.is_empty(), "no answer to {first}");
+    assert!(s.answers(&second).await.is_empty(), "no answer to {second}");
+    assert_eq!(absorbed(&s).await, 2);
+
+    // 2. A question after the person was quiet is a burst of its own: it
+    //    is answered, reading nobody's earlier messages.
+    tokio::time::sleep(Duration::from_millis(QUIET_MS + 500)).await;
+    let alone = s.post(&format!("<@{bot}> and prod?"), None).await;
+    let answer = answer_to(&s, &s.channel, &alone, &alone).await;
+    assert!(earlier_read(&answer).is_empty(), "{answer:#?}");
+
+    // 3. A question and a quick follow-up in its thread: one model call,
+    //    one answer, to the follow-up, which read both.
+    let root = s.post(&format!("<@{bot}> is the queue stuck?"), None).await;
+    let follow = s
+        .post(&format!("<@{bot}> the billing one"), Some(&root))
+        .await;
+    let answer = answer_to(&s, &s.channel, &root, &follow).await;
+    let st = stated(answer["text"].as_str().unwrap_or_default()).expect("stated");
+    assert!(st.read.iter().any(|(ts, _)| *ts == root), "{st:?}");
+    settled(&s).await;
+    assert_eq!(s.answers(&root).await.len(), 1, "one answer in the thread");
+    assert_eq!(absorbed(&s).await, 3);
+    judged_clean(&s, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_each_every_quick_message_is_answered() {
+    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())]).await;
+    let inst = first_installation(&s).await;
+    // (latest, then back to each: the choice is the installation's now)
+    policy(&s, &inst, &["--action", "latest"]).await;
+    let said = policy(&s, &inst, &["--action", "each"]).await;
+    assert!(said.contains("each answered as it comes"), "{said}");
+    let bot = s.bot_user.clone();
+    let first = s.post(&format!("<@{bot}> hi"), None).await;
+    let second = s.post(&format!("<@{bot}> why is it slow?"), None).await;
+    for q in [&first, &second] {
+        let answer = answer_to(&s, &s.channel, q, q).await;
+        assert!(earlier_read(&answer).is_empty(), "{answer:#?}");
+    }
+    settled(&s).await;
+    assert_eq!(absorbed(&s).await, 0);
+    judged_clean(&s, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_in_an_agents_messages_tab_is_answered_once() {
+    let s = Stack::start_with_app(
+        &[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())],
+        &[
+            "app_mention",
+            "message.channels",
+            "message.im",
+            "app_home_opened",
+            "app_context_changed",
+        ],
+        &[
+            "chat:write",
+            "channels:history",
+            "channels:read",
+            "im:history",
+            "assistant:write",
+        ],
+    )
+    .await;
+    let set = sim_ctl(
+        &s.sim,
+        &format!("apps/{}/experience", s.app),
+        json!({"experience": "agent_view"}),
+    )
+    .await;
+    assert_eq!(set["experience"], "agent_view", "{set}");
+    let inst = first_installation(&s).await;
+    let out = cli(
+        &["policy", "set", "--installation", &inst, "--dms", "on"],
+        &[("DATABASE_URL", s.db.url.clone())],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    policy(&s, &inst, &["--action", "latest", "--quiet-ms", "1500"]).await;
+    let opened = sim_ctl(
+        &s.sim,
+        "act/agent_open",
+        json!({"user": s.user, "app_id": s.app, "entities": []}),
+    )
+    .await;
+    let dm = opened["channel"].as_str().expect("the DM").to_owned();
+    s.judge_also_as(&dm, &s.bot_user, ScopeKind::Direct);
+
+    // Each message in the tab is a thread of its own: the last of the
+    // burst is answered in its thread, reading the two before it.
+    let first = s.post_as(&s.user, &dm, "hello", None).await;
+    let second = s
+        .post_as(&s.user, &dm, "my laptop will not boot", None)
+        .await;
+    let third = s
+        .post_as(&s.user, &dm, "it shows a grey screen", None)
+        .await;
+    let answer = answer_to(&s, &dm, &third, &third).await;
+    assert_eq!(earlier_read(&answer), vec![first.clone(), second.clone()]);
+    settled(&s).await;
+    assert!(s.answers_in(&dm, &first).await.is_empty());
+    assert!(s.answers_in(&dm, &second).await.is_empty());
+    judged_clean(&s, 2).await;
+}
