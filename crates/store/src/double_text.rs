@@ -18,9 +18,13 @@ pub struct Earlier {
 
 /// The request at `ts`: what it comes to, decided now unless decided
 /// before (by its own earlier build, or by a later request of its burst
-/// that read it). Absorbed when a later request of the same person in the
+/// that read it). Absorbed when the next request of the same person in the
 /// same conversation (the same thread, or both top-level in the channel)
-/// was sent within `quiet_ms` of it.
+/// was sent within `quiet_ms` of it and has not decided yet: that one's
+/// build reads this one (its thread, or the walk of [`earlier`]), as it
+/// decides itself before it reads. A next request that decided already
+/// (this one reached threadline late, after it was built) never read it:
+/// this one is answered alone.
 pub async fn decide(
     pool: &PgPool,
     inst: Uuid,
@@ -28,8 +32,11 @@ pub async fn decide(
     ts: &str,
     quiet_ms: i64,
 ) -> sqlx::Result<BurstPart> {
-    let later = sqlx::query_scalar!(
-        r#"SELECT l.ts
+    let later = sqlx::query!(
+        r#"SELECT l.ts,
+                  EXISTS (SELECT 1 FROM double_texts d
+                           WHERE d.installation_id = l.installation_id AND d.channel_id = l.channel_id
+                             AND d.ts = l.ts) AS "decided!"
              FROM thread_messages q
              JOIN thread_messages l
                ON l.installation_id = q.installation_id AND l.channel_id = q.channel_id
@@ -49,9 +56,12 @@ pub async fn decide(
     )
     .fetch_optional(pool)
     .await?;
+    // A later request that has decided already was built (or read by one
+    // built) without this one, which reached threadline after it: this one
+    // is answered on its own.
     let part = match later {
-        Some(later_ts) => BurstPart::Absorbed { later_ts },
-        None => BurstPart::Alone,
+        Some(l) if !l.decided => BurstPart::Absorbed { later_ts: l.ts },
+        _ => BurstPart::Alone,
     };
     settle(pool, inst, channel, ts, &part).await
 }

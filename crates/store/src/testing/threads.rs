@@ -450,3 +450,18 @@ pub async fn count_crossed_answers(pool: &sqlx::PgPool) -> sqlx::Result<i64> {
         .fetch_one(pool)
         .await
 }
+
+/// The later request of its burst that absorbed the request at `ts` of
+/// `channel` (double texting), if one did.
+pub async fn absorbed_by(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Option<String> {
+    sqlx::query_scalar!(
+        "SELECT later_ts FROM double_texts WHERE channel_id = $1 AND ts = $2 AND outcome = 'absorbed'",
+        channel,
+        ts
+    )
+    .fetch_optional(pool)
+    .await
+    .ok()
+    .flatten()
+    .flatten()
+}
