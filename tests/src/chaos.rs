@@ -33,8 +33,11 @@
 //! without a reason, every crossed-in-flight answer recorded and
 //! reconsidered, every unanswered question explained to an operator by a
 //! reason the soak itself caused (a reviewer's rejection, a late question
-//! in the workspace that skips them: the soak engages no kill switch).
-//! From Slack's side also: a doubled action is answered once, a skipped
+//! in the workspace that skips them, a burst withdrawn by deleting its
+//! latest message: the soak engages no kill switch). People send quick
+//! bursts of top-level questions (double texting); the first workspace
+//! answers the latest of each burst, reading the earlier ones, the others
+//! answer each. From Slack's side also: a doubled action is answered once, a skipped
 //! late question has no reply, an answer to a noted one carries the note
 //! of its lateness beside the AI label, and no other answer does.
 //!
@@ -526,6 +529,21 @@ fn late_policy(i: usize) -> &'static str {
 /// The reason threadline's records give for a request skipped as late.
 const LATE_SKIPPED: &str = "event ignored:late_event";
 
+/// The quiet period of workspace `i` when it answers the latest of a
+/// person's burst (double texting): the first does; the others answer each
+/// message (threadline's default).
+fn burst_policy(i: usize) -> Option<&'static str> {
+    (i == 0).then_some("1500")
+}
+
+/// How often a person's top-level question is followed at once by another
+/// (double texting), in percent.
+const BURST_PERCENT: u64 = 15;
+
+/// The reason threadline's records give for a request a later one of its
+/// burst absorbed.
+const DOUBLE_TEXTED: &str = "event ignored:double_texted";
+
 /// The note of lateness beside the AI label, as a reader sees it (written
 /// out here: the judge trusts Slack's text).
 const LATE_NOTE: &str = "Slack delivered this message to me ";
@@ -535,6 +553,16 @@ struct Late {
     channel: String,
     ts: String,
     policy: &'static str,
+}
+
+/// Whether Slack shows message `ts` of `channel` deleted.
+async fn message_deleted(s: &Stack, channel: &str, ts: &str) -> bool {
+    let all = crate::sim_get(&s.sim, &format!("channels/{channel}/messages")).await;
+    all["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| m["ts"] == ts && m["deleted"] == true)
 }
 
 /// Slack delivers again each person's message that is due (all of them
@@ -785,6 +813,22 @@ pub async fn soak(
                     &w.inst,
                     "--action",
                     late_policy(i),
+                ],
+            )
+            .await;
+        }
+        if let Some(quiet) = burst_policy(i) {
+            run_cli(
+                s,
+                &[
+                    "policy",
+                    "double-texting",
+                    "--installation",
+                    &w.inst,
+                    "--action",
+                    "latest",
+                    "--quiet-ms",
+                    quiet,
                 ],
             )
             .await;
@@ -1229,6 +1273,22 @@ pub async fn soak(
                         let after = Duration::from_millis(below(&mut rng, DOUBLE_WITHIN_MS));
                         doubled.insert(root.clone());
                         doubling.push((Instant::now() + after, dm, root.clone(), root));
+                    } else if below(&mut rng, 100) < BURST_PERCENT {
+                        // Double texting: another message at once, at the
+                        // top of the tab (a thread of its own).
+                        let more = question(&mut rng, None, step, &format!("and {step}, too?"));
+                        if let Some(next) = post(s, &people[p], &more, None).await {
+                            *faults.entry("burst").or_default() += 1;
+                            log.push((
+                                Some(next.clone()),
+                                format!("step {step}: {next} follows {root} at once in {dm}"),
+                            ));
+                            threads.push(Thread {
+                                person: p,
+                                root: next.clone(),
+                                messages: vec![next],
+                            });
+                        }
                     }
                 }
             }
@@ -1302,6 +1362,26 @@ pub async fn soak(
                             root.clone(),
                             root,
                         ));
+                    } else if below(&mut rng, 100) < BURST_PERCENT {
+                        // Double texting: another mention at once, at the
+                        // top level (a thread of its own).
+                        let more =
+                            question(&mut rng, Some(&who.bot), step, &format!("and {step}, too?"));
+                        if let Some(next) = post(s, who, &more, None).await {
+                            *faults.entry("burst").or_default() += 1;
+                            log.push((
+                                Some(next.clone()),
+                                format!(
+                                    "step {step}: {next} follows {root} at once in {}",
+                                    who.channel
+                                ),
+                            ));
+                            threads.push(Thread {
+                                person: p,
+                                root: next.clone(),
+                                messages: vec![next],
+                            });
+                        }
                     }
                 }
             }
@@ -1581,6 +1661,20 @@ pub async fn soak(
                 .any(|l| l.policy == "skip" && l.channel == q.channel && l.ts == q.ts)
         {
             continue;
+        }
+        // Absorbed by a later message of its burst: only one Slack shows
+        // deleted (the burst withdrawn before its answer); a later message
+        // still there answers it, and Slack would show that.
+        if reason == DOUBLE_TEXTED {
+            let later =
+                threadline_store::testing::threads::absorbed_by(&s.db.pool, &q.channel, &q.ts)
+                    .await;
+            if let Some(later) = later
+                && message_deleted(s, &q.channel, &later).await
+            {
+                *faults.entry("burst_withdrawn").or_default() += 1;
+                continue;
+            }
         }
         if !own.starts_with("decision rejected:") {
             violations.push((

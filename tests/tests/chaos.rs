@@ -52,6 +52,10 @@ async fn a_short_adversarial_soak_keeps_every_invariant_as_slack_shows_it() {
         f.get("agent_tab_opened").is_some_and(|n| *n > 0),
         "the agent Messages tab opened after the app moved to it: {f:?}"
     );
+    assert!(
+        f.get("burst").is_some_and(|n| *n > 0),
+        "people sent quick bursts of questions (double texting): {f:?}"
+    );
     assert_eq!(f.get("nats_outage"), Some(&1), "{f:?}");
     assert_eq!(
         f.get("publisher_paused"),
