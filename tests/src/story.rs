@@ -32,6 +32,44 @@ pub fn settings() -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The app's events and its installation's scopes: what
+/// `deploy/slack/manifest.yaml` asks for, with the opt-in items of Slack's
+/// agent messaging experience (the Messages tab).
+pub const EVENTS: &[&str] = &[
+    "app_mention",
+    "message.channels",
+    "message.im",
+    "app_home_opened",
+    "app_context_changed",
+];
+pub const SCOPES: &[&str] = &[
+    "chat:write",
+    "channels:history",
+    "channels:read",
+    "im:history",
+    "assistant:write",
+];
+
+/// Starts the stack the story plays on: [`settings`] and `extra` for every
+/// service, the app with [`EVENTS`] and [`SCOPES`] and, as the manifest
+/// gives it, the agent messaging experience (`features.agent_view`).
+pub async fn start(extra: &[(&str, String)]) -> Stack {
+    let mut all: Vec<(&str, String)> = settings();
+    all.extend(extra.iter().cloned());
+    let s = Stack::start_with_app(&all, EVENTS, SCOPES).await;
+    let set = sim_ctl(
+        &s.sim,
+        &format!("apps/{}/experience", s.app),
+        json!({"experience": "agent_view"}),
+    )
+    .await;
+    assert_eq!(
+        set["experience"], "agent_view",
+        "the app's experience: {set}"
+    );
+    s
+}
+
 #[derive(Debug, Clone)]
 pub struct Chapter {
     pub title: &'static str,

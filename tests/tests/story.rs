@@ -2,13 +2,11 @@
 //! expectations, judged from slack-sim's ground truth and threadline's
 //! tables, and no duplicate reply anywhere.
 
-use threadline_tests::{Stack, story};
+use threadline_tests::story;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_story_holds_every_invariant() {
-    let settings = story::settings();
-    let extra: Vec<(&str, String)> = settings.iter().map(|(k, v)| (*k, v.clone())).collect();
-    let s = Stack::start(&extra).await;
+    let s = story::start(&[]).await;
     let told = story::play(&s).await;
     let report = told.report();
     for c in &told.chapters {
