@@ -18,8 +18,8 @@ async fn the_demo_story_holds_every_invariant() {
     assert!(told.oracle.violations.is_empty(), "{report}");
     assert_eq!(
         (told.oracle.questions, told.oracle.answered),
-        (11, 10),
-        "eleven questions, one stopped by the kill switch: {report}"
+        (12, 11),
+        "twelve questions, one stopped by the kill switch: {report}"
     );
     assert_eq!(
         told.totals.ended_early, 1,
