@@ -1267,14 +1267,19 @@ async fn agent_tab(t: &Teller<'_>, inst: &str, db: &[(&'static str, String)]) ->
         .collect();
     let only_the_question = top.len() == 1 && top[0]["ts"] == json!(asked);
 
-    // The person finds the answer helpful.
-    let click = sim_ctl(
-        &s.sim,
-        "act/click",
-        json!({"user": s.user, "channel": dm, "ts": answer["ts"], "action_id": FEEDBACK_ACTION,
-               "button": "positive"}),
-    )
-    .await;
+    // The person finds the answer helpful (no answer: nothing to click).
+    let click = match answer["ts"].as_str() {
+        Some(ts) => {
+            sim_ctl(
+                &s.sim,
+                "act/click",
+                json!({"user": s.user, "channel": dm, "ts": ts, "action_id": FEEDBACK_ACTION,
+                       "button": "positive"}),
+            )
+            .await
+        }
+        None => Value::Null,
+    };
     let export = || async {
         let out = cli(&["feedback", "export", "--installation", inst], db).await;
         String::from_utf8_lossy(&out.stdout)
@@ -1340,17 +1345,17 @@ async fn agent_tab(t: &Teller<'_>, inst: &str, db: &[(&'static str, String)]) ->
             .map(|c| c.iter().filter(|c| c["outcome"] == "ok").count())
             .unwrap_or(0);
     let opened = tab().await["opened"].as_u64().unwrap_or(0);
-    Chapter {
-        title: "The agent's Messages tab: greeted once, a DM question streamed with its steps, a 👍 recorded",
-        slack: format!(
-            "the tab opened {} ({openings} app_home_opened delivered), its {prompts} suggested prompts set {}; \
-             looking at <#{}>, the person asks at the top of the DM: {} in the question's own thread, \
-             streamed ({}), {}, {}, {} feedback buttons; 👍 clicked, Slack's request answered {}",
-            times(opened as usize),
-            times(greetings),
-            s.channel,
+    let answered = if answers.is_empty() {
+        "no reply in the question's own thread".to_owned()
+    } else {
+        format!(
+            "{} in the question's own thread, {}, {}, {}, {} feedback buttons",
             replies(answers.len()),
-            render_steps(&shown),
+            if answer["streaming_state"].is_string() {
+                format!("streamed ({})", render_steps(&shown))
+            } else {
+                "posted whole".into()
+            },
             if labelled {
                 "labelled as AI"
             } else {
@@ -1369,22 +1374,41 @@ async fn agent_tab(t: &Teller<'_>, inst: &str, db: &[(&'static str, String)]) ->
             } else {
                 "without"
             },
-            click["status"],
+        )
+    };
+    let clicked = match &click["status"] {
+        Value::Null => "nothing to click".to_owned(),
+        status => format!("👍 clicked, Slack's request answered {status}"),
+    };
+    let exported_as = match &line {
+        Some(_) => format!(
+            "{verdict} for that answer's decision ({}), {}",
+            labels.join(", "),
+            if textless {
+                "ids and labels only"
+            } else {
+                "with more than ids"
+            }
+        ),
+        None => "no line for the answer".to_owned(),
+    };
+    Chapter {
+        title: "The agent's Messages tab: greeted once, a DM question streamed with its steps, a 👍 recorded",
+        slack: format!(
+            "the tab opened {} ({openings} app_home_opened delivered), its {prompts} suggested prompts set {}; \
+             looking at <#{}>, the person asks at the top of the DM: {answered}; {clicked}",
+            times(opened as usize),
+            times(greetings),
+            s.channel,
         ),
         recorded: format!(
-            "the tab's viewed channel {}; {}; `threadline feedback export`: {verdict} for that answer's decision ({}), {}",
+            "the tab's viewed channel {}; {}; `threadline feedback export`: {exported_as}",
             if viewed {
                 s.channel.as_str()
             } else {
                 "not recorded"
             },
             chain(&decisions),
-            labels.join(", "),
-            if textless {
-                "ids and labels only"
-            } else {
-                "with more than ids"
-            },
         ),
         verdict: check(&[
             (allowed, "DMs allowed and streaming on by policy".into()),
@@ -1409,7 +1433,7 @@ async fn agent_tab(t: &Teller<'_>, inst: &str, db: &[(&'static str, String)]) ->
             ),
             (
                 only_the_question,
-                "nothing of the app at the top of the DM".into(),
+                "only the question at the top of the DM, nothing of the app".into(),
             ),
             (
                 streaming
