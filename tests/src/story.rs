@@ -32,6 +32,45 @@ pub fn settings() -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The app's events and its installation's scopes: what
+/// `deploy/slack/manifest.yaml` asks for, with the opt-in items of Slack's
+/// agent messaging experience (the Messages tab) that the last chapter
+/// plays.
+pub const EVENTS: &[&str] = &[
+    "app_mention",
+    "message.channels",
+    "message.im",
+    "app_home_opened",
+    "app_context_changed",
+];
+pub const SCOPES: &[&str] = &[
+    "chat:write",
+    "channels:history",
+    "channels:read",
+    "im:history",
+    "assistant:write",
+];
+
+/// Starts the stack the story plays on: [`settings`] and `extra` for every
+/// service, the app with [`EVENTS`] and [`SCOPES`] and, as the manifest
+/// gives it, the agent messaging experience (`features.agent_view`).
+pub async fn start(extra: &[(&str, String)]) -> Stack {
+    let mut all: Vec<(&str, String)> = settings();
+    all.extend(extra.iter().cloned());
+    let s = Stack::start_with_app(&all, EVENTS, SCOPES).await;
+    let set = sim_ctl(
+        &s.sim,
+        &format!("apps/{}/experience", s.app),
+        json!({"experience": "agent_view"}),
+    )
+    .await;
+    assert_eq!(
+        set["experience"], "agent_view",
+        "the app's experience: {set}"
+    );
+    s
+}
+
 #[derive(Debug, Clone)]
 pub struct Chapter {
     pub title: &'static str,
@@ -276,6 +315,14 @@ fn replies(n: usize) -> String {
     match n {
         1 => "1 reply".into(),
         n => format!("{n} replies"),
+    }
+}
+
+fn times(n: usize) -> String {
+    match n {
+        1 => "once".into(),
+        2 => "twice".into(),
+        n => format!("{n} times"),
     }
 }
 
@@ -682,6 +729,10 @@ pub async fn play(s: &Stack) -> Story {
     let chapter = socket_mode(&t).await;
     chapters.push(chapter);
 
+    // 12. The agent's Messages tab.
+    let chapter = agent_tab(&t, &inst, &db).await;
+    chapters.push(chapter);
+
     let (j, violations) = s.verdict(crate::ORACLE_GRACE).await;
     Story {
         chapters,
@@ -1045,6 +1096,386 @@ async fn review_by_button(t: &Teller<'_>, inst: &str, db: &[(&'static str, Strin
     }
 }
 
+/// The thinking steps a message shows (Slack's task cards): each task's
+/// title and status, in order.
+fn steps(m: &Value) -> Vec<(String, String)> {
+    m["blocks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["type"] == "task_card")
+        .map(|b| {
+            let s = |k: &str| b[k].as_str().unwrap_or_default().to_owned();
+            (s("title"), s("status"))
+        })
+        .collect()
+}
+
+/// The steps as the report shows them: `Reading the thread ✓ · …`.
+fn render_steps(steps: &[(String, String)]) -> String {
+    if steps.is_empty() {
+        return "no steps".into();
+    }
+    steps
+        .iter()
+        .map(|(title, status)| match status.as_str() {
+            "complete" => format!("{title} ✓"),
+            other => format!("{title} ({other})"),
+        })
+        .collect::<Vec<_>>()
+        .join(" · ")
+}
+
+/// The decision an answer's feedback buttons name, when it carries both
+/// buttons naming the same one.
+fn feedback_decision(answer: &Value) -> Option<String> {
+    use threadline_domain::feedback::{FEEDBACK_ACTION, Verdict};
+    let buttons = answer["blocks"]
+        .as_array()?
+        .iter()
+        .find(|b| b["type"] == "context_actions")?["elements"]
+        .as_array()?
+        .iter()
+        .find(|e| e["type"] == "feedback_buttons" && e["action_id"] == FEEDBACK_ACTION)?
+        .clone();
+    let side = |key: &str| Verdict::of_value(buttons[key]["value"].as_str()?);
+    match (side("positive_button")?, side("negative_button")?) {
+        ((Verdict::Positive, p), (Verdict::Negative, n)) if p == n => Some(p.to_owned()),
+        _ => None,
+    }
+}
+
+/// Chapter 12: Slack's agent messaging experience, the manifest's default.
+/// A person opens the app's Messages tab (their DM with the app) and is
+/// greeted once however often they open it, looks at the channel, and asks
+/// at the top of the DM; the answer streams in the question's own thread
+/// with its thinking steps, reads the channel they look at as background,
+/// and carries the AI label and feedback buttons; their 👍 is recorded for
+/// that answer, without text.
+async fn agent_tab(t: &Teller<'_>, inst: &str, db: &[(&'static str, String)]) -> Chapter {
+    use threadline_domain::feedback::FEEDBACK_ACTION;
+    use threadline_domain::thinking::Stage;
+    let s = t.s;
+    // (DMs are denied until the operator allows them; answers stream again)
+    let allowed = cli(
+        &[
+            "policy",
+            "set",
+            "--installation",
+            inst,
+            "--dms",
+            "on",
+            "--streaming",
+            "on",
+        ],
+        db,
+    )
+    .await
+    .status
+    .success();
+    sim_ctl(
+        &s.sim,
+        &format!("apps/{}/interactivity", s.app),
+        json!({"url": format!("{}/slack/interactions", s.services[0].base_url)}),
+    )
+    .await;
+    // What the person will look at: the channel, with its latest news.
+    let said = [
+        s.post("api-7 was rolled back at 02:40", None).await,
+        s.post("api-7 has been green since the rollback", None)
+            .await,
+    ];
+    let open = || async {
+        sim_ctl(
+            &s.sim,
+            "act/agent_open",
+            json!({"user": s.user, "app_id": s.app}),
+        )
+        .await["channel"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let dm = open().await;
+    // (the oracle judges the DM too: every message there is a question)
+    s.judge_also_as(&dm, &s.bot_user, crate::oracle::ScopeKind::Direct);
+    let tab =
+        || async { sim_get(&s.sim, &format!("agent_tabs?channel={dm}")).await["tabs"][0].clone() };
+    let prompts = until(Duration::from_secs(30), || async {
+        tab().await["suggested_prompts"].as_array().map(Vec::len)
+    })
+    .await
+    .unwrap_or(0);
+    let reopened = open().await == dm;
+    sim_ctl(
+        &s.sim,
+        "act/agent_context",
+        json!({"user": s.user, "app_id": s.app, "channel": s.channel}),
+    )
+    .await;
+    let viewed = until(Duration::from_secs(30), || async {
+        let c = threadline_store::testing::agent_view::context_channel(&s.db.pool, &dm).await;
+        (c == Some(Some(s.channel.clone()))).then_some(())
+    })
+    .await
+    .is_some();
+    let history_reads = || async {
+        sim_get(&s.sim, "calls?method=conversations.history").await["calls"]
+            .as_array()
+            .map(|c| {
+                c.iter()
+                    .filter(|c| c["channel"] == json!(s.channel))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let reads_before = history_reads().await;
+
+    let question = "what happened to api-7 tonight?";
+    let asked = s.post_as(&s.user, &dm, question, None).await;
+    let streaming = until(Duration::from_secs(30), || async {
+        s.answers_in(&dm, &asked)
+            .await
+            .into_iter()
+            .find(|m| m["streaming_state"] == "in_progress" && !steps(m).is_empty())
+            .map(|m| steps(&m))
+    })
+    .await
+    .unwrap_or_default();
+    t.settle(&asked).await;
+    let answers = s.answers_in(&dm, &asked).await;
+    let decisions = t.decisions(&asked).await;
+    let starts = t.calls("chat.startStream", &asked).await.len();
+    let read = history_reads().await.saturating_sub(reads_before);
+    let answer = answers.first().cloned().unwrap_or_default();
+    let text = answer["text"].as_str().unwrap_or_default();
+    let shown = steps(&answer);
+    let step = |stage: Stage, status: &str| (stage.title().to_owned(), status.to_owned());
+    let background = text.contains(&format!("of channel {}", s.channel))
+        && said.iter().all(|ts| text.contains(&format!("{ts}/")));
+    let labelled = answer["blocks"].as_array().is_some_and(|b| {
+        b.iter()
+            .any(|b| b["type"] == "context" && b.to_string().contains("AI-generated"))
+    });
+    let decision = feedback_decision(&answer);
+    let top: Vec<Value> = sim_get(&s.sim, &format!("channels/{dm}/messages")).await["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m["thread_ts"].is_null() || m["thread_ts"] == m["ts"])
+        .collect();
+    let only_the_question = top.len() == 1 && top[0]["ts"] == json!(asked);
+
+    // The person finds the answer helpful (no answer: nothing to click).
+    let click = match answer["ts"].as_str() {
+        Some(ts) => {
+            sim_ctl(
+                &s.sim,
+                "act/click",
+                json!({"user": s.user, "channel": dm, "ts": ts, "action_id": FEEDBACK_ACTION,
+                       "button": "positive"}),
+            )
+            .await
+        }
+        None => Value::Null,
+    };
+    let export = || async {
+        let out = cli(&["feedback", "export", "--installation", inst], db).await;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect::<Vec<Value>>()
+    };
+    let line = match &decision {
+        Some(d) => {
+            until(Duration::from_secs(10), || async {
+                export()
+                    .await
+                    .into_iter()
+                    .find(|l| l["decision"] == json!(d))
+            })
+            .await
+        }
+        None => None,
+    };
+    let exported = line.as_ref().map(Value::to_string).unwrap_or_default();
+    let keys: Vec<&str> = line
+        .as_ref()
+        .and_then(Value::as_object)
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    let textless = line.is_some()
+        && keys.iter().all(|k| {
+            [
+                "decision",
+                "labels",
+                "model",
+                "thread_version",
+                "time",
+                "verdict",
+            ]
+            .contains(k)
+        })
+        && !exported.contains("api-7")
+        && !exported.contains("Answering");
+    let verdict = line
+        .as_ref()
+        .and_then(|l| l["verdict"].as_str())
+        .unwrap_or("none");
+    let labels: Vec<&str> = line
+        .as_ref()
+        .and_then(|l| l["labels"].as_array())
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    // Greeted once: both openings reached threadline, one greeting.
+    let openings = sim_get(&s.sim, &format!("deliveries?app_id={}", s.app)).await["deliveries"]
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .filter(|x| x["event_type"] == "app_home_opened" && x["status"] == 200)
+                .count()
+        })
+        .unwrap_or(0);
+    // (the story's one tab: Slack's call log names no channel for
+    // `channel_id`)
+    let greetings =
+        sim_get(&s.sim, "calls?method=assistant.threads.setSuggestedPrompts").await["calls"]
+            .as_array()
+            .map(|c| c.iter().filter(|c| c["outcome"] == "ok").count())
+            .unwrap_or(0);
+    let opened = tab().await["opened"].as_u64().unwrap_or(0);
+    let answered = if answers.is_empty() {
+        "no reply in the question's own thread".to_owned()
+    } else {
+        format!(
+            "{} in the question's own thread, {}, {}, {}, {} feedback buttons",
+            replies(answers.len()),
+            if answer["streaming_state"].is_string() {
+                format!("streamed ({})", render_steps(&shown))
+            } else {
+                "posted whole".into()
+            },
+            if labelled {
+                "labelled as AI"
+            } else {
+                "unlabelled"
+            },
+            if background {
+                format!(
+                    "with the channel's {} newest messages as background",
+                    said.len()
+                )
+            } else {
+                "without the channel as background".into()
+            },
+            if decision.is_some() {
+                "with"
+            } else {
+                "without"
+            },
+        )
+    };
+    let clicked = match &click["status"] {
+        Value::Null => "nothing to click".to_owned(),
+        status => format!("👍 clicked, Slack's request answered {status}"),
+    };
+    let exported_as = match &line {
+        Some(_) => format!(
+            "{verdict} for that answer's decision ({}), {}",
+            labels.join(", "),
+            if textless {
+                "ids and labels only"
+            } else {
+                "with more than ids"
+            }
+        ),
+        None => "no line for the answer".to_owned(),
+    };
+    Chapter {
+        title: "The agent's Messages tab: greeted once, a DM question streamed with its steps, a 👍 recorded",
+        slack: format!(
+            "the tab opened {} ({openings} app_home_opened delivered), its {prompts} suggested prompts set {}; \
+             looking at <#{}>, the person asks at the top of the DM: {answered}; {clicked}",
+            times(opened as usize),
+            times(greetings),
+            s.channel,
+        ),
+        recorded: format!(
+            "the tab's viewed channel {}; {}; `threadline feedback export`: {exported_as}",
+            if viewed {
+                s.channel.as_str()
+            } else {
+                "not recorded"
+            },
+            chain(&decisions),
+        ),
+        verdict: check(&[
+            (allowed, "DMs allowed and streaming on by policy".into()),
+            (
+                prompts == 3 && greetings == 1,
+                format!("the tab's 3 prompts set once, not {prompts} set {greetings} times"),
+            ),
+            (
+                reopened && opened == 2 && openings == 2,
+                "the tab opened twice, both openings delivered".into(),
+            ),
+            (
+                viewed,
+                "the channel looked at recorded as the tab's context".into(),
+            ),
+            (
+                answers.len() == 1 && answer["thread_ts"] == json!(asked),
+                format!(
+                    "one answer in the question's own thread, not {}",
+                    answers.len()
+                ),
+            ),
+            (
+                only_the_question,
+                "only the question at the top of the DM, nothing of the app".into(),
+            ),
+            (
+                streaming
+                    == [
+                        step(Stage::Read, "complete"),
+                        step(Stage::Write, "in_progress"),
+                    ],
+                "seen streaming: the thread read, the answer being written".into(),
+            ),
+            (
+                starts == 1 && answer["streaming_state"] == "completed",
+                "one stream, stopped".into(),
+            ),
+            (
+                shown
+                    == [
+                        step(Stage::Read, "complete"),
+                        step(Stage::Write, "complete"),
+                        step(Stage::Check, "complete"),
+                    ],
+                "its three steps complete".into(),
+            ),
+            (
+                background && read == 1,
+                "the viewed channel read once, its latest messages in the answer".into(),
+            ),
+            (labelled, "the answer is labelled".into()),
+            (decisions == ["published"], "one decision, published".into()),
+            (
+                decision.is_some(),
+                "feedback buttons naming the answer's decision".into(),
+            ),
+            (click["status"] == 200, "Slack delivered the click".into()),
+            (
+                verdict == "positive" && labels == ["streamed", "assistant_pane"],
+                "the export holds the 👍 for the streamed answer to a DM question".into(),
+            ),
+            (textless, "the export holds no text".into()),
+        ]),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1060,6 +1491,51 @@ threadline_model_latency_seconds_count{provider=\"primary\",result=\"ok\"} 7
 ";
         assert_eq!(model_calls_answered(text), 10);
         assert_eq!(model_calls_answered(""), 0);
+    }
+
+    #[test]
+    fn an_answer_names_its_decision_only_with_both_buttons_naming_it() {
+        let answer = |blocks: Value| json!({"blocks": blocks});
+        let label = json!({"type": "context", "elements": []});
+        let block = threadline_domain::feedback::block("0193-d");
+        assert_eq!(
+            feedback_decision(&answer(json!([label, block]))).as_deref(),
+            Some("0193-d")
+        );
+        assert_eq!(feedback_decision(&answer(json!([label]))), None);
+        assert_eq!(feedback_decision(&json!({})), None);
+        let mut crossed = block.clone();
+        crossed["elements"][0]["negative_button"]["value"] = "negative:0193-e".into();
+        assert_eq!(feedback_decision(&answer(json!([crossed]))), None);
+        let mut swapped = block;
+        swapped["elements"][0]["positive_button"]["value"] = "negative:0193-d".into();
+        assert_eq!(feedback_decision(&answer(json!([swapped]))), None);
+    }
+
+    #[test]
+    fn steps_are_read_from_task_cards_in_order_and_rendered_with_their_status() {
+        let m = json!({"blocks": [
+            {"type": "task_card", "task_id": "threadline_read", "title": "Reading the thread", "status": "complete"},
+            {"type": "markdown", "text": "words"},
+            {"type": "task_card", "task_id": "threadline_write", "title": "Writing the answer", "status": "in_progress"},
+        ]});
+        let s = steps(&m);
+        assert_eq!(
+            s,
+            [
+                ("Reading the thread".to_owned(), "complete".to_owned()),
+                ("Writing the answer".to_owned(), "in_progress".to_owned())
+            ]
+        );
+        assert_eq!(
+            render_steps(&s),
+            "Reading the thread ✓ · Writing the answer (in_progress)"
+        );
+        assert_eq!(render_steps(&steps(&json!({"text": "whole"}))), "no steps");
+        assert_eq!(
+            (times(1), times(2), times(0)),
+            ("once".into(), "twice".into(), "0 times".into())
+        );
     }
 
     #[test]

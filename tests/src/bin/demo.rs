@@ -42,12 +42,11 @@ async fn main() -> std::process::ExitCode {
         return with_real_model(keep).await;
     }
     println!("starting slack-sim, a fresh database, NATS streams and the four services…");
-    let settings = story::settings();
-    let mut extra: Vec<(&str, String)> = settings.iter().map(|(k, v)| (*k, v.clone())).collect();
+    let mut extra: Vec<(&str, String)> = Vec::new();
     if let Ok(endpoint) = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
         extra.push(("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint));
     }
-    let mut s = Stack::start(&extra).await;
+    let mut s = story::start(&extra).await;
     println!(
         "playing the story (the built-in model takes {} ms per answer, like a real one)…\n",
         story::MODEL_LATENCY_MS
