@@ -136,7 +136,21 @@ async fn under_latest_a_burst_is_answered_once_by_its_latest_message() {
     settled(&s).await;
     assert_eq!(s.answers(&root).await.len(), 1, "one answer in the thread");
     assert_eq!(absorbed(&s).await, 3);
-    judged_clean(&s, 3).await;
+
+    // 4. Two top-level questions, then a quick follow-up in the second's
+    //    thread: the follow-up's answer reads its thread and the first
+    //    question too (the burst before its root).
+    tokio::time::sleep(Duration::from_millis(QUIET_MS + 500)).await;
+    let before = s.post(&format!("<@{bot}> one more thing"), None).await;
+    let top = s.post(&format!("<@{bot}> the cache is cold"), None).await;
+    let reply = s.post(&format!("<@{bot}> since noon"), Some(&top)).await;
+    let answer = answer_to(&s, &s.channel, &top, &reply).await;
+    assert_eq!(earlier_read(&answer), vec![before.clone()]);
+    settled(&s).await;
+    assert!(s.answers(&before).await.is_empty(), "no answer to {before}");
+    assert_eq!(s.answers(&top).await.len(), 1, "one answer in the thread");
+    assert_eq!(absorbed(&s).await, 5);
+    judged_clean(&s, 5).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

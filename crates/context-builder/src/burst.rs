@@ -73,10 +73,18 @@ impl Handler {
             );
             return Ok(Burst::Absorbed);
         }
-        if root != source_ts {
-            return Ok(Burst::Read(Vec::new()));
-        }
-        let earlier = double_text::earlier(&self.pool, inst.id, channel, source_ts, quiet_ms)
+        // A reply reads its thread; the top-level burst before the thread's
+        // root too when the root has no answer of its own (absorbed by a
+        // request of its thread).
+        let from = if root == source_ts {
+            source_ts
+        } else {
+            match double_text::part(&self.pool, inst.id, channel, root).await? {
+                Some(BurstPart::Absorbed { .. }) => root,
+                _ => return Ok(Burst::Read(Vec::new())),
+            }
+        };
+        let earlier = double_text::earlier(&self.pool, inst.id, channel, from, quiet_ms)
             .await?
             .into_iter()
             .map(|m| ContextMessage {

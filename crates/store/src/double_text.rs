@@ -105,13 +105,42 @@ async fn settle(
     })
 }
 
+/// What the request at `ts` came to, when decided.
+pub async fn part(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+) -> sqlx::Result<Option<BurstPart>> {
+    let row = sqlx::query!(
+        "SELECT outcome, later_ts FROM double_texts
+          WHERE installation_id = $1 AND channel_id = $2 AND ts = $3",
+        inst,
+        channel,
+        ts
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.and_then(|r| BurstPart::parse(&r.outcome, r.later_ts)))
+}
+
+/// A top-level request of a burst, as a walk back meets it.
+struct Met {
+    ts: String,
+    user_id: String,
+    text: String,
+    deleted: bool,
+}
+
 /// The earlier messages of the burst that ends at the top-level request
-/// `ts` (oldest first, at most [`EARLIER_MAX`]): going back from it, the
-/// same person's previous top-level request in the channel, while it was
-/// sent within `quiet_ms` of the next one and is absorbed (decided so now
-/// when it was not decided yet: this request read it). A request of the
-/// burst answered alone, or read by another request, ends the walk. Nothing for a reply in a
-/// thread: its burst's earlier messages are in its thread.
+/// `ts`, oldest first: going back from it, the top-level request recorded
+/// as absorbed by the one after it (whatever became of it since: a deleted
+/// one is walked through, not read), else the same person's previous
+/// top-level request in the channel sent within `quiet_ms` of it, when it
+/// is absorbed by it (decided so now when it was not decided yet: this
+/// request read it). Every recorded one is read, however many; no more
+/// than [`EARLIER_MAX`] are absorbed by the window. A request of the burst
+/// answered alone, or read by another request, ends the walk.
 pub async fn earlier(
     pool: &PgPool,
     inst: Uuid,
@@ -121,43 +150,92 @@ pub async fn earlier(
 ) -> sqlx::Result<Vec<Earlier>> {
     let mut found = Vec::new();
     let mut next = ts.to_owned();
-    while found.len() < EARLIER_MAX {
-        let prev = sqlx::query!(
-            r#"SELECT p.ts, p.user_id AS "user_id!", p.text
-                 FROM thread_messages n
-                 JOIN thread_messages p
-                   ON p.installation_id = n.installation_id AND p.channel_id = n.channel_id
-                  AND p.user_id = n.user_id AND NOT p.deleted AND p.root_ts = p.ts
-                  AND p.ts::numeric < n.ts::numeric
-                  AND p.ts::numeric >= n.ts::numeric - $4::bigint / 1000.0
-                 JOIN turns t ON t.installation_id = p.installation_id AND t.channel_id = p.channel_id
-                             AND t.ts = p.ts
-                WHERE n.installation_id = $1 AND n.channel_id = $2 AND n.ts = $3 AND n.root_ts = n.ts
-                ORDER BY p.ts::numeric DESC
-                LIMIT 1"#,
-            inst,
-            channel,
-            next,
-            quiet_ms
-        )
-        .fetch_optional(pool)
-        .await?;
-        let Some(p) = prev else { break };
-        let read = BurstPart::Absorbed {
-            later_ts: next.clone(),
+    loop {
+        let met = match recorded_before(pool, inst, channel, &next).await? {
+            Some(m) => m,
+            None if found.len() >= EARLIER_MAX => break,
+            None => {
+                let Some(p) = window_before(pool, inst, channel, &next, quiet_ms).await? else {
+                    break;
+                };
+                let read = BurstPart::Absorbed {
+                    later_ts: next.clone(),
+                };
+                // (absorbed by another request, a reply in its own thread:
+                // that one's answer reads it)
+                if settle(pool, inst, channel, &p.ts, &read).await? != read {
+                    break;
+                }
+                p
+            }
         };
-        // (absorbed by another request, a reply in its own thread: that
-        // one's answer reads it)
-        if settle(pool, inst, channel, &p.ts, &read).await? != read {
-            break;
+        next = met.ts.clone();
+        if !met.deleted {
+            found.push(Earlier {
+                ts: met.ts,
+                user_id: met.user_id,
+                text: met.text,
+            });
         }
-        next = p.ts.clone();
-        found.push(Earlier {
-            ts: p.ts,
-            user_id: p.user_id,
-            text: p.text,
-        });
     }
     found.reverse();
     Ok(found)
+}
+
+/// The top-level request recorded as absorbed by `next` (the latest, if
+/// more than one).
+async fn recorded_before(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    next: &str,
+) -> sqlx::Result<Option<Met>> {
+    sqlx::query_as!(
+        Met,
+        r#"SELECT d.ts, coalesce(m.user_id, '') AS "user_id!", m.text, m.deleted
+             FROM double_texts d
+             JOIN thread_messages m ON m.installation_id = d.installation_id
+                                   AND m.channel_id = d.channel_id AND m.ts = d.ts
+            WHERE d.installation_id = $1 AND d.channel_id = $2 AND d.later_ts = $3
+              AND d.outcome = 'absorbed' AND m.root_ts = m.ts
+            ORDER BY d.ts::numeric DESC
+            LIMIT 1"#,
+        inst,
+        channel,
+        next
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// The same person's previous top-level request before the top-level
+/// `next`, sent within `quiet_ms` of it (not deleted).
+async fn window_before(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    next: &str,
+    quiet_ms: i64,
+) -> sqlx::Result<Option<Met>> {
+    sqlx::query_as!(
+        Met,
+        r#"SELECT p.ts, p.user_id AS "user_id!", p.text, p.deleted
+             FROM thread_messages n
+             JOIN thread_messages p
+               ON p.installation_id = n.installation_id AND p.channel_id = n.channel_id
+              AND p.user_id = n.user_id AND NOT p.deleted AND p.root_ts = p.ts
+              AND p.ts::numeric < n.ts::numeric
+              AND p.ts::numeric >= n.ts::numeric - $4::bigint / 1000.0
+             JOIN turns t ON t.installation_id = p.installation_id AND t.channel_id = p.channel_id
+                         AND t.ts = p.ts
+            WHERE n.installation_id = $1 AND n.channel_id = $2 AND n.ts = $3 AND n.root_ts = n.ts
+            ORDER BY p.ts::numeric DESC
+            LIMIT 1"#,
+        inst,
+        channel,
+        next,
+        quiet_ms
+    )
+    .fetch_optional(pool)
+    .await
 }
