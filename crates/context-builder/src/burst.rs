@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use threadline_domain::double_text::BurstPart;
+use threadline_domain::double_text::{ABSORBED, BurstPart};
 use threadline_domain::state::ReceiptState;
 use threadline_proto::v1::ContextMessage;
 use threadline_store::double_text;
@@ -15,18 +15,6 @@ use uuid::Uuid;
 
 use crate::handler::Handler;
 use crate::store::{self, Installation};
-
-/// The receipt's reason when a later request of its burst answers it.
-pub const DOUBLE_TEXTED: &str = "double_texted";
-
-/// What a request's burst comes to when its context is built.
-pub(crate) enum Burst {
-    /// Read by a later request's answer: nothing to build.
-    Absorbed,
-    /// Built, with the earlier messages of its burst from other threads
-    /// (top-level messages before it; none for a reply in a thread).
-    Read(Vec<ContextMessage>),
-}
 
 impl Handler {
     /// How much longer the request `received_ms` reached threadline waits
@@ -39,8 +27,10 @@ impl Handler {
     }
 
     /// The request `source_ts` of `root` under its installation's
-    /// double-texting policy: absorbed (its receipt finished, its place
-    /// freed, counted) or read with the earlier messages of its burst.
+    /// double-texting policy: absorbed (`None`: its receipt finished with
+    /// [`ABSORBED`], its place freed, counted; nothing to build) or built
+    /// with the earlier messages of its burst from other threads (the
+    /// top-level messages before it, or before its thread's root).
     pub(crate) async fn burst(
         &self,
         inst: &Installation,
@@ -48,9 +38,9 @@ impl Handler {
         root: &str,
         source_ts: &str,
         receipt: Uuid,
-    ) -> anyhow::Result<Burst> {
+    ) -> anyhow::Result<Option<Vec<ContextMessage>>> {
         let Some(quiet) = inst.double_texting.quiet() else {
-            return Ok(Burst::Read(Vec::new()));
+            return Ok(Some(Vec::new()));
         };
         let quiet_ms = quiet.as_millis() as i64;
         let part = double_text::decide(&self.pool, inst.id, channel, source_ts, quiet_ms).await?;
@@ -61,7 +51,7 @@ impl Handler {
                 &mut conn,
                 receipt,
                 ReceiptState::Ignored,
-                Some(DOUBLE_TEXTED),
+                Some(ABSORBED),
                 (inst.id, channel),
             )
             .await?;
@@ -71,7 +61,7 @@ impl Handler {
                 channel,
                 "a request was absorbed by a later one of its burst"
             );
-            return Ok(Burst::Absorbed);
+            return Ok(None);
         }
         // A reply reads its thread; the top-level burst before the thread's
         // root too when the root has no answer of its own (absorbed by a
@@ -81,7 +71,7 @@ impl Handler {
         } else {
             match double_text::part(&self.pool, inst.id, channel, root).await? {
                 Some(BurstPart::Absorbed { .. }) => root,
-                _ => return Ok(Burst::Read(Vec::new())),
+                _ => return Ok(Some(Vec::new())),
             }
         };
         let earlier = double_text::earlier(&self.pool, inst.id, channel, from, quiet_ms)
@@ -94,6 +84,6 @@ impl Handler {
                 text: m.text,
             })
             .collect();
-        Ok(Burst::Read(earlier))
+        Ok(Some(earlier))
     }
 }

@@ -766,9 +766,8 @@ impl Handler {
             noted_late,
         } = asked;
         // A request a later one of its burst answers builds nothing.
-        let earlier = match self.burst(inst, channel, root, source_ts, receipt).await? {
-            crate::burst::Burst::Absorbed => return ignored(crate::burst::DOUBLE_TEXTED),
-            crate::burst::Burst::Read(earlier) => earlier,
+        let Some(earlier) = self.burst(inst, channel, root, source_ts, receipt).await? else {
+            return ignored(threadline_domain::double_text::ABSORBED);
         };
         // One snapshot for the version and the messages it numbers (with
         // the other handlers' builds: one transaction).

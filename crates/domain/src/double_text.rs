@@ -54,6 +54,10 @@ impl BurstPart {
     }
 }
 
+/// The reason a request's receipt ends with when a later request of its
+/// burst answers it.
+pub const ABSORBED: &str = "double_texted";
+
 /// The quiet period of an installation that chose `latest` without one.
 pub const QUIET_DEFAULT_MS: u32 = 2_000;
 /// The quiet periods an installation may choose.
