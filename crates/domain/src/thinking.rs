@@ -6,9 +6,11 @@
 //! * [`Stage::Read`] — the thread's context was built: `complete` when
 //!   the stream starts (a stream starts only from a built context);
 //! * [`Stage::Write`] — the answer's text: `in_progress` from the start,
-//!   `complete` only when the stop shows the whole answer; a stream that
-//!   ends before (the thread moved on, a switch, a review, an
-//!   interruption) ends it `error` with the ending's own line as details;
+//!   `complete` only when the stop shows the whole answer, carrying as
+//!   `sources` the links the answer took from what it read
+//!   ([`crate::sources`]); a stream that ends before (the thread moved on,
+//!   a switch, a review, an interruption) ends it `error` with the
+//!   ending's own line as details;
 //! * [`Stage::Check`] — the publisher's last staleness check before the
 //!   answer is whole: shown `complete` with a clean stop.
 //!
@@ -18,6 +20,7 @@
 use serde_json::{Value, json};
 
 use crate::reply::Ending;
+use crate::sources::Source;
 
 /// A stage of a streamed answer, shown as one task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,10 +104,15 @@ pub fn append(t: &str) -> Vec<Value> {
 }
 
 /// The chunks of the stop that shows the whole answer: its last text, the
-/// answer written, the thread checked.
-pub fn finished(rest: &str) -> Vec<Value> {
+/// answer written (with the `sources` it took from what it read, if any),
+/// the thread checked.
+pub fn finished(rest: &str, sources: &[Source]) -> Vec<Value> {
     let mut c: Vec<Value> = text(rest).into_iter().collect();
-    c.push(Stage::Write.update(Status::Complete, None));
+    let mut written = Stage::Write.update(Status::Complete, None);
+    if !sources.is_empty() {
+        written["sources"] = sources.iter().map(Source::element).collect();
+    }
+    c.push(written);
     c.push(Stage::Check.update(Status::Complete, None));
     c
 }
@@ -148,11 +156,25 @@ mod tests {
                 ("threadline_write".into(), "in_progress".into())
             ]
         );
-        let f = finished(" pod.");
+        let f = finished(" pod.", &[]);
         assert_eq!(f[0], json!({"type": "markdown_text", "text": " pod."}));
         assert!(statuses(&f).iter().all(|(_, s)| s == "complete"));
-        assert_eq!(statuses(&finished("")).len(), 2, "no empty text chunk");
+        assert!(f.iter().all(|c| c.get("sources").is_none()), "none to show");
+        assert_eq!(statuses(&finished("", &[])).len(), 2, "no empty text chunk");
         assert!(append("").is_empty());
+    }
+
+    #[test]
+    fn the_writing_step_carries_its_sources_when_whole() {
+        let s = Source::parse("https://ci.example.com/runs/42").unwrap();
+        let f = finished("", std::slice::from_ref(&s));
+        let w = f.iter().find(|c| c["id"] == "threadline_write").unwrap();
+        assert_eq!(w["sources"], json!([s.element()]));
+        assert!(
+            f.iter()
+                .filter(|c| c["id"] != "threadline_write")
+                .all(|c| c.get("sources").is_none())
+        );
     }
 
     #[test]
