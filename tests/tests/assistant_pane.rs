@@ -460,6 +460,71 @@ async fn a_streamed_answer_in_the_pane_leaves_no_progress() {
     s.stop().await;
 }
 
+/// A streamed answer in the pane that names a link of the channel the
+/// person looks at shows it as its writing step's source (the question
+/// itself links nothing); the oracle, reading that channel as Slack shows
+/// it, finds the source true.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_of_the_viewed_channel_is_a_source_of_the_panes_streamed_answer() {
+    let model = threadline_tests::streaming_model(
+        &[
+            "The failing run is ",
+            "https://ci.example.com/runs/77, ",
+            "by the channel you look at.",
+        ],
+        Duration::from_millis(300),
+    )
+    .await;
+    let mut s = pane_stack_with(
+        true,
+        &[
+            ("THREADLINE_STREAMING", "true".to_owned()),
+            ("THREADLINE_MODEL_PROVIDER", "openai".to_owned()),
+            ("THREADLINE_MODEL_BASE_URL", model),
+            ("THREADLINE_MODEL_NAME", "m".to_owned()),
+        ],
+    )
+    .await;
+    s.unjudged = Some("the test's model does not state what it read");
+    s.post("deploy run <https://ci.example.com/runs/77> failed", None)
+        .await;
+    let (dm, thread) = open_pane(&s).await;
+    s.judge_also_as(
+        &dm,
+        &s.bot_user,
+        threadline_tests::oracle::ScopeKind::Direct,
+    );
+    s.post_as(&s.user, &dm, "which run failed?", Some(&thread))
+        .await;
+    let a = eventually("the streamed answer", Duration::from_secs(30), || async {
+        replies(&s, &dm, &thread)
+            .await
+            .into_iter()
+            .find(|m| m["streaming_state"] == "completed")
+    })
+    .await;
+    let write = a["blocks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|b| b["task_id"] == "threadline_write")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        write["sources"],
+        json!([{"type": "url", "url": "https://ci.example.com/runs/77",
+                "text": "ci.example.com/runs/77"}]),
+        "{a}"
+    );
+    let (_, violations) = s.verdict_by_kind(threadline_tests::ORACLE_GRACE).await;
+    let untrue: Vec<_> = violations
+        .iter()
+        .filter(|(kind, _)| *kind == "source_untrue")
+        .collect();
+    assert!(untrue.is_empty(), "{untrue:?}");
+    s.stop().await;
+}
+
 /// The channel the person is looking at is read with their question where
 /// the channel policy would answer (a public channel), and not once they
 /// look at a private channel the policy denies: Slack is never asked for
