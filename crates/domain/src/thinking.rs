@@ -16,6 +16,13 @@
 //!
 //! Titles and details are threadline's own words, never message text.
 //! Pure: the publisher sends these chunks, Slack (or slack-sim) shows them.
+//!
+//! Where an answer is posted whole (streaming off), the assistant pane's
+//! status (and an agent's Messages tab's) shows the same stages as they
+//! happen, in the same words ([`Stage::title`] as its loading message):
+//! the thread being read while its context is built, the answer being
+//! written while the model is called, the thread being checked while the
+//! publisher runs its staleness check before the post.
 
 use serde_json::{Value, json};
 
@@ -60,7 +67,23 @@ impl Stage {
         }
     }
 
-    /// The task's title.
+    /// The stage's name as threadline stores it (the pane's status record).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Check => "check",
+        }
+    }
+
+    /// The stage a stored name names.
+    pub fn parse(name: &str) -> Option<Stage> {
+        [Self::Read, Self::Write, Self::Check]
+            .into_iter()
+            .find(|s| s.name() == name)
+    }
+
+    /// The task's title (and the pane status's loading message).
     pub fn title(self) -> &'static str {
         match self {
             Self::Read => "Reading the thread",
@@ -175,6 +198,14 @@ mod tests {
                 .filter(|c| c["id"] != "threadline_write")
                 .all(|c| c.get("sources").is_none())
         );
+    }
+
+    #[test]
+    fn a_stage_is_stored_by_its_name() {
+        for s in [Stage::Read, Stage::Write, Stage::Check] {
+            assert_eq!(Stage::parse(s.name()), Some(s));
+        }
+        assert_eq!(Stage::parse("thinking"), None);
     }
 
     #[test]
