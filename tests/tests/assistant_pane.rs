@@ -204,10 +204,57 @@ async fn the_pane_is_greeted_shows_progress_while_the_model_runs_and_is_answered
     assert_eq!(p["showing"], json!([]), "the progress ended: {p}");
     // The thread is named after its first question.
     assert_eq!(p["title"], json!("why did the deploy fail?"), "{p}");
+    // Each stage replaced the one before; the last ended with the answer.
+    let all = statuses(&p);
+    let (last, before) = all.split_last().expect("a status was shown");
+    assert!(before.iter().all(|x| x["ended"] == "replaced"), "{p}");
     assert!(
-        statuses(&p)
-            .iter()
-            .all(|x| x["ended"] == "replied" || x["ended"] == "cleared"),
+        last["ended"] == "replied" || last["ended"] == "cleared",
+        "{p}"
+    );
+    s.stop().await;
+}
+
+/// With streaming off, the pane's status shows the stages a question goes
+/// through, in the thinking steps' words, as they happen: the thread being
+/// read (its context built; the read of the channel the person looks at
+/// is slowed here so that it takes a while), the answer being written (the
+/// model's call), the thread being checked before the post; the answer
+/// ends it. slack-sim records every status set, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_panes_status_shows_each_stage_of_the_answer_as_it_happens() {
+    let mut s = pane_stack(true).await;
+    s.unjudged = Some("the pane's thread is a DM the oracle does not read");
+    let (dm, thread) = open_pane(&s).await;
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "conversations.history", "mode": "latency", "latency_ms": 1500}),
+    )
+    .await;
+    let text = ask(&s, &dm, &thread, "why did the deploy fail?").await;
+    assert!(text.contains("why did the deploy fail?"), "{text}");
+    // Past the publisher's and the sweeper's next looks.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let p = pane(&s, &dm).await;
+    let shown: Vec<(Value, Value)> = statuses(&p)
+        .iter()
+        .map(|x| (x["status"].clone(), x["loading_messages"].clone()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "Reading the thread",
+            "Writing the answer",
+            "Checking the thread before the answer is whole"
+        ]
+        .map(|stage| (json!("is thinking…"), json!([stage]))),
+        "{p}"
+    );
+    assert_eq!(p["showing"], json!([]), "the answer ended it: {p}");
+    assert_eq!(
+        statuses(&p).last().map(|x| x["ended"].clone()),
+        Some(json!("replied")),
         "{p}"
     );
     s.stop().await;
@@ -376,7 +423,11 @@ async fn progress_that_no_answer_is_behind_is_cleared_by_the_sweeper() {
     eventually(
         "progress while the model runs",
         Duration::from_secs(30),
-        || async { (!pane(&s, &dm).await["showing"].as_array()?.is_empty()).then_some(()) },
+        || async {
+            let p = pane(&s, &dm).await;
+            let showing = p["showing"].as_array()?.first()?.clone();
+            (showing["loading_messages"] == json!(["Writing the answer"])).then_some(())
+        },
     )
     .await;
     let inference = &s.services[2];
@@ -391,7 +442,11 @@ async fn progress_that_no_answer_is_behind_is_cleared_by_the_sweeper() {
     )
     .await;
     let ended: Vec<Value> = statuses(&p).iter().map(|x| x["ended"].clone()).collect();
-    assert_eq!(ended, [json!("cleared")], "cleared by threadline: {p}");
+    assert_eq!(
+        ended,
+        [json!("replaced"), json!("cleared")],
+        "the thread read, then the answer written, cleared by threadline: {p}"
+    );
     assert!(replies(&s, &dm, &thread).await.is_empty(), "{p}");
     assert_eq!(
         threadline_store::testing::assistant::status_decision(&s.db.pool, &dm, &thread)

@@ -297,4 +297,24 @@ async fn a_question_shows_as_read_until_its_decision_and_then_at_the_decisions_s
         .await
         .expect("unmark");
     assert_eq!(read(&db, inst).await.live, Some(checked));
+    // Its context built again while it is decided (a coalesced rebuild at
+    // the same version makes no new decision): still checked, never read.
+    assert!(
+        reading(&db.pool, inst, DM, TS, receipt, "Ev1")
+            .await
+            .expect("mark")
+    );
+    assert_eq!(read(&db, inst).await.live, Some(checked));
+    // Its decision discarded (the thread moved on) and its context built
+    // again: read, until the new decision.
+    threadline_store::testing::decisions::set_decision_status(&db.pool, d, "stale")
+        .await
+        .expect("stale");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        reading(&db.pool, inst, DM, TS, receipt, "Ev1")
+            .await
+            .expect("mark")
+    );
+    assert_eq!(read(&db, inst).await.live, Some(read_stage));
 }
