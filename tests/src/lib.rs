@@ -44,6 +44,40 @@ pub async fn fixed_model(
     (url, calls)
 }
 
+/// An OpenAI-compatible endpoint that streams `pieces`, one every `gap`,
+/// as server-sent events.
+pub async fn streaming_model(pieces: &'static [&'static str], gap: Duration) -> String {
+    use futures::StreamExt as _;
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || async move {
+            let chunk = |p: &str| {
+                let c = serde_json::json!({"id": "c1", "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": null}]});
+                format!("data: {c}\n\n")
+            };
+            let events = futures::stream::iter(pieces.iter().map(move |p| chunk(p)))
+                .then(move |e| async move {
+                    tokio::time::sleep(gap).await;
+                    Ok::<_, std::convert::Infallible>(e)
+                })
+                .chain(futures::stream::once(async {
+                    Ok("data: [DONE]\n\n".to_owned())
+                }));
+            (
+                [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                axum::body::Body::from_stream(events),
+            )
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/v1", l.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(l, app).await });
+    url
+}
+
 /// A running threadline binary.
 pub struct Proc {
     pub child: Child,

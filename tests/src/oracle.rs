@@ -37,6 +37,10 @@
 //!   judged as what it shows now — a whole answer (labelled, stating its
 //!   question), whole when its first update reached Slack, or a stream
 //!   ended early (its closing line);
+//! * **a source is a link the answer took from what it read**: every URL
+//!   source a reply's steps show is in the reply's text, and in a message
+//!   of its thread or, in a direct conversation, of a channel the person
+//!   looked at from there (any text the message had, as Slack shows it);
 //! * **every answer carries its feedback buttons** (a `context_actions`
 //!   block with `feedback_buttons`, beside its AI label), and what is no
 //!   answer carries none: a stream ended early with its closing line, the
@@ -134,6 +138,98 @@ fn untrue_step(m: &Value, ended_early: bool) -> Option<String> {
     None
 }
 
+/// The URL sources a message's steps show (of its `task_card` blocks, or
+/// of its `plan` block's tasks).
+fn sources_shown(m: &Value) -> Vec<String> {
+    let blocks = m["blocks"].as_array().cloned().unwrap_or_default();
+    blocks
+        .iter()
+        .flat_map(|b| match b["type"].as_str() {
+            Some("plan") => b["tasks"].as_array().cloned().unwrap_or_default(),
+            Some("task_card") => vec![b.clone()],
+            _ => Vec::new(),
+        })
+        .flat_map(|t| t["sources"].as_array().cloned().unwrap_or_default())
+        .filter_map(|s| s["url"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Text as a reader sees Slack's escaping of it (`&amp;`, `&lt;`, `&gt;`).
+fn as_shown(text: &str) -> String {
+    text.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+
+/// A text a message had, as Slack shows it, with the message's ts.
+type Had = ((u64, u64), String);
+
+/// Every text `m` had as Slack shows it: its first, each edit's, its
+/// latest.
+fn texts_had(m: &Value) -> Vec<Had> {
+    let ts = ts_key(m["ts"].as_str().unwrap_or_default());
+    let edits = m["edits"].as_array().cloned().unwrap_or_default();
+    [&m["original_text"], &m["text"]]
+        .into_iter()
+        .chain(edits.iter().map(|e| &e["text"]))
+        .filter_map(Value::as_str)
+        .map(|t| (ts, as_shown(t)))
+        .collect()
+}
+
+/// Whether a message older than `reply` (by ts) had a text holding `url`.
+fn held_before(had: &[Had], reply: (u64, u64), url: &str) -> bool {
+    had.iter().any(|(ts, t)| *ts < reply && t.contains(url))
+}
+
+/// What a reply's sources say that is not so: a source its own text does
+/// not hold, or that no message it may have read holds (`read`: whether a
+/// text of an older message of its thread, or of a channel looked at from
+/// a direct conversation, holds the URL).
+fn untrue_source(m: &Value, read: impl Fn(&str) -> bool) -> Option<String> {
+    let own = as_shown(m["text"].as_str().unwrap_or_default());
+    for url in sources_shown(m) {
+        if !own.contains(&url) {
+            return Some(format!("its source {url} is not in its text"));
+        }
+        if !read(&url) {
+            return Some(format!(
+                "its source {url} is in no message of its thread, its viewed channel or its burst"
+            ));
+        }
+    }
+    None
+}
+
+/// The texts of every message of the channels the person looked at from
+/// the direct conversation `dm` (its assistant threads, its agent tab),
+/// as Slack shows them; each channel's read once per judgement (`read`).
+async fn viewed_texts(sim: &str, dm: &str, read: &mut BTreeMap<String, Vec<Had>>) -> Vec<Had> {
+    let threads = get(sim, &format!("assistant_threads?channel={dm}")).await;
+    let tabs = get(sim, &format!("agent_tabs?channel={dm}")).await;
+    let looked: BTreeSet<String> = [&threads["threads"], &tabs["tabs"]]
+        .into_iter()
+        .flat_map(|l| l.as_array().cloned().unwrap_or_default())
+        .flat_map(|t| t["looked_at"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c.as_str().map(str::to_owned))
+        .collect();
+    let mut texts = Vec::new();
+    for c in looked {
+        if !read.contains_key(&c) {
+            let all = get(sim, &format!("channels/{c}/messages")).await;
+            let had = all["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(texts_had)
+                .collect();
+            read.insert(c.clone(), had);
+        }
+        texts.extend(read[&c].iter().cloned());
+    }
+    texts
+}
+
 /// Whether `m` is a stream Slack expired (its lifetime ran out before its
 /// stop) that the app never updated since: it answered nothing.
 pub fn expired_unfinished(m: &Value) -> bool {
@@ -220,7 +316,7 @@ pub struct Judgement {
     /// `read_deleted_message`, `text_never_had`, `answered_deleted_question`,
     /// `unattributed_reply`, `post_without_call`, `unlabelled_reply`,
     /// `stream_left_open`, `budget_note_repeated`, `answer_without_feedback`,
-    /// `feedback_on_no_answer`).
+    /// `feedback_on_no_answer`, `thinking_step_untrue`, `source_untrue`).
     pub violations: Vec<(&'static str, String)>,
     /// Threads the violations concern (channel, root).
     pub offending: BTreeSet<(String, String)>,
@@ -508,6 +604,8 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
             .or_insert(*stopped.get(ts).unwrap_or(at));
     }
     let none = Acks::default();
+    // The channels looked at from direct conversations, as read so far.
+    let mut channels_read: BTreeMap<String, Vec<Had>> = BTreeMap::new();
 
     for scope in scopes {
         let all = get(sim, &format!("channels/{}/messages", scope.channel)).await;
@@ -538,6 +636,14 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
             continue;
         }
         let copies = Copies::of(&msgs);
+        // (read only where a reply shows sources)
+        let viewed = if scope.kind == ScopeKind::Direct
+            && msgs.iter().any(|m| !sources_shown(m).is_empty())
+        {
+            viewed_texts(sim, &scope.channel, &mut channels_read).await
+        } else {
+            Vec::new()
+        };
         let mut threads: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         for m in msgs {
             threads.entry(root_of(&m)).or_default().push(m);
@@ -556,6 +662,13 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
         // it answers, the digest it read).
         let mut read_as_earlier: BTreeMap<String, Vec<(String, String, String, String)>> =
             BTreeMap::new();
+        // Every message of the channel by its ts (the earlier messages of a
+        // burst an answer names are in threads of their own).
+        let by_ts: BTreeMap<String, &Value> = threads
+            .values()
+            .flatten()
+            .map(|m| (s(m, "ts"), m))
+            .collect();
         for (root, thread) in &threads {
             let offend = |j: &mut Judgement| {
                 j.offending.insert((scope.channel.clone(), root.clone()));
@@ -629,6 +742,13 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                     .filter(|t| *t > at)
                     .min()
             };
+            // (what the thread's people and bots said: never the app's own
+            // answers, whose made-up links are no source when repeated)
+            let thread_texts: Vec<Had> = thread
+                .iter()
+                .filter(|m| m["app_id"].as_str() != Some(app_id))
+                .flat_map(texts_had)
+                .collect();
             for r in &replies {
                 j.replies += 1;
                 let rts = s(r, "ts");
@@ -705,6 +825,27 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                 if let Some(untrue) = untrue_step(r, streamed && closes(text)) {
                     j.violations.push((
                         "thinking_step_untrue",
+                        format!("reply {rts} in thread {root}: {untrue}"),
+                    ));
+                    offend(&mut j);
+                }
+                // A source is a link the answer took from what it read.
+                let before = ts_key(&rts);
+                let earlier_texts: Vec<Had> = stated(text)
+                    .map(|st| st.earlier)
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(|(t, _)| by_ts.get(t))
+                    .flat_map(|m| texts_had(m))
+                    .collect();
+                let read = |url: &str| {
+                    held_before(&thread_texts, before, url)
+                        || held_before(&viewed, before, url)
+                        || held_before(&earlier_texts, before, url)
+                };
+                if let Some(untrue) = untrue_source(r, read) {
+                    j.violations.push((
+                        "source_untrue",
                         format!("reply {rts} in thread {root}: {untrue}"),
                     ));
                     offend(&mut j);
@@ -1264,5 +1405,41 @@ mod tests {
             None
         );
         assert_eq!(digest("a"), "ca978112");
+    }
+
+    #[test]
+    fn a_source_must_be_in_the_answer_and_in_what_it_read() {
+        let reply = |sources: Value| {
+            serde_json::json!({"text": "See https://ci.example.com/runs?id=42&amp;tab=log now.",
+                "blocks": [{"type": "task_card", "task_id": "threadline_write", "status": "complete",
+                            "sources": sources}]})
+        };
+        let question = serde_json::json!({"ts": "1.000001",
+            "original_text": "why does <https://ci.example.com/runs?id=42&amp;tab=log> fail?",
+            "text": "edited since", "edits": []});
+        let later = serde_json::json!({"ts": "3.000001", "text": "https://only.example/y"});
+        let mut texts = texts_had(&question);
+        texts.extend(texts_had(&later));
+        let read = |url: &str| held_before(&texts, ts_key("2.000001"), url);
+        let source = |url: &str| serde_json::json!([{"type": "url", "url": url, "text": "x"}]);
+        assert_eq!(
+            untrue_source(
+                &reply(source("https://ci.example.com/runs?id=42&tab=log")),
+                read
+            ),
+            None,
+            "in the answer, and in a text the question had"
+        );
+        assert!(
+            untrue_source(&reply(source("https://elsewhere.example/x")), read)
+                .is_some_and(|w| w.contains("not in its text"))
+        );
+        let mut invented = reply(source("https://only.example/y"));
+        invented["text"] = "See https://only.example/y.".into();
+        assert!(
+            untrue_source(&invented, read).is_some_and(|w| w.contains("no message")),
+            "a link only the answer names (or a later message) is no source"
+        );
+        assert_eq!(untrue_source(&reply(Value::Null), read), None);
     }
 }

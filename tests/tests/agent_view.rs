@@ -185,6 +185,13 @@ async fn the_messages_tab_is_greeted_and_each_dm_question_is_answered_in_its_own
     );
     assert_eq!(tab(&s, &dm).await["opened"], 2);
 
+    // (the read of the viewed channel takes a while: its stage shows)
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "conversations.history", "mode": "latency", "latency_ms": 1500}),
+    )
+    .await;
     let asked = s.post_as(&s.user, &dm, "why is the build red?", None).await;
     let shown = eventually(
         "progress in the question's thread",
@@ -233,6 +240,23 @@ async fn the_messages_tab_is_greeted_and_each_dm_question_is_answered_in_its_own
         .cloned()
         .expect("the question's thread");
     assert_eq!(q["showing"], json!([]), "the answer ended the progress");
+    // With streaming off, the status showed each stage as it happened, in
+    // the thinking steps' words.
+    let stages: Vec<Value> = q["statuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| x["loading_messages"].clone())
+        .collect();
+    assert_eq!(
+        stages,
+        [
+            json!(["Reading the thread"]),
+            json!(["Writing the answer"]),
+            json!(["Checking the thread before the answer is whole"])
+        ],
+        "{q}"
+    );
 
     // A second question at the top of the DM: a thread of its own.
     let (second, _) = ask(&s, &dm, "and what changed since yesterday?").await;

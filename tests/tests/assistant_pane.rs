@@ -204,10 +204,57 @@ async fn the_pane_is_greeted_shows_progress_while_the_model_runs_and_is_answered
     assert_eq!(p["showing"], json!([]), "the progress ended: {p}");
     // The thread is named after its first question.
     assert_eq!(p["title"], json!("why did the deploy fail?"), "{p}");
+    // Each stage replaced the one before; the last ended with the answer.
+    let all = statuses(&p);
+    let (last, before) = all.split_last().expect("a status was shown");
+    assert!(before.iter().all(|x| x["ended"] == "replaced"), "{p}");
     assert!(
-        statuses(&p)
-            .iter()
-            .all(|x| x["ended"] == "replied" || x["ended"] == "cleared"),
+        last["ended"] == "replied" || last["ended"] == "cleared",
+        "{p}"
+    );
+    s.stop().await;
+}
+
+/// With streaming off, the pane's status shows the stages a question goes
+/// through, in the thinking steps' words, as they happen: the thread being
+/// read (its context built; the read of the channel the person looks at
+/// is slowed here so that it takes a while), the answer being written (the
+/// model's call), the thread being checked before the post; the answer
+/// ends it. slack-sim records every status set, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_panes_status_shows_each_stage_of_the_answer_as_it_happens() {
+    let mut s = pane_stack(true).await;
+    s.unjudged = Some("the pane's thread is a DM the oracle does not read");
+    let (dm, thread) = open_pane(&s).await;
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "conversations.history", "mode": "latency", "latency_ms": 1500}),
+    )
+    .await;
+    let text = ask(&s, &dm, &thread, "why did the deploy fail?").await;
+    assert!(text.contains("why did the deploy fail?"), "{text}");
+    // Past the publisher's and the sweeper's next looks.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let p = pane(&s, &dm).await;
+    let shown: Vec<(Value, Value)> = statuses(&p)
+        .iter()
+        .map(|x| (x["status"].clone(), x["loading_messages"].clone()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "Reading the thread",
+            "Writing the answer",
+            "Checking the thread before the answer is whole"
+        ]
+        .map(|stage| (json!("is thinking…"), json!([stage]))),
+        "{p}"
+    );
+    assert_eq!(p["showing"], json!([]), "the answer ended it: {p}");
+    assert_eq!(
+        statuses(&p).last().map(|x| x["ended"].clone()),
+        Some(json!("replied")),
         "{p}"
     );
     s.stop().await;
@@ -376,7 +423,11 @@ async fn progress_that_no_answer_is_behind_is_cleared_by_the_sweeper() {
     eventually(
         "progress while the model runs",
         Duration::from_secs(30),
-        || async { (!pane(&s, &dm).await["showing"].as_array()?.is_empty()).then_some(()) },
+        || async {
+            let p = pane(&s, &dm).await;
+            let showing = p["showing"].as_array()?.first()?.clone();
+            (showing["loading_messages"] == json!(["Writing the answer"])).then_some(())
+        },
     )
     .await;
     let inference = &s.services[2];
@@ -391,7 +442,11 @@ async fn progress_that_no_answer_is_behind_is_cleared_by_the_sweeper() {
     )
     .await;
     let ended: Vec<Value> = statuses(&p).iter().map(|x| x["ended"].clone()).collect();
-    assert_eq!(ended, [json!("cleared")], "cleared by threadline: {p}");
+    assert_eq!(
+        ended,
+        [json!("replaced"), json!("cleared")],
+        "the thread read, then the answer written, cleared by threadline: {p}"
+    );
     assert!(replies(&s, &dm, &thread).await.is_empty(), "{p}");
     assert_eq!(
         threadline_store::testing::assistant::status_decision(&s.db.pool, &dm, &thread)
@@ -457,6 +512,71 @@ async fn a_streamed_answer_in_the_pane_leaves_no_progress() {
         "both answers were streamed: {streams}"
     );
     assert_eq!(replies(&s, &dm, &thread).await.len(), 2);
+    s.stop().await;
+}
+
+/// A streamed answer in the pane that names a link of the channel the
+/// person looks at shows it as its writing step's source (the question
+/// itself links nothing); the oracle, reading that channel as Slack shows
+/// it, finds the source true.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_of_the_viewed_channel_is_a_source_of_the_panes_streamed_answer() {
+    let model = threadline_tests::streaming_model(
+        &[
+            "The failing run is ",
+            "https://ci.example.com/runs/77, ",
+            "by the channel you look at.",
+        ],
+        Duration::from_millis(300),
+    )
+    .await;
+    let mut s = pane_stack_with(
+        true,
+        &[
+            ("THREADLINE_STREAMING", "true".to_owned()),
+            ("THREADLINE_MODEL_PROVIDER", "openai".to_owned()),
+            ("THREADLINE_MODEL_BASE_URL", model),
+            ("THREADLINE_MODEL_NAME", "m".to_owned()),
+        ],
+    )
+    .await;
+    s.unjudged = Some("the test's model does not state what it read");
+    s.post("deploy run <https://ci.example.com/runs/77> failed", None)
+        .await;
+    let (dm, thread) = open_pane(&s).await;
+    s.judge_also_as(
+        &dm,
+        &s.bot_user,
+        threadline_tests::oracle::ScopeKind::Direct,
+    );
+    s.post_as(&s.user, &dm, "which run failed?", Some(&thread))
+        .await;
+    let a = eventually("the streamed answer", Duration::from_secs(30), || async {
+        replies(&s, &dm, &thread)
+            .await
+            .into_iter()
+            .find(|m| m["streaming_state"] == "completed")
+    })
+    .await;
+    let write = a["blocks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|b| b["task_id"] == "threadline_write")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        write["sources"],
+        json!([{"type": "url", "url": "https://ci.example.com/runs/77",
+                "text": "ci.example.com/runs/77"}]),
+        "{a}"
+    );
+    let (_, violations) = s.verdict_by_kind(threadline_tests::ORACLE_GRACE).await;
+    let untrue: Vec<_> = violations
+        .iter()
+        .filter(|(kind, _)| *kind == "source_untrue")
+        .collect();
+    assert!(untrue.is_empty(), "{untrue:?}");
     s.stop().await;
 }
 

@@ -1,13 +1,17 @@
-//! The assistant pane's progress record (migration 0023), against a real
-//! database: a `setStatus` call is recorded only by compare-and-set on the
-//! thread's generation, so a publisher whose call may have crossed
+//! The assistant pane's progress record (migrations 0023, 0035), against a
+//! real database: a `setStatus` call is recorded only by compare-and-set on
+//! the thread's generation, so a publisher whose call may have crossed
 //! another's learns it and calls again; a call Slack did not take keeps
 //! what may show and is due again after Slack's wait; sweepers share due
-//! threads without taking one twice.
+//! threads without taking one twice; what a thread should show is its
+//! question being read, then its decision's stage.
 
 use std::time::Duration;
 
-use threadline_store::assistant::{look_again, not_taken, progress, set_shown, take_due};
+use threadline_domain::thinking::Stage;
+use threadline_store::assistant::{
+    Target, look_again, not_reading, not_taken, progress, reading, set_shown, take_due,
+};
 use threadline_store::testing::assistant::{due_in, hold};
 use threadline_testkit::TestDb;
 use uuid::Uuid;
@@ -21,6 +25,14 @@ async fn read(db: &TestDb, inst: Uuid) -> threadline_store::assistant::Progress 
         .await
         .expect("reading the record")
         .expect("a pane thread")
+}
+
+/// A decision's model call, as the status shows it.
+fn write(id: Uuid) -> Target {
+    Target {
+        id,
+        stage: Stage::Write,
+    }
 }
 
 async fn thread(db: &TestDb) -> Uuid {
@@ -47,7 +59,7 @@ async fn only_one_of_two_crossing_calls_is_recorded_and_the_other_learns_it() {
         .expect("a pane thread");
     assert_eq!((p.live, p.shown), (None, None));
     // Two publishers read the same generation and both call Slack.
-    let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+    let (a, b) = (write(Uuid::now_v7()), write(Uuid::now_v7()));
     assert!(
         set_shown(&db.pool, inst, DM, TS, p.generation, Some(a), 5.0)
             .await
@@ -99,7 +111,10 @@ async fn only_one_of_two_crossing_calls_is_recorded_and_the_other_learns_it() {
 async fn a_call_slack_did_not_take_keeps_what_may_show_and_is_due_again() {
     let db = TestDb::new().await;
     let inst = thread(&db).await;
-    let d = Uuid::now_v7();
+    let d = Target {
+        id: Uuid::now_v7(),
+        stage: Stage::Check,
+    };
     let p = read(&db, inst).await;
     // A set that timed out may still land: recorded as possibly showing.
     assert!(
@@ -193,4 +208,113 @@ async fn a_publisher_that_gave_up_has_the_thread_looked_at_again_whatever_the_re
             .len(),
         1
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_shows_as_read_until_its_decision_and_then_at_the_decisions_stage() {
+    let db = TestDb::new().await;
+    let inst = thread(&db).await;
+    let receipt = Uuid::now_v7();
+    assert!(
+        !reading(&db.pool, inst, "D0NOTPANE", TS, receipt, "Ev1")
+            .await
+            .expect("mark"),
+        "no assistant thread: nothing marked, nothing queued"
+    );
+    assert!(
+        threadline_store::testing::outbox::topics_and_msg_ids(&db.pool)
+            .await
+            .expect("outbox")
+            .is_empty()
+    );
+    assert!(
+        reading(&db.pool, inst, DM, TS, receipt, "Ev1")
+            .await
+            .expect("mark")
+    );
+    let queued = threadline_store::testing::outbox::topics_and_msg_ids(&db.pool)
+        .await
+        .expect("outbox");
+    assert_eq!(queued.len(), 1);
+    assert!(
+        queued[0].1.starts_with(&format!("pane-read:{receipt}:")),
+        "the publisher is asked to show it: {queued:?}"
+    );
+    let read_stage = Target {
+        id: receipt,
+        stage: Stage::Read,
+    };
+    assert_eq!(read(&db, inst).await.live, Some(read_stage));
+    // Recorded as shown, the stage comes back with it.
+    let p = read(&db, inst).await;
+    assert!(
+        set_shown(&db.pool, inst, DM, TS, p.generation, Some(read_stage), 5.0)
+            .await
+            .expect("record")
+    );
+    assert_eq!(read(&db, inst).await.shown, Some(read_stage));
+    // Its decision exists, its answer waiting to be posted: checked.
+    let d = Uuid::now_v7();
+    threadline_store::testing::decisions::insert_proposed_decision(
+        &db.pool,
+        &threadline_store::testing::decisions::ProposedDecision {
+            id: d,
+            receipt_id: receipt,
+            installation_id: inst,
+            event_id: "Ev1",
+            channel_id: DM,
+            root_ts: TS,
+            source_ts: TS,
+            thread_version: 1,
+            body_text: "an answer",
+            output_hash: "h",
+        },
+    )
+    .await
+    .expect("decision");
+    let checked = Target {
+        id: d,
+        stage: Stage::Check,
+    };
+    assert_eq!(read(&db, inst).await.live, Some(checked));
+    // A newer question being read shows before it; one whose build came to
+    // nothing shows no more.
+    let newer = Uuid::now_v7();
+    assert!(
+        reading(&db.pool, inst, DM, TS, newer, "Ev2")
+            .await
+            .expect("mark")
+    );
+    assert_eq!(
+        read(&db, inst).await.live.map(|t| (t.id, t.stage)),
+        Some((newer, Stage::Read))
+    );
+    not_reading(&db.pool, inst, DM, TS, receipt)
+        .await
+        .expect("not the newer one's");
+    assert_eq!(read(&db, inst).await.live.map(|t| t.id), Some(newer));
+    not_reading(&db.pool, inst, DM, TS, newer)
+        .await
+        .expect("unmark");
+    assert_eq!(read(&db, inst).await.live, Some(checked));
+    // Its context built again while it is decided (a coalesced rebuild at
+    // the same version makes no new decision): still checked, never read.
+    assert!(
+        reading(&db.pool, inst, DM, TS, receipt, "Ev1")
+            .await
+            .expect("mark")
+    );
+    assert_eq!(read(&db, inst).await.live, Some(checked));
+    // Its decision discarded (the thread moved on) and its context built
+    // again: read, until the new decision.
+    threadline_store::testing::decisions::set_decision_status(&db.pool, d, "stale")
+        .await
+        .expect("stale");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        reading(&db.pool, inst, DM, TS, receipt, "Ev1")
+            .await
+            .expect("mark")
+    );
+    assert_eq!(read(&db, inst).await.live, Some(read_stage));
 }

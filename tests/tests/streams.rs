@@ -341,49 +341,15 @@ async fn streaming_switched_off_for_a_channel_or_installation_posts_answers_whol
     s.stop().await;
 }
 
-/// An OpenAI-compatible endpoint that streams `pieces`, one every `gap`,
-/// as server-sent events.
-async fn streaming_model(pieces: &'static [&'static str], gap: Duration) -> String {
-    use futures::StreamExt as _;
-    let app = axum::Router::new().route(
-        "/v1/chat/completions",
-        axum::routing::post(move || async move {
-            let chunk = |p: &str| {
-                let c = serde_json::json!({"id": "c1", "object": "chat.completion.chunk",
-                    "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": null}]});
-                format!("data: {c}\n\n")
-            };
-            let events = futures::stream::iter(pieces.iter().map(move |p| chunk(p)))
-                .then(move |e| async move {
-                    tokio::time::sleep(gap).await;
-                    Ok::<_, std::convert::Infallible>(e)
-                })
-                .chain(futures::stream::once(async {
-                    Ok("data: [DONE]\n\n".to_owned())
-                }));
-            (
-                [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
-                axum::body::Body::from_stream(events),
-            )
-        }),
-    );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}/v1", l.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(l, app).await });
-    url
-}
-
-/// A streaming stack whose model is [`streaming_model`] with `pieces`
-/// every `gap`, plus `extra` settings; unjudged (the scripted answers do
-/// not state what they read).
+/// A streaming stack whose model is [`threadline_tests::streaming_model`]
+/// with `pieces` every `gap`, plus `extra` settings; unjudged (the scripted
+/// answers do not state what they read).
 async fn scripted_stack(
     pieces: &'static [&'static str],
     gap: Duration,
     extra: &[(&'static str, &str)],
 ) -> Stack {
-    let url = streaming_model(pieces, gap).await;
+    let url = threadline_tests::streaming_model(pieces, gap).await;
     let mut settings = vec![
         ("THREADLINE_MODEL_PROVIDER", "openai"),
         ("THREADLINE_MODEL_BASE_URL", url.as_str()),

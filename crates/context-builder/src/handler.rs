@@ -769,6 +769,15 @@ impl Handler {
         let Some(earlier) = self.burst(inst, channel, root, source_ts, receipt).await? else {
             return ignored(threadline_domain::double_text::ABSORBED);
         };
+        // A question in the assistant pane, or in an agent's Messages tab
+        // (its own thread, recorded as the pane's are): its status shows
+        // the thread being read from now on.
+        let dm = threadline_domain::ids::is_dm(channel);
+        if dm {
+            self.agent_question(inst, channel, root).await?;
+            self.reading(inst.id, channel, root, receipt, event_id)
+                .await;
+        }
         // One snapshot for the version and the messages it numbers (with
         // the other handlers' builds: one transaction).
         let channel_ref = threadline_runtime::audit::channel_ref(inst.id, channel);
@@ -789,16 +798,21 @@ impl Handler {
             })
             .await?;
         let snap = match outcome {
-            store::BuildOutcome::SourceDeleted => return ignored("source_deleted"),
+            store::BuildOutcome::SourceDeleted => {
+                if dm {
+                    threadline_store::assistant::not_reading(
+                        &self.pool, inst.id, channel, root, receipt,
+                    )
+                    .await?;
+                }
+                return ignored("source_deleted");
+            }
             store::BuildOutcome::Recorded(snap) => snap,
         };
         let built = &snap.built;
-        // A question in the assistant pane, or in an agent's Messages tab
-        // (its own thread, recorded as the pane's are): the latest messages
-        // of the channel the person is looking at, where the policy allows
-        // it.
-        let (context_channel_id, channel_context) = if threadline_domain::ids::is_dm(channel) {
-            self.agent_question(inst, channel, root).await?;
+        // In a pane or tab thread: the latest messages of the channel the
+        // person is looking at, where the policy allows it.
+        let (context_channel_id, channel_context) = if dm {
             self.viewed_channel(inst, channel, root).await
         } else {
             (String::new(), Vec::new())
@@ -855,6 +869,18 @@ impl Handler {
         metrics::counter!("threadline_contexts_built_total", "truncated" => if built.omitted > 0 { "true" } else { "false" })
             .increment(1);
         Ok(Step::Done)
+    }
+
+    /// The status of an assistant thread shows its question being read
+    /// (its context built) from now on, through the publisher. Best
+    /// effort: a failure only leaves that stage unshown.
+    async fn reading(&self, inst: Uuid, channel: &str, root: &str, receipt: Uuid, event_id: &str) {
+        if let Err(e) =
+            threadline_store::assistant::reading(&self.pool, inst, channel, root, receipt, event_id)
+                .await
+        {
+            tracing::warn!(error = %e, "marking the pane's question as being read failed; that stage is not shown");
+        }
     }
 
     /// How many of the viewed channel's latest messages a pane question

@@ -2069,6 +2069,7 @@ async fn a_resumed_request_decided_before_its_mark_frees_its_place() {
         output_hash: None,
         body_text: None,
         body_blocks: None,
+        sources: &[],
     };
     decisions::settle(&env.db.pool, id, &settled)
         .await

@@ -19,6 +19,7 @@ pub mod output;
 pub mod prompt;
 pub mod reply;
 pub mod review;
+pub mod sources;
 pub mod state;
 pub mod thinking;
 pub mod topic;

@@ -6,18 +6,28 @@
 //! * [`Stage::Read`] — the thread's context was built: `complete` when
 //!   the stream starts (a stream starts only from a built context);
 //! * [`Stage::Write`] — the answer's text: `in_progress` from the start,
-//!   `complete` only when the stop shows the whole answer; a stream that
-//!   ends before (the thread moved on, a switch, a review, an
-//!   interruption) ends it `error` with the ending's own line as details;
+//!   `complete` only when the stop shows the whole answer, carrying as
+//!   `sources` the links the answer took from what it read
+//!   ([`crate::sources`]); a stream that ends before (the thread moved on,
+//!   a switch, a review, an interruption) ends it `error` with the
+//!   ending's own line as details;
 //! * [`Stage::Check`] — the publisher's last staleness check before the
 //!   answer is whole: shown `complete` with a clean stop.
 //!
 //! Titles and details are threadline's own words, never message text.
 //! Pure: the publisher sends these chunks, Slack (or slack-sim) shows them.
+//!
+//! Where an answer is posted whole (streaming off), the assistant pane's
+//! status (and an agent's Messages tab's) shows the same stages as they
+//! happen, in the same words ([`Stage::title`] as its loading message):
+//! the thread being read while its context is built, the answer being
+//! written while the model is called, the thread being checked while the
+//! publisher runs its staleness check before the post.
 
 use serde_json::{Value, json};
 
 use crate::reply::Ending;
+use crate::sources::Source;
 
 /// A stage of a streamed answer, shown as one task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +67,23 @@ impl Stage {
         }
     }
 
-    /// The task's title.
+    /// The stage's name as threadline stores it (the pane's status record).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Check => "check",
+        }
+    }
+
+    /// The stage a stored name names.
+    pub fn parse(name: &str) -> Option<Stage> {
+        [Self::Read, Self::Write, Self::Check]
+            .into_iter()
+            .find(|s| s.name() == name)
+    }
+
+    /// The task's title (and the pane status's loading message).
     pub fn title(self) -> &'static str {
         match self {
             Self::Read => "Reading the thread",
@@ -101,10 +127,15 @@ pub fn append(t: &str) -> Vec<Value> {
 }
 
 /// The chunks of the stop that shows the whole answer: its last text, the
-/// answer written, the thread checked.
-pub fn finished(rest: &str) -> Vec<Value> {
+/// answer written (with the `sources` it took from what it read, if any),
+/// the thread checked.
+pub fn finished(rest: &str, sources: &[Source]) -> Vec<Value> {
     let mut c: Vec<Value> = text(rest).into_iter().collect();
-    c.push(Stage::Write.update(Status::Complete, None));
+    let mut written = Stage::Write.update(Status::Complete, None);
+    if !sources.is_empty() {
+        written["sources"] = sources.iter().map(Source::element).collect();
+    }
+    c.push(written);
     c.push(Stage::Check.update(Status::Complete, None));
     c
 }
@@ -148,11 +179,33 @@ mod tests {
                 ("threadline_write".into(), "in_progress".into())
             ]
         );
-        let f = finished(" pod.");
+        let f = finished(" pod.", &[]);
         assert_eq!(f[0], json!({"type": "markdown_text", "text": " pod."}));
         assert!(statuses(&f).iter().all(|(_, s)| s == "complete"));
-        assert_eq!(statuses(&finished("")).len(), 2, "no empty text chunk");
+        assert!(f.iter().all(|c| c.get("sources").is_none()), "none to show");
+        assert_eq!(statuses(&finished("", &[])).len(), 2, "no empty text chunk");
         assert!(append("").is_empty());
+    }
+
+    #[test]
+    fn the_writing_step_carries_its_sources_when_whole() {
+        let s = Source::parse("https://ci.example.com/runs/42").unwrap();
+        let f = finished("", std::slice::from_ref(&s));
+        let w = f.iter().find(|c| c["id"] == "threadline_write").unwrap();
+        assert_eq!(w["sources"], json!([s.element()]));
+        assert!(
+            f.iter()
+                .filter(|c| c["id"] != "threadline_write")
+                .all(|c| c.get("sources").is_none())
+        );
+    }
+
+    #[test]
+    fn a_stage_is_stored_by_its_name() {
+        for s in [Stage::Read, Stage::Write, Stage::Check] {
+            assert_eq!(Stage::parse(s.name()), Some(s));
+        }
+        assert_eq!(Stage::parse("thinking"), None);
     }
 
     #[test]

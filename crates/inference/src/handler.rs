@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use threadline_domain::output::{self, Risk};
 use threadline_domain::prompt::{self, Quoted};
+use threadline_domain::sources::{self, Source};
 use threadline_proto::v1::proposal_ready::Work;
 use threadline_proto::v1::{ContextReady, PaneStatus, StreamStart};
 use threadline_runtime::bus::{Topic, Topology};
@@ -215,6 +216,25 @@ struct Output {
     completion_tokens: Option<i32>,
 }
 
+/// The links the answer took from what it read: from the thread's context
+/// (people's and approved bots' messages), the channel the person looks at or the earlier messages of the person's
+/// burst (none for the fallback, which is threadline's own text and took
+/// nothing from them).
+fn sources_of(out: &Output, answer: &str, ctx: &ContextReady) -> Vec<Source> {
+    if out.fallback {
+        return Vec::new();
+    }
+    // (never the app's own earlier answers: a link a model made up once
+    // is no source when it repeats it)
+    let read = ctx
+        .messages
+        .iter()
+        .filter(|m| m.role != "assistant")
+        .chain(&ctx.channel_context)
+        .chain(&ctx.earlier);
+    sources::of(answer, read.map(|m| m.text.as_str()))
+}
+
 impl Output {
     fn of(answer: Answer, h: &Handler) -> Self {
         match answer {
@@ -315,7 +335,8 @@ impl Handler {
             threadline_store::budgets::count_tokens(&self.pool, inst, spent).await?;
             return Ok(Disposition::Done);
         };
-        self.settle_answer(id, inst, pane, answer, &label).await
+        self.settle_answer(id, inst, ctx, pane, answer, &label)
+            .await
     }
 
     /// What a model call stopped mid-stream used, estimated at four bytes
@@ -542,6 +563,7 @@ impl Handler {
         &self,
         id: Uuid,
         inst: Uuid,
+        ctx: &ContextReady,
         pane: bool,
         answer: Answer,
         label: &str,
@@ -553,6 +575,7 @@ impl Handler {
             self.reply_max_chars,
             !out.tools.is_empty(),
         );
+        let sources = sources_of(&out, &reply.text, ctx);
         let hash = hex::encode(Sha256::digest(reply.text.as_bytes()));
         let (status, action_kind) = if reply.risks.is_empty() {
             (DecisionStatus::Proposed, "thread_reply".to_owned())
@@ -585,6 +608,7 @@ impl Handler {
             output_hash: Some(&hash),
             body_text: Some(&reply.text),
             body_blocks: Some(&reply.blocks),
+            sources: &sources,
         };
         let Some(settled) = self.settle_hard(id, &settled).await? else {
             // Another worker settled it (our lease ran out): this call ran
@@ -692,6 +716,7 @@ impl Handler {
             output_hash: None,
             body_text: None,
             body_blocks: None,
+            sources: &[],
         }
     }
 

@@ -906,6 +906,7 @@ async fn one_claim_statement_serves_a_batch_and_no_binding_is_claimed_twice() {
         output_hash: Some("h"),
         body_text: Some("answer"),
         body_blocks: None,
+        sources: &[],
     };
     settle(pool, settled_id, &done)
         .await

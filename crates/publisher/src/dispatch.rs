@@ -35,10 +35,11 @@ pub enum Work {
     /// A stream to start for a decision still being called.
     StreamStart { place: Place, decision: Uuid },
     /// Progress to show in an assistant thread (and its title, for its
-    /// first question).
+    /// first question): a decision being called, or (none) a question
+    /// being read.
     PaneStatus {
         place: Place,
-        decision: Uuid,
+        decision: Option<Uuid>,
         title: String,
     },
     /// An assistant thread opened: greet it.
@@ -70,13 +71,22 @@ impl Work {
             channel: p.channel_id.clone(),
             root_ts: p.root_ts.clone(),
         };
+        let decision =
+            || Uuid::parse_str(&p.decision_id).map_err(|_| "ProposalReady without a decision");
         match kind {
             W::PaneGreeting(_) => return Ok(Work::PaneGreeting { place }),
             W::AgentGreeting(_) => return Ok(Work::AgentGreeting { place }),
+            W::PaneStatus(s) => {
+                let decision = (!p.decision_id.is_empty()).then(decision).transpose()?;
+                return Ok(Work::PaneStatus {
+                    place,
+                    decision,
+                    title: s.title,
+                });
+            }
             _ => {}
         }
-        let decision =
-            Uuid::parse_str(&p.decision_id).map_err(|_| "ProposalReady without a decision")?;
+        let decision = decision()?;
         Ok(match kind {
             W::Answer(_) => Work::Answer {
                 place,
@@ -84,12 +94,9 @@ impl Work {
                 needs_review: p.needs_review,
             },
             W::StreamStart(_) => Work::StreamStart { place, decision },
-            W::PaneStatus(s) => Work::PaneStatus {
-                place,
-                decision,
-                title: s.title,
-            },
-            W::PaneGreeting(_) | W::AgentGreeting(_) => unreachable!("handled above"),
+            W::PaneStatus(_) | W::PaneGreeting(_) | W::AgentGreeting(_) => {
+                unreachable!("handled above")
+            }
         })
     }
 }
@@ -113,7 +120,7 @@ impl Handler {
                 tracing::info_span!("publisher.stream", event_id = %p.event_id, decision_id = %decision, version = p.thread_version)
             }
             Work::PaneStatus { decision, .. } => {
-                tracing::info_span!("publisher.assistant_status", event_id = %p.event_id, decision_id = %decision)
+                tracing::info_span!("publisher.assistant_status", event_id = %p.event_id, decision_id = ?decision)
             }
             Work::PaneGreeting { .. } => {
                 tracing::info_span!("publisher.assistant_greet", event_id = %p.event_id)
@@ -138,6 +145,9 @@ impl Handler {
                 decision,
                 needs_review,
             } => {
+                // In a pane or tab thread, its status shows the thread
+                // being checked before the post.
+                self.pane_before(place).await;
                 let done = self.answer(place.installation, *decision).await?;
                 // A reviewed answer's review request shows what became of it
                 // (off the path of answers that need no reviewer).
@@ -175,6 +185,21 @@ impl Handler {
             Work::AgentGreeting { place } => {
                 self.greet_agent(place.installation, &place.channel).await
             }
+        }
+    }
+
+    /// In an assistant thread (a DM), the progress follows the answer
+    /// about to be checked and posted.
+    async fn pane_before(&self, place: &Place) {
+        if is_dm(&place.channel)
+            && let Err(e) = self
+                .sync_progress(place.installation, &place.channel, &place.root_ts, false)
+                .await
+        {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "showing an assistant thread's check failed; the answer goes on"
+            );
         }
     }
 
@@ -216,10 +241,21 @@ mod tests {
             title: "Deploys".into(),
         }));
         assert_eq!(
-            Work::of(&message(status)),
+            Work::of(&message(status.clone())),
             Ok(Work::PaneStatus {
                 place: place.clone(),
-                decision: d,
+                decision: Some(d),
+                title: "Deploys".into()
+            })
+        );
+        // A question being read: no decision yet.
+        let mut reading = message(status);
+        reading.decision_id.clear();
+        assert_eq!(
+            Work::of(&reading),
+            Ok(Work::PaneStatus {
+                place: place.clone(),
+                decision: None,
                 title: "Deploys".into()
             })
         );

@@ -1,22 +1,28 @@
 //! The assistant pane (a person's thread with the app in their DM): the
-//! greeting when it opens (suggested prompts, a title), progress while the
-//! model answers (`assistant.threads.setStatus`), and the progress cleared
-//! on every outcome that posts nothing (stale, superseded, suppressed,
-//! cancelled, held for review, rejected, failed, dead-lettered); a posted
-//! reply clears it in Slack. The progress is state derived from the
-//! thread's decisions, brought to Slack one call at a time per thread
+//! greeting when it opens (suggested prompts, a title), progress while a
+//! question is answered (`assistant.threads.setStatus`: the stage it is
+//! at, in the thinking steps' words, as its loading message: the thread
+//! read, the answer written, the thread checked before the post), and the
+//! progress cleared on every outcome that posts nothing (stale,
+//! superseded, suppressed, cancelled, held for review, rejected, failed,
+//! dead-lettered); a posted reply clears it in Slack. The progress is
+//! state derived from the thread's question being read and its
+//! decisions, brought to Slack one call at a time per thread
 //! ([`Handler::sync_progress`]). All of it is best effort: it never holds
 //! up or repeats an answer.
 
 use secrecy::ExposeSecret as _;
 use serde_json::json;
+use threadline_domain::thinking::Stage;
 use threadline_runtime::worker::Disposition;
 use threadline_slack::WebError;
+use threadline_store::assistant::Target;
 use uuid::Uuid;
 
 use crate::handler::{Bot, Handler, defer, jitter};
 
-/// The progress shown while the model answers.
+/// The status shown while a question is answered; its loading message
+/// names the stage ([`Stage::title`]).
 pub const THINKING: &str = "is thinking…";
 
 /// Progress still wanted after this long is set again (Slack ends a status
@@ -127,9 +133,11 @@ impl Handler {
         Ok(Disposition::Done)
     }
 
-    /// Brings the progress of an assistant thread to what its decisions
-    /// say: "is thinking…" while one of them is being answered, nothing once
-    /// none is (stale, superseded, suppressed, cancelled, held for review,
+    /// Brings the progress of an assistant thread to what its question and
+    /// decisions say: "is thinking…" with the stage as its loading message
+    /// while a question is being read, or one of its decisions answered
+    /// (written, then checked before its post), nothing once none is
+    /// (stale, superseded, suppressed, cancelled, held for review,
     /// rejected, failed, or answered: a reply clears it in Slack). No lock
     /// is held across the Slack call: every call that may have reached
     /// Slack is followed by a compare-and-set of the thread's record on its
@@ -152,7 +160,7 @@ impl Handler {
         let mut bot: Option<Option<Bot>> = None;
         let mut again = replied;
         // The target of this publisher's last call, once it made one.
-        let mut sent: Option<Option<Uuid>> = None;
+        let mut sent: Option<Option<Target>> = None;
         for _ in 0..4 {
             let Some(p) =
                 threadline_store::assistant::progress(&self.pool, inst, channel, thread_ts).await?
@@ -177,7 +185,6 @@ impl Handler {
                 (None, _) => p.shown_for >= SLACK_LIMIT_SECS,
                 _ => false,
             };
-            let status = if p.live.is_some() { THINKING } else { "" };
             let call = if no_call {
                 Call::Taken
             } else {
@@ -192,8 +199,8 @@ impl Handler {
                 }
                 match &bot {
                     Some(b) => {
-                        self.set_status(b.as_ref(), channel, thread_ts, status)
-                            .await
+                        let stage = p.live.map(|t| t.stage);
+                        self.set_status(b.as_ref(), channel, thread_ts, stage).await
                     }
                     // (the token could not be opened: tried again in a while)
                     None => Call::Later(30.0),
@@ -321,23 +328,27 @@ impl Handler {
         }
     }
 
-    /// Sets the thread's status (`""` clears it).
+    /// Sets the thread's status at `stage` (none: clears it).
     async fn set_status(
         &self,
         bot: Option<&Bot>,
         channel: &str,
         thread_ts: &str,
-        status: &str,
+        stage: Option<Stage>,
     ) -> Call {
         let Some(bot) = bot else {
             // (no token any more: nothing can be shown or cleared)
             return Call::Taken;
         };
-        let form = [
+        let loading = stage.map(|s| json!([s.title()]).to_string());
+        let mut form = vec![
             ("channel_id", channel),
             ("thread_ts", thread_ts),
-            ("status", status),
+            ("status", if stage.is_some() { THINKING } else { "" }),
         ];
+        if let Some(l) = &loading {
+            form.push(("loading_messages", l.as_str()));
+        }
         match self
             .web
             .call(
@@ -358,12 +369,12 @@ impl Handler {
             // Refused for good (the thread gone, the scope missing): asking
             // again changes nothing.
             Err(WebError::Api { code }) => {
-                tracing::warn!(code = %code, cleared = status.is_empty(), "Slack refused the assistant thread's status");
+                tracing::warn!(code = %code, cleared = stage.is_none(), "Slack refused the assistant thread's status");
                 Call::Taken
             }
             Err(e) => {
                 // (Slack clears a status by itself after two minutes)
-                tracing::warn!(error = %e, cleared = status.is_empty(), "setting the assistant thread's status failed; looked at again later");
+                tracing::warn!(error = %e, cleared = stage.is_none(), "setting the assistant thread's status failed; looked at again later");
                 Call::Later(2.0)
             }
         }

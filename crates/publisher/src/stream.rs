@@ -358,7 +358,7 @@ impl Handler {
                         p.source_ts,
                     )
                     .to_string();
-                    let chunks = thinking::arg(&thinking::finished(&rest));
+                    let chunks = thinking::arg(&thinking::finished(&rest, &t.sources));
                     let stop = Stop {
                         text: &rest,
                         chunks: &chunks,
@@ -501,6 +501,7 @@ mod tests {
             body: None,
             label: Some("AI".into()),
             output_hash: None,
+            sources: Vec::new(),
             review_reasons: Vec::new(),
             pending: false,
         }

@@ -135,6 +135,7 @@ pub fn open(
         });
     tab.opened += 1;
     if let Some(e) = entities {
+        note_looked_at(tab, &e);
         tab.context = context(e);
     }
     let context = tab.context.clone();
@@ -149,6 +150,18 @@ pub fn open(
         Vec::new()
     };
     Ok((dm.id, envs))
+}
+
+/// The channels of `entities` (a channel's id, a message's channel) join
+/// what the person looked at from the tab.
+fn note_looked_at(tab: &mut AgentTab, entities: &[Value]) {
+    for e in entities {
+        let channel = e["value"]
+            .as_str()
+            .filter(|_| e["type"] == "slack#/types/channel_id")
+            .or_else(|| e["value"]["channel_id"].as_str());
+        crate::model::looked_at(&mut tab.looked_at, channel);
+    }
 }
 
 /// The `context` object of an event.
@@ -182,6 +195,7 @@ pub fn change_context(
             user_id: user.to_owned(),
             ..AgentTab::default()
         });
+    note_looked_at(tab, &entities);
     tab.context = context(entities);
     let mut event = json!({"type": "app_context_changed", "channel": dm.id, "user": user,
                            "context": tab.context.clone(), "event_ts": w.clock.next_ts()});
@@ -233,4 +247,28 @@ pub fn set_tab_prompts(
     tab.suggested_prompts = Some(prompts);
     tab.prompts_title = title;
     Ok(json!({}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tab_keeps_every_channel_looked_at_once() {
+        let mut tab = AgentTab::default();
+        note_looked_at(
+            &mut tab,
+            &[
+                json!({"type": "slack#/types/channel_id", "value": "C1"}),
+                json!({"type": "slack#/types/canvas_id", "value": "F1"}),
+                json!({"type": "slack#/types/message_context",
+                       "value": {"message_ts": "1.1", "channel_id": "C2"}}),
+            ],
+        );
+        note_looked_at(
+            &mut tab,
+            &[json!({"type": "slack#/types/channel_id", "value": "C1"})],
+        );
+        assert_eq!(tab.looked_at, ["C1", "C2"]);
+    }
 }

@@ -364,12 +364,13 @@ pub fn open(
         streaming_state: None,
         stream: None,
     });
-    let state = ThreadState {
+    let mut state = ThreadState {
         app_id: Some(app.id.clone()),
         user_id: Some(user.to_owned()),
         context,
         ..ThreadState::default()
     };
+    crate::model::looked_at(&mut state.looked_at, context_channel);
     let event = json!({"type": "assistant_thread_started",
                        "assistant_thread": assistant_thread(&state, &dm.id, &ts),
                        "event_ts": w.clock.next_ts()});
@@ -412,6 +413,7 @@ pub fn change_context(
     }
     let t = w.assistant.get_mut(&key).expect("checked above");
     t.context = context;
+    crate::model::looked_at(&mut t.looked_at, Some(context_channel));
     let t = t.clone();
     let event = json!({"type": "assistant_thread_context_changed",
                        "assistant_thread": assistant_thread(&t, channel, thread_ts),

@@ -898,6 +898,15 @@ impl World {
     }
 }
 
+/// Adds `channel` to what a person `looked_at`, once.
+pub fn looked_at(list: &mut Vec<String>, channel: Option<&str>) {
+    if let Some(c) = channel
+        && !list.iter().any(|l| l == c)
+    {
+        list.push(c.to_owned());
+    }
+}
+
 /// An agent's Messages tab (its DM with a person), for inspection.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct AgentTab {
@@ -906,6 +915,10 @@ pub struct AgentTab {
     /// What the person looks at, as the last event told the app (the
     /// `context` object: `{"entities": […]}`, or `{}`).
     pub context: Value,
+    /// Every channel the person looked at from the tab (a channel entity,
+    /// or a message entity's channel), in the order first looked at: what a
+    /// question there may have read as its viewed channel.
+    pub looked_at: Vec<String>,
     /// How many times the person opened the tab.
     pub opened: u32,
     /// Set at the top of the tab (`setSuggestedPrompts` without a thread).
@@ -924,6 +937,10 @@ pub struct ThreadState {
     /// The channel the person is looking at (`{channel_id, team_id,
     /// enterprise_id}`), as the last event told the app.
     pub context: Option<Value>,
+    /// Every channel the person looked at from the thread, in the order
+    /// first looked at: what a question there may have read as its viewed
+    /// channel.
+    pub looked_at: Vec<String>,
     /// Every status set, in order, with how it ended.
     pub statuses: Vec<StatusRecord>,
     pub suggested_prompts: Option<Value>,

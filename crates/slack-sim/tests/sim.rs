@@ -3144,7 +3144,26 @@ async fn a_streams_tasks_are_checked_kept_by_id_and_shown_as_slack_shows_them() 
             },
             "invalid_chunks",
         ),
-    ] {
+    ]
+    .into_iter()
+    .chain(
+        // Each field of a URL source element is required: its type `url`,
+        // a web URL, a text to show.
+        [
+            json!({"url": "https://example.com/a", "text": "A"}),
+            json!({"type": "link", "url": "https://example.com/a", "text": "A"}),
+            json!({"type": "url", "url": "ftp://example.com/a", "text": "A"}),
+            json!({"type": "url", "url": "https://example.com/a", "text": ""}),
+            json!({"type": "url", "url": "https://example.com/a"}),
+            json!("https://example.com/a"),
+        ]
+        .into_iter()
+        .map(|source| {
+            let mut t = task("t", "complete");
+            t["sources"] = json!([source]);
+            (t, "invalid_chunks")
+        }),
+    ) {
         let (_, r) = w
             .api_json(
                 "chat.startStream",
@@ -3656,6 +3675,11 @@ async fn the_assistant_pane_starts_threads_shows_a_status_and_takes_prompts_and_
     assert_eq!(
         e["assistant_thread"]["context"]["channel_id"],
         other.as_str()
+    );
+    // Inspection keeps every channel looked at from the thread.
+    assert_eq!(
+        w.assistant_thread(&dm, &thread).await["looked_at"],
+        json!([w.channel, other])
     );
 
     // A status, refused when malformed, shown when set.

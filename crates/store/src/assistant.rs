@@ -5,6 +5,7 @@
 
 use prost::Message as _;
 use sqlx::PgPool;
+use threadline_domain::thinking::Stage;
 use threadline_proto::v1::{ProposalReady, SCHEMA_VERSION};
 use uuid::Uuid;
 
@@ -157,18 +158,33 @@ pub async fn greeted(
     Ok(())
 }
 
+/// What an assistant thread's status shows: a question at a stage. `id`
+/// names the decision, or at [`Stage::Read`] (before any decision exists)
+/// the request's receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    pub id: Uuid,
+    pub stage: Stage,
+}
+
 /// The progress of an assistant thread: what it should show and what the
 /// publisher last set.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Progress {
-    /// The decision of the thread being answered: its model call holds a
-    /// live lease, or its answer waits to be posted (offered to the
-    /// publisher in the last two minutes, Slack's own limit for a status),
-    /// and no reply of its event is on its way or in Slack (a post or a
-    /// stream clears the status in Slack), held or failed for good.
-    pub live: Option<Uuid>,
-    /// The decision whose progress was last set showing.
-    pub shown: Option<Uuid>,
+    /// The question the thread should show at its stage: one whose
+    /// context is being built ([`Stage::Read`]: marked by [`reading`],
+    /// within Slack's two minutes, while the request has no decision but
+    /// discarded ones older than the mark: a context built again for a
+    /// request already decided at that version makes no new decision),
+    /// else the
+    /// newest decision being answered: its model call holds a live lease
+    /// ([`Stage::Write`]), or its answer waits to be posted, offered to the
+    /// publisher in the last two minutes ([`Stage::Check`]), and no reply
+    /// of its event is on its way or in Slack (a post or a stream clears
+    /// the status in Slack), held or failed for good.
+    pub live: Option<Target>,
+    /// What was last set showing.
+    pub shown: Option<Target>,
     /// Seconds since it was set.
     pub shown_for: f64,
     /// The record's generation (see [`set_shown`]).
@@ -186,19 +202,28 @@ pub async fn progress(
     thread_ts: &str,
 ) -> sqlx::Result<Option<Progress>> {
     let r = sqlx::query!(
-        r#"SELECT a.status_decision, a.status_gen, a.status_confirmed,
+        r#"SELECT a.status_decision, a.status_stage, a.status_gen, a.status_confirmed,
                   coalesce(extract(epoch FROM now() - a.status_set_at)::float8, 0) AS "shown_for!",
-                  (SELECT d.id FROM decisions d
-                    WHERE d.installation_id = a.installation_id AND d.channel_id = a.channel_id
-                      AND d.root_ts = a.thread_ts
-                      AND ((d.status = 'calling' AND d.lease_until > now())
-                           OR (d.status IN ('proposed', 'approved') AND d.updated_at > now() - interval '2 minutes'))
-                      AND NOT EXISTS (SELECT 1 FROM reply_intents i
-                                       WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
-                                         AND i.state IN ('sending', 'streaming', 'sent', 'interrupted', 'unknown',
-                                                         'reconciling', 'held', 'failed_permanent'))
-                    ORDER BY d.created_at DESC LIMIT 1) AS live
+                  CASE WHEN a.reading_at > now() - interval '2 minutes'
+                            AND NOT EXISTS (SELECT 1 FROM decisions r
+                                             WHERE r.receipt_id = a.reading_receipt
+                                               AND (r.created_at >= a.reading_at
+                                                    OR r.status NOT IN ('stale', 'superseded', 'cancelled',
+                                                                        'suppressed')))
+                       THEN a.reading_receipt END AS reading,
+                  d.id AS "decision?", d.status AS "decision_status?"
              FROM assistant_threads a
+             LEFT JOIN LATERAL (
+                  SELECT d.id, d.status FROM decisions d
+                   WHERE d.installation_id = a.installation_id AND d.channel_id = a.channel_id
+                     AND d.root_ts = a.thread_ts
+                     AND ((d.status = 'calling' AND d.lease_until > now())
+                          OR (d.status IN ('proposed', 'approved') AND d.updated_at > now() - interval '2 minutes'))
+                     AND NOT EXISTS (SELECT 1 FROM reply_intents i
+                                      WHERE i.installation_id = d.installation_id AND i.event_id = d.event_id
+                                        AND i.state IN ('sending', 'streaming', 'sent', 'interrupted', 'unknown',
+                                                        'reconciling', 'held', 'failed_permanent'))
+                   ORDER BY d.created_at DESC LIMIT 1) d ON true
             WHERE a.installation_id = $1 AND a.channel_id = $2 AND a.thread_ts = $3"#,
         installation,
         channel,
@@ -206,12 +231,34 @@ pub async fn progress(
     )
     .fetch_optional(pool)
     .await?;
-    Ok(r.map(|r| Progress {
-        live: r.live,
-        shown: r.status_decision,
-        shown_for: r.shown_for,
-        generation: r.status_gen,
-        confirmed: r.status_confirmed,
+    Ok(r.map(|r| {
+        let answering = r.decision.map(|id| Target {
+            id,
+            stage: match r.decision_status.as_deref() {
+                Some("calling") => Stage::Write,
+                _ => Stage::Check,
+            },
+        });
+        let reading = r.reading.map(|id| Target {
+            id,
+            stage: Stage::Read,
+        });
+        let shown = r.status_decision.map(|id| Target {
+            id,
+            // (a record of before the stages showed the model's call)
+            stage: r
+                .status_stage
+                .as_deref()
+                .and_then(Stage::parse)
+                .unwrap_or(Stage::Write),
+        });
+        Progress {
+            live: reading.or(answering),
+            shown,
+            shown_for: r.shown_for,
+            generation: r.status_gen,
+            confirmed: r.status_confirmed,
+        }
     }))
 }
 
@@ -226,12 +273,12 @@ pub async fn set_shown(
     channel: &str,
     thread_ts: &str,
     generation: i64,
-    decision: Option<Uuid>,
+    shown: Option<Target>,
     settle: f64,
 ) -> sqlx::Result<bool> {
     let r = sqlx::query!(
         "UPDATE assistant_threads
-            SET status_decision = $5, status_gen = status_gen + 1, status_confirmed = true,
+            SET status_decision = $5, status_stage = $7, status_gen = status_gen + 1, status_confirmed = true,
                 status_set_at = CASE WHEN $5::uuid IS NULL THEN NULL ELSE clock_timestamp() END,
                 status_due_at = CASE WHEN $5::uuid IS NULL THEN NULL
                                      ELSE clock_timestamp() + make_interval(secs => $6) END
@@ -240,16 +287,17 @@ pub async fn set_shown(
         channel,
         thread_ts,
         generation,
-        decision,
-        settle
+        shown.map(|t| t.id),
+        settle,
+        shown.map(|t| t.stage.name()),
     )
     .execute(pool)
     .await?;
     Ok(r.rows_affected() == 1)
 }
 
-/// A `setStatus` call toward `decision` (`None`: a clear) that Slack did
-/// not take now, and may still apply: recorded, if the record is still at
+/// A `setStatus` call toward `shown` (`None`: a clear) that Slack did not
+/// take now, and may still apply: recorded, if the record is still at
 /// `generation`, as possibly showing (a set), or as still showing what it
 /// showed (a clear), and looked at again `after` seconds on. False when
 /// another publisher changed the record meanwhile.
@@ -259,13 +307,14 @@ pub async fn not_taken(
     channel: &str,
     thread_ts: &str,
     generation: i64,
-    decision: Option<Uuid>,
+    shown: Option<Target>,
     after: f64,
 ) -> sqlx::Result<bool> {
     let r = sqlx::query!(
         "UPDATE assistant_threads
-            SET status_decision = coalesce($5, status_decision), status_gen = status_gen + 1,
-                status_confirmed = false,
+            SET status_decision = coalesce($5, status_decision),
+                status_stage = CASE WHEN $5::uuid IS NULL THEN status_stage ELSE $7 END,
+                status_gen = status_gen + 1, status_confirmed = false,
                 status_set_at = CASE WHEN $5::uuid IS NULL THEN status_set_at ELSE clock_timestamp() END,
                 status_due_at = CASE WHEN coalesce($5, status_decision) IS NULL THEN NULL
                                      ELSE clock_timestamp() + make_interval(secs => $6) END
@@ -274,12 +323,98 @@ pub async fn not_taken(
         channel,
         thread_ts,
         generation,
-        decision,
-        after
+        shown.map(|t| t.id),
+        after,
+        shown.map(|t| t.stage.name()),
     )
     .execute(pool)
     .await?;
     Ok(r.rows_affected() == 1)
+}
+
+/// The message id of a reading mark's progress announcement: one per
+/// build (a question's context may be built again at a newer version).
+pub fn reading_msg_id(receipt: Uuid) -> String {
+    format!("pane-read:{receipt}:{}", Uuid::now_v7())
+}
+
+/// The context of request `receipt`'s question in assistant thread
+/// `(channel, thread_ts)` is being built now: marked (the thread shows it
+/// as read until a decision for the request is created), and the
+/// publisher asked, through the outbox in the same transaction, to bring
+/// the thread's status to it. False (nothing done) when the thread is no
+/// assistant thread.
+pub async fn reading(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    thread_ts: &str,
+    receipt: Uuid,
+    event_id: &str,
+) -> sqlx::Result<bool> {
+    let mut tx = pool.begin().await?;
+    let marked = sqlx::query!(
+        "UPDATE assistant_threads SET reading_receipt = $4, reading_at = now()
+          WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3",
+        installation,
+        channel,
+        thread_ts,
+        receipt
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if !marked {
+        return Ok(false);
+    }
+    let msg = ProposalReady {
+        schema_version: SCHEMA_VERSION,
+        receipt_id: receipt.to_string(),
+        installation_id: installation.to_string(),
+        event_id: event_id.to_owned(),
+        channel_id: channel.to_owned(),
+        root_ts: thread_ts.to_owned(),
+        // (no decision yet)
+        work: Some(threadline_proto::v1::proposal_ready::Work::PaneStatus(
+            threadline_proto::v1::PaneStatus::default(),
+        )),
+        ..Default::default()
+    };
+    crate::outbox::enqueue(
+        &mut tx,
+        installation,
+        receipt,
+        threadline_domain::topic::Topic::Proposals,
+        &reading_msg_id(receipt),
+        msg.encode_to_vec(),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// The context of request `receipt`'s question came to nothing (its
+/// question was deleted): the thread no longer shows it as read (the
+/// sweeper clears what Slack still shows).
+pub async fn not_reading(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    thread_ts: &str,
+    receipt: Uuid,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE assistant_threads SET reading_receipt = NULL, reading_at = NULL
+          WHERE installation_id = $1 AND channel_id = $2 AND thread_ts = $3 AND reading_receipt = $4",
+        installation,
+        channel,
+        thread_ts,
+        receipt
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// The thread's record may not say what Slack shows (a publisher gave up

@@ -7,6 +7,7 @@
 
 use prost::Message as _;
 use sqlx::{PgConnection, PgExecutor, PgPool};
+use threadline_domain::sources::Source;
 use threadline_domain::state::{DecisionStatus, IntentState, Machine as _};
 use threadline_proto::v1::{ProposalReady, SCHEMA_VERSION, proposal_ready};
 use uuid::Uuid;
@@ -413,6 +414,9 @@ pub struct Settled<'a> {
     pub output_hash: Option<&'a str>,
     pub body_text: Option<&'a str>,
     pub body_blocks: Option<&'a serde_json::Value>,
+    /// The links the answer took from what it read (see
+    /// `threadline_domain::sources`): no text `body_text` does not hold.
+    pub sources: &'a [Source],
 }
 
 /// `calling → proposed | review | suppressed | cancelled`, compare-and-set:
@@ -625,6 +629,7 @@ pub struct Settle {
     pub output_hash: Option<String>,
     pub body_text: Option<String>,
     pub body_blocks: Option<serde_json::Value>,
+    pub sources: Vec<String>,
 }
 
 impl Settle {
@@ -643,6 +648,7 @@ impl Settle {
             output_hash: s.output_hash.map(str::to_owned),
             body_text: s.body_text.map(str::to_owned),
             body_blocks: s.body_blocks.cloned(),
+            sources: s.sources.iter().map(|x| x.url().to_owned()).collect(),
         }
     }
 }
@@ -684,14 +690,18 @@ pub async fn settle_many(pool: &PgPool, all: &[Settle]) -> sqlx::Result<Vec<Opti
     let bodies: Vec<Option<String>> = all.iter().map(|s| s.body_text.clone()).collect();
     let blocks: Vec<Option<serde_json::Value>> =
         all.iter().map(|s| s.body_blocks.clone()).collect();
+    let sources: Vec<serde_json::Value> = all
+        .iter()
+        .map(|s| serde_json::Value::from(s.sources.clone()))
+        .collect();
     let rows = sqlx::query!(
         r#"WITH u AS (
             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[],
                                  $7::text[], $8::text[], $9::bool[], $10::int4[], $11::int4[], $12::text[],
-                                 $13::text[], $14::jsonb[])
+                                 $13::text[], $14::jsonb[], $16::jsonb[])
                    WITH ORDINALITY AS u(id, status, from_status, reason, action_kind, review_reasons,
                                         model_config_id, provider, fallback, prompt_tokens, completion_tokens,
-                                        output_hash, body_text, body_blocks, n)),
+                                        output_hash, body_text, body_blocks, sources, n)),
          done AS (
             UPDATE decisions d
                SET status = u.status, status_reason = u.reason, action_kind = u.action_kind,
@@ -699,6 +709,7 @@ pub async fn settle_many(pool: &PgPool, all: &[Settle]) -> sqlx::Result<Vec<Opti
                    model_config_id = u.model_config_id, provider = u.provider, fallback = u.fallback,
                    prompt_tokens = u.prompt_tokens, completion_tokens = u.completion_tokens,
                    output_hash = u.output_hash, body_text = u.body_text, body_blocks = u.body_blocks,
+                   sources = ARRAY(SELECT jsonb_array_elements_text(u.sources)),
                    lease_until = NULL, updated_at = now()
               FROM u
              WHERE d.id = u.id AND d.status = u.from_status
@@ -747,6 +758,7 @@ pub async fn settle_many(pool: &PgPool, all: &[Settle]) -> sqlx::Result<Vec<Opti
             threadline_domain::state::WorkState::Admitted.name(),
             threadline_domain::state::WorkState::Parked.name()
         ] as &[&str],
+        &sources,
     )
     .fetch_all(pool)
     .await?;

@@ -149,7 +149,7 @@ pub async fn purge(pool: &PgPool, keep: Retention, dry_run: bool) -> sqlx::Resul
     .await?;
     (p.threads, p.thread_messages) = (threads.threads, threads.messages);
     p.proposal_texts = sqlx::query!(
-        "UPDATE decisions SET body_text = NULL, body_blocks = NULL, stream_text = NULL
+        "UPDATE decisions SET body_text = NULL, body_blocks = NULL, stream_text = NULL, sources = '{}'
           WHERE (body_text IS NOT NULL OR stream_text IS NOT NULL) AND updated_at < now() - make_interval(days => $1::int)
             AND status NOT IN ('calling', 'proposed', 'review', 'approved')",
         keep.threads_days

@@ -11,6 +11,7 @@ use threadline_domain::state::{DecisionStatus, IntentState, Machine as _};
 use uuid::Uuid;
 
 use threadline_domain::reply::Ending;
+use threadline_domain::sources::Source;
 
 use crate::intents::{Claimed, Proposal};
 use crate::moves;
@@ -288,6 +289,9 @@ pub struct Tick {
     pub label: Option<String>,
     /// The settled answer's hash (its reconciliation evidence).
     pub output_hash: Option<String>,
+    /// The links the settled answer took from what it read, shown on the
+    /// writing step of the stop.
+    pub sources: Vec<Source>,
     pub review_reasons: Vec<String>,
     /// Something in the thread accepted and not processed yet (it may
     /// change the thread): the answer does not finish before it is.
@@ -328,7 +332,7 @@ pub async fn tick_as(
                 coalesce((SELECT i.status = 'active' FROM installations i WHERE i.id = $1), false) AS "active!",
                 d.status, d.stream_text, d.body_blocks -> 0 -> 'text' ->> 'text' AS "body?",
                 coalesce(d.body_blocks -> 1 -> 'elements' -> 0 ->> 'text', d.stream_label) AS "label?",
-                d.output_hash, d.review_reasons
+                d.output_hash, d.review_reasons, d.sources
            FROM decisions d WHERE d.id = $5"#,
         p.installation,
         p.channel,
@@ -355,6 +359,7 @@ pub async fn tick_as(
         body: r.body,
         label: r.label,
         output_hash: r.output_hash,
+        sources: r.sources.iter().filter_map(|u| Source::parse(u)).collect(),
         review_reasons: r.review_reasons,
         pending: r.pending,
     })
