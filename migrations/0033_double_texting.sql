@@ -14,6 +14,7 @@ ALTER TABLE installation_policies
 -- that reads it): `alone` (answered by its own answer) or `absorbed` (read
 -- by the answer to `later_ts`, a later request of the same person in the
 -- same conversation sent within the quiet period). Identifiers only.
+-- Released (deleted) when `later_ts` is deleted before it was answered.
 CREATE TABLE double_texts (
     installation_id uuid NOT NULL,
     channel_id      text NOT NULL,
@@ -24,7 +25,8 @@ CREATE TABLE double_texts (
     PRIMARY KEY (installation_id, channel_id, ts)
 );
 
--- The context-builder decides and reads them (double_text::*); the
--- installation's policy columns are read with the rest of its policy
--- (table-level SELECT already granted).
-GRANT SELECT, INSERT ON double_texts TO threadline_context_builder;
+-- The context-builder decides, reads and releases them (double_text::*:
+-- the deletion of a burst's latest request before its answer releases the
+-- requests it absorbed); the installation's policy columns are read with
+-- the rest of its policy (table-level SELECT already granted).
+GRANT SELECT, INSERT, DELETE ON double_texts TO threadline_context_builder;

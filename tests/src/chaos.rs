@@ -33,8 +33,7 @@
 //! without a reason, every crossed-in-flight answer recorded and
 //! reconsidered, every unanswered question explained to an operator by a
 //! reason the soak itself caused (a reviewer's rejection, a late question
-//! in the workspace that skips them, a burst withdrawn by deleting its
-//! latest message: the soak engages no kill switch). People send quick
+//! in the workspace that skips them: the soak engages no kill switch). People send quick
 //! bursts of top-level questions (double texting); the first workspace
 //! answers the latest of each burst, reading the earlier ones, the others
 //! answer each. From Slack's side also: a doubled action is answered once, a skipped
@@ -540,10 +539,6 @@ fn burst_policy(i: usize) -> Option<&'static str> {
 /// (double texting), in percent.
 const BURST_PERCENT: u64 = 15;
 
-/// The reason threadline's records give for a request a later one of its
-/// burst absorbed.
-const DOUBLE_TEXTED: &str = "event ignored:double_texted";
-
 /// The note of lateness beside the AI label, as a reader sees it (written
 /// out here: the judge trusts Slack's text).
 const LATE_NOTE: &str = "Slack delivered this message to me ";
@@ -553,16 +548,6 @@ struct Late {
     channel: String,
     ts: String,
     policy: &'static str,
-}
-
-/// Whether Slack shows message `ts` of `channel` deleted.
-async fn message_deleted(s: &Stack, channel: &str, ts: &str) -> bool {
-    let all = crate::sim_get(&s.sim, &format!("channels/{channel}/messages")).await;
-    all["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|m| m["ts"] == ts && m["deleted"] == true)
 }
 
 /// Slack delivers again each person's message that is due (all of them
@@ -1661,20 +1646,6 @@ pub async fn soak(
                 .any(|l| l.policy == "skip" && l.channel == q.channel && l.ts == q.ts)
         {
             continue;
-        }
-        // Absorbed by a later message of its burst: only one Slack shows
-        // deleted (the burst withdrawn before its answer); a later message
-        // still there answers it, and Slack would show that.
-        if reason == DOUBLE_TEXTED {
-            let later =
-                threadline_store::testing::threads::absorbed_by(&s.db.pool, &q.channel, &q.ts)
-                    .await;
-            if let Some(later) = later
-                && message_deleted(s, &q.channel, &later).await
-            {
-                *faults.entry("burst_withdrawn").or_default() += 1;
-                continue;
-            }
         }
         if !own.starts_with("decision rejected:") {
             violations.push((

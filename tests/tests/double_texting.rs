@@ -150,6 +150,31 @@ async fn under_latest_a_burst_is_answered_once_by_its_latest_message() {
     assert!(s.answers(&before).await.is_empty(), "no answer to {before}");
     assert_eq!(s.answers(&top).await.len(), 1, "one answer in the thread");
     assert_eq!(absorbed(&s).await, 5);
+
+    // 5. A burst whose latest message is deleted before its answer: the
+    //    request it absorbed is released and answered after all.
+    policy(&s, &inst, &["--action", "latest", "--quiet-ms", "4000"]).await;
+    tokio::time::sleep(Duration::from_millis(QUIET_MS + 500)).await;
+    let kept = s.post(&format!("<@{bot}> is the VPN down?"), None).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let gone = s.post(&format!("<@{bot}> for everyone?"), None).await;
+    eventually("the first absorbed", Duration::from_secs(20), || async {
+        (absorbed(&s).await == 6).then_some(())
+    })
+    .await;
+    sim_ctl(
+        &s.sim,
+        "act/delete",
+        json!({"channel": s.channel, "ts": gone}),
+    )
+    .await;
+    let answer = answer_to(&s, &s.channel, &kept, &kept).await;
+    assert!(earlier_read(&answer).is_empty(), "{answer:#?}");
+    settled(&s).await;
+    assert!(
+        s.answers(&gone).await.is_empty(),
+        "no answer to the deleted {gone}"
+    );
     judged_clean(&s, 5).await;
 }
 

@@ -293,6 +293,9 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
     match &c.effect {
         Effect::Delete { ts, .. } => {
             cancelled = cancel_pending(conn, inst, channel, ts, receipt).await?;
+            // (the requests of a burst it would have answered are answered
+            // now: reconsidered through the outbox)
+            threadline_store::double_text::release(conn, inst, channel, ts).await?;
         }
         Effect::Edit(f) => {
             answered_source_changed =

@@ -239,3 +239,54 @@ async fn window_before(
     .fetch_optional(pool)
     .await
 }
+
+/// The deletion of the request at `deleted_ts`, before it was answered,
+/// releases the requests it absorbed: their decisions go, and each one's
+/// thread is reconsidered through the outbox (in the caller's transaction),
+/// so it is answered now (alone, or by a later request of its burst that
+/// is still there). How many were released.
+pub async fn release(
+    conn: &mut sqlx::PgConnection,
+    inst: Uuid,
+    channel: &str,
+    deleted_ts: &str,
+) -> sqlx::Result<usize> {
+    let released = sqlx::query!(
+        r#"DELETE FROM double_texts d
+            USING thread_messages m, turns t
+            WHERE d.installation_id = $1 AND d.channel_id = $2 AND d.later_ts = $3
+              AND d.outcome = 'absorbed'
+              AND m.installation_id = d.installation_id AND m.channel_id = d.channel_id AND m.ts = d.ts
+              AND t.installation_id = d.installation_id AND t.channel_id = d.channel_id AND t.ts = d.ts
+              AND NOT EXISTS (SELECT 1 FROM turns l
+                               WHERE l.installation_id = d.installation_id AND l.channel_id = d.channel_id
+                                 AND l.ts = d.later_ts AND l.answered_at IS NOT NULL)
+        RETURNING d.ts, m.root_ts, t.receipt_id"#,
+        inst,
+        channel,
+        deleted_ts
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    for r in &released {
+        let msg = threadline_proto::v1::Reconsider {
+            schema_version: threadline_proto::v1::SCHEMA_VERSION,
+            installation_id: inst.to_string(),
+            channel_id: channel.to_owned(),
+            root_ts: r.root_ts.clone(),
+            stale_version: 0,
+            receipt_id: r.receipt_id.to_string(),
+            reason: "burst_released".to_owned(),
+        };
+        crate::outbox::enqueue(
+            conn,
+            inst,
+            r.receipt_id,
+            threadline_domain::topic::Topic::Reconsider,
+            &format!("recon:burst:{inst}:{channel}:{}:{deleted_ts}", r.ts),
+            prost::Message::encode_to_vec(&msg),
+        )
+        .await?;
+    }
+    Ok(released.len())
+}
