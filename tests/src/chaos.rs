@@ -732,6 +732,9 @@ pub async fn soak(
     let mut reviewer_rng = Rng::new(cfg.seed ^ 0x5eed_0f7e_71e3_e7e1);
     // (their own generator: rating answers leaves the schedule as it was)
     let mut rating_rng = Rng::new(cfg.seed ^ 0x0fee_db0c_0c1c_0001);
+    // (bursts draw from their own: the actions and faults of a seed stay
+    // as they were without them)
+    let mut burst_rng = Rng::new(cfg.seed ^ 0xb0b5_7e47_0000_0002);
     let mut rating = Rating::default();
     let mut report = Report {
         seed: cfg.seed,
@@ -1258,10 +1261,11 @@ pub async fn soak(
                         let after = Duration::from_millis(below(&mut rng, DOUBLE_WITHIN_MS));
                         doubled.insert(root.clone());
                         doubling.push((Instant::now() + after, dm, root.clone(), root));
-                    } else if below(&mut rng, 100) < BURST_PERCENT {
+                    } else if below(&mut burst_rng, 100) < BURST_PERCENT {
                         // Double texting: another message at once, at the
                         // top of the tab (a thread of its own).
-                        let more = question(&mut rng, None, step, &format!("and {step}, too?"));
+                        let more =
+                            question(&mut burst_rng, None, step, &format!("and {step}, too?"));
                         if let Some(next) = post(s, &people[p], &more, None).await {
                             *faults.entry("burst").or_default() += 1;
                             log.push((
@@ -1347,11 +1351,15 @@ pub async fn soak(
                             root.clone(),
                             root,
                         ));
-                    } else if below(&mut rng, 100) < BURST_PERCENT {
+                    } else if below(&mut burst_rng, 100) < BURST_PERCENT {
                         // Double texting: another mention at once, at the
                         // top level (a thread of its own).
-                        let more =
-                            question(&mut rng, Some(&who.bot), step, &format!("and {step}, too?"));
+                        let more = question(
+                            &mut burst_rng,
+                            Some(&who.bot),
+                            step,
+                            &format!("and {step}, too?"),
+                        );
                         if let Some(next) = post(s, who, &more, None).await {
                             *faults.entry("burst").or_default() += 1;
                             log.push((
