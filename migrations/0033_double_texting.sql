@@ -30,3 +30,6 @@ CREATE TABLE double_texts (
 -- requests it absorbed); the installation's policy columns are read with
 -- the rest of its policy (table-level SELECT already granted).
 GRANT SELECT, INSERT, DELETE ON double_texts TO threadline_context_builder;
+-- The publisher releases them too, when it cancels the answer of a deleted
+-- request that absorbed others.
+GRANT SELECT, DELETE ON double_texts TO threadline_publisher;

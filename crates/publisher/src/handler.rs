@@ -212,6 +212,18 @@ impl Handler {
         if intents::set_decision_in(&mut tx, p.decision, status, Some(reason)).await? {
             threadline_store::decisions::enqueue_reconsider(&mut tx, job.decision, why).await?;
             metrics::counter!("threadline_reconsiderations_total").increment(1);
+            if status == DecisionStatus::Cancelled {
+                // (a deleted request's answer will not show: what it
+                // absorbed of its burst is answered after all)
+                let d = job.decision;
+                threadline_store::double_text::release(
+                    &mut tx,
+                    d.installation_id,
+                    &d.channel_id,
+                    &d.source_ts,
+                )
+                .await?;
+            }
         }
         tx.commit().await?;
         Ok(())

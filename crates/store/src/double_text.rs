@@ -241,10 +241,14 @@ async fn window_before(
 }
 
 /// The deletion of the request at `deleted_ts`, before it was answered,
-/// releases the requests it absorbed: their decisions go, and each one's
+/// releases the requests it absorbed: their records go, and each one's
 /// thread is reconsidered through the outbox (in the caller's transaction),
 /// so it is answered now (alone, or by a later request of its burst that
-/// is still there). How many were released.
+/// is still there). Nothing is released while the deleted request has an
+/// answer (or one on its way: its decision not discarded), or was absorbed
+/// itself (the answer that read it reads them too): the context-builder
+/// calls this when it applies the deletion, the publisher when it cancels
+/// the deleted request's answer. How many were released.
 pub async fn release(
     conn: &mut sqlx::PgConnection,
     inst: Uuid,
@@ -258,9 +262,19 @@ pub async fn release(
               AND d.outcome = 'absorbed'
               AND m.installation_id = d.installation_id AND m.channel_id = d.channel_id AND m.ts = d.ts
               AND t.installation_id = d.installation_id AND t.channel_id = d.channel_id AND t.ts = d.ts
+              -- (answered, or absorbed itself: an answer read them)
               AND NOT EXISTS (SELECT 1 FROM turns l
                                WHERE l.installation_id = d.installation_id AND l.channel_id = d.channel_id
                                  AND l.ts = d.later_ts AND l.answered_at IS NOT NULL)
+              AND NOT EXISTS (SELECT 1 FROM double_texts b
+                               WHERE b.installation_id = d.installation_id AND b.channel_id = d.channel_id
+                                 AND b.ts = d.later_ts AND b.outcome = 'absorbed')
+              -- (an answer of it on its way may yet show: the publisher
+              -- releases them when it cancels that answer instead)
+              AND NOT EXISTS (SELECT 1 FROM decisions x
+                               WHERE x.installation_id = d.installation_id AND x.channel_id = d.channel_id
+                                 AND x.source_ts = d.later_ts
+                                 AND x.status NOT IN ('stale', 'superseded', 'cancelled', 'suppressed'))
         RETURNING d.ts, m.root_ts, t.receipt_id"#,
         inst,
         channel,
