@@ -697,6 +697,35 @@ impl RecordsVerdict {
     }
 }
 
+/// The reason threadline's records give for question `ts` of `channel`
+/// having no reply; for one absorbed into a later request of its burst
+/// (double texting), the reason of that later request, which answered for
+/// it (say, a reviewer rejected the burst's answer).
+async fn outcome_reason(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Option<String> {
+    let mut ts = ts.to_owned();
+    let mut via_later = false;
+    // (a burst is a chain: at most as long as the run's questions)
+    for _ in 0..1000 {
+        let own = threadline_store::testing::decisions::question_outcome_reason(pool, channel, &ts)
+            .await
+            .unwrap_or(None);
+        if own.as_deref() != Some("event ignored:double_texted") {
+            return match (own, via_later) {
+                (Some(r), true) => Some(format!("with a later question: {r}")),
+                (own, _) => own,
+            };
+        }
+        match threadline_store::testing::threads::absorbed_by(pool, channel, &ts).await {
+            Some(later) => {
+                ts = later;
+                via_later = true;
+            }
+            None => return own,
+        }
+    }
+    None
+}
+
 /// [`explain_from_records`] with the reasons. A question with no reason of
 /// its own is explained by the reason of the nearest later unanswered
 /// question of its thread that has one: that question's answer would have
@@ -736,11 +765,7 @@ pub async fn records_verdict(pool: &sqlx::PgPool, j: &oracle::Judgement) -> Reco
     // event ignored or failed with a reason.
     let mut own: Vec<Option<String>> = Vec::new();
     for q in &j.unexplained {
-        own.push(
-            threadline_store::testing::decisions::question_outcome_reason(pool, &q.channel, &q.ts)
-                .await
-                .unwrap_or(None),
-        );
+        own.push(outcome_reason(pool, &q.channel, &q.ts).await);
     }
     let mut reasons = Vec::new();
     for (i, q) in j.unexplained.iter().enumerate() {

@@ -212,9 +212,10 @@ impl Handler {
         if intents::set_decision_in(&mut tx, p.decision, status, Some(reason)).await? {
             threadline_store::decisions::enqueue_reconsider(&mut tx, job.decision, why).await?;
             metrics::counter!("threadline_reconsiderations_total").increment(1);
-            if status == DecisionStatus::Cancelled {
+            {
                 // (a deleted request's answer will not show: what it
-                // absorbed of its burst is answered after all)
+                // absorbed of its burst is answered after all; nothing
+                // for a request still there)
                 let d = job.decision;
                 threadline_store::double_text::release(
                     &mut tx,

@@ -63,7 +63,38 @@ pub async fn decide(
         Some(l) if !l.decided => BurstPart::Absorbed { later_ts: l.ts },
         _ => BurstPart::Alone,
     };
+    unread(pool, inst, channel, ts).await?;
     settle(pool, inst, channel, ts, &part).await
+}
+
+/// Forgets that the request at `ts` was absorbed when the request that
+/// absorbed it was deleted since and no answer read it (the release of
+/// [`release`], for a rebuild that comes first: a deleted request's
+/// answer discarded as stale, say).
+async fn unread(pool: &PgPool, inst: Uuid, channel: &str, ts: &str) -> sqlx::Result<()> {
+    sqlx::query!(
+        r#"DELETE FROM double_texts d
+            WHERE d.installation_id = $1 AND d.channel_id = $2 AND d.ts = $3 AND d.outcome = 'absorbed'
+              AND EXISTS (SELECT 1 FROM thread_messages lm
+                           WHERE lm.installation_id = d.installation_id AND lm.channel_id = d.channel_id
+                             AND lm.ts = d.later_ts AND lm.deleted)
+              AND NOT EXISTS (SELECT 1 FROM turns l
+                               WHERE l.installation_id = d.installation_id AND l.channel_id = d.channel_id
+                                 AND l.ts = d.later_ts AND l.answered_at IS NOT NULL)
+              AND NOT EXISTS (SELECT 1 FROM double_texts b
+                               WHERE b.installation_id = d.installation_id AND b.channel_id = d.channel_id
+                                 AND b.ts = d.later_ts AND b.outcome = 'absorbed')
+              AND NOT EXISTS (SELECT 1 FROM decisions x
+                               WHERE x.installation_id = d.installation_id AND x.channel_id = d.channel_id
+                                 AND x.source_ts = d.later_ts
+                                 AND x.status NOT IN ('stale', 'superseded', 'cancelled', 'suppressed'))"#,
+        inst,
+        channel,
+        ts
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// Records `part` for the request at `ts` unless one was recorded before;
@@ -262,7 +293,11 @@ pub async fn release(
               AND d.outcome = 'absorbed'
               AND m.installation_id = d.installation_id AND m.channel_id = d.channel_id AND m.ts = d.ts
               AND t.installation_id = d.installation_id AND t.channel_id = d.channel_id AND t.ts = d.ts
-              -- (answered, or absorbed itself: an answer read them)
+              -- (deleted, and neither answered nor absorbed itself: no
+              -- answer read them)
+              AND EXISTS (SELECT 1 FROM thread_messages lm
+                           WHERE lm.installation_id = d.installation_id AND lm.channel_id = d.channel_id
+                             AND lm.ts = d.later_ts AND lm.deleted)
               AND NOT EXISTS (SELECT 1 FROM turns l
                                WHERE l.installation_id = d.installation_id AND l.channel_id = d.channel_id
                                  AND l.ts = d.later_ts AND l.answered_at IS NOT NULL)
