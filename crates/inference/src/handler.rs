@@ -779,29 +779,19 @@ impl Handler {
             let mut completion = builtin(&thread, &ctx.source_ts, ctx.thread_version);
             if !ctx.channel_context.is_empty() {
                 // (what it read of the channel the person is looking at)
-                let read: Vec<String> = ctx
-                    .channel_context
-                    .iter()
-                    .map(|m| format!("{}/{}", m.ts, crate::provider::text_digest(&m.text)))
-                    .collect();
                 completion.text.push_str(&format!(
                     "; and {} message(s) of channel {}, the one you are looking at: {}",
-                    read.len(),
+                    ctx.channel_context.len(),
                     ctx.context_channel_id,
-                    read.join(" ")
+                    read_list(&ctx.channel_context)
                 ));
             }
             if !ctx.earlier.is_empty() {
                 // (the earlier messages of the person's burst it answers too)
-                let read: Vec<String> = ctx
-                    .earlier
-                    .iter()
-                    .map(|m| format!("{}/{}", m.ts, crate::provider::text_digest(&m.text)))
-                    .collect();
                 completion.text.push_str(&format!(
                     "; and {} earlier message(s) you sent just before: {}",
-                    read.len(),
-                    read.join(" ")
+                    ctx.earlier.len(),
+                    read_list(&ctx.earlier)
                 ));
             }
             if let (Some(r), Some(st)) = (releaser, &self.streaming) {
@@ -938,6 +928,16 @@ pub async fn publish_proposal(
         threadline_store::decisions::proposal(d).encode_to_vec(),
     )
     .await
+}
+
+/// What the built-in model states it read of `messages`: `ts/digest`
+/// items, separated by spaces.
+fn read_list(messages: &[threadline_proto::v1::ContextMessage]) -> String {
+    messages
+        .iter()
+        .map(|m| format!("{}/{}", m.ts, crate::provider::text_digest(&m.text)))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]
