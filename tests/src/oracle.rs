@@ -1222,7 +1222,8 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
 }
 
 /// The earlier messages of bursts that replies read with their questions
-/// (double texting): each is a top-level message of the same person, sent
+/// (double texting): each is a top-level message of the person asking (or
+/// of the one who asked at the thread's root), sent
 /// before the question, with a text it had, and answered once — by the one
 /// reply that read it, never also by a reply of its own or another's.
 fn earlier_judged(
@@ -1256,14 +1257,18 @@ fn earlier_judged(
             }
         }
         for (rts, root, q, d) in readers {
-            let fits = match (by_ts.get(t), by_ts.get(q)) {
-                (Some(m), Some(asked)) => {
-                    m["user"] == asked["user"]
-                        && m["thread_ts"].as_str().is_none_or(|r| r == t)
-                        && ts_key(t) < ts_key(q)
-                }
-                _ => false,
+            // (the person asking, or the one who asked at the thread's
+            // root: an answer to a reply answers its root too while the
+            // root has none, and reads the root's burst)
+            let asked_by = |ts: &str, m: &Value| {
+                by_ts
+                    .get(ts)
+                    .is_some_and(|a| a["user"] == m["user"] && ts_key(t) < ts_key(ts))
             };
+            let fits = by_ts.get(t).is_some_and(|m| {
+                m["thread_ts"].as_str().is_none_or(|r| r == t)
+                    && (asked_by(q, m) || asked_by(root, m))
+            });
             if !fits {
                 j.violations.push((
                     "earlier_not_the_askers",

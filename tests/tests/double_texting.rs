@@ -192,6 +192,56 @@ async fn under_latest_a_burst_is_answered_once_by_its_latest_message() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_whose_answer_a_reply_of_its_thread_supersedes_is_read_by_that_reply() {
+    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())]).await;
+    let inst = first_installation(&s).await;
+    policy(&s, &inst, &["--action", "latest", "--quiet-ms", "3000"]).await;
+    let bot = s.bot_user.clone();
+    let other = sim_ctl(&s.sim, "users", json!({"team_id": s.team, "name": "noor"})).await["id"]
+        .as_str()
+        .expect("a user id")
+        .to_owned();
+    sim_ctl(
+        &s.sim,
+        &format!("channels/{}/members", s.channel),
+        json!({"user_id": other}),
+    )
+    .await;
+
+    // A burst of two top-level questions, and at once someone else asks
+    // in the second's thread: the second's answer (which read the first)
+    // is superseded by the answer to the reply, which answers the thread's
+    // root too, so it reads the burst before the root.
+    let first = s.post(&format!("<@{bot}> the build"), None).await;
+    let second = s.post(&format!("<@{bot}> is red again"), None).await;
+    let reply = s
+        .post_as(
+            &other,
+            &s.channel,
+            &format!("<@{bot}> mine too"),
+            Some(&second),
+        )
+        .await;
+    let answer = answer_to(&s, &s.channel, &second, &reply).await;
+    assert_eq!(earlier_read(&answer), vec![first.clone()]);
+    settled(&s).await;
+    assert!(s.answers(&first).await.is_empty(), "no answer to {first}");
+    assert_eq!(
+        s.answers(&second).await.len(),
+        1,
+        "one answer in the thread"
+    );
+
+    // Once an answer went out in the thread, a later question there does
+    // not read the burst again: the first answer read it.
+    let later = s.post(&format!("<@{bot}> still red"), Some(&second)).await;
+    let answer = answer_to(&s, &s.channel, &second, &later).await;
+    assert!(earlier_read(&answer).is_empty(), "{answer:#?}");
+    settled(&s).await;
+    judged_clean(&s, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_each_every_quick_message_is_answered() {
     let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())]).await;
     let inst = first_installation(&s).await;

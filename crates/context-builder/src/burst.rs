@@ -64,15 +64,15 @@ impl Handler {
             return Ok(None);
         }
         // A reply reads its thread; the top-level burst before the thread's
-        // root too when the root has no answer of its own (absorbed by a
-        // request of its thread).
+        // root too when its answer answers the root (which has no answer
+        // yet, and would have read it).
         let from = if root == source_ts {
             source_ts
+        } else if double_text::root_burst_read(&self.pool, inst.id, channel, root, quiet_ms).await?
+        {
+            root
         } else {
-            match double_text::part(&self.pool, inst.id, channel, root).await? {
-                Some(BurstPart::Absorbed { .. }) => root,
-                _ => return Ok(Some(Vec::new())),
-            }
+            return Ok(Some(Vec::new()));
         };
         let earlier = double_text::earlier(&self.pool, inst.id, channel, from, quiet_ms)
             .await?

@@ -155,6 +155,91 @@ pub async fn part(
     Ok(row.and_then(|r| BurstPart::parse(&r.outcome, r.later_ts)))
 }
 
+/// Whether the answer to a reply in the thread `root` reads the burst
+/// before the root with its thread: the root is a request of a burst (its
+/// part decided now when the root's own build has not come yet: decided
+/// once, whichever comes first) answered in its own thread — alone, or
+/// absorbed by a request of that thread, not by a later top-level one
+/// (whose answer reads them) — and no answer went out in the thread yet
+/// (the first one read them). The root's own answer would have read the
+/// burst; an answer to a reply answers the root too while the root has
+/// none (superseded by it, or discarded as stale).
+pub async fn root_burst_read(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+    quiet_ms: i64,
+) -> sqlx::Result<bool> {
+    let part = match part(pool, inst, channel, root).await? {
+        Some(p) => p,
+        None if is_request(pool, inst, channel, root).await? => {
+            decide(pool, inst, channel, root, quiet_ms).await?
+        }
+        None => return Ok(false),
+    };
+    let in_thread = match &part {
+        BurstPart::Alone => true,
+        BurstPart::Absorbed { later_ts } => {
+            root_of(pool, inst, channel, later_ts).await?.as_deref() == Some(root)
+        }
+    };
+    Ok(in_thread && !thread_answered(pool, inst, channel, root).await?)
+}
+
+/// Whether the message at `ts` is a request (it has a turn).
+async fn is_request(pool: &PgPool, inst: Uuid, channel: &str, ts: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM turns
+                           WHERE installation_id = $1 AND channel_id = $2 AND ts = $3) AS "request!""#,
+        inst,
+        channel,
+        ts
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// The thread root of the message at `ts`, when it is known.
+async fn root_of(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    ts: &str,
+) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar!(
+        "SELECT root_ts FROM thread_messages WHERE installation_id = $1 AND channel_id = $2 AND ts = $3",
+        inst,
+        channel,
+        ts
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// Whether an answer to a request of the thread `root` went out (the
+/// first one read the burst before its root, if it had one).
+async fn thread_answered(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (
+             SELECT 1 FROM thread_messages m
+               JOIN turns t ON t.installation_id = m.installation_id AND t.channel_id = m.channel_id
+                           AND t.ts = m.ts
+              WHERE m.installation_id = $1 AND m.channel_id = $2 AND m.root_ts = $3
+                AND t.answered_at IS NOT NULL) AS "answered!""#,
+        inst,
+        channel,
+        root
+    )
+    .fetch_one(pool)
+    .await
+}
+
 /// A top-level request of a burst, as a walk back meets it.
 struct Met {
     ts: String,
