@@ -792,7 +792,36 @@ pub async fn records_verdict(pool: &sqlx::PgPool, j: &oracle::Judgement) -> Reco
         if let Some(r) = reason {
             reasons.push((q.clone(), r));
         } else {
-            let state = records_of(pool, &q.channel, &q.ts).await;
+            let mut state = records_of(pool, &q.channel, &q.ts).await;
+            // (absorbed into a later request of its burst: what became of
+            // that one, which should have read it)
+            if let Some(later) =
+                threadline_store::testing::threads::absorbed_by(pool, &q.channel, &q.ts).await
+            {
+                let of_later = records_of(pool, &q.channel, &later).await;
+                state.push_str(&format!(" — absorbed by {later}, which holds: {of_later}"));
+                let thread: Vec<String> = sqlx::query_scalar(
+                    "SELECT m.ts || ' ' || coalesce(m.user_id, '-') || ' ' || m.speaker
+                            || CASE WHEN m.deleted THEN ' deleted' ELSE '' END
+                            || coalesce(' turn ' || coalesce(t.answered_at::text, 'unanswered'), '')
+                            || coalesce(' dt ' || d.outcome || coalesce('>' || d.later_ts, ''), '')
+                            || coalesce((SELECT string_agg(' decision v' || x.thread_version || ' ' || x.status
+                                                           || ':' || coalesce(x.status_reason, '-'), ',')
+                                           FROM decisions x WHERE x.channel_id = m.channel_id AND x.source_ts = m.ts), '')
+                       FROM thread_messages m
+                       LEFT JOIN turns t ON t.channel_id = m.channel_id AND t.ts = m.ts
+                       LEFT JOIN double_texts d ON d.channel_id = m.channel_id AND d.ts = m.ts
+                      WHERE m.channel_id = $1
+                        AND m.root_ts = (SELECT root_ts FROM thread_messages WHERE channel_id = $1 AND ts = $2)
+                      ORDER BY m.ts::numeric",
+                )
+                .bind(&q.channel)
+                .bind(&later)
+                .fetch_all(pool)
+                .await
+                .unwrap_or_default();
+                state.push_str(&format!("; its thread: [{}]", thread.join(" | ")));
+            }
             v.push((
                 "unexplained_question",
                 format!(
