@@ -205,3 +205,100 @@ async fn a_message_slack_delivered_twice_is_answered_once_whatever_the_order_and
     // is one question there, answered at most once)
     s.stop().await;
 }
+
+/// The person deletes `ts` in Slack.
+async fn delete(s: &Stack, ts: &str) {
+    sim_ctl(
+        &s.sim,
+        "act/delete",
+        json!({"channel": s.channel, "ts": ts}),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_message_answered_for_an_action_leaves_its_copy_standing_for_it() {
+    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "2500".to_owned())]).await;
+    let bot = s.bot_user.clone();
+    let calling = || async {
+        eventually("the model is answering", Duration::from_secs(20), || {
+            let pool = s.db.pool.clone();
+            async move {
+                let n = decisions::count_with_status(&pool, "calling").await.ok()?;
+                (n >= 1).then_some(())
+            }
+        })
+        .await;
+    };
+
+    // 1. Slack made two messages of one question; the person deletes the
+    //    one threadline took while its answer is on its way. The other
+    //    still shows the question: it is answered, in its own thread.
+    let q = s.post(&format!("<@{bot}> where are the logs?"), None).await;
+    calling().await;
+    let copy = double(&s, &q).await;
+    acknowledged(&s, &copy).await;
+    delete(&s, &q).await;
+    assert_eq!(answered_once(&s, &q, &copy).await, copy);
+    assert_eq!(s.answers(&copy).await.len(), 1, "answered in its thread");
+
+    // 2. The copy's events reach threadline only after the deletion was
+    //    applied (Slack delivers them seconds late): the copy stands for
+    //    the question all the same.
+    let q = s.post(&format!("<@{bot}> who owns billing?"), None).await;
+    calling().await;
+    let copy = sim_ctl(
+        &s.sim,
+        "act/double",
+        json!({"channel": s.channel, "ts": q, "events_after_ms": 4000}),
+    )
+    .await["ts"]
+        .as_str()
+        .expect("the copy's ts")
+        .to_owned();
+    delete(&s, &q).await;
+    eventually("the deletion applied", Duration::from_secs(20), || async {
+        let text = threadline_store::testing::threads::message_text(&s.db.pool, &q)
+            .await
+            .ok()?;
+        text.is_empty().then_some(())
+    })
+    .await;
+    acknowledged(&s, &copy).await;
+    assert_eq!(answered_once(&s, &q, &copy).await, copy);
+    // (the copy came after the deletion: taken as the action's message,
+    // never as a doubled one)
+    let records =
+        threadline_store::testing::receipts::message_records(&s.db.pool, &s.channel, &copy)
+            .await
+            .expect("records");
+    assert!(
+        records.iter().any(|r| r.starts_with("receipt "))
+            && !records.iter().any(|r| r.contains("doubled_message")),
+        "{records:?}"
+    );
+
+    // 3. A question answered, then its message deleted while the copy
+    //    shows: it was answered once; the copy asks nothing more.
+    let q = s.post(&format!("<@{bot}> is it Friday?"), None).await;
+    s.wait_answers(&q, 1).await;
+    let copy = double(&s, &q).await;
+    acknowledged(&s, &copy).await;
+    delete(&s, &q).await;
+    assert_eq!(answered_once(&s, &q, &copy).await, q);
+    assert!(s.answers(&copy).await.is_empty());
+
+    // 4. The copy deleted instead: the question keeps its answer, nothing
+    //    more is said.
+    let q = s.post(&format!("<@{bot}> and Monday?"), None).await;
+    calling().await;
+    let copy = double(&s, &q).await;
+    acknowledged(&s, &copy).await;
+    delete(&s, &copy).await;
+    assert_eq!(answered_once(&s, &q, &copy).await, q);
+
+    s.assert_at_most_one_reply_per_message().await;
+    // (the oracle judges the run when the stack stops: the action is one
+    // question, answered once, by the message that still shows)
+    s.stop().await;
+}
