@@ -98,6 +98,24 @@ pub async fn run(
             }
         };
         for m in &page.messages {
+            // (a root deleted while it has replies reads as its tombstone:
+            // deleted)
+            if threadline_domain::classify::is_tombstone(m) {
+                if let Some(ts) = m.get("ts").and_then(serde_json::Value::as_str) {
+                    let root_ts = m
+                        .get("thread_ts")
+                        .and_then(serde_json::Value::as_str)
+                        .unwrap_or(ts);
+                    let gone = Effect::Delete {
+                        ts: ts.to_owned(),
+                        root_ts: root_ts.to_owned(),
+                    };
+                    let mut tx = pool.begin().await?;
+                    store::apply(&mut tx, inst.id, channel, &gone).await?;
+                    tx.commit().await?;
+                }
+                continue;
+            }
             let Some(f) = message_facts(m, &inst.identity) else {
                 continue;
             };

@@ -266,9 +266,23 @@ pub fn deleted(
             }
             e
         };
-        let e = json!({"type": "message", "subtype": "message_deleted", "previous_message": prev,
-                       "channel": channel.id, "hidden": true, "deleted_ts": before.ts,
-                       "event_ts": event_ts, "ts": event_ts, "channel_type": channel.kind.channel_type()});
+        // A thread's root with replies stays as a tombstone, announced
+        // as a change of the message.
+        let root = before.thread_ts.as_deref().is_none_or(|t| t == before.ts);
+        let replies = if root {
+            w.reply_count(&channel.id, &before.ts)
+        } else {
+            0
+        };
+        let e = if replies > 0 {
+            json!({"type": "message", "subtype": "message_changed", "message": before.tombstone(replies),
+                   "previous_message": prev, "channel": channel.id, "hidden": true,
+                   "event_ts": event_ts, "ts": event_ts, "channel_type": channel.kind.channel_type()})
+        } else {
+            json!({"type": "message", "subtype": "message_deleted", "previous_message": prev,
+                   "channel": channel.id, "hidden": true, "deleted_ts": before.ts,
+                   "event_ts": event_ts, "ts": event_ts, "channel_type": channel.kind.channel_type()})
+        };
         out.push(envelope(w, &app, channel, e, "message"));
     }
     out

@@ -340,6 +340,17 @@ impl Message {
     }
 
     /// The message as the Web API returns it.
+    /// The tombstone Slack keeps in place of a thread's root deleted while
+    /// it has replies ("This message was deleted.", by USLACKBOT).
+    pub fn tombstone(&self, reply_count: usize) -> Value {
+        serde_json::json!({
+            "type": "message", "subtype": "tombstone", "text": "This message was deleted.",
+            "user": "USLACKBOT", "hidden": true, "ts": self.ts, "thread_ts": self.ts,
+            "parent_user_id": "USLACKBOT", "reply_count": reply_count,
+            "is_locked": false, "subscribed": false
+        })
+    }
+
     pub fn to_api(
         &self,
         parent_user: Option<&str>,

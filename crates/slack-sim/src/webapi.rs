@@ -526,11 +526,17 @@ fn replies(w: &mut World, app: &App, install: &Install, p: &Params) -> Result<Va
     }
     read_budget(w, app, install, "conversations.replies")?;
     let ts = p.str("ts").ok_or(ApiError::new("thread_not_found"))?;
+    // (a root deleted while it has replies is a tombstone: its thread
+    // reads on)
     let msg = w
         .message(&channel.id, &ts)
-        .filter(|m| !m.deleted)
+        .filter(|m| !m.deleted || w.reply_count(&channel.id, &m.ts) > 0)
         .ok_or(ApiError::new("thread_not_found"))?;
     let root = msg.thread_ts.clone().unwrap_or_else(|| msg.ts.clone());
+    let root_tombstone = w
+        .message(&channel.id, &root)
+        .filter(|m| m.deleted)
+        .map(|m| m.tombstone(w.reply_count(&channel.id, &root)));
     let max = if app.non_marketplace_limits { 15 } else { 1000 };
     let limit = p
         .str("limit")
@@ -548,8 +554,9 @@ fn replies(w: &mut World, app: &App, install: &Install, p: &Params) -> Result<Va
     let parent_user = w.message(&channel.id, &root).and_then(|m| m.user.clone());
     let count = w.reply_count(&channel.id, &root);
     let thread: Vec<&Message> = w
-        .thread(&channel.id, &root)
+        .thread_with_deleted(&channel.id, &root)
         .into_iter()
+        .filter(|m| !m.deleted || m.ts == root)
         .filter(|m| {
             let k = ts_key(&m.ts);
             let lower = oldest.is_none_or(|o| if inclusive { k >= o } else { k > o });
@@ -563,12 +570,13 @@ fn replies(w: &mut World, app: &App, install: &Install, p: &Params) -> Result<Va
     let page: Vec<Value> = thread
         .iter()
         .take(limit)
-        .map(|m| {
-            m.to_api(
+        .map(|m| match &root_tombstone {
+            Some(t) if m.ts == root => t.clone(),
+            _ => m.to_api(
                 parent_user.as_deref(),
                 if m.ts == root { count } else { 0 },
                 include_metadata,
-            )
+            ),
         })
         .collect();
     let mut v = json!({"messages": page, "has_more": has_more});
