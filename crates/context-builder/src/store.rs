@@ -278,14 +278,6 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
     if let Some(kept) = kept {
         return doubled(conn, job, &kept, late_recorded).await;
     }
-    // (read before the deletion takes the text: the other message Slack
-    // made of the deleted one's action, which stands for it from now on)
-    let promotion = match &c.effect {
-        Effect::Delete { ts, .. } => {
-            threadline_store::actions::promotion(conn, inst, channel, ts).await?
-        }
-        _ => None,
-    };
     let applied = apply(conn, inst, channel, &c.effect).await?;
     // A human message older than a reply already sent in its thread that
     // the reply did not read crossed that answer in flight.
@@ -304,9 +296,6 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
             // (the requests of a burst it would have answered are answered
             // now: reconsidered through the outbox)
             threadline_store::double_text::release(conn, inst, channel, ts).await?;
-            if let Some(p) = &promotion {
-                threadline_store::actions::promote(conn, inst, channel, ts, p).await?;
-            }
         }
         Effect::Edit(f) => {
             answered_source_changed =

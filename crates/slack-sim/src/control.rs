@@ -28,17 +28,11 @@ type ApiResult = Result<Json<Value>, Refusal>;
 /// Starts delivering `envs` and answers with their ids (and the new
 /// message's `ts`).
 fn announce(sim: &Sim, ts: Option<String>, envs: Vec<crate::delivery::Envelope>) -> Json<Value> {
-    let v = announced(ts, &envs);
-    dispatch(sim, envs);
-    v
-}
-
-/// What a control call answers about the events it caused.
-fn announced(ts: Option<String>, envs: &[crate::delivery::Envelope]) -> Json<Value> {
     let ids: Vec<Value> = envs
         .iter()
         .map(|e| json!({"event_id": e.event_id, "app_id": e.app_id, "type": e.event_type}))
         .collect();
+    dispatch(sim, envs);
     let mut v = json!({"events": ids});
     if let Some(ts) = ts {
         v["ts"] = ts.into();
@@ -645,11 +639,6 @@ fn past_ts(
 pub struct DoubleReq {
     channel: String,
     ts: String,
-    /// The copy shows at once; its events are delivered this much later
-    /// (Slack's second delivery came seconds after the first, so the
-    /// person may have deleted the original meanwhile).
-    #[serde(default)]
-    events_after_ms: Option<u64>,
 }
 
 /// Slack delivers a person's one message a second time, as another
@@ -692,15 +681,6 @@ pub async fn act_double(State(sim): State<Sim>, Json(r): Json<DoubleReq>) -> Api
         let envs = events::post(&mut w, &channel, copy);
         (ts, envs)
     };
-    if let Some(ms) = r.events_after_ms {
-        let v = announced(Some(ts), &envs);
-        let later = sim.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-            dispatch(&later, envs);
-        });
-        return Ok(v);
-    }
     Ok(announce(&sim, Some(ts), envs))
 }
 
