@@ -42,15 +42,24 @@ async fn a_question_deleted_while_its_thread_has_replies_gets_no_answer() {
     .await;
     delete(&s, &q).await;
     // Slack announced it as the root's change to a tombstone.
-    let events = threadline_tests::sim_get(&s.sim, "deliveries").await;
-    assert!(
-        events["deliveries"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|d| d["message_ts"] == q.as_str() && d["subtype"] == "message_changed"),
-        "{events:#}"
-    );
+    eventually(
+        "the tombstone announced",
+        Duration::from_secs(20),
+        || async {
+            let events = threadline_tests::sim_get(&s.sim, "deliveries").await;
+            events["deliveries"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|d| {
+                    d["message_ts"] == q.as_str()
+                        && d["subtype"] == "message_changed"
+                        && d["status"] == 200
+                })
+                .then_some(())
+        },
+    )
+    .await;
     eventually("the answer withdrawn", Duration::from_secs(30), || async {
         let open = decisions::count_with_status(&s.db.pool, "calling")
             .await
