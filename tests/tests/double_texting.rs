@@ -239,6 +239,83 @@ async fn a_burst_whose_answer_a_reply_of_its_thread_supersedes_is_read_by_that_r
     assert!(earlier_read(&answer).is_empty(), "{answer:#?}");
     settled(&s).await;
     judged_clean(&s, 2).await;
+
+    // The burst's latest is deleted (a root with replies: Slack keeps a
+    // tombstone): the first was read by the reply's answer, so it is not
+    // released to be answered again.
+    sim_ctl(
+        &s.sim,
+        "act/delete",
+        json!({"channel": s.channel, "ts": second}),
+    )
+    .await;
+    settled(&s).await;
+    assert!(s.answers(&first).await.is_empty(), "no answer to {first}");
+    judged_clean(&s, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_on_its_way_in_the_thread_keeps_a_later_reply_from_reading_the_burst_again() {
+    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())]).await;
+    let inst = first_installation(&s).await;
+    policy(&s, &inst, &["--action", "latest", "--quiet-ms", "3000"]).await;
+    let bot = s.bot_user.clone();
+    let other = sim_ctl(&s.sim, "users", json!({"team_id": s.team, "name": "noor"})).await["id"]
+        .as_str()
+        .expect("a user id")
+        .to_owned();
+    sim_ctl(
+        &s.sim,
+        &format!("channels/{}/members", s.channel),
+        json!({"user_id": other}),
+    )
+    .await;
+    // The first answer's post takes 5 s to show (Slack applies it then).
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "latency", "latency_ms": 5000}),
+    )
+    .await;
+    let first = s.post(&format!("<@{bot}> the build"), None).await;
+    let second = s.post(&format!("<@{bot}> is red again"), None).await;
+    let reply = s
+        .post_as(
+            &other,
+            &s.channel,
+            &format!("<@{bot}> mine too"),
+            Some(&second),
+        )
+        .await;
+    // While the reply's answer (which read the burst) is on its way, a
+    // later question in the thread is built: it does not read the burst.
+    eventually(
+        "the first answer on its way",
+        Duration::from_secs(30),
+        || async {
+            let (state, _) =
+                threadline_store::testing::intents::first_state_and_error_code(&s.db.pool)
+                    .await
+                    .ok()?;
+            (state != "pending").then_some(())
+        },
+    )
+    .await;
+    let later = s
+        .post_as(
+            &other,
+            &s.channel,
+            &format!("<@{bot}> any news?"),
+            Some(&second),
+        )
+        .await;
+    let answer = answer_to(&s, &s.channel, &second, &reply).await;
+    assert_eq!(earlier_read(&answer), vec![first.clone()]);
+    let answer = answer_to(&s, &s.channel, &second, &later).await;
+    assert!(earlier_read(&answer).is_empty(), "{answer:#?}");
+    settled(&s).await;
+    assert!(s.answers(&first).await.is_empty(), "no answer to {first}");
+    judged_clean(&s, 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

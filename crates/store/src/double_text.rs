@@ -6,6 +6,7 @@
 
 use sqlx::PgPool;
 use threadline_domain::double_text::{BurstPart, EARLIER_MAX};
+use threadline_domain::state::{IntentState, Machine as _};
 use uuid::Uuid;
 
 /// A person's earlier message of a burst, read with its latest request.
@@ -87,10 +88,20 @@ async fn unread(pool: &PgPool, inst: Uuid, channel: &str, ts: &str) -> sqlx::Res
               AND NOT EXISTS (SELECT 1 FROM decisions x
                                WHERE x.installation_id = d.installation_id AND x.channel_id = d.channel_id
                                  AND x.source_ts = d.later_ts
-                                 AND x.status NOT IN ('stale', 'superseded', 'cancelled', 'suppressed'))"#,
+                                 AND x.status NOT IN ('stale', 'superseded', 'cancelled', 'suppressed'))
+              -- (an answer in its thread went out or may show: it read them)
+              AND NOT EXISTS (SELECT 1 FROM thread_messages lt
+                                JOIN reply_intents r ON r.installation_id = lt.installation_id
+                                                    AND r.channel_id = lt.channel_id AND r.root_ts = lt.root_ts
+                               WHERE lt.installation_id = d.installation_id AND lt.channel_id = d.channel_id
+                                 AND lt.ts = d.later_ts AND r.action_kind <> $4
+                                 AND (r.state = ANY($5) OR (r.state <> $6 AND r.attempts > 0)))"#,
         inst,
         channel,
-        ts
+        ts,
+        threadline_domain::budget::NOTE_ACTION_KIND,
+        &may_show() as &[&str],
+        IntentState::FailedPermanent.as_str()
     )
     .execute(pool)
     .await?;
@@ -171,6 +182,10 @@ pub async fn root_burst_read(
     root: &str,
     quiet_ms: i64,
 ) -> sqlx::Result<bool> {
+    // (a deleted root's burst is released, answered on its own)
+    if root_deleted(pool, inst, channel, root).await? {
+        return Ok(false);
+    }
     let part = match part(pool, inst, channel, root).await? {
         Some(p) => p,
         None if is_request(pool, inst, channel, root).await? => {
@@ -185,6 +200,19 @@ pub async fn root_burst_read(
         }
     };
     Ok(in_thread && !thread_answered(pool, inst, channel, root).await?)
+}
+
+/// Whether the message at `ts` was deleted.
+async fn root_deleted(pool: &PgPool, inst: Uuid, channel: &str, ts: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM thread_messages
+                           WHERE installation_id = $1 AND channel_id = $2 AND ts = $3 AND deleted) AS "deleted!""#,
+        inst,
+        channel,
+        ts
+    )
+    .fetch_one(pool)
+    .await
 }
 
 /// Whether the message at `ts` is a request (it has a turn).
@@ -217,8 +245,12 @@ async fn root_of(
     .await
 }
 
-/// Whether an answer to a request of the thread `root` went out (the
-/// first one read the burst before its root, if it had one).
+/// Whether an answer in the thread `root` went out or may show (its post
+/// or stream was attempted, and Slack did not refuse it for good): the
+/// first one read the burst before its root, if it had one. Once a newer
+/// request's turn exists no answer built before it is claimed any more
+/// (the claim checks for a newer trigger and the thread's version), so
+/// what this sees at a build is all that may show beside it.
 async fn thread_answered(
     pool: &PgPool,
     inst: Uuid,
@@ -227,17 +259,24 @@ async fn thread_answered(
 ) -> sqlx::Result<bool> {
     sqlx::query_scalar!(
         r#"SELECT EXISTS (
-             SELECT 1 FROM thread_messages m
-               JOIN turns t ON t.installation_id = m.installation_id AND t.channel_id = m.channel_id
-                           AND t.ts = m.ts
-              WHERE m.installation_id = $1 AND m.channel_id = $2 AND m.root_ts = $3
-                AND t.answered_at IS NOT NULL) AS "answered!""#,
+             SELECT 1 FROM reply_intents r
+              WHERE r.installation_id = $1 AND r.channel_id = $2 AND r.root_ts = $3
+                AND r.action_kind <> $4
+                AND (r.state = ANY($5) OR (r.state <> $6 AND r.attempts > 0))) AS "answered!""#,
         inst,
         channel,
-        root
+        root,
+        threadline_domain::budget::NOTE_ACTION_KIND,
+        &may_show() as &[&str],
+        IntentState::FailedPermanent.as_str()
     )
     .fetch_one(pool)
     .await
+}
+
+/// [`IntentState::MAY_SHOW`], as the statements take them.
+fn may_show() -> Vec<&'static str> {
+    IntentState::MAY_SHOW.iter().map(|s| s.as_str()).collect()
 }
 
 /// A top-level request of a burst, as a walk back meets it.
@@ -395,10 +434,21 @@ pub async fn release(
                                WHERE x.installation_id = d.installation_id AND x.channel_id = d.channel_id
                                  AND x.source_ts = d.later_ts
                                  AND x.status NOT IN ('stale', 'superseded', 'cancelled', 'suppressed'))
+              -- (an answer in its thread went out or may show: an answer to
+              -- a reply there answers its root too, and read them)
+              AND NOT EXISTS (SELECT 1 FROM thread_messages lt
+                                JOIN reply_intents r ON r.installation_id = lt.installation_id
+                                                    AND r.channel_id = lt.channel_id AND r.root_ts = lt.root_ts
+                               WHERE lt.installation_id = d.installation_id AND lt.channel_id = d.channel_id
+                                 AND lt.ts = d.later_ts AND r.action_kind <> $4
+                                 AND (r.state = ANY($5) OR (r.state <> $6 AND r.attempts > 0)))
         RETURNING d.ts, m.root_ts, t.receipt_id"#,
         inst,
         channel,
-        deleted_ts
+        deleted_ts,
+        threadline_domain::budget::NOTE_ACTION_KIND,
+        &may_show() as &[&str],
+        IntentState::FailedPermanent.as_str()
     )
     .fetch_all(&mut *conn)
     .await?;
