@@ -253,19 +253,6 @@ states! {
 impl IntentState {
     /// States in which an attempt owns the intent (a post may be in Slack).
     pub const IN_FLIGHT: [Self; 3] = [Self::Sending, Self::Unknown, Self::Reconciling];
-    /// States in which the intent's answer went out or may yet show in
-    /// Slack (so may one attempted in any other state, but
-    /// [`Self::FailedPermanent`]: Slack refused it).
-    pub const MAY_SHOW: [Self; 8] = [
-        Self::Sending,
-        Self::Sent,
-        Self::Streaming,
-        Self::Ending,
-        Self::Unknown,
-        Self::Reconciling,
-        Self::Held,
-        Self::Interrupted,
-    ];
 }
 
 impl IntentState {

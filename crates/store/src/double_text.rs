@@ -95,13 +95,13 @@ async fn unread(pool: &PgPool, inst: Uuid, channel: &str, ts: &str) -> sqlx::Res
                                                     AND r.channel_id = lt.channel_id AND r.root_ts = lt.root_ts
                                WHERE lt.installation_id = d.installation_id AND lt.channel_id = d.channel_id
                                  AND lt.ts = d.later_ts AND r.action_kind <> $4
-                                 AND (r.state = ANY($5) OR (r.state <> $6 AND r.attempts > 0)))"#,
+                                 AND (r.state = ANY($5) OR (r.state = ANY($6) AND r.stream_attempt IS DISTINCT FROM r.attempts)))"#,
         inst,
         channel,
         ts,
         threadline_domain::budget::NOTE_ACTION_KIND,
-        &may_show() as &[&str],
-        IntentState::FailedPermanent.as_str()
+        &shown() as &[&str],
+        &posting() as &[&str]
     )
     .execute(pool)
     .await?;
@@ -245,9 +245,9 @@ async fn root_of(
     .await
 }
 
-/// Whether an answer in the thread `root` went out or may show (its post
-/// or stream was attempted, and Slack did not refuse it for good): the
-/// first one read the burst before its root, if it had one. Once a newer
+/// Whether an answer in the thread `root` went out or may show whole
+/// ([`shown`], [`posting`]; not the over-budget note): the first one read
+/// the burst before its root, if it had one. Once a newer
 /// request's turn exists no answer built before it is claimed any more
 /// (the claim checks for a newer trigger and the thread's version), so
 /// what this sees at a build is all that may show beside it.
@@ -262,21 +262,34 @@ async fn thread_answered(
              SELECT 1 FROM reply_intents r
               WHERE r.installation_id = $1 AND r.channel_id = $2 AND r.root_ts = $3
                 AND r.action_kind <> $4
-                AND (r.state = ANY($5) OR (r.state <> $6 AND r.attempts > 0))) AS "answered!""#,
+                AND (r.state = ANY($5) OR (r.state = ANY($6) AND r.stream_attempt IS DISTINCT FROM r.attempts))) AS "answered!""#,
         inst,
         channel,
         root,
         threadline_domain::budget::NOTE_ACTION_KIND,
-        &may_show() as &[&str],
-        IntentState::FailedPermanent.as_str()
+        &shown() as &[&str],
+        &posting() as &[&str]
     )
     .fetch_one(pool)
     .await
 }
 
-/// [`IntentState::MAY_SHOW`], as the statements take them.
-fn may_show() -> Vec<&'static str> {
-    IntentState::MAY_SHOW.iter().map(|s| s.as_str()).collect()
+/// The states of a thread's answer that went out or may show whole:
+/// sent, or held (its post's outcome unknown); and, for a post (not a
+/// stream's start), [`posting`]. A stream is left out: one still open
+/// when a newer request of its thread came ends early, answering nothing
+/// (as one ended, `interrupted`, did), and its whole answer is never
+/// claimed past that request.
+fn shown() -> Vec<&'static str> {
+    [IntentState::Sent, IntentState::Held]
+        .iter()
+        .map(|s| s.as_str())
+        .collect()
+}
+
+/// The states of a post on its way, or whose outcome is not known yet.
+fn posting() -> Vec<&'static str> {
+    IntentState::IN_FLIGHT.iter().map(|s| s.as_str()).collect()
 }
 
 /// A top-level request of a burst, as a walk back meets it.
@@ -441,14 +454,14 @@ pub async fn release(
                                                     AND r.channel_id = lt.channel_id AND r.root_ts = lt.root_ts
                                WHERE lt.installation_id = d.installation_id AND lt.channel_id = d.channel_id
                                  AND lt.ts = d.later_ts AND r.action_kind <> $4
-                                 AND (r.state = ANY($5) OR (r.state <> $6 AND r.attempts > 0)))
+                                 AND (r.state = ANY($5) OR (r.state = ANY($6) AND r.stream_attempt IS DISTINCT FROM r.attempts)))
         RETURNING d.ts, m.root_ts, t.receipt_id"#,
         inst,
         channel,
         deleted_ts,
         threadline_domain::budget::NOTE_ACTION_KIND,
-        &may_show() as &[&str],
-        IntentState::FailedPermanent.as_str()
+        &shown() as &[&str],
+        &posting() as &[&str]
     )
     .fetch_all(&mut *conn)
     .await?;
