@@ -709,6 +709,22 @@ async fn outcome_reason(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Option<
         let own = threadline_store::testing::decisions::question_outcome_reason(pool, channel, &ts)
             .await
             .unwrap_or(None);
+        // (a doubled message: its action's reason is the kept message's)
+        if own.as_deref() == Some("event ignored:doubled_message") {
+            let kept: Option<String> = sqlx::query_scalar(
+                "SELECT kept_ts FROM doubled_messages WHERE channel_id = $1 AND ts = $2",
+            )
+            .bind(channel)
+            .bind(&ts)
+            .fetch_optional(pool)
+            .await
+            .ok()
+            .flatten();
+            if let Some(kept) = kept {
+                ts = kept;
+                continue;
+            }
+        }
         if own.as_deref() != Some("event ignored:double_texted") {
             return match (own, via_later) {
                 (Some(r), true) => Some(format!("with a later question: {r}")),
@@ -839,7 +855,7 @@ pub async fn records_verdict(pool: &sqlx::PgPool, j: &oracle::Judgement) -> Reco
 
 /// What threadline's tables say about one message (receipts, turn,
 /// decisions, intents), for a violation's diagnosis.
-async fn records_of(pool: &sqlx::PgPool, channel: &str, ts: &str) -> String {
+pub async fn records_of(pool: &sqlx::PgPool, channel: &str, ts: &str) -> String {
     let rows = threadline_store::testing::receipts::message_records(pool, channel, ts)
         .await
         .unwrap_or_else(|e| vec![format!("(unreadable: {e})")]);
