@@ -471,9 +471,11 @@ async fn replace_original_replaces_the_message_in_place_and_in_channel_posts_as_
         (&stored[0]["ts"], &stored[0]["deleted"]),
         (&json!(s.ts), &json!(true))
     );
+    // (it has a reply, the in-channel post: Slack keeps a tombstone)
     let events = s.events(3).await;
-    assert_eq!(events[2]["event"]["subtype"], "message_deleted");
-    assert_eq!(events[2]["event"]["deleted_ts"], s.ts.as_str());
+    assert_eq!(events[2]["event"]["subtype"], "message_changed");
+    assert_eq!(events[2]["event"]["message"]["subtype"], "tombstone");
+    assert_eq!(events[2]["event"]["message"]["ts"], s.ts.as_str());
     // The original is gone: replacing it again is refused, not counted.
     let (status, body) = s
         .respond(&url, &json!({"replace_original": true, "text": "again"}))
