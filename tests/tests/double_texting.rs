@@ -191,12 +191,12 @@ async fn under_latest_a_burst_is_answered_once_by_its_latest_message() {
     judged_clean(&s, 6).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_whose_answer_a_reply_of_its_thread_supersedes_is_read_by_that_reply() {
+/// A stack whose installation answers the latest of a burst after 3 s of
+/// quiet, and a second person in its channel.
+async fn latest_with_another_person() -> (Stack, String) {
     let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())]).await;
     let inst = first_installation(&s).await;
     policy(&s, &inst, &["--action", "latest", "--quiet-ms", "3000"]).await;
-    let bot = s.bot_user.clone();
     let other = sim_ctl(&s.sim, "users", json!({"team_id": s.team, "name": "noor"})).await["id"]
         .as_str()
         .expect("a user id")
@@ -207,21 +207,36 @@ async fn a_burst_whose_answer_a_reply_of_its_thread_supersedes_is_read_by_that_r
         json!({"user_id": other}),
     )
     .await;
+    (s, other)
+}
 
-    // A burst of two top-level questions, and at once someone else asks
-    // in the second's thread: the second's answer (which read the first)
-    // is superseded by the answer to the reply, which answers the thread's
-    // root too, so it reads the burst before the root.
+/// A burst of two top-level questions, and at once `other` asks in the
+/// second's thread: (first, second, the reply).
+async fn burst_and_a_reply(s: &Stack, other: &str) -> (String, String, String) {
+    let bot = &s.bot_user;
     let first = s.post(&format!("<@{bot}> the build"), None).await;
     let second = s.post(&format!("<@{bot}> is red again"), None).await;
     let reply = s
         .post_as(
-            &other,
+            other,
             &s.channel,
             &format!("<@{bot}> mine too"),
             Some(&second),
         )
         .await;
+    (first, second, reply)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_whose_answer_a_reply_of_its_thread_supersedes_is_read_by_that_reply() {
+    let (s, other) = latest_with_another_person().await;
+    let bot = s.bot_user.clone();
+
+    // A burst of two top-level questions, and at once someone else asks
+    // in the second's thread: the second's answer (which read the first)
+    // is superseded by the answer to the reply, which answers the thread's
+    // root too, so it reads the burst before the root.
+    let (first, second, reply) = burst_and_a_reply(&s, &other).await;
     let answer = answer_to(&s, &s.channel, &second, &reply).await;
     assert_eq!(earlier_read(&answer), vec![first.clone()]);
     settled(&s).await;
@@ -256,20 +271,8 @@ async fn a_burst_whose_answer_a_reply_of_its_thread_supersedes_is_read_by_that_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_on_its_way_in_the_thread_keeps_a_later_reply_from_reading_the_burst_again() {
-    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())]).await;
-    let inst = first_installation(&s).await;
-    policy(&s, &inst, &["--action", "latest", "--quiet-ms", "3000"]).await;
+    let (s, other) = latest_with_another_person().await;
     let bot = s.bot_user.clone();
-    let other = sim_ctl(&s.sim, "users", json!({"team_id": s.team, "name": "noor"})).await["id"]
-        .as_str()
-        .expect("a user id")
-        .to_owned();
-    sim_ctl(
-        &s.sim,
-        &format!("channels/{}/members", s.channel),
-        json!({"user_id": other}),
-    )
-    .await;
     // The first answer's post takes 5 s to show (Slack applies it then).
     sim_ctl(
         &s.sim,
@@ -277,16 +280,7 @@ async fn an_answer_on_its_way_in_the_thread_keeps_a_later_reply_from_reading_the
         json!({"method": "chat.postMessage", "mode": "latency", "latency_ms": 5000}),
     )
     .await;
-    let first = s.post(&format!("<@{bot}> the build"), None).await;
-    let second = s.post(&format!("<@{bot}> is red again"), None).await;
-    let reply = s
-        .post_as(
-            &other,
-            &s.channel,
-            &format!("<@{bot}> mine too"),
-            Some(&second),
-        )
-        .await;
+    let (first, second, reply) = burst_and_a_reply(&s, &other).await;
     // While the reply's answer (which read the burst) is on its way, a
     // later question in the thread is built: it does not read the burst.
     eventually(
