@@ -1674,15 +1674,8 @@ pub async fn soak(
         if !own.starts_with("decision rejected:") {
             // (a doubled message: what became of the message kept for its
             // action)
-            let kept: Option<String> = sqlx::query_scalar(
-                "SELECT kept_ts FROM doubled_messages WHERE channel_id = $1 AND ts = $2",
-            )
-            .bind(&q.channel)
-            .bind(&q.ts)
-            .fetch_optional(&s.db.pool)
-            .await
-            .ok()
-            .flatten();
+            let kept =
+                threadline_store::testing::threads::kept_for(&s.db.pool, &q.channel, &q.ts).await;
             let of_kept = match kept {
                 Some(k) => format!(
                     "; kept {k}, which holds: {}",

@@ -711,15 +711,7 @@ async fn outcome_reason(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Option<
             .unwrap_or(None);
         // (a doubled message: its action's reason is the kept message's)
         if own.as_deref() == Some("event ignored:doubled_message") {
-            let kept: Option<String> = sqlx::query_scalar(
-                "SELECT kept_ts FROM doubled_messages WHERE channel_id = $1 AND ts = $2",
-            )
-            .bind(channel)
-            .bind(&ts)
-            .fetch_optional(pool)
-            .await
-            .ok()
-            .flatten();
+            let kept = threadline_store::testing::threads::kept_for(pool, channel, &ts).await;
             if let Some(kept) = kept {
                 ts = kept;
                 continue;
@@ -816,26 +808,8 @@ pub async fn records_verdict(pool: &sqlx::PgPool, j: &oracle::Judgement) -> Reco
             {
                 let of_later = records_of(pool, &q.channel, &later).await;
                 state.push_str(&format!(" — absorbed by {later}, which holds: {of_later}"));
-                let thread: Vec<String> = sqlx::query_scalar(
-                    "SELECT m.ts || ' ' || coalesce(m.user_id, '-') || ' ' || m.speaker
-                            || CASE WHEN m.deleted THEN ' deleted' ELSE '' END
-                            || coalesce(' turn ' || coalesce(t.answered_at::text, 'unanswered'), '')
-                            || coalesce(' dt ' || d.outcome || coalesce('>' || d.later_ts, ''), '')
-                            || coalesce((SELECT string_agg(' decision v' || x.thread_version || ' ' || x.status
-                                                           || ':' || coalesce(x.status_reason, '-'), ',')
-                                           FROM decisions x WHERE x.channel_id = m.channel_id AND x.source_ts = m.ts), '')
-                       FROM thread_messages m
-                       LEFT JOIN turns t ON t.channel_id = m.channel_id AND t.ts = m.ts
-                       LEFT JOIN double_texts d ON d.channel_id = m.channel_id AND d.ts = m.ts
-                      WHERE m.channel_id = $1
-                        AND m.root_ts = (SELECT root_ts FROM thread_messages WHERE channel_id = $1 AND ts = $2)
-                      ORDER BY m.ts::numeric",
-                )
-                .bind(&q.channel)
-                .bind(&later)
-                .fetch_all(pool)
-                .await
-                .unwrap_or_default();
+                let thread =
+                    threadline_store::testing::threads::thread_of(pool, &q.channel, &later).await;
                 state.push_str(&format!("; its thread: [{}]", thread.join(" | ")));
             }
             v.push((

@@ -465,3 +465,43 @@ pub async fn absorbed_by(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Option
     .flatten()
     .flatten()
 }
+
+/// The message kept for the action the doubled message `ts` repeats.
+pub async fn kept_for(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Option<String> {
+    sqlx::query_scalar!(
+        "SELECT kept_ts FROM doubled_messages WHERE channel_id = $1 AND ts = $2",
+        channel,
+        ts
+    )
+    .fetch_optional(pool)
+    .await
+    .ok()
+    .flatten()
+}
+
+/// The thread of the message `ts`, one line a message (ts, author,
+/// speaker, deleted, turn, double-texting part, decisions): a diagnosis
+/// of a burst's thread, identifiers only.
+pub async fn thread_of(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Vec<String> {
+    sqlx::query_scalar!(
+        r#"SELECT m.ts || ' ' || coalesce(m.user_id, '-') || ' ' || m.speaker
+                  || CASE WHEN m.deleted THEN ' deleted' ELSE '' END
+                  || coalesce(' turn ' || coalesce(t.answered_at::text, 'unanswered'), '')
+                  || coalesce(' dt ' || d.outcome || coalesce('>' || d.later_ts, ''), '')
+                  || coalesce((SELECT string_agg(' decision v' || x.thread_version || ' ' || x.status
+                                                 || ':' || coalesce(x.status_reason, '-'), ',')
+                                 FROM decisions x WHERE x.channel_id = m.channel_id AND x.source_ts = m.ts), '')
+                  AS "line!"
+             FROM thread_messages m
+             LEFT JOIN turns t ON t.channel_id = m.channel_id AND t.ts = m.ts
+             LEFT JOIN double_texts d ON d.channel_id = m.channel_id AND d.ts = m.ts
+            WHERE m.channel_id = $1
+              AND m.root_ts = (SELECT root_ts FROM thread_messages WHERE channel_id = $1 AND ts = $2)
+            ORDER BY m.ts::numeric"#,
+        channel,
+        ts
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default()
+}
