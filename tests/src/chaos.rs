@@ -1996,8 +1996,6 @@ const RATE_LIMITED_TOO_OFTEN: &str = "rate_limited_too_often";
 /// `THREADLINE_POST_MAX_ATTEMPTS` as the soak runs it (the default).
 const POST_MAX_ATTEMPTS: usize = 5;
 
-/// How many `chat.postMessage` calls Slack answered 429, by (channel,
-/// thread), from its call log.
 /// The reason threadline's records give for a reply held because reading
 /// the thread found no evidence of its post.
 const HELD_NO_EVIDENCE: &str = "reply held:no_evidence_of_post";
@@ -2018,6 +2016,8 @@ async fn threads_posted_to(s: &Stack) -> BTreeSet<(String, String)> {
     to
 }
 
+/// How many `chat.postMessage` calls Slack answered 429, by (channel,
+/// thread), from its call log.
 async fn posts_refused_429(s: &Stack) -> BTreeMap<(String, String), usize> {
     let calls = crate::sim_get(&s.sim, "calls?method=chat.postMessage").await;
     let mut refused = BTreeMap::new();
