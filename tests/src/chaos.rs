@@ -958,6 +958,8 @@ pub async fn soak(
 
     let mut threads: Vec<Thread> = Vec::new();
     let mut log: Vec<(Option<String>, String)> = Vec::new();
+    // When the soak SIGKILLed the publisher (µs since the Unix epoch).
+    let mut publisher_kills: Vec<u64> = Vec::new();
     let mut episodes: Vec<(Instant, Episode)> = Vec::new();
     let mut away = Away::default();
     let started = Instant::now();
@@ -1029,6 +1031,9 @@ pub async fn soak(
                     let in_flight = in_flight(s).await;
                     if i == 0 {
                         away.begin("gateway");
+                    }
+                    if i == 3 {
+                        publisher_kills.push(now_micros());
                     }
                     s.kill_and_restart(i).await;
                     if i == 0 {
@@ -1567,6 +1572,9 @@ pub async fn soak(
         if i == 0 {
             away.begin("gateway");
         }
+        if i == 3 {
+            publisher_kills.push(now_micros());
+        }
         s.kill_and_restart(i).await;
         if i == 0 {
             away.end("gateway");
@@ -1629,20 +1637,25 @@ pub async fn soak(
     // evidence, still waiting for review, or dropped for any other reason
     // is a violation.
     let refused = posts_refused_429(s).await;
-    let posted_to = threads_posted_to(s).await;
-    let publisher_killed = log.iter().any(|(_, l)| l.contains("SIGKILL publisher"));
+    let applied = posts_applied(s).await;
     for (q, reason) in &records_verdict.reasons {
         let own = reason
             .strip_prefix("with a later question: ")
             .unwrap_or(reason);
         if own == HELD_NO_EVIDENCE
-            && publisher_killed
-            && !posted_to.contains(&(q.channel.clone(), q.thread_ts.clone()))
+            && held_by_a_kill_before_its_post(
+                s,
+                &q.channel,
+                &q.thread_ts,
+                &publisher_kills,
+                &applied,
+            )
+            .await
         {
             // Held for lack of evidence, as designed, when a publisher the
-            // soak killed had claimed the post and died before sending it:
-            // Slack never received a post or stream for the thread, and
-            // threadline cannot tell that from a post lost in flight.
+            // soak killed had claimed the post and died before Slack
+            // applied it: threadline cannot tell that from a post lost in
+            // flight.
             *faults
                 .entry("held_after_a_kill_before_its_post")
                 .or_default() += 1;
@@ -2000,20 +2013,55 @@ const POST_MAX_ATTEMPTS: usize = 5;
 /// the thread found no evidence of its post.
 const HELD_NO_EVIDENCE: &str = "reply held:no_evidence_of_post";
 
-/// The threads (channel, root) Slack received a post or a stream's start
-/// for, whatever it answered.
-async fn threads_posted_to(s: &Stack) -> BTreeSet<(String, String)> {
-    let mut to = BTreeSet::new();
+/// When Slack received each post or stream start it applied, by thread
+/// (channel, root): µs since the Unix epoch.
+async fn posts_applied(s: &Stack) -> BTreeMap<(String, String), Vec<u64>> {
+    let mut at: BTreeMap<(String, String), Vec<u64>> = BTreeMap::new();
     for method in ["chat.postMessage", "chat.startStream"] {
         let calls = crate::sim_get(&s.sim, &format!("calls?method={method}")).await;
         for c in calls["calls"].as_array().cloned().unwrap_or_default() {
-            if let (Some(channel), Some(thread)) = (c["channel"].as_str(), c["thread_ts"].as_str())
-            {
-                to.insert((channel.to_owned(), thread.to_owned()));
+            if !c["effect"].as_str().unwrap_or("").starts_with("applied") {
+                continue;
+            }
+            if let (Some(channel), Some(thread), Some(received)) = (
+                c["channel"].as_str(),
+                c["thread_ts"].as_str(),
+                c["received_at_micros"].as_u64(),
+            ) {
+                at.entry((channel.to_owned(), thread.to_owned()))
+                    .or_default()
+                    .push(received);
             }
         }
     }
-    to
+    at
+}
+
+/// Whether a reply held for want of evidence in this thread is one the
+/// soak caused: an intent of the thread held so was claimed before a
+/// publisher kill, and Slack applied no post or stream start in the
+/// thread from its claim on (so the killed publisher died before its
+/// post, and threadline rightly cannot tell).
+async fn held_by_a_kill_before_its_post(
+    s: &Stack,
+    channel: &str,
+    thread: &str,
+    publisher_kills: &[u64],
+    applied: &BTreeMap<(String, String), Vec<u64>>,
+) -> bool {
+    let claims = threadline_store::testing::intents::held_without_evidence_claimed_at(
+        &s.db.pool, channel, thread,
+    )
+    .await
+    .expect("the held intents of a thread");
+    let posts = applied
+        .get(&(channel.to_owned(), thread.to_owned()))
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    claims.into_iter().flatten().any(|claimed| {
+        let claimed = claimed.max(0) as u64;
+        publisher_kills.iter().any(|k| *k >= claimed) && posts.iter().all(|p| *p < claimed)
+    })
 }
 
 /// How many `chat.postMessage` calls Slack answered 429, by (channel,

@@ -405,6 +405,25 @@ pub async fn intent_state_of_thread(
     Ok(r.map(|r| (r.state, r.reconciled)))
 }
 
+/// When each reply intent of the thread `root_ts` in `channel` held for
+/// want of evidence (`no_evidence_of_post`) was first claimed to be sent:
+/// microseconds since the Unix epoch (an intent never claimed has none).
+pub async fn held_without_evidence_claimed_at(
+    pool: &sqlx::PgPool,
+    channel: &str,
+    root_ts: &str,
+) -> sqlx::Result<Vec<Option<i64>>> {
+    sqlx::query_scalar!(
+        "SELECT (extract(epoch FROM first_sending_since) * 1000000)::bigint FROM reply_intents
+          WHERE channel_id = $1 AND root_ts = $2 AND state = 'held'
+            AND error_code = 'no_evidence_of_post'",
+        channel,
+        root_ts
+    )
+    .fetch_all(pool)
+    .await
+}
+
 /// One stage of an answered mention's way, over the mentions since a time.
 #[derive(Debug, Clone)]
 pub struct StageTiming {
