@@ -193,8 +193,10 @@ async fn under_latest_a_burst_is_answered_once_by_its_latest_message() {
 
 /// A stack whose installation answers the latest of a burst after 3 s of
 /// quiet, and a second person in its channel.
-async fn latest_with_another_person() -> (Stack, String) {
-    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())]).await;
+async fn latest_with_another_person(env: &[(&str, String)]) -> (Stack, String) {
+    let mut env = env.to_vec();
+    env.push(("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned()));
+    let s = Stack::start(&env).await;
     let inst = first_installation(&s).await;
     policy(&s, &inst, &["--action", "latest", "--quiet-ms", "3000"]).await;
     let other = sim_ctl(&s.sim, "users", json!({"team_id": s.team, "name": "noor"})).await["id"]
@@ -229,7 +231,7 @@ async fn burst_and_a_reply(s: &Stack, other: &str) -> (String, String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_whose_answer_a_reply_of_its_thread_supersedes_is_read_by_that_reply() {
-    let (s, other) = latest_with_another_person().await;
+    let (s, other) = latest_with_another_person(&[]).await;
     let bot = s.bot_user.clone();
 
     // A burst of two top-level questions, and at once someone else asks
@@ -271,7 +273,7 @@ async fn a_burst_whose_answer_a_reply_of_its_thread_supersedes_is_read_by_that_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_on_its_way_in_the_thread_keeps_a_later_reply_from_reading_the_burst_again() {
-    let (s, other) = latest_with_another_person().await;
+    let (s, other) = latest_with_another_person(&[]).await;
     let bot = s.bot_user.clone();
     // The first answer's post takes 5 s to show (Slack applies it then).
     sim_ctl(
@@ -309,6 +311,61 @@ async fn an_answer_on_its_way_in_the_thread_keeps_a_later_reply_from_reading_the
     assert!(earlier_read(&answer).is_empty(), "{answer:#?}");
     settled(&s).await;
     assert!(s.answers(&first).await.is_empty(), "no answer to {first}");
+    judged_clean(&s, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_found_never_to_have_landed_leaves_the_burst_to_the_reply_built_meanwhile() {
+    // (a post Slack shows no trace of is posted again, not held)
+    let (s, other) =
+        latest_with_another_person(&[("THREADLINE_RECONCILE_ALLOW_REPOST", "true".to_owned())])
+            .await;
+    let bot = s.bot_user.clone();
+    // The burst's answer (which reads the first message) is refused with
+    // a 503 Slack never applied: its outcome is unknown while the
+    // publisher reads the thread.
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "http_error", "status": 503, "applied": false}),
+    )
+    .await;
+    let first = s.post(&format!("<@{bot}> the build"), None).await;
+    let second = s.post(&format!("<@{bot}> is red again"), None).await;
+    eventually(
+        "the burst's answer of unknown outcome",
+        Duration::from_secs(30),
+        || async {
+            let (state, _) =
+                threadline_store::testing::intents::first_state_and_error_code(&s.db.pool)
+                    .await
+                    .ok()?;
+            ["unknown", "reconciling"]
+                .contains(&state.as_str())
+                .then_some(())
+        },
+    )
+    .await;
+    // Meanwhile someone asks in its thread. That answer supersedes the
+    // burst's (found never to have landed), so it is the one that reads
+    // the first message: its build waits until the post's fate is known.
+    let reply = s
+        .post_as(
+            &other,
+            &s.channel,
+            &format!("<@{bot}> mine too"),
+            Some(&second),
+        )
+        .await;
+    let answer = answer_to(&s, &s.channel, &second, &reply).await;
+    assert_eq!(earlier_read(&answer), vec![first.clone()]);
+    settled(&s).await;
+    assert!(s.answers(&first).await.is_empty(), "no answer to {first}");
+    assert_eq!(
+        s.answers(&second).await.len(),
+        1,
+        "one answer in the thread"
+    );
     judged_clean(&s, 2).await;
 }
 

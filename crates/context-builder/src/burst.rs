@@ -5,15 +5,16 @@
 //! place in the model's queue goes), and the latest top-level request of a
 //! burst reads the earlier ones with its thread.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use threadline_domain::double_text::{ABSORBED, BurstPart};
 use threadline_domain::state::ReceiptState;
 use threadline_proto::v1::ContextMessage;
-use threadline_store::double_text;
+use threadline_store::double_text::{self, RootBurst};
 use uuid::Uuid;
 
-use crate::handler::Handler;
+use crate::handler::{Handler, Step};
 use crate::store::{self, Installation};
 
 impl Handler {
@@ -27,10 +28,13 @@ impl Handler {
     }
 
     /// The request `source_ts` of `root` under its installation's
-    /// double-texting policy: absorbed (`None`: its receipt finished with
-    /// [`ABSORBED`], its place freed, counted; nothing to build) or built
-    /// with the earlier messages of its burst from other threads (the
-    /// top-level messages before it, or before its thread's root).
+    /// double-texting policy: built (`Continue`) with the earlier messages
+    /// of its burst from other threads (the top-level messages before it,
+    /// or before its thread's root), or not now (`Break`, the step it
+    /// comes to): absorbed (its receipt finished with [`ABSORBED`], its
+    /// place freed, counted; nothing to build), or handed back while an
+    /// answer of its thread on its way decides whether it reads the burst
+    /// before its thread's root.
     pub(crate) async fn burst(
         &self,
         inst: &Installation,
@@ -38,9 +42,9 @@ impl Handler {
         root: &str,
         source_ts: &str,
         receipt: Uuid,
-    ) -> anyhow::Result<Option<Vec<ContextMessage>>> {
+    ) -> anyhow::Result<ControlFlow<Step, Vec<ContextMessage>>> {
         let Some(quiet) = inst.double_texting.quiet() else {
-            return Ok(Some(Vec::new()));
+            return Ok(ControlFlow::Continue(Vec::new()));
         };
         let quiet_ms = quiet.as_millis() as i64;
         let part = double_text::decide(&self.pool, inst.id, channel, source_ts, quiet_ms).await?;
@@ -61,18 +65,28 @@ impl Handler {
                 channel,
                 "a request was absorbed by a later one of its burst"
             );
-            return Ok(None);
+            return Ok(ControlFlow::Break(Step::Ignored(ABSORBED)));
         }
         // A reply reads its thread; the top-level burst before the thread's
         // root too when its answer answers the root (which has no answer
         // yet, and would have read it).
         let from = if root == source_ts {
             source_ts
-        } else if double_text::root_burst_read(&self.pool, inst.id, channel, root, quiet_ms).await?
-        {
-            root
         } else {
-            return Ok(Some(Vec::new()));
+            match double_text::root_burst_read(&self.pool, inst.id, channel, root, quiet_ms).await?
+            {
+                RootBurst::Read => root,
+                RootBurst::NotRead => return Ok(ControlFlow::Continue(Vec::new())),
+                RootBurst::AnswerOnItsWay => {
+                    tracing::debug!(
+                        channel,
+                        "an answer of the thread is on its way; built once it settled"
+                    );
+                    return Ok(ControlFlow::Break(Step::AnswerOnItsWay(
+                        ANSWER_ON_ITS_WAY_RETRY,
+                    )));
+                }
+            }
         };
         let earlier = double_text::earlier(&self.pool, inst.id, channel, from, quiet_ms)
             .await?
@@ -84,6 +98,10 @@ impl Handler {
                 text: m.text,
             })
             .collect();
-        Ok(Some(earlier))
+        Ok(ControlFlow::Continue(earlier))
     }
 }
+
+/// How long a reply waits for an answer of its thread on its way before
+/// it asks again.
+const ANSWER_ON_ITS_WAY_RETRY: Duration = Duration::from_secs(1);

@@ -200,6 +200,10 @@ pub(crate) enum Step {
     /// Waiting out its asker's quiet period (double texting): handed back
     /// and built after this long.
     Quiet(std::time::Duration),
+    /// A reply whose burst reading waits for an answer of its thread on
+    /// its way (it decides whether the reply reads the burst before its
+    /// thread's root): handed back and built after this long.
+    AnswerOnItsWay(std::time::Duration),
     /// Parked for its installation's budget or share (DESIGN invariant 11).
     Parked(ParkReason),
 }
@@ -228,6 +232,10 @@ impl Handler {
             }
             Ok(Step::Quiet(wait)) => {
                 span.record("outcome", "quiet");
+                Disposition::Defer(wait)
+            }
+            Ok(Step::AnswerOnItsWay(wait)) => {
+                span.record("outcome", "answer_on_its_way");
                 Disposition::Defer(wait)
             }
             Ok(Step::Parked(reason)) => {
@@ -765,9 +773,11 @@ impl Handler {
             source_ts,
             noted_late,
         } = asked;
-        // A request a later one of its burst answers builds nothing.
-        let Some(earlier) = self.burst(inst, channel, root, source_ts, receipt).await? else {
-            return ignored(threadline_domain::double_text::ABSORBED);
+        // A request a later one of its burst answers builds nothing; a reply
+        // whose thread has an answer on its way waits for it.
+        let earlier = match self.burst(inst, channel, root, source_ts, receipt).await? {
+            std::ops::ControlFlow::Continue(earlier) => earlier,
+            std::ops::ControlFlow::Break(step) => return Ok(step),
         };
         // A question in the assistant pane, or in an agent's Messages tab
         // (its own thread, recorded as the pane's are): its status shows

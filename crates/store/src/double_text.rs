@@ -174,24 +174,26 @@ pub async fn part(
 /// (whose answer reads them) — and no answer went out in the thread yet
 /// (the first one read them). The root's own answer would have read the
 /// burst; an answer to a reply answers the root too while the root has
-/// none (superseded by it, or discarded as stale).
+/// none (superseded by it, or discarded as stale). While an answer of the
+/// thread is on its way, whether it went out is not known yet: the build
+/// asks again once it settled.
 pub async fn root_burst_read(
     pool: &PgPool,
     inst: Uuid,
     channel: &str,
     root: &str,
     quiet_ms: i64,
-) -> sqlx::Result<bool> {
+) -> sqlx::Result<RootBurst> {
     // (a deleted root's burst is released, answered on its own)
     if root_deleted(pool, inst, channel, root).await? {
-        return Ok(false);
+        return Ok(RootBurst::NotRead);
     }
     let part = match part(pool, inst, channel, root).await? {
         Some(p) => p,
         None if is_request(pool, inst, channel, root).await? => {
             decide(pool, inst, channel, root, quiet_ms).await?
         }
-        None => return Ok(false),
+        None => return Ok(RootBurst::NotRead),
     };
     let in_thread = match &part {
         BurstPart::Alone => true,
@@ -199,7 +201,23 @@ pub async fn root_burst_read(
             root_of(pool, inst, channel, later_ts).await?.as_deref() == Some(root)
         }
     };
-    Ok(in_thread && !thread_answered(pool, inst, channel, root).await?)
+    if !in_thread {
+        return Ok(RootBurst::NotRead);
+    }
+    thread_answer(pool, inst, channel, root).await
+}
+
+/// What the answer to a reply does with the burst before its thread's
+/// root ([`root_burst_read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootBurst {
+    /// It reads them with its thread.
+    Read,
+    /// Another answer read them, or the root's burst is not its to read.
+    NotRead,
+    /// An answer of the thread is on its way (a post or a stream claimed,
+    /// sent, or of unknown outcome): whether it went out decides.
+    AnswerOnItsWay,
 }
 
 /// Whether the message at `ts` was deleted.
@@ -246,23 +264,24 @@ async fn root_of(
 }
 
 /// Whether an answer in the thread `root` went out or may show whole
-/// ([`shown`], [`posting`]; not the over-budget note): the first one read
-/// the burst before its root, if it had one. Once a newer
-/// request's turn exists no answer built before it is claimed any more
-/// (the claim checks for a newer trigger and the thread's version), so
-/// what this sees at a build is all that may show beside it.
-async fn thread_answered(
+/// ([`shown`]; not the over-budget note): the first one read the burst
+/// before its root, if it had one. Once a newer request's turn exists no
+/// answer built before it is claimed any more (the claim checks for a
+/// newer trigger and the thread's version), so what this sees at a build
+/// is all that may show beside it, once none is on its way ([`posting`]:
+/// a post that may yet be found absent, a stream's start being claimed or
+/// its last stop in flight).
+async fn thread_answer(
     pool: &PgPool,
     inst: Uuid,
     channel: &str,
     root: &str,
-) -> sqlx::Result<bool> {
-    sqlx::query_scalar!(
-        r#"SELECT EXISTS (
-             SELECT 1 FROM reply_intents r
-              WHERE r.installation_id = $1 AND r.channel_id = $2 AND r.root_ts = $3
-                AND r.action_kind <> $4
-                AND (r.state = ANY($5) OR (r.state = ANY($6) AND r.stream_attempt IS DISTINCT FROM r.attempts))) AS "answered!""#,
+) -> sqlx::Result<RootBurst> {
+    let r = sqlx::query!(
+        r#"SELECT bool_or(r.state = ANY($5)) AS "shown?", bool_or(r.state = ANY($6)) AS "on_its_way?"
+             FROM reply_intents r
+            WHERE r.installation_id = $1 AND r.channel_id = $2 AND r.root_ts = $3
+              AND r.action_kind <> $4"#,
         inst,
         channel,
         root,
@@ -271,15 +290,22 @@ async fn thread_answered(
         &posting() as &[&str]
     )
     .fetch_one(pool)
-    .await
+    .await?;
+    Ok(
+        match (r.shown.unwrap_or(false), r.on_its_way.unwrap_or(false)) {
+            (true, _) => RootBurst::NotRead,
+            (false, true) => RootBurst::AnswerOnItsWay,
+            (false, false) => RootBurst::Read,
+        },
+    )
 }
 
 /// The states of a thread's answer that went out or may show whole:
-/// sent, or held (its post's outcome unknown); and, for a post (not a
-/// stream's start), [`posting`]. A stream is left out: one still open
-/// when a newer request of its thread came ends early, answering nothing
-/// (as one ended, `interrupted`, did), and its whole answer is never
-/// claimed past that request.
+/// sent, or held (its post's outcome unknown). [`unread`] and [`release`]
+/// count a post (not a stream's start) [`posting`] too: a stream still
+/// open when a newer request of its thread came ends early, answering
+/// nothing (as one ended, `interrupted`, did), and its whole answer is
+/// never claimed past that request.
 fn shown() -> Vec<&'static str> {
     [IntentState::Sent, IntentState::Held]
         .iter()

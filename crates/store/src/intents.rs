@@ -187,8 +187,9 @@ pub async fn claim_for(
          fresh AS (
             INSERT INTO reply_intents (id, installation_id, event_id, action_kind, receipt_id, decision_id, channel_id,
                                        root_ts, body_hash, state, channel_ref, sending_since, first_sending_since,
-                                       attempts, claimed_hashes)
-            SELECT $16, $1, $6, $7, $4, $11, $2, $3, $12, $14, $13, now(), now(), 1, ARRAY[$12]
+                                       attempts, claimed_hashes, stream_attempt)
+            SELECT $16, $1, $6, $7, $4, $11, $2, $3, $12, $14, $13, now(), now(), 1, ARRAY[$12],
+                   CASE WHEN $17 THEN 1 END
               FROM go WHERE go.intent IS NULL AND EXISTS (SELECT 1 FROM slot)
             ON CONFLICT ON CONSTRAINT reply_intents_once DO NOTHING
             RETURNING id, attempts, ever_unknown, decision_id AS previous_decision),
@@ -198,6 +199,9 @@ pub async fn claim_for(
                    attempts = r.attempts + 1, decision_id = $11, body_hash = $12,
                    claimed_hashes = CASE WHEN $12 = ANY(r.claimed_hashes) THEN r.claimed_hashes
                                          ELSE array_append(r.claimed_hashes, $12) END,
+                   -- (a stream's attempt from its claim on: its start is
+                   -- no whole answer on its way)
+                   stream_attempt = CASE WHEN $17 THEN r.attempts + 1 ELSE r.stream_attempt END,
                    error_code = NULL, updated_at = now()
               FROM go
              WHERE r.id = go.intent AND EXISTS (SELECT 1 FROM slot) AND r.state = ANY($15)
