@@ -370,6 +370,55 @@ async fn a_post_found_never_to_have_landed_leaves_the_burst_to_the_reply_built_m
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_whose_deleted_latest_had_a_reply_answer_on_its_way_is_released_when_that_answer_goes()
+ {
+    let (s, other) =
+        latest_with_another_person(&[("THREADLINE_RECONCILE_ALLOW_REPOST", "true".to_owned())])
+            .await;
+    // The reply's answer (which reads the burst) is refused with a 503
+    // Slack never applied: its outcome is unknown while the publisher
+    // reads the thread.
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "http_error", "status": 503, "applied": false}),
+    )
+    .await;
+    let (first, second, reply) = burst_and_a_reply(&s, &other).await;
+    eventually(
+        "the reply's answer of unknown outcome",
+        Duration::from_secs(30),
+        || async {
+            let (state, _) =
+                threadline_store::testing::intents::first_state_and_error_code(&s.db.pool)
+                    .await
+                    .ok()?;
+            ["unknown", "reconciling"]
+                .contains(&state.as_str())
+                .then_some(())
+        },
+    )
+    .await;
+    // The burst's latest is deleted meanwhile: the answer on its way may
+    // still show, so the first message waits. Found never to have landed,
+    // that answer is discarded (its thread changed): the first message is
+    // then answered on its own, and the reply without it.
+    sim_ctl(
+        &s.sim,
+        "act/delete",
+        json!({"channel": s.channel, "ts": second}),
+    )
+    .await;
+    let alone = answer_to(&s, &s.channel, &first, &first).await;
+    assert!(earlier_read(&alone).is_empty(), "{alone:#?}");
+    let answer = answer_to(&s, &s.channel, &second, &reply).await;
+    assert!(earlier_read(&answer).is_empty(), "{answer:#?}");
+    settled(&s).await;
+    assert_eq!(s.answers(&first).await.len(), 1, "one answer to {first}");
+    judged_clean(&s, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_each_every_quick_message_is_answered() {
     let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())]).await;
     let inst = first_installation(&s).await;

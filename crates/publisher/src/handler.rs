@@ -212,16 +212,22 @@ impl Handler {
         if intents::set_decision_in(&mut tx, p.decision, status, Some(reason)).await? {
             threadline_store::decisions::enqueue_reconsider(&mut tx, job.decision, why).await?;
             metrics::counter!("threadline_reconsiderations_total").increment(1);
-            {
-                // (a deleted request's answer will not show: what it
-                // absorbed of its burst is answered after all; nothing
-                // for a request still there)
-                let d = job.decision;
+            // (a deleted request's answer will not show: what it absorbed
+            // of its burst is answered after all; nothing for a request
+            // still there. An answer to a reply answers its thread's root
+            // too: once none of the thread shows, a deleted root's burst
+            // is released the same way.)
+            let d = job.decision;
+            let mut requests = vec![d.source_ts.as_str()];
+            if p.root_ts != d.source_ts {
+                requests.push(p.root_ts);
+            }
+            for request in requests {
                 threadline_store::double_text::release(
                     &mut tx,
                     d.installation_id,
                     &d.channel_id,
-                    &d.source_ts,
+                    request,
                 )
                 .await?;
             }
