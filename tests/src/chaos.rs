@@ -1642,15 +1642,12 @@ pub async fn soak(
         let own = reason
             .strip_prefix("with a later question: ")
             .unwrap_or(reason);
+        // (a reason inherited from a later question may be of another
+        // thread: the burst's latest, which read this one)
+        let thread = (own == reason.as_str()).then_some(q.thread_ts.as_str());
         if own == HELD_NO_EVIDENCE
-            && held_by_a_kill_before_its_post(
-                s,
-                &q.channel,
-                &q.thread_ts,
-                &publisher_kills,
-                &applied,
-            )
-            .await
+            && held_by_a_kill_before_its_post(s, &q.channel, thread, &publisher_kills, &applied)
+                .await
         {
             // Held for lack of evidence, as designed, when a publisher the
             // soak killed had claimed the post and died before Slack
@@ -2037,32 +2034,42 @@ async fn posts_applied(s: &Stack) -> BTreeMap<(String, String), Vec<u64>> {
     at
 }
 
-/// Whether a reply held for want of evidence in this thread is one the
-/// soak caused: an intent of the thread held so was claimed before a
-/// publisher kill, and Slack applied no post or stream start in the
-/// thread from its claim on (so the killed publisher died before its
-/// post, and threadline rightly cannot tell).
+/// Whether a reply held for want of evidence in this thread (any of the
+/// channel's when `None`) is one the soak caused: an intent held so was
+/// claimed at most [`KILL_AFTER_CLAIM_MICROS`] before a publisher kill,
+/// and Slack applied no post or stream start in its thread from its claim
+/// on (so the killed publisher died before its post, and threadline
+/// rightly cannot tell).
 async fn held_by_a_kill_before_its_post(
     s: &Stack,
     channel: &str,
-    thread: &str,
+    thread: Option<&str>,
     publisher_kills: &[u64],
     applied: &BTreeMap<(String, String), Vec<u64>>,
 ) -> bool {
-    let claims = threadline_store::testing::intents::held_without_evidence_claimed_at(
-        &s.db.pool, channel, thread,
-    )
-    .await
-    .expect("the held intents of a thread");
-    let posts = applied
-        .get(&(channel.to_owned(), thread.to_owned()))
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    claims.into_iter().flatten().any(|claimed| {
-        let claimed = claimed.max(0) as u64;
-        publisher_kills.iter().any(|k| *k >= claimed) && posts.iter().all(|p| *p < claimed)
+    let held =
+        threadline_store::testing::intents::held_without_evidence(&s.db.pool, channel, thread)
+            .await
+            .expect("the held intents of a thread");
+    held.into_iter().any(|(root, claimed)| {
+        let Some(claimed) = claimed.map(|c| c.max(0) as u64) else {
+            return false;
+        };
+        let posts = applied
+            .get(&(channel.to_owned(), root))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        publisher_kills
+            .iter()
+            .any(|k| *k >= claimed && *k - claimed <= KILL_AFTER_CLAIM_MICROS)
+            && posts.iter().all(|p| *p < claimed)
     })
 }
+
+/// How long after its claim a publisher kill can have interrupted a post
+/// (the claim, a freeze of the publisher, Slack's timeout): later, the
+/// post had its outcome.
+const KILL_AFTER_CLAIM_MICROS: u64 = 60_000_000;
 
 /// How many `chat.postMessage` calls Slack answered 429, by (channel,
 /// thread), from its call log.

@@ -419,6 +419,61 @@ async fn a_burst_whose_deleted_latest_had_a_reply_answer_on_its_way_is_released_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_last_stop_is_in_flight_keeps_a_reply_from_reading_the_burst_again() {
+    let (s, other) = latest_with_another_person(&threadline_tests::streaming(20, &[])).await;
+    let bot = s.bot_user.clone();
+    // The burst's answer streams; its last stop takes 8 s to reach Slack,
+    // which then shows the whole answer (that read the first message).
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "chat.stopStream", "mode": "latency", "latency_ms": 8000, "times": 1}),
+    )
+    .await;
+    let first = s.post(&format!("<@{bot}> the build"), None).await;
+    let second = s.post(&format!("<@{bot}> is red again"), None).await;
+    eventually("the burst's answer streaming", Duration::from_secs(30), || async {
+        let (state, _) =
+            threadline_store::testing::intents::first_state_and_error_code(&s.db.pool)
+                .await
+                .ok()?;
+        (state == "streaming").then_some(())
+    })
+    .await;
+    // While the stop is in flight someone asks in the thread: the reply's
+    // build (after its quiet period) waits for the stream, which showed
+    // the whole answer, so the reply does not read the burst again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let reply = s
+        .post_as(
+            &other,
+            &s.channel,
+            &format!("<@{bot}> mine too"),
+            Some(&second),
+        )
+        .await;
+    let answer = answer_to(&s, &s.channel, &second, &reply).await;
+    assert!(earlier_read(&answer).is_empty(), "{answer:#?}");
+    settled(&s).await;
+    let streamed = answer_to(&s, &s.channel, &second, &second).await;
+    assert_eq!(streamed["streaming_state"], "completed", "{streamed:#?}");
+    assert_eq!(earlier_read(&streamed), vec![first.clone()]);
+    // (the oracle takes a stream as whole when Slack ended it: 8 s after
+    // its stop arrived, before the reply was said, so the reply crossed it
+    // within that grace)
+    let (j, violations) = s.verdict(Duration::from_secs(9)).await;
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert_eq!(
+        j.explained
+            .get("answered_with_a_later_question")
+            .copied()
+            .unwrap_or(0),
+        1,
+        "{j:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_each_every_quick_message_is_answered() {
     let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())]).await;
     let inst = first_installation(&s).await;

@@ -19,7 +19,7 @@ use threadline_runtime::shutdown::CancellationToken;
 use threadline_store::budgets::{self, Resumed};
 use uuid::Uuid;
 
-use crate::handler::Handler;
+use crate::handler::{Handler, Resumption};
 use crate::store::AdmitRules;
 
 /// How long a round's requests are leased to it.
@@ -101,10 +101,17 @@ async fn resume_line(handler: &Handler, line: Vec<Resumed>) -> usize {
     let mut marked = 0;
     for r in line {
         let done = match handler.resume(&r.request).await {
-            Ok(true) => budgets::mark_admitted(&handler.pool, std::slice::from_ref(&r))
-                .await
-                .map_err(anyhow::Error::from),
-            Ok(false) => continue,
+            Ok(Resumption::Built) => {
+                budgets::mark_admitted(&handler.pool, std::slice::from_ref(&r))
+                    .await
+                    .map_err(anyhow::Error::from)
+            }
+            Ok(Resumption::Dropped) => continue,
+            Ok(Resumption::NotYet) => {
+                // (its lease runs out; none of its line overtakes it)
+                tracing::debug!(receipt_id = %r.request.receipt, "a parked request waits for an answer of its thread on its way");
+                break;
+            }
             Err(e) => Err(e),
         };
         match done {

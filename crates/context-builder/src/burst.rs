@@ -48,8 +48,13 @@ impl Handler {
         };
         let quiet_ms = quiet.as_millis() as i64;
         let part = double_text::decide(&self.pool, inst.id, channel, source_ts, quiet_ms).await?;
-        metrics::counter!("threadline_double_texts_total", "outcome" => part.as_str()).increment(1);
+        // (counted once it is built or absorbed, not at each hand-back)
+        let counted = || {
+            metrics::counter!("threadline_double_texts_total", "outcome" => part.as_str())
+                .increment(1);
+        };
         if let BurstPart::Absorbed { .. } = part {
+            counted();
             let mut conn = self.pool.acquire().await?;
             store::finish(
                 &mut conn,
@@ -76,8 +81,12 @@ impl Handler {
             match double_text::root_burst_read(&self.pool, inst.id, channel, root, quiet_ms).await?
             {
                 RootBurst::Read => root,
-                RootBurst::NotRead => return Ok(ControlFlow::Continue(Vec::new())),
+                RootBurst::NotRead => {
+                    counted();
+                    return Ok(ControlFlow::Continue(Vec::new()));
+                }
                 RootBurst::AnswerOnItsWay => {
+                    metrics::counter!("threadline_double_text_waits_total").increment(1);
                     tracing::debug!(
                         channel,
                         "an answer of the thread is on its way; built once it settled"
@@ -88,6 +97,7 @@ impl Handler {
                 }
             }
         };
+        counted();
         let earlier = double_text::earlier(&self.pool, inst.id, channel, from, quiet_ms)
             .await?
             .into_iter()

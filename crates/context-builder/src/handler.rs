@@ -1,6 +1,8 @@
 //! Handling one accepted event: classify it, apply it to the thread store,
 //! and for a trigger build the versioned context and publish it.
 
+use std::ops::ControlFlow;
+
 use async_nats::jetstream;
 use futures::FutureExt as _;
 use prost::Message as _;
@@ -192,6 +194,19 @@ fn lifecycle_reason(
 
 fn ignored(reason: &'static str) -> Result<Step, anyhow::Error> {
     Ok(Step::Ignored(reason))
+}
+
+/// What resuming a parked request came to ([`Handler::resume`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resumption {
+    /// Its context was built and published: it is admitted.
+    Built,
+    /// It will never be answered (its installation gone, its question
+    /// deleted): its place was dropped.
+    Dropped,
+    /// An answer of its thread is on its way ([`Step::AnswerOnItsWay`]):
+    /// it stays leased, and is resumed again once its lease ran out.
+    NotYet,
 }
 
 pub(crate) enum Step {
@@ -525,7 +540,9 @@ impl Handler {
         let Ok(inst_id) = Uuid::parse_str(&r.installation_id) else {
             return Disposition::Poison("Reconsider without an installation".into());
         };
-        let result: anyhow::Result<()> = async {
+        // (`Some`: the rebuild waits for an answer of the thread on its
+        // way, handed back after this long)
+        let result: anyhow::Result<Option<std::time::Duration>> = async {
             // Crossings recorded from here on wait for the next
             // reconsideration: this one may read the thread before them.
             let started = store::clock(&self.pool).await?;
@@ -543,11 +560,18 @@ impl Handler {
                     started,
                 )
                 .await?;
-                return Ok(());
+                return Ok(None);
             };
             let latest = store::latest_turn(&self.pool, inst.id, &r.channel_id, &r.root_ts).await?;
             let result = match latest {
-                Some(t) if !t.answered => self.rebuild(&inst, &r, &t).await?,
+                Some(t) if !t.answered => match self.rebuild(&inst, &r, &t).await? {
+                    ControlFlow::Continue(result) => result,
+                    ControlFlow::Break(wait) => {
+                        metrics::counter!("threadline_reconsiderations_handled_total", "result" => "answer_on_its_way")
+                            .increment(1);
+                        return Ok(Some(wait));
+                    }
+                },
                 _ => "no_reply_needed",
             };
             metrics::counter!("threadline_reconsiderations_handled_total", "result" => result)
@@ -562,11 +586,12 @@ impl Handler {
                 started,
             )
             .await?;
-            Ok(())
+            Ok(None)
         }
         .await;
         match result {
-            Ok(()) => Disposition::Done,
+            Ok(None) => Disposition::Done,
+            Ok(Some(wait)) => Disposition::Defer(wait),
             Err(e) => {
                 tracing::warn!(error = format!("{e:#}"), "reconsideration failed; retrying");
                 threadline_tenancy::fault::disposition(&e)
@@ -576,16 +601,18 @@ impl Handler {
 
     /// The thread's latest request rebuilt, unless it waits parked (the
     /// resumer builds it, from the thread as it is then); a place it took
-    /// for a build that came to nothing goes again.
+    /// for a build that came to nothing goes again. `Break`: an answer of
+    /// the thread is on its way ([`Step::AnswerOnItsWay`]); the rebuild is
+    /// handed back after this long (the place it took goes meanwhile).
     async fn rebuild(
         &self,
         inst: &Installation,
         r: &threadline_proto::v1::Reconsider,
         t: &store::LatestTurn,
-    ) -> anyhow::Result<&'static str> {
+    ) -> anyhow::Result<ControlFlow<std::time::Duration, &'static str>> {
         let placed = self.placed(inst, r, t).await?;
         if placed == Some(WorkState::Parked) {
-            return Ok(WorkState::Parked.name());
+            return Ok(ControlFlow::Continue(WorkState::Parked.name()));
         }
         // (a late request's answer says so again)
         let noted = threadline_store::late::noted_age_ms(&self.pool, t.receipt_id)
@@ -600,10 +627,13 @@ impl Handler {
         let step = self
             .build_and_publish(asked, inst, &r.channel_id, &r.root_ts)
             .await?;
-        if placed.is_none() && matches!(step, Step::Ignored(_)) {
+        if placed.is_none() && matches!(step, Step::Ignored(_) | Step::AnswerOnItsWay(_)) {
             threadline_store::budgets::free(&self.pool, t.receipt_id).await?;
         }
-        Ok("rebuilt")
+        Ok(match step {
+            Step::AnswerOnItsWay(wait) => ControlFlow::Break(wait),
+            _ => ControlFlow::Continue("rebuilt"),
+        })
     }
 
     /// The place of the thread's latest request for its rebuild:
@@ -636,16 +666,17 @@ impl Handler {
 
     /// A parked request whose turn came (the resumer leased it and took its
     /// units): its thread read from Slack first if it was never seen, its
-    /// context built from the thread as it is now and published. False
-    /// when it will never be answered (its installation gone, its question
-    /// deleted): its place is dropped.
-    pub async fn resume(&self, r: &threadline_store::budgets::Request) -> anyhow::Result<bool> {
+    /// context built from the thread as it is now and published.
+    pub async fn resume(
+        &self,
+        r: &threadline_store::budgets::Request,
+    ) -> anyhow::Result<Resumption> {
         let active = store::installation(&self.pool, r.installation)
             .await?
             .filter(|i| i.active);
         let Some(inst) = active else {
             threadline_store::budgets::drop_parked(&self.pool, r.receipt).await?;
-            return Ok(false);
+            return Ok(Resumption::Dropped);
         };
         let (channel, root) = (r.channel.as_str(), r.root_ts.as_str());
         if root != r.source_ts && !store::has_message(&self.pool, inst.id, channel, root).await? {
@@ -661,12 +692,14 @@ impl Handler {
             source_ts: &r.source_ts,
             noted_late: noted,
         };
-        let step = self.build_and_publish(asked, &inst, channel, root).await?;
-        if matches!(step, Step::Ignored(_)) {
-            threadline_store::budgets::drop_parked(&self.pool, r.receipt).await?;
-            return Ok(false);
+        match self.build_and_publish(asked, &inst, channel, root).await? {
+            Step::Ignored(_) => {
+                threadline_store::budgets::drop_parked(&self.pool, r.receipt).await?;
+                Ok(Resumption::Dropped)
+            }
+            Step::AnswerOnItsWay(_) => Ok(Resumption::NotYet),
+            _ => Ok(Resumption::Built),
         }
-        Ok(true)
     }
 
     /// Whether `channel` is private, for a trigger whose event cannot tell
@@ -776,8 +809,8 @@ impl Handler {
         // A request a later one of its burst answers builds nothing; a reply
         // whose thread has an answer on its way waits for it.
         let earlier = match self.burst(inst, channel, root, source_ts, receipt).await? {
-            std::ops::ControlFlow::Continue(earlier) => earlier,
-            std::ops::ControlFlow::Break(step) => return Ok(step),
+            ControlFlow::Continue(earlier) => earlier,
+            ControlFlow::Break(step) => return Ok(step),
         };
         // A question in the assistant pane, or in an agent's Messages tab
         // (its own thread, recorded as the pane's are): its status shows

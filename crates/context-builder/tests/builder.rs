@@ -2037,11 +2037,12 @@ async fn a_resumed_request_decided_before_its_mark_frees_its_place() {
         .await
         .expect("lease");
     assert_eq!(resumed.len(), 1);
-    assert!(
+    assert_eq!(
         env.handler
             .resume(&resumed[0].request)
             .await
-            .expect("resume")
+            .expect("resume"),
+        threadline_context_builder::handler::Resumption::Built
     );
     let ctx = env
         .contexts()

@@ -201,10 +201,45 @@ pub async fn root_burst_read(
             root_of(pool, inst, channel, later_ts).await?.as_deref() == Some(root)
         }
     };
-    if !in_thread {
+    if !in_thread || !has_burst(pool, inst, channel, root, quiet_ms).await? {
         return Ok(RootBurst::NotRead);
     }
     thread_answer(pool, inst, channel, root).await
+}
+
+/// Whether the top-level request `root` has earlier messages of its burst
+/// to read: a request recorded as absorbed by it, or one of the same
+/// person sent within `quiet_ms` before it (which [`earlier`] would
+/// decide). None: the answer to a reply has nothing of the burst to read,
+/// and nothing to wait for.
+async fn has_burst(
+    pool: &PgPool,
+    inst: Uuid,
+    channel: &str,
+    root: &str,
+    quiet_ms: i64,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM double_texts d
+                           WHERE d.installation_id = $1 AND d.channel_id = $2 AND d.later_ts = $3
+                             AND d.outcome = 'absorbed')
+               OR EXISTS (SELECT 1 FROM thread_messages n
+                            JOIN thread_messages p
+                              ON p.installation_id = n.installation_id AND p.channel_id = n.channel_id
+                             AND p.user_id = n.user_id AND p.root_ts = p.ts
+                             AND p.ts::numeric < n.ts::numeric
+                             AND p.ts::numeric >= n.ts::numeric - $4::bigint / 1000.0
+                            JOIN turns t ON t.installation_id = p.installation_id AND t.channel_id = p.channel_id
+                                        AND t.ts = p.ts
+                           WHERE n.installation_id = $1 AND n.channel_id = $2 AND n.ts = $3
+                             AND n.root_ts = n.ts) AS "burst!""#,
+        inst,
+        channel,
+        root,
+        quiet_ms
+    )
+    .fetch_one(pool)
+    .await
 }
 
 /// What the answer to a reply does with the burst before its thread's
@@ -215,8 +250,9 @@ pub enum RootBurst {
     Read,
     /// Another answer read them, or the root's burst is not its to read.
     NotRead,
-    /// An answer of the thread is on its way (a post or a stream claimed,
-    /// sent, or of unknown outcome): whether it went out decides.
+    /// An answer of the thread is on its way (a post claimed, sent or of
+    /// unknown outcome; a stream claimed, open or ending): whether it went
+    /// out decides.
     AnswerOnItsWay,
 }
 
@@ -268,9 +304,9 @@ async fn root_of(
 /// before its root, if it had one. Once a newer request's turn exists no
 /// answer built before it is claimed any more (the claim checks for a
 /// newer trigger and the thread's version), so what this sees at a build
-/// is all that may show beside it, once none is on its way ([`posting`]:
-/// a post that may yet be found absent, a stream's start being claimed or
-/// its last stop in flight).
+/// is all that may show beside it, once none is on its way
+/// ([`on_its_way`]: a post that may yet be found absent, a stream whose
+/// start is being claimed, still open, or whose last stop is in flight).
 async fn thread_answer(
     pool: &PgPool,
     inst: Uuid,
@@ -287,7 +323,7 @@ async fn thread_answer(
         root,
         threadline_domain::budget::NOTE_ACTION_KIND,
         &shown() as &[&str],
-        &posting() as &[&str]
+        &on_its_way() as &[&str]
     )
     .fetch_one(pool)
     .await?;
@@ -316,6 +352,18 @@ fn shown() -> Vec<&'static str> {
 /// The states of a post on its way, or whose outcome is not known yet.
 fn posting() -> Vec<&'static str> {
     IntentState::IN_FLIGHT.iter().map(|s| s.as_str()).collect()
+}
+
+/// The states of an answer on its way: [`posting`], and a stream open or
+/// ending (its last stop may yet show the whole answer, or it ends early,
+/// answering nothing).
+fn on_its_way() -> Vec<&'static str> {
+    let mut states = posting();
+    states.extend([
+        IntentState::Streaming.as_str(),
+        IntentState::Ending.as_str(),
+    ]);
+    states
 }
 
 /// A top-level request of a burst, as a walk back meets it.

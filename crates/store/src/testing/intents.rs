@@ -405,23 +405,29 @@ pub async fn intent_state_of_thread(
     Ok(r.map(|r| (r.state, r.reconciled)))
 }
 
-/// When each reply intent of the thread `root_ts` in `channel` held for
-/// want of evidence (`no_evidence_of_post`) was first claimed to be sent:
-/// microseconds since the Unix epoch (an intent never claimed has none).
-pub async fn held_without_evidence_claimed_at(
+/// The reply intents of `channel` (of its thread `root_ts` only, when
+/// given) held for want of evidence (`no_evidence_of_post`): each one's
+/// thread and when it was first claimed to be sent, in microseconds since
+/// the Unix epoch (an intent never claimed has none).
+pub async fn held_without_evidence(
     pool: &sqlx::PgPool,
     channel: &str,
-    root_ts: &str,
-) -> sqlx::Result<Vec<Option<i64>>> {
-    sqlx::query_scalar!(
-        "SELECT (extract(epoch FROM first_sending_since) * 1000000)::bigint FROM reply_intents
-          WHERE channel_id = $1 AND root_ts = $2 AND state = 'held'
-            AND error_code = 'no_evidence_of_post'",
+    root_ts: Option<&str>,
+) -> sqlx::Result<Vec<(String, Option<i64>)>> {
+    let rows = sqlx::query!(
+        r#"SELECT root_ts, (extract(epoch FROM first_sending_since) * 1000000)::bigint AS "claimed_at?"
+             FROM reply_intents
+            WHERE channel_id = $1 AND ($2::text IS NULL OR root_ts = $2) AND state = 'held'
+              AND error_code = 'no_evidence_of_post'"#,
         channel,
         root_ts
     )
     .fetch_all(pool)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.root_ts, r.claimed_at))
+        .collect())
 }
 
 /// One stage of an answered mention's way, over the mentions since a time.
