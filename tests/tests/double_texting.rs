@@ -432,13 +432,17 @@ async fn a_stream_whose_last_stop_is_in_flight_keeps_a_reply_from_reading_the_bu
     .await;
     let first = s.post(&format!("<@{bot}> the build"), None).await;
     let second = s.post(&format!("<@{bot}> is red again"), None).await;
-    eventually("the burst's answer streaming", Duration::from_secs(30), || async {
-        let (state, _) =
-            threadline_store::testing::intents::first_state_and_error_code(&s.db.pool)
-                .await
-                .ok()?;
-        (state == "streaming").then_some(())
-    })
+    eventually(
+        "the burst's answer streaming",
+        Duration::from_secs(30),
+        || async {
+            let (state, _) =
+                threadline_store::testing::intents::first_state_and_error_code(&s.db.pool)
+                    .await
+                    .ok()?;
+            (state == "streaming").then_some(())
+        },
+    )
     .await;
     // While the stop is in flight someone asks in the thread: the reply's
     // build (after its quiet period) waits for the stream, which showed
