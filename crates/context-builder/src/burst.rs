@@ -115,3 +115,32 @@ impl Handler {
 /// How long a reply waits for an answer of its thread on its way before
 /// it asks again.
 const ANSWER_ON_ITS_WAY_RETRY: Duration = Duration::from_secs(1);
+
+impl Handler {
+    /// For a rebuild, before it takes a place in the model's queue (and is
+    /// charged a model call): `Some(wait)` when the reply `source_ts` of
+    /// `root` would be handed back now, an answer of its thread being on
+    /// its way ([`Handler::burst`]); asked again after `wait`.
+    pub(crate) async fn waits_for_thread_answer(
+        &self,
+        inst: &Installation,
+        channel: &str,
+        root: &str,
+        source_ts: &str,
+    ) -> anyhow::Result<Option<Duration>> {
+        let Some(quiet) = inst.double_texting.quiet() else {
+            return Ok(None);
+        };
+        if root == source_ts {
+            return Ok(None);
+        }
+        let quiet_ms = quiet.as_millis() as i64;
+        let read =
+            double_text::root_burst_read(&self.pool, inst.id, channel, root, quiet_ms).await?;
+        if read != RootBurst::AnswerOnItsWay {
+            return Ok(None);
+        }
+        metrics::counter!("threadline_double_text_waits_total").increment(1);
+        Ok(Some(ANSWER_ON_ITS_WAY_RETRY))
+    }
+}

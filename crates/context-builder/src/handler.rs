@@ -603,13 +603,22 @@ impl Handler {
     /// resumer builds it, from the thread as it is then); a place it took
     /// for a build that came to nothing goes again. `Break`: an answer of
     /// the thread is on its way ([`Step::AnswerOnItsWay`]); the rebuild is
-    /// handed back after this long (the place it took goes meanwhile).
+    /// handed back after this long, asked before it takes a place (one
+    /// that came on its way meanwhile frees the place it took).
     async fn rebuild(
         &self,
         inst: &Installation,
         r: &threadline_proto::v1::Reconsider,
         t: &store::LatestTurn,
     ) -> anyhow::Result<ControlFlow<std::time::Duration, &'static str>> {
+        // (waiting before it takes a place: each hand-back would be
+        // charged a model call)
+        if let Some(wait) = self
+            .waits_for_thread_answer(inst, &r.channel_id, &r.root_ts, &t.ts)
+            .await?
+        {
+            return Ok(ControlFlow::Break(wait));
+        }
         let placed = self.placed(inst, r, t).await?;
         if placed == Some(WorkState::Parked) {
             return Ok(ControlFlow::Continue(WorkState::Parked.name()));
