@@ -212,20 +212,60 @@ async fn latest_with_another_person(env: &[(&str, String)]) -> (Stack, String) {
     (s, other)
 }
 
+/// Slack answers the next post 503 without applying it: its outcome is
+/// unknown to the publisher, which reads the thread to settle it.
+async fn refuse_the_next_post(s: &Stack) {
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "http_error", "status": 503, "applied": false}),
+    )
+    .await;
+}
+
+/// Waits until the first answer (`what`) is of unknown outcome: being
+/// looked for in Slack.
+async fn first_answer_of_unknown_outcome(s: &Stack, what: &str) {
+    eventually(
+        &format!("{what} of unknown outcome"),
+        Duration::from_secs(30),
+        || async {
+            let (state, _) =
+                threadline_store::testing::intents::first_state_and_error_code(&s.db.pool)
+                    .await
+                    .ok()?;
+            ["unknown", "reconciling"]
+                .contains(&state.as_str())
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+/// `other` asks the bot in the thread `root` ("mine too"): the reply's ts.
+async fn mine_too(s: &Stack, other: &str, root: &str) -> String {
+    let bot = &s.bot_user;
+    s.post_as(other, &s.channel, &format!("<@{bot}> mine too"), Some(root))
+        .await
+}
+
+/// The answer to `reply` in the thread `second` read `first`; once all
+/// settled, `first` has no answer of its own and the thread one answer.
+async fn the_reply_alone_read_the_burst(s: &Stack, first: &str, second: &str, reply: &str) {
+    let answer = answer_to(s, &s.channel, second, reply).await;
+    assert_eq!(earlier_read(&answer), vec![first.to_owned()]);
+    settled(s).await;
+    assert!(s.answers(first).await.is_empty(), "no answer to {first}");
+    assert_eq!(s.answers(second).await.len(), 1, "one answer in the thread");
+}
+
 /// A burst of two top-level questions, and at once `other` asks in the
 /// second's thread: (first, second, the reply).
 async fn burst_and_a_reply(s: &Stack, other: &str) -> (String, String, String) {
     let bot = &s.bot_user;
     let first = s.post(&format!("<@{bot}> the build"), None).await;
     let second = s.post(&format!("<@{bot}> is red again"), None).await;
-    let reply = s
-        .post_as(
-            other,
-            &s.channel,
-            &format!("<@{bot}> mine too"),
-            Some(&second),
-        )
-        .await;
+    let reply = mine_too(s, other, &second).await;
     (first, second, reply)
 }
 
@@ -239,15 +279,7 @@ async fn a_burst_whose_answer_a_reply_of_its_thread_supersedes_is_read_by_that_r
     // is superseded by the answer to the reply, which answers the thread's
     // root too, so it reads the burst before the root.
     let (first, second, reply) = burst_and_a_reply(&s, &other).await;
-    let answer = answer_to(&s, &s.channel, &second, &reply).await;
-    assert_eq!(earlier_read(&answer), vec![first.clone()]);
-    settled(&s).await;
-    assert!(s.answers(&first).await.is_empty(), "no answer to {first}");
-    assert_eq!(
-        s.answers(&second).await.len(),
-        1,
-        "one answer in the thread"
-    );
+    the_reply_alone_read_the_burst(&s, &first, &second, &reply).await;
 
     // Once an answer went out in the thread, a later question there does
     // not read the burst again: the first answer read it.
@@ -324,48 +356,15 @@ async fn a_post_found_never_to_have_landed_leaves_the_burst_to_the_reply_built_m
     // The burst's answer (which reads the first message) is refused with
     // a 503 Slack never applied: its outcome is unknown while the
     // publisher reads the thread.
-    sim_ctl(
-        &s.sim,
-        "faults",
-        json!({"method": "chat.postMessage", "mode": "http_error", "status": 503, "applied": false}),
-    )
-    .await;
+    refuse_the_next_post(&s).await;
     let first = s.post(&format!("<@{bot}> the build"), None).await;
     let second = s.post(&format!("<@{bot}> is red again"), None).await;
-    eventually(
-        "the burst's answer of unknown outcome",
-        Duration::from_secs(30),
-        || async {
-            let (state, _) =
-                threadline_store::testing::intents::first_state_and_error_code(&s.db.pool)
-                    .await
-                    .ok()?;
-            ["unknown", "reconciling"]
-                .contains(&state.as_str())
-                .then_some(())
-        },
-    )
-    .await;
+    first_answer_of_unknown_outcome(&s, "the burst's answer").await;
     // Meanwhile someone asks in its thread. That answer supersedes the
     // burst's (found never to have landed), so it is the one that reads
     // the first message: its build waits until the post's fate is known.
-    let reply = s
-        .post_as(
-            &other,
-            &s.channel,
-            &format!("<@{bot}> mine too"),
-            Some(&second),
-        )
-        .await;
-    let answer = answer_to(&s, &s.channel, &second, &reply).await;
-    assert_eq!(earlier_read(&answer), vec![first.clone()]);
-    settled(&s).await;
-    assert!(s.answers(&first).await.is_empty(), "no answer to {first}");
-    assert_eq!(
-        s.answers(&second).await.len(),
-        1,
-        "one answer in the thread"
-    );
+    let reply = mine_too(&s, &other, &second).await;
+    the_reply_alone_read_the_burst(&s, &first, &second, &reply).await;
     judged_clean(&s, 2).await;
 }
 
@@ -378,27 +377,9 @@ async fn a_burst_whose_deleted_latest_had_a_reply_answer_on_its_way_is_released_
     // The reply's answer (which reads the burst) is refused with a 503
     // Slack never applied: its outcome is unknown while the publisher
     // reads the thread.
-    sim_ctl(
-        &s.sim,
-        "faults",
-        json!({"method": "chat.postMessage", "mode": "http_error", "status": 503, "applied": false}),
-    )
-    .await;
+    refuse_the_next_post(&s).await;
     let (first, second, reply) = burst_and_a_reply(&s, &other).await;
-    eventually(
-        "the reply's answer of unknown outcome",
-        Duration::from_secs(30),
-        || async {
-            let (state, _) =
-                threadline_store::testing::intents::first_state_and_error_code(&s.db.pool)
-                    .await
-                    .ok()?;
-            ["unknown", "reconciling"]
-                .contains(&state.as_str())
-                .then_some(())
-        },
-    )
-    .await;
+    first_answer_of_unknown_outcome(&s, "the reply's answer").await;
     // The burst's latest is deleted meanwhile: the answer on its way may
     // still show, so the first message waits. Found never to have landed,
     // that answer is discarded (its thread changed): the first message is
@@ -449,14 +430,7 @@ async fn a_stream_whose_last_stop_is_in_flight_keeps_a_reply_from_reading_the_bu
     // build (after its quiet period) waits for the stream, which showed
     // the whole answer, so the reply does not read the burst again.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let reply = s
-        .post_as(
-            &other,
-            &s.channel,
-            &format!("<@{bot}> mine too"),
-            Some(&second),
-        )
-        .await;
+    let reply = mine_too(&s, &other, &second).await;
     let answer = answer_to(&s, &s.channel, &second, &reply).await;
     assert!(earlier_read(&answer).is_empty(), "{answer:#?}");
     settled(&s).await;
