@@ -727,11 +727,14 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
             }
             // When the thread first changed after `at` (micros), as far as
             // threadline acknowledged: a person's new message, an edit or a
-            // deletion.
-            let changed_after = |at: u64| -> Option<u64> {
+            // deletion; never one of another message of an action `same`
+            // says the answer has (Slack's second delivery of the message
+            // it answers or read is no change of what it said).
+            let changed_after = |at: u64, same: &dyn Fn(&str) -> bool| -> Option<u64> {
                 thread
                     .iter()
                     .filter(|m| m["app_id"].is_null() && m["bot_id"].is_null())
+                    .filter(|m| !same(&s(m, "ts")))
                     .filter_map(|m| acks.get(&(scope.channel.clone(), s(m, "ts"))))
                     .flat_map(|a| {
                         a.created
@@ -773,7 +776,19 @@ pub async fn judge_with(sim: &str, app_id: &str, scopes: &[Scope], limits: Limit
                             _ => e,
                         }
                     });
-                    if let Some(changed) = changed_after(begun)
+                    // (what it answers shows in its first words; what it
+                    // read, once whole)
+                    let asked = answering(text);
+                    let read: Vec<String> = stated(text)
+                        .map(|st| st.read.into_iter().map(|(t, _)| t).collect())
+                        .unwrap_or_default();
+                    let same = |ts: &str| {
+                        !read.iter().any(|t| t == ts)
+                            && copies
+                                .others(ts)
+                                .any(|o| asked.as_ref() == Some(o) || read.contains(o))
+                    };
+                    if let Some(changed) = changed_after(begun, &same)
                         && ended.is_none_or(|e| e > changed + stream_end)
                     {
                         j.violations.push((

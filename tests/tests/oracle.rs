@@ -711,6 +711,42 @@ async fn a_stream_left_open_after_its_thread_changed_and_a_second_stream_are_cau
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slacks_second_delivery_of_a_streamed_question_is_no_change_of_its_thread() {
+    let w = World::new().await;
+    let root_text = format!("<@{}> a thread?", w.ws.bot_user());
+    let root = w.ask(&root_text, None).await;
+    let q_text = format!("<@{}> what failed?", w.ws.bot_user());
+    let q = w.ask(&q_text, Some(&root)).await;
+    let ts = w.start_stream(&root, &format!("Answering {q}. The ")).await;
+    // Slack delivers the question again as another message while the
+    // answer streams: one action, nothing new to answer.
+    let v = threadline_tests::sim_ctl(
+        &w._sim,
+        "act/double",
+        json!({"channel": w.ws.channel, "ts": q}),
+    )
+    .await;
+    let copy = v["ts"].as_str().expect("the copy's ts").to_owned();
+    w.acked(&copy).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // (a stream still open when judged is one violation of its own)
+    let changed = |j: &oracle::Judgement| {
+        j.violations.iter().any(|v| {
+            v.0 == "stream_left_open"
+                && v.1.contains(&ts)
+                && v.1.contains("after its thread changed")
+        })
+    };
+    let j = w.judge_streams_within(Duration::from_secs(1)).await;
+    assert!(!changed(&j), "{:?}", j.violations);
+    // A person's new message is a change: the stream left open is caught.
+    w.ask("never mind, found it", Some(&root)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let j = w.judge_streams_within(Duration::from_secs(1)).await;
+    assert!(changed(&j), "{:?}", j.violations);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_without_feedback_buttons_and_a_closing_line_with_them_are_caught() {
     let w = World::new().await;
     let bot = w.ws.bot_user();
