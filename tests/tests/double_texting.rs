@@ -536,3 +536,42 @@ async fn a_burst_in_an_agents_messages_tab_is_answered_once() {
     assert!(s.answers_in(&dm, &second).await.is_empty());
     judged_clean(&s, 2).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_reads_the_copy_of_a_message_slack_doubled_once_the_person_deleted_the_kept_one() {
+    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())]).await;
+    let inst = first_installation(&s).await;
+    policy(&s, &inst, &["--action", "latest", "--quiet-ms", "3000"]).await;
+    let bot = s.bot_user.clone();
+
+    // The person's first message Slack delivers twice; they delete the
+    // one threadline kept while their burst goes on. The copy takes its
+    // place: the latest message's answer reads it, and it has none of its
+    // own.
+    let first = s.post(&format!("<@{bot}> hi"), None).await;
+    let copy = sim_ctl(
+        &s.sim,
+        "act/double",
+        json!({"channel": s.channel, "ts": first}),
+    )
+    .await["ts"]
+        .as_str()
+        .expect("the copy's ts")
+        .to_owned();
+    let latest = s
+        .post(&format!("<@{bot}> why did the deploy fail?"), None)
+        .await;
+    sim_ctl(
+        &s.sim,
+        "act/delete",
+        json!({"channel": s.channel, "ts": first}),
+    )
+    .await;
+    let answer = answer_to(&s, &s.channel, &latest, &latest).await;
+    assert_eq!(earlier_read(&answer), vec![copy.clone()]);
+    settled(&s).await;
+    assert!(s.answers(&copy).await.is_empty(), "no answer to {copy}");
+    assert!(s.answers(&first).await.is_empty(), "no answer to {first}");
+    judged_clean(&s, 1).await;
+    s.stop().await;
+}

@@ -205,3 +205,146 @@ async fn a_message_slack_delivered_twice_is_answered_once_whatever_the_order_and
     // is one question there, answered at most once)
     s.stop().await;
 }
+
+/// The receipts ended with `reason` (as `state`).
+async fn receipts_ended(s: &Stack, state: &str, reason: &str) -> usize {
+    threadline_store::testing::receipts::states_and_reasons(&s.db.pool)
+        .await
+        .expect("receipts")
+        .into_iter()
+        .filter(|(st, why)| st == state && why.as_deref() == Some(reason))
+        .count()
+}
+
+/// Waits until both events of the copy ended as doubled (it is kept
+/// hidden behind the message it repeats).
+async fn kept_hidden(s: &Stack, before: usize) {
+    eventually(
+        "the copy's events ended as doubled",
+        Duration::from_secs(30),
+        || async {
+            let n = receipts_ended(s, "ignored", "doubled_message").await;
+            (n >= before + 2).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Waits until the model is answering a question.
+async fn calling(s: &Stack) {
+    eventually("the model is answering", Duration::from_secs(20), || {
+        let pool = s.db.pool.clone();
+        async move {
+            let n = decisions::count_with_status(&pool, "calling").await.ok()?;
+            (n >= 1).then_some(())
+        }
+    })
+    .await;
+}
+
+/// The person deletes their message `ts`.
+async fn delete(s: &Stack, ts: &str) {
+    sim_ctl(
+        &s.sim,
+        "act/delete",
+        json!({"channel": s.channel, "ts": ts}),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_still_showing_stands_in_for_the_kept_message_the_person_deleted() {
+    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "2500".to_owned())]).await;
+    let bot = s.bot_user.clone();
+
+    // 1. The message threadline kept is deleted while its answer is being
+    //    made, its copy showing: the copy is answered, once, in its own
+    //    thread (the deleted message's answer is cancelled, then the copy
+    //    asked in its place).
+    let kept = s.post(&format!("<@{bot}> question one?"), None).await;
+    calling(&s).await;
+    let before = receipts_ended(&s, "ignored", "doubled_message").await;
+    let copy = double(&s, &kept).await;
+    kept_hidden(&s, before).await;
+    delete(&s, &kept).await;
+    assert_eq!(answered_once(&s, &kept, &copy).await, copy);
+    assert_eq!(s.answers(&copy).await.len(), 1);
+    assert!(s.answers(&kept).await.is_empty());
+
+    // 2. A reply already answered when the message kept is deleted: its
+    //    copy is not asked again (the action was answered), but it is
+    //    what the thread holds now: the next answer there reads it.
+    let root = s.post(&format!("<@{bot}> a thread?"), None).await;
+    s.wait_answers(&root, 1).await;
+    let kept = s.post(&format!("<@{bot}> a detail?"), Some(&root)).await;
+    s.wait_answers(&root, 2).await;
+    let before = receipts_ended(&s, "ignored", "doubled_message").await;
+    let copy = double(&s, &kept).await;
+    kept_hidden(&s, before).await;
+    delete(&s, &kept).await;
+    settled(&s).await;
+    let next = s.post(&format!("<@{bot}> and now?"), Some(&root)).await;
+    s.wait_answers(&root, 3).await;
+    settled(&s).await;
+    assert_eq!(answers_to(&s, &kept, &copy).await.len(), 1);
+    let (_, answer) = answers_by_question(&s)
+        .await
+        .into_iter()
+        .find(|(q, _)| *q == next)
+        .expect("the next question's answer");
+    let read = threadline_tests::oracle::stated(answer["text"].as_str().unwrap_or_default())
+        .expect("the answer states what it read")
+        .read;
+    assert!(
+        read.iter().any(|(ts, _)| *ts == copy) && !read.iter().any(|(ts, _)| *ts == kept),
+        "the next answer read the copy, not the deleted message: {read:?}"
+    );
+
+    // 3. The copy's events reach threadline only after the deletion (Slack
+    //    releases the copy's two events and the deletion reversed): the
+    //    copy stands in as it arrives, and is answered once the deleted
+    //    message's answer is cancelled.
+    let kept = s.post(&format!("<@{bot}> question three?"), None).await;
+    calling(&s).await;
+    sim_ctl(&s.sim, "settings", json!({"reorder_window": 3})).await;
+    let copy = double(&s, &kept).await;
+    delete(&s, &kept).await;
+    sim_ctl(&s.sim, "settings", json!({"reorder_window": 0})).await;
+    acknowledged(&s, &copy).await;
+    assert_eq!(answered_once(&s, &kept, &copy).await, copy);
+
+    // 4. A top-level copy is a thread of its own in Slack: someone replies
+    //    under it, and the answer there reads the copy as its root (while
+    //    the message it repeats keeps its own answer, and the copy none).
+    let kept = s.post(&format!("<@{bot}> question four?"), None).await;
+    s.wait_answers(&kept, 1).await;
+    let before = receipts_ended(&s, "ignored", "doubled_message").await;
+    let copy = double(&s, &kept).await;
+    kept_hidden(&s, before).await;
+    let under = s.post(&format!("<@{bot}> about that?"), Some(&copy)).await;
+    s.wait_answers(&copy, 1).await;
+    settled(&s).await;
+    let (_, answer) = answers_by_question(&s)
+        .await
+        .into_iter()
+        .find(|(q, _)| *q == under)
+        .expect("the answer under the copy");
+    let read = threadline_tests::oracle::stated(answer["text"].as_str().unwrap_or_default())
+        .expect("the answer states what it read")
+        .read;
+    assert!(
+        read.iter().any(|(ts, _)| *ts == copy),
+        "the answer under the copy read it: {read:?}"
+    );
+    assert_eq!(answered_once(&s, &kept, &copy).await, kept);
+
+    // Each asked copy's receipt ends as standing in (its twin's stays
+    // doubled); Slack saw one post per answer.
+    assert_eq!(receipts_ended(&s, "done", "stands_for_deleted").await, 2);
+    let posts = ok_calls(&s.sim, "chat.postMessage").await;
+    assert_eq!(posts.len(), 7, "{posts:#?}");
+    let (j, violations) = s.verdict(Duration::from_millis(500)).await;
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert!(j.unexplained.is_empty(), "{j:#?}");
+    s.stop().await;
+}

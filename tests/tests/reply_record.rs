@@ -87,7 +87,7 @@ async fn an_answer_waiting_for_review_is_judged_when_it_is_discarded() {
     let mut tx = db.pool.begin().await.expect("tx");
     let discarded = discard_if_moved_on(&mut tx, id).await.expect("discard");
     tx.commit().await.expect("commit");
-    assert_eq!(discarded, Some(MovedOn::Stale));
+    assert_eq!(discarded.map(|(m, _)| m), Some(MovedOn::Stale));
     assert_eq!(
         decisions::decision_status(&db.pool, id)
             .await

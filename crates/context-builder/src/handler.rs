@@ -505,6 +505,12 @@ impl Handler {
                 "a message repeating a person's action was recorded"
             );
         }
+        if let Some(s) = applied.stood_in.as_ref().filter(|s| s.shown || s.asked) {
+            // The message kept for an action was deleted while a copy of
+            // it still shows: the copy took its place.
+            metrics::counter!("threadline_doubled_stand_ins_total", "asked" => if s.asked { "yes" } else { "no" })
+                .increment(1);
+        }
         if applied.crossed > 0 {
             // (its reconsideration was queued in the same transaction)
             threadline_runtime::outbox::crossed_in_flight(applied.crossed, "context-builder");

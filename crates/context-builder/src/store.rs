@@ -82,11 +82,30 @@ pub struct ApplyOutcome {
     /// A message repeating a person's action another message owns, recorded
     /// now for the first time.
     pub doubled: bool,
+    /// A copy of a deleted message standing in for it now
+    /// (`actions::stand_in`): shown, and perhaps asked.
+    pub stood_in: Option<threadline_store::actions::StoodIn>,
     /// The event's lateness, recorded now for the first time.
     pub late_recorded: bool,
     /// The over-budget note was proposed in its thread (parked for a
     /// budget, the first time in the thread).
     pub noted: bool,
+}
+
+impl ApplyOutcome {
+    /// Finished as ignored for `reason`, nothing else done.
+    fn ignored(reason: &'static str, late_recorded: bool) -> Self {
+        Self {
+            next: Next::Ignored(reason),
+            crossed: 0,
+            cancelled: 0,
+            answered_source_changed: false,
+            doubled: false,
+            stood_in: None,
+            late_recorded,
+            noted: false,
+        }
+    }
 }
 
 /// Where the event goes after its change is committed.
@@ -269,15 +288,34 @@ impl ApplyJob {
 async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<ApplyOutcome> {
     let (inst, channel, receipt) = (job.installation, job.channel.as_str(), job.receipt);
     let c = &job.classified;
-    let kept = doubled_of(conn, inst, channel, &c.effect).await?;
+    let owner = doubled_of(conn, inst, channel, &c.effect).await?;
+    let kept = match &owner {
+        Some(o) if !o.own => Some(o.ts.as_str()),
+        _ => None,
+    };
     let late_recorded = match &job.late {
         // (a doubled message is no request, whatever the policy)
         Some(late) => record_late(conn, job, late, kept.is_some()).await?,
         None => false,
     };
     if let Some(kept) = kept {
-        return doubled(conn, job, &kept, late_recorded).await;
+        if owner.as_ref().and_then(|o| o.stood_for.as_deref()) == Some(c_ts(&c.effect)) {
+            // (the deleted message a copy stands in for, delivered again)
+            finish(
+                conn,
+                receipt,
+                ReceiptState::Ignored,
+                Some(DOUBLED),
+                (inst, channel),
+            )
+            .await?;
+            return Ok(ApplyOutcome::ignored(DOUBLED, late_recorded));
+        }
+        return doubled(conn, job, kept, late_recorded).await;
     }
+    // A copy standing in for a deleted request is asked (or not) by
+    // `stand_in` alone: its own deliveries only show it.
+    let stands_in = owner.is_some_and(|o| o.stood_for_asked);
     let applied = apply(conn, inst, channel, &c.effect).await?;
     // A human message older than a reply already sent in its thread that
     // the reply did not read crossed that answer in flight.
@@ -289,12 +327,16 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
         }
         _ => 0,
     };
-    let (mut cancelled, mut answered_source_changed) = (0, false);
+    let (mut cancelled, mut answered_source_changed, mut stood_in) = (0, false, None);
     match &c.effect {
         Effect::Delete { ts, .. } => {
             cancelled = cancel_pending(conn, inst, channel, ts, receipt).await?;
             // (the requests of a burst it would have answered are answered
             // now: reconsidered through the outbox)
+            // (a copy of it Slack delivered too, still showing, stands in
+            // first: it takes its place in its burst, and what it absorbed
+            // stays absorbed)
+            stood_in = threadline_store::actions::stand_in(conn, inst, channel, ts).await?;
             threadline_store::double_text::release(conn, inst, channel, ts).await?;
         }
         Effect::Edit(f) => {
@@ -304,6 +346,7 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
         _ => {}
     }
     let next = match (c.outcome, &c.effect) {
+        (Outcome::Trigger(_), Effect::Upsert(_)) if stands_in => Next::Ignored(STANDS_IN),
         (Outcome::Trigger(t), Effect::Upsert(f)) => {
             if claim_turn(conn, inst, channel, &f.ts, receipt, t.as_str()).await? {
                 Next::Build {
@@ -334,6 +377,7 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
         cancelled,
         answered_source_changed,
         doubled: false,
+        stood_in,
         late_recorded,
         noted: false,
     })
@@ -342,15 +386,36 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
 /// The reason a doubled message's receipts end with.
 pub const DOUBLED: &str = "doubled_message";
 
-/// The message that owns the person's action a new human message repeats
-/// (another `ts` with its `client_msg_id`); `None` when the message owns
-/// it (the first applied, its twin, a redelivery) or has no such id.
+/// The reason a delivery of a copy standing in for a deleted message ends
+/// with (`actions::stand_in` decides whether it is asked).
+pub const STANDS_IN: &str = "stands_for_deleted";
+
+/// Who owns the person's action a new human message belongs to (its
+/// `client_msg_id`); `None` for a message without one.
+struct ActionOwner {
+    ts: String,
+    /// The message owns it (the first applied, its twin, a redelivery).
+    own: bool,
+    /// The deleted message it stands in for (`actions::stand_in`).
+    stood_for: Option<String>,
+    /// That message was a request.
+    stood_for_asked: bool,
+}
+
+/// The `ts` of a new message's effect ("" for any other).
+fn c_ts(effect: &Effect) -> &str {
+    match effect {
+        Effect::Upsert(f) => f.ts.as_str(),
+        _ => "",
+    }
+}
+
 async fn doubled_of(
     conn: &mut PgConnection,
     inst: Uuid,
     channel: &str,
     effect: &Effect,
-) -> sqlx::Result<Option<String>> {
+) -> sqlx::Result<Option<ActionOwner>> {
     let Effect::Upsert(f) = effect else {
         return Ok(None);
     };
@@ -358,12 +423,20 @@ async fn doubled_of(
         return Ok(None);
     };
     let owner = threadline_store::actions::claim(conn, inst, channel, action, &f.ts).await?;
-    Ok((owner != f.ts).then_some(owner))
+    Ok(Some(ActionOwner {
+        own: owner.ts == f.ts,
+        ts: owner.ts,
+        stood_for: owner.stood_for,
+        stood_for_asked: owner.stood_for_asked,
+    }))
 }
 
 /// A doubled message: recorded (identifiers only) and its receipt ended as
-/// ignored; not applied to any thread, so it neither asks for an answer nor
-/// makes the answer to the message it repeats stale or crossed.
+/// ignored: it never asks for an answer. A reply is kept as a hidden copy
+/// of the message it repeats, so it neither makes the answer to that
+/// message stale nor crosses it; a top-level message is a thread of its
+/// own (people may reply under it), shown there. When the person has
+/// deleted the message it repeats already, it stands in for it at once.
 async fn doubled(
     conn: &mut PgConnection,
     job: &ApplyJob,
@@ -371,12 +444,16 @@ async fn doubled(
     late_recorded: bool,
 ) -> sqlx::Result<ApplyOutcome> {
     let (inst, channel, receipt) = (job.installation, job.channel.as_str(), job.receipt);
-    let ts = match &job.classified.effect {
-        Effect::Upsert(f) => f.ts.as_str(),
-        _ => "",
+    let Effect::Upsert(f) = &job.classified.effect else {
+        unreachable!("only a new message is doubled");
     };
-    let new =
-        threadline_store::actions::record_doubled(conn, inst, channel, ts, kept, receipt).await?;
+    let new = threadline_store::actions::record_doubled(conn, inst, channel, &f.ts, kept, receipt)
+        .await?;
+    if f.ts == f.root_ts {
+        apply(conn, inst, channel, &job.classified.effect).await?;
+    } else {
+        threadline_store::actions::hide_copy(conn, inst, channel, f, kept).await?;
+    }
     finish(
         conn,
         receipt,
@@ -385,14 +462,11 @@ async fn doubled(
         (inst, channel),
     )
     .await?;
+    let stood_in = threadline_store::actions::stand_in(conn, inst, channel, kept).await?;
     Ok(ApplyOutcome {
-        next: Next::Ignored(DOUBLED),
-        crossed: 0,
-        cancelled: 0,
-        answered_source_changed: false,
         doubled: new,
-        late_recorded,
-        noted: false,
+        stood_in,
+        ..ApplyOutcome::ignored(DOUBLED, late_recorded)
     })
 }
 

@@ -209,30 +209,23 @@ impl Handler {
     ) -> anyhow::Result<()> {
         let p = &job.proposal;
         let mut tx = self.pool.begin().await?;
+        let mut asked = None;
         if intents::set_decision_in(&mut tx, p.decision, status, Some(reason)).await? {
             threadline_store::decisions::enqueue_reconsider(&mut tx, job.decision, why).await?;
             metrics::counter!("threadline_reconsiderations_total").increment(1);
             // (a deleted request's answer will not show: what it absorbed
-            // of its burst is answered after all; nothing for a request
-            // still there. An answer to a reply answers its thread's root
-            // too: once none of the thread shows, a deleted root's burst
-            // is released the same way.)
-            let d = job.decision;
-            let mut requests = vec![d.source_ts.as_str()];
-            if p.root_ts != d.source_ts {
-                requests.push(p.root_ts);
-            }
-            for request in requests {
-                threadline_store::double_text::release(
-                    &mut tx,
-                    d.installation_id,
-                    &d.channel_id,
-                    request,
-                )
-                .await?;
-            }
+            // of its burst is answered after all, and a copy of it Slack
+            // delivered too, standing in for it, is asked now; nothing for
+            // a request still there. An answer to a reply answers its
+            // thread's root too: once none of the thread shows, a deleted
+            // root's burst is released the same way.)
+            asked = threadline_store::decisions::discarded(&mut tx, job.decision).await?;
         }
         tx.commit().await?;
+        if let Some(s) = asked {
+            tracing::info!(decision_id = %job.decision.id, copy_ts = %s.ts, "a copy of a deleted request is asked in its place");
+            metrics::counter!("threadline_doubled_stand_ins_total", "asked" => "yes").increment(1);
+        }
         Ok(())
     }
 

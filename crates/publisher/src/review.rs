@@ -254,7 +254,12 @@ impl Handler {
             let mut tx = self.pool.begin().await?;
             let discarded = review::discard_if_moved_on(&mut tx, id).await?;
             tx.commit().await?;
-            if let Some(moved_on) = discarded {
+            if let Some((moved_on, asked)) = discarded {
+                if let Some(s) = asked {
+                    tracing::info!(decision_id = %id, copy_ts = %s.ts, "a copy of a deleted request is asked in its place");
+                    metrics::counter!("threadline_doubled_stand_ins_total", "asked" => "yes")
+                        .increment(1);
+                }
                 let (status, _) = moved_on.status();
                 metrics::counter!("threadline_review_discards_total", "status" => status.as_str())
                     .increment(1);

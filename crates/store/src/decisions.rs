@@ -896,6 +896,30 @@ pub async fn review(
     Ok(r.rows_affected() == 1)
 }
 
+/// What waited on the answer `d`, discarded now in the caller's transaction
+/// (stale, or its question deleted), goes on without it: the requests its
+/// deleted request absorbed of a burst are released, and those of its
+/// thread's deleted root ([`crate::double_text::release`]), and a copy of its
+/// deleted request that stands in for it is asked
+/// ([`crate::actions::ask_stand_in`]). Every way an answer is discarded
+/// calls this (the publisher's checks, the sweep of answers waiting for
+/// review).
+pub async fn discarded(
+    conn: &mut PgConnection,
+    d: &Decision,
+) -> sqlx::Result<Option<crate::actions::StoodIn>> {
+    let mut requests = vec![d.source_ts.as_str()];
+    if d.root_ts != d.source_ts {
+        requests.push(d.root_ts.as_str());
+    }
+    for request in requests {
+        crate::double_text::release(conn, d.installation_id, &d.channel_id, request).await?;
+    }
+    let stood_in =
+        crate::actions::ask_stand_in(conn, d.installation_id, &d.channel_id, &d.source_ts).await?;
+    Ok(stood_in.filter(|s| s.asked))
+}
+
 /// Hands the thread of decision `d` to reconsideration through the outbox,
 /// in the caller's transaction (the decision was discarded in it, `why`:
 /// `version_changed`, `source_deleted`): `recon:<installation>:<channel>:

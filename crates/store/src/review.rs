@@ -539,11 +539,13 @@ pub async fn moved_on(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Uuid>> {
 /// `superseded`). In the same transaction, a stale or cancelled decision's
 /// thread is handed to reconsideration, and the update of its review
 /// request is queued (whether or not one is known now: a request being
-/// posted at this moment is updated too). What it was discarded as.
+/// posted at this moment is updated too), and what waited on the answer
+/// goes on without it ([`crate::decisions::discarded`]). What it was
+/// discarded as, and a copy of its deleted request asked in its place.
 pub async fn discard_if_moved_on(
     conn: &mut PgConnection,
     id: Uuid,
-) -> sqlx::Result<Option<MovedOn>> {
+) -> sqlx::Result<Option<(MovedOn, Option<crate::actions::StoodIn>)>> {
     let Some(w) = sqlx::query!(
         r#"SELECT th.version <> d.thread_version AS "changed!",
                   coalesce((SELECT bool_or(m.deleted) FROM thread_messages m
@@ -597,16 +599,20 @@ pub async fn discard_if_moved_on(
     let d = crate::decisions::load(&mut *conn, id)
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
-    match moved_on {
-        MovedOn::Stale => crate::decisions::enqueue_reconsider(conn, &d, "version_changed").await?,
+    let asked = match moved_on {
+        MovedOn::Stale => {
+            crate::decisions::enqueue_reconsider(conn, &d, "version_changed").await?;
+            crate::decisions::discarded(conn, &d).await?
+        }
         MovedOn::SourceDeleted => {
-            crate::decisions::enqueue_reconsider(conn, &d, "source_deleted").await?
+            crate::decisions::enqueue_reconsider(conn, &d, "source_deleted").await?;
+            crate::decisions::discarded(conn, &d).await?
         }
         // (the newer request is answered instead)
-        MovedOn::Superseded => {}
-    }
+        MovedOn::Superseded => None,
+    };
     crate::decisions::enqueue_proposal(conn, &d, &format!("outcome-{}", status.as_str())).await?;
-    Ok(Some(moved_on))
+    Ok(Some((moved_on, asked)))
 }
 
 /// The prefix of a failed request's code when its post's outcome was

@@ -414,7 +414,7 @@ pub async fn finish_many(
         .collect())
 }
 
-fn text_hash(text: &str) -> String {
+pub(crate) fn text_hash(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
@@ -568,15 +568,17 @@ pub async fn apply(
     let version = match version {
         Some(v) => v,
         // The thread row was made by a transaction that committed while
-        // the statement waited for it: read it now.
+        // the statement waited for it, or the change gave the thread no
+        // new version (a hidden copy's): read it now.
         None => thread_version(conn, inst, channel, &root).await?,
     };
     Ok(Some((root, version)))
 }
 
 /// What one apply statement returns: the message's stored root (none when
-/// the fact was not new) and the thread's version (none only when the
-/// statement could not see the thread row: see [`apply`]).
+/// the fact was not new) and the thread's version (none when the statement
+/// could not see the thread row, see [`apply`], or gave it no new version:
+/// a hidden copy's edit or deletion).
 struct Applied {
     root: String,
     version: Option<i64>,
@@ -679,7 +681,8 @@ async fn keep_reply(
 /// An edit, keyed by the time of its change (or its text's hash when Slack
 /// gave none): the newest change wins whatever order changes arrive in (the
 /// column `edited_ts` holds the time of the change whose text is kept), a
-/// deleted message stays deleted, and the thread gets a new version.
+/// deleted message stays deleted (a hidden copy of a doubled message takes
+/// its edits: it may yet be shown), and the thread gets a new version.
 async fn edit(
     conn: &mut PgConnection,
     inst: Uuid,
@@ -698,15 +701,17 @@ async fn edit(
                    (installation_id, channel_id, ts, root_ts, speaker, user_id, bot_id, text, text_hash, edited_ts)
             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::numeric WHERE EXISTS (SELECT 1 FROM fact)
             ON CONFLICT (installation_id, channel_id, ts) DO UPDATE
-               SET text = CASE WHEN NOT m.deleted AND (m.edited_ts IS NULL OR m.edited_ts < EXCLUDED.edited_ts)
+               SET text = CASE WHEN (NOT m.deleted OR m.copy_of IS NOT NULL) AND (m.edited_ts IS NULL OR m.edited_ts < EXCLUDED.edited_ts)
                                THEN EXCLUDED.text ELSE m.text END,
-                   text_hash = CASE WHEN NOT m.deleted AND (m.edited_ts IS NULL OR m.edited_ts < EXCLUDED.edited_ts)
+                   text_hash = CASE WHEN (NOT m.deleted OR m.copy_of IS NOT NULL) AND (m.edited_ts IS NULL OR m.edited_ts < EXCLUDED.edited_ts)
                                     THEN EXCLUDED.text_hash ELSE m.text_hash END,
-                   edited_ts = CASE WHEN NOT m.deleted AND (m.edited_ts IS NULL OR m.edited_ts < EXCLUDED.edited_ts)
+                   edited_ts = CASE WHEN (NOT m.deleted OR m.copy_of IS NOT NULL) AND (m.edited_ts IS NULL OR m.edited_ts < EXCLUDED.edited_ts)
                                     THEN EXCLUDED.edited_ts ELSE m.edited_ts END
-            RETURNING root_ts),
+            RETURNING root_ts, copy_of IS NOT NULL AS hidden),
          bumped AS (
-            INSERT INTO threads (installation_id, channel_id, root_ts, version) SELECT $1, $2, root_ts, 1 FROM msg
+            -- (a hidden copy's edit changes nothing a reader sees)
+            INSERT INTO threads (installation_id, channel_id, root_ts, version)
+            SELECT $1, $2, root_ts, 1 FROM msg WHERE NOT hidden
             ON CONFLICT (installation_id, channel_id, root_ts)
             DO UPDATE SET version = threads.version + 1, updated_at = now()
             RETURNING version)
@@ -799,11 +804,15 @@ async fn delete(
             INSERT INTO thread_messages (installation_id, channel_id, ts, root_ts, speaker, text, text_hash, deleted, deleted_at)
             SELECT $1, $2, $3, $4, 'user', '', '', true, clock_timestamp() WHERE EXISTS (SELECT 1 FROM fact)
             ON CONFLICT (installation_id, channel_id, ts)
-            DO UPDATE SET deleted = true, text = '', text_hash = '',
-                          deleted_at = coalesce(thread_messages.deleted_at, clock_timestamp())
-            RETURNING root_ts),
+            DO UPDATE SET deleted = true, text = '', text_hash = '', copy_of = NULL,
+                          -- (a hidden copy was never seen: its deletion is
+                          -- no change of its thread, and crosses nothing)
+                          deleted_at = CASE WHEN thread_messages.copy_of IS NULL
+                                            THEN coalesce(thread_messages.deleted_at, clock_timestamp()) END
+            RETURNING root_ts, deleted_at IS NOT NULL AS seen),
          bumped AS (
-            INSERT INTO threads (installation_id, channel_id, root_ts, version) SELECT $1, $2, root_ts, 1 FROM msg
+            INSERT INTO threads (installation_id, channel_id, root_ts, version)
+            SELECT $1, $2, root_ts, 1 FROM msg WHERE seen
             ON CONFLICT (installation_id, channel_id, root_ts)
             DO UPDATE SET version = threads.version + 1, updated_at = now()
             RETURNING version)
