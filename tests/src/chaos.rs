@@ -250,6 +250,8 @@ pub struct Report {
     /// delivered a second time as another message, and questions it
     /// delivered late, by their workspace's late-event policy.
     pub doubled: usize,
+    /// Doubled replies of which the person deleted one message at once.
+    pub doubled_deleted: usize,
     pub late: BTreeMap<&'static str, usize>,
     /// Feedback clicks on answers Slack took (the gateway answered), and
     /// the (answer, person) verdicts they came to.
@@ -298,7 +300,7 @@ impl Report {
              streams Slack expired, finished in place: {} with the whole answer, {} with their closing line\n\
              explained by threadline's records: {}\n\
              answers crossed in flight (recorded and reconsidered): {}\n\
-             late and doubled deliveries: {} actions doubled; late questions by policy: {}\n\
+             late and doubled deliveries: {} actions doubled ({} then one message deleted); late questions by policy: {}\n\
              feedback: {} clicks taken, {} verdicts (answer, person), each the person's last click\n\
              violations: {}\n",
             self.seed,
@@ -325,6 +327,7 @@ impl Report {
             owned(&self.reasons),
             self.crossed,
             self.doubled,
+            self.doubled_deleted,
             list(&self.late),
             self.feedback_clicks,
             self.feedback_verdicts,
@@ -551,16 +554,24 @@ struct Late {
     policy: &'static str,
 }
 
+/// Of the doubled replies, the share the person tidies up at once by
+/// deleting one of the two messages (the original or the copy, as a coin
+/// falls), in percent.
+const DOUBLED_DELETED_PERCENT: u64 = 30;
+
 /// Slack delivers again each person's message that is due (all of them
 /// when `all`, each when due): a copy with a new `ts` and the same
-/// `client_msg_id`. How many it delivered.
+/// `client_msg_id`; counted in `report`. The person then deletes one of
+/// a doubled reply's two messages now and then (a root's stays: its
+/// thread goes on).
 async fn double_due(
     s: &Stack,
     pending: &mut Vec<(Instant, String, String, String)>,
     all: bool,
-    log: &mut Vec<(Option<String>, String)>,
-    step: usize,
-) -> usize {
+    (log, step): (&mut Vec<(Option<String>, String)>, usize),
+    rng: &mut Rng,
+    report: &mut Report,
+) {
     pending.sort_by_key(|(at, ..)| *at);
     let now = Instant::now();
     let due: Vec<_> = if all {
@@ -569,18 +580,30 @@ async fn double_due(
         let k = pending.iter().take_while(|(at, ..)| *at <= now).count();
         pending.drain(..k).collect()
     };
-    let mut n = 0;
     for (at, channel, ts, root) in due {
         tokio::time::sleep_until(at.into()).await;
         let copy = try_ctl(s, "act/double", json!({"channel": channel, "ts": ts}))
             .await
             .and_then(|v| v["ts"].as_str().map(str::to_owned));
         if let Some(copy) = copy {
-            n += 1;
+            report.doubled += 1;
             log.push((
                 Some(root.clone()),
                 format!("step {step}: Slack delivers {ts} again as {copy}"),
             ));
+            if ts != root && below(rng, 100) < DOUBLED_DELETED_PERCENT {
+                let gone = if below(rng, 2) == 0 { &ts } else { &copy };
+                if try_ctl(s, "act/delete", json!({"channel": channel, "ts": gone}))
+                    .await
+                    .is_some()
+                {
+                    report.doubled_deleted += 1;
+                    log.push((
+                        Some(root.clone()),
+                        format!("step {step}: the person deletes {gone}, one of {ts} and {copy}"),
+                    ));
+                }
+            }
             if ts == root {
                 // (a root's copy is a thread of its own)
                 log.push((
@@ -590,7 +613,6 @@ async fn double_due(
             }
         }
     }
-    n
 }
 
 /// The text of a message's context blocks (the AI label, and a note).
@@ -736,6 +758,7 @@ pub async fn soak(
     // (bursts draw from their own: the actions and faults of a seed stay
     // as they were without them)
     let mut burst_rng = Rng::new(cfg.seed ^ 0xb0b5_7e47_0000_0002);
+    let mut double_rng = Rng::new(cfg.seed ^ 0xd0b1_ed00_0000_0003);
     let mut rating = Rating::default();
     let mut report = Report {
         seed: cfg.seed,
@@ -992,7 +1015,15 @@ pub async fn soak(
                 ));
             }
         }
-        report.doubled += double_due(s, &mut doubling, false, &mut log, step).await;
+        double_due(
+            s,
+            &mut doubling,
+            false,
+            (&mut log, step),
+            &mut double_rng,
+            &mut report,
+        )
+        .await;
         // End what is due.
         let now = Instant::now();
         let (due, rest): (Vec<_>, Vec<_>) = episodes.into_iter().partition(|(end, _)| *end <= now);
@@ -1551,7 +1582,15 @@ pub async fn soak(
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
     // The copies still due arrive when due.
-    report.doubled += double_due(s, &mut doubling, true, &mut log, cfg.events).await;
+    double_due(
+        s,
+        &mut doubling,
+        true,
+        (&mut log, cfg.events),
+        &mut double_rng,
+        &mut report,
+    )
+    .await;
     // Whatever is still under way ends when it is due (an outage lasts
     // its whole length even when the activity ends first).
     episodes.sort_by_key(|(end, _)| *end);
