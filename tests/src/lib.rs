@@ -1326,6 +1326,16 @@ impl Stack {
             .await
     }
 
+    /// The person deletes their message `ts` in the stack's channel.
+    pub async fn delete(&self, ts: &str) {
+        sim_ctl(
+            &self.sim,
+            "act/delete",
+            serde_json::json!({"channel": self.channel, "ts": ts}),
+        )
+        .await;
+    }
+
     /// `user` posts in `channel` (a reply when `thread_ts` is given).
     pub async fn post_as(
         &self,

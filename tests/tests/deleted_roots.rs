@@ -13,15 +13,6 @@ use threadline_store::testing::decisions;
 use threadline_testkit::eventually;
 use threadline_tests::{Stack, ok_calls, sim_ctl};
 
-async fn delete(s: &Stack, ts: &str) {
-    sim_ctl(
-        &s.sim,
-        "act/delete",
-        json!({"channel": s.channel, "ts": ts}),
-    )
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_question_deleted_while_its_thread_has_replies_gets_no_answer() {
     let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "2500".to_owned())]).await;
@@ -40,7 +31,7 @@ async fn a_question_deleted_while_its_thread_has_replies_gets_no_answer() {
         },
     )
     .await;
-    delete(&s, &q).await;
+    s.delete(&q).await;
     // Slack announced it as the root's change to a tombstone.
     eventually(
         "the tombstone announced",
@@ -94,7 +85,7 @@ async fn an_answer_whose_post_was_lost_is_found_under_its_deleted_questions_tomb
     // deletes the question: its thread has a reply, so Slack keeps a
     // tombstone, and reading the thread finds the answer.
     s.wait_answers(&q, 1).await;
-    delete(&s, &q).await;
+    s.delete(&q).await;
     let state = eventually("the post found", Duration::from_secs(60), || async {
         let r = threadline_store::testing::intents::first_state_and_error_code(&s.db.pool)
             .await

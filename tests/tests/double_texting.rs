@@ -561,12 +561,7 @@ async fn a_burst_reads_the_copy_of_a_message_slack_doubled_once_the_person_delet
     let latest = s
         .post(&format!("<@{bot}> why did the deploy fail?"), None)
         .await;
-    sim_ctl(
-        &s.sim,
-        "act/delete",
-        json!({"channel": s.channel, "ts": first}),
-    )
-    .await;
+    s.delete(&first).await;
     let answer = answer_to(&s, &s.channel, &latest, &latest).await;
     assert_eq!(earlier_read(&answer), vec![copy.clone()]);
     settled(&s).await;

@@ -242,16 +242,6 @@ async fn calling(s: &Stack) {
     .await;
 }
 
-/// The person deletes their message `ts`.
-async fn delete(s: &Stack, ts: &str) {
-    sim_ctl(
-        &s.sim,
-        "act/delete",
-        json!({"channel": s.channel, "ts": ts}),
-    )
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_still_showing_stands_in_for_the_kept_message_the_person_deleted() {
     let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "2500".to_owned())]).await;
@@ -266,7 +256,7 @@ async fn a_copy_still_showing_stands_in_for_the_kept_message_the_person_deleted(
     let before = receipts_ended(&s, "ignored", "doubled_message").await;
     let copy = double(&s, &kept).await;
     kept_hidden(&s, before).await;
-    delete(&s, &kept).await;
+    s.delete(&kept).await;
     assert_eq!(answered_once(&s, &kept, &copy).await, copy);
     assert_eq!(s.answers(&copy).await.len(), 1);
     assert!(s.answers(&kept).await.is_empty());
@@ -281,7 +271,7 @@ async fn a_copy_still_showing_stands_in_for_the_kept_message_the_person_deleted(
     let before = receipts_ended(&s, "ignored", "doubled_message").await;
     let copy = double(&s, &kept).await;
     kept_hidden(&s, before).await;
-    delete(&s, &kept).await;
+    s.delete(&kept).await;
     settled(&s).await;
     let next = s.post(&format!("<@{bot}> and now?"), Some(&root)).await;
     s.wait_answers(&root, 3).await;
@@ -308,7 +298,7 @@ async fn a_copy_still_showing_stands_in_for_the_kept_message_the_person_deleted(
     calling(&s).await;
     sim_ctl(&s.sim, "settings", json!({"reorder_window": 3})).await;
     let copy = double(&s, &kept).await;
-    delete(&s, &kept).await;
+    s.delete(&kept).await;
     sim_ctl(&s.sim, "settings", json!({"reorder_window": 0})).await;
     acknowledged(&s, &copy).await;
     assert_eq!(answered_once(&s, &kept, &copy).await, copy);
