@@ -30,12 +30,12 @@ GRANT UPDATE (ts, later_ts) ON double_texts TO threadline_context_builder;
 -- The publisher asks the copy when an answer of the deleted message is
 -- discarded (decisions::discarded, actions::ask_stand_in): the action,
 -- locked FOR UPDATE as the context-builder's deletion locks it, so that
--- whichever comes second sees what the other did; the copy's record, its
--- turn, its receipt (finished as done) and the outbox row of its thread's
--- reconsideration. The sweep of answers waiting for review releases
+-- whichever comes second sees what the other did; the copy's record (its
+-- first receipt), its turn and the outbox row of its thread's
+-- reconsideration. The copy's receipt stays as it ended: receipts are the
+-- intake's record. The sweep of answers waiting for review releases
 -- bursts as the publisher's checks do (double_texts already granted).
 GRANT SELECT ON person_actions TO threadline_publisher;
 GRANT UPDATE (stood_for) ON person_actions TO threadline_publisher;
 GRANT SELECT ON doubled_messages TO threadline_publisher;
 GRANT INSERT ON turns TO threadline_publisher;
-GRANT UPDATE (state, state_reason, updated_at) ON event_receipts TO threadline_publisher;

@@ -175,10 +175,6 @@ impl ReceiptState {
                 | (Accepted | Processing, Done | Ignored | Failed)
                 // A handler error is retried: the receipt is opened again.
                 | (Failed, Processing)
-                // A doubled message, ignored, is asked after all in the
-                // place of the message it repeated, which the person
-                // deleted unanswered (the store's `actions::stand_in`).
-                | (Ignored, Done)
         )
     }
 }
@@ -485,7 +481,6 @@ mod tests {
             (R::Processing, R::Done),
             (R::Processing, R::Ignored),
             (R::Processing, R::Failed),
-            (R::Ignored, R::Done),
         ] {
             assert_eq!(ReceiptState::check(from, to), Ok(()), "{from} → {to}");
         }

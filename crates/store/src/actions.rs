@@ -12,7 +12,6 @@
 //! a copy still shows, the copy stands in for it ([`stand_in`]).
 
 use sqlx::PgConnection;
-use threadline_domain::state::{Machine as _, ReceiptState};
 use uuid::Uuid;
 
 /// Who owns a person's action ([`claim`]).
@@ -296,9 +295,10 @@ async fn take_over(
 /// nothing answered that request (its own answer sent, an answer in its
 /// thread to it or a later message, a later message of its burst that
 /// absorbed it) and no such answer is on its way (a decision not
-/// discarded: [`ask_stand_in`] runs when one is); the copy's receipt is
-/// finished as done and its thread reconsidered through the outbox. True
-/// when it was asked now.
+/// discarded: [`ask_stand_in`] runs when one is); its thread is
+/// reconsidered through the outbox. Its receipt stays as it ended (a
+/// doubled delivery: receipts are the intake's record, not the
+/// publisher's). True when it was asked now.
 async fn ask_again(
     conn: &mut PgConnection,
     inst: Uuid,
@@ -326,22 +326,17 @@ async fn ask_again(
                -- went out or may: the over-budget note answers nothing)
                AND NOT EXISTS (SELECT 1 FROM decisions x
                                 WHERE x.installation_id = $1 AND x.channel_id = $2 AND x.root_ts = k.root_ts
-                                  AND x.source_ts::numeric >= $3::numeric AND x.action_kind <> $7
+                                  AND x.source_ts::numeric >= $3::numeric AND x.action_kind <> $5
                                   AND x.status NOT IN ('stale', 'superseded', 'cancelled', 'suppressed'))),
          turn AS (
             INSERT INTO turns (installation_id, channel_id, ts, receipt_id, source)
             SELECT $1, $2, $4, receipt_id, source FROM asked
-            ON CONFLICT DO NOTHING RETURNING receipt_id),
-         receipt AS (
-            UPDATE event_receipts SET state = $5, state_reason = 'stands_for_deleted', updated_at = now()
-             WHERE id = (SELECT receipt_id FROM turn) AND state = ANY($6))
+            ON CONFLICT DO NOTHING RETURNING receipt_id)
          SELECT turn.receipt_id, (SELECT root FROM asked) AS "root!" FROM turn"#,
         inst,
         channel,
         deleted_ts,
         ts,
-        ReceiptState::Done.as_str(),
-        &crate::moves(&[ReceiptState::Ignored], ReceiptState::Done),
         threadline_domain::budget::NOTE_ACTION_KIND
     )
     .fetch_optional(&mut *conn)
