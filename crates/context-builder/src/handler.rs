@@ -219,9 +219,16 @@ pub(crate) enum Step {
     /// its way (it decides whether the reply reads the burst before its
     /// thread's root): handed back and built after this long.
     AnswerOnItsWay(std::time::Duration),
+    /// A question in an agent's Messages tab whose tab's earlier event is
+    /// still being handled: handed back and built after this long.
+    TabEventPending(std::time::Duration),
     /// Parked for its installation's budget or share (DESIGN invariant 11).
     Parked(ParkReason),
 }
+
+/// How long a question waits for its tab's earlier event before it asks
+/// again ([`Step::TabEventPending`]).
+const TAB_EVENT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 impl Handler {
     /// Decodes and handles one bus message.
@@ -251,6 +258,11 @@ impl Handler {
             }
             Ok(Step::AnswerOnItsWay(wait)) => {
                 span.record("outcome", "answer_on_its_way");
+                Disposition::Defer(wait)
+            }
+            Ok(Step::TabEventPending(wait)) => {
+                span.record("outcome", "tab_event_pending");
+                metrics::counter!("threadline_agent_tab_waits_total").increment(1);
                 Disposition::Defer(wait)
             }
             Ok(Step::Parked(reason)) => {
@@ -347,6 +359,17 @@ impl Handler {
             return Ok(Step::Quiet(wait));
         }
         let channel = ev.channel_id.as_str();
+        // A question in an agent's Messages tab waits while the tab's
+        // events before it are handled (opened, what the person looks
+        // at): it is answered with what they looked at when they asked.
+        if threadline_domain::ids::is_dm(channel)
+            && threadline_store::agent_view::tab_event_pending(
+                &self.pool, inst.id, channel, &source_ts,
+            )
+            .await?
+        {
+            return Ok(Step::TabEventPending(TAB_EVENT_WAIT));
+        }
         // A reply in a thread never seen: read the thread from Slack first
         // (no transaction is open during the call).
         if root != source_ts && !store::has_message(&self.pool, inst.id, channel, &root).await? {

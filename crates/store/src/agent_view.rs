@@ -139,6 +139,40 @@ pub async fn greeted(pool: &PgPool, installation: Uuid, channel: &str) -> sqlx::
     Ok(())
 }
 
+/// How long after it reached threadline an event of a person's Messages
+/// tab can hold their questions back ([`tab_event_pending`]).
+pub const TAB_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether an event of the person's Messages tab in DM `channel` that
+/// happened by the message `ts` (the tab opened, what they look at
+/// changed) is still being handled: a question asked there waits for it,
+/// so that it is answered with what the person looked at when they asked
+/// (events of one DM are handled concurrently). Only such events received
+/// within [`TAB_WAIT_LIMIT`] count: one that keeps failing holds no
+/// question back for longer.
+pub async fn tab_event_pending(
+    pool: &PgPool,
+    installation: Uuid,
+    channel: &str,
+    ts: &str,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (
+             SELECT 1 FROM event_receipts
+              WHERE installation_id = $1 AND channel_id = $2
+                AND state IN ('accepted', 'processing')
+                AND event_type IN ('app_home_opened', 'app_context_changed')
+                AND event_time <= to_timestamp($3::text::float8)
+                AND received_at > now() - make_interval(secs => $4)) AS "pending!""#,
+        installation,
+        channel,
+        ts,
+        TAB_WAIT_LIMIT.as_secs_f64()
+    )
+    .fetch_one(pool)
+    .await
+}
+
 /// A question in an agent's Messages tab: its thread (`root`, the
 /// question's own `ts` or the thread it was asked in) is recorded as an
 /// assistant thread, with the tab's viewed context as it is now, already

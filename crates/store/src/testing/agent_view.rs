@@ -38,3 +38,20 @@ pub async fn channels(pool: &sqlx::PgPool) -> sqlx::Result<Vec<String>> {
         .fetch_all(pool)
         .await
 }
+
+/// Holds the row of the agent tab in DM `channel` locked until the
+/// returned transaction ends: recording a change of what the person looks
+/// at waits for it.
+pub async fn hold_tab(
+    pool: &sqlx::PgPool,
+    channel: &str,
+) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query_scalar!(
+        r#"SELECT 1 AS "one!" FROM agent_views WHERE channel_id = $1 FOR UPDATE"#,
+        channel
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(tx)
+}
