@@ -436,43 +436,30 @@ async fn an_older_context_change_never_overwrites_a_newer_one() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_question_asked_while_the_tabs_change_is_being_handled_reads_what_the_person_looked_at() {
-    let s = agent_stack(true).await;
-    let said = s.post("the queue is at 9000 messages", None).await;
-    let dm = open_tab(&s, json!([])).await;
-    look_at(&s, &dm, json!([]), None).await;
-
-    // The person looks at the channel and asks at once, while recording
-    // what they look at is held up (its row locked): the question waits
-    // for it, and reads the channel they looked at when they asked.
-    let held = threadline_store::testing::agent_view::hold_tab(&s.db.pool, &dm)
+/// The person's context changes to `entities` (Slack naming the DM, or
+/// not) and they ask at once, while recording the change is held up (the
+/// tab's row locked): the question waits for it. The answer's text.
+async fn ask_during_change(s: &Stack, dm: &str, entities: Value, named: bool) -> String {
+    let held = threadline_store::testing::agent_view::hold_tab(&s.db.pool, dm)
         .await
         .expect("the tab's row locked");
+    let before = context_changes_acknowledged(s).await;
     sim_ctl(
         &s.sim,
         "act/agent_context",
-        json!({"user": s.user, "app_id": s.app, "entities": [channel_entity(&s.channel)]}),
+        json!({"user": s.user, "app_id": s.app, "entities": entities, "without_channel": !named}),
     )
     .await;
     eventually(
         "the change acknowledged to Slack",
         Duration::from_secs(30),
-        || async {
-            let d = sim_get(&s.sim, "deliveries").await;
-            d["deliveries"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|x| x["event_type"] == "app_context_changed" && x["status"] == 200)
-                .then_some(())
-        },
+        || async { (context_changes_acknowledged(s).await > before).then_some(()) },
     )
     .await;
-    let asked = s.post_as(&s.user, &dm, "what is in here?", None).await;
+    let asked = s.post_as(&s.user, dm, "what is in here?", None).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
-        s.answers_in(&dm, &asked).await.is_empty(),
+        s.answers_in(dm, &asked).await.is_empty(),
         "the question waits for the tab's change"
     );
     held.rollback().await.expect("released");
@@ -480,7 +467,7 @@ async fn a_question_asked_while_the_tabs_change_is_being_handled_reads_what_the_
         "the answer to the question in its thread",
         Duration::from_secs(30),
         || async {
-            s.answers_in(&dm, &asked).await.into_iter().find(|a| {
+            s.answers_in(dm, &asked).await.into_iter().find(|a| {
                 a["text"]
                     .as_str()
                     .is_some_and(|t| t.contains(&format!("Answering {asked}; read")))
@@ -488,10 +475,37 @@ async fn a_question_asked_while_the_tabs_change_is_being_handled_reads_what_the_
         },
     )
     .await;
-    let text = answer["text"].as_str().unwrap_or_default();
+    answer["text"].as_str().unwrap_or_default().to_owned()
+}
+
+/// How many `app_context_changed` deliveries Slack saw acknowledged.
+async fn context_changes_acknowledged(s: &Stack) -> usize {
+    let d = sim_get(&s.sim, "deliveries").await;
+    d["deliveries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|x| x["event_type"] == "app_context_changed" && x["status"] == 200)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_asked_while_the_tabs_change_is_being_handled_reads_what_the_person_looked_at() {
+    let s = agent_stack(true).await;
+    let said = s.post("the queue is at 9000 messages", None).await;
+    let dm = open_tab(&s, json!([])).await;
+    look_at(&s, &dm, json!([]), None).await;
+
+    // The person looks at the channel and asks at once: the answer reads
+    // the channel they looked at when they asked.
+    let text = ask_during_change(&s, &dm, json!([channel_entity(&s.channel)]), true).await;
     assert!(
         text.contains(&format!("of channel {}", s.channel)) && text.contains(&format!("{said}/")),
         "the channel looked at was read: {text}"
     );
+    // They look away, Slack's event naming no DM, and ask at once: the
+    // answer reads no channel.
+    let text = ask_during_change(&s, &dm, json!([]), false).await;
+    assert!(!text.contains("of channel"), "nothing viewed: {text}");
     s.stop().await;
 }

@@ -147,9 +147,12 @@ pub const TAB_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(3
 /// happened by the message `ts` (the tab opened, what they look at
 /// changed) is still being handled: a question asked there waits for it,
 /// so that it is answered with what the person looked at when they asked
-/// (events of one DM are handled concurrently). Only such events received
-/// within [`TAB_WAIT_LIMIT`] count: one that keeps failing holds no
-/// question back for longer.
+/// (events of one DM are handled concurrently). Only events threadline
+/// already received count (one Slack delivers after the question does
+/// not), by Slack's event time in whole seconds (a change later in the
+/// question's second counts too), and only those received within
+/// [`TAB_WAIT_LIMIT`]: one that keeps failing holds no question back for
+/// longer.
 pub async fn tab_event_pending(
     pool: &PgPool,
     installation: Uuid,
@@ -159,9 +162,12 @@ pub async fn tab_event_pending(
     sqlx::query_scalar!(
         r#"SELECT EXISTS (
              SELECT 1 FROM event_receipts
-              WHERE installation_id = $1 AND channel_id = $2
-                AND state IN ('accepted', 'processing')
-                AND event_type IN ('app_home_opened', 'app_context_changed')
+              WHERE installation_id = $1 AND state IN ('accepted', 'processing')
+                AND (event_type IN ('app_home_opened', 'app_context_changed') AND channel_id = $2
+                     -- (a change Slack sent naming no DM is the person's
+                     -- tab's, found by its user when it is handled: any such
+                     -- change of the installation counts)
+                     OR event_type = 'app_context_changed' AND channel_id IS NULL)
                 AND event_time <= to_timestamp($3::text::float8)
                 AND received_at > now() - make_interval(secs => $4)) AS "pending!""#,
         installation,
