@@ -112,22 +112,27 @@ async fn look_at(s: &Stack, dm: &str, entities: Value, viewed: Option<&str>) {
     .await;
 }
 
-/// Asks `question` at the top level of the DM: its `ts` and the answer,
-/// which must be in the question's own thread.
-async fn ask(s: &Stack, dm: &str, question: &str) -> (String, String) {
-    let asked = s.post_as(&s.user, dm, question, None).await;
-    let answer = eventually(
-        &format!("the answer to {question:?} in its thread"),
+/// The answer to the DM question `asked` in its thread, waited for.
+async fn answer_in_its_thread(s: &Stack, dm: &str, asked: &str) -> Value {
+    eventually(
+        &format!("the answer to {asked} in its thread"),
         Duration::from_secs(30),
         || async {
-            s.answers_in(dm, &asked).await.into_iter().find(|a| {
+            s.answers_in(dm, asked).await.into_iter().find(|a| {
                 a["text"]
                     .as_str()
                     .is_some_and(|t| t.contains(&format!("Answering {asked}; read")))
             })
         },
     )
-    .await;
+    .await
+}
+
+/// Asks `question` at the top level of the DM: its `ts` and the answer,
+/// which must be in the question's own thread.
+async fn ask(s: &Stack, dm: &str, question: &str) -> (String, String) {
+    let asked = s.post_as(&s.user, dm, question, None).await;
+    let answer = answer_in_its_thread(s, dm, &asked).await;
     assert_eq!(answer["thread_ts"], json!(asked), "answered in its thread");
     (
         asked,
@@ -463,18 +468,7 @@ async fn ask_during_change(s: &Stack, dm: &str, entities: Value, named: bool) ->
         "the question waits for the tab's change"
     );
     held.rollback().await.expect("released");
-    let answer = eventually(
-        "the answer to the question in its thread",
-        Duration::from_secs(30),
-        || async {
-            s.answers_in(dm, &asked).await.into_iter().find(|a| {
-                a["text"]
-                    .as_str()
-                    .is_some_and(|t| t.contains(&format!("Answering {asked}; read")))
-            })
-        },
-    )
-    .await;
+    let answer = answer_in_its_thread(s, dm, &asked).await;
     answer["text"].as_str().unwrap_or_default().to_owned()
 }
 

@@ -299,19 +299,10 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
         None => false,
     };
     if let Some(kept) = kept {
-        if owner.as_ref().and_then(|o| o.stood_for.as_deref()) == Some(c_ts(&c.effect)) {
-            // (the deleted message a copy stands in for, delivered again)
-            finish(
-                conn,
-                receipt,
-                ReceiptState::Ignored,
-                Some(DOUBLED),
-                (inst, channel),
-            )
-            .await?;
-            return Ok(ApplyOutcome::ignored(DOUBLED, late_recorded));
-        }
-        return doubled(conn, job, kept, late_recorded).await;
+        // (the deleted message a copy stands in for, delivered again, is
+        // no new copy of it)
+        let again = owner.as_ref().and_then(|o| o.stood_for.as_deref()) == Some(c_ts(&c.effect));
+        return doubled(conn, job, kept, late_recorded, again).await;
     }
     // A copy standing in for a deleted request is asked (or not) by
     // `stand_in` alone: its own deliveries only show it.
@@ -437,16 +428,30 @@ async fn doubled_of(
 /// message stale nor crosses it; a top-level message is a thread of its
 /// own (people may reply under it), shown there. When the person has
 /// deleted the message it repeats already, it stands in for it at once.
+/// `stood_for`: it is that deleted message, delivered again after a copy
+/// stood in for it (only its receipt is ended).
 async fn doubled(
     conn: &mut PgConnection,
     job: &ApplyJob,
     kept: &str,
     late_recorded: bool,
+    stood_for: bool,
 ) -> sqlx::Result<ApplyOutcome> {
     let (inst, channel, receipt) = (job.installation, job.channel.as_str(), job.receipt);
     let Effect::Upsert(f) = &job.classified.effect else {
         unreachable!("only a new message is doubled");
     };
+    if stood_for {
+        finish(
+            conn,
+            receipt,
+            ReceiptState::Ignored,
+            Some(DOUBLED),
+            (inst, channel),
+        )
+        .await?;
+        return Ok(ApplyOutcome::ignored(DOUBLED, late_recorded));
+    }
     let new = threadline_store::actions::record_doubled(conn, inst, channel, &f.ts, kept, receipt)
         .await?;
     if f.ts == f.root_ts {
