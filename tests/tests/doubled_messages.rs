@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use threadline_store::testing::decisions;
 use threadline_testkit::eventually;
 use threadline_tests::oracle::answering;
-use threadline_tests::{Stack, cli, ok_calls, quiesce, sim_ctl, sim_get};
+use threadline_tests::{Stack, cli, ok_calls, quiesce, sim_ctl, sim_get, streaming};
 
 /// Slack delivers the person's message `ts` again as another message; the
 /// copy's `ts`.
@@ -334,5 +334,41 @@ async fn a_copy_still_showing_stands_in_for_the_kept_message_the_person_deleted(
     let (j, violations) = s.verdict(Duration::from_millis(500)).await;
     assert!(violations.is_empty(), "{violations:#?}");
     assert!(j.unexplained.is_empty(), "{j:#?}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_standing_in_for_a_message_whose_answer_streamed_is_posted_whole() {
+    // About 50 words at 150 ms: the stream runs for seconds.
+    let s = Stack::start(&streaming(150, &[])).await;
+    let bot = s.bot_user.clone();
+
+    // The message threadline kept is being streamed an answer when Slack
+    // doubles it and the person deletes it: the stream ends early, and the
+    // copy asked in its place is answered once, posted whole (one action,
+    // one stream at most: never a second stream after an interrupted one).
+    let kept = s.post(&format!("<@{bot}> why does it fail?"), None).await;
+    let before = receipts_ended(&s, "ignored", "doubled_message").await;
+    eventually(
+        "the stream showing words",
+        Duration::from_secs(30),
+        || async { (!ok_calls(&s.sim, "chat.appendStream").await.is_empty()).then_some(()) },
+    )
+    .await;
+    let copy = double(&s, &kept).await;
+    kept_hidden(&s, before).await;
+    s.delete(&kept).await;
+    assert_eq!(answered_once(&s, &kept, &copy).await, copy);
+    let answer = s.answers(&copy).await;
+    assert_eq!(answer.len(), 1, "{answer:#?}");
+    assert!(
+        answer[0].get("streaming_state").is_none_or(Value::is_null),
+        "the copy's answer was posted whole: {:#}",
+        answer[0]
+    );
+    assert_eq!(ok_calls(&s.sim, "chat.startStream").await.len(), 1);
+    assert_eq!(ok_calls(&s.sim, "chat.postMessage").await.len(), 1);
+    let (_, violations) = s.verdict(Duration::from_millis(500)).await;
+    assert!(violations.is_empty(), "{violations:#?}");
     s.stop().await;
 }

@@ -128,6 +128,7 @@ impl Handler {
             unfurl,
             streaming_allowed,
             intent,
+            action_streamed,
             ..
         }) = proposals::load_for_post(&self.pool, decision, self.sending_stale).await?
         else {
@@ -139,8 +140,10 @@ impl Handler {
             ));
         }
         // Settled already (the model was quicker than this message), not
-        // allowed here, or this event's intent was ever started or unknown:
-        // the settled answer is posted whole.
+        // allowed here, this event's intent was ever started or unknown, or
+        // the person's action was streamed already (through the deleted
+        // message this copy stands in for; one action streams once at
+        // most): the settled answer is posted whole.
         let fresh_intent = match intent {
             None => true,
             Some((state, ever_unknown)) => {
@@ -153,7 +156,11 @@ impl Handler {
                     )
             }
         };
-        if d.status != DecisionStatus::Calling || !streaming_allowed || !fresh_intent {
+        if d.status != DecisionStatus::Calling
+            || !streaming_allowed
+            || !fresh_intent
+            || action_streamed
+        {
             return Ok(Disposition::Done);
         }
         let Some(bot) = self.bot(inst).await? else {

@@ -91,6 +91,11 @@ pub struct ForPost {
     /// attempt's outcome was ever unknown or an attempt streamed (none: no
     /// intent yet).
     pub intent: Option<(IntentState, bool)>,
+    /// The person's action was streamed an answer already, through the
+    /// deleted message the decision's source stands in for (its copy,
+    /// `person_actions.stood_for`): one action streams once at most, so
+    /// this answer is posted whole.
+    pub action_streamed: bool,
 }
 
 /// A decision with what posting it needs, in one statement: the channel's
@@ -132,6 +137,13 @@ pub async fn load_for_post(
                          true) AS "streaming_allowed!",
                 (SELECT state FROM i LIMIT 1) AS "intent_state?",
                 (SELECT ever_unknown FROM i LIMIT 1) AS "intent_ever_unknown?",
+                EXISTS (SELECT 1 FROM person_actions a
+                          JOIN decisions k ON k.installation_id = a.installation_id AND k.channel_id = a.channel_id
+                                          AND k.root_ts IN (d.root_ts, a.stood_for) AND k.source_ts = a.stood_for
+                          JOIN reply_intents r ON r.installation_id = k.installation_id AND r.event_id = k.event_id
+                                              AND r.action_kind = k.action_kind
+                         WHERE a.installation_id = d.installation_id AND a.channel_id = d.channel_id
+                           AND a.ts = d.source_ts AND a.stood_for IS NOT NULL AND r.streamed) AS "action_streamed!",
                 (SELECT u.id FROM (SELECT id FROM i WHERE state = ANY($5) UNION SELECT id FROM gone) u
                   LIMIT 1) AS unsettled
            FROM d"#,
@@ -177,6 +189,7 @@ pub async fn load_for_post(
         unsettled: r.unsettled,
         streaming_allowed: r.streaming_allowed,
         intent,
+        action_streamed: r.action_streamed,
     }))
 }
 
