@@ -453,6 +453,56 @@ async fn a_stream_whose_last_stop_is_in_flight_keeps_a_reply_from_reading_the_bu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_latest_releases_nothing_that_a_finishing_stream_of_its_thread_read() {
+    // (the model's words come at once: the stop follows the first appends)
+    let (s, other) = latest_with_another_person(&threadline_tests::streaming(1, &[])).await;
+    // The reply's answer streams (it reads the burst before its thread's
+    // root); its last stop takes 8 s to reach Slack, which then shows the
+    // whole answer.
+    sim_ctl(
+        &s.sim,
+        "faults",
+        json!({"method": "chat.stopStream", "mode": "latency", "latency_ms": 8000, "times": 1}),
+    )
+    .await;
+    let (first, second, reply) = burst_and_a_reply(&s, &other).await;
+    eventually(
+        "the reply's answer streaming",
+        Duration::from_secs(30),
+        || async {
+            let n = threadline_store::testing::intents::count_in_state(&s.db.pool, "streaming")
+                .await
+                .ok()?;
+            (n >= 1).then_some(())
+        },
+    )
+    .await;
+    // While that stop is in flight the person deletes the burst's latest
+    // message: the stream may yet show whole (it does, having read the
+    // first message), so the first message is not released to be answered
+    // a second time.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sim_ctl(
+        &s.sim,
+        "act/delete",
+        json!({"channel": s.channel, "ts": second}),
+    )
+    .await;
+    let answer = answer_to(&s, &s.channel, &second, &reply).await;
+    assert_eq!(answer["streaming_state"], "completed", "{answer:#?}");
+    assert_eq!(earlier_read(&answer), vec![first.clone()]);
+    settled(&s).await;
+    assert!(
+        s.answers(&first).await.is_empty(),
+        "no second answer to {first}"
+    );
+    // (the oracle takes a stream as whole when Slack ended it: 8 s after
+    // its stop arrived)
+    let (_, violations) = s.verdict(Duration::from_secs(9)).await;
+    assert!(violations.is_empty(), "{violations:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_each_every_quick_message_is_answered() {
     let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())]).await;
     let inst = first_installation(&s).await;

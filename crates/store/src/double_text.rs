@@ -95,13 +95,13 @@ async fn unread(pool: &PgPool, inst: Uuid, channel: &str, ts: &str) -> sqlx::Res
                                                     AND r.channel_id = lt.channel_id AND r.root_ts = lt.root_ts
                                WHERE lt.installation_id = d.installation_id AND lt.channel_id = d.channel_id
                                  AND lt.ts = d.later_ts AND r.action_kind <> $4
-                                 AND (r.state = ANY($5) OR (r.state = ANY($6) AND r.stream_attempt IS DISTINCT FROM r.attempts)))"#,
+                                 AND (r.state = ANY($5) OR r.state = ANY($6)))"#,
         inst,
         channel,
         ts,
         threadline_domain::budget::NOTE_ACTION_KIND,
         &shown() as &[&str],
-        &posting() as &[&str]
+        &may_show() as &[&str]
     )
     .execute(pool)
     .await?;
@@ -338,10 +338,7 @@ async fn thread_answer(
 
 /// The states of a thread's answer that went out or may show whole:
 /// sent, or held (its post's outcome unknown). [`unread`] and [`release`]
-/// count a post (not a stream's start) [`posting`] too: a stream still
-/// open when a newer request of its thread came ends early, answering
-/// nothing (as one ended, `interrupted`, did), and its whole answer is
-/// never claimed past that request.
+/// count [`may_show`] too.
 fn shown() -> Vec<&'static str> {
     [IntentState::Sent, IntentState::Held]
         .iter()
@@ -354,15 +351,24 @@ fn posting() -> Vec<&'static str> {
     IntentState::IN_FLIGHT.iter().map(|s| s.as_str()).collect()
 }
 
-/// The states of an answer on its way: [`posting`], and a stream open or
-/// ending (its last stop may yet show the whole answer, or it ends early,
-/// answering nothing).
-fn on_its_way() -> Vec<&'static str> {
+/// The states of an answer on its way that may yet show whole, beside
+/// [`shown`]: a post or a stream's start on its way or of unknown outcome
+/// ([`posting`]), and an open stream (its last stop may be in flight,
+/// showing the whole answer; ended early instead, its decision is
+/// discarded, which releases what waited on it:
+/// [`crate::decisions::discarded`]). Not a stream `ending`: its early stop
+/// answers nothing, as an `interrupted` one did.
+fn may_show() -> Vec<&'static str> {
     let mut states = posting();
-    states.extend([
-        IntentState::Streaming.as_str(),
-        IntentState::Ending.as_str(),
-    ]);
+    states.push(IntentState::Streaming.as_str());
+    states
+}
+
+/// The states of an answer on its way: [`may_show`], and a stream ending
+/// (whether it went out is not known until it settled).
+fn on_its_way() -> Vec<&'static str> {
+    let mut states = may_show();
+    states.push(IntentState::Ending.as_str());
     states
 }
 
@@ -522,20 +528,22 @@ pub async fn release(
                                  AND x.source_ts = d.later_ts
                                  AND x.status NOT IN ('stale', 'superseded', 'cancelled', 'suppressed'))
               -- (an answer in its thread went out or may show: an answer to
-              -- a reply there answers its root too, and read them)
+              -- a reply there answers its root too, and read them; one on
+              -- its way, a post or a stream not ending early, may yet show
+              -- whole: the publisher releases them when it discards it)
               AND NOT EXISTS (SELECT 1 FROM thread_messages lt
                                 JOIN reply_intents r ON r.installation_id = lt.installation_id
                                                     AND r.channel_id = lt.channel_id AND r.root_ts = lt.root_ts
                                WHERE lt.installation_id = d.installation_id AND lt.channel_id = d.channel_id
                                  AND lt.ts = d.later_ts AND r.action_kind <> $4
-                                 AND (r.state = ANY($5) OR (r.state = ANY($6) AND r.stream_attempt IS DISTINCT FROM r.attempts)))
+                                 AND (r.state = ANY($5) OR r.state = ANY($6)))
         RETURNING d.ts, m.root_ts, t.receipt_id"#,
         inst,
         channel,
         deleted_ts,
         threadline_domain::budget::NOTE_ACTION_KIND,
         &shown() as &[&str],
-        &posting() as &[&str]
+        &may_show() as &[&str]
     )
     .fetch_all(&mut *conn)
     .await?;
