@@ -696,6 +696,12 @@ async fn assert_finished_in_place(s: &Stack, q: &str, answers: &[Value]) {
             .any(|b| b["type"] == "context" && b.to_string().contains("AI-generated"))),
         "with the AI label: {a}"
     );
+    assert!(
+        a["blocks"].as_array().is_some_and(|b| b.iter().any(|b| {
+            b["type"] == "context_actions" && b.to_string().contains("\"feedback_buttons\"")
+        })),
+        "with the feedback buttons, as any answer: {a}"
+    );
     assert_eq!(a["metadata"]["event_type"], "threadline_reply", "{a}");
     assert!(
         a["metadata"]["event_payload"]["intent_id"].is_string(),
