@@ -620,3 +620,72 @@ async fn a_burst_reads_the_copy_of_a_message_slack_doubled_once_the_person_delet
     judged_clean(&s, 1).await;
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_standing_in_within_a_burst_is_answered_when_the_bursts_latest_goes_unanswered() {
+    // (the model takes 6 s: the burst's answer is still being made when
+    // the person deletes its messages)
+    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "6000".to_owned())]).await;
+    let inst = first_installation(&s).await;
+    policy(&s, &inst, &["--action", "latest", "--quiet-ms", "3000"]).await;
+    let bot = s.bot_user.clone();
+
+    // The person's first message Slack delivers twice. Once the burst's
+    // latest message absorbed it, they delete the one threadline kept (its
+    // copy takes its place in the burst), then the latest message too,
+    // before it was answered. Nothing read the copy: it is answered on its
+    // own, once.
+    let first = s.post(&format!("<@{bot}> hi"), None).await;
+    // (the copy comes once the first owns the action: threadline keeps
+    // whichever of the two it meets first)
+    eventually(
+        "the first message owning its action",
+        Duration::from_secs(20),
+        || async {
+            threadline_store::testing::threads::action_owned(&s.db.pool, &first)
+                .await
+                .ok()?
+                .map(|_| ())
+        },
+    )
+    .await;
+    let copy = sim_ctl(
+        &s.sim,
+        "act/double",
+        json!({"channel": s.channel, "ts": first}),
+    )
+    .await["ts"]
+        .as_str()
+        .expect("the copy's ts")
+        .to_owned();
+    let latest = s
+        .post(&format!("<@{bot}> why did the deploy fail?"), None)
+        .await;
+    eventually(
+        "the first message absorbed",
+        Duration::from_secs(20),
+        || async { (absorbed(&s).await >= 1).then_some(()) },
+    )
+    .await;
+    s.delete(&first).await;
+    eventually(
+        "the copy standing in for the deleted message",
+        Duration::from_secs(20),
+        || async {
+            let owned = threadline_store::testing::threads::action_owned(&s.db.pool, &copy)
+                .await
+                .ok()?;
+            (owned == Some(Some(first.clone()))).then_some(())
+        },
+    )
+    .await;
+    s.delete(&latest).await;
+    let answer = answer_to(&s, &s.channel, &copy, &copy).await;
+    assert!(earlier_read(&answer).is_empty(), "{answer:#?}");
+    settled(&s).await;
+    assert_eq!(s.answers(&copy).await.len(), 1, "one answer to {copy}");
+    assert!(s.answers(&first).await.is_empty(), "no answer to {first}");
+    assert!(s.answers(&latest).await.is_empty(), "no answer to {latest}");
+    judged_clean(&s, 0).await;
+    s.stop().await;
+}

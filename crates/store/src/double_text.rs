@@ -505,11 +505,10 @@ pub async fn release(
 ) -> sqlx::Result<usize> {
     let released = sqlx::query!(
         r#"DELETE FROM double_texts d
-            USING thread_messages m, turns t
+            USING thread_messages m
             WHERE d.installation_id = $1 AND d.channel_id = $2 AND d.later_ts = $3
               AND d.outcome = 'absorbed'
               AND m.installation_id = d.installation_id AND m.channel_id = d.channel_id AND m.ts = d.ts
-              AND t.installation_id = d.installation_id AND t.channel_id = d.channel_id AND t.ts = d.ts
               -- (deleted, and neither answered nor absorbed itself: no
               -- answer read them)
               AND EXISTS (SELECT 1 FROM thread_messages lm
@@ -537,7 +536,13 @@ pub async fn release(
                                WHERE lt.installation_id = d.installation_id AND lt.channel_id = d.channel_id
                                  AND lt.ts = d.later_ts AND r.action_kind <> $4
                                  AND (r.state = ANY($5) OR r.state = ANY($6)))
-        RETURNING d.ts, m.root_ts, t.receipt_id"#,
+        RETURNING d.ts, m.root_ts,
+                  (SELECT t.receipt_id FROM turns t
+                    WHERE t.installation_id = d.installation_id AND t.channel_id = d.channel_id
+                      AND t.ts = d.ts) AS receipt_id,
+                  (SELECT a.stood_for FROM person_actions a
+                    WHERE a.installation_id = d.installation_id AND a.channel_id = d.channel_id
+                      AND a.ts = d.ts) AS stood_for"#,
         inst,
         channel,
         deleted_ts,
@@ -548,19 +553,28 @@ pub async fn release(
     .fetch_all(&mut *conn)
     .await?;
     for r in &released {
+        let Some(receipt_id) = r.receipt_id else {
+            // A copy that took a deleted request's place in the burst
+            // (no turn of its own yet): asked now in that request's place,
+            // as when nothing else answered it.
+            if let Some(deleted) = &r.stood_for {
+                crate::actions::ask_stand_in(conn, inst, channel, deleted).await?;
+            }
+            continue;
+        };
         let msg = threadline_proto::v1::Reconsider {
             schema_version: threadline_proto::v1::SCHEMA_VERSION,
             installation_id: inst.to_string(),
             channel_id: channel.to_owned(),
             root_ts: r.root_ts.clone(),
             stale_version: 0,
-            receipt_id: r.receipt_id.to_string(),
+            receipt_id: receipt_id.to_string(),
             reason: "burst_released".to_owned(),
         };
         crate::outbox::enqueue(
             conn,
             inst,
-            r.receipt_id,
+            receipt_id,
             threadline_domain::topic::Topic::Reconsider,
             &format!("recon:burst:{inst}:{channel}:{}:{deleted_ts}", r.ts),
             prost::Message::encode_to_vec(&msg),

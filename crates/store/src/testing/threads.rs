@@ -505,3 +505,15 @@ pub async fn thread_of(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Vec<Stri
     .await
     .unwrap_or_default()
 }
+
+/// The person's action the message `ts` owns: `None` when it owns none,
+/// else the deleted message it stands in for, if any (a copy Slack
+/// delivered, shown in that message's place).
+pub async fn action_owned(pool: &sqlx::PgPool, ts: &str) -> sqlx::Result<Option<Option<String>>> {
+    Ok(
+        sqlx::query!("SELECT stood_for FROM person_actions WHERE ts = $1", ts)
+            .fetch_optional(pool)
+            .await?
+            .map(|r| r.stood_for),
+    )
+}
