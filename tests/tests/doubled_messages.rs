@@ -339,8 +339,9 @@ async fn a_copy_still_showing_stands_in_for_the_kept_message_the_person_deleted(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_standing_in_for_a_message_whose_answer_streamed_is_posted_whole() {
-    // About 50 words at 150 ms: the stream runs for seconds.
-    let s = Stack::start(&streaming(150, &[])).await;
+    // About 50 words at 300 ms: the stream runs for about 15 s, past the
+    // doubling and the deletion.
+    let s = Stack::start(&streaming(300, &[])).await;
     let bot = s.bot_user.clone();
 
     // The message threadline kept is being streamed an answer when Slack

@@ -534,6 +534,12 @@ impl Handler {
             metrics::counter!("threadline_doubled_stand_ins_total", "asked" => if s.asked { "yes" } else { "no" })
                 .increment(1);
         }
+        if applied.released_asked > 0 {
+            // (copies that had taken the place of requests the deletion
+            // released of its burst, asked in their place)
+            metrics::counter!("threadline_doubled_stand_ins_total", "asked" => "yes")
+                .increment(applied.released_asked as u64);
+        }
         if applied.crossed > 0 {
             // (its reconsideration was queued in the same transaction)
             threadline_runtime::outbox::crossed_in_flight(applied.crossed, "context-builder");

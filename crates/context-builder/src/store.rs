@@ -85,6 +85,9 @@ pub struct ApplyOutcome {
     /// A copy of a deleted message standing in for it now
     /// (`actions::stand_in`): shown, and perhaps asked.
     pub stood_in: Option<threadline_store::actions::StoodIn>,
+    /// Copies asked in the place of requests the deletion released of its
+    /// burst (`double_text::release`).
+    pub released_asked: usize,
     /// The event's lateness, recorded now for the first time.
     pub late_recorded: bool,
     /// The over-budget note was proposed in its thread (parked for a
@@ -102,6 +105,7 @@ impl ApplyOutcome {
             answered_source_changed: false,
             doubled: false,
             stood_in: None,
+            released_asked: 0,
             late_recorded,
             noted: false,
         }
@@ -319,6 +323,7 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
         _ => 0,
     };
     let (mut cancelled, mut answered_source_changed, mut stood_in) = (0, false, None);
+    let mut released_asked = 0;
     match &c.effect {
         Effect::Delete { ts, .. } => {
             cancelled = cancel_pending(conn, inst, channel, ts, receipt).await?;
@@ -328,7 +333,9 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
             // first: it takes its place in its burst, and what it absorbed
             // stays absorbed)
             stood_in = threadline_store::actions::stand_in(conn, inst, channel, ts).await?;
-            threadline_store::double_text::release(conn, inst, channel, ts).await?;
+            released_asked = threadline_store::double_text::release(conn, inst, channel, ts)
+                .await?
+                .len();
         }
         Effect::Edit(f) => {
             answered_source_changed =
@@ -369,6 +376,7 @@ async fn apply_one(conn: &mut PgConnection, job: &ApplyJob) -> sqlx::Result<Appl
         answered_source_changed,
         doubled: false,
         stood_in,
+        released_asked,
         late_recorded,
         noted: false,
     })

@@ -209,7 +209,7 @@ impl Handler {
     ) -> anyhow::Result<()> {
         let p = &job.proposal;
         let mut tx = self.pool.begin().await?;
-        let mut asked = None;
+        let mut asked = Vec::new();
         if intents::set_decision_in(&mut tx, p.decision, status, Some(reason)).await? {
             threadline_store::decisions::enqueue_reconsider(&mut tx, job.decision, why).await?;
             metrics::counter!("threadline_reconsiderations_total").increment(1);
@@ -222,10 +222,7 @@ impl Handler {
             asked = threadline_store::decisions::discarded(&mut tx, job.decision).await?;
         }
         tx.commit().await?;
-        if let Some(s) = asked {
-            tracing::info!(decision_id = %job.decision.id, copy_ts = %s.ts, "a copy of a deleted request is asked in its place");
-            metrics::counter!("threadline_doubled_stand_ins_total", "asked" => "yes").increment(1);
-        }
+        stand_ins_asked(job.decision.id, &asked);
         Ok(())
     }
 
@@ -256,5 +253,14 @@ impl Handler {
             // (the reconsideration was queued with the record)
             threadline_runtime::outbox::crossed_in_flight(r.crossed.len(), "publisher");
         }
+    }
+}
+
+/// Copies of deleted requests asked in their place as an answer was
+/// discarded (`decisions::discarded`): logged and counted.
+pub(crate) fn stand_ins_asked(decision: Uuid, asked: &[threadline_store::actions::StoodIn]) {
+    for s in asked {
+        tracing::info!(decision_id = %decision, copy_ts = %s.ts, "a copy of a deleted request is asked in its place");
+        metrics::counter!("threadline_doubled_stand_ins_total", "asked" => "yes").increment(1);
     }
 }

@@ -255,11 +255,7 @@ impl Handler {
             let discarded = review::discard_if_moved_on(&mut tx, id).await?;
             tx.commit().await?;
             if let Some((moved_on, asked)) = discarded {
-                if let Some(s) = asked {
-                    tracing::info!(decision_id = %id, copy_ts = %s.ts, "a copy of a deleted request is asked in its place");
-                    metrics::counter!("threadline_doubled_stand_ins_total", "asked" => "yes")
-                        .increment(1);
-                }
+                crate::handler::stand_ins_asked(id, &asked);
                 let (status, _) = moved_on.status();
                 metrics::counter!("threadline_review_discards_total", "status" => status.as_str())
                     .increment(1);

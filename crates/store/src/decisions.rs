@@ -916,21 +916,26 @@ pub async fn review(
 /// deleted request that stands in for it is asked
 /// ([`crate::actions::ask_stand_in`]). Every way an answer is discarded
 /// calls this (the publisher's checks, the sweep of answers waiting for
-/// review).
+/// review). The copies asked now (in the place of the deleted request or
+/// of one its burst released).
 pub async fn discarded(
     conn: &mut PgConnection,
     d: &Decision,
-) -> sqlx::Result<Option<crate::actions::StoodIn>> {
+) -> sqlx::Result<Vec<crate::actions::StoodIn>> {
     let mut requests = vec![d.source_ts.as_str()];
     if d.root_ts != d.source_ts {
         requests.push(d.root_ts.as_str());
     }
+    let mut asked = Vec::new();
     for request in requests {
-        crate::double_text::release(conn, d.installation_id, &d.channel_id, request).await?;
+        asked.extend(
+            crate::double_text::release(conn, d.installation_id, &d.channel_id, request).await?,
+        );
     }
     let stood_in =
         crate::actions::ask_stand_in(conn, d.installation_id, &d.channel_id, &d.source_ts).await?;
-    Ok(stood_in.filter(|s| s.asked))
+    asked.extend(stood_in.filter(|s| s.asked));
+    Ok(asked)
 }
 
 /// Hands the thread of decision `d` to reconsideration through the outbox,

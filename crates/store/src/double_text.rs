@@ -95,13 +95,15 @@ async fn unread(pool: &PgPool, inst: Uuid, channel: &str, ts: &str) -> sqlx::Res
                                                     AND r.channel_id = lt.channel_id AND r.root_ts = lt.root_ts
                                WHERE lt.installation_id = d.installation_id AND lt.channel_id = d.channel_id
                                  AND lt.ts = d.later_ts AND r.action_kind <> $4
-                                 AND (r.state = ANY($5) OR r.state = ANY($6)))"#,
+                                 AND (r.state = ANY($5) OR r.state = ANY($6) OR (r.state = $7 AND r.end_reason = $8)))"#,
         inst,
         channel,
         ts,
         threadline_domain::budget::NOTE_ACTION_KIND,
         &shown() as &[&str],
-        &may_show() as &[&str]
+        &may_show() as &[&str],
+        IntentState::Ending.as_str(),
+        threadline_domain::reply::Ending::Interrupted.reason()
     )
     .execute(pool)
     .await?;
@@ -352,12 +354,16 @@ fn posting() -> Vec<&'static str> {
 }
 
 /// The states of an answer on its way that may yet show whole, beside
-/// [`shown`]: a post or a stream's start on its way or of unknown outcome
-/// ([`posting`]), and an open stream (its last stop may be in flight,
-/// showing the whole answer; ended early instead, its decision is
-/// discarded, which releases what waited on it:
-/// [`crate::decisions::discarded`]). Not a stream `ending`: its early stop
-/// answers nothing, as an `interrupted` one did.
+/// [`shown`]: a post or a stream's start or stop on its way or of unknown
+/// outcome ([`posting`]), and an open stream (its last stop may be in
+/// flight, showing the whole answer; ended early instead because its
+/// thread changed or its question went, its decision is discarded, which
+/// releases what waited on it: [`crate::decisions::discarded`]). [`unread`]
+/// and [`release`] also count a stream `ending` only interrupted (ending
+/// reason `interrupted`): Slack may have expired it, and then it is
+/// finished whole by an update of that message. A stream ending for a
+/// reason of its own (the thread moved on, a switch, a review) answers
+/// nothing, as an `interrupted` one did.
 fn may_show() -> Vec<&'static str> {
     let mut states = posting();
     states.push(IntentState::Streaming.as_str());
@@ -496,19 +502,31 @@ async fn window_before(
 /// answer (or one on its way: its decision not discarded), or was absorbed
 /// itself (the answer that read it reads them too): the context-builder
 /// calls this when it applies the deletion, the publisher when it cancels
-/// the deleted request's answer. How many were released.
+/// the deleted request's answer. A copy that took a released request's
+/// place (no turn of its own yet) is asked in its place
+/// ([`crate::actions::ask_stand_in`]); the copies asked so.
 pub async fn release(
     conn: &mut sqlx::PgConnection,
     inst: Uuid,
     channel: &str,
     deleted_ts: &str,
-) -> sqlx::Result<usize> {
+) -> sqlx::Result<Vec<crate::actions::StoodIn>> {
     let released = sqlx::query!(
         r#"DELETE FROM double_texts d
             USING thread_messages m
             WHERE d.installation_id = $1 AND d.channel_id = $2 AND d.later_ts = $3
               AND d.outcome = 'absorbed'
               AND m.installation_id = d.installation_id AND m.channel_id = d.channel_id AND m.ts = d.ts
+              -- (a request: its turn, or the turn of the deleted request
+              -- it stands in for, a copy that took its place)
+              AND (EXISTS (SELECT 1 FROM turns t
+                            WHERE t.installation_id = d.installation_id AND t.channel_id = d.channel_id
+                              AND t.ts = d.ts)
+                   OR EXISTS (SELECT 1 FROM person_actions a
+                                JOIN turns t ON t.installation_id = a.installation_id
+                                            AND t.channel_id = a.channel_id AND t.ts = a.stood_for
+                               WHERE a.installation_id = d.installation_id AND a.channel_id = d.channel_id
+                                 AND a.ts = d.ts))
               -- (deleted, and neither answered nor absorbed itself: no
               -- answer read them)
               AND EXISTS (SELECT 1 FROM thread_messages lm
@@ -535,30 +553,36 @@ pub async fn release(
                                                     AND r.channel_id = lt.channel_id AND r.root_ts = lt.root_ts
                                WHERE lt.installation_id = d.installation_id AND lt.channel_id = d.channel_id
                                  AND lt.ts = d.later_ts AND r.action_kind <> $4
-                                 AND (r.state = ANY($5) OR r.state = ANY($6)))
+                                 AND (r.state = ANY($5) OR r.state = ANY($6) OR (r.state = $7 AND r.end_reason = $8)))
         RETURNING d.ts, m.root_ts,
                   (SELECT t.receipt_id FROM turns t
                     WHERE t.installation_id = d.installation_id AND t.channel_id = d.channel_id
                       AND t.ts = d.ts) AS receipt_id,
                   (SELECT a.stood_for FROM person_actions a
                     WHERE a.installation_id = d.installation_id AND a.channel_id = d.channel_id
-                      AND a.ts = d.ts) AS stood_for"#,
+                      AND a.ts = d.ts AND a.stood_for IS NOT NULL LIMIT 1) AS stood_for"#,
         inst,
         channel,
         deleted_ts,
         threadline_domain::budget::NOTE_ACTION_KIND,
         &shown() as &[&str],
-        &may_show() as &[&str]
+        &may_show() as &[&str],
+        IntentState::Ending.as_str(),
+        threadline_domain::reply::Ending::Interrupted.reason()
     )
     .fetch_all(&mut *conn)
     .await?;
+    let mut asked = Vec::new();
     for r in &released {
         let Some(receipt_id) = r.receipt_id else {
             // A copy that took a deleted request's place in the burst
             // (no turn of its own yet): asked now in that request's place,
             // as when nothing else answered it.
-            if let Some(deleted) = &r.stood_for {
-                crate::actions::ask_stand_in(conn, inst, channel, deleted).await?;
+            if let Some(deleted) = &r.stood_for
+                && let Some(s) = crate::actions::ask_stand_in(conn, inst, channel, deleted).await?
+                && s.asked
+            {
+                asked.push(s);
             }
             continue;
         };
@@ -581,5 +605,5 @@ pub async fn release(
         )
         .await?;
     }
-    Ok(released.len())
+    Ok(asked)
 }

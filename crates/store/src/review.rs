@@ -545,7 +545,7 @@ pub async fn moved_on(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Uuid>> {
 pub async fn discard_if_moved_on(
     conn: &mut PgConnection,
     id: Uuid,
-) -> sqlx::Result<Option<(MovedOn, Option<crate::actions::StoodIn>)>> {
+) -> sqlx::Result<Option<(MovedOn, Vec<crate::actions::StoodIn>)>> {
     let Some(w) = sqlx::query!(
         r#"SELECT th.version <> d.thread_version AS "changed!",
                   coalesce((SELECT bool_or(m.deleted) FROM thread_messages m
@@ -609,7 +609,7 @@ pub async fn discard_if_moved_on(
             crate::decisions::discarded(conn, &d).await?
         }
         // (the newer request is answered instead)
-        MovedOn::Superseded => None,
+        MovedOn::Superseded => Vec::new(),
     };
     crate::decisions::enqueue_proposal(conn, &d, &format!("outcome-{}", status.as_str())).await?;
     Ok(Some((moved_on, asked)))
