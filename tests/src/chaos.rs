@@ -228,6 +228,9 @@ pub struct Report {
     pub approved: usize,
     pub streamed: usize,
     pub pane: usize,
+    /// Questions asked at the top of the agent Messages tab (each its own
+    /// thread) that hold an answer of the app.
+    pub agent_tab_answered: usize,
     /// Messages of the app that answer nothing: streams ended early with
     /// a closing line, streams Slack expired never updated since, review
     /// requests (of which rejected).
@@ -295,7 +298,7 @@ impl Report {
              stream faults that fired (Slack's call log): {}\n\
              kills and pauses that hit acknowledged work mid-flight: {}\n\
              Slack shows {} replies to {} questions: {} answered once; explained by Slack: {}\n\
-             answers by form: {} posted whole ({} approved by a reviewer), {} streamed, {} in the pane\n\
+             answers by form: {} posted whole ({} approved by a reviewer), {} streamed, {} in the pane ({} questions of the agent Messages tab answered)\n\
              not answers: {} streams ended early, {} streams expired by Slack, {} review requests ({} rejected)\n\
              streams Slack expired, finished in place: {} with the whole answer, {} with their closing line\n\
              explained by threadline's records: {}\n\
@@ -318,6 +321,7 @@ impl Report {
             self.approved,
             self.streamed,
             self.pane,
+            self.agent_tab_answered,
             self.ended_early,
             self.expired,
             self.review_requests,
@@ -980,6 +984,8 @@ pub async fn soak(
     let channels: Vec<usize> = (0..people.len()).collect();
 
     let mut threads: Vec<Thread> = Vec::new();
+    // The questions asked at the top of the agent Messages tab: (DM, ts).
+    let mut agent_questions: Vec<(String, String)> = Vec::new();
     let mut log: Vec<(Option<String>, String)> = Vec::new();
     // When the soak SIGKILLed the publisher (µs since the Unix epoch).
     let mut publisher_kills: Vec<u64> = Vec::new();
@@ -1289,6 +1295,7 @@ pub async fn soak(
                         Some(root.clone()),
                         format!("step {step}: agent tab question starts thread {root} in {dm}"),
                     ));
+                    agent_questions.push((dm.clone(), root.clone()));
                     threads.push(Thread {
                         person: p,
                         root: root.clone(),
@@ -1778,6 +1785,19 @@ pub async fn soak(
     report.approved = j.review_approved_posted;
     report.streamed = j.streamed;
     report.pane = j.pane;
+    for (dm, root) in &agent_questions {
+        let thread = crate::sim_get(&s.sim, &format!("channels/{dm}/threads/{root}")).await;
+        let answered = thread["messages"].as_array().is_some_and(|m| {
+            m.iter().any(|m| {
+                m["app_id"].is_string()
+                    && m["text"]
+                        .as_str()
+                        .and_then(crate::oracle::answering)
+                        .is_some()
+            })
+        });
+        report.agent_tab_answered += usize::from(answered);
+    }
     report.ended_early = j.interrupted;
     report.expired = j.expired;
     report.expired_answered = j.expired_finished;

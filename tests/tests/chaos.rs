@@ -90,6 +90,10 @@ async fn a_short_adversarial_soak_keeps_every_invariant_as_slack_shows_it() {
         ("approved by a reviewer", report.approved),
         ("streamed", report.streamed),
         ("in the pane", report.pane),
+        (
+            "questions of the agent Messages tab answered",
+            report.agent_tab_answered,
+        ),
         ("streams ended early", report.ended_early),
         (
             "streams Slack expired",
