@@ -2403,3 +2403,96 @@ async fn over_budget_notes_are_capped_per_installation_and_minute() {
     assert_eq!(noted as i64, budgets::NOTES_PER_MINUTE);
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_is_asked_for_its_deleted_message_unless_a_later_answer_read_either() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let with_id = |mut v: Value, id: &str| {
+        v["client_msg_id"] = json!(id);
+        v
+    };
+    // Two threads: the later answer there read neither the question nor
+    // its copy (it was built after the question was deleted, before the
+    // copy arrived), or it read the question.
+    for (n, later_read_the_question) in [(920, false), (930, true)] {
+        let ts = |k: u32| format!("{n}.00000{k}");
+        let (root, question, later, copy) = (ts(1), ts(2), ts(3), ts(4));
+        env.handle(&format!("Ev{n}a"), human(&root, "the root", None))
+            .await;
+        let action = format!("c{n}");
+        env.handle(
+            &format!("Ev{n}b"),
+            with_id(mention(&question, Some(&root)), &action),
+        )
+        .await;
+        // The person deletes the question before it was answered; Slack's
+        // copy of it is still on its way.
+        env.handle(
+            &format!("Ev{n}c"),
+            json!({"type": "message", "subtype": "message_deleted", "channel": "C0CHAN",
+                   "deleted_ts": question, "ts": ts(9), "event_ts": ts(9),
+                   "previous_message": {"type": "message", "user": "U0ANA", "text": "x", "ts": question}}),
+        )
+        .await;
+        // Someone asks later in the thread, and that answer goes out.
+        let mut asked = mention(&later, Some(&root));
+        asked["user"] = json!("U0BEA");
+        let receipt = env
+            .handle(&format!("Ev{n}d"), with_id(asked, &format!("d{n}")))
+            .await;
+        let decision = Uuid::now_v7();
+        testing::decisions::insert_proposed_decision(
+            &env.db.pool,
+            &testing::decisions::ProposedDecision {
+                id: decision,
+                receipt_id: receipt,
+                installation_id: env.inst,
+                event_id: &format!("Ev{n}d"),
+                channel_id: "C0CHAN",
+                root_ts: &root,
+                source_ts: &later,
+                thread_version: env.version(&root).await,
+                body_text: "an answer",
+                output_hash: "h",
+            },
+        )
+        .await
+        .expect("decision");
+        let mut read = vec![root.clone(), later.clone()];
+        if later_read_the_question {
+            read.push(question.clone());
+        }
+        testing::decisions::set_decision_context(&env.db.pool, decision, &read)
+            .await
+            .expect("context");
+        testing::decisions::set_decision_status(&env.db.pool, decision, "published")
+            .await
+            .expect("published");
+        // The copy arrives and stands in for the deleted question: asked
+        // in its place unless the later answer read the question.
+        let arrived = env
+            .handle(
+                &format!("Ev{n}e"),
+                with_id(mention(&copy, Some(&root)), &action),
+            )
+            .await;
+        assert_eq!(
+            env.state(arrived).await,
+            ("ignored".into(), Some("doubled_message".into()))
+        );
+        assert_eq!(
+            testing::threads::has_turn(&env.db.pool, &copy)
+                .await
+                .expect("turn"),
+            !later_read_the_question,
+            "the copy asked in thread {root}: the later answer read the question: {later_read_the_question}"
+        );
+    }
+    env.cleanup().await;
+}

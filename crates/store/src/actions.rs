@@ -323,11 +323,15 @@ async fn ask_again(
                                 WHERE b.installation_id = $1 AND b.channel_id = $2 AND b.ts IN ($3, $4)
                                   AND b.outcome = 'absorbed')
                -- (an answer to it, or to a later message of its thread, that
-               -- went out or may: the over-budget note answers nothing)
+               -- went out or may, and read it or the copy: the over-budget
+               -- note answers nothing, and an answer built while neither
+               -- showed, the message deleted and the copy still hidden or
+               -- not yet delivered, read neither)
                AND NOT EXISTS (SELECT 1 FROM decisions x
                                 WHERE x.installation_id = $1 AND x.channel_id = $2 AND x.root_ts = k.root_ts
                                   AND x.source_ts::numeric >= $3::numeric AND x.action_kind <> $5
-                                  AND x.status NOT IN ('stale', 'superseded', 'cancelled', 'suppressed'))),
+                                  AND x.status NOT IN ('stale', 'superseded', 'cancelled', 'suppressed')
+                                  AND (x.context_ts IS NULL OR x.context_ts && ARRAY[$3, $4]::text[]))),
          turn AS (
             INSERT INTO turns (installation_id, channel_id, ts, receipt_id, source)
             SELECT $1, $2, $4, receipt_id, source FROM asked

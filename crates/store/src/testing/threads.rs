@@ -131,6 +131,16 @@ pub async fn insert_turn(
     Ok(())
 }
 
+/// Whether the message `ts` (any channel) has a turn: it was asked.
+pub async fn has_turn(pool: &sqlx::PgPool, ts: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM turns WHERE ts = $1) AS "found!""#,
+        ts
+    )
+    .fetch_one(pool)
+    .await
+}
+
 /// Whether the turn of the message `ts` (any channel) is answered.
 pub async fn turn_answered(pool: &sqlx::PgPool, ts: &str) -> sqlx::Result<bool> {
     sqlx::query_scalar!(
