@@ -587,57 +587,15 @@ async fn a_burst_in_an_agents_messages_tab_is_answered_once() {
     judged_clean(&s, 2).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_reads_the_copy_of_a_message_slack_doubled_once_the_person_deleted_the_kept_one() {
-    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "300".to_owned())]).await;
+/// A stack answering the latest of a burst after 3 s of quiet, the model
+/// taking `latency_ms`; the person's first message, and Slack's copy of it
+/// (delivered once the first owns the action: threadline keeps whichever
+/// of the two it meets first): (stack, first, copy).
+async fn latest_with_a_doubled_first(latency_ms: u64) -> (Stack, String, String) {
+    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", latency_ms.to_string())]).await;
     let inst = first_installation(&s).await;
     policy(&s, &inst, &["--action", "latest", "--quiet-ms", "3000"]).await;
-    let bot = s.bot_user.clone();
-
-    // The person's first message Slack delivers twice; they delete the
-    // one threadline kept while their burst goes on. The copy takes its
-    // place: the latest message's answer reads it, and it has none of its
-    // own.
-    let first = s.post(&format!("<@{bot}> hi"), None).await;
-    let copy = sim_ctl(
-        &s.sim,
-        "act/double",
-        json!({"channel": s.channel, "ts": first}),
-    )
-    .await["ts"]
-        .as_str()
-        .expect("the copy's ts")
-        .to_owned();
-    let latest = s
-        .post(&format!("<@{bot}> why did the deploy fail?"), None)
-        .await;
-    s.delete(&first).await;
-    let answer = answer_to(&s, &s.channel, &latest, &latest).await;
-    assert_eq!(earlier_read(&answer), vec![copy.clone()]);
-    settled(&s).await;
-    assert!(s.answers(&copy).await.is_empty(), "no answer to {copy}");
-    assert!(s.answers(&first).await.is_empty(), "no answer to {first}");
-    judged_clean(&s, 1).await;
-    s.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_copy_standing_in_within_a_burst_is_answered_when_the_bursts_latest_goes_unanswered() {
-    // (the model takes 6 s: the burst's answer is still being made when
-    // the person deletes its messages)
-    let s = Stack::start(&[("THREADLINE_BUILTIN_LATENCY_MS", "6000".to_owned())]).await;
-    let inst = first_installation(&s).await;
-    policy(&s, &inst, &["--action", "latest", "--quiet-ms", "3000"]).await;
-    let bot = s.bot_user.clone();
-
-    // The person's first message Slack delivers twice. Once the burst's
-    // latest message absorbed it, they delete the one threadline kept (its
-    // copy takes its place in the burst), then the latest message too,
-    // before it was answered. Nothing read the copy: it is answered on its
-    // own, once.
-    let first = s.post(&format!("<@{bot}> hi"), None).await;
-    // (the copy comes once the first owns the action: threadline keeps
-    // whichever of the two it meets first)
+    let first = s.post(&format!("<@{}> hi", s.bot_user), None).await;
     eventually(
         "the first message owning its action",
         Duration::from_secs(20),
@@ -658,6 +616,40 @@ async fn a_copy_standing_in_within_a_burst_is_answered_when_the_bursts_latest_go
         .as_str()
         .expect("the copy's ts")
         .to_owned();
+    (s, first, copy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_reads_the_copy_of_a_message_slack_doubled_once_the_person_deleted_the_kept_one() {
+    // The person's first message Slack delivers twice; they delete the
+    // one threadline kept while their burst goes on. The copy takes its
+    // place: the latest message's answer reads it, and it has none of its
+    // own.
+    let (s, first, copy) = latest_with_a_doubled_first(300).await;
+    let bot = s.bot_user.clone();
+    let latest = s
+        .post(&format!("<@{bot}> why did the deploy fail?"), None)
+        .await;
+    s.delete(&first).await;
+    let answer = answer_to(&s, &s.channel, &latest, &latest).await;
+    assert_eq!(earlier_read(&answer), vec![copy.clone()]);
+    settled(&s).await;
+    assert!(s.answers(&copy).await.is_empty(), "no answer to {copy}");
+    assert!(s.answers(&first).await.is_empty(), "no answer to {first}");
+    judged_clean(&s, 1).await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_standing_in_within_a_burst_is_answered_when_the_bursts_latest_goes_unanswered() {
+    // The person's first message Slack delivers twice. Once the burst's
+    // latest message absorbed it, they delete the one threadline kept (its
+    // copy takes its place in the burst), then the latest message too,
+    // before it was answered. Nothing read the copy: it is answered on its
+    // own, once. (The model takes 6 s: the burst's answer is still being
+    // made when the person deletes its messages.)
+    let (s, first, copy) = latest_with_a_doubled_first(6000).await;
+    let bot = s.bot_user.clone();
     let latest = s
         .post(&format!("<@{bot}> why did the deploy fail?"), None)
         .await;

@@ -217,6 +217,12 @@ fn human(ts: &str, text: &str, thread_ts: Option<&str>) -> Value {
     v
 }
 
+/// `v` with the `client_msg_id` of its person's action.
+fn with_id(mut v: Value, id: &str) -> Value {
+    v["client_msg_id"] = json!(id);
+    v
+}
+
 fn mention(ts: &str, thread_ts: Option<&str>) -> Value {
     let mut v = human(ts, &format!("<@{BOT_USER}> what now?"), thread_ts);
     v["type"] = json!("app_mention");
@@ -1652,10 +1658,6 @@ async fn a_message_slack_doubled_is_recorded_never_applied_or_answered_in_either
         backfill_limits(),
     )
     .await;
-    let with_id = |mut v: Value, id: &str| {
-        v["client_msg_id"] = json!(id);
-        v
-    };
     let twin = |ts: &str, thread: Option<&str>, id: &str| {
         with_id(human(ts, &format!("<@{BOT_USER}> what now?"), thread), id)
     };
@@ -2413,10 +2415,6 @@ async fn a_copy_is_asked_for_its_deleted_message_unless_a_later_answer_read_eith
         backfill_limits(),
     )
     .await;
-    let with_id = |mut v: Value, id: &str| {
-        v["client_msg_id"] = json!(id);
-        v
-    };
     // Two threads: the later answer there read neither the question nor
     // its copy (it was built after the question was deleted, before the
     // copy arrived), or it read the question.
