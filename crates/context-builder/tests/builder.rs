@@ -2494,3 +2494,93 @@ async fn a_copy_is_asked_for_its_deleted_message_unless_a_later_answer_read_eith
     }
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_waiting_on_a_later_answer_is_asked_when_that_answer_is_discarded() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let ts = |k: u32| format!("940.00000{k}");
+    let (root, question, copy, later) = (ts(1), ts(2), ts(3), ts(4));
+    env.handle("Ev940a", human(&root, "the root", None)).await;
+    let action = "c940";
+    env.handle("Ev940b", with_id(mention(&question, Some(&root)), action))
+        .await;
+    // Slack delivers the question twice: the copy is kept hidden.
+    env.handle("Ev940c", with_id(mention(&copy, Some(&root)), action))
+        .await;
+    // Someone asks later in the thread; that answer, on its way, read the
+    // question.
+    let mut asked = mention(&later, Some(&root));
+    asked["user"] = json!("U0BEA");
+    let receipt = env.handle("Ev940d", with_id(asked, "d940")).await;
+    let decision = Uuid::now_v7();
+    testing::decisions::insert_proposed_decision(
+        &env.db.pool,
+        &testing::decisions::ProposedDecision {
+            id: decision,
+            receipt_id: receipt,
+            installation_id: env.inst,
+            event_id: "Ev940d",
+            channel_id: "C0CHAN",
+            root_ts: &root,
+            source_ts: &later,
+            thread_version: env.version(&root).await,
+            body_text: "an answer",
+            output_hash: "h",
+        },
+    )
+    .await
+    .expect("decision");
+    testing::decisions::set_decision_context(
+        &env.db.pool,
+        decision,
+        &[root.clone(), question.clone(), later.clone()],
+    )
+    .await
+    .expect("context");
+    // The person deletes the question: the copy stands in for it, and is
+    // not asked while the later answer that read the question may show.
+    env.handle(
+        "Ev940e",
+        json!({"type": "message", "subtype": "message_deleted", "channel": "C0CHAN",
+               "deleted_ts": question, "ts": ts(9), "event_ts": ts(9),
+               "previous_message": {"type": "message", "user": "U0ANA", "text": "x", "ts": question}}),
+    )
+    .await;
+    assert!(
+        !testing::threads::has_turn(&env.db.pool, &copy)
+            .await
+            .expect("turn"),
+        "not asked while the later answer may show"
+    );
+    // That answer is discarded (the thread changed under it): nothing that
+    // read the question will show, so its copy is asked now.
+    testing::decisions::set_decision_status(&env.db.pool, decision, "stale")
+        .await
+        .expect("stale");
+    let mut tx = env.db.pool.begin().await.expect("tx");
+    let d = threadline_store::decisions::load(&mut *tx, decision)
+        .await
+        .expect("load")
+        .expect("the decision");
+    let asked = threadline_store::decisions::discarded(&mut tx, &d)
+        .await
+        .expect("discarded");
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        asked.iter().map(|s| s.ts.as_str()).collect::<Vec<_>>(),
+        [copy.as_str()],
+        "the copy asked in the deleted question's place"
+    );
+    assert!(
+        testing::threads::has_turn(&env.db.pool, &copy)
+            .await
+            .expect("turn")
+    );
+    env.cleanup().await;
+}

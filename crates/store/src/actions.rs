@@ -216,6 +216,31 @@ pub async fn ask_stand_in(
     }))
 }
 
+/// The deleted messages of thread `root`, at or before `ts`, that a copy
+/// stands in for ([`stand_in`]), oldest first: an answer to `ts` discarded
+/// now may be what kept their copies from being asked ([`ask_stand_in`]).
+pub async fn stood_for_in_thread(
+    conn: &mut PgConnection,
+    (inst, channel): (Uuid, &str),
+    root: &str,
+    ts: &str,
+) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar!(
+        r#"SELECT a.stood_for AS "stood_for!" FROM person_actions a
+             JOIN thread_messages k ON k.installation_id = a.installation_id AND k.channel_id = a.channel_id
+                                   AND k.ts = a.stood_for
+            WHERE a.installation_id = $1 AND a.channel_id = $2 AND a.stood_for IS NOT NULL
+              AND k.root_ts = $3 AND a.stood_for::numeric <= $4::text::numeric
+            ORDER BY a.stood_for::numeric"#,
+        inst,
+        channel,
+        root,
+        ts
+    )
+    .fetch_all(conn)
+    .await
+}
+
 /// The action `ts` owns or a copy of it stands in for, locked. Both sides
 /// lock it so: the one that comes second waits, and its condition holds
 /// before the copy is shown and after, so it then sees what the first did
@@ -295,7 +320,8 @@ async fn take_over(
 /// nothing answered that request (its own answer sent, an answer in its
 /// thread to it or a later message, a later message of its burst that
 /// absorbed it) and no such answer is on its way (a decision not
-/// discarded: [`ask_stand_in`] runs when one is); its thread is
+/// discarded: [`ask_stand_in`] runs when one is, for each deleted request
+/// of its thread at or before its question); its thread is
 /// reconsidered through the outbox. Its receipt stays as it ended (a
 /// doubled delivery: receipts are the intake's record, not the
 /// publisher's). True when it was asked now.

@@ -932,9 +932,20 @@ pub async fn discarded(
             crate::double_text::release(conn, d.installation_id, &d.channel_id, request).await?,
         );
     }
-    let stood_in =
-        crate::actions::ask_stand_in(conn, d.installation_id, &d.channel_id, &d.source_ts).await?;
-    asked.extend(stood_in.filter(|s| s.asked));
+    // (a copy standing in for a deleted request of this thread, its own
+    // question or an earlier one this answer may have read, waited on it)
+    let waiting = crate::actions::stood_for_in_thread(
+        conn,
+        (d.installation_id, &d.channel_id),
+        &d.root_ts,
+        &d.source_ts,
+    )
+    .await?;
+    for deleted in waiting {
+        let stood_in =
+            crate::actions::ask_stand_in(conn, d.installation_id, &d.channel_id, &deleted).await?;
+        asked.extend(stood_in.filter(|s| s.asked));
+    }
     Ok(asked)
 }
 
