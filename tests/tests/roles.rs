@@ -88,6 +88,15 @@ async fn each_service_role_is_refused_what_it_must_not_touch() {
             &[GATEWAY, RELAY, INFERENCE],
             "SELECT * FROM installations".into(),
         ),
+        // The gateway keeps our own new reply in the thread store
+        // (receipts::insert_batch) but reads no message's text back, nor
+        // changes a message already kept or a thread's version.
+        (&[GATEWAY, RELAY], "SELECT text FROM thread_messages".into()),
+        (
+            &[GATEWAY, RELAY],
+            "UPDATE thread_messages SET deleted = true".into(),
+        ),
+        (&[GATEWAY, RELAY], "UPDATE threads SET version = 0".into()),
         (
             &[GATEWAY, RELAY],
             format!(

@@ -468,9 +468,9 @@ async fn accept(
     cb: EventCallback,
     received: i64,
 ) -> (Answer, Response) {
-    let installation_id = match app.resolver.resolve(&cb.installation_key()).await {
-        Ok(Resolved::Active(id)) => id,
-        Ok(Resolved::Disabled(id)) => {
+    let (installation_id, bot) = match app.resolver.resolve_with_bot(&cb.installation_key()).await {
+        Ok((Resolved::Active(id), bot)) => (id, bot),
+        Ok((Resolved::Disabled(id), _)) => {
             if let Err(e) =
                 record_rejection(app, "installation_disabled", Some((&cb, Some(id)))).await
             {
@@ -481,7 +481,7 @@ async fn accept(
                 StatusCode::OK.into_response(),
             );
         }
-        Ok(Resolved::Unknown) => {
+        Ok((Resolved::Unknown, _)) => {
             tracing::warn!("event for an unknown installation; acknowledged, no job");
             if let Err(e) = record_rejection(app, "unknown_installation", Some((&cb, None))).await {
                 return not_recorded(&e);
@@ -497,7 +497,7 @@ async fn accept(
     let (retry_num, retry_reason) = retry_headers(headers);
     count_retry(retry_num, retry_reason);
     let carrier = threadline_runtime::telemetry::current_trace_carrier();
-    let receipt = build_receipt(
+    let mut receipt = build_receipt(
         &cb,
         ReceiptMeta {
             id: Uuid::now_v7(),
@@ -509,8 +509,21 @@ async fn accept(
             tracestate: carrier.get("tracestate").cloned(),
         },
     );
+    // Our own new reply is settled with its receipt: no outbox round, no
+    // context-builder work (the publisher recorded the post already).
+    if let Some(bot) = &bot {
+        threadline_store::receipts::settle_own_reply(&mut receipt, &cb, bot, |channel| {
+            threadline_runtime::audit::channel_ref(installation_id, channel)
+        });
+    }
+    let own_reply = receipt.own_reply.is_some();
     match app.intake.submit(receipt).await {
-        Ok(Outcome::New) => (Answer::Accepted, StatusCode::OK.into_response()),
+        Ok(Outcome::New) => {
+            if own_reply {
+                metrics::counter!("threadline_own_replies_settled_total").increment(1);
+            }
+            (Answer::Accepted, StatusCode::OK.into_response())
+        }
         Ok(Outcome::Duplicate) => (Answer::Duplicate, StatusCode::OK.into_response()),
         Err(e) => not_committed(&e),
     }
@@ -582,6 +595,7 @@ async fn accept_unparsed(
             parse_error: error,
             body: body.to_vec(),
         }),
+        own_reply: None,
     };
     match app.intake.submit(receipt).await {
         Ok(Outcome::New) => {

@@ -1349,3 +1349,125 @@ async fn a_gateway_started_while_postgres_is_down_takes_deliveries_into_the_spoo
     assert_eq!(env.count(Count::Receipts).await, 1);
     gw.stop().await;
 }
+
+/// Slack's own bot-message fixture as a delivery of `event_id`, its inner
+/// event changed by `edit`.
+fn bot_message(event_id: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let raw = threadline_testkit::fixture(
+        "events/message_bot_message_self_via_auth_test.bolt-python.json",
+    );
+    let mut v: serde_json::Value = serde_json::from_slice(&raw).expect("fixture");
+    v["event_id"] = json!(event_id);
+    edit(&mut v["event"]);
+    serde_json::to_vec(&v).expect("json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_own_reply_is_settled_at_intake_and_anything_else_goes_downstream() {
+    let env = Env::new().await;
+    // The fixture's app, team and bot (`BZYBOTHED`).
+    let inst = uuid::Uuid::now_v7();
+    testing::installations::insert_installation(
+        &env.db.pool,
+        &testing::installations::NewInstallation {
+            id: inst,
+            app_id: "A111",
+            team_id: "T111",
+            bot_user_id: "W111",
+            bot_id: "BZYBOTHED",
+            bot_token_sealed: None,
+            bot_token_key_id: None,
+            status: "active",
+        },
+    )
+    .await
+    .expect("installation");
+    let gw = Gateway::start(
+        &env.db,
+        &env.prefix,
+        &[("THREADLINE_RELAY_ENABLED", "false")],
+    )
+    .await;
+    let (ts, text) = (
+        "1658282075.825129",
+        "Hi there! This is a reply using response_url.",
+    );
+    // Our reply, then Slack's retry of it.
+    let own = bot_message("Ev111", |_| {});
+    assert_eq!(post(&env, &gw, &own, None).await, (200, false));
+    assert_eq!(
+        post(&env, &gw, &own, Some((1, "http_timeout"))).await,
+        (200, false)
+    );
+    // Another app's message, and a change of our own reply: downstream.
+    let other = bot_message("Ev112", |e| {
+        e["bot_id"] = json!("B_DIFFERENT_ONE");
+        e["ts"] = json!("1658282076.000001");
+    });
+    assert_eq!(post(&env, &gw, &other, None).await, (200, false));
+    let changed = bot_message("Ev113", |e| {
+        let previous = e.clone();
+        let mut message = e.clone();
+        message["text"] = json!("the whole answer");
+        *e = json!({"type": "message", "subtype": "message_changed", "channel": "C111",
+                    "hidden": true, "ts": "1658282077.000001", "event_ts": "1658282077.000001",
+                    "message": message, "previous_message": previous});
+    });
+    assert_eq!(post(&env, &gw, &changed, None).await, (200, false));
+
+    let own_receipt = receipt(&env, "Ev111").await;
+    assert_eq!(
+        (own_receipt.state.as_str(), own_receipt.duplicate_deliveries),
+        ("ignored", 1),
+        "settled at intake, its retry counted on it"
+    );
+    let mut states = testing::receipts::states_and_reasons(&env.db.pool)
+        .await
+        .expect("receipts");
+    states.sort();
+    assert_eq!(
+        states,
+        [
+            ("accepted".to_owned(), None),
+            ("accepted".to_owned(), None),
+            ("ignored".to_owned(), Some("own_bot".to_owned())),
+        ]
+    );
+    assert_eq!(
+        env.count(Count::Outbox).await,
+        2,
+        "an outbox row for each event that is not our new reply"
+    );
+    // Kept in the thread store as the context-builder keeps it: ours, with
+    // its text, its new thread at version 0.
+    assert_eq!(
+        testing::threads::count_messages_by(&env.db.pool, ts, "assistant")
+            .await
+            .expect("messages"),
+        1
+    );
+    assert_eq!(
+        testing::threads::message_text(&env.db.pool, ts)
+            .await
+            .expect("text"),
+        text
+    );
+    assert_eq!(
+        testing::threads::version_of(&env.db.pool, ts)
+            .await
+            .expect("thread"),
+        Some(0)
+    );
+    // One content-free audit record: received and settled.
+    let trail = testing::audit::trail_of_event(&env.db.pool, "Ev111")
+        .await
+        .expect("audit");
+    assert_eq!(
+        trail
+            .iter()
+            .map(|r| (r.stage.as_str(), r.outcome.as_str()))
+            .collect::<Vec<_>>(),
+        [("intake", "ignored")]
+    );
+    gw.stop().await;
+}

@@ -3,6 +3,7 @@
 
 use sqlx::PgPool;
 use threadline_domain::InstallationKey;
+use threadline_domain::classify::BotIdentity;
 use threadline_domain::state::{InstallationStatus, Machine as _};
 use uuid::Uuid;
 
@@ -16,13 +17,22 @@ pub enum Resolved {
 /// A workspace install matches on (app, team); an org-wide install on
 /// (app, enterprise). A workspace install wins when both exist.
 pub async fn lookup(pool: &PgPool, key: &InstallationKey) -> Result<Resolved, sqlx::Error> {
+    Ok(lookup_with_bot(pool, key).await?.0)
+}
+
+/// [`lookup`], with the installation's bot (what tells our own messages
+/// from others').
+pub async fn lookup_with_bot(
+    pool: &PgPool,
+    key: &InstallationKey,
+) -> Result<(Resolved, Option<BotIdentity>), sqlx::Error> {
     let team = if key.is_enterprise_install {
         None
     } else {
         key.team_id.as_ref().map(|t| t.as_str())
     };
     let row = sqlx::query!(
-        "SELECT id, status FROM installations
+        "SELECT id, status, app_id, bot_id, bot_user_id FROM installations
           WHERE app_id = $1
             AND ((NOT is_enterprise_install AND team_id = $2)
               OR (is_enterprise_install AND enterprise_id = $3))
@@ -35,9 +45,20 @@ pub async fn lookup(pool: &PgPool, key: &InstallationKey) -> Result<Resolved, sq
     .fetch_optional(pool)
     .await?;
     Ok(match row {
-        None => Resolved::Unknown,
-        Some(r) if r.status == "active" => Resolved::Active(r.id),
-        Some(r) => Resolved::Disabled(r.id),
+        None => (Resolved::Unknown, None),
+        Some(r) => {
+            let resolved = if r.status == "active" {
+                Resolved::Active(r.id)
+            } else {
+                Resolved::Disabled(r.id)
+            };
+            let bot = BotIdentity {
+                app_id: r.app_id,
+                bot_id: r.bot_id,
+                bot_user_id: r.bot_user_id,
+            };
+            (resolved, Some(bot))
+        }
     })
 }
 

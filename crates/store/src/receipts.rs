@@ -48,6 +48,9 @@ pub struct NewReceipt {
     /// Set for a delivery that did not parse: the receipt is stored as
     /// `unparsed`, with its body and no outbox row.
     pub unparsed: Option<Unparsed>,
+    /// Set for our own new reply ([`settle_own_reply`]): settled at intake,
+    /// with no outbox row.
+    pub own_reply: Option<OwnReply>,
 }
 
 /// A signed delivery with an identity that the parser refused.
@@ -73,7 +76,52 @@ impl std::fmt::Debug for NewReceipt {
                 "parse_error",
                 &self.unparsed.as_ref().map(|u| u.parse_error.as_str()),
             )
+            .field("own_reply", &self.own_reply.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+/// Our own new reply, as the thread store keeps it: the publisher already
+/// recorded the post, so nothing downstream has work in it. Intake writes
+/// its fact and message (later answers read it) in the receipt's own
+/// statement, with the thread's version as it is (a new thread's row at
+/// 0, as the context-builder's `keep_reply` does), and ends its receipt
+/// `ignored` (`own_bot`) with one audit record. Holds message text.
+#[derive(Clone)]
+pub struct OwnReply {
+    pub channel: String,
+    pub facts: threadline_domain::classify::MessageFacts,
+    /// The channel's audit pseudonym under the gateway's key.
+    pub channel_ref: Option<String>,
+}
+
+/// The reason an own reply's receipt ends with (the context-builder's
+/// `IgnoreReason::OwnBot`).
+pub const OWN_REPLY: &str = "own_bot";
+
+/// Marks `r` as our own new reply when its event is one (`me` is the
+/// installation's bot): a new message of ours, classified as the
+/// context-builder would. Edits and deletions of our messages, and
+/// anything else, take the full path.
+pub fn settle_own_reply(
+    r: &mut NewReceipt,
+    cb: &EventCallback,
+    me: &threadline_domain::classify::BotIdentity,
+    channel_ref: impl FnOnce(&str) -> Option<String>,
+) {
+    use threadline_domain::classify::{self, Effect, IgnoreReason, Outcome, Speaker};
+    let (Some(channel), Some(_)) = (r.channel_id.as_deref(), r.installation_id) else {
+        return;
+    };
+    let c = classify::classify(&cb.event_json, me, &classify::TriggerPolicy::default());
+    if let (Outcome::Ignore(IgnoreReason::OwnBot), Effect::Upsert(f)) = (c.outcome, c.effect)
+        && f.speaker == Speaker::Assistant
+    {
+        r.own_reply = Some(OwnReply {
+            channel: channel.to_owned(),
+            channel_ref: channel_ref(channel),
+            facts: f,
+        });
     }
 }
 
@@ -162,6 +210,7 @@ pub fn build(cb: &EventCallback, meta: ReceiptMeta) -> NewReceipt {
         traceparent,
         tracestate: tracestate.filter(|s| !s.is_empty()),
         unparsed: None,
+        own_reply: None,
     }
 }
 
@@ -383,10 +432,19 @@ pub async fn existing(pool: &PgPool, ids: &[Uuid]) -> sqlx::Result<Vec<Uuid>> {
 /// Inserts the receipts of a batch of deliveries with their outbox rows (or,
 /// unparsed, their bodies) in one statement, so one transaction and one
 /// commit: `ON CONFLICT (api_app_id, event_id) DO NOTHING`, and an outbox
-/// row (or body) only for a receipt that was new. Returns the ids of the
+/// row (or body) only for a receipt that was new. Our own new replies
+/// ([`OwnReply`]) are settled in the same statement: their receipts end
+/// `ignored` (`own_bot`) with one audit record and no outbox row, and
+/// their facts and messages are kept (a message already there, an edit or
+/// tombstone that arrived first, is left as it is; a thread not yet known
+/// gets its row at version 0, in key order). Returns the ids of the
 /// receipts inserted. The caller sorts `rs` by identity so that concurrent
 /// batches lock in the same order and cannot deadlock.
 pub async fn insert_batch(pool: &PgPool, rs: &[&NewReceipt]) -> sqlx::Result<Vec<Uuid>> {
+    let own: Vec<(Uuid, Uuid, &OwnReply)> = rs
+        .iter()
+        .filter_map(|r| Some((r.id, r.installation_id?, r.own_reply.as_ref()?)))
+        .collect();
     // Arrays of borrowed or nullable elements are passed `as _` (the
     // statement casts each array to its column's type).
     sqlx::query_scalar!(
@@ -402,11 +460,15 @@ pub async fn insert_batch(pool: &PgPool, rs: &[&NewReceipt]) -> sqlx::Result<Vec
          ), ins AS (
              INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, team_id, enterprise_id,
                                          event_type, event_subtype, channel_id, message_ts, thread_ts,
-                                         event_time, retry_num, retry_reason, state, parse_error)
+                                         event_time, retry_num, retry_reason, state, state_reason, parse_error)
              SELECT id, installation_id, api_app_id, event_id, team_id, enterprise_id,
                     event_type, event_subtype, channel_id, message_ts, thread_ts,
                     to_timestamp(event_time), retry_num, retry_reason,
-                    CASE WHEN parse_error IS NULL THEN 'accepted' ELSE 'unparsed' END, parse_error
+                    CASE WHEN parse_error IS NOT NULL THEN 'unparsed'
+                         WHEN id = ANY($21::uuid[]) THEN $32
+                         ELSE 'accepted' END,
+                    CASE WHEN parse_error IS NULL AND id = ANY($21::uuid[]) THEN $33 END,
+                    parse_error
                FROM input
              ON CONFLICT (api_app_id, event_id) DO NOTHING
              RETURNING id
@@ -415,12 +477,45 @@ pub async fn insert_batch(pool: &PgPool, rs: &[&NewReceipt]) -> sqlx::Result<Vec
              SELECT input.installation_id, input.id, 'events', input.msg_id, input.payload, input.traceparent,
                     input.tracestate
                FROM input JOIN ins ON ins.id = input.id
-              WHERE input.parse_error IS NULL
+              WHERE input.parse_error IS NULL AND NOT input.id = ANY($21::uuid[])
          ), unparsed_rows AS (
              INSERT INTO unparsed_events (receipt_id, body)
              SELECT input.id, input.unparsed_body
                FROM input JOIN ins ON ins.id = input.id
               WHERE input.parse_error IS NOT NULL
+         ), own AS (
+             SELECT o.* FROM UNNEST($21::uuid[], $22::uuid[], $23::text[], $24::text[], $25::text[],
+                                    $26::text[], $27::text[], $28::text[], $29::text[], $30::text[],
+                                    $31::text[])
+                 AS o(id, installation_id, channel_id, ts, root_ts, user_id, bot_id, text, text_hash,
+                      edited_ts, channel_ref)
+               JOIN ins ON ins.id = o.id
+         ), facts AS (
+             INSERT INTO message_facts (installation_id, channel_id, ts, fact, fact_key)
+             SELECT installation_id, channel_id, ts, 'create', '' FROM own
+              ORDER BY installation_id, channel_id, ts
+             ON CONFLICT DO NOTHING
+             RETURNING installation_id, channel_id, ts
+         ), msgs AS (
+             INSERT INTO thread_messages
+                    (installation_id, channel_id, ts, root_ts, speaker, user_id, bot_id, text, text_hash, edited_ts)
+             SELECT own.installation_id, own.channel_id, own.ts, own.root_ts, $34, own.user_id, own.bot_id,
+                    own.text, own.text_hash, own.edited_ts::numeric
+               FROM own JOIN facts USING (installation_id, channel_id, ts)
+              ORDER BY own.installation_id, own.channel_id, own.ts
+             ON CONFLICT (installation_id, channel_id, ts) DO NOTHING
+             RETURNING installation_id, channel_id, root_ts
+         ), made AS (
+             INSERT INTO threads (installation_id, channel_id, root_ts, version)
+             SELECT DISTINCT installation_id, channel_id, root_ts, 0 FROM msgs
+              ORDER BY installation_id, channel_id, root_ts
+             ON CONFLICT (installation_id, channel_id, root_ts) DO NOTHING
+         ), audit AS (
+             INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
+                                    event_type, received_at, acked_at, retry_count)
+             SELECT 'intake', $32, $33, input.installation_id, input.event_id, input.id, own.channel_ref,
+                    input.event_type, now(), now(), input.retry_num
+               FROM own JOIN input ON input.id = own.id
          )
          SELECT id AS "id!" FROM ins"#,
         &rs.iter().map(|r| r.id).collect::<Vec<_>>(),
@@ -447,6 +542,22 @@ pub async fn insert_batch(pool: &PgPool, rs: &[&NewReceipt]) -> sqlx::Result<Vec
         rs.iter()
             .map(|r| r.unparsed.as_ref().map(|u| u.body.as_slice()))
             .collect::<Vec<_>>() as _,
+        &own.iter().map(|(id, _, _)| *id).collect::<Vec<_>>(),
+        &own.iter().map(|(_, inst, _)| *inst).collect::<Vec<_>>(),
+        own.iter().map(|(_, _, o)| o.channel.as_str()).collect::<Vec<_>>() as _,
+        own.iter().map(|(_, _, o)| o.facts.ts.as_str()).collect::<Vec<_>>() as _,
+        own.iter().map(|(_, _, o)| o.facts.root_ts.as_str()).collect::<Vec<_>>() as _,
+        own.iter().map(|(_, _, o)| o.facts.user_id.as_deref()).collect::<Vec<_>>() as _,
+        own.iter().map(|(_, _, o)| o.facts.bot_id.as_deref()).collect::<Vec<_>>() as _,
+        own.iter().map(|(_, _, o)| o.facts.text.as_str()).collect::<Vec<_>>() as _,
+        &own.iter()
+            .map(|(_, _, o)| crate::threads::text_hash(&o.facts.text))
+            .collect::<Vec<_>>(),
+        own.iter().map(|(_, _, o)| o.facts.changed_ts.as_deref()).collect::<Vec<_>>() as _,
+        own.iter().map(|(_, _, o)| o.channel_ref.as_deref()).collect::<Vec<_>>() as _,
+        ReceiptState::Ignored.as_str(),
+        OWN_REPLY,
+        threadline_domain::classify::Speaker::Assistant.as_str(),
     )
     .fetch_all(pool)
     .await
