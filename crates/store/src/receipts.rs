@@ -506,9 +506,14 @@ pub async fn insert_batch(pool: &PgPool, rs: &[&NewReceipt]) -> sqlx::Result<Vec
              ON CONFLICT (installation_id, channel_id, ts) DO NOTHING
              RETURNING installation_id, channel_id, root_ts
          ), made AS (
+             -- (only a thread not known yet: a known one's row is not
+             -- touched, so its version bumps in flight are not waited for)
              INSERT INTO threads (installation_id, channel_id, root_ts, version)
-             SELECT DISTINCT installation_id, channel_id, root_ts, 0 FROM msgs
-              ORDER BY installation_id, channel_id, root_ts
+             SELECT DISTINCT m.installation_id, m.channel_id, m.root_ts, 0 FROM msgs m
+              WHERE NOT EXISTS (SELECT 1 FROM threads t
+                                 WHERE t.installation_id = m.installation_id AND t.channel_id = m.channel_id
+                                   AND t.root_ts = m.root_ts)
+              ORDER BY m.installation_id, m.channel_id, m.root_ts
              ON CONFLICT (installation_id, channel_id, root_ts) DO NOTHING
          ), audit AS (
              INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
