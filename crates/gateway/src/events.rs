@@ -516,14 +516,8 @@ async fn accept(
             threadline_runtime::audit::channel_ref(installation_id, channel)
         });
     }
-    let own_reply = receipt.own_reply.is_some();
     match app.intake.submit(receipt).await {
-        Ok(Outcome::New) => {
-            if own_reply {
-                metrics::counter!("threadline_own_replies_settled_total").increment(1);
-            }
-            (Answer::Accepted, StatusCode::OK.into_response())
-        }
+        Ok(Outcome::New | Outcome::Settled) => (Answer::Accepted, StatusCode::OK.into_response()),
         Ok(Outcome::Duplicate) => (Answer::Duplicate, StatusCode::OK.into_response()),
         Err(e) => not_committed(&e),
     }
@@ -598,7 +592,7 @@ async fn accept_unparsed(
         own_reply: None,
     };
     match app.intake.submit(receipt).await {
-        Ok(Outcome::New) => {
+        Ok(Outcome::New | Outcome::Settled) => {
             metrics::counter!("threadline_gateway_unparsed_total", "reason" => reason).increment(1);
             (Answer::Unparsed, StatusCode::OK.into_response())
         }

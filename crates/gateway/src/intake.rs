@@ -29,6 +29,9 @@ pub enum Outcome {
     /// The receipt and its outbox row (or, unparsed, its body) were
     /// committed by this delivery.
     New,
+    /// Our own new reply's receipt was committed by this delivery, settled
+    /// with it (`receipts::OwnReply`): no outbox row.
+    Settled,
     /// The event already had a receipt; nothing new was created.
     Duplicate,
 }
@@ -158,10 +161,20 @@ async fn commit_and_reply(pool: &PgPool, mut batch: Vec<Pending>) -> u64 {
 }
 
 async fn insert_with_retry(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, sqlx::Error> {
-    let mut attempt = 0;
+    let (mut attempt, mut settle) = (0, true);
     loop {
         attempt += 1;
-        match insert_batch(pool, batch).await {
+        match insert_batch(pool, batch, settle).await {
+            // Keeping our own replies waited too long on a row another
+            // transaction writes: once more, with them going downstream
+            // like any event (not an attempt of the batch's own).
+            Err(e) if settle && threadline_store::receipts::is_lock_wait(&e) => {
+                tracing::warn!(error = %e, "intake waited too long keeping our own replies; they go downstream");
+                metrics::counter!("threadline_gateway_own_replies_sent_downstream_total")
+                    .increment(1);
+                settle = false;
+                attempt -= 1;
+            }
             Err(e) if attempt < MAX_BATCH_ATTEMPTS && is_transient(&e) => {
                 tracing::warn!(error = %e, attempt, "intake batch retried");
             }
@@ -177,15 +190,20 @@ async fn reply(pool: &PgPool, batch: Vec<Pending>, outcomes: Vec<Outcome>) -> u6
     if let Err(e) = count_duplicates(pool, &batch, &outcomes).await {
         tracing::warn!(error = %e, "could not count duplicate deliveries");
     }
-    let (mut new, mut dup) = (0u64, 0u64);
+    let (mut new, mut dup, mut settled) = (0u64, 0u64, 0u64);
     for (p, outcome) in batch.into_iter().zip(outcomes) {
-        if outcome == Outcome::New {
-            new += 1
-        } else {
-            dup += 1
+        match outcome {
+            Outcome::New => new += 1,
+            Outcome::Settled => settled += 1,
+            Outcome::Duplicate => dup += 1,
         }
         let _ = p.reply.send(Ok(outcome));
     }
+    // (what the context-builder counts of the events it ignores, for our
+    // own replies it no longer sees)
+    metrics::counter!("threadline_events_ignored_total", "reason" => threadline_store::receipts::OWN_REPLY)
+        .increment(settled);
+    let new = new + settled;
     metrics::counter!("threadline_gateway_receipts_total").increment(new);
     metrics::counter!("threadline_gateway_duplicate_deliveries_total").increment(dup);
     metrics::histogram!("threadline_gateway_group_commit_size").record((new + dup) as f64);
@@ -221,7 +239,11 @@ fn sorted_order(batch: &[Pending]) -> Vec<usize> {
 /// unparsed bodies) commit together. Rows are sorted by identity so
 /// concurrent batches (other writers, other replicas) lock in the same order
 /// and cannot deadlock.
-async fn insert_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, sqlx::Error> {
+async fn insert_batch(
+    pool: &PgPool,
+    batch: &[Pending],
+    settle: bool,
+) -> Result<Vec<Outcome>, sqlx::Error> {
     // First delivery of each identity in the batch is the candidate; later
     // ones in the same batch are duplicates of it.
     let order = sorted_order(batch);
@@ -238,13 +260,18 @@ async fn insert_batch(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, 
     }
 
     let rs: Vec<&NewReceipt> = candidates.iter().map(|&i| &batch[i].receipt).collect();
-    let inserted = threadline_store::receipts::insert_batch(pool, &rs).await?;
+    let inserted = threadline_store::receipts::insert_batch(pool, &rs, settle).await?;
 
     let inserted: std::collections::HashSet<Uuid> = inserted.into_iter().collect();
     let mut outcomes = vec![Outcome::Duplicate; batch.len()];
     for &i in &candidates {
-        if inserted.contains(&batch[i].receipt.id) {
-            outcomes[i] = Outcome::New;
+        let r = &batch[i].receipt;
+        if inserted.contains(&r.id) {
+            outcomes[i] = if settle && r.own_reply.is_some() {
+                Outcome::Settled
+            } else {
+                Outcome::New
+            };
         }
     }
     Ok(outcomes)

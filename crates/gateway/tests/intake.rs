@@ -1364,6 +1364,13 @@ fn bot_message(event_id: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Vec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_own_reply_is_settled_at_intake_and_anything_else_goes_downstream() {
+    // (as a deployment's gateway holds it: without it, our replies go
+    // downstream, whose records name their channel)
+    threadline_runtime::audit::configure(&Source::from_pairs([(
+        "THREADLINE_AUDIT_KEY",
+        "5a".repeat(32).as_str(),
+    )]))
+    .expect("audit key");
     let env = Env::new().await;
     // The fixture's app, team and bot (`BZYBOTHED`).
     let inst = uuid::Uuid::now_v7();
@@ -1414,6 +1421,12 @@ async fn our_own_reply_is_settled_at_intake_and_anything_else_goes_downstream() 
                     "message": message, "previous_message": previous});
     });
     assert_eq!(post(&env, &gw, &changed, None).await, (200, false));
+    // Our next reply in the thread our first one started.
+    let next = bot_message("Ev114", |e| {
+        e["ts"] = json!("1658282078.000001");
+        e["thread_ts"] = json!(ts);
+    });
+    assert_eq!(post(&env, &gw, &next, None).await, (200, false));
 
     let own_receipt = receipt(&env, "Ev111").await;
     assert_eq!(
@@ -1430,6 +1443,7 @@ async fn our_own_reply_is_settled_at_intake_and_anything_else_goes_downstream() 
         [
             ("accepted".to_owned(), None),
             ("accepted".to_owned(), None),
+            ("ignored".to_owned(), Some("own_bot".to_owned())),
             ("ignored".to_owned(), Some("own_bot".to_owned())),
         ]
     );
@@ -1456,7 +1470,20 @@ async fn our_own_reply_is_settled_at_intake_and_anything_else_goes_downstream() 
         testing::threads::version_of(&env.db.pool, ts)
             .await
             .expect("thread"),
-        Some(0)
+        Some(0),
+        "made by our first reply, left as it is by the next"
+    );
+    let thread: Vec<String> = testing::threads::thread_of(&env.db.pool, "C111", ts)
+        .await
+        .iter()
+        .map(|line| line.split(' ').take(3).collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(
+        thread,
+        [
+            format!("{ts} - assistant"),
+            "1658282078.000001 - assistant".to_owned()
+        ]
     );
     // One content-free audit record: received and settled.
     let trail = testing::audit::trail_of_event(&env.db.pool, "Ev111")
@@ -1465,9 +1492,61 @@ async fn our_own_reply_is_settled_at_intake_and_anything_else_goes_downstream() 
     assert_eq!(
         trail
             .iter()
-            .map(|r| (r.stage.as_str(), r.outcome.as_str()))
+            .map(|r| (
+                r.stage.as_str(),
+                r.outcome.as_str(),
+                r.channel_ref.is_some()
+            ))
             .collect::<Vec<_>>(),
-        [("intake", "ignored")]
+        [("intake", "ignored", true)],
+        "received, settled, its channel pseudonymised"
     );
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_own_reply_goes_downstream_when_keeping_it_would_wait_on_another_writer() {
+    threadline_runtime::audit::configure(&Source::from_pairs([(
+        "THREADLINE_AUDIT_KEY",
+        "5a".repeat(32).as_str(),
+    )]))
+    .expect("audit key");
+    let env = Env::new().await;
+    let inst = uuid::Uuid::now_v7();
+    testing::installations::insert_installation(
+        &env.db.pool,
+        &testing::installations::NewInstallation {
+            id: inst,
+            app_id: "A111",
+            team_id: "T111",
+            bot_user_id: "W111",
+            bot_id: "BZYBOTHED",
+            bot_token_sealed: None,
+            bot_token_key_id: None,
+            status: "active",
+        },
+    )
+    .await
+    .expect("installation");
+    let gw = Gateway::start(
+        &env.db,
+        &env.prefix,
+        &[("THREADLINE_RELAY_ENABLED", "false")],
+    )
+    .await;
+    // Another transaction is writing that message's fact (as the
+    // context-builder applying an edit of it would) and does not end.
+    let mut other = env.db.pool.begin().await.expect("tx");
+    testing::threads::insert_fact_in(&mut other, inst, "C111", "1658282075.825129", "create")
+        .await
+        .expect("fact");
+    // Acknowledged all the same (the intake gives up after 1.5 s here,
+    // which would answer 503).
+    let own = bot_message("Ev121", |_| {});
+    assert_eq!(post(&env, &gw, &own, None).await, (200, false));
+    // Not settled: recorded as any event, for the context-builder.
+    assert_eq!(receipt(&env, "Ev121").await.state, "accepted");
+    assert_eq!(env.count(Count::Outbox).await, 1);
+    other.rollback().await.expect("rollback");
     gw.stop().await;
 }

@@ -914,10 +914,13 @@ pub async fn review(
 /// deleted request absorbed of a burst are released, and those of its
 /// thread's deleted root ([`crate::double_text::release`]), and a copy of its
 /// deleted request that stands in for it is asked
-/// ([`crate::actions::ask_stand_in`]). Every way an answer is discarded
-/// calls this (the publisher's checks, the sweep of answers waiting for
-/// review). The copies asked now (in the place of the deleted request or
-/// of one its burst released).
+/// ([`crate::actions::ask_stand_in`]), as is a copy standing in for an
+/// earlier deleted request of its thread this answer may have read. The
+/// publisher's checks and the sweep of answers waiting for review call
+/// this when they find a thread moved on; an answer a kill switch
+/// suppresses, a reviewer rejects or Slack refuses for good does not (its
+/// switch, verdict or error explains what waited on it). The copies asked
+/// now (in the place of a deleted request or of one a burst released).
 pub async fn discarded(
     conn: &mut PgConnection,
     d: &Decision,

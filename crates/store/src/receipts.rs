@@ -92,7 +92,7 @@ pub struct OwnReply {
     pub channel: String,
     pub facts: threadline_domain::classify::MessageFacts,
     /// The channel's audit pseudonym under the gateway's key.
-    pub channel_ref: Option<String>,
+    pub channel_ref: String,
 }
 
 /// The reason an own reply's receipt ends with (the context-builder's
@@ -102,7 +102,10 @@ pub const OWN_REPLY: &str = "own_bot";
 /// Marks `r` as our own new reply when its event is one (`me` is the
 /// installation's bot): a new message of ours, classified as the
 /// context-builder would. Edits and deletions of our messages, and
-/// anything else, take the full path.
+/// anything else, take the full path; so does our reply where
+/// `channel_ref` gives no pseudonym (a gateway without the audit key: its
+/// record would name no channel, where the relay's and the
+/// context-builder's do).
 pub fn settle_own_reply(
     r: &mut NewReceipt,
     cb: &EventCallback,
@@ -116,10 +119,11 @@ pub fn settle_own_reply(
     let c = classify::classify(&cb.event_json, me, &classify::TriggerPolicy::default());
     if let (Outcome::Ignore(IgnoreReason::OwnBot), Effect::Upsert(f)) = (c.outcome, c.effect)
         && f.speaker == Speaker::Assistant
+        && let Some(pseudonym) = channel_ref(channel)
     {
         r.own_reply = Some(OwnReply {
             channel: channel.to_owned(),
-            channel_ref: channel_ref(channel),
+            channel_ref: pseudonym,
             facts: f,
         });
     }
@@ -437,14 +441,50 @@ pub async fn existing(pool: &PgPool, ids: &[Uuid]) -> sqlx::Result<Vec<Uuid>> {
 /// `ignored` (`own_bot`) with one audit record and no outbox row, and
 /// their facts and messages are kept (a message already there, an edit or
 /// tombstone that arrived first, is left as it is; a thread not yet known
-/// gets its row at version 0, in key order). Returns the ids of the
-/// receipts inserted. The caller sorts `rs` by identity so that concurrent
-/// batches lock in the same order and cannot deadlock.
-pub async fn insert_batch(pool: &PgPool, rs: &[&NewReceipt]) -> sqlx::Result<Vec<Uuid>> {
+/// gets its row at version 0, in key order). Keeping them may wait for a
+/// row another transaction is writing (an edit or deletion of that reply
+/// the context-builder applies, a thread both make): at most
+/// [`OWN_REPLY_LOCK_WAIT`], then the batch fails with `55P03`
+/// ([`is_lock_wait`]), and the caller runs it again with `settle` false,
+/// our replies then going the full path like any event. Returns the ids
+/// of the receipts inserted. The caller sorts `rs` by identity so that
+/// concurrent batches lock in the same order and cannot deadlock.
+pub async fn insert_batch(
+    pool: &PgPool,
+    rs: &[&NewReceipt],
+    settle: bool,
+) -> sqlx::Result<Vec<Uuid>> {
     let own: Vec<(Uuid, Uuid, &OwnReply)> = rs
         .iter()
+        .filter(|_| settle)
         .filter_map(|r| Some((r.id, r.installation_id?, r.own_reply.as_ref()?)))
         .collect();
+    if own.is_empty() {
+        return insert(pool, rs, &own).await;
+    }
+    let mut tx = pool.begin().await?;
+    crate::schema::lock_timeout_local(&mut tx, OWN_REPLY_LOCK_WAIT).await?;
+    let inserted = insert(&mut *tx, rs, &own).await?;
+    tx.commit().await?;
+    Ok(inserted)
+}
+
+/// How long intake waits for a row lock while keeping our own replies
+/// ([`insert_batch`]): well inside Slack's 3 s, and the spool's 1.4 s.
+pub const OWN_REPLY_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Whether `e` is a lock wait that ran out (`lock_timeout`, `55P03`).
+pub fn is_lock_wait(e: &sqlx::Error) -> bool {
+    e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03")
+}
+
+/// [`insert_batch`]'s statement, keeping `own` (each with its receipt's
+/// id and installation).
+async fn insert(
+    conn: impl sqlx::PgExecutor<'_>,
+    rs: &[&NewReceipt],
+    own: &[(Uuid, Uuid, &OwnReply)],
+) -> sqlx::Result<Vec<Uuid>> {
     // Arrays of borrowed or nullable elements are passed `as _` (the
     // statement casts each array to its column's type).
     sqlx::query_scalar!(
@@ -504,12 +544,14 @@ pub async fn insert_batch(pool: &PgPool, rs: &[&NewReceipt]) -> sqlx::Result<Vec
                FROM own JOIN facts USING (installation_id, channel_id, ts)
               ORDER BY own.installation_id, own.channel_id, own.ts
              ON CONFLICT (installation_id, channel_id, ts) DO NOTHING
-             RETURNING installation_id, channel_id, root_ts
          ), made AS (
              -- (only a thread not known yet: a known one's row is not
-             -- touched, so its version bumps in flight are not waited for)
+             -- touched, so its version bumps in flight are not waited for;
+             -- a new fact's message is new, or one an edit or tombstone
+             -- that arrived first made, with its thread)
              INSERT INTO threads (installation_id, channel_id, root_ts, version)
-             SELECT DISTINCT m.installation_id, m.channel_id, m.root_ts, 0 FROM msgs m
+             SELECT DISTINCT m.installation_id, m.channel_id, m.root_ts, 0
+               FROM own m JOIN facts USING (installation_id, channel_id, ts)
               WHERE NOT EXISTS (SELECT 1 FROM threads t
                                  WHERE t.installation_id = m.installation_id AND t.channel_id = m.channel_id
                                    AND t.root_ts = m.root_ts)
@@ -559,12 +601,12 @@ pub async fn insert_batch(pool: &PgPool, rs: &[&NewReceipt]) -> sqlx::Result<Vec
             .map(|(_, _, o)| crate::threads::text_hash(&o.facts.text))
             .collect::<Vec<_>>(),
         own.iter().map(|(_, _, o)| o.facts.changed_ts.as_deref()).collect::<Vec<_>>() as _,
-        own.iter().map(|(_, _, o)| o.channel_ref.as_deref()).collect::<Vec<_>>() as _,
+        own.iter().map(|(_, _, o)| o.channel_ref.as_str()).collect::<Vec<_>>() as _,
         ReceiptState::Ignored.as_str(),
         OWN_REPLY,
         threadline_domain::classify::Speaker::Assistant.as_str(),
     )
-    .fetch_all(pool)
+    .fetch_all(conn)
     .await
 }
 

@@ -527,3 +527,24 @@ pub async fn action_owned(pool: &sqlx::PgPool, ts: &str) -> sqlx::Result<Option<
             .map(|r| r.stood_for),
     )
 }
+
+/// Inserts a fact of message `ts` in the caller's transaction (left open,
+/// it holds the fact's key as a writer in flight does).
+pub async fn insert_fact_in(
+    conn: &mut sqlx::PgConnection,
+    inst: uuid::Uuid,
+    channel: &str,
+    ts: &str,
+    fact: &str,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO message_facts (installation_id, channel_id, ts, fact, fact_key) VALUES ($1, $2, $3, $4, '')",
+        inst,
+        channel,
+        ts,
+        fact
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
