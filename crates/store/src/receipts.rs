@@ -459,14 +459,7 @@ pub async fn insert_batch(
         .filter(|_| settle)
         .filter_map(|r| Some((r.id, r.installation_id?, r.own_reply.as_ref()?)))
         .collect();
-    if own.is_empty() {
-        return insert(pool, rs, &own).await;
-    }
-    let mut tx = pool.begin().await?;
-    crate::schema::lock_timeout_local(&mut tx, OWN_REPLY_LOCK_WAIT).await?;
-    let inserted = insert(&mut *tx, rs, &own).await?;
-    tx.commit().await?;
-    Ok(inserted)
+    insert(pool, rs, &own).await
 }
 
 /// How long intake waits for a row lock while keeping our own replies
@@ -479,12 +472,16 @@ pub fn is_lock_wait(e: &sqlx::Error) -> bool {
 }
 
 /// [`insert_batch`]'s statement, keeping `own` (each with its receipt's
-/// id and installation).
+/// id and installation). Its own transaction: where it keeps replies, its
+/// first step (an init plan, run before any row is read, so before any
+/// lock is waited for) sets its `lock_timeout` to [`OWN_REPLY_LOCK_WAIT`]
+/// until it ends, which saves a transaction's two round trips per batch.
 async fn insert(
-    conn: impl sqlx::PgExecutor<'_>,
+    pool: &PgPool,
     rs: &[&NewReceipt],
     own: &[(Uuid, Uuid, &OwnReply)],
 ) -> sqlx::Result<Vec<Uuid>> {
+    let wait = (!own.is_empty()).then(|| format!("{}ms", OWN_REPLY_LOCK_WAIT.as_millis()));
     // Arrays of borrowed or nullable elements are passed `as _` (the
     // statement casts each array to its column's type).
     sqlx::query_scalar!(
@@ -497,6 +494,8 @@ async fn insert(
                       event_type, event_subtype, channel_id, message_ts, thread_ts, event_time,
                       retry_num, retry_reason, msg_id, payload, traceparent, tracestate,
                       parse_error, unparsed_body)
+              WHERE (SELECT set_config('lock_timeout', coalesce($35, current_setting('lock_timeout')), true))
+                    IS NOT NULL
          ), ins AS (
              INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, team_id, enterprise_id,
                                          event_type, event_subtype, channel_id, message_ts, thread_ts,
@@ -605,8 +604,9 @@ async fn insert(
         ReceiptState::Ignored.as_str(),
         OWN_REPLY,
         threadline_domain::classify::Speaker::Assistant.as_str(),
+        wait
     )
-    .fetch_all(conn)
+    .fetch_all(pool)
     .await
 }
 
