@@ -6,7 +6,9 @@
 //! inserts their receipts with `ON CONFLICT (api_app_id, event_id) DO
 //! NOTHING` and an outbox row for each receipt that was new — or, for a
 //! delivery that did not parse, its raw body in `unparsed_events` and no
-//! outbox row (nothing goes downstream until it is replayed). Duplicates are
+//! outbox row (nothing goes downstream until it is replayed), or, for the
+//! bot's own new reply, the reply kept in the thread store and no outbox
+//! row (`threadline_store::receipts::OwnReply`). Duplicates are
 //! then counted on their receipts by a second statement. Only after both have
 //! committed does each waiting request learn its outcome and answer Slack, so
 //! a 2xx always follows the commit of its receipt and outbox row (invariant
@@ -128,7 +130,8 @@ fn clone_db_error(e: &sqlx::Error) -> sqlx::Error {
     sqlx::Error::Protocol(e.to_string())
 }
 
-/// Commits and answers a batch; returns how many receipts it created.
+/// Commits and answers a batch; returns how many receipts it created that
+/// go downstream (what wakes the relays).
 async fn commit_and_reply(pool: &PgPool, mut batch: Vec<Pending>) -> u64 {
     // A delivery whose request gave up waiting (answered 503, or spooled)
     // is not committed late: a later commit could overtake what another
@@ -137,7 +140,8 @@ async fn commit_and_reply(pool: &PgPool, mut batch: Vec<Pending>) -> u64 {
     if batch.is_empty() {
         return 0;
     }
-    match insert_with_retry(pool, &batch).await {
+    let mut settle = batch.iter().any(|p| p.receipt.own_reply.is_some());
+    match insert_with_retry(pool, &batch, &mut settle).await {
         Ok(outcomes) => reply(pool, batch, outcomes).await,
         // One delivery Postgres refuses must not fail the others with it:
         // commit them one by one, so only the bad one gets a 503.
@@ -145,8 +149,13 @@ async fn commit_and_reply(pool: &PgPool, mut batch: Vec<Pending>) -> u64 {
             tracing::warn!(error = %e, deliveries = batch.len(), "intake batch refused; committing one by one");
             let mut new = 0;
             for p in batch {
+                // (nor is one whose request gave up meanwhile)
+                if p.reply.is_closed() {
+                    continue;
+                }
                 let one = vec![p];
-                match insert_with_retry(pool, &one).await {
+                let mut settle_one = settle && one[0].receipt.own_reply.is_some();
+                match insert_with_retry(pool, &one, &mut settle_one).await {
                     Ok(outcomes) => new += reply(pool, one, outcomes).await,
                     Err(e) => fail(one, e),
                 }
@@ -160,19 +169,36 @@ async fn commit_and_reply(pool: &PgPool, mut batch: Vec<Pending>) -> u64 {
     }
 }
 
-async fn insert_with_retry(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Outcome>, sqlx::Error> {
-    let (mut attempt, mut settle) = (0, true);
+/// Inserts the batch, trying again after a deadlock or serialization
+/// failure. `settle`: our own replies are kept at intake; it turns false
+/// (for the caller's later tries too) once that failed, by a lock wait past
+/// its bound or a refusal Postgres would not give without it, and they go
+/// downstream like any event: keeping them at intake is a saving, never a
+/// reason to refuse a delivery.
+async fn insert_with_retry(
+    pool: &PgPool,
+    batch: &[Pending],
+    settle: &mut bool,
+) -> Result<Vec<Outcome>, sqlx::Error> {
+    let mut attempt = 0;
     loop {
         attempt += 1;
-        match insert_batch(pool, batch, settle).await {
-            // Keeping our own replies waited too long on a row another
-            // transaction writes: once more, with them going downstream
-            // like any event (not an attempt of the batch's own).
-            Err(e) if settle && threadline_store::receipts::is_lock_wait(&e) => {
-                tracing::warn!(error = %e, "intake waited too long keeping our own replies; they go downstream");
+        match insert_batch(pool, batch, *settle).await {
+            // Once more, without keeping them (not an attempt of the
+            // batch's own).
+            Err(e)
+                if *settle
+                    && (threadline_store::receipts::is_lock_wait(&e)
+                        || (e.as_database_error().is_some() && !is_transient(&e))) =>
+            {
+                let own = batch
+                    .iter()
+                    .filter(|p| p.receipt.own_reply.is_some())
+                    .count();
+                tracing::warn!(error = %e, own_replies = own, "keeping our own replies at intake failed; they go downstream");
                 metrics::counter!("threadline_gateway_own_replies_sent_downstream_total")
-                    .increment(1);
-                settle = false;
+                    .increment(own as u64);
+                *settle = false;
                 attempt -= 1;
             }
             Err(e) if attempt < MAX_BATCH_ATTEMPTS && is_transient(&e) => {
@@ -203,10 +229,10 @@ async fn reply(pool: &PgPool, batch: Vec<Pending>, outcomes: Vec<Outcome>) -> u6
     // own replies it no longer sees)
     metrics::counter!("threadline_events_ignored_total", "reason" => threadline_store::receipts::OWN_REPLY)
         .increment(settled);
-    let new = new + settled;
-    metrics::counter!("threadline_gateway_receipts_total").increment(new);
+    metrics::counter!("threadline_gateway_receipts_total").increment(new + settled);
     metrics::counter!("threadline_gateway_duplicate_deliveries_total").increment(dup);
-    metrics::histogram!("threadline_gateway_group_commit_size").record((new + dup) as f64);
+    metrics::histogram!("threadline_gateway_group_commit_size")
+        .record((new + settled + dup) as f64);
     new
 }
 

@@ -473,9 +473,13 @@ pub fn is_lock_wait(e: &sqlx::Error) -> bool {
 
 /// [`insert_batch`]'s statement, keeping `own` (each with its receipt's
 /// id and installation). Its own transaction: where it keeps replies, its
-/// first step (an init plan, run before any row is read, so before any
-/// lock is waited for) sets its `lock_timeout` to [`OWN_REPLY_LOCK_WAIT`]
-/// until it ends, which saves a transaction's two round trips per batch.
+/// first step (an init plan, run before any row is read, so before any row
+/// lock is waited for; a table lock, taken as the statement is planned, is
+/// not bounded) sets its `lock_timeout` to [`OWN_REPLY_LOCK_WAIT`] until it
+/// ends, which saves a transaction's two round trips per batch. The bound
+/// covers the whole batch, a receipt another replica is inserting at the
+/// same moment included: past it, the batch runs again without keeping
+/// our replies, without a bound.
 async fn insert(
     pool: &PgPool,
     rs: &[&NewReceipt],
