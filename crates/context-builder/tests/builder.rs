@@ -2406,6 +2406,38 @@ async fn over_budget_notes_are_capped_per_installation_and_minute() {
     env.cleanup().await;
 }
 
+/// A proposed answer of event `(event_id, receipt)` to `source` in thread
+/// `root`, at the thread's version now, that read the messages `read`.
+async fn proposed_answer(
+    env: &Env,
+    (event_id, receipt): (&str, Uuid),
+    (root, source): (&str, &str),
+    read: &[String],
+) -> Uuid {
+    let decision = Uuid::now_v7();
+    testing::decisions::insert_proposed_decision(
+        &env.db.pool,
+        &testing::decisions::ProposedDecision {
+            id: decision,
+            receipt_id: receipt,
+            installation_id: env.inst,
+            event_id,
+            channel_id: "C0CHAN",
+            root_ts: root,
+            source_ts: source,
+            thread_version: env.version(root).await,
+            body_text: "an answer",
+            output_hash: "h",
+        },
+    )
+    .await
+    .expect("decision");
+    testing::decisions::set_decision_context(&env.db.pool, decision, read)
+        .await
+        .expect("context");
+    decision
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_is_asked_for_its_deleted_message_unless_a_later_answer_read_either() {
     let env = Env::new(
@@ -2444,31 +2476,12 @@ async fn a_copy_is_asked_for_its_deleted_message_unless_a_later_answer_read_eith
         let receipt = env
             .handle(&format!("Ev{n}d"), with_id(asked, &format!("d{n}")))
             .await;
-        let decision = Uuid::now_v7();
-        testing::decisions::insert_proposed_decision(
-            &env.db.pool,
-            &testing::decisions::ProposedDecision {
-                id: decision,
-                receipt_id: receipt,
-                installation_id: env.inst,
-                event_id: &format!("Ev{n}d"),
-                channel_id: "C0CHAN",
-                root_ts: &root,
-                source_ts: &later,
-                thread_version: env.version(&root).await,
-                body_text: "an answer",
-                output_hash: "h",
-            },
-        )
-        .await
-        .expect("decision");
         let mut read = vec![root.clone(), later.clone()];
         if later_read_the_question {
             read.push(question.clone());
         }
-        testing::decisions::set_decision_context(&env.db.pool, decision, &read)
-            .await
-            .expect("context");
+        let decision =
+            proposed_answer(&env, (&format!("Ev{n}d"), receipt), (&root, &later), &read).await;
         testing::decisions::set_decision_status(&env.db.pool, decision, "published")
             .await
             .expect("published");
@@ -2518,31 +2531,13 @@ async fn a_copy_waiting_on_a_later_answer_is_asked_when_that_answer_is_discarded
     let mut asked = mention(&later, Some(&root));
     asked["user"] = json!("U0BEA");
     let receipt = env.handle("Ev940d", with_id(asked, "d940")).await;
-    let decision = Uuid::now_v7();
-    testing::decisions::insert_proposed_decision(
-        &env.db.pool,
-        &testing::decisions::ProposedDecision {
-            id: decision,
-            receipt_id: receipt,
-            installation_id: env.inst,
-            event_id: "Ev940d",
-            channel_id: "C0CHAN",
-            root_ts: &root,
-            source_ts: &later,
-            thread_version: env.version(&root).await,
-            body_text: "an answer",
-            output_hash: "h",
-        },
-    )
-    .await
-    .expect("decision");
-    testing::decisions::set_decision_context(
-        &env.db.pool,
-        decision,
+    let decision = proposed_answer(
+        &env,
+        ("Ev940d", receipt),
+        (&root, &later),
         &[root.clone(), question.clone(), later.clone()],
     )
-    .await
-    .expect("context");
+    .await;
     // The person deletes the question: the copy stands in for it, and is
     // not asked while the later answer that read the question may show.
     env.handle(

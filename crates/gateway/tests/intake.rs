@@ -1362,17 +1362,17 @@ fn bot_message(event_id: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Vec
     serde_json::to_vec(&v).expect("json")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn our_own_reply_is_settled_at_intake_and_anything_else_goes_downstream() {
-    // (as a deployment's gateway holds it: without it, our replies go
-    // downstream, whose records name their channel)
+/// A gateway (no relay) of the bot of Slack's bot-message fixtures (app
+/// `A111`, team `T111`, bot `BZYBOTHED`), holding the audit key as a
+/// deployment's does (without it, our replies go downstream, whose records
+/// name their channel).
+async fn with_the_fixtures_bot() -> (Env, uuid::Uuid, Gateway) {
     threadline_runtime::audit::configure(&Source::from_pairs([(
         "THREADLINE_AUDIT_KEY",
         "5a".repeat(32).as_str(),
     )]))
     .expect("audit key");
     let env = Env::new().await;
-    // The fixture's app, team and bot (`BZYBOTHED`).
     let inst = uuid::Uuid::now_v7();
     testing::installations::insert_installation(
         &env.db.pool,
@@ -1395,6 +1395,12 @@ async fn our_own_reply_is_settled_at_intake_and_anything_else_goes_downstream() 
         &[("THREADLINE_RELAY_ENABLED", "false")],
     )
     .await;
+    (env, inst, gw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_own_reply_is_settled_at_intake_and_anything_else_goes_downstream() {
+    let (env, _, gw) = with_the_fixtures_bot().await;
     let (ts, text) = (
         "1658282075.825129",
         "Hi there! This is a reply using response_url.",
@@ -1506,34 +1512,7 @@ async fn our_own_reply_is_settled_at_intake_and_anything_else_goes_downstream() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_own_reply_goes_downstream_when_keeping_it_would_wait_on_another_writer() {
-    threadline_runtime::audit::configure(&Source::from_pairs([(
-        "THREADLINE_AUDIT_KEY",
-        "5a".repeat(32).as_str(),
-    )]))
-    .expect("audit key");
-    let env = Env::new().await;
-    let inst = uuid::Uuid::now_v7();
-    testing::installations::insert_installation(
-        &env.db.pool,
-        &testing::installations::NewInstallation {
-            id: inst,
-            app_id: "A111",
-            team_id: "T111",
-            bot_user_id: "W111",
-            bot_id: "BZYBOTHED",
-            bot_token_sealed: None,
-            bot_token_key_id: None,
-            status: "active",
-        },
-    )
-    .await
-    .expect("installation");
-    let gw = Gateway::start(
-        &env.db,
-        &env.prefix,
-        &[("THREADLINE_RELAY_ENABLED", "false")],
-    )
-    .await;
+    let (env, inst, gw) = with_the_fixtures_bot().await;
     // Another transaction is writing that message's fact (as the
     // context-builder applying an edit of it would) and does not end.
     let mut other = env.db.pool.begin().await.expect("tx");
