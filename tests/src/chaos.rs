@@ -1708,9 +1708,30 @@ pub async fn soak(
             // Given up after Slack refused its posts: expected only when
             // Slack refused that many posts in its thread (the soak raises
             // Slack's own post budget out of reach, so every 429 there is
-            // one it injected).
+            // one it injected) — for a reason inherited from a burst's
+            // latest, in that one's thread.
+            let mut answered_in = q.thread_ts.clone();
+            if thread.is_none() {
+                let mut ts = q.ts.clone();
+                // (a burst is a chain: at most as long as the run's questions)
+                for _ in 0..1000 {
+                    match threadline_store::testing::threads::absorbed_by(
+                        &s.db.pool, &q.channel, &ts,
+                    )
+                    .await
+                    {
+                        Some(later) => ts = later,
+                        None => break,
+                    }
+                }
+                if let Some(root) =
+                    threadline_store::testing::threads::root_of(&s.db.pool, &q.channel, &ts).await
+                {
+                    answered_in = root;
+                }
+            }
             let n = refused
-                .get(&(q.channel.clone(), q.thread_ts.clone()))
+                .get(&(q.channel.clone(), answered_in))
                 .copied()
                 .unwrap_or(0);
             if n >= POST_MAX_ATTEMPTS {

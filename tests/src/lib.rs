@@ -704,15 +704,19 @@ impl RecordsVerdict {
 async fn outcome_reason(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Option<String> {
     let mut ts = ts.to_owned();
     let mut via_later = false;
+    let mut seen = std::collections::HashSet::new();
     // (a burst is a chain: at most as long as the run's questions)
     for _ in 0..1000 {
+        seen.insert(ts.clone());
         let own = threadline_store::testing::decisions::question_outcome_reason(pool, channel, &ts)
             .await
             .unwrap_or(None);
-        // (a doubled message: its action's reason is the kept message's)
+        // (a doubled message: its action's reason is the kept message's,
+        // or, the kept one deleted, the copy's that stands in for it; the
+        // copy's own delivery ended as doubled too, naming the deleted one)
         if own.as_deref() == Some("event ignored:doubled_message") {
             let kept = threadline_store::testing::threads::kept_for(pool, channel, &ts).await;
-            if let Some(kept) = kept {
+            if let Some(kept) = kept.filter(|k| !seen.contains(k)) {
                 ts = kept;
                 continue;
             }

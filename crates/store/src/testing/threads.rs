@@ -476,10 +476,26 @@ pub async fn absorbed_by(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Option
     .flatten()
 }
 
-/// The message kept for the action the doubled message `ts` repeats.
+/// The message kept for the action the doubled message `ts` repeats; for
+/// a kept message the person deleted, the copy that stands in for it.
 pub async fn kept_for(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Option<String> {
     sqlx::query_scalar!(
-        "SELECT kept_ts FROM doubled_messages WHERE channel_id = $1 AND ts = $2",
+        r#"SELECT coalesce((SELECT kept_ts FROM doubled_messages WHERE channel_id = $1 AND ts = $2),
+                           (SELECT ts FROM person_actions WHERE channel_id = $1 AND stood_for = $2 LIMIT 1))
+                  AS "kept""#,
+        channel,
+        ts
+    )
+    .fetch_one(pool)
+    .await
+    .ok()
+    .flatten()
+}
+
+/// The root of the thread of message `ts`.
+pub async fn root_of(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Option<String> {
+    sqlx::query_scalar!(
+        "SELECT root_ts FROM thread_messages WHERE channel_id = $1 AND ts = $2",
         channel,
         ts
     )
