@@ -164,6 +164,17 @@ async fn write_counts(
     (rows.into_iter().collect(), wal)
 }
 
+/// Audit records so far by `stage:outcome`.
+async fn audit_steps(pool: &sqlx::PgPool) -> std::collections::BTreeMap<String, i64> {
+    match server::audit_records_by_step(pool).await {
+        Ok(rows) => rows.into_iter().collect(),
+        Err(e) => {
+            println!("(audit records unreadable: {e})");
+            Default::default()
+        }
+    }
+}
+
 /// Posts `count` mentions at `rate` a second, round robin over `chans`;
 /// returns each one's channel and ts.
 async fn post_mentions(
@@ -315,6 +326,7 @@ async fn main() {
     tokio::time::sleep(STATS_LAG).await;
     let (statements_before, commits_before) = statement_counts(&s.db.pool).await;
     let writes_before = write_counts(&s.db.pool).await;
+    let audit_before = audit_steps(&s.db.pool).await;
     let cpu_before = cpu_by_process();
 
     let started = Instant::now();
@@ -329,6 +341,7 @@ async fn main() {
     tokio::time::sleep(STATS_LAG).await;
     let (statements_after, commits_after) = statement_counts(&s.db.pool).await;
     let writes_after = write_counts(&s.db.pool).await;
+    let audit_after = audit_steps(&s.db.pool).await;
 
     // Slack's ground truth: the reply in each mention's thread.
     let mut latencies = Vec::with_capacity(mentions.len());
@@ -443,6 +456,25 @@ async fn main() {
         by_table
             .iter()
             .map(|(t, n)| format!("{t} {n:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut steps: Vec<(&String, f64)> = audit_after
+        .iter()
+        .map(|(k, n)| {
+            (
+                k,
+                (n - audit_before.get(k).copied().unwrap_or(0)) as f64 / answered,
+            )
+        })
+        .filter(|(_, n)| *n >= 0.05)
+        .collect();
+    steps.sort_by(|a, b| b.1.total_cmp(&a.1));
+    println!(
+        "audit records per answered mention, by stage:outcome: {}",
+        steps
+            .iter()
+            .map(|(k, n)| format!("{k} {n:.2}"))
             .collect::<Vec<_>>()
             .join(", ")
     );

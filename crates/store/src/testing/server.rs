@@ -176,3 +176,15 @@ pub async fn top_statements(pool: &sqlx::PgPool) -> sqlx::Result<Vec<StatementCa
     .fetch_all(pool)
     .await
 }
+
+/// Audit records so far by stage and outcome, most first: where the audit
+/// log's rows per answered mention come from.
+pub async fn audit_records_by_step(pool: &sqlx::PgPool) -> sqlx::Result<Vec<(String, i64)>> {
+    let rows = sqlx::query!(
+        r#"SELECT stage || ':' || outcome AS "step!", count(*) AS "n!"
+             FROM audit_log GROUP BY stage, outcome ORDER BY 2 DESC"#
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.step, r.n)).collect())
+}
