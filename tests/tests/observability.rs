@@ -53,6 +53,33 @@ async fn one_event_is_one_unbroken_trace_and_one_content_free_audit_trail() {
             .any(|r| r.stage == "delivery" && r.delivery_status.as_deref() == Some("sent")),
         "{trail:?}"
     );
+    // One record per decision point: none of a post only claimed, nor of a
+    // step that echoes another (the decision published by its delivery,
+    // the request handed on with the context built for it); the delivery
+    // says when its post was claimed.
+    let mut steps: Vec<(&str, &str)> = trail
+        .iter()
+        .map(|r| (r.stage.as_str(), r.outcome.as_str()))
+        .collect();
+    steps.sort();
+    assert_eq!(
+        steps,
+        [
+            ("context", "context_built"),
+            ("decision", "calling"),
+            ("decision", "proposed"),
+            ("delivery", "sent"),
+            ("intake", "accepted")
+        ],
+        "{trail:?}"
+    );
+    for r in trail.iter().filter(|r| r.stage == "delivery") {
+        assert_eq!(
+            r.began_before,
+            Some(true),
+            "when its post was claimed: {r:?}"
+        );
+    }
     assert!(
         trail
             .iter()

@@ -499,43 +499,63 @@ async fn a_batch_of_builds_reads_as_the_builds_one_by_one() {
             .count();
         assert_eq!(records, built, "context records of receipt {k}");
     }
+    // Two receipts whose context was never recorded (their requests ended
+    // another way).
+    for (i, root) in [(3, "503.000001"), (4, "504.000001")] {
+        let (id, _) = env.receipt(&format!("EvB{i}"), mention(root, None)).await;
+        testing::receipts::set_receipt_state(&env.db.pool, id, "processing", None)
+            .await
+            .expect("claim");
+        receipts.push((id, format!("EvB{i}"), root));
+    }
     // Done, in one statement: the twice-named receipt ends once, the
-    // ignored one not at all.
+    // ignored one not at all. A receipt handed on with its context gets no
+    // record of its own (its `context_built` stands for it); one without a
+    // context gets its `done`.
     let ending = |k: usize| store::Ending {
         receipt: receipts[k].0,
         installation: env.inst,
         channel: "C0CHAN".into(),
         pseudonym: Some("ref".into()),
     };
-    // (receipt 2 named with another channel than its event's: its record
+    // (receipt 4 named with another channel than its event's: its record
     // gets no pseudonym)
     let elsewhere = store::Ending {
         channel: "C0ELSE".into(),
-        ..ending(2)
+        ..ending(4)
     };
     let mut conn = env.db.pool.acquire().await.expect("conn");
     let ended = store::finish_many(
         &mut conn,
-        &[ending(0), ending(1), elsewhere, ending(0)],
+        &[
+            ending(0),
+            ending(1),
+            ending(2),
+            ending(0),
+            ending(3),
+            elsewhere,
+        ],
         ReceiptState::Done,
         None,
     )
     .await
     .expect("finish");
-    assert_eq!(ended, [true, false, true, false]);
-    for (k, state) in [(0, "done"), (1, "ignored"), (2, "done")] {
+    assert_eq!(ended, [true, false, true, false, true, true]);
+    for (k, state, records) in [
+        (0, "done", 0),
+        (1, "ignored", 0),
+        (2, "done", 0),
+        (3, "done", 1),
+        (4, "done", 1),
+    ] {
         assert_eq!(env.state(receipts[k].0).await.0, state, "receipt {k}");
         let trail = testing::audit::trail_of_event(&env.db.pool, &receipts[k].1)
             .await
             .expect("trail");
         let done: Vec<_> = trail.iter().filter(|r| r.outcome == "done").collect();
-        assert_eq!(
-            done.len(),
-            usize::from(state == "done"),
-            "done records of receipt {k}"
-        );
+        assert_eq!(done.len(), records, "done records of receipt {k}");
         if let Some(d) = done.first() {
-            let pseudonym = (k == 0).then_some("ref");
+            let pseudonym = (k == 3).then_some("ref");
             assert_eq!(
                 d.channel_ref.as_deref(),
                 pseudonym,

@@ -311,7 +311,11 @@ pub async fn note_failure(pool: &PgPool, receipt: Uuid, limit: i32) -> sqlx::Res
 }
 
 /// Ends a receipt: `processing → done | ignored(reason)`, compare-and-set,
-/// with its audit record written by the same statement. `at` is the
+/// with its audit record written by the same statement, except where a
+/// context was recorded for it and it ends `done` with no reason: its
+/// context's record (`context_built`, written in the build's transaction,
+/// before the context was handed on) is then the context stage's record,
+/// so a handed-on request costs one record, not two. `at` is the
 /// installation and channel the event named, with the channel's pseudonym
 /// (written only when the receipt agrees).
 pub async fn finish(
@@ -329,15 +333,18 @@ pub async fn finish(
         "WITH r AS (
             UPDATE event_receipts SET state = $2, state_reason = $3, updated_at = now()
              WHERE id = $1 AND state = ANY($9)
-            RETURNING id, installation_id, event_id, channel_id, event_type, retry_num + duplicate_deliveries AS retries)
-         INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
-                                event_type, retry_count)
-         SELECT 'context', $4, $5, r.installation_id, r.event_id, r.id,
-                CASE WHEN r.installation_id = $6 AND r.channel_id = $7 THEN $8 END,
-                coalesce(nullif(left(regexp_replace(lower(r.event_type), '[^a-z0-9_.:-]', '_', 'g'), 64), ''), 'unknown'),
-                r.retries
-           FROM r
-         RETURNING receipt_id",
+            RETURNING id, installation_id, event_id, channel_id, event_type, retry_num + duplicate_deliveries AS retries),
+         a AS (
+            INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
+                                   event_type, retry_count)
+            SELECT 'context', $4, $5, r.installation_id, r.event_id, r.id,
+                   CASE WHEN r.installation_id = $6 AND r.channel_id = $7 THEN $8 END,
+                   coalesce(nullif(left(regexp_replace(lower(r.event_type), '[^a-z0-9_.:-]', '_', 'g'), 64), ''), 'unknown'),
+                   r.retries
+              FROM r
+             WHERE NOT ($2 = 'done' AND $3::text IS NULL
+                        AND EXISTS (SELECT 1 FROM contexts c WHERE c.receipt_id = r.id)))
+         SELECT id FROM r",
         receipt,
         state.as_str(),
         reason,
@@ -382,18 +389,21 @@ pub async fn finish_many(
         r#"WITH r AS (
             UPDATE event_receipts SET state = $5, state_reason = $6, updated_at = now()
              WHERE id = ANY($1) AND state = ANY($9)
-            RETURNING id, installation_id, event_id, channel_id, event_type, retry_num + duplicate_deliveries AS retries)
-         INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
-                                event_type, retry_count)
-         SELECT 'context', $7, $8, r.installation_id, r.event_id, r.id,
-                (SELECT e.pseudonym
-                   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]) AS e(receipt, inst, channel, pseudonym)
-                  WHERE e.receipt = r.id AND e.inst = r.installation_id AND e.channel = r.channel_id
-                  LIMIT 1),
-                coalesce(nullif(left(regexp_replace(lower(r.event_type), '[^a-z0-9_.:-]', '_', 'g'), 64), ''), 'unknown'),
-                r.retries
-           FROM r
-         RETURNING receipt_id AS "receipt_id!""#,
+            RETURNING id, installation_id, event_id, channel_id, event_type, retry_num + duplicate_deliveries AS retries),
+         a AS (
+            INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
+                                   event_type, retry_count)
+            SELECT 'context', $7, $8, r.installation_id, r.event_id, r.id,
+                   (SELECT e.pseudonym
+                      FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]) AS e(receipt, inst, channel, pseudonym)
+                     WHERE e.receipt = r.id AND e.inst = r.installation_id AND e.channel = r.channel_id
+                     LIMIT 1),
+                   coalesce(nullif(left(regexp_replace(lower(r.event_type), '[^a-z0-9_.:-]', '_', 'g'), 64), ''), 'unknown'),
+                   r.retries
+              FROM r
+             WHERE NOT ($5 = 'done' AND $6::text IS NULL
+                        AND EXISTS (SELECT 1 FROM contexts c WHERE c.receipt_id = r.id)))
+         SELECT id AS "receipt_id!" FROM r"#,
         &endings.iter().map(|e| e.receipt).collect::<Vec<_>>(),
         &endings.iter().map(|e| e.installation).collect::<Vec<_>>(),
         &endings.iter().map(|e| e.channel.clone()).collect::<Vec<_>>(),

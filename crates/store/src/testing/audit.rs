@@ -44,13 +44,17 @@ pub struct TrailRecord {
     pub outcome: String,
     pub channel_ref: Option<String>,
     pub delivery_status: Option<String>,
+    /// Whether the record says when its step began (`began_at`), and that
+    /// was no later than the record.
+    pub began_before: Option<bool>,
 }
 
 /// The audit records of event `event_id`, oldest first.
 pub async fn trail_of_event(pool: &sqlx::PgPool, event_id: &str) -> sqlx::Result<Vec<TrailRecord>> {
     sqlx::query_as!(
         TrailRecord,
-        "SELECT stage, outcome, channel_ref, delivery_status FROM audit_log WHERE event_id = $1 ORDER BY id",
+        "SELECT stage, outcome, channel_ref, delivery_status, began_at <= at AS began_before
+           FROM audit_log WHERE event_id = $1 ORDER BY id",
         event_id
     )
     .fetch_all(pool)
