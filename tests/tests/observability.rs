@@ -73,6 +73,20 @@ async fn one_event_is_one_unbroken_trace_and_one_content_free_audit_trail() {
         ],
         "{trail:?}"
     );
+    // The context's record, standing for the request handed on, says what
+    // its ending would have: the event's type and deliveries.
+    // (the mention or its `message` twin, whichever came first)
+    let intake_type = trail
+        .iter()
+        .find(|r| r.stage == "intake")
+        .and_then(|r| r.event_type.clone());
+    assert!(
+        intake_type.is_some()
+            && trail.iter().any(|r| r.stage == "context"
+                && r.event_type == intake_type
+                && r.retry_count == Some(0)),
+        "{trail:?}"
+    );
     for r in trail.iter().filter(|r| r.stage == "delivery") {
         assert_eq!(
             r.began_before,

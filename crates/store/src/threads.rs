@@ -1342,10 +1342,16 @@ async fn record_round(conn: &mut PgConnection, cs: &[&ContextRecord<'_>]) -> sql
                SET thread_version = EXCLUDED.thread_version, content_hash = EXCLUDED.content_hash,
                    message_count = EXCLUDED.message_count, truncated = EXCLUDED.truncated,
                    backfill_partial = EXCLUDED.backfill_partial, captured_at = now())
-         INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref, thread_version)
+         -- (the event's type and deliveries so far, as the receipt's ending
+         -- records them: for a request handed on, this record is the
+         -- context stage's only one)
+         INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref, thread_version,
+                                event_type, retry_count)
          SELECT 'context', 'context_built', CASE WHEN c.backfill_partial THEN 'backfill_partial' END,
-                c.installation_id, c.event_id, c.receipt_id, c.channel_ref, c.thread_version
-           FROM c"#,
+                c.installation_id, c.event_id, c.receipt_id, c.channel_ref, c.thread_version,
+                coalesce(nullif(left(regexp_replace(lower(r.event_type), '[^a-z0-9_.:-]', '_', 'g'), 64), ''), 'unknown'),
+                r.retry_num + r.duplicate_deliveries
+           FROM c LEFT JOIN event_receipts r ON r.id = c.receipt_id"#,
         &cs.iter().map(|c| c.receipt_id).collect::<Vec<_>>(),
         &cs.iter().map(|c| c.installation_id).collect::<Vec<_>>(),
         &cs.iter().map(|c| c.channel_id.to_owned()).collect::<Vec<_>>(),

@@ -44,6 +44,8 @@ pub struct TrailRecord {
     pub outcome: String,
     pub channel_ref: Option<String>,
     pub delivery_status: Option<String>,
+    pub event_type: Option<String>,
+    pub retry_count: Option<i32>,
     /// Whether the record says when its step began (`began_at`), and that
     /// was no later than the record.
     pub began_before: Option<bool>,
@@ -53,7 +55,7 @@ pub struct TrailRecord {
 pub async fn trail_of_event(pool: &sqlx::PgPool, event_id: &str) -> sqlx::Result<Vec<TrailRecord>> {
     sqlx::query_as!(
         TrailRecord,
-        "SELECT stage, outcome, channel_ref, delivery_status, began_at <= at AS began_before
+        "SELECT stage, outcome, channel_ref, delivery_status, event_type, retry_count, began_at <= at AS began_before
            FROM audit_log WHERE event_id = $1 ORDER BY id",
         event_id
     )
