@@ -779,8 +779,8 @@ pub async fn records_verdict(pool: &sqlx::PgPool, j: &oracle::Judgement) -> Reco
     for q in &j.unexplained {
         own.push(outcome_reason(pool, &q.channel, &q.ts).await);
     }
-    let mut reasons = Vec::new();
-    for (i, q) in j.unexplained.iter().enumerate() {
+    let mut first: Vec<Option<String>> = Vec::new();
+    for q in &j.unexplained {
         let key = |ts: &str| {
             let (a, b) = ts.split_once('.').unwrap_or((ts, "0"));
             (a.parse::<u64>().unwrap_or(0), b.parse::<u64>().unwrap_or(0))
@@ -798,9 +798,45 @@ pub async fn records_verdict(pool: &sqlx::PgPool, j: &oracle::Judgement) -> Reco
                 .min_by_key(|(o, _)| key(&o.ts))
                 .and_then(|(_, r)| r.clone())
         };
-        let reason = own[i]
-            .clone()
-            .or_else(|| later().map(|r| format!("with a later question: {r}")));
+        let i = first.len();
+        first.push(
+            own[i]
+                .clone()
+                .or_else(|| later().map(|r| format!("with a later question: {r}"))),
+        );
+    }
+    // A question absorbed into a later request of its burst (double
+    // texting) whose own thread has no later question is explained as
+    // that request is: say, by a later question of the request's thread,
+    // whose answer would have read the burst too (an answer to a reply
+    // reads the burst before its thread's root while no answer there went
+    // out).
+    let mut reasons = Vec::new();
+    for (i, q) in j.unexplained.iter().enumerate() {
+        let mut reason = first[i].clone();
+        let mut at = q.ts.clone();
+        let mut seen = std::collections::HashSet::new();
+        while reason.is_none() && seen.insert(at.clone()) {
+            let Some(later) =
+                threadline_store::testing::threads::absorbed_by(pool, &q.channel, &at).await
+            else {
+                break;
+            };
+            reason = j
+                .unexplained
+                .iter()
+                .zip(&first)
+                .find(|(o, _)| o.channel == q.channel && o.ts == later)
+                .and_then(|(_, r)| r.clone())
+                .map(|r| {
+                    if r.starts_with("with a later question: ") {
+                        r
+                    } else {
+                        format!("with a later question: {r}")
+                    }
+                });
+            at = later;
+        }
         if let Some(r) = reason {
             reasons.push((q.clone(), r));
         } else {

@@ -533,6 +533,65 @@ async fn the_record_checks_catch_unrecorded_crossings_and_unexplained_questions(
         r.violations
     );
     assert_eq!(r.by_reason().values().sum::<usize>(), 3);
+
+    // A top-level question absorbed into a later one of its burst, whose
+    // answer went stale when a reply came in its thread; that reply's
+    // answer, which would have read the burst too, was rejected: the
+    // absorbed question is explained by it, through the question that
+    // absorbed it (its own thread has no later question).
+    let at = |thread: &str, ts: &str| oracle::Question {
+        channel: "C1".into(),
+        thread_ts: thread.into(),
+        ts: ts.into(),
+    };
+    let j = oracle::Judgement {
+        unexplained: vec![
+            at("60.000001", "60.000001"),
+            at("61.000001", "61.000001"),
+            at("61.000001", "61.000002"),
+        ],
+        ..Default::default()
+    };
+    let r = threadline_tests::records_verdict(&db.pool, &j).await;
+    assert_eq!(r.violations.len(), 3, "no records yet: {:?}", r.violations);
+    threads::insert_absorbed(&db.pool, inst, "C1", "60.000001", "61.000001")
+        .await
+        .expect("absorbed");
+    decisions::insert_decision_with_status(
+        &db.pool,
+        &decisions::DecisionRow {
+            id: uuid::Uuid::now_v7(),
+            receipt_id: uuid::Uuid::now_v7(),
+            installation_id: inst,
+            event_id: "Ev61",
+            channel_id: "C1",
+            ts: "61.000002",
+            thread_version: 2,
+            status: "rejected",
+            status_reason: Some("reviewer"),
+        },
+    )
+    .await
+    .expect("decision");
+    let r = threadline_tests::records_verdict(&db.pool, &j).await;
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert_eq!(
+        r.reasons
+            .iter()
+            .map(|(q, why)| (q.ts.as_str(), why.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            (
+                "60.000001",
+                "with a later question: decision rejected:reviewer"
+            ),
+            (
+                "61.000001",
+                "with a later question: decision rejected:reviewer"
+            ),
+            ("61.000002", "decision rejected:reviewer"),
+        ]
+    );
 }
 
 impl World {

@@ -476,6 +476,27 @@ pub async fn absorbed_by(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Option
     .flatten()
 }
 
+/// Records request `ts` of `channel` as absorbed into the later request
+/// `later` of its burst (double texting), as the context-builder would.
+pub async fn insert_absorbed(
+    pool: &sqlx::PgPool,
+    installation: uuid::Uuid,
+    channel: &str,
+    ts: &str,
+    later: &str,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO double_texts (installation_id, channel_id, ts, outcome, later_ts) VALUES ($1, $2, $3, 'absorbed', $4)",
+        installation,
+        channel,
+        ts,
+        later
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// The message kept for the action the doubled message `ts` repeats; for
 /// a kept message the person deleted, the copy that stands in for it.
 pub async fn kept_for(pool: &sqlx::PgPool, channel: &str, ts: &str) -> Option<String> {
