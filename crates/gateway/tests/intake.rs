@@ -1529,3 +1529,300 @@ async fn our_own_reply_goes_downstream_when_keeping_it_would_wait_on_another_wri
     other.rollback().await.expect("rollback");
     gw.stop().await;
 }
+
+/// Slack's `app_mention` fixture (a person mentioning the fixtures' bot
+/// `W111` in `C111`) as delivery `event_id` of the message `ts` (a reply
+/// in `thread` when given): as its `app_mention`, or (`as_message`) as the
+/// `message` a `message.channels` subscription delivers of the same
+/// message.
+fn mention_form(event_id: &str, ts: &str, thread: Option<&str>, as_message: bool) -> Vec<u8> {
+    let raw = threadline_testkit::fixture("events/app_mention.bolt-python.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&raw).expect("fixture");
+    v["event_id"] = json!(event_id);
+    v["event"]["ts"] = json!(ts);
+    v["event"]["event_ts"] = json!(ts);
+    if let Some(root) = thread {
+        v["event"]["thread_ts"] = json!(root);
+    }
+    if as_message {
+        v["event"]["type"] = json!("message");
+        v["event"]["channel_type"] = json!("channel");
+    }
+    serde_json::to_vec(&v).expect("json")
+}
+
+/// Each receipt's state and reason, by event id.
+async fn receipts_by_event(env: &Env) -> Vec<(String, String)> {
+    testing::receipts::states_by_event(&env.db.pool)
+        .await
+        .expect("receipts")
+        .into_iter()
+        .map(|(id, state, reason)| (id, format!("{state}:{}", reason.unwrap_or_default())))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mentions_app_mention_is_settled_at_intake_while_its_message_is_to_be_handled() {
+    let (env, _, gw) = with_the_fixtures_bot().await;
+    let ok = (200, false);
+    let (mention, message) = (false, true);
+    let form = |id: &str, ts: &str, thread: Option<&str>, as_message: bool| {
+        mention_form(id, ts, thread, as_message)
+    };
+    // The `message` second: it goes downstream (it tells the channel's
+    // kind, which the `app_mention` does not).
+    assert_eq!(
+        post(&env, &gw, &form("EvT01", "1.000001", None, mention), None).await,
+        ok
+    );
+    assert_eq!(
+        post(&env, &gw, &form("EvT02", "1.000001", None, message), None).await,
+        ok
+    );
+    // The `app_mention` second, its `message` not handled yet: settled,
+    // and Slack's retry of it is a duplicate of it.
+    assert_eq!(
+        post(&env, &gw, &form("EvT03", "2.000001", None, message), None).await,
+        ok
+    );
+    assert_eq!(
+        post(&env, &gw, &form("EvT04", "2.000001", None, mention), None).await,
+        ok
+    );
+    let retry = Some((1, "http_timeout"));
+    assert_eq!(
+        post(&env, &gw, &form("EvT04", "2.000001", None, mention), retry).await,
+        ok
+    );
+    // Its `message` being handled (a context-builder opened it): settled.
+    assert_eq!(
+        post(&env, &gw, &form("EvT05", "3.000001", None, message), None).await,
+        ok
+    );
+    set_state(&env, "EvT05", "processing").await;
+    assert_eq!(
+        post(&env, &gw, &form("EvT06", "3.000001", None, mention), None).await,
+        ok
+    );
+    // Its `message` handled already: downstream, its turn decided there.
+    assert_eq!(
+        post(&env, &gw, &form("EvT07", "4.000001", None, message), None).await,
+        ok
+    );
+    set_state(&env, "EvT07", "done").await;
+    assert_eq!(
+        post(&env, &gw, &form("EvT08", "4.000001", None, mention), None).await,
+        ok
+    );
+    // A reply in a thread: the same.
+    let root = Some("1.000001");
+    assert_eq!(
+        post(&env, &gw, &form("EvT09", "5.000001", root, message), None).await,
+        ok
+    );
+    assert_eq!(
+        post(&env, &gw, &form("EvT10", "5.000001", root, mention), None).await,
+        ok
+    );
+    // Another message's `message` is no twin.
+    assert_eq!(
+        post(&env, &gw, &form("EvT11", "6.000001", None, message), None).await,
+        ok
+    );
+    assert_eq!(
+        post(&env, &gw, &form("EvT12", "6.000002", None, mention), None).await,
+        ok
+    );
+
+    let (accepted, twin) = ("accepted:", "ignored:duplicate_turn");
+    let expected: Vec<(String, String)> = [
+        ("EvT01", accepted),
+        ("EvT02", accepted),
+        ("EvT03", accepted),
+        ("EvT04", twin),
+        ("EvT05", "processing:"),
+        ("EvT06", twin),
+        ("EvT07", "done:"),
+        ("EvT08", accepted),
+        ("EvT09", accepted),
+        ("EvT10", twin),
+        ("EvT11", accepted),
+        ("EvT12", accepted),
+    ]
+    .into_iter()
+    .map(|(e, s)| (e.to_owned(), s.to_owned()))
+    .collect();
+    assert_eq!(receipts_by_event(&env).await, expected);
+    assert_eq!(receipt(&env, "EvT04").await.duplicate_deliveries, 1);
+    assert_eq!(
+        env.count(Count::Outbox).await,
+        9,
+        "an outbox row for every receipt but the three settled"
+    );
+    // One content-free record for a settled `app_mention`: received and
+    // settled.
+    for event in ["EvT04", "EvT06", "EvT10"] {
+        let trail = testing::audit::trail_of_event(&env.db.pool, event)
+            .await
+            .expect("audit");
+        assert_eq!(
+            trail
+                .iter()
+                .map(|r| (
+                    r.stage.as_str(),
+                    r.outcome.as_str(),
+                    r.channel_ref.is_some()
+                ))
+                .collect::<Vec<_>>(),
+            [("intake", "ignored", true)],
+            "{event}: received, settled, its channel pseudonymised"
+        );
+    }
+    gw.stop().await;
+}
+
+/// Sets the state of `event_id`'s receipt, as its handling would.
+async fn set_state(env: &Env, event_id: &str, state: &str) {
+    let id = testing::receipts::receipt_id_by_event(&env.db.pool, event_id)
+        .await
+        .expect("receipt");
+    testing::receipts::set_receipt_state(&env.db.pool, id, state, None)
+        .await
+        .expect("state");
+}
+
+/// The receipt the gateway would build of `body` for the fixtures' bot,
+/// marked for settling as the gateway marks it.
+fn new_receipt(inst: uuid::Uuid, body: &[u8]) -> threadline_store::receipts::NewReceipt {
+    let threadline_domain::Envelope::EventCallback(cb) =
+        threadline_domain::Envelope::parse(body).expect("parses")
+    else {
+        panic!("an event callback");
+    };
+    let mut r = threadline_store::receipts::build(
+        &cb,
+        threadline_store::receipts::ReceiptMeta {
+            id: uuid::Uuid::now_v7(),
+            installation_id: inst,
+            retry_num: 0,
+            retry_reason: None,
+            received_at_unix_ms: 0,
+            traceparent: None,
+            tracestate: None,
+        },
+    );
+    let me = threadline_domain::classify::BotIdentity {
+        app_id: "A111".into(),
+        bot_id: "BZYBOTHED".into(),
+        bot_user_id: "W111".into(),
+    };
+    threadline_store::receipts::settle_at_intake(&mut r, &cb, &me, |_| Some("ref".into()));
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_forms_of_a_mention_in_one_commit_go_downstream_once() {
+    let (env, inst, gw) = with_the_fixtures_bot().await;
+    gw.stop().await;
+    let pool = &env.db.pool;
+    let insert = |rs: Vec<threadline_store::receipts::NewReceipt>, settle: bool| async move {
+        let refs: Vec<&threadline_store::receipts::NewReceipt> = rs.iter().collect();
+        let got = threadline_store::receipts::insert_batch(pool, &refs, settle)
+            .await
+            .expect("insert");
+        rs.iter()
+            .map(|r| got.iter().find(|g| g.0 == r.id).map(|g| g.1))
+            .collect::<Vec<_>>()
+    };
+    let forms = |a: &str, m: &str, ts: &str| {
+        (
+            new_receipt(inst, &mention_form(a, ts, None, false)),
+            new_receipt(inst, &mention_form(m, ts, None, true)),
+        )
+    };
+    // Either order in the statement: the `app_mention` is settled, the
+    // `message` goes downstream.
+    let (a, m) = forms("EvB01", "EvB02", "1.000001");
+    assert!(m.at_intake.is_none(), "a `message` is never marked");
+    assert_eq!(insert(vec![a, m], true).await, [Some(true), Some(false)]);
+    let (a, m) = forms("EvB03", "EvB04", "2.000001");
+    assert_eq!(insert(vec![m, a], true).await, [Some(false), Some(true)]);
+    // Not settling (a retry after settling failed): both go downstream.
+    let (a, m) = forms("EvB05", "EvB06", "3.000001");
+    assert_eq!(insert(vec![a, m], false).await, [Some(false), Some(false)]);
+    // The `message` in the statement is a delivery again of one held as
+    // unparsed, or of one handled already: the `app_mention` goes
+    // downstream.
+    testing::receipts::insert_unparsed_receipt(
+        pool,
+        &testing::receipts::NewUnparsedReceipt {
+            id: uuid::Uuid::now_v7(),
+            installation_id: Some(inst),
+            api_app_id: "A111",
+            event_id: "EvB08",
+            team_id: "T111",
+            event_type: "message",
+            parse_error: "not_json: held",
+            retry_num: 0,
+            body: b"{}",
+        },
+    )
+    .await
+    .expect("unparsed");
+    let (a, m) = forms("EvB07", "EvB08", "4.000001");
+    assert_eq!(insert(vec![a, m], true).await, [Some(false), None]);
+    let (a, m) = forms("EvB09", "EvB10", "5.000001");
+    let again = new_receipt(inst, &mention_form("EvB10", "5.000001", None, true));
+    assert_eq!(insert(vec![m], true).await, [Some(false)]);
+    let handled = testing::receipts::receipt_id_by_event(pool, "EvB10")
+        .await
+        .expect("receipt");
+    testing::receipts::set_receipt_state(pool, handled, "ignored", Some("late_event"))
+        .await
+        .expect("state");
+    assert_eq!(insert(vec![a, again], true).await, [Some(false), None]);
+    // An edited mention (Slack's `app_mention` again for a message edited
+    // to name the bot) may change the text: never settled.
+    let first = new_receipt(inst, &mention_form("EvB11", "6.000001", None, true));
+    assert_eq!(insert(vec![first], true).await, [Some(false)]);
+    let mut edited: serde_json::Value =
+        serde_json::from_slice(&mention_form("EvB12", "6.000001", None, false)).expect("json");
+    edited["event"]["edited"] = json!({"user": "W222", "ts": "6.500001"});
+    let edited = new_receipt(inst, &serde_json::to_vec(&edited).expect("json"));
+    assert!(edited.at_intake.is_none(), "an edit is not marked");
+    assert_eq!(insert(vec![edited], true).await, [Some(false)]);
+    // The settled ones' records say why, and name their channel.
+    let states = testing::receipts::states_by_event(pool)
+        .await
+        .expect("receipts");
+    let settled: Vec<&str> = states
+        .iter()
+        .filter(|(_, state, reason)| {
+            state == "ignored" && reason.as_deref() == Some("duplicate_turn")
+        })
+        .map(|(id, _, _)| id.as_str())
+        .collect();
+    assert_eq!(settled, ["EvB01", "EvB03"]);
+    for event in settled {
+        let trail = testing::audit::trail_of_event(pool, event)
+            .await
+            .expect("audit");
+        assert_eq!(
+            trail
+                .iter()
+                .map(|r| (
+                    r.stage.as_str(),
+                    r.outcome.as_str(),
+                    r.channel_ref.as_deref()
+                ))
+                .collect::<Vec<_>>(),
+            [("intake", "ignored", Some("ref"))],
+            "{event}"
+        );
+    }
+    assert_eq!(
+        env.count(Count::Outbox).await,
+        9,
+        "an outbox row for every receipt inserted but the two settled"
+    );
+}
