@@ -395,3 +395,26 @@ async fn purge_removes_only_what_is_past_retention() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The statements that write an event's type into the audit log (intake,
+/// relay, context, late events) and the records written from Rust cut it
+/// to the same short token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_logs_event_type_is_one_token_in_sql_and_in_rust() {
+    let db = threadline_testkit::TestDb::new().await;
+    let long = "x".repeat(100);
+    for t in [
+        "app_mention",
+        "message",
+        "Bad thing: <@U1> said \"hi\"",
+        "app_home_opened.v2:x-y",
+        "ümlaut_événement",
+        long.as_str(),
+        "",
+    ] {
+        let sql = threadline_store::testing::audit::audit_event_type(&db.pool, t)
+            .await
+            .expect("audit_event_type");
+        assert_eq!(sql, threadline_store::audit::sanitise_code(t), "{t:?}");
+    }
+}

@@ -62,8 +62,7 @@ pub async fn record(conn: &mut PgConnection, r: &LateRecord<'_>) -> sqlx::Result
             INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
                                    event_type)
             SELECT 'context', 'late_event', $6, e.installation_id, e.event_id, e.id, $7,
-                   coalesce(nullif(left(regexp_replace(lower(e.event_type), '[^a-z0-9_.:-]', '_', 'g'), 64), ''),
-                            'unknown')
+                   audit_event_type(e.event_type)
               FROM l JOIN event_receipts e ON e.id = l.receipt_id
             RETURNING 1)
          SELECT EXISTS (SELECT 1 FROM l) AS "recorded!""#,

@@ -216,7 +216,7 @@ pub async fn settle(
                INSERT INTO audit_log (stage, outcome, installation_id, event_id, receipt_id, channel_ref,
                                       event_type, received_at, acked_at, retry_count)
                SELECT 'intake', 'accepted', r.installation_id, r.event_id, r.id, nullif(c.ref, ''),
-                      r.event_type, r.received_at, d.created_at, r.retry_num
+                      audit_event_type(r.event_type), r.received_at, d.created_at, r.retry_num
                  FROM done d
                  JOIN event_receipts r ON r.id = d.receipt_id
                  LEFT JOIN UNNEST($2::uuid[], $3::text[]) AS c(receipt, ref) ON c.receipt = d.receipt_id

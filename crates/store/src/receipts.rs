@@ -682,7 +682,7 @@ async fn insert(
              INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
                                     event_type, received_at, acked_at, retry_count)
              SELECT 'intake', $32, s.reason, input.installation_id, input.event_id, input.id, s.channel_ref,
-                    input.event_type, now(), now(), input.retry_num
+                    audit_event_type(input.event_type), now(), now(), input.retry_num
                FROM (SELECT id, channel_ref, $33 AS reason FROM own
                      UNION ALL
                      SELECT twins.id, twins.channel_ref, $38 FROM twins JOIN ins ON ins.id = twins.id) s

@@ -339,7 +339,7 @@ pub async fn finish(
                                    event_type, retry_count)
             SELECT 'context', $4, $5, r.installation_id, r.event_id, r.id,
                    CASE WHEN r.installation_id = $6 AND r.channel_id = $7 THEN $8 END,
-                   coalesce(nullif(left(regexp_replace(lower(r.event_type), '[^a-z0-9_.:-]', '_', 'g'), 64), ''), 'unknown'),
+                   audit_event_type(r.event_type),
                    r.retries
               FROM r
              WHERE NOT ($2 = 'done' AND $3::text IS NULL
@@ -398,7 +398,7 @@ pub async fn finish_many(
                       FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]) AS e(receipt, inst, channel, pseudonym)
                      WHERE e.receipt = r.id AND e.inst = r.installation_id AND e.channel = r.channel_id
                      LIMIT 1),
-                   coalesce(nullif(left(regexp_replace(lower(r.event_type), '[^a-z0-9_.:-]', '_', 'g'), 64), ''), 'unknown'),
+                   audit_event_type(r.event_type),
                    r.retries
               FROM r
              WHERE NOT ($5 = 'done' AND $6::text IS NULL
@@ -1349,7 +1349,7 @@ async fn record_round(conn: &mut PgConnection, cs: &[&ContextRecord<'_>]) -> sql
                                 event_type, retry_count)
          SELECT 'context', 'context_built', CASE WHEN c.backfill_partial THEN 'backfill_partial' END,
                 c.installation_id, c.event_id, c.receipt_id, c.channel_ref, c.thread_version,
-                coalesce(nullif(left(regexp_replace(lower(r.event_type), '[^a-z0-9_.:-]', '_', 'g'), 64), ''), 'unknown'),
+                audit_event_type(r.event_type),
                 r.retry_num + r.duplicate_deliveries
            FROM c LEFT JOIN event_receipts r ON r.id = c.receipt_id"#,
         &cs.iter().map(|c| c.receipt_id).collect::<Vec<_>>(),

@@ -213,3 +213,10 @@ pub async fn feedback_records(
         .map(|r| (r.decision_id, r.outcome, r.extra))
         .collect())
 }
+
+/// What the audit log writes as the event type `t` (`audit_event_type`).
+pub async fn audit_event_type(pool: &sqlx::PgPool, t: &str) -> sqlx::Result<String> {
+    sqlx::query_scalar!(r#"SELECT audit_event_type($1) AS "t!""#, t)
+        .fetch_one(pool)
+        .await
+}
