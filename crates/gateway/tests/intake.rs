@@ -1564,75 +1564,37 @@ async fn receipts_by_event(env: &Env) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mentions_app_mention_is_settled_at_intake_while_its_message_is_to_be_handled() {
     let (env, _, gw) = with_the_fixtures_bot().await;
-    let ok = (200, false);
     let (mention, message) = (false, true);
-    let form = |id: &str, ts: &str, thread: Option<&str>, as_message: bool| {
-        mention_form(id, ts, thread, as_message)
-    };
     // The `message` second: it goes downstream (it tells the channel's
-    // kind, which the `app_mention` does not).
-    assert_eq!(
-        post(&env, &gw, &form("EvT01", "1.000001", None, mention), None).await,
-        ok
-    );
-    assert_eq!(
-        post(&env, &gw, &form("EvT02", "1.000001", None, message), None).await,
-        ok
-    );
-    // The `app_mention` second, its `message` not handled yet: settled,
-    // and Slack's retry of it is a duplicate of it.
-    assert_eq!(
-        post(&env, &gw, &form("EvT03", "2.000001", None, message), None).await,
-        ok
-    );
-    assert_eq!(
-        post(&env, &gw, &form("EvT04", "2.000001", None, mention), None).await,
-        ok
-    );
-    let retry = Some((1, "http_timeout"));
-    assert_eq!(
-        post(&env, &gw, &form("EvT04", "2.000001", None, mention), retry).await,
-        ok
-    );
+    // kind, which the `app_mention` does not). The `app_mention` second,
+    // its `message` not handled yet: settled.
+    let forms = [
+        ("EvT01", "1.000001", None, mention),
+        ("EvT02", "1.000001", None, message),
+        ("EvT03", "2.000001", None, message),
+        ("EvT04", "2.000001", None, mention),
+    ];
+    deliver_forms(&env, &gw, &forms, None).await;
+    // Slack's retry of a settled one is a duplicate of it.
+    deliver_forms(&env, &gw, &forms[3..], Some((1, "http_timeout"))).await;
     // Its `message` being handled (a context-builder opened it): settled.
-    assert_eq!(
-        post(&env, &gw, &form("EvT05", "3.000001", None, message), None).await,
-        ok
-    );
+    deliver_forms(&env, &gw, &[("EvT05", "3.000001", None, message)], None).await;
     set_state(&env, "EvT05", "processing").await;
-    assert_eq!(
-        post(&env, &gw, &form("EvT06", "3.000001", None, mention), None).await,
-        ok
-    );
+    deliver_forms(&env, &gw, &[("EvT06", "3.000001", None, mention)], None).await;
     // Its `message` handled already: downstream, its turn decided there.
-    assert_eq!(
-        post(&env, &gw, &form("EvT07", "4.000001", None, message), None).await,
-        ok
-    );
+    deliver_forms(&env, &gw, &[("EvT07", "4.000001", None, message)], None).await;
     set_state(&env, "EvT07", "done").await;
-    assert_eq!(
-        post(&env, &gw, &form("EvT08", "4.000001", None, mention), None).await,
-        ok
-    );
-    // A reply in a thread: the same.
+    deliver_forms(&env, &gw, &[("EvT08", "4.000001", None, mention)], None).await;
+    // A reply in a thread: the same. Another message's `message` is no
+    // twin.
     let root = Some("1.000001");
-    assert_eq!(
-        post(&env, &gw, &form("EvT09", "5.000001", root, message), None).await,
-        ok
-    );
-    assert_eq!(
-        post(&env, &gw, &form("EvT10", "5.000001", root, mention), None).await,
-        ok
-    );
-    // Another message's `message` is no twin.
-    assert_eq!(
-        post(&env, &gw, &form("EvT11", "6.000001", None, message), None).await,
-        ok
-    );
-    assert_eq!(
-        post(&env, &gw, &form("EvT12", "6.000002", None, mention), None).await,
-        ok
-    );
+    let forms = [
+        ("EvT09", "5.000001", root, message),
+        ("EvT10", "5.000001", root, mention),
+        ("EvT11", "6.000001", None, message),
+        ("EvT12", "6.000002", None, mention),
+    ];
+    deliver_forms(&env, &gw, &forms, None).await;
 
     let (accepted, twin) = ("accepted:", "ignored:duplicate_turn");
     let expected: Vec<(String, String)> = [
@@ -1689,6 +1651,20 @@ async fn set_state(env: &Env, event_id: &str, state: &str) {
     testing::receipts::set_receipt_state(&env.db.pool, id, state, None)
         .await
         .expect("state");
+}
+
+/// Delivers each form (`mention_form`'s arguments) in turn, `retry` the
+/// retry headers of each; each is acknowledged.
+async fn deliver_forms(
+    env: &Env,
+    gw: &Gateway,
+    forms: &[(&str, &str, Option<&str>, bool)],
+    retry: Option<(u32, &str)>,
+) {
+    for &(id, ts, thread, as_message) in forms {
+        let body = mention_form(id, ts, thread, as_message);
+        assert_eq!(post(env, gw, &body, retry).await, (200, false), "{id}");
+    }
 }
 
 /// The receipt the gateway would build of `body` for the fixtures' bot,
