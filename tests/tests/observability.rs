@@ -409,6 +409,7 @@ async fn the_audit_logs_event_type_is_one_token_in_sql_and_in_rust() {
         "Bad thing: <@U1> said \"hi\"",
         "app_home_opened.v2:x-y",
         "ümlaut_événement",
+        "KELVIN_\u{212A}_İ_ÉVÉNEMENT",
         long.as_str(),
         "",
     ] {
