@@ -509,10 +509,10 @@ async fn accept(
             tracestate: carrier.get("tracestate").cloned(),
         },
     );
-    // Our own new reply, or a mention's second form, is settled with its
-    // receipt: no outbox round, no context-builder work.
+    // Our own new reply is settled with its receipt: no outbox round, no
+    // context-builder work (the publisher recorded the post already).
     if let Some(bot) = &bot {
-        threadline_store::receipts::settle_at_intake(&mut receipt, &cb, bot, |channel| {
+        threadline_store::receipts::settle_own_reply(&mut receipt, &cb, bot, |channel| {
             threadline_runtime::audit::channel_ref(installation_id, channel)
         });
     }
@@ -589,7 +589,7 @@ async fn accept_unparsed(
             parse_error: error,
             body: body.to_vec(),
         }),
-        at_intake: None,
+        own_reply: None,
     };
     match app.intake.submit(receipt).await {
         Ok(Outcome::New | Outcome::Settled) => {

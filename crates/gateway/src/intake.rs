@@ -6,10 +6,9 @@
 //! inserts their receipts with `ON CONFLICT (api_app_id, event_id) DO
 //! NOTHING` and an outbox row for each receipt that was new — or, for a
 //! delivery that did not parse, its raw body in `unparsed_events` and no
-//! outbox row (nothing goes downstream until it is replayed), or, for an
-//! event settled at intake (the bot's own new reply, kept in the thread
-//! store; a mention's second form), no outbox row
-//! (`threadline_store::receipts::AtIntake`). Duplicates are
+//! outbox row (nothing goes downstream until it is replayed), or, for the
+//! bot's own new reply, the reply kept in the thread store and no outbox
+//! row (`threadline_store::receipts::OwnReply`). Duplicates are
 //! then counted on their receipts by a second statement. Only after both have
 //! committed does each waiting request learn its outcome and answer Slack, so
 //! a 2xx always follows the commit of its receipt and outbox row (invariant
@@ -32,8 +31,8 @@ pub enum Outcome {
     /// The receipt and its outbox row (or, unparsed, its body) were
     /// committed by this delivery.
     New,
-    /// The receipt was committed by this delivery, settled with it
-    /// (`receipts::AtIntake`): no outbox row.
+    /// Our own new reply's receipt was committed by this delivery, settled
+    /// with it (`receipts::OwnReply`): no outbox row.
     Settled,
     /// The event already had a receipt; nothing new was created.
     Duplicate,
@@ -141,7 +140,7 @@ async fn commit_and_reply(pool: &PgPool, mut batch: Vec<Pending>) -> u64 {
     if batch.is_empty() {
         return 0;
     }
-    let mut settle = batch.iter().any(|p| p.receipt.at_intake.is_some());
+    let mut settle = batch.iter().any(|p| p.receipt.own_reply.is_some());
     match insert_with_retry(pool, &batch, &mut settle).await {
         Ok(outcomes) => reply(pool, batch, outcomes).await,
         // One delivery Postgres refuses must not fail the others with it:
@@ -155,7 +154,7 @@ async fn commit_and_reply(pool: &PgPool, mut batch: Vec<Pending>) -> u64 {
                     continue;
                 }
                 let one = vec![p];
-                let mut settle_one = settle && one[0].receipt.at_intake.is_some();
+                let mut settle_one = settle && one[0].receipt.own_reply.is_some();
                 match insert_with_retry(pool, &one, &mut settle_one).await {
                     Ok(outcomes) => new += reply(pool, one, outcomes).await,
                     Err(e) => fail(one, e),
@@ -171,12 +170,11 @@ async fn commit_and_reply(pool: &PgPool, mut batch: Vec<Pending>) -> u64 {
 }
 
 /// Inserts the batch, trying again after a deadlock or serialization
-/// failure. `settle`: what may be settled at intake is (our own replies
-/// kept, a mention's second form ended); it turns false (for the caller's
-/// later tries too) once that failed, by a lock wait past its bound or a
-/// refusal Postgres would not give without it, and they go downstream like
-/// any event: settling at intake is a saving, never a reason to refuse a
-/// delivery.
+/// failure. `settle`: our own replies are kept at intake; it turns false
+/// (for the caller's later tries too) once that failed, by a lock wait past
+/// its bound or a refusal Postgres would not give without it, and they go
+/// downstream like any event: keeping them at intake is a saving, never a
+/// reason to refuse a delivery.
 async fn insert_with_retry(
     pool: &PgPool,
     batch: &[Pending],
@@ -193,17 +191,13 @@ async fn insert_with_retry(
                     && (threadline_store::receipts::is_lock_wait(&e)
                         || (e.as_database_error().is_some() && !is_transient(&e))) =>
             {
-                let (mut own, mut twins) = (0u64, 0u64);
-                for p in batch {
-                    match p.receipt.at_intake {
-                        Some(threadline_store::receipts::AtIntake::OwnReply(_)) => own += 1,
-                        Some(threadline_store::receipts::AtIntake::Twin(_)) => twins += 1,
-                        None => {}
-                    }
-                }
-                tracing::warn!(error = %e, own_replies = own, mention_twins = twins, "settling at intake failed; these go downstream");
+                let own = batch
+                    .iter()
+                    .filter(|p| p.receipt.own_reply.is_some())
+                    .count();
+                tracing::warn!(error = %e, own_replies = own, "keeping our own replies at intake failed; they go downstream");
                 metrics::counter!("threadline_gateway_own_replies_sent_downstream_total")
-                    .increment(own);
+                    .increment(own as u64);
                 *settle = false;
                 attempt -= 1;
             }
@@ -226,19 +220,15 @@ async fn reply(pool: &PgPool, batch: Vec<Pending>, outcomes: Vec<Outcome>) -> u6
     for (p, outcome) in batch.into_iter().zip(outcomes) {
         match outcome {
             Outcome::New => new += 1,
-            Outcome::Settled => {
-                settled += 1;
-                // (what the context-builder counts of the events it
-                // ignores, for those it no longer sees)
-                if let Some(s) = &p.receipt.at_intake {
-                    metrics::counter!("threadline_events_ignored_total", "reason" => s.reason())
-                        .increment(1);
-                }
-            }
+            Outcome::Settled => settled += 1,
             Outcome::Duplicate => dup += 1,
         }
         let _ = p.reply.send(Ok(outcome));
     }
+    // (what the context-builder counts of the events it ignores, for our
+    // own replies it no longer sees)
+    metrics::counter!("threadline_events_ignored_total", "reason" => threadline_store::receipts::OWN_REPLY)
+        .increment(settled);
     metrics::counter!("threadline_gateway_receipts_total").increment(new + settled);
     metrics::counter!("threadline_gateway_duplicate_deliveries_total").increment(dup);
     metrics::histogram!("threadline_gateway_group_commit_size")
@@ -298,14 +288,17 @@ async fn insert_batch(
     let rs: Vec<&NewReceipt> = candidates.iter().map(|&i| &batch[i].receipt).collect();
     let inserted = threadline_store::receipts::insert_batch(pool, &rs, settle).await?;
 
-    let inserted: HashMap<Uuid, bool> = inserted.into_iter().collect();
+    let inserted: std::collections::HashSet<Uuid> = inserted.into_iter().collect();
     let mut outcomes = vec![Outcome::Duplicate; batch.len()];
     for &i in &candidates {
-        outcomes[i] = match inserted.get(&batch[i].receipt.id) {
-            Some(true) => Outcome::Settled,
-            Some(false) => Outcome::New,
-            None => Outcome::Duplicate,
-        };
+        let r = &batch[i].receipt;
+        if inserted.contains(&r.id) {
+            outcomes[i] = if settle && r.own_reply.is_some() {
+                Outcome::Settled
+            } else {
+                Outcome::New
+            };
+        }
     }
     Ok(outcomes)
 }

@@ -48,9 +48,9 @@ pub struct NewReceipt {
     /// Set for a delivery that did not parse: the receipt is stored as
     /// `unparsed`, with its body and no outbox row.
     pub unparsed: Option<Unparsed>,
-    /// Set where the event may be settled at intake, in the receipt's own
-    /// statement, with no outbox row ([`settle_at_intake`]).
-    pub at_intake: Option<AtIntake>,
+    /// Set for our own new reply ([`settle_own_reply`]): settled at intake,
+    /// with no outbox row.
+    pub own_reply: Option<OwnReply>,
 }
 
 /// A signed delivery with an identity that the parser refused.
@@ -76,30 +76,8 @@ impl std::fmt::Debug for NewReceipt {
                 "parse_error",
                 &self.unparsed.as_ref().map(|u| u.parse_error.as_str()),
             )
-            .field("at_intake", &self.at_intake.as_ref().map(AtIntake::reason))
+            .field("own_reply", &self.own_reply.is_some())
             .finish_non_exhaustive()
-    }
-}
-
-/// An event intake may settle in its receipt's own statement: its receipt
-/// ends `ignored` with one audit record (stage `intake`), and no outbox
-/// row is written, for nothing downstream has work in it.
-#[derive(Clone)]
-pub enum AtIntake {
-    /// Our own new reply: the publisher recorded the post already.
-    OwnReply(OwnReply),
-    /// The `app_mention` of a person's mention, which Slack delivers as a
-    /// `message` too ([`Twin`]).
-    Twin(Twin),
-}
-
-impl AtIntake {
-    /// The reason its receipt ends with when it is settled.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::OwnReply(_) => OWN_REPLY,
-            Self::Twin(_) => TWIN,
-        }
     }
 }
 
@@ -117,88 +95,38 @@ pub struct OwnReply {
     pub channel_ref: String,
 }
 
-/// A person's new message that mentions the bot comes as two events, an
-/// `app_mention` and a `message` (no subtype), with one `ts`, and the
-/// context-builder gives its turn to the first it applies (the other ends
-/// `ignored`, `duplicate_turn`). The `message` says all the `app_mention`
-/// does (the same text, author, thread and `client_msg_id`; a mention,
-/// for the text names the bot) and more: the channel's kind
-/// (`channel_type`), which spares a lookup. So intake settles an
-/// `app_mention` whose `message` is received and not yet handled (its
-/// receipt `accepted` or `processing`, or inserted in the same statement
-/// and not a delivery again of one handled, held or given up): the
-/// `message` is then handled, and its turn is the `app_mention`'s. A
-/// `message` is never settled, nor an edited `app_mention`, nor one whose
-/// `message` was handled already (they go downstream as before).
-#[derive(Clone)]
-pub struct Twin {
-    /// The channel's audit pseudonym under the gateway's key.
-    pub channel_ref: String,
-}
-
 /// The reason an own reply's receipt ends with (the context-builder's
 /// `IgnoreReason::OwnBot`).
 pub const OWN_REPLY: &str = "own_bot";
 
-/// The reason a twin settled at intake ends with: the context-builder's
-/// for the form that does not get the turn.
-pub const TWIN: &str = "duplicate_turn";
-
-/// Marks what intake may settle of `r` (`me` is the installation's bot):
-/// our own new message, classified as the context-builder would ([`OwnReply`];
-/// edits and deletions of our messages, and anything else, take the full
-/// path), or the `app_mention` of a person's new mention ([`Twin`]). Neither where
+/// Marks `r` as our own new reply when its event is one (`me` is the
+/// installation's bot): a new message of ours, classified as the
+/// context-builder would. Edits and deletions of our messages, and
+/// anything else, take the full path; so does our reply where
 /// `channel_ref` gives no pseudonym (a gateway without the audit key: its
 /// record would name no channel, where the relay's and the
 /// context-builder's do).
-pub fn settle_at_intake(
+pub fn settle_own_reply(
     r: &mut NewReceipt,
     cb: &EventCallback,
     me: &threadline_domain::classify::BotIdentity,
     channel_ref: impl FnOnce(&str) -> Option<String>,
 ) {
-    use threadline_domain::classify::{
-        self, Effect, IgnoreReason, Outcome, Speaker, TriggerSource,
-    };
-    let (Some(channel), Some(_), None) = (
-        r.channel_id.as_deref(),
-        r.installation_id,
-        r.unparsed.as_ref(),
-    ) else {
+    use threadline_domain::classify::{self, Effect, IgnoreReason, Outcome, Speaker};
+    let (Some(channel), Some(_)) = (r.channel_id.as_deref(), r.installation_id) else {
         return;
     };
-    let event = &cb.event_json;
-    let c = classify::classify(event, me, &classify::TriggerPolicy::default());
-    r.at_intake = match (c.outcome, c.effect) {
-        (Outcome::Ignore(IgnoreReason::OwnBot), Effect::Upsert(f))
-            if f.speaker == Speaker::Assistant =>
-        {
-            channel_ref(channel).map(|pseudonym| {
-                AtIntake::OwnReply(OwnReply {
-                    channel: channel.to_owned(),
-                    channel_ref: pseudonym,
-                    facts: f,
-                })
-            })
-        }
-        (Outcome::Trigger(TriggerSource::Mention), Effect::Upsert(f))
-            if f.speaker == Speaker::Human
-                && f.changed_ts.is_none()
-                && r.event_type == "app_mention"
-                && r.event_subtype.is_none()
-                && r.message_ts.as_deref() == Some(f.ts.as_str())
-                && r.thread_ts.as_deref() == Some(f.root_ts.as_str())
-                // (its `message` is a mention too: the text names the bot)
-                && classify::mentions(event, &me.bot_user_id) =>
-        {
-            channel_ref(channel).map(|pseudonym| {
-                AtIntake::Twin(Twin {
-                    channel_ref: pseudonym,
-                })
-            })
-        }
-        _ => None,
-    };
+    let c = classify::classify(&cb.event_json, me, &classify::TriggerPolicy::default());
+    if let (Outcome::Ignore(IgnoreReason::OwnBot), Effect::Upsert(f)) = (c.outcome, c.effect)
+        && f.speaker == Speaker::Assistant
+        && let Some(pseudonym) = channel_ref(channel)
+    {
+        r.own_reply = Some(OwnReply {
+            channel: channel.to_owned(),
+            channel_ref: pseudonym,
+            facts: f,
+        });
+    }
 }
 
 /// What is stored as an unparsed receipt's `parse_error`: the reason code,
@@ -286,7 +214,7 @@ pub fn build(cb: &EventCallback, meta: ReceiptMeta) -> NewReceipt {
         traceparent,
         tracestate: tracestate.filter(|s| !s.is_empty()),
         unparsed: None,
-        at_intake: None,
+        own_reply: None,
     }
 }
 
@@ -508,43 +436,30 @@ pub async fn existing(pool: &PgPool, ids: &[Uuid]) -> sqlx::Result<Vec<Uuid>> {
 /// Inserts the receipts of a batch of deliveries with their outbox rows (or,
 /// unparsed, their bodies) in one statement, so one transaction and one
 /// commit: `ON CONFLICT (api_app_id, event_id) DO NOTHING`, and an outbox
-/// row (or body) only for a receipt that was new. What may be settled at
-/// intake ([`AtIntake`]) is settled in the same statement, its receipt
-/// ended `ignored` with one audit record and no outbox row:
-///
-/// * our own new replies ([`OwnReply`], `own_bot`), whose facts and
-///   messages are kept (a message already there, an edit or tombstone that
-///   arrived first, is left as it is; a thread not yet known gets its row
-///   at version 0, in key order). Keeping them may wait for a row another
-///   transaction is writing (an edit or deletion of that reply the
-///   context-builder applies, a thread both make): at most
-///   [`OWN_REPLY_LOCK_WAIT`], then the batch fails with `55P03`
-///   ([`is_lock_wait`]), and the caller runs it again with `settle` false,
-///   everything then going the full path like any event;
-/// * the `app_mention` of a person's mention whose `message` is received
-///   and not yet handled ([`Twin`], `duplicate_turn`): it only reads.
-///
-/// Returns each receipt inserted and whether it was settled. The caller
-/// sorts `rs` by identity so that concurrent batches lock in the same
-/// order and cannot deadlock.
+/// row (or body) only for a receipt that was new. Our own new replies
+/// ([`OwnReply`]) are settled in the same statement: their receipts end
+/// `ignored` (`own_bot`) with one audit record and no outbox row, and
+/// their facts and messages are kept (a message already there, an edit or
+/// tombstone that arrived first, is left as it is; a thread not yet known
+/// gets its row at version 0, in key order). Keeping them may wait for a
+/// row another transaction is writing (an edit or deletion of that reply
+/// the context-builder applies, a thread both make): at most
+/// [`OWN_REPLY_LOCK_WAIT`], then the batch fails with `55P03`
+/// ([`is_lock_wait`]), and the caller runs it again with `settle` false,
+/// our replies then going the full path like any event. Returns the ids
+/// of the receipts inserted. The caller sorts `rs` by identity so that
+/// concurrent batches lock in the same order and cannot deadlock.
 pub async fn insert_batch(
     pool: &PgPool,
     rs: &[&NewReceipt],
     settle: bool,
-) -> sqlx::Result<Vec<(Uuid, bool)>> {
-    let (mut own, mut twins) = (Vec::new(), Vec::new());
-    for r in rs.iter().filter(|_| settle) {
-        match (&r.at_intake, r.installation_id) {
-            (Some(AtIntake::OwnReply(o)), Some(inst)) => own.push((r.id, inst, o)),
-            (Some(AtIntake::Twin(t)), Some(_)) => twins.push((r.id, t)),
-            _ => {}
-        }
-    }
-    let rows = insert(pool, rs, &own, &twins).await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| (r.id, r.state == ReceiptState::Ignored.as_str()))
-        .collect())
+) -> sqlx::Result<Vec<Uuid>> {
+    let own: Vec<(Uuid, Uuid, &OwnReply)> = rs
+        .iter()
+        .filter(|_| settle)
+        .filter_map(|r| Some((r.id, r.installation_id?, r.own_reply.as_ref()?)))
+        .collect();
+    insert(pool, rs, &own).await
 }
 
 /// How long intake waits for a row lock while keeping our own replies
@@ -556,15 +471,8 @@ pub fn is_lock_wait(e: &sqlx::Error) -> bool {
     e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03")
 }
 
-struct Inserted {
-    id: Uuid,
-    state: String,
-}
-
 /// [`insert_batch`]'s statement, keeping `own` (each with its receipt's
-/// id and installation) and settling `twins` where their `message` is
-/// there.
-/// Its own transaction: where it keeps replies, its
+/// id and installation). Its own transaction: where it keeps replies, its
 /// first step (an init plan, run before any row is read, so before any row
 /// lock is waited for; a table lock, taken as the statement is planned, is
 /// not bounded) sets its `lock_timeout` to [`OWN_REPLY_LOCK_WAIT`] until it
@@ -576,13 +484,11 @@ async fn insert(
     pool: &PgPool,
     rs: &[&NewReceipt],
     own: &[(Uuid, Uuid, &OwnReply)],
-    twins: &[(Uuid, &Twin)],
-) -> sqlx::Result<Vec<Inserted>> {
+) -> sqlx::Result<Vec<Uuid>> {
     let wait = (!own.is_empty()).then(|| format!("{}ms", OWN_REPLY_LOCK_WAIT.as_millis()));
     // Arrays of borrowed or nullable elements are passed `as _` (the
     // statement casts each array to its column's type).
-    sqlx::query_as!(
-        Inserted,
+    sqlx::query_scalar!(
         r#"WITH input AS (
              SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
                                   $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[],
@@ -594,28 +500,6 @@ async fn insert(
                       parse_error, unparsed_body)
               WHERE (SELECT set_config('lock_timeout', coalesce($35, current_setting('lock_timeout')), true))
                     IS NOT NULL
-         ), twins AS (
-             -- (`Twin`: an `app_mention` whose `message` is received and
-             -- not yet handled, committed or in this statement)
-             SELECT w.id, w.channel_ref
-               FROM UNNEST($36::uuid[], $37::text[]) AS w(id, channel_ref)
-               JOIN input i ON i.id = w.id AND i.parse_error IS NULL
-                           AND i.event_type = 'app_mention' AND i.event_subtype IS NULL
-              WHERE EXISTS (SELECT 1 FROM event_receipts r
-                             WHERE r.installation_id = i.installation_id AND r.channel_id = i.channel_id
-                               AND r.thread_ts = i.thread_ts AND r.state IN ('accepted', 'processing')
-                               AND r.message_ts = i.message_ts
-                               AND r.event_type = 'message' AND r.event_subtype IS NULL)
-                 OR EXISTS (SELECT 1 FROM input p
-                             WHERE p.installation_id = i.installation_id AND p.channel_id = i.channel_id
-                               AND p.thread_ts = i.thread_ts AND p.message_ts = i.message_ts
-                               AND p.event_type = 'message' AND p.event_subtype IS NULL
-                               AND p.parse_error IS NULL
-                               -- (a delivery again of one handled, held or
-                               -- given up is no such)
-                               AND NOT EXISTS (SELECT 1 FROM event_receipts u
-                                                WHERE u.api_app_id = p.api_app_id AND u.event_id = p.event_id
-                                                  AND u.state NOT IN ('accepted', 'processing')))
          ), ins AS (
              INSERT INTO event_receipts (id, installation_id, api_app_id, event_id, team_id, enterprise_id,
                                          event_type, event_subtype, channel_id, message_ts, thread_ts,
@@ -624,21 +508,19 @@ async fn insert(
                     event_type, event_subtype, channel_id, message_ts, thread_ts,
                     to_timestamp(event_time), retry_num, retry_reason,
                     CASE WHEN parse_error IS NOT NULL THEN 'unparsed'
-                         WHEN id = ANY($21::uuid[]) OR id IN (SELECT id FROM twins) THEN $32
+                         WHEN id = ANY($21::uuid[]) THEN $32
                          ELSE 'accepted' END,
-                    CASE WHEN parse_error IS NOT NULL THEN NULL
-                         WHEN id = ANY($21::uuid[]) THEN $33
-                         WHEN id IN (SELECT id FROM twins) THEN $38 END,
+                    CASE WHEN parse_error IS NULL AND id = ANY($21::uuid[]) THEN $33 END,
                     parse_error
                FROM input
              ON CONFLICT (api_app_id, event_id) DO NOTHING
-             RETURNING id, state
+             RETURNING id
          ), outbox_rows AS (
              INSERT INTO outbox (installation_id, receipt_id, topic, msg_id, payload, traceparent, tracestate)
              SELECT input.installation_id, input.id, 'events', input.msg_id, input.payload, input.traceparent,
                     input.tracestate
                FROM input JOIN ins ON ins.id = input.id
-              WHERE input.parse_error IS NULL AND ins.state = 'accepted'
+              WHERE input.parse_error IS NULL AND NOT input.id = ANY($21::uuid[])
          ), unparsed_rows AS (
              INSERT INTO unparsed_events (receipt_id, body)
              SELECT input.id, input.unparsed_body
@@ -681,14 +563,11 @@ async fn insert(
          ), audit AS (
              INSERT INTO audit_log (stage, outcome, reason, installation_id, event_id, receipt_id, channel_ref,
                                     event_type, received_at, acked_at, retry_count)
-             SELECT 'intake', $32, s.reason, input.installation_id, input.event_id, input.id, s.channel_ref,
+             SELECT 'intake', $32, $33, input.installation_id, input.event_id, input.id, own.channel_ref,
                     audit_event_type(input.event_type), now(), now(), input.retry_num
-               FROM (SELECT id, channel_ref, $33 AS reason FROM own
-                     UNION ALL
-                     SELECT twins.id, twins.channel_ref, $38 FROM twins JOIN ins ON ins.id = twins.id) s
-               JOIN input ON input.id = s.id
+               FROM own JOIN input ON input.id = own.id
          )
-         SELECT id AS "id!", state AS "state!" FROM ins"#,
+         SELECT id AS "id!" FROM ins"#,
         &rs.iter().map(|r| r.id).collect::<Vec<_>>(),
         rs.iter().map(|r| r.installation_id).collect::<Vec<_>>() as _,
         rs.iter().map(|r| r.api_app_id.as_str()).collect::<Vec<_>>() as _,
@@ -729,10 +608,7 @@ async fn insert(
         ReceiptState::Ignored.as_str(),
         OWN_REPLY,
         threadline_domain::classify::Speaker::Assistant.as_str(),
-        wait,
-        &twins.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
-        twins.iter().map(|(_, t)| t.channel_ref.as_str()).collect::<Vec<_>>() as _,
-        TWIN
+        wait
     )
     .fetch_all(pool)
     .await

@@ -730,32 +730,3 @@ pub async fn message_receipts(
     .await
     .map(|r| (r.all, r.open, r.updated))
 }
-
-/// Every receipt's event id, state and reason, by event id.
-pub async fn states_by_event(
-    pool: &sqlx::PgPool,
-) -> sqlx::Result<Vec<(String, String, Option<String>)>> {
-    let rows =
-        sqlx::query!("SELECT event_id, state, state_reason FROM event_receipts ORDER BY event_id")
-            .fetch_all(pool)
-            .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| (r.event_id, r.state, r.state_reason))
-        .collect())
-}
-
-/// How many receipts of the message `ts` intake settled (its `app_mention`
-/// whose `message` was there, or our own reply): ended with one record,
-/// stage `intake`, and never handled further.
-pub async fn settled_at_intake(pool: &sqlx::PgPool, ts: &str) -> sqlx::Result<i64> {
-    sqlx::query_scalar!(
-        r#"SELECT count(*) AS "n!" FROM event_receipts r
-            WHERE r.message_ts = $1
-              AND EXISTS (SELECT 1 FROM audit_log a
-                           WHERE a.receipt_id = r.id AND a.stage = 'intake' AND a.outcome = 'ignored')"#,
-        ts
-    )
-    .fetch_one(pool)
-    .await
-}
