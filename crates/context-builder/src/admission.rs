@@ -4,7 +4,8 @@
 //! round, the oldest parked requests there is room for now (round-robin
 //! across installations, first in, first out within one, `SKIP LOCKED` so
 //! replicas share the work), builds their contexts from their threads as
-//! they are now, publishes each and marks it admitted at once: a
+//! they are now (channels side by side, each channel's requests in
+//! order), publishes each and marks it admitted at once: a
 //! resumer that dies midway leaves its lease to run out, and the request is
 //! resumed again (its units are not charged twice; a context published
 //! twice is one message, by its `Nats-Msg-Id`).
@@ -13,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use sqlx::PgPool;
 use threadline_domain::budget::ParkReason;
 use threadline_runtime::shutdown::CancellationToken;
@@ -33,41 +35,67 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(15);
 /// The installations with the most parked work that get a gauge each.
 const TOP: i64 = 20;
 
-/// Resumes parked work every `every` until `shutdown`.
+/// Resumes parked work until `shutdown`: every `every` while rounds find
+/// nothing to resume; after a round that resumed some, again within a
+/// sixteenth of that (at least 5 ms), the pause doubling back to `every` round by empty
+/// round (room comes back as the model's queue settles what was resumed:
+/// a fixed pause would cap an installation's parked work at a share per
+/// pause, whatever the model's queue serves).
 pub fn spawn_resumer(
     handler: Arc<Handler>,
     rules: AdmitRules,
     every: Duration,
+    at_once: usize,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    let soon = (every / 16).max(Duration::from_millis(5)).min(every);
     tokio::spawn(async move {
         let mut swept = tokio::time::Instant::now();
+        let mut pause = every;
         loop {
-            match round(&handler, &rules).await {
-                Ok(n) if n > 0 => tracing::debug!(resumed = n, "parked requests resumed"),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(
-                    error = format!("{e:#}"),
-                    "resuming parked work failed; trying again"
-                ),
-            }
+            let resumed = match round(&handler, &rules, at_once).await {
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::debug!(resumed = n, "parked requests resumed");
+                    }
+                    n
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        "resuming parked work failed; trying again"
+                    );
+                    0
+                }
+            };
             if swept.elapsed() >= SWEEP_EVERY {
                 swept = tokio::time::Instant::now();
                 if let Err(e) = budgets::sweep_stale(&handler.pool).await {
                     tracing::debug!(error = %e, "sweeping stale admissions failed");
                 }
             }
+            pause = if resumed > 0 {
+                soon
+            } else {
+                (pause * 2).min(every)
+            };
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(every) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
         }
     })
 }
 
-/// One round: leased, resumed one installation after another in order
-/// (installations side by side), marked admitted. How many were resumed.
-async fn round(handler: &Handler, rules: &AdmitRules) -> anyhow::Result<usize> {
+/// One round: leased, then resumed channel by channel, channels side by
+/// side (at most `at_once`, the event path's concurrency: each resume holds
+/// a connection at a time; their builds join the event path's batched
+/// statements, where one request at a time would pace an installation's
+/// parked work at one build's round trips, below what the pipeline
+/// serves), each channel's requests in order (a person's burst of
+/// messages is of one channel: its requests are decided in the order
+/// asked). How many were built.
+pub async fn round(handler: &Handler, rules: &AdmitRules, at_once: usize) -> anyhow::Result<usize> {
     let leased = budgets::lease_resumable(
         &handler.pool,
         &rules.limits,
@@ -79,44 +107,78 @@ async fn round(handler: &Handler, rules: &AdmitRules) -> anyhow::Result<usize> {
     if leased.is_empty() {
         return Ok(0);
     }
-    let mut by_installation: HashMap<Uuid, Vec<Resumed>> = HashMap::new();
-    for r in leased {
-        by_installation
-            .entry(r.request.installation)
-            .or_default()
-            .push(r);
+    let lines = futures::stream::iter(by_channel(leased))
+        .map(|line| resume_line(handler, line))
+        .buffer_unordered(at_once.max(1))
+        .collect::<Vec<Line>>()
+        .await;
+    let mut built = 0;
+    for line in lines {
+        built += line.built;
+        if let Some((wait, waiting)) = line.waiting
+            && let Err(e) = budgets::lease_for(&handler.pool, &waiting, wait.as_secs_f64()).await
+        {
+            tracing::debug!(error = %e, "shortening a waiting request's lease failed; it runs out as leased");
+        }
     }
-    let lines = by_installation
-        .into_values()
-        .map(|line| resume_line(handler, line));
-    Ok(futures::future::join_all(lines).await.into_iter().sum())
+    Ok(built)
 }
 
-/// One installation's leased requests, in order: each context built,
-/// published and at once marked admitted (a reconsideration of it meanwhile
-/// finds it leased, and builds it); at the first failure the rest wait for
-/// the next round (their lease runs out), so none overtakes it. How many
-/// were marked.
-async fn resume_line(handler: &Handler, line: Vec<Resumed>) -> usize {
-    let mut marked = 0;
-    for r in line {
-        let done = match handler.resume(&r.request).await {
-            Ok(Resumption::Built) => {
-                budgets::mark_admitted(&handler.pool, std::slice::from_ref(&r))
-                    .await
-                    .map_err(anyhow::Error::from)
-            }
+/// The leased requests grouped by channel, each group in the order leased
+/// (each installation's oldest first).
+fn by_channel(leased: Vec<Resumed>) -> Vec<Vec<Resumed>> {
+    let mut at: HashMap<(Uuid, String), usize> = HashMap::new();
+    let mut lines: Vec<Vec<Resumed>> = Vec::new();
+    for r in leased {
+        let key = (r.request.installation, r.request.channel.clone());
+        let i = *at.entry(key).or_insert_with(|| {
+            lines.push(Vec::new());
+            lines.len() - 1
+        });
+        lines[i].push(r);
+    }
+    lines
+}
+
+/// What became of one channel's leased requests.
+struct Line {
+    /// Built, published and marked admitted.
+    built: usize,
+    /// Stopped at a request that waits for an answer of its thread on its
+    /// way: how long, and it and the rest of the channel's requests.
+    waiting: Option<(Duration, Vec<Uuid>)>,
+}
+
+/// One channel's leased requests, in order: each context built, published
+/// and at once marked admitted (a reconsideration of it meanwhile finds it
+/// leased, and builds it). At the first that must wait, it and the rest
+/// wait that long; at the first failure, for their lease to run out: none
+/// of the channel overtakes it.
+async fn resume_line(handler: &Handler, line: Vec<Resumed>) -> Line {
+    let mut done = Line {
+        built: 0,
+        waiting: None,
+    };
+    for (i, r) in line.iter().enumerate() {
+        let marked = match handler.resume(&r.request).await {
+            Ok(Resumption::Built) => budgets::mark_admitted(&handler.pool, std::slice::from_ref(r))
+                .await
+                .map_err(anyhow::Error::from),
             Ok(Resumption::Dropped) => continue,
-            Ok(Resumption::NotYet) => {
-                // (its lease runs out; none of its line overtakes it)
+            Ok(Resumption::NotYet(wait)) => {
                 tracing::debug!(receipt_id = %r.request.receipt, "a parked request waits for an answer of its thread on its way");
+                let waiting = line[i..].iter().map(|w| w.request.receipt).collect();
+                done.waiting = Some((wait, waiting));
                 break;
             }
             Err(e) => Err(e),
         };
-        match done {
-            Ok(m) => {
-                marked += m.len();
+        match marked {
+            Ok(_) => {
+                // (a request decided before its mark left the line: the
+                // mark finds nothing to move, and it was resumed all the
+                // same)
+                done.built += 1;
                 let reason = r
                     .reason
                     .as_deref()
@@ -131,7 +193,7 @@ async fn resume_line(handler: &Handler, line: Vec<Resumed>) -> usize {
             }
         }
     }
-    marked
+    done
 }
 
 /// Samples the gauges once, then every 15 s until `shutdown`.

@@ -45,7 +45,9 @@ pub struct ContextConfig {
     /// workspace is over budget: a note once per thread, or `none`.
     pub admission: AdmitRules,
     /// `THREADLINE_PARKED_RESUME_MS`, default 250: how often parked
-    /// requests are looked at for room.
+    /// requests are looked at for room while none resume (after a round
+    /// that resumed some, within a sixteenth of it (at least 5 ms), doubling
+    /// back).
     pub resume_every: Duration,
 }
 

@@ -205,8 +205,8 @@ pub enum Resumption {
     /// deleted): its place was dropped.
     Dropped,
     /// An answer of its thread is on its way ([`Step::AnswerOnItsWay`]):
-    /// it stays leased, and is resumed again once its lease ran out.
-    NotYet,
+    /// it stays leased for this long, and is resumed again after.
+    NotYet(std::time::Duration),
 }
 
 pub(crate) enum Step {
@@ -741,7 +741,7 @@ impl Handler {
                 threadline_store::budgets::drop_parked(&self.pool, r.receipt).await?;
                 Ok(Resumption::Dropped)
             }
-            Step::AnswerOnItsWay(_) => Ok(Resumption::NotYet),
+            Step::AnswerOnItsWay(wait) => Ok(Resumption::NotYet(wait)),
             _ => Ok(Resumption::Built),
         }
     }

@@ -75,6 +75,7 @@ pub async fn run(
         handler.clone(),
         cfg.admission.clone(),
         cfg.resume_every,
+        cfg.concurrency,
         shutdown.clone(),
     );
     admission::spawn_gauges(deps.pool.clone(), shutdown.clone());

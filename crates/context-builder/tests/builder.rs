@@ -2108,6 +2108,191 @@ async fn a_resumed_request_decided_before_its_mark_frees_its_place() {
     env.cleanup().await;
 }
 
+/// A resumer's round goes channel by channel: a parked reply that must
+/// wait for an answer of its thread on its way holds back only its own
+/// channel's requests, and only for that wait: a question of another
+/// channel leased in the same round is built and admitted in it, and one
+/// parked after it is resumed once the wait is over, not when the round's
+/// lease would have run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_request_that_must_wait_holds_back_only_its_own_channel() {
+    use threadline_domain::double_text::DoubleTexting;
+    use threadline_domain::state::{Machine as _, WorkState};
+    use threadline_store::budgets;
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    policies::set_double_texting(
+        &env.db.pool,
+        env.inst,
+        DoubleTexting::Latest {
+            quiet: Duration::from_secs(3),
+        },
+    )
+    .await
+    .expect("policy");
+    for channel in ["C0SECOND", "C0THIRD"] {
+        store::learn_channel_kind(&env.db.pool, env.inst, channel, false, "event")
+            .await
+            .expect("channel kind");
+    }
+    // A burst of two questions (`first`, then `root`) takes the
+    // installation's share of two; a reply in `root`'s thread and, later,
+    // a question in another channel are parked behind them.
+    let rules = store::AdmitRules {
+        limits: Default::default(),
+        share: 2,
+        notice: threadline_domain::budget::Notice::Note,
+    };
+    let (first, root, reply) = ("460.000001", "460.000002", "460.000005");
+    let (mut jobs, mut applied) = ask_in_threads(
+        &env,
+        &rules,
+        "H",
+        &[(first, first), (root, root), (reply, root)],
+    )
+    .await;
+    let (job, outcome) = ask_in_channel(&env, &rules, "EvH3", "C0SECOND", "470.000001").await;
+    jobs.push(job);
+    applied.push(outcome);
+    let next: Vec<&store::Next> = applied.iter().map(|a| &a.next).collect();
+    assert!(
+        matches!(
+            next[..],
+            [
+                store::Next::Build { .. },
+                store::Next::Build { .. },
+                store::Next::Parked(_),
+                store::Next::Parked(_)
+            ]
+        ),
+        "{next:?}"
+    );
+    // `root`'s answer (which reads the burst) is being posted: the reply
+    // waits for it, to know whether its own answer reads the burst.
+    let decision = proposed_answer(&env, ("EvH1", jobs[1].receipt), (root, root), &[]).await;
+    testing::intents::insert_sending_intent(
+        &env.db.pool,
+        &testing::intents::IntentFixture {
+            id: Uuid::now_v7(),
+            installation_id: env.inst,
+            event_id: "EvH1",
+            action_kind: "thread_reply",
+            receipt_id: jobs[1].receipt,
+            decision_id: decision,
+            channel_id: "C0CHAN",
+            root_ts: root,
+            body_hash: "h",
+        },
+        1,
+        0.0,
+    )
+    .await
+    .expect("intent");
+    // The burst's requests decided: room for both parked ones, leased in
+    // one round in the order asked, the reply first.
+    for job in &jobs[..2] {
+        budgets::free(&env.db.pool, job.receipt)
+            .await
+            .expect("free");
+    }
+    let rules = store::AdmitRules { share: 16, ..rules };
+    let round = || threadline_context_builder::admission::round(&env.handler, &rules, 8);
+    assert_eq!(round().await.expect("round"), 1, "one request resumed");
+    let state = |receipt: Uuid| {
+        let pool = env.db.pool.clone();
+        async move {
+            testing::budgets::work_state(&pool, receipt)
+                .await
+                .expect("state")
+        }
+    };
+    let (admitted, parked) = (
+        Some(WorkState::Admitted.as_str().to_owned()),
+        Some(WorkState::Parked.as_str().to_owned()),
+    );
+    assert_eq!(
+        state(jobs[3].receipt).await,
+        admitted,
+        "the other channel's question is admitted in the round"
+    );
+    assert_eq!(
+        state(jobs[2].receipt).await,
+        parked,
+        "the reply waits for its thread's answer"
+    );
+    // A question asked now in a third channel waits behind the reply...
+    let (later, outcome) = ask_in_channel(&env, &rules, "EvH4", "C0THIRD", "480.000001").await;
+    assert!(
+        matches!(outcome.next, store::Next::Parked(_)),
+        "{:?}",
+        outcome.next
+    );
+    assert_eq!(
+        round().await.expect("round"),
+        0,
+        "the reply's wait holds its line"
+    );
+    // ...for the reply's wait of a second, not the round's lease of 30.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        round().await.expect("round"),
+        1,
+        "the third channel's question"
+    );
+    assert_eq!(state(later.receipt).await, admitted);
+    assert_eq!(state(jobs[2].receipt).await, parked, "still waiting");
+    let built: Vec<String> = env
+        .contexts()
+        .await
+        .into_iter()
+        .map(|c| c.source_ts)
+        .collect();
+    assert_eq!(
+        built,
+        ["470.000001", "480.000001"],
+        "only the other channels' contexts are built"
+    );
+    env.cleanup().await;
+}
+
+/// One question `ts` in a thread of its own in `channel`, applied under
+/// `rules`: its job and what became of it.
+async fn ask_in_channel(
+    env: &Env,
+    rules: &store::AdmitRules,
+    event_id: &str,
+    channel: &str,
+    ts: &str,
+) -> (store::ApplyJob, store::ApplyOutcome) {
+    use threadline_domain::classify::{Classification, Outcome, TriggerSource};
+    let mut event = mention(ts, None);
+    event["channel"] = json!(channel);
+    let (id, _) = env.receipt(event_id, event).await;
+    testing::receipts::set_receipt_state(&env.db.pool, id, "processing", None)
+        .await
+        .expect("begun");
+    let job = store::ApplyJob {
+        installation: env.inst,
+        channel: channel.into(),
+        receipt: id,
+        event_id: event_id.into(),
+        classified: Classification {
+            effect: Effect::Upsert(facts(ts, ts, "what now?", None)),
+            outcome: Outcome::Trigger(TriggerSource::Mention),
+        },
+        late: None,
+    };
+    let mut applied = store::apply_many(&env.db.pool, std::slice::from_ref(&job), rules)
+        .await
+        .expect("applied");
+    (job, applied.remove(0))
+}
+
 /// A rebuild is charged a model call only where that budget is limited,
 /// from the bucket refilled to now and at most its size into debt: an
 /// unlimited installation owes nothing when a limit is set later.

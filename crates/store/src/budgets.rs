@@ -650,6 +650,22 @@ pub async fn mark_admitted(pool: &PgPool, resumed: &[Resumed]) -> sqlx::Result<V
     .await
 }
 
+/// Leased requests a round did not build, behind one of their channel
+/// that must wait: their lease ends in `secs` (their installation's line
+/// goes on then, rather than when the round's lease would have run out).
+pub async fn lease_for(pool: &PgPool, receipts: &[Uuid], secs: f64) -> sqlx::Result<u64> {
+    let r = sqlx::query!(
+        "UPDATE tenant_work SET lease_until = now() + make_interval(secs => $2)
+          WHERE receipt_id = ANY($1) AND state = $3",
+        receipts,
+        secs,
+        WorkState::Parked.as_str()
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected())
+}
+
 /// A parked request that will never be answered (its installation is
 /// gone, its question deleted): its place goes.
 pub async fn drop_parked(pool: &PgPool, receipt: Uuid) -> sqlx::Result<bool> {

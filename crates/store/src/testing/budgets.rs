@@ -16,6 +16,17 @@ pub async fn audit_outcomes(pool: &PgPool) -> sqlx::Result<Vec<(String, Option<S
     .collect())
 }
 
+/// The state of the request `receipt`'s place in its installation's line
+/// (`parked` or `admitted`), if it holds one.
+pub async fn work_state(pool: &PgPool, receipt: uuid::Uuid) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar!(
+        "SELECT state FROM tenant_work WHERE receipt_id = $1",
+        receipt
+    )
+    .fetch_optional(pool)
+    .await
+}
+
 /// The decision of the over-budget note of the thread at `root_ts`.
 pub async fn note_decision(pool: &PgPool, root_ts: &str) -> sqlx::Result<Option<uuid::Uuid>> {
     sqlx::query_scalar!(
