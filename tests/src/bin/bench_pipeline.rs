@@ -6,7 +6,7 @@
 //! post. Reports p50/p99/max, replies, duplicates and each service's peak
 //! resident memory. Asserts nothing.
 //!
-//! `threadline-bench-pipeline [--rate 500] [--seconds 20] [--channels 100] [--warmup 0] [--timeline]`
+//! `threadline-bench-pipeline [--rate 500] [--seconds 20] [--channels 100] [--warmup 0] [--timeline] [--share N]`
 
 use std::time::{Duration, Instant};
 
@@ -270,14 +270,29 @@ async fn main() {
     let rate = arg(&args, "--rate", 500).max(1);
     let seconds = arg(&args, "--seconds", 20).max(1);
     let channels = arg(&args, "--channels", 100).max(1) as usize;
-    let s = Stack::start(&[
+    let mut env = vec![
         ("RUST_LOG", "warn".to_owned()),
         ("THREADLINE_POST_SPACING_MS", "0".to_owned()),
         ("THREADLINE_CONTEXT_CONCURRENCY", "64".to_owned()),
         ("THREADLINE_INFERENCE_CONCURRENCY", "64".to_owned()),
         ("THREADLINE_PUBLISHER_CONCURRENCY", "64".to_owned()),
-    ])
-    .await;
+    ];
+    // `--share N`: the installation's share of the model's queue (the
+    // services' default otherwise); a small one parks the bench's one
+    // installation's work and measures the resumer.
+    if let Some(i) = args.iter().position(|a| a == "--share") {
+        let given = args.get(i + 1).map(String::as_str).unwrap_or_default();
+        match given.parse::<u32>() {
+            Ok(share) if (1..=100_000).contains(&share) => {
+                env.push(("THREADLINE_TENANT_QUEUE_SHARE", share.to_string()));
+            }
+            _ => {
+                eprintln!("--share takes a number of requests from 1 to 100000, not {given:?}");
+                std::process::exit(2)
+            }
+        }
+    }
+    let s = Stack::start(&env).await;
     // Slack's per-channel post limit and Tier 3 are not what is measured.
     sim_ctl(
         &s.sim,
