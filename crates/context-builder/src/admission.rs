@@ -92,9 +92,9 @@ pub fn spawn_resumer(
 /// a connection at a time; their builds join the event path's batched
 /// statements, where one request at a time would pace an installation's
 /// parked work at one build's round trips, below what the pipeline
-/// serves), each channel's requests in order (a person's burst of
-/// messages is of one channel: its requests are decided in the order
-/// asked). How many were built.
+/// serves), taken from the installations in turn, each channel's requests
+/// in order (a person's burst of messages is of one channel: its requests
+/// are decided in the order asked). How many were built.
 pub async fn round(handler: &Handler, rules: &AdmitRules, at_once: usize) -> anyhow::Result<usize> {
     let leased = budgets::lease_resumable(
         &handler.pool,
@@ -107,25 +107,18 @@ pub async fn round(handler: &Handler, rules: &AdmitRules, at_once: usize) -> any
     if leased.is_empty() {
         return Ok(0);
     }
-    let lines = futures::stream::iter(by_channel(leased))
-        .map(|line| resume_line(handler, line))
+    let at = tokio::time::Instant::now();
+    let built = futures::stream::iter(by_channel(leased))
+        .map(|line| resume_line(handler, line, at))
         .buffer_unordered(at_once.max(1))
-        .collect::<Vec<Line>>()
+        .collect::<Vec<usize>>()
         .await;
-    let mut built = 0;
-    for line in lines {
-        built += line.built;
-        if let Some((wait, waiting)) = line.waiting
-            && let Err(e) = budgets::lease_for(&handler.pool, &waiting, wait.as_secs_f64()).await
-        {
-            tracing::debug!(error = %e, "shortening a waiting request's lease failed; it runs out as leased");
-        }
-    }
-    Ok(built)
+    Ok(built.into_iter().sum())
 }
 
 /// The leased requests grouped by channel, each group in the order leased
-/// (each installation's oldest first).
+/// (each installation's oldest first), the groups taken from the
+/// installations in turn (a first channel of each, then a second...).
 fn by_channel(leased: Vec<Resumed>) -> Vec<Vec<Resumed>> {
     let mut at: HashMap<(Uuid, String), usize> = HashMap::new();
     let mut lines: Vec<Vec<Resumed>> = Vec::new();
@@ -137,28 +130,29 @@ fn by_channel(leased: Vec<Resumed>) -> Vec<Vec<Resumed>> {
         });
         lines[i].push(r);
     }
-    lines
+    // (each line's place among its installation's lines: stable, so a
+    // first line of every installation comes before any second one)
+    let mut nth: HashMap<Uuid, usize> = HashMap::new();
+    let mut ranked: Vec<(usize, Vec<Resumed>)> = lines
+        .into_iter()
+        .map(|line| {
+            let n = nth.entry(line[0].request.installation).or_default();
+            *n += 1;
+            (*n, line)
+        })
+        .collect();
+    ranked.sort_by_key(|(n, _)| *n);
+    ranked.into_iter().map(|(_, line)| line).collect()
 }
 
-/// What became of one channel's leased requests.
-struct Line {
-    /// Built, published and marked admitted.
-    built: usize,
-    /// Stopped at a request that waits for an answer of its thread on its
-    /// way: how long, and it and the rest of the channel's requests.
-    waiting: Option<(Duration, Vec<Uuid>)>,
-}
-
-/// One channel's leased requests, in order: each context built, published
-/// and at once marked admitted (a reconsideration of it meanwhile finds it
-/// leased, and builds it). At the first that must wait, it and the rest
-/// wait that long; at the first failure, for their lease to run out: none
-/// of the channel overtakes it.
-async fn resume_line(handler: &Handler, line: Vec<Resumed>) -> Line {
-    let mut done = Line {
-        built: 0,
-        waiting: None,
-    };
+/// One channel's leased requests (leased at `at`), in order: each context
+/// built, published and at once marked admitted (a reconsideration of it
+/// meanwhile finds it leased, and builds it). At the first that must wait,
+/// it and the rest wait that long (their lease shortened to it, while the
+/// round's lease is still surely theirs); at the first failure, for their
+/// lease to run out: none of the channel overtakes it. How many were built.
+async fn resume_line(handler: &Handler, line: Vec<Resumed>, at: tokio::time::Instant) -> usize {
+    let mut built = 0;
     for (i, r) in line.iter().enumerate() {
         let marked = match handler.resume(&r.request).await {
             Ok(Resumption::Built) => budgets::mark_admitted(&handler.pool, std::slice::from_ref(r))
@@ -167,8 +161,16 @@ async fn resume_line(handler: &Handler, line: Vec<Resumed>) -> Line {
             Ok(Resumption::Dropped) => continue,
             Ok(Resumption::NotYet(wait)) => {
                 tracing::debug!(receipt_id = %r.request.receipt, "a parked request waits for an answer of its thread on its way");
-                let waiting = line[i..].iter().map(|w| w.request.receipt).collect();
-                done.waiting = Some((wait, waiting));
+                // (past half the lease, another round may hold them soon:
+                // they wait the lease out)
+                if at.elapsed() < Duration::from_secs_f64(LEASE_SECS / 2.0) {
+                    let waiting: Vec<Uuid> = line[i..].iter().map(|w| w.request.receipt).collect();
+                    if let Err(e) =
+                        budgets::lease_for(&handler.pool, &waiting, wait.as_secs_f64()).await
+                    {
+                        tracing::debug!(error = %e, "shortening a waiting request's lease failed; it runs out as leased");
+                    }
+                }
                 break;
             }
             Err(e) => Err(e),
@@ -178,7 +180,7 @@ async fn resume_line(handler: &Handler, line: Vec<Resumed>) -> Line {
                 // (a request decided before its mark left the line: the
                 // mark finds nothing to move, and it was resumed all the
                 // same)
-                done.built += 1;
+                built += 1;
                 let reason = r
                     .reason
                     .as_deref()
@@ -193,7 +195,7 @@ async fn resume_line(handler: &Handler, line: Vec<Resumed>) -> Line {
             }
         }
     }
-    done
+    built
 }
 
 /// Samples the gauges once, then every 15 s until `shutdown`.

@@ -2108,14 +2108,14 @@ async fn a_resumed_request_decided_before_its_mark_frees_its_place() {
     env.cleanup().await;
 }
 
-/// A resumer's round goes channel by channel: a parked reply that must
-/// wait for an answer of its thread on its way holds back only its own
-/// channel's requests, and only for that wait: a question of another
-/// channel leased in the same round is built and admitted in it, and one
-/// parked after it is resumed once the wait is over, not when the round's
-/// lease would have run out.
+/// A resumer's round goes channel by channel, each channel's requests in
+/// order: a parked reply that must wait for an answer of its thread on its
+/// way holds back the requests of its channel behind it in that round, not
+/// a question of another channel leased with it, which is built and
+/// admitted; and its installation's line goes on once that wait is over
+/// (a second), not when the round's lease (30 s) would have run out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_parked_request_that_must_wait_holds_back_only_its_own_channel() {
+async fn a_parked_request_that_must_wait_holds_its_channel_and_its_line_only_that_long() {
     use threadline_domain::double_text::DoubleTexting;
     use threadline_domain::state::{Machine as _, WorkState};
     use threadline_store::budgets;
@@ -2141,22 +2141,28 @@ async fn a_parked_request_that_must_wait_holds_back_only_its_own_channel() {
             .expect("channel kind");
     }
     // A burst of two questions (`first`, then `root`) takes the
-    // installation's share of two; a reply in `root`'s thread and, later,
-    // a question in another channel are parked behind them.
+    // installation's share of two; a reply in `root`'s thread, a later
+    // question of that channel and one of another channel are parked
+    // behind them.
     let rules = store::AdmitRules {
         limits: Default::default(),
         share: 2,
         notice: threadline_domain::budget::Notice::Note,
     };
-    let (first, root, reply) = ("460.000001", "460.000002", "460.000005");
+    let (first, root, reply, behind) = ("460.000001", "460.000002", "460.000005", "465.000001");
     let (mut jobs, mut applied) = ask_in_threads(
         &env,
         &rules,
         "H",
-        &[(first, first), (root, root), (reply, root)],
+        &[
+            (first, first),
+            (root, root),
+            (reply, root),
+            (behind, behind),
+        ],
     )
     .await;
-    let (job, outcome) = ask_in_channel(&env, &rules, "EvH3", "C0SECOND", "470.000001").await;
+    let (job, outcome) = ask_in_channel(&env, &rules, "EvH4", "C0SECOND", "470.000001").await;
     jobs.push(job);
     applied.push(outcome);
     let next: Vec<&store::Next> = applied.iter().map(|a| &a.next).collect();
@@ -2166,6 +2172,7 @@ async fn a_parked_request_that_must_wait_holds_back_only_its_own_channel() {
             [
                 store::Next::Build { .. },
                 store::Next::Build { .. },
+                store::Next::Parked(_),
                 store::Next::Parked(_),
                 store::Next::Parked(_)
             ]
@@ -2193,7 +2200,7 @@ async fn a_parked_request_that_must_wait_holds_back_only_its_own_channel() {
     )
     .await
     .expect("intent");
-    // The burst's requests decided: room for both parked ones, leased in
+    // The burst's requests decided: room for the parked ones, leased in
     // one round in the order asked, the reply first.
     for job in &jobs[..2] {
         budgets::free(&env.db.pool, job.receipt)
@@ -2216,7 +2223,7 @@ async fn a_parked_request_that_must_wait_holds_back_only_its_own_channel() {
         Some(WorkState::Parked.as_str().to_owned()),
     );
     assert_eq!(
-        state(jobs[3].receipt).await,
+        state(jobs[4].receipt).await,
         admitted,
         "the other channel's question is admitted in the round"
     );
@@ -2225,19 +2232,19 @@ async fn a_parked_request_that_must_wait_holds_back_only_its_own_channel() {
         parked,
         "the reply waits for its thread's answer"
     );
-    // A question asked now in a third channel waits behind the reply...
-    let (later, outcome) = ask_in_channel(&env, &rules, "EvH4", "C0THIRD", "480.000001").await;
+    assert_eq!(
+        state(jobs[3].receipt).await,
+        parked,
+        "its channel's later question waits behind it"
+    );
+    // A question asked now in a third channel waits behind the reply, for
+    // the reply's wait of a second, not the round's lease of 30.
+    let (later, outcome) = ask_in_channel(&env, &rules, "EvH5", "C0THIRD", "480.000001").await;
     assert!(
         matches!(outcome.next, store::Next::Parked(_)),
         "{:?}",
         outcome.next
     );
-    assert_eq!(
-        round().await.expect("round"),
-        0,
-        "the reply's wait holds its line"
-    );
-    // ...for the reply's wait of a second, not the round's lease of 30.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
         round().await.expect("round"),
@@ -2246,6 +2253,7 @@ async fn a_parked_request_that_must_wait_holds_back_only_its_own_channel() {
     );
     assert_eq!(state(later.receipt).await, admitted);
     assert_eq!(state(jobs[2].receipt).await, parked, "still waiting");
+    assert_eq!(state(jobs[3].receipt).await, parked, "still behind it");
     let built: Vec<String> = env
         .contexts()
         .await

@@ -653,10 +653,11 @@ pub async fn mark_admitted(pool: &PgPool, resumed: &[Resumed]) -> sqlx::Result<V
 /// Leased requests a round did not build, behind one of their channel
 /// that must wait: their lease ends in `secs` (their installation's line
 /// goes on then, rather than when the round's lease would have run out).
+/// It only ever shortens a lease.
 pub async fn lease_for(pool: &PgPool, receipts: &[Uuid], secs: f64) -> sqlx::Result<u64> {
     let r = sqlx::query!(
-        "UPDATE tenant_work SET lease_until = now() + make_interval(secs => $2)
-          WHERE receipt_id = ANY($1) AND state = $3",
+        "UPDATE tenant_work SET lease_until = least(lease_until, now() + make_interval(secs => $2))
+          WHERE receipt_id = ANY($1) AND state = $3 AND lease_until > now()",
         receipts,
         secs,
         WorkState::Parked.as_str()
