@@ -1962,26 +1962,9 @@ async fn ask_in_threads(
     tag: &str,
     asked: &[(&str, &str)],
 ) -> (Vec<store::ApplyJob>, Vec<store::ApplyOutcome>) {
-    use threadline_domain::classify::{Classification, Outcome, TriggerSource};
     let mut jobs = Vec::new();
     for (i, (ts, root)) in asked.iter().enumerate() {
-        let event_id = format!("Ev{tag}{i}");
-        let thread = (ts != root).then_some(*root);
-        let (id, _) = env.receipt(&event_id, mention(ts, thread)).await;
-        testing::receipts::set_receipt_state(&env.db.pool, id, "processing", None)
-            .await
-            .expect("begun");
-        jobs.push(store::ApplyJob {
-            installation: env.inst,
-            channel: "C0CHAN".into(),
-            receipt: id,
-            event_id,
-            classified: Classification {
-                effect: Effect::Upsert(facts(ts, root, "what now?", None)),
-                outcome: Outcome::Trigger(TriggerSource::Mention),
-            },
-            late: None,
-        });
+        jobs.push(question_job(env, &format!("Ev{tag}{i}"), "C0CHAN", ts, root).await);
     }
     let applied = store::apply_many(&env.db.pool, &jobs, rules)
         .await
@@ -2268,6 +2251,35 @@ async fn a_parked_request_that_must_wait_holds_its_channel_and_its_line_only_tha
     env.cleanup().await;
 }
 
+/// The job of a question `ts` in the thread `root` of `channel`, its
+/// receipt recorded and begun as the gateway and the handler leave it.
+async fn question_job(
+    env: &Env,
+    event_id: &str,
+    channel: &str,
+    ts: &str,
+    root: &str,
+) -> store::ApplyJob {
+    use threadline_domain::classify::{Classification, Outcome, TriggerSource};
+    let mut event = mention(ts, (ts != root).then_some(root));
+    event["channel"] = json!(channel);
+    let (id, _) = env.receipt(event_id, event).await;
+    testing::receipts::set_receipt_state(&env.db.pool, id, "processing", None)
+        .await
+        .expect("begun");
+    store::ApplyJob {
+        installation: env.inst,
+        channel: channel.into(),
+        receipt: id,
+        event_id: event_id.into(),
+        classified: Classification {
+            effect: Effect::Upsert(facts(ts, root, "what now?", None)),
+            outcome: Outcome::Trigger(TriggerSource::Mention),
+        },
+        late: None,
+    }
+}
+
 /// One question `ts` in a thread of its own in `channel`, applied under
 /// `rules`: its job and what became of it.
 async fn ask_in_channel(
@@ -2277,24 +2289,7 @@ async fn ask_in_channel(
     channel: &str,
     ts: &str,
 ) -> (store::ApplyJob, store::ApplyOutcome) {
-    use threadline_domain::classify::{Classification, Outcome, TriggerSource};
-    let mut event = mention(ts, None);
-    event["channel"] = json!(channel);
-    let (id, _) = env.receipt(event_id, event).await;
-    testing::receipts::set_receipt_state(&env.db.pool, id, "processing", None)
-        .await
-        .expect("begun");
-    let job = store::ApplyJob {
-        installation: env.inst,
-        channel: channel.into(),
-        receipt: id,
-        event_id: event_id.into(),
-        classified: Classification {
-            effect: Effect::Upsert(facts(ts, ts, "what now?", None)),
-            outcome: Outcome::Trigger(TriggerSource::Mention),
-        },
-        late: None,
-    };
+    let job = question_job(env, event_id, channel, ts, ts).await;
     let mut applied = store::apply_many(&env.db.pool, std::slice::from_ref(&job), rules)
         .await
         .expect("applied");
