@@ -1180,9 +1180,12 @@ fn spool_stream(env: &Env) -> String {
     Topology::new(env.prefix.clone()).stream(Topic::Spool)
 }
 
-/// A gateway that spools after 0.5 s, resolving installations afresh.
+/// A gateway that spools after 0.5 s, resolving installations afresh,
+/// once its spool stream exists. (Its relay declares the bus as it starts,
+/// beside the listener: a delivery spooled before that finds no stream and
+/// is answered 503, which these tests do not test.)
 async fn spooling_gateway(env: &Env) -> Gateway {
-    Gateway::start(
+    let gw = Gateway::start(
         &env.db,
         &env.prefix,
         &[
@@ -1190,7 +1193,14 @@ async fn spooling_gateway(env: &Env) -> Gateway {
             ("THREADLINE_SPOOL_AFTER_MS", "500"),
         ],
     )
-    .await
+    .await;
+    eventually(
+        "the spool stream is declared",
+        Duration::from_secs(20),
+        || async { env.js.get_stream(spool_stream(env)).await.ok().map(|_| ()) },
+    )
+    .await;
+    gw
 }
 
 async fn spool_drained(env: &Env) {
