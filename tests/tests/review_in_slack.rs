@@ -679,6 +679,75 @@ async fn a_review_request_that_lands_late_is_posted_once_and_a_click_on_it_count
     r.s.stop().await;
 }
 
+/// A review request Slack applies only after its window has passed (its
+/// outcome unknown, not found when read) is held as a reply would be: not
+/// posted again, and found by a late check once it lands. One request, and
+/// its buttons work. The faults after the slow post are what a second post
+/// would meet: posted again after the window, a 429 used to give the claim
+/// back as if nothing were out, and the next attempt posted without
+/// reading the channel: two requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_request_that_lands_after_its_window_is_held_and_found_not_posted_again() {
+    let r = review_stack_with(&[
+        ("THREADLINE_SLACK_TIMEOUT_MS", "1000".to_owned()),
+        ("THREADLINE_RECONCILE_WINDOW_MS", "1500".to_owned()),
+        ("THREADLINE_LATE_CHECK_MS", "2000".to_owned()),
+    ])
+    .await;
+    for fault in [
+        json!({"method": "chat.postMessage", "mode": "latency", "channel": r.channel,
+               "latency_ms": 6000}),
+        json!({"method": "chat.postMessage", "mode": "ratelimited", "channel": r.channel,
+               "retry_after": 1}),
+        json!({"method": "chat.postMessage", "mode": "latency", "channel": r.channel,
+               "latency_ms": 3000}),
+    ] {
+        sim_ctl(&r.s.sim, "faults", fault).await;
+    }
+    let (root, req, ts) = ask(&r).await;
+    // Longer than a second post after the 429 would take to land.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let posts = sim_get(&r.s.sim, "calls?method=chat.postMessage").await["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let to_review: Vec<&Value> = posts
+        .iter()
+        .filter(|c| c["channel"] == json!(r.channel))
+        .collect();
+    assert_eq!(to_review.len(), 1, "one request posted: {to_review:?}");
+    assert_eq!(requests(&r).await.len(), 1);
+    // Found by a late check, not by a click: held first, then found.
+    let (held, m) = eventually(
+        "the held request is found",
+        Duration::from_secs(30),
+        || async {
+            let m = r.s.metrics().await;
+            let count = |outcome: &str| {
+                m.lines()
+                    .filter(|l| {
+                        l.starts_with("threadline_review_requests_total")
+                            && l.contains(&format!("outcome=\"{outcome}\""))
+                    })
+                    .count()
+            };
+            (count("found") > 0).then(|| (count("held"), m.clone()))
+        },
+    )
+    .await;
+    assert!(held > 0, "held before it was found: {m}");
+    let d = decision_of(&req);
+    let c = click(&r, &r.reviewer, &ts, APPROVE_ACTION).await;
+    assert_eq!(c["status"], 200, "{c}");
+    eventually("the click is counted", Duration::from_secs(10), || async {
+        (status(&r, &d).await != "review").then_some(())
+    })
+    .await;
+    assert_eq!(r.s.wait_answers(&root, 1).await.len(), 1);
+    wait_outcome(&r, &ts, "posted in").await;
+    r.s.stop().await;
+}
+
 /// An answer held for review before review in Slack was set up is asked
 /// about once it is; a request Slack refused (the bot not in the channel)
 /// is asked again by the next setup, once the bot is in; each is asked

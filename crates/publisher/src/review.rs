@@ -66,29 +66,39 @@ impl Handler {
             PostClaim::Posted | PostClaim::Failed => return self.review_follow_up(d.id).await,
             PostClaim::Busy => return Ok(defer(jitter(self.sending_stale / 2.0, &d.id))),
             PostClaim::Post { attempt } => attempt,
-            PostClaim::Reconcile { attempt, since } => {
+            PostClaim::Reconcile {
+                attempt,
+                since,
+                waited,
+            } => {
                 match self.find_request(token, channel, d.id, since).await {
                     Ok(Some(ts)) => {
-                        review::posted(&self.pool, d.id, &ts).await?;
+                        self.record_request(token, channel, d.id, &ts).await?;
                         metrics::counter!("threadline_review_requests_total", "outcome" => "found")
                             .increment(1);
                         return self.review_follow_up(d.id).await;
                     }
-                    // (the earlier attempt's post may still land: not
-                    // posted again before its window has passed)
-                    Ok(None)
-                        if review::still_unknown(
-                            &self.pool,
-                            d.id,
-                            attempt,
-                            since,
-                            self.request_window(),
-                        )
-                        .await? =>
-                    {
-                        return Ok(defer(jitter(self.evidence.pause(), &d.id)));
-                    }
-                    Ok(None) => attempt,
+                    Ok(None) => match self.look_again(waited) {
+                        Look::Post => attempt,
+                        Look::After(wait, held) => {
+                            review::keep_unknown(&self.pool, d.id, attempt, since).await?;
+                            if held {
+                                metrics::counter!("threadline_review_requests_total", "outcome" => "held")
+                                    .increment(1);
+                                tracing::warn!(
+                                    alert = "review_request_held",
+                                    decision_id = %d.id,
+                                    waited,
+                                    "a review request's post outcome is unknown and it is not in the review channel; not posted again, looked for later (the CLI still reviews it)"
+                                );
+                            }
+                            return Ok(defer(jitter(wait, &d.id)));
+                        }
+                        Look::Never => {
+                            review::failed(&self.pool, d.id, attempt, review::NOT_FOUND).await?;
+                            return Ok(Disposition::Done);
+                        }
+                    },
                     Err(WebError::Api { code }) if !UNKNOWN_CODES.contains(&code.as_str()) => {
                         // Unreadable for good (a private review channel
                         // without groups:history, the bot removed): a
@@ -129,13 +139,23 @@ impl Handler {
             ("unfurl_links", "false"),
             ("unfurl_media", "false"),
         ];
+        // The last check before the post, as a reply's: the claim is still
+        // this attempt's and young enough that no other publisher takes it
+        // for lost before the post could finish.
+        let max_age = (self.sending_stale - self.slack_timeout).max(self.slack_timeout);
+        if !review::fence(&self.pool, d.id, attempt, max_age).await? {
+            // (given back only if it is still this attempt's: it posted
+            // nothing)
+            review::release(&self.pool, d.id, attempt).await?;
+            return Ok(defer(jitter(1.0, &d.id)));
+        }
         match self.web.call("chat.postMessage", token, &form).await {
             Ok(v) => {
                 let Some(ts) = v.get("ts").and_then(Value::as_str) else {
                     review::unknown(&self.pool, d.id, attempt).await?;
                     return Ok(defer(jitter(2.0, &d.id)));
                 };
-                crate::handler::persist(|| review::posted(&self.pool, d.id, ts)).await?;
+                self.record_request(token, channel, d.id, ts).await?;
                 metrics::counter!("threadline_review_requests_total", "outcome" => ReviewRequestState::Posted.name())
                     .increment(1);
                 // (a verdict the CLI gave meanwhile shows at once)
@@ -176,6 +196,58 @@ impl Handler {
     /// for a post of unknown outcome.
     fn request_window(&self) -> f64 {
         self.slack_timeout + self.evidence.window_secs
+    }
+
+    /// What follows a read that did not find a request whose attempt
+    /// began `waited` seconds ago, by the replies' rules: within the window
+    /// it may still land, and is read again soon; after it, it is posted
+    /// again only where a reply would be (`THREADLINE_RECONCILE_ALLOW_REPOST`);
+    /// otherwise it is held, and looked for on the late checks' widening
+    /// schedule (Slack may apply a post long after the client gave up: a
+    /// second post would show the request twice), until that ends.
+    fn look_again(&self, waited: f64) -> Look {
+        let window = self.request_window();
+        if waited < window {
+            return Look::After(self.evidence.pause(), false);
+        }
+        if self.evidence.allow_repost {
+            return Look::Post;
+        }
+        match crate::sweeper::late_wait(waited - window, self.evidence.late_check_secs) {
+            Some(wait) => Look::After(wait, true),
+            None => Look::Never,
+        }
+    }
+
+    /// Records the request Slack holds at `ts`. A second copy (one of an
+    /// attempt whose outcome was unknown, landed after another was
+    /// recorded) is raised and deleted: the recorded one is the request
+    /// whose buttons count and whose outcome is shown.
+    async fn record_request(
+        &self,
+        token: &str,
+        channel: &str,
+        id: Uuid,
+        ts: &str,
+    ) -> anyhow::Result<()> {
+        let review::Recorded::Copy(recorded) =
+            crate::handler::persist(|| review::posted(&self.pool, id, ts)).await?
+        else {
+            return Ok(());
+        };
+        metrics::counter!("threadline_review_requests_total", "outcome" => "copy").increment(1);
+        tracing::error!(
+            alert = "duplicate_review_request",
+            decision_id = %id,
+            recorded = %recorded,
+            copy = %ts,
+            "a second copy of a review request landed in Slack; deleting it"
+        );
+        let form = [("channel", channel), ("ts", ts)];
+        if let Err(e) = self.web.call("chat.delete", token, &form).await {
+            tracing::warn!(error = %e, copy = %ts, "the review request's copy could not be deleted");
+        }
+        Ok(())
     }
 
     /// Whether the answer's channel is known to be public (a DM, a private
@@ -300,17 +372,28 @@ impl Handler {
                 .await
             {
                 Ok(Some(ts)) => {
-                    review::posted(&self.pool, id, &ts).await?;
-                    ts
+                    self.record_request(bot.token.expose_secret(), &r.channel_id, id, &ts)
+                        .await?;
+                    match review::request(&self.pool, id).await?.and_then(|r| r.ts) {
+                        Some(ts) => ts,
+                        None => return Ok(defer(jitter(1.0, &id))),
+                    }
                 }
                 // Not there yet, but a post in flight or of unknown outcome
-                // may still land with its buttons: looked for again.
-                Ok(None)
-                    if review::may_still_land(&self.pool, id, self.request_window()).await? =>
-                {
-                    return Ok(defer(jitter(self.evidence.pause(), &id)));
+                // may still land with its buttons: looked for again, as the
+                // request's own attempts look for it.
+                Ok(None) => {
+                    if !matches!(
+                        r.state,
+                        ReviewRequestState::Posting | ReviewRequestState::Unknown
+                    ) {
+                        return Ok(Disposition::Done);
+                    }
+                    return match self.look_again(r.waited) {
+                        Look::After(wait, _) => Ok(defer(jitter(wait, &id))),
+                        Look::Post | Look::Never => Ok(Disposition::Done),
+                    };
                 }
-                Ok(None) => return Ok(Disposition::Done),
                 Err(WebError::Api { code }) if !UNKNOWN_CODES.contains(&code.as_str()) => {
                     tracing::warn!(code = %code, "the review channel cannot be read; the request's outcome is in the decision");
                     return Ok(Disposition::Done);
@@ -354,6 +437,18 @@ impl Handler {
             }
         }
     }
+}
+
+/// What follows a read that did not find a request of unknown outcome.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Look {
+    /// Read again after this many seconds; `true` once it is held (past
+    /// the window, not posted again).
+    After(f64, bool),
+    /// Past the window, where the policy allows one more post.
+    Post,
+    /// Held past the last late check: given up on (the CLI reviews it).
+    Never,
 }
 
 /// How long to wait before trying a Slack call again after `e`.
@@ -600,6 +695,7 @@ mod tests {
             channel_id: "CREVIEW".into(),
             state: ReviewRequestState::Posted,
             since: 0.0,
+            waited: 0.0,
             ts: Some("1.2".into()),
             shown: None,
             status: DecisionStatus::parse(status).expect("a status"),

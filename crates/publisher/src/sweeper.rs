@@ -32,6 +32,20 @@ fn next_check(n: i32, first: f64) -> Option<f64> {
     TIMES.get(n.max(0) as usize).map(|t| t * first)
 }
 
+/// Seconds until the next late check of something held for `held_for`
+/// seconds, on [`next_check`]'s schedule from the hold; `None` once that
+/// schedule ended.
+pub(crate) fn late_wait(held_for: f64, first: f64) -> Option<f64> {
+    let mut due = 0.0;
+    for n in 0.. {
+        due += next_check(n, first)?;
+        if due > held_for {
+            return Some(due - held_for);
+        }
+    }
+    None
+}
+
 pub fn spawn(handler: Arc<Handler>, sweep: Sweep, shutdown: CancellationToken) {
     tokio::spawn(async move {
         loop {
@@ -190,5 +204,17 @@ mod tests {
         let total: f64 = (0..8).filter_map(|n| next_check(n, 30.0)).sum();
         assert!(total > 6.0 * 24.0 * 3600.0 && total < 8.0 * 24.0 * 3600.0);
         assert_eq!(next_check(8, 30.0), None);
+    }
+
+    #[test]
+    fn a_late_wait_counts_from_the_hold_on_the_same_schedule() {
+        assert_eq!(late_wait(0.0, 30.0), Some(30.0));
+        assert_eq!(late_wait(10.0, 30.0), Some(20.0));
+        // (checks at 30 s and 150 s after the hold)
+        assert_eq!(late_wait(30.0, 30.0), Some(120.0));
+        assert_eq!(late_wait(100.0, 30.0), Some(50.0));
+        let end: f64 = (0..8).filter_map(|n| next_check(n, 30.0)).sum();
+        assert!(late_wait(end - 1.0, 30.0).is_some());
+        assert_eq!(late_wait(end, 30.0), None);
     }
 }

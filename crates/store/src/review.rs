@@ -80,7 +80,12 @@ pub enum PostClaim {
     /// An earlier attempt's outcome is unknown (its answer was lost, or its
     /// publisher died): read the channel's history from `since` (Unix
     /// seconds) for the request first; this publisher holds `attempt`.
-    Reconcile { attempt: i32, since: f64 },
+    /// `waited`: seconds since then, by the database's clock.
+    Reconcile {
+        attempt: i32,
+        since: f64,
+        waited: f64,
+    },
     /// Already posted.
     Posted,
     /// Slack refused it for good earlier.
@@ -100,7 +105,8 @@ pub async fn claim_post(
 ) -> sqlx::Result<PostClaim> {
     let r = sqlx::query!(
         r#"WITH old AS (
-             SELECT state, extract(epoch FROM posting_since)::float8 AS since
+             SELECT state, extract(epoch FROM posting_since)::float8 AS since,
+                    extract(epoch FROM now() - posting_since)::float8 AS waited
                FROM review_messages WHERE decision_id = $1),
          ins AS (
              INSERT INTO review_messages (decision_id, installation_id, channel_id, state)
@@ -116,7 +122,8 @@ pub async fn claim_post(
          SELECT (SELECT attempt FROM ins) AS new_attempt,
                 (SELECT attempt FROM retake) AS retake_attempt,
                 (SELECT state FROM old) AS old_state,
-                (SELECT since FROM old) AS since"#,
+                (SELECT since FROM old) AS since,
+                (SELECT waited FROM old) AS waited"#,
         decision,
         installation,
         channel,
@@ -137,6 +144,7 @@ pub async fn claim_post(
         (None, Some(attempt), _) => PostClaim::Reconcile {
             attempt,
             since: r.since.unwrap_or(0.0),
+            waited: r.waited.unwrap_or(0.0),
         },
         (None, None, Some(R::Posted)) => PostClaim::Posted,
         (None, None, Some(R::Failed)) => PostClaim::Failed,
@@ -144,20 +152,42 @@ pub async fn claim_post(
     })
 }
 
+/// What recording a request Slack holds came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// Recorded now, or already recorded at this ts.
+    Request,
+    /// Another request of the decision is recorded (at the ts given): this
+    /// one is a second copy in Slack.
+    Copy(String),
+}
+
 /// Records the request Slack holds at `ts` (whichever attempt posted it:
-/// a post that landed is recorded, never forgotten).
-pub async fn posted(db: impl sqlx::PgExecutor<'_>, decision: Uuid, ts: &str) -> sqlx::Result<()> {
-    sqlx::query!(
-        "UPDATE review_messages SET state = $3, ts = $2, error_code = NULL, updated_at = now()
-          WHERE decision_id = $1 AND state = ANY($4)",
+/// a post that landed is recorded, never forgotten). A request recorded
+/// at another ts already makes this one a copy.
+pub async fn posted(
+    db: impl sqlx::PgExecutor<'_>,
+    decision: Uuid,
+    ts: &str,
+) -> sqlx::Result<Recorded> {
+    let r = sqlx::query!(
+        r#"WITH upd AS (
+             UPDATE review_messages SET state = $3, ts = $2, error_code = NULL, updated_at = now()
+              WHERE decision_id = $1 AND state = ANY($4)
+             RETURNING ts)
+         SELECT (SELECT ts FROM upd) AS "updated?",
+                (SELECT ts FROM review_messages WHERE decision_id = $1) AS "recorded?""#,
         decision,
         ts,
         R::Posted.as_str(),
         &crate::moves_from_any(R::Posted),
     )
-    .execute(db)
+    .fetch_one(db)
     .await?;
-    Ok(())
+    Ok(match (r.updated, r.recorded) {
+        (None, Some(recorded)) if recorded != ts => Recorded::Copy(recorded),
+        _ => Recorded::Request,
+    })
 }
 
 /// Attempt `attempt` got no answer it could read: Slack may hold the post.
@@ -175,26 +205,22 @@ pub async fn unknown(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Resul
     Ok(())
 }
 
-/// Reconciling attempt `attempt` found no request, but the attempt before
-/// it began at `since` (Unix seconds) less than `window` seconds ago, so
-/// its post may still land (Slack can apply a post after the client gave
-/// up): the request is unknown again, from `since`, and is not posted
-/// again yet. `false` once the window has passed: post again.
-pub async fn still_unknown(
+/// Reconciling attempt `attempt` found no request of the attempt that
+/// began at `since` (Unix seconds): the request is unknown again, from
+/// `since`, and is looked for again later. `false` when the claim was no
+/// longer this attempt's.
+pub async fn keep_unknown(
     pool: &PgPool,
     decision: Uuid,
     attempt: i32,
     since: f64,
-    window: f64,
 ) -> sqlx::Result<bool> {
     let r = sqlx::query!(
-        "UPDATE review_messages SET state = $5, posting_since = to_timestamp($3), updated_at = now()
-          WHERE decision_id = $1 AND attempt = $2 AND state = ANY($6)
-            AND to_timestamp($3) > now() - make_interval(secs => $4)",
+        "UPDATE review_messages SET state = $4, posting_since = to_timestamp($3), updated_at = now()
+          WHERE decision_id = $1 AND attempt = $2 AND state = ANY($5)",
         decision,
         attempt,
         since,
-        window,
         R::Unknown.as_str(),
         &crate::moves(&[R::Posting], R::Unknown),
     )
@@ -203,35 +229,55 @@ pub async fn still_unknown(
     Ok(r.rows_affected() == 1)
 }
 
-/// Whether decision `id`'s request may still land in Slack: an attempt
-/// in flight or of unknown outcome that began less than `window` seconds
-/// ago.
-pub async fn may_still_land(pool: &PgPool, decision: Uuid, window: f64) -> sqlx::Result<bool> {
-    let r = sqlx::query_scalar!(
+/// Whether attempt `attempt` still holds decision `decision`'s request,
+/// claimed less than `max_age` seconds ago: the last check before its post
+/// (a publisher paused past its claim's age must not post over the one
+/// that took it over).
+pub async fn fence(
+    pool: &PgPool,
+    decision: Uuid,
+    attempt: i32,
+    max_age: f64,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
         r#"SELECT EXISTS (SELECT 1 FROM review_messages
-                   WHERE decision_id = $1 AND state = ANY($2)
-                     AND posting_since > now() - make_interval(secs => $3)) AS "may!""#,
+                   WHERE decision_id = $1 AND attempt = $2 AND state = $3
+                     AND posting_since > now() - make_interval(secs => $4)) AS "ours!""#,
         decision,
-        &[R::Posting.as_str(), R::Unknown.as_str()] as &[&str],
-        window,
+        attempt,
+        R::Posting.as_str(),
+        max_age,
     )
     .fetch_one(pool)
-    .await?;
-    Ok(r)
+    .await
 }
 
 /// Attempt `attempt` certainly posted nothing and may be tried again (a
-/// 429, a refused connection): the claim is given back.
+/// 429, a refused connection, a claim too old to post on): the claim is
+/// given back. A first attempt leaves nothing behind; a later one follows
+/// an attempt whose outcome was unknown, which may still land, so the
+/// request is unknown again and the next attempt reads the channel first.
 pub async fn release(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Result<()> {
+    let mut tx = pool.begin().await?;
     sqlx::query!(
-        "DELETE FROM review_messages WHERE decision_id = $1 AND attempt = $2 AND state = $3",
+        "DELETE FROM review_messages WHERE decision_id = $1 AND attempt = 1 AND $2 = 1 AND state = $3",
         decision,
         attempt,
         R::Posting.as_str(),
     )
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
-    Ok(())
+    sqlx::query!(
+        "UPDATE review_messages SET state = $3, updated_at = now()
+          WHERE decision_id = $1 AND attempt = $2 AND attempt > 1 AND state = ANY($4)",
+        decision,
+        attempt,
+        R::Unknown.as_str(),
+        &crate::moves(&[R::Posting], R::Unknown),
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
 }
 
 /// Slack refused the request for good (`code`): the CLI still reviews it.
@@ -257,6 +303,8 @@ pub struct Posted {
     pub state: R,
     /// When its latest attempt began (Unix seconds).
     pub since: f64,
+    /// Seconds since then, by the database's clock.
+    pub waited: f64,
     /// Slack's ts (none until posted).
     pub ts: Option<String>,
     /// The outcome the message shows (`None`: still asking).
@@ -274,6 +322,7 @@ pub struct Posted {
 pub async fn request(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Posted>> {
     let Some(r) = sqlx::query!(
         r#"SELECT r.channel_id, r.state, extract(epoch FROM r.posting_since)::float8 AS "since!",
+                  extract(epoch FROM now() - r.posting_since)::float8 AS "waited!",
                   r.ts, r.shown, d.status, d.status_reason, d.reviewed_by,
                   d.channel_id AS answer_channel,
                   (SELECT i.state FROM reply_intents i
@@ -295,6 +344,7 @@ pub async fn request(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Poste
         channel_id: r.channel_id,
         state: R::parse(&r.state).map_err(|e| decode("review_messages.state", e))?,
         since: r.since,
+        waited: r.waited,
         ts: r.ts,
         shown: r.shown,
         status: DecisionStatus::parse(&r.status).map_err(|e| decode("decisions.status", e))?,
@@ -431,6 +481,7 @@ pub async fn decide(
             return Ok(Decided::Refused(Refusal::NotAReviewer));
         }
         if unrecorded {
+            // (no other ts is recorded: a copy cannot come of it)
             posted(&mut *tx, id, c.message_ts).await?;
         }
     }
@@ -619,6 +670,11 @@ pub async fn discard_if_moved_on(
 /// unknown and the review channel could not be read to tell: Slack may
 /// hold that request, so it is never asked again.
 pub const UNREADABLE: &str = "unreadable:";
+
+/// A failed request's code when its post's outcome was unknown and it was
+/// not found in the review channel over the late checks' whole schedule
+/// (about a week): the next `review setup` asks about it again.
+pub const NOT_FOUND: &str = "not_found_after_unknown";
 
 /// Asks in the review channel about every answer of the installation that
 /// waits for review without a request there: one waiting from before the
