@@ -681,6 +681,98 @@ async fn a_failed_publish_leaves_the_row_for_retry() {
 // ---- Invariant 10: a signed delivery with an identity is never dropped ----
 
 /// A signed delivery's answer: status and whether it says "do not retry".
+/// A change made to an `app_mention` delivery's JSON.
+type Change = dyn Fn(&mut serde_json::Value);
+
+/// Whether the gateway's `/metrics` says it sheds new work (`want`).
+async fn shedding_is(env: &Env, gw: &Gateway, want: bool) {
+    let line = format!("threadline_gateway_shedding {}", u8::from(want));
+    eventually(&format!("{line} in /metrics"), Duration::from_secs(10), || {
+        let (c, u, line) = (env.client.clone(), format!("{}/metrics", gw.url), line.clone());
+        async move {
+            let text = c.get(u).send().await.ok()?.text().await.ok()?;
+            text.lines().any(|l| l == line).then_some(())
+        }
+    })
+    .await;
+}
+
+/// Above the backlog bound (events the context-builder has not taken: none
+/// runs here, so the two taken first stay), a person's new top-level
+/// mention or message in a channel is answered 503 before anything is
+/// written, on Slack's first try and its immediate retry; its retry a
+/// minute later is taken. A reply in a thread, an edit, a deletion and a
+/// direct message are always taken. Once the backlog is below half the
+/// bound, new work is taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_backlog_bound_new_top_level_work_is_shed_before_anything_is_written() {
+    let env = Env::new().await;
+    let gw = Gateway::start(
+        &env.db,
+        &env.prefix,
+        &[("THREADLINE_SHED_EVENTS_BACKLOG", "2")],
+    )
+    .await;
+    let event = |id: &str, change: &Change| {
+        let mut v = app_mention(APP, TEAM, id, "C0TEST", "1700000000.000300");
+        change(&mut v);
+        serde_json::to_vec(&v).expect("json")
+    };
+    let in_thread = |v: &mut serde_json::Value| v["event"]["thread_ts"] = json!("1700000000.000100");
+    for id in ["Ev0SHR1", "Ev0SHR2"] {
+        assert_eq!(post(&env, &gw, &event(id, &in_thread), None).await.0, 200);
+    }
+    assert_eq!(env.published_len(2).await, 2);
+    shedding_is(&env, &gw, true).await;
+
+    let mention = event("Ev0SHM", &|_| {});
+    assert_eq!(post(&env, &gw, &mention, None).await, (503, false), "first try");
+    assert_eq!(
+        post(&env, &gw, &mention, Some((1, "http_error"))).await,
+        (503, false),
+        "Slack's immediate retry"
+    );
+    let message = event("Ev0SHT", &|v| {
+        v["event"]["type"] = json!("message");
+        v["event"]["channel_type"] = json!("channel");
+    });
+    assert_eq!(post(&env, &gw, &message, None).await.0, 503, "a top-level message");
+    assert_eq!(env.count(Count::Receipts).await, 2, "nothing written for what was shed");
+
+    assert_eq!(
+        post(&env, &gw, &mention, Some((2, "http_error"))).await.0,
+        200,
+        "the retry a minute later"
+    );
+    let always: [(&str, &Change); 3] = [
+        ("Ev0SHA1", &in_thread),
+        ("Ev0SHA2", &|v| {
+            v["event"]["type"] = json!("message");
+            v["event"]["channel"] = json!("D0TEST");
+            v["event"]["channel_type"] = json!("im");
+        }),
+        ("Ev0SHA3", &|v| {
+            let ts = json!("1700000000.000300");
+            v["event"] = json!({"type": "message", "subtype": "message_deleted",
+                                "channel": "C0TEST", "ts": "1700000000.000400",
+                                "deleted_ts": ts, "event_ts": "1700000000.000400"});
+        }),
+    ];
+    for (id, change) in always {
+        assert_eq!(post(&env, &gw, &event(id, change), None).await.0, 200, "{id}");
+    }
+    assert_eq!(env.count(Count::Receipts).await, 6);
+
+    // The context-builder catches up: the stream empties.
+    env.published_len(0).await;
+    let events = env.js.get_stream(env.events_stream()).await.expect("stream");
+    events.purge().await.expect("purge");
+    shedding_is(&env, &gw, false).await;
+    assert_eq!(post(&env, &gw, &event("Ev0SHN", &|_| {}), None).await.0, 200);
+    assert_eq!(env.count(Count::Receipts).await, 7);
+    gw.stop().await;
+}
+
 async fn post(env: &Env, gw: &Gateway, body: &[u8], retry: Option<(u32, &str)>) -> (u16, bool) {
     let r = deliver(&env.client, &gw.events(), TEST_SECRET, body, retry)
         .await

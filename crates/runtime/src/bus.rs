@@ -183,11 +183,16 @@ impl Topology {
     /// How many deliveries wait in the spool and how old the oldest is
     /// (`None` when it cannot be read now: the broker is away).
     pub async fn spool_depth(&self, js: &jetstream::Context) -> Option<(u64, Duration)> {
+        self.depth(js, Topic::Spool).await
+    }
+
+    /// How many messages wait in `topic`'s stream (a work queue: each until
+    /// its consumer acknowledged it) and how old the oldest is (`None` when
+    /// it cannot be read now: the broker is away, or this user may not).
+    pub async fn depth(&self, js: &jetstream::Context, topic: Topic) -> Option<(u64, Duration)> {
         // (bounded: a broker away must not hold a post or a watcher long)
-        let stream = tokio::time::timeout(
-            Duration::from_secs(1),
-            js.get_stream(self.stream(Topic::Spool)),
-        )
+        let stream =
+            tokio::time::timeout(Duration::from_secs(1), js.get_stream(self.stream(topic)))
         .await
         .ok()?
         .ok()?;
