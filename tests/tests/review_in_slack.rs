@@ -718,24 +718,16 @@ async fn a_review_request_that_lands_after_its_window_is_held_and_found_not_post
     assert_eq!(to_review.len(), 1, "one request posted: {to_review:?}");
     assert_eq!(requests(&r).await.len(), 1);
     // Found by a late check, not by a click: held first, then found.
-    let (held, m) = eventually(
+    eventually(
         "the held request is found",
         Duration::from_secs(30),
-        || async {
-            let m = r.s.metrics().await;
-            let count = |outcome: &str| {
-                m.lines()
-                    .filter(|l| {
-                        l.starts_with("threadline_review_requests_total")
-                            && l.contains(&format!("outcome=\"{outcome}\""))
-                    })
-                    .count()
-            };
-            (count("found") > 0).then(|| (count("held"), m.clone()))
-        },
+        || async { (review_outcomes(&r, "found").await > 0).then_some(()) },
     )
     .await;
-    assert!(held > 0, "held before it was found: {m}");
+    assert!(
+        review_outcomes(&r, "held").await > 0,
+        "held before it was found"
+    );
     let d = decision_of(&req);
     let c = click(&r, &r.reviewer, &ts, APPROVE_ACTION).await;
     assert_eq!(c["status"], 200, "{c}");
@@ -745,6 +737,75 @@ async fn a_review_request_that_lands_after_its_window_is_held_and_found_not_post
     .await;
     assert_eq!(r.s.wait_answers(&root, 1).await.len(), 1);
     wait_outcome(&r, &ts, "posted in").await;
+    r.s.stop().await;
+}
+
+/// The count of `threadline_review_requests_total{outcome}` lines in the
+/// services' metrics (one per publisher that counted it).
+async fn review_outcomes(r: &Review, outcome: &str) -> usize {
+    let m = r.s.metrics().await;
+    m.lines()
+        .filter(|l| {
+            l.starts_with("threadline_review_requests_total")
+                && l.contains(&format!("outcome=\"{outcome}\""))
+        })
+        .count()
+}
+
+/// A review request held for the late checks (its post timed out and it
+/// was not in the channel past the window) is still looked for after its
+/// answer was decided with the CLI. Once Slack applies it, the sweeper
+/// finds it, and it shows the outcome without buttons: no request is left
+/// asking about an answer already decided, and none is posted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_review_request_decided_meanwhile_shows_the_outcome_once_it_lands() {
+    let r = review_stack_with(&[
+        ("THREADLINE_SLACK_TIMEOUT_MS", "1000".to_owned()),
+        ("THREADLINE_RECONCILE_WINDOW_MS", "1500".to_owned()),
+        ("THREADLINE_LATE_CHECK_MS", "2000".to_owned()),
+    ])
+    .await;
+    sim_ctl(
+        &r.s.sim,
+        "faults",
+        json!({"method": "chat.postMessage", "mode": "latency", "channel": r.channel,
+               "latency_ms": 9000}),
+    )
+    .await;
+    r.s.post(
+        &format!("<@{}> how do I fix the backlog?", r.s.bot_user),
+        None,
+    )
+    .await;
+    eventually("the request is held", Duration::from_secs(20), || async {
+        (review_outcomes(&r, "held").await > 0).then_some(())
+    })
+    .await;
+    assert!(requests(&r).await.is_empty(), "not in Slack yet");
+    let waiting: Value =
+        serde_json::from_str(&run_cli(&r.s, &["review", "list"]).await).expect("json");
+    let decision = waiting[0]["id"]
+        .as_str()
+        .expect("a decision waits")
+        .to_owned();
+    let out = run_cli(&r.s, &["review", "reject", &decision, "--by", "ana"]).await;
+    assert!(out.contains("rejected"), "{out}");
+    let req = wait_requests(&r, 1).await.remove(0);
+    let ts = req["ts"].as_str().expect("ts").to_owned();
+    wait_outcome(&r, &ts, "Rejected by `ana` (CLI): not posted.").await;
+    assert!(
+        review_outcomes(&r, "found").await > 0,
+        "found by a late check"
+    );
+    let posts = sim_get(&r.s.sim, "calls?method=chat.postMessage").await["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let to_review = posts
+        .iter()
+        .filter(|c| c["channel"] == json!(r.channel))
+        .count();
+    assert_eq!(to_review, 1, "one request posted: {posts:?}");
     r.s.stop().await;
 }
 

@@ -36,6 +36,9 @@ impl Handler {
     pub(crate) async fn request_review(&self, d: &Decision) -> anyhow::Result<Disposition> {
         let settings = review::settings(&self.pool, d.installation_id).await?;
         let Some(channel) = settings.channel_id.as_deref() else {
+            // (a request of unknown outcome posted before the channel was
+            // unset is still looked for, by the sweeper)
+            review::look_later(&self.pool, d.id, 0.0).await?;
             return Ok(Disposition::Done);
         };
         let Some(bot) = self.bot(d.installation_id).await? else {
@@ -51,10 +54,12 @@ impl Handler {
         .await?
         {
             tracing::warn!(switch = %switch, "kill switch engaged; review request not posted (the CLI still reviews it)");
+            // (reading is not posting: one of unknown outcome is looked for)
+            review::look_later(&self.pool, d.id, 0.0).await?;
             return Ok(Disposition::Done);
         }
         let token = bot.token.expose_secret();
-        let attempt = match review::claim_post(
+        let (attempt, channel) = match review::claim_post(
             &self.pool,
             d.id,
             d.installation_id,
@@ -65,64 +70,67 @@ impl Handler {
         {
             PostClaim::Posted | PostClaim::Failed => return self.review_follow_up(d.id).await,
             PostClaim::Busy => return Ok(defer(jitter(self.sending_stale / 2.0, &d.id))),
-            PostClaim::Post { attempt } => attempt,
+            PostClaim::Held => return Ok(Disposition::Done),
+            PostClaim::Post { attempt } => (attempt, channel.to_owned()),
+            // (looked for where the attempt of unknown outcome posted, even
+            // if the settings name another channel since)
             PostClaim::Reconcile {
                 attempt,
+                channel,
                 since,
                 waited,
-            } => {
-                match self.find_request(token, channel, d.id, since).await {
-                    Ok(Some(ts)) => {
-                        self.record_request(token, channel, d.id, &ts).await?;
-                        metrics::counter!("threadline_review_requests_total", "outcome" => "found")
-                            .increment(1);
-                        return self.review_follow_up(d.id).await;
+            } => match self.find_request(token, &channel, d.id, since).await {
+                Ok(Some(ts)) => {
+                    self.record_request(token, &channel, d.id, &ts).await?;
+                    metrics::counter!("threadline_review_requests_total", "outcome" => "found")
+                        .increment(1);
+                    return self.review_follow_up(d.id).await;
+                }
+                Ok(None) => match self.look_again(waited) {
+                    Look::Post => (attempt, channel),
+                    Look::Within(wait) => {
+                        review::unknown(&self.pool, d.id, attempt).await?;
+                        return Ok(defer(jitter(wait, &d.id)));
                     }
-                    Ok(None) => match self.look_again(waited) {
-                        Look::Post => attempt,
-                        Look::After(wait, held) => {
-                            review::keep_unknown(&self.pool, d.id, attempt, since).await?;
-                            if held {
-                                metrics::counter!("threadline_review_requests_total", "outcome" => "held")
-                                    .increment(1);
-                                tracing::warn!(
-                                    alert = "review_request_held",
-                                    decision_id = %d.id,
-                                    waited,
-                                    "a review request's post outcome is unknown and it is not in the review channel; not posted again, looked for later (the CLI still reviews it)"
-                                );
-                            }
-                            return Ok(defer(jitter(wait, &d.id)));
+                    Look::Hold => {
+                        let first = self.evidence.late_check_secs;
+                        if review::hold(&self.pool, d.id, attempt, first).await? {
+                            metrics::counter!("threadline_review_requests_total", "outcome" => "held")
+                                .increment(1);
+                            tracing::warn!(
+                                alert = "review_request_held",
+                                decision_id = %d.id,
+                                waited,
+                                "a review request's post outcome is unknown and it is not in the review channel; not posted again, looked for later (the CLI still reviews it)"
+                            );
                         }
-                        Look::Never => {
-                            review::failed(&self.pool, d.id, attempt, review::NOT_FOUND).await?;
-                            return Ok(Disposition::Done);
-                        }
-                    },
-                    Err(WebError::Api { code }) if !UNKNOWN_CODES.contains(&code.as_str()) => {
-                        // Unreadable for good (a private review channel
-                        // without groups:history, the bot removed): a
-                        // second post could duplicate the request, so none.
-                        tracing::warn!(
-                            alert = "review_request_unreadable",
-                            installation_id = %d.installation_id,
-                            code = %code,
-                            "a review request's post outcome is unknown and the review channel cannot be read; the CLI still reviews it"
-                        );
-                        // (marked so that `review setup` never asks again:
-                        // Slack may hold this request)
-                        let code = format!("{}{code}", review::UNREADABLE);
-                        review::failed(&self.pool, d.id, attempt, &code).await?;
                         return Ok(Disposition::Done);
                     }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "reading the review channel failed; trying later");
-                        review::unknown(&self.pool, d.id, attempt).await?;
-                        return Ok(defer(jitter(retry_secs(&e), &d.id)));
-                    }
+                },
+                Err(WebError::Api { code }) if !UNKNOWN_CODES.contains(&code.as_str()) => {
+                    // Unreadable for good (a private review channel
+                    // without groups:history, the bot removed): a
+                    // second post could duplicate the request, so none.
+                    tracing::warn!(
+                        alert = "review_request_unreadable",
+                        installation_id = %d.installation_id,
+                        code = %code,
+                        "a review request's post outcome is unknown and the review channel cannot be read; the CLI still reviews it"
+                    );
+                    // (marked so that `review setup` never asks again:
+                    // Slack may hold this request)
+                    let code = format!("{}{code}", review::UNREADABLE);
+                    review::failed(&self.pool, d.id, attempt, &code).await?;
+                    return Ok(Disposition::Done);
                 }
-            }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the review channel failed; trying later");
+                    review::unknown(&self.pool, d.id, attempt).await?;
+                    return Ok(defer(jitter(retry_secs(&e), &d.id)));
+                }
+            },
         };
+        let channel = channel.as_str();
         let public = self.is_public(d).await?;
         let (text, blocks) = render(d, &settings, None, public);
         let metadata = json!({
@@ -155,9 +163,10 @@ impl Handler {
                     review::unknown(&self.pool, d.id, attempt).await?;
                     return Ok(defer(jitter(2.0, &d.id)));
                 };
-                self.record_request(token, channel, d.id, ts).await?;
-                metrics::counter!("threadline_review_requests_total", "outcome" => ReviewRequestState::Posted.name())
-                    .increment(1);
+                if self.record_request(token, channel, d.id, ts).await? {
+                    metrics::counter!("threadline_review_requests_total", "outcome" => ReviewRequestState::Posted.name())
+                        .increment(1);
+                }
                 // (a verdict the CLI gave meanwhile shows at once)
                 self.review_follow_up(d.id).await
             }
@@ -198,54 +207,112 @@ impl Handler {
         self.slack_timeout + self.evidence.window_secs
     }
 
-    /// What follows a read that did not find a request whose attempt
-    /// began `waited` seconds ago, by the replies' rules: within the window
-    /// it may still land, and is read again soon; after it, it is posted
-    /// again only where a reply would be (`THREADLINE_RECONCILE_ALLOW_REPOST`);
-    /// otherwise it is held, and looked for on the late checks' widening
-    /// schedule (Slack may apply a post long after the client gave up: a
-    /// second post would show the request twice), until that ends.
+    /// What follows a read that did not find a request whose first
+    /// attempt of unknown outcome began `waited` seconds ago, by the
+    /// replies' rules: within the window it may still land, and is read
+    /// again soon; after it, it is posted again only where a reply would be
+    /// (`THREADLINE_RECONCILE_ALLOW_REPOST`); otherwise it is held, and the
+    /// sweeper looks for it on the late checks' widening schedule (Slack
+    /// may apply a post long after the client gave up: a second post would
+    /// show the request twice).
     fn look_again(&self, waited: f64) -> Look {
-        let window = self.request_window();
-        if waited < window {
-            return Look::After(self.evidence.pause(), false);
-        }
-        if self.evidence.allow_repost {
-            return Look::Post;
-        }
-        match crate::sweeper::late_wait(waited - window, self.evidence.late_check_secs) {
-            Some(wait) => Look::After(wait, true),
-            None => Look::Never,
+        if waited < self.request_window() {
+            Look::Within(self.evidence.pause())
+        } else if self.evidence.allow_repost {
+            Look::Post
+        } else {
+            Look::Hold
         }
     }
 
-    /// Records the request Slack holds at `ts`. A second copy (one of an
-    /// attempt whose outcome was unknown, landed after another was
-    /// recorded) is raised and deleted: the recorded one is the request
-    /// whose buttons count and whose outcome is shown.
+    /// Records the request Slack holds at `ts`; `false` when another copy
+    /// was recorded already. Such a copy is raised and deleted: the
+    /// recorded one is the request whose buttons count and whose outcome is
+    /// shown.
     async fn record_request(
         &self,
         token: &str,
         channel: &str,
         id: Uuid,
         ts: &str,
-    ) -> anyhow::Result<()> {
-        let review::Recorded::Copy(recorded) =
-            crate::handler::persist(|| review::posted(&self.pool, id, ts)).await?
-        else {
-            return Ok(());
+    ) -> anyhow::Result<bool> {
+        let recorded = crate::handler::persist(|| async {
+            let mut c = self.pool.acquire().await?;
+            review::posted(&mut c, id, ts).await
+        })
+        .await?;
+        let review::Recorded::Copy(recorded) = recorded else {
+            return Ok(true);
         };
-        metrics::counter!("threadline_review_requests_total", "outcome" => "copy").increment(1);
+        metrics::counter!("threadline_review_requests_total", "outcome" => "duplicate")
+            .increment(1);
         tracing::error!(
             alert = "duplicate_review_request",
             decision_id = %id,
             recorded = %recorded,
             copy = %ts,
-            "a second copy of a review request landed in Slack; deleting it"
+            "a second copy of a review request is in Slack; deleting it"
         );
         let form = [("channel", channel), ("ts", ts)];
         if let Err(e) = self.web.call("chat.delete", token, &form).await {
             tracing::warn!(error = %e, copy = %ts, "the review request's copy could not be deleted");
+        }
+        Ok(false)
+    }
+
+    /// A held request's late check (the sweeper's): a request found is
+    /// recorded and shows its decision's outcome; otherwise it is looked
+    /// for again later, less and less often, for about a week.
+    pub(crate) async fn review_late_check(&self, due: review::LateCheck) -> anyhow::Result<()> {
+        let review::LateCheck {
+            decision,
+            installation,
+            channel,
+            since,
+            checks,
+        } = due;
+        let first = self.evidence.late_check_secs;
+        let Some(bot) = self.bot(installation).await? else {
+            // No token to read with (uninstalled, revoked): nothing more to learn.
+            review::schedule_late_check(&self.pool, decision, checks, None).await?;
+            return Ok(());
+        };
+        let token = bot.token.expose_secret();
+        match self.find_request(token, &channel, decision, since).await {
+            Ok(Some(ts)) => {
+                self.record_request(token, &channel, decision, &ts).await?;
+                metrics::counter!("threadline_review_requests_total", "outcome" => "found")
+                    .increment(1);
+                tracing::warn!(
+                    alert = "late_review_request_found",
+                    decision_id = %decision,
+                    "a held review request was found in the review channel; recorded"
+                );
+                // (what the decision came to shows on it now; a failure to
+                // show it is retried when the decision is handled again)
+                if let Err(e) = self.review_follow_up(decision).await {
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        "showing the outcome on a late review request failed"
+                    );
+                }
+                return Ok(());
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "late check of a held review request could not read the channel")
+            }
+        }
+        let next = crate::sweeper::next_check(checks + 1, first);
+        review::schedule_late_check(&self.pool, decision, checks, next).await?;
+        if next.is_none() {
+            metrics::counter!("threadline_review_requests_total", "outcome" => "given_up")
+                .increment(1);
+            tracing::warn!(
+                alert = "review_request_given_up",
+                decision_id = %decision,
+                "a held review request was not found in a week of late checks; no longer looked for (the CLI reviews it)"
+            );
         }
         Ok(())
     }
@@ -374,24 +441,31 @@ impl Handler {
                 Ok(Some(ts)) => {
                     self.record_request(bot.token.expose_secret(), &r.channel_id, id, &ts)
                         .await?;
+                    metrics::counter!("threadline_review_requests_total", "outcome" => "found")
+                        .increment(1);
                     match review::request(&self.pool, id).await?.and_then(|r| r.ts) {
                         Some(ts) => ts,
                         None => return Ok(defer(jitter(1.0, &id))),
                     }
                 }
-                // Not there yet, but a post in flight or of unknown outcome
-                // may still land with its buttons: looked for again, as the
-                // request's own attempts look for it.
+                // Not there: one of unknown outcome may still land with its
+                // buttons, so it is looked for again (the sweeper does once
+                // it is held, and shows the outcome when it finds it).
                 Ok(None) => {
-                    if !matches!(
-                        r.state,
-                        ReviewRequestState::Posting | ReviewRequestState::Unknown
-                    ) {
-                        return Ok(Disposition::Done);
-                    }
-                    return match self.look_again(r.waited) {
-                        Look::After(wait, _) => Ok(defer(jitter(wait, &id))),
-                        Look::Post | Look::Never => Ok(Disposition::Done),
+                    return match (r.state, r.held) {
+                        (_, true) => Ok(Disposition::Done),
+                        (ReviewRequestState::Posting, false) => {
+                            Ok(defer(jitter(self.evidence.pause(), &id)))
+                        }
+                        (_, false) => match self.look_again(r.waited) {
+                            Look::Within(wait) => Ok(defer(jitter(wait, &id))),
+                            // (decided: no request is posted any more)
+                            Look::Hold | Look::Post => {
+                                review::look_later(&self.pool, id, self.evidence.late_check_secs)
+                                    .await?;
+                                Ok(Disposition::Done)
+                            }
+                        },
                     };
                 }
                 Err(WebError::Api { code }) if !UNKNOWN_CODES.contains(&code.as_str()) => {
@@ -442,13 +516,12 @@ impl Handler {
 /// What follows a read that did not find a request of unknown outcome.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Look {
-    /// Read again after this many seconds; `true` once it is held (past
-    /// the window, not posted again).
-    After(f64, bool),
-    /// Past the window, where the policy allows one more post.
+    /// Within the window: read again after this many seconds.
+    Within(f64),
+    /// Past the window, where the policy allows another post.
     Post,
-    /// Held past the last late check: given up on (the CLI reviews it).
-    Never,
+    /// Past the window: held for the sweeper's late checks.
+    Hold,
 }
 
 /// How long to wait before trying a Slack call again after `e`.
@@ -696,6 +769,7 @@ mod tests {
             state: ReviewRequestState::Posted,
             since: 0.0,
             waited: 0.0,
+            held: false,
             ts: Some("1.2".into()),
             shown: None,
             status: DecisionStatus::parse(status).expect("a status"),

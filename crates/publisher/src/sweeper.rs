@@ -27,23 +27,9 @@ pub use crate::config::Sweep;
 /// Seconds until a held intent's thread is read again after its `n`th late
 /// check, `first` being the wait before the first one: 30 s, 2 min,
 /// 10 min, 1 h, 6 h, 1 day, 2 days, 4 days by default; none after that.
-fn next_check(n: i32, first: f64) -> Option<f64> {
+pub(crate) fn next_check(n: i32, first: f64) -> Option<f64> {
     const TIMES: [f64; 8] = [1.0, 4.0, 20.0, 120.0, 720.0, 2880.0, 5760.0, 11520.0];
     TIMES.get(n.max(0) as usize).map(|t| t * first)
-}
-
-/// Seconds until the next late check of something held for `held_for`
-/// seconds, on [`next_check`]'s schedule from the hold; `None` once that
-/// schedule ended.
-pub(crate) fn late_wait(held_for: f64, first: f64) -> Option<f64> {
-    let mut due = 0.0;
-    for n in 0.. {
-        due += next_check(n, first)?;
-        if due > held_for {
-            return Some(due - held_for);
-        }
-    }
-    None
 }
 
 pub fn spawn(handler: Arc<Handler>, sweep: Sweep, shutdown: CancellationToken) {
@@ -111,8 +97,26 @@ pub async fn round(h: &Handler, sweep: Sweep) -> anyhow::Result<()> {
         let tag = format!("sweep:{}", Uuid::now_v7());
         proposals::republish(&h.js, &h.topology, &d, &tag).await?;
     }
-    late_checks(h).await
+    late_checks(h).await?;
+    review_late_checks(h).await
 }
+
+/// Reads the review channel again for review requests held without
+/// evidence of their post, each on its own (a failure leaves it due again
+/// once its lease is over).
+async fn review_late_checks(h: &Handler) -> anyhow::Result<()> {
+    let due = threadline_store::review::take_late_checks(&h.pool, 50, REVIEW_CHECK_LEASE).await?;
+    for d in due {
+        let decision = d.decision;
+        if let Err(e) = h.review_late_check(d).await {
+            tracing::warn!(error = format!("{e:#}"), decision_id = %decision, "late check of a held review request failed; it is due again later");
+        }
+    }
+    Ok(())
+}
+
+/// How long a held review request's late check is leased to one sweeper.
+const REVIEW_CHECK_LEASE: f64 = 60.0;
 
 /// Reads the thread again for intents held without evidence of their post.
 /// Rows are taken with a short lease (their next check moved a minute on),
@@ -204,17 +208,5 @@ mod tests {
         let total: f64 = (0..8).filter_map(|n| next_check(n, 30.0)).sum();
         assert!(total > 6.0 * 24.0 * 3600.0 && total < 8.0 * 24.0 * 3600.0);
         assert_eq!(next_check(8, 30.0), None);
-    }
-
-    #[test]
-    fn a_late_wait_counts_from_the_hold_on_the_same_schedule() {
-        assert_eq!(late_wait(0.0, 30.0), Some(30.0));
-        assert_eq!(late_wait(10.0, 30.0), Some(20.0));
-        // (checks at 30 s and 150 s after the hold)
-        assert_eq!(late_wait(30.0, 30.0), Some(120.0));
-        assert_eq!(late_wait(100.0, 30.0), Some(50.0));
-        let end: f64 = (0..8).filter_map(|n| next_check(n, 30.0)).sum();
-        assert!(late_wait(end - 1.0, 30.0).is_some());
-        assert_eq!(late_wait(end, 30.0), None);
     }
 }

@@ -78,11 +78,13 @@ pub enum PostClaim {
     /// This publisher posts it (attempt number).
     Post { attempt: i32 },
     /// An earlier attempt's outcome is unknown (its answer was lost, or its
-    /// publisher died): read the channel's history from `since` (Unix
-    /// seconds) for the request first; this publisher holds `attempt`.
-    /// `waited`: seconds since then, by the database's clock.
+    /// publisher died): the request is looked for first in `channel` (where
+    /// that attempt posted), from `since` (Unix seconds: when the first
+    /// attempt of unknown outcome began), `waited` seconds ago by the
+    /// database's clock; this publisher holds `attempt`.
     Reconcile {
         attempt: i32,
+        channel: String,
         since: f64,
         waited: f64,
     },
@@ -92,10 +94,14 @@ pub enum PostClaim {
     Failed,
     /// Another publisher is posting it now.
     Busy,
+    /// Its outcome is unknown and held: the sweeper's late checks look for
+    /// it.
+    Held,
 }
 
 /// Claims the post of a decision's review request in `channel`. An attempt
-/// still `posting` after `stale` seconds counts as unknown.
+/// still `posting` after `stale` seconds counts as unknown. A request held
+/// for the late checks is not claimed: the sweeper looks for it.
 pub async fn claim_post(
     pool: &PgPool,
     decision: Uuid,
@@ -105,8 +111,9 @@ pub async fn claim_post(
 ) -> sqlx::Result<PostClaim> {
     let r = sqlx::query!(
         r#"WITH old AS (
-             SELECT state, extract(epoch FROM posting_since)::float8 AS since,
-                    extract(epoch FROM now() - posting_since)::float8 AS waited
+             SELECT state, channel_id, next_check_at IS NOT NULL AS held,
+                    extract(epoch FROM coalesce(unknown_since, posting_since))::float8 AS since,
+                    extract(epoch FROM now() - coalesce(unknown_since, posting_since))::float8 AS waited
                FROM review_messages WHERE decision_id = $1),
          ins AS (
              INSERT INTO review_messages (decision_id, installation_id, channel_id, state)
@@ -114,16 +121,21 @@ pub async fn claim_post(
              RETURNING attempt),
          retake AS (
              UPDATE review_messages r
-                SET state = $5, attempt = r.attempt + 1, posting_since = now(), updated_at = now()
-              WHERE r.decision_id = $1 AND r.state = ANY($6)
+                SET state = $5, attempt = r.attempt + 1, posting_since = now(),
+                    -- (a publisher that died posting left an unknown outcome)
+                    unknown_since = coalesce(r.unknown_since, r.posting_since),
+                    updated_at = now()
+              WHERE r.decision_id = $1 AND r.state = ANY($6) AND r.next_check_at IS NULL
                 -- (an attempt still posting only once it is stale)
                 AND (r.state <> $5 OR r.posting_since < now() - make_interval(secs => $4))
              RETURNING r.attempt)
          SELECT (SELECT attempt FROM ins) AS new_attempt,
                 (SELECT attempt FROM retake) AS retake_attempt,
                 (SELECT state FROM old) AS old_state,
+                (SELECT channel_id FROM old) AS old_channel,
                 (SELECT since FROM old) AS since,
-                (SELECT waited FROM old) AS waited"#,
+                (SELECT waited FROM old) AS waited,
+                (SELECT held FROM old) AS held"#,
         decision,
         installation,
         channel,
@@ -143,11 +155,13 @@ pub async fn claim_post(
         (Some(attempt), _, _) => PostClaim::Post { attempt },
         (None, Some(attempt), _) => PostClaim::Reconcile {
             attempt,
+            channel: r.old_channel.unwrap_or_else(|| channel.to_owned()),
             since: r.since.unwrap_or(0.0),
             waited: r.waited.unwrap_or(0.0),
         },
         (None, None, Some(R::Posted)) => PostClaim::Posted,
         (None, None, Some(R::Failed)) => PostClaim::Failed,
+        (None, None, Some(R::Unknown)) if r.held == Some(true) => PostClaim::Held,
         _ => PostClaim::Busy,
     })
 }
@@ -164,36 +178,43 @@ pub enum Recorded {
 
 /// Records the request Slack holds at `ts` (whichever attempt posted it:
 /// a post that landed is recorded, never forgotten). A request recorded
-/// at another ts already makes this one a copy.
-pub async fn posted(
-    db: impl sqlx::PgExecutor<'_>,
-    decision: Uuid,
-    ts: &str,
-) -> sqlx::Result<Recorded> {
-    let r = sqlx::query!(
-        r#"WITH upd AS (
-             UPDATE review_messages SET state = $3, ts = $2, error_code = NULL, updated_at = now()
-              WHERE decision_id = $1 AND state = ANY($4)
-             RETURNING ts)
-         SELECT (SELECT ts FROM upd) AS "updated?",
-                (SELECT ts FROM review_messages WHERE decision_id = $1) AS "recorded?""#,
+/// at another ts already makes this one a copy. (Two statements: the
+/// second sees a record committed while the first waited for its row.)
+pub async fn posted(db: &mut PgConnection, decision: Uuid, ts: &str) -> sqlx::Result<Recorded> {
+    let updated = sqlx::query!(
+        "UPDATE review_messages
+            SET state = $3, ts = $2, error_code = NULL, next_check_at = NULL, updated_at = now()
+          WHERE decision_id = $1 AND state = ANY($4)",
         decision,
         ts,
         R::Posted.as_str(),
         &crate::moves_from_any(R::Posted),
     )
-    .fetch_one(db)
+    .execute(&mut *db)
     .await?;
-    Ok(match (r.updated, r.recorded) {
-        (None, Some(recorded)) if recorded != ts => Recorded::Copy(recorded),
+    if updated.rows_affected() == 1 {
+        return Ok(Recorded::Request);
+    }
+    let recorded = sqlx::query_scalar!(
+        "SELECT ts FROM review_messages WHERE decision_id = $1",
+        decision
+    )
+    .fetch_optional(&mut *db)
+    .await?
+    .flatten();
+    Ok(match recorded {
+        Some(r) if r != ts => Recorded::Copy(r),
         _ => Recorded::Request,
     })
 }
 
-/// Attempt `attempt` got no answer it could read: Slack may hold the post.
+/// Attempt `attempt` got no answer it could read (or could not read the
+/// channel for it): Slack may hold the post. The first such attempt's start
+/// stays the request's `unknown_since`.
 pub async fn unknown(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE review_messages SET state = $3, updated_at = now()
+        "UPDATE review_messages
+            SET state = $3, unknown_since = coalesce(unknown_since, posting_since), updated_at = now()
           WHERE decision_id = $1 AND attempt = $2 AND state = ANY($4)",
         decision,
         attempt,
@@ -205,23 +226,25 @@ pub async fn unknown(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Resul
     Ok(())
 }
 
-/// Reconciling attempt `attempt` found no request of the attempt that
-/// began at `since` (Unix seconds): the request is unknown again, from
-/// `since`, and is looked for again later. `false` when the claim was no
-/// longer this attempt's.
-pub async fn keep_unknown(
+/// Past the window, reconciling attempt `attempt` found no request: it is
+/// held, as a reply is, and the sweeper reads the channel again in
+/// `first_check` seconds, then less and less often. `false` when the claim
+/// was no longer this attempt's (nothing held).
+pub async fn hold(
     pool: &PgPool,
     decision: Uuid,
     attempt: i32,
-    since: f64,
+    first_check: f64,
 ) -> sqlx::Result<bool> {
     let r = sqlx::query!(
-        "UPDATE review_messages SET state = $4, posting_since = to_timestamp($3), updated_at = now()
+        "UPDATE review_messages
+            SET state = $3, next_check_at = now() + make_interval(secs => $4), checks = 0,
+                updated_at = now()
           WHERE decision_id = $1 AND attempt = $2 AND state = ANY($5)",
         decision,
         attempt,
-        since,
         R::Unknown.as_str(),
+        first_check,
         &crate::moves(&[R::Posting], R::Unknown),
     )
     .execute(pool)
@@ -254,30 +277,25 @@ pub async fn fence(
 
 /// Attempt `attempt` certainly posted nothing and may be tried again (a
 /// 429, a refused connection, a claim too old to post on): the claim is
-/// given back. A first attempt leaves nothing behind; a later one follows
-/// an attempt whose outcome was unknown, which may still land, so the
-/// request is unknown again and the next attempt reads the channel first.
+/// given back. A request none of whose attempts had an unknown outcome
+/// leaves nothing behind; otherwise it is unknown again, and the next
+/// attempt reads the channel first.
 pub async fn release(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Result<()> {
-    let mut tx = pool.begin().await?;
     sqlx::query!(
-        "DELETE FROM review_messages WHERE decision_id = $1 AND attempt = 1 AND $2 = 1 AND state = $3",
+        "WITH gone AS (
+             DELETE FROM review_messages
+              WHERE decision_id = $1 AND attempt = $2 AND state = $3 AND unknown_since IS NULL
+             RETURNING 1)
+         UPDATE review_messages SET state = $4, updated_at = now()
+          WHERE decision_id = $1 AND attempt = $2 AND state = $3 AND unknown_since IS NOT NULL",
         decision,
         attempt,
         R::Posting.as_str(),
-    )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        "UPDATE review_messages SET state = $3, updated_at = now()
-          WHERE decision_id = $1 AND attempt = $2 AND attempt > 1 AND state = ANY($4)",
-        decision,
-        attempt,
         R::Unknown.as_str(),
-        &crate::moves(&[R::Posting], R::Unknown),
     )
-    .execute(&mut *tx)
+    .execute(pool)
     .await?;
-    tx.commit().await
+    Ok(())
 }
 
 /// Slack refused the request for good (`code`): the CLI still reviews it.
@@ -296,15 +314,105 @@ pub async fn failed(pool: &PgPool, decision: Uuid, attempt: i32, code: &str) -> 
     Ok(())
 }
 
+/// A request of unknown outcome that no attempt drives any more (the review
+/// channel unset, a kill switch engaged, its decision decided) is looked
+/// for by the sweeper in `after` seconds, unless it is held already.
+pub async fn look_later(pool: &PgPool, decision: Uuid, after: f64) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE review_messages
+            SET next_check_at = now() + make_interval(secs => $2), updated_at = now()
+          WHERE decision_id = $1 AND state = $3 AND next_check_at IS NULL",
+        decision,
+        after,
+        R::Unknown.as_str(),
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// A held request due for a late check (taken by [`take_late_checks`]).
+#[derive(Debug, Clone)]
+pub struct LateCheck {
+    pub decision: Uuid,
+    pub installation: Uuid,
+    pub channel: String,
+    /// When its first attempt of unknown outcome began (Unix seconds).
+    pub since: f64,
+    /// Late checks made before this one.
+    pub checks: i32,
+}
+
+/// Takes up to `limit` held requests whose late check is due, leasing each
+/// for `lease` seconds (another sweeper takes it after that, should this
+/// one die).
+pub async fn take_late_checks(
+    pool: &PgPool,
+    limit: i64,
+    lease: f64,
+) -> sqlx::Result<Vec<LateCheck>> {
+    let rows = sqlx::query!(
+        r#"UPDATE review_messages r SET next_check_at = now() + make_interval(secs => $3)
+            WHERE r.decision_id IN (
+                  SELECT decision_id FROM review_messages
+                   WHERE next_check_at <= now() AND state = $2
+                   ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+           RETURNING r.decision_id, r.installation_id, r.channel_id, r.checks,
+                     extract(epoch FROM coalesce(r.unknown_since, r.posting_since))::float8 AS "since!""#,
+        limit,
+        R::Unknown.as_str(),
+        lease,
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| LateCheck {
+            decision: r.decision_id,
+            installation: r.installation_id,
+            channel: r.channel_id,
+            since: r.since,
+            checks: r.checks,
+        })
+        .collect())
+}
+
+/// After late check number `checks` found nothing: the next one in `next`
+/// seconds, or none (`None`: the schedule ended, the request stays unknown
+/// and no longer looked for).
+pub async fn schedule_late_check(
+    pool: &PgPool,
+    decision: Uuid,
+    checks: i32,
+    next: Option<f64>,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE review_messages
+            SET next_check_at = now() + make_interval(secs => $3), checks = $2 + 1,
+                updated_at = now()
+          WHERE decision_id = $1 AND state = $4 AND next_check_at IS NOT NULL",
+        decision,
+        checks,
+        next,
+        R::Unknown.as_str(),
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// A review request and what its decision came to.
 #[derive(Debug, Clone)]
 pub struct Posted {
     pub channel_id: String,
     pub state: R,
-    /// When its latest attempt began (Unix seconds).
+    /// When its first attempt of unknown outcome began, else its latest
+    /// attempt (Unix seconds).
     pub since: f64,
     /// Seconds since then, by the database's clock.
     pub waited: f64,
+    /// Held for the sweeper's late checks (it looks for the request).
+    pub held: bool,
     /// Slack's ts (none until posted).
     pub ts: Option<String>,
     /// The outcome the message shows (`None`: still asking).
@@ -321,8 +429,10 @@ pub struct Posted {
 /// The decision's review request, in whatever state it is.
 pub async fn request(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Posted>> {
     let Some(r) = sqlx::query!(
-        r#"SELECT r.channel_id, r.state, extract(epoch FROM r.posting_since)::float8 AS "since!",
-                  extract(epoch FROM now() - r.posting_since)::float8 AS "waited!",
+        r#"SELECT r.channel_id, r.state,
+                  extract(epoch FROM coalesce(r.unknown_since, r.posting_since))::float8 AS "since!",
+                  extract(epoch FROM now() - coalesce(r.unknown_since, r.posting_since))::float8 AS "waited!",
+                  r.next_check_at IS NOT NULL AS "held!",
                   r.ts, r.shown, d.status, d.status_reason, d.reviewed_by,
                   d.channel_id AS answer_channel,
                   (SELECT i.state FROM reply_intents i
@@ -345,6 +455,7 @@ pub async fn request(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Poste
         state: R::parse(&r.state).map_err(|e| decode("review_messages.state", e))?,
         since: r.since,
         waited: r.waited,
+        held: r.held,
         ts: r.ts,
         shown: r.shown,
         status: DecisionStatus::parse(&r.status).map_err(|e| decode("decisions.status", e))?,
@@ -480,9 +591,10 @@ pub async fn decide(
         if !row.reviewers.iter().any(|r| r == c.user) {
             return Ok(Decided::Refused(Refusal::NotAReviewer));
         }
-        if unrecorded {
-            // (no other ts is recorded: a copy cannot come of it)
-            posted(&mut *tx, id, c.message_ts).await?;
+        if unrecorded && let Recorded::Copy(_) = posted(&mut tx, id, c.message_ts).await? {
+            // (another copy was recorded meanwhile: this one is not the
+            // request whose click counts)
+            return Ok(Decided::Refused(Refusal::NotTheRequest));
         }
     }
     let status =
@@ -670,11 +782,6 @@ pub async fn discard_if_moved_on(
 /// unknown and the review channel could not be read to tell: Slack may
 /// hold that request, so it is never asked again.
 pub const UNREADABLE: &str = "unreadable:";
-
-/// A failed request's code when its post's outcome was unknown and it was
-/// not found in the review channel over the late checks' whole schedule
-/// (about a week): the next `review setup` asks about it again.
-pub const NOT_FOUND: &str = "not_found_after_unknown";
 
 /// Asks in the review channel about every answer of the installation that
 /// waits for review without a request there: one waiting from before the
