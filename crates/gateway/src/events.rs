@@ -218,7 +218,11 @@ async fn handle(
     if app.shed.active() && sheds(app, headers, body) {
         return (
             Answer::Shed,
-            (StatusCode::SERVICE_UNAVAILABLE, "overloaded: try again later").into_response(),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded: try again later",
+            )
+                .into_response(),
         );
     }
     let Some(spool) = app.spool.as_deref() else {

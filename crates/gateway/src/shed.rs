@@ -158,8 +158,10 @@ mod tests {
     #[test]
     fn shedding_starts_at_the_bound_and_stops_below_half_of_it() {
         let s = Shedder::new(100);
-        let mention = cb(json!({"type": "app_mention", "user": "U0ANA", "channel": "C0GEN",
-                                "ts": "1700000000.000100"}));
+        let mention = cb(
+            json!({"type": "app_mention", "user": "U0ANA", "channel": "C0GEN",
+                                "ts": "1700000000.000100"}),
+        );
         s.observe(Some(99));
         assert!(!s.sheds(&mention, 0));
         s.observe(Some(100));

@@ -687,13 +687,21 @@ type Change = dyn Fn(&mut serde_json::Value);
 /// Whether the gateway's `/metrics` says it sheds new work (`want`).
 async fn shedding_is(env: &Env, gw: &Gateway, want: bool) {
     let line = format!("threadline_gateway_shedding {}", u8::from(want));
-    eventually(&format!("{line} in /metrics"), Duration::from_secs(10), || {
-        let (c, u, line) = (env.client.clone(), format!("{}/metrics", gw.url), line.clone());
-        async move {
-            let text = c.get(u).send().await.ok()?.text().await.ok()?;
-            text.lines().any(|l| l == line).then_some(())
-        }
-    })
+    eventually(
+        &format!("{line} in /metrics"),
+        Duration::from_secs(10),
+        || {
+            let (c, u, line) = (
+                env.client.clone(),
+                format!("{}/metrics", gw.url),
+                line.clone(),
+            );
+            async move {
+                let text = c.get(u).send().await.ok()?.text().await.ok()?;
+                text.lines().any(|l| l == line).then_some(())
+            }
+        },
+    )
     .await;
 }
 
@@ -718,7 +726,8 @@ async fn over_the_backlog_bound_new_top_level_work_is_shed_before_anything_is_wr
         change(&mut v);
         serde_json::to_vec(&v).expect("json")
     };
-    let in_thread = |v: &mut serde_json::Value| v["event"]["thread_ts"] = json!("1700000000.000100");
+    let in_thread =
+        |v: &mut serde_json::Value| v["event"]["thread_ts"] = json!("1700000000.000100");
     for id in ["Ev0SHR1", "Ev0SHR2"] {
         assert_eq!(post(&env, &gw, &event(id, &in_thread), None).await.0, 200);
     }
@@ -726,7 +735,11 @@ async fn over_the_backlog_bound_new_top_level_work_is_shed_before_anything_is_wr
     shedding_is(&env, &gw, true).await;
 
     let mention = event("Ev0SHM", &|_| {});
-    assert_eq!(post(&env, &gw, &mention, None).await, (503, false), "first try");
+    assert_eq!(
+        post(&env, &gw, &mention, None).await,
+        (503, false),
+        "first try"
+    );
     assert_eq!(
         post(&env, &gw, &mention, Some((1, "http_error"))).await,
         (503, false),
@@ -736,8 +749,16 @@ async fn over_the_backlog_bound_new_top_level_work_is_shed_before_anything_is_wr
         v["event"]["type"] = json!("message");
         v["event"]["channel_type"] = json!("channel");
     });
-    assert_eq!(post(&env, &gw, &message, None).await.0, 503, "a top-level message");
-    assert_eq!(env.count(Count::Receipts).await, 2, "nothing written for what was shed");
+    assert_eq!(
+        post(&env, &gw, &message, None).await.0,
+        503,
+        "a top-level message"
+    );
+    assert_eq!(
+        env.count(Count::Receipts).await,
+        2,
+        "nothing written for what was shed"
+    );
 
     assert_eq!(
         post(&env, &gw, &mention, Some((2, "http_error"))).await.0,
@@ -759,16 +780,27 @@ async fn over_the_backlog_bound_new_top_level_work_is_shed_before_anything_is_wr
         }),
     ];
     for (id, change) in always {
-        assert_eq!(post(&env, &gw, &event(id, change), None).await.0, 200, "{id}");
+        assert_eq!(
+            post(&env, &gw, &event(id, change), None).await.0,
+            200,
+            "{id}"
+        );
     }
     assert_eq!(env.count(Count::Receipts).await, 6);
 
     // The context-builder catches up: the stream empties.
     env.published_len(0).await;
-    let events = env.js.get_stream(env.events_stream()).await.expect("stream");
+    let events = env
+        .js
+        .get_stream(env.events_stream())
+        .await
+        .expect("stream");
     events.purge().await.expect("purge");
     shedding_is(&env, &gw, false).await;
-    assert_eq!(post(&env, &gw, &event("Ev0SHN", &|_| {}), None).await.0, 200);
+    assert_eq!(
+        post(&env, &gw, &event("Ev0SHN", &|_| {}), None).await.0,
+        200
+    );
     assert_eq!(env.count(Count::Receipts).await, 7);
     gw.stop().await;
 }

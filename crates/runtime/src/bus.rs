@@ -193,9 +193,9 @@ impl Topology {
         // (bounded: a broker away must not hold a post or a watcher long)
         let stream =
             tokio::time::timeout(Duration::from_secs(1), js.get_stream(self.stream(topic)))
-        .await
-        .ok()?
-        .ok()?;
+                .await
+                .ok()?
+                .ok()?;
         let state = &stream.cached_info().state;
         let n = state.messages;
         let age = if n == 0 {
