@@ -215,7 +215,9 @@ async fn handle(
     transport: &'static str,
 ) -> (Answer, Response) {
     let received = now_unix_ms();
-    if app.shed.active() && sheds(app, headers, body) {
+    // (over HTTP only: a Socket Mode envelope not acknowledged is retried
+    // on a schedule of its own, and such apps are small)
+    if transport == "http" && app.shed.active() && sheds(app, headers, body) {
         return (
             Answer::Shed,
             (

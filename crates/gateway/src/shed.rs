@@ -2,23 +2,30 @@
 //! serves, every acknowledged delivery is written (receipt, outbox, apply)
 //! whatever becomes of it, and that writing takes Postgres from the work
 //! already taken: answered mentions a second fell to a fraction of what
-//! the machine serves, and every answer waited. So while more events wait
-//! for the context-builder than `THREADLINE_SHED_EVENTS_BACKLOG` (read
-//! from the events stream every [`WATCH_EVERY`]), a delivery that would
-//! start new work — a person's top-level message or mention in a channel —
-//! is answered 503 before anything is written, on its first try and on
-//! Slack's first retry (which comes at once). Slack keeps it and tries
-//! again after a minute, then after five; those two tries are always
-//! taken, so a burst delays a new question by a minute and loses none.
+//! the machine serves, and every answer waited. So while at least
+//! `THREADLINE_SHED_EVENTS_BACKLOG` events wait in the events stream (read
+//! every [`WATCH_EVERY`]; unacknowledged ones, a worker's read-ahead among
+//! them), a delivery over HTTP that would start new work — a person's
+//! top-level message or mention in a channel — is answered 503 before
+//! anything is written, on its first try and on Slack's first retry
+//! (which comes at once). Slack keeps it and tries again after a minute,
+//! then after five; those two tries are always taken: a burst delays a new
+//! question by about a minute. The price is margin: such a question has
+//! two of Slack's tries left, not four, and its last one comes about six
+//! minutes after it was asked (a late event by the default
+//! `THREADLINE_LATE_EVENT_MS`). Under overload that lasts beyond a minute,
+//! the tries a minute later arrive at the offered rate: shedding eases
+//! bursts, capacity must meet the rest.
 //!
 //! Nothing that concerns a thread already asked in is held back: a reply
 //! in a thread, an edit, a deletion, a direct message, a bot's message and
 //! every other event are always taken, so the staleness rules see every
 //! change Slack sent. Shedding stops once the backlog is below half the
-//! bound. A backlog that cannot be read sheds nothing.
+//! bound. A backlog that cannot be read sheds nothing, nor does a gateway
+//! without a broker connection (neither spool nor relay).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -36,8 +43,6 @@ const LAST_SHED_RETRY: i32 = 1;
 pub struct Shedder {
     /// Events waiting above which new work is shed (0: never).
     bound: u64,
-    /// Events waiting for the context-builder, as last read.
-    backlog: AtomicU64,
     shedding: AtomicBool,
 }
 
@@ -45,7 +50,6 @@ impl Shedder {
     pub fn new(bound: u64) -> Arc<Self> {
         Arc::new(Self {
             bound,
-            backlog: AtomicU64::new(0),
             shedding: AtomicBool::new(false),
         })
     }
@@ -74,31 +78,33 @@ impl Shedder {
 
     /// Takes a reading of the backlog (`None`: unreadable, nothing shed).
     fn observe(&self, backlog: Option<u64>) {
-        let Some(n) = backlog.filter(|_| self.bound > 0) else {
-            self.shedding.store(false, Ordering::Release);
-            return;
-        };
-        self.backlog.store(n, Ordering::Release);
-        metrics::gauge!("threadline_gateway_events_backlog").set(n as f64);
         let was = self.shedding.load(Ordering::Acquire);
-        let now = if was {
-            n >= self.bound / 2
-        } else {
-            n >= self.bound
-        };
-        if now != was {
-            self.shedding.store(now, Ordering::Release);
-            metrics::gauge!("threadline_gateway_shedding").set(f64::from(u8::from(now)));
-            if now {
-                tracing::warn!(
-                    alert = "gateway_shedding",
-                    backlog = n,
-                    bound = self.bound,
-                    "more events wait than the pipeline serves: new top-level questions get 503 until the backlog halves (Slack retries them after 1 and 5 minutes)"
-                );
-            } else {
-                tracing::info!(backlog = n, "the backlog halved: shedding stopped");
+        let now = match backlog.filter(|_| self.bound > 0) {
+            Some(n) => {
+                metrics::gauge!("threadline_gateway_events_backlog").set(n as f64);
+                if was {
+                    // (until below half the bound)
+                    n.saturating_mul(2) >= self.bound
+                } else {
+                    n >= self.bound
+                }
             }
+            None => false,
+        };
+        if now == was {
+            return;
+        }
+        self.shedding.store(now, Ordering::Release);
+        metrics::gauge!("threadline_gateway_shedding").set(f64::from(u8::from(now)));
+        match backlog {
+            Some(n) if now => tracing::warn!(
+                alert = "gateway_shedding",
+                backlog = n,
+                bound = self.bound,
+                "more events wait than the pipeline serves: new top-level questions get 503 until the backlog halves (Slack retries them after 1 and 5 minutes)"
+            ),
+            Some(n) => tracing::info!(backlog = n, "the backlog halved: shedding stopped"),
+            None => tracing::warn!("the events' backlog cannot be read: shedding stopped"),
         }
     }
 
@@ -170,9 +176,16 @@ mod tests {
         assert!(!s.sheds(&mention, 2), "a retry a minute later is taken");
         assert!(!s.sheds(&mention, 3));
         s.observe(Some(50));
-        assert!(s.sheds(&mention, 0), "still above half");
+        assert!(s.sheds(&mention, 0), "still at half");
         s.observe(Some(49));
         assert!(!s.sheds(&mention, 0));
+        s.observe(Some(99));
+        assert!(!s.sheds(&mention, 0), "off until the bound again");
+        let one = Shedder::new(1);
+        one.observe(Some(1));
+        assert!(one.sheds(&mention, 0));
+        one.observe(Some(0));
+        assert!(!one.sheds(&mention, 0), "a bound of 1 stops when empty");
         s.observe(Some(500));
         s.observe(None);
         assert!(!s.sheds(&mention, 0), "an unreadable backlog sheds nothing");

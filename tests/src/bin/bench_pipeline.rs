@@ -218,6 +218,16 @@ async fn post_mentions(
 
 /// Waits until `expected` threads have a reply of the app (or two minutes
 /// pass, or a minute without a new one).
+/// Deliveries the gateways shed on Slack's first try, so far.
+async fn shed_mentions(s: &Stack) -> f64 {
+    s.metrics()
+        .await
+        .lines()
+        .filter(|l| l.starts_with("threadline_gateway_shed_total") && l.contains("retry=\"first\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 async fn wait_for_replies(s: &Stack, expected: u64) {
     // (a mention the gateway shed comes back with Slack's retry a minute
     // later: waited for)
@@ -295,11 +305,15 @@ async fn main() {
         }
     }
     let s = Stack::start(&env).await;
-    // Slack's per-channel post limit and Tier 3 are not what is measured.
+    // Slack's per-channel post limit and Tier 3 are not what is measured;
+    // Slack's retries of a failed delivery come on its real schedule (at
+    // once, a minute later, five minutes later), as what a gateway sheds
+    // is judged by.
     sim_ctl(
         &s.sim,
         "settings",
-        json!({"posts_per_second": 1e6, "post_burst": 1e6, "tier3_per_minute": 1000000}),
+        json!({"posts_per_second": 1e6, "post_burst": 1e6, "tier3_per_minute": 1000000,
+               "time_scale": 1.0}),
     )
     .await;
     let mut chans = vec![s.channel.clone()];
@@ -345,6 +359,7 @@ async fn main() {
     let writes_before = write_counts(&s.db.pool).await;
     let audit_before = audit_steps(&s.db.pool).await;
     let cpu_before = cpu_by_process();
+    let shed_before = shed_mentions(&s).await;
 
     let started = Instant::now();
     let mentions = post_mentions(&http, &post_url, &s, &chans, rate, rate * seconds).await;
@@ -410,20 +425,14 @@ async fn main() {
         .filter(|(at, ms)| at + ms / 1000.0 <= last_mention)
         .count();
     let window = (last_mention - first_mention).max(0.001);
-    let shed: f64 = s
-        .metrics()
-        .await
-        .lines()
-        .filter(|l| l.starts_with("threadline_gateway_shed_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let shed = shed_mentions(&s).await - shed_before;
     println!(
         "offered {offered:.0} mentions/s ({} posted), {} answered ({sustained:.0}/s sustained, first mention to last reply), {duplicates} with more than one reply",
         mentions.len(),
         latencies.len()
     );
     println!(
-        "while offered: {in_window} answered in {window:.1} s ({:.0}/s); deliveries shed before acknowledging: {shed:.0} (answered after Slack's retry)",
+        "while offered: {in_window} answered in {window:.1} s ({:.0}/s); deliveries shed on their first try: {shed:.0} (a mention's two events each; answered after Slack's retry a minute later)",
         in_window as f64 / window
     );
     println!(
