@@ -38,7 +38,7 @@ impl Handler {
         let Some(channel) = settings.channel_id.as_deref() else {
             // (a request of unknown outcome posted before the channel was
             // unset is still looked for, by the sweeper)
-            review::look_later(&self.pool, d.id, 0.0).await?;
+            review::look_later(&self.pool, d.id, 0.0, self.sending_stale).await?;
             return Ok(Disposition::Done);
         };
         let Some(bot) = self.bot(d.installation_id).await? else {
@@ -55,7 +55,7 @@ impl Handler {
         {
             tracing::warn!(switch = %switch, "kill switch engaged; review request not posted (the CLI still reviews it)");
             // (reading is not posting: one of unknown outcome is looked for)
-            review::look_later(&self.pool, d.id, 0.0).await?;
+            review::look_later(&self.pool, d.id, 0.0, self.sending_stale).await?;
             return Ok(Disposition::Done);
         }
         let token = bot.token.expose_secret();
@@ -275,6 +275,13 @@ impl Handler {
         let Some(bot) = self.bot(installation).await? else {
             // No token to read with (uninstalled, revoked): nothing more to learn.
             review::schedule_late_check(&self.pool, decision, checks, None).await?;
+            metrics::counter!("threadline_review_requests_total", "outcome" => "given_up")
+                .increment(1);
+            tracing::warn!(
+                alert = "review_request_given_up",
+                decision_id = %decision,
+                "a held review request cannot be looked for: no token for its installation"
+            );
             return Ok(());
         };
         let token = bot.token.expose_secret();
@@ -379,7 +386,10 @@ impl Handler {
                 _ => return Ok(None),
             }
         }
-        Ok(None)
+        // (not read to its end: not found is not known)
+        Err(WebError::Transport(
+            "review channel history not read to its end".into(),
+        ))
     }
 
     /// Discards the answers waiting for review whose thread moved on (a
@@ -454,14 +464,23 @@ impl Handler {
                 Ok(None) => {
                     return match (r.state, r.held) {
                         (_, true) => Ok(Disposition::Done),
+                        // (in flight; or its publisher died, and the sweeper
+                        // looks for it from now)
                         (ReviewRequestState::Posting, false) => {
-                            Ok(defer(jitter(self.evidence.pause(), &id)))
+                            let late = self.evidence.late_check_secs;
+                            match review::look_later(&self.pool, id, late, self.sending_stale)
+                                .await?
+                            {
+                                true => Ok(Disposition::Done),
+                                false => Ok(defer(jitter(self.evidence.pause(), &id))),
+                            }
                         }
                         (_, false) => match self.look_again(r.waited) {
                             Look::Within(wait) => Ok(defer(jitter(wait, &id))),
                             // (decided: no request is posted any more)
                             Look::Hold | Look::Post => {
-                                review::look_later(&self.pool, id, self.evidence.late_check_secs)
+                                let late = self.evidence.late_check_secs;
+                                review::look_later(&self.pool, id, late, self.sending_stale)
                                     .await?;
                                 Ok(Disposition::Done)
                             }

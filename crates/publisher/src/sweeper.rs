@@ -97,15 +97,17 @@ pub async fn round(h: &Handler, sweep: Sweep) -> anyhow::Result<()> {
         let tag = format!("sweep:{}", Uuid::now_v7());
         proposals::republish(&h.js, &h.topology, &d, &tag).await?;
     }
-    late_checks(h).await?;
-    review_late_checks(h).await
+    // (each kind on its own: a failure of one does not skip the other)
+    let replies = late_checks(h).await;
+    review_late_checks(h).await?;
+    replies
 }
 
 /// Reads the review channel again for review requests held without
 /// evidence of their post, each on its own (a failure leaves it due again
 /// once its lease is over).
 async fn review_late_checks(h: &Handler) -> anyhow::Result<()> {
-    let due = threadline_store::review::take_late_checks(&h.pool, 50, REVIEW_CHECK_LEASE).await?;
+    let due = threadline_store::review::take_late_checks(&h.pool, 10, REVIEW_CHECK_LEASE).await?;
     for d in due {
         let decision = d.decision;
         if let Err(e) = h.review_late_check(d).await {
@@ -115,8 +117,9 @@ async fn review_late_checks(h: &Handler) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How long a held review request's late check is leased to one sweeper.
-const REVIEW_CHECK_LEASE: f64 = 60.0;
+/// How long a held review request's late check is leased to one sweeper
+/// (ten of them, each up to 20 reads of the channel).
+const REVIEW_CHECK_LEASE: f64 = 300.0;
 
 /// Reads the thread again for intents held without evidence of their post.
 /// Rows are taken with a short lease (their next check moved a minute on),

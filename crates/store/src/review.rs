@@ -80,8 +80,9 @@ pub enum PostClaim {
     /// An earlier attempt's outcome is unknown (its answer was lost, or its
     /// publisher died): the request is looked for first in `channel` (where
     /// that attempt posted), from `since` (Unix seconds: when the first
-    /// attempt of unknown outcome began), `waited` seconds ago by the
-    /// database's clock; this publisher holds `attempt`.
+    /// attempt of unknown outcome went to post); the latest post began
+    /// `waited` seconds ago by the database's clock (an attempt that only
+    /// read the channel does not count); this publisher holds `attempt`.
     Reconcile {
         attempt: i32,
         channel: String,
@@ -112,8 +113,8 @@ pub async fn claim_post(
     let r = sqlx::query!(
         r#"WITH old AS (
              SELECT state, channel_id, next_check_at IS NOT NULL AS held,
-                    extract(epoch FROM coalesce(unknown_since, posting_since))::float8 AS since,
-                    extract(epoch FROM now() - coalesce(unknown_since, posting_since))::float8 AS waited
+                    extract(epoch FROM coalesce(unknown_since, post_started_at, posting_since))::float8 AS since,
+                    extract(epoch FROM now() - coalesce(post_started_at, posting_since))::float8 AS waited
                FROM review_messages WHERE decision_id = $1),
          ins AS (
              INSERT INTO review_messages (decision_id, installation_id, channel_id, state)
@@ -123,7 +124,7 @@ pub async fn claim_post(
              UPDATE review_messages r
                 SET state = $5, attempt = r.attempt + 1, posting_since = now(),
                     -- (a publisher that died posting left an unknown outcome)
-                    unknown_since = coalesce(r.unknown_since, r.posting_since),
+                    unknown_since = coalesce(r.unknown_since, r.post_started_at, r.posting_since),
                     updated_at = now()
               WHERE r.decision_id = $1 AND r.state = ANY($6) AND r.next_check_at IS NULL
                 -- (an attempt still posting only once it is stale)
@@ -214,7 +215,8 @@ pub async fn posted(db: &mut PgConnection, decision: Uuid, ts: &str) -> sqlx::Re
 pub async fn unknown(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Result<()> {
     sqlx::query!(
         "UPDATE review_messages
-            SET state = $3, unknown_since = coalesce(unknown_since, posting_since), updated_at = now()
+            SET state = $3, unknown_since = coalesce(unknown_since, post_started_at, posting_since),
+                updated_at = now()
           WHERE decision_id = $1 AND attempt = $2 AND state = ANY($4)",
         decision,
         attempt,
@@ -255,31 +257,34 @@ pub async fn hold(
 /// Whether attempt `attempt` still holds decision `decision`'s request,
 /// claimed less than `max_age` seconds ago: the last check before its post
 /// (a publisher paused past its claim's age must not post over the one
-/// that took it over).
+/// that took it over). When it does, the post begins now
+/// (`post_started_at`).
 pub async fn fence(
     pool: &PgPool,
     decision: Uuid,
     attempt: i32,
     max_age: f64,
 ) -> sqlx::Result<bool> {
-    sqlx::query_scalar!(
-        r#"SELECT EXISTS (SELECT 1 FROM review_messages
-                   WHERE decision_id = $1 AND attempt = $2 AND state = $3
-                     AND posting_since > now() - make_interval(secs => $4)) AS "ours!""#,
+    let r = sqlx::query!(
+        "UPDATE review_messages SET post_started_at = now(), updated_at = now()
+          WHERE decision_id = $1 AND attempt = $2 AND state = $3
+            AND posting_since > now() - make_interval(secs => $4)",
         decision,
         attempt,
         R::Posting.as_str(),
         max_age,
     )
-    .fetch_one(pool)
-    .await
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
 }
 
 /// Attempt `attempt` certainly posted nothing and may be tried again (a
 /// 429, a refused connection, a claim too old to post on): the claim is
 /// given back. A request none of whose attempts had an unknown outcome
 /// leaves nothing behind; otherwise it is unknown again, and the next
-/// attempt reads the channel first.
+/// attempt reads the channel first (and posts only past the window of the
+/// latest post).
 pub async fn release(pool: &PgPool, decision: Uuid, attempt: i32) -> sqlx::Result<()> {
     sqlx::query!(
         "WITH gone AS (
@@ -316,19 +321,31 @@ pub async fn failed(pool: &PgPool, decision: Uuid, attempt: i32, code: &str) -> 
 
 /// A request of unknown outcome that no attempt drives any more (the review
 /// channel unset, a kill switch engaged, its decision decided) is looked
-/// for by the sweeper in `after` seconds, unless it is held already.
-pub async fn look_later(pool: &PgPool, decision: Uuid, after: f64) -> sqlx::Result<()> {
-    sqlx::query!(
+/// for by the sweeper in `after` seconds, unless it is held already; so is
+/// one whose attempt is still `posting` after `stale` seconds (its
+/// publisher died). `false` when there was none to hand over.
+pub async fn look_later(
+    pool: &PgPool,
+    decision: Uuid,
+    after: f64,
+    stale: f64,
+) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
         "UPDATE review_messages
-            SET next_check_at = now() + make_interval(secs => $2), updated_at = now()
-          WHERE decision_id = $1 AND state = $3 AND next_check_at IS NULL",
+            SET state = $3, unknown_since = coalesce(unknown_since, post_started_at, posting_since),
+                next_check_at = now() + make_interval(secs => $2), checks = 0, updated_at = now()
+          WHERE decision_id = $1 AND next_check_at IS NULL
+            AND (state = $3
+                 OR (state = $4 AND posting_since < now() - make_interval(secs => $5)))",
         decision,
         after,
         R::Unknown.as_str(),
+        R::Posting.as_str(),
+        stale,
     )
     .execute(pool)
     .await?;
-    Ok(())
+    Ok(r.rows_affected() == 1)
 }
 
 /// A held request due for a late check (taken by [`take_late_checks`]).
@@ -358,7 +375,7 @@ pub async fn take_late_checks(
                    WHERE next_check_at <= now() AND state = $2
                    ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED)
            RETURNING r.decision_id, r.installation_id, r.channel_id, r.checks,
-                     extract(epoch FROM coalesce(r.unknown_since, r.posting_since))::float8 AS "since!""#,
+                     extract(epoch FROM coalesce(r.unknown_since, r.post_started_at, r.posting_since))::float8 AS "since!""#,
         limit,
         R::Unknown.as_str(),
         lease,
@@ -406,10 +423,10 @@ pub async fn schedule_late_check(
 pub struct Posted {
     pub channel_id: String,
     pub state: R,
-    /// When its first attempt of unknown outcome began, else its latest
-    /// attempt (Unix seconds).
+    /// When its first attempt of unknown outcome went to post, else its
+    /// latest attempt (Unix seconds).
     pub since: f64,
-    /// Seconds since then, by the database's clock.
+    /// Seconds since its latest post began, by the database's clock.
     pub waited: f64,
     /// Held for the sweeper's late checks (it looks for the request).
     pub held: bool,
@@ -430,8 +447,8 @@ pub struct Posted {
 pub async fn request(pool: &PgPool, decision: Uuid) -> sqlx::Result<Option<Posted>> {
     let Some(r) = sqlx::query!(
         r#"SELECT r.channel_id, r.state,
-                  extract(epoch FROM coalesce(r.unknown_since, r.posting_since))::float8 AS "since!",
-                  extract(epoch FROM now() - coalesce(r.unknown_since, r.posting_since))::float8 AS "waited!",
+                  extract(epoch FROM coalesce(r.unknown_since, r.post_started_at, r.posting_since))::float8 AS "since!",
+                  extract(epoch FROM now() - coalesce(r.post_started_at, r.posting_since))::float8 AS "waited!",
                   r.next_check_at IS NOT NULL AS "held!",
                   r.ts, r.shown, d.status, d.status_reason, d.reviewed_by,
                   d.channel_id AS answer_channel,
@@ -787,8 +804,8 @@ pub const UNREADABLE: &str = "unreadable:";
 /// waits for review without a request there: one waiting from before the
 /// channel was set up, or whose request Slack refused for good (that
 /// attempt is forgotten: Slack holds nothing of it). A request whose post
-/// may have landed (its outcome unknown, the channel unreadable) is never
-/// asked again. Their proposals are queued for the publisher in one
+/// may have landed (an attempt's outcome was unknown) is never asked
+/// again. Their proposals are queued for the publisher in one
 /// transaction; a request already posted, or on its way, is left as it is.
 /// How many were queued.
 pub async fn ask_waiting(pool: &PgPool, installation: Uuid) -> sqlx::Result<u64> {
@@ -796,7 +813,7 @@ pub async fn ask_waiting(pool: &PgPool, installation: Uuid) -> sqlx::Result<u64>
     sqlx::query!(
         "DELETE FROM review_messages r USING decisions d
           WHERE r.decision_id = d.id AND d.installation_id = $1 AND d.status = $2 AND r.state = $3
-            AND NOT starts_with(coalesce(r.error_code, ''), $4)",
+            AND NOT starts_with(coalesce(r.error_code, ''), $4) AND r.unknown_since IS NULL",
         installation,
         DecisionStatus::Review.as_str(),
         R::Failed.as_str(),
