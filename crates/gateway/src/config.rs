@@ -62,13 +62,6 @@ pub struct GatewayConfig {
     /// [`SPOOL_PUT_TIMEOUT`](crate::spool::PUT_TIMEOUT), must still fit in
     /// Slack's 3 s).
     pub spool_after: Duration,
-    /// `THREADLINE_SHED_EVENTS_BACKLOG`, default 2000 (0: never): while more
-    /// events than this wait for the context-builder, a person's new
-    /// top-level message or mention in a channel is answered 503 before
-    /// anything is written (Slack's first try and its immediate retry;
-    /// the retries a minute and five minutes later are taken), until the
-    /// backlog is below half of it. See [`crate::shed`].
-    pub shed_events_backlog: u64,
     /// `THREADLINE_INTAKE_WRITERS`, default 3: concurrent group commits. More
     /// writers mean smaller batches; raise it for a Postgres with many cores.
     pub intake_writers: usize,
@@ -279,11 +272,6 @@ impl GatewayConfig {
             spool_enabled: src.flag("THREADLINE_SPOOL_ENABLED", true)?,
             // (with the spool's 1 s, inside the 2.5 s a delivery is answered in)
             spool_after: src.millis("THREADLINE_SPOOL_AFTER_MS", 1400, 50..=1_500)?,
-            shed_events_backlog: src.bounded(
-                "THREADLINE_SHED_EVENTS_BACKLOG",
-                2000,
-                0..=10_000_000,
-            )?,
             intake_writers: src.bounded("THREADLINE_INTAKE_WRITERS", 3, 1..=64)? as usize,
             intake_max_batch: src.bounded("THREADLINE_INTAKE_MAX_BATCH", 256, 1..=4096)? as usize,
             installation_cache_ttl: src.millis(

@@ -35,9 +35,6 @@ pub(crate) enum Answer {
     Spooled,
     /// Refused unread: the budget for unverified bodies was spent.
     Busy,
-    /// New work refused before anything was written: the pipeline is
-    /// behind (`crate::shed`); Slack retries it.
-    Shed,
 }
 
 impl Answer {
@@ -52,7 +49,6 @@ impl Answer {
             Answer::Unavailable | Answer::Refused => "unavailable",
             Answer::Spooled => "spooled",
             Answer::Busy => "busy",
-            Answer::Shed => "shed",
         }
     }
 }
@@ -215,18 +211,6 @@ async fn handle(
     transport: &'static str,
 ) -> (Answer, Response) {
     let received = now_unix_ms();
-    // (over HTTP only: a Socket Mode envelope not acknowledged is retried
-    // on a schedule of its own, and such apps are small)
-    if transport == "http" && app.shed.active() && sheds(app, headers, body) {
-        return (
-            Answer::Shed,
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded: try again later",
-            )
-                .into_response(),
-        );
-    }
     let Some(spool) = app.spool.as_deref() else {
         return record(app, headers, body, received).await;
     };
@@ -356,16 +340,6 @@ pub(crate) async fn record(
             (Answer::Ignored, StatusCode::OK.into_response())
         }
         Envelope::EventCallback(cb) => accept(app, headers, *cb, received).await,
-    }
-}
-
-/// Whether this delivery is new work shed while the pipeline is behind
-/// (parsed only while shedding is on; one that does not parse is recorded
-/// as usual).
-fn sheds(app: &AppState, headers: &HeaderMap, body: &[u8]) -> bool {
-    match Envelope::parse(body) {
-        Ok(Envelope::EventCallback(cb)) => app.shed.sheds(&cb, retry_headers(headers).0),
-        _ => false,
     }
 }
 

@@ -15,7 +15,6 @@ pub mod oauth;
 pub mod page;
 pub mod ratelimit;
 pub mod relay;
-pub mod shed;
 pub mod socket;
 pub mod spool;
 pub mod unverified;
@@ -64,8 +63,6 @@ pub struct AppState {
     /// Where deliveries go when Postgres cannot take them in time (`None`:
     /// `THREADLINE_SPOOL_ENABLED=false`, they get 503).
     pub spool: Option<Arc<spool::Spool>>,
-    /// New work shed while the pipeline is behind.
-    pub shed: Arc<shed::Shedder>,
 }
 
 /// The gateway's routes: Slack intake, the OAuth install flow (when
@@ -258,19 +255,11 @@ pub async fn run(
         responder: interactions::Responder::new(&cfg.common.slack_api_url)
             .context("building the client for click replies")?,
         spool: spool.clone(),
-        shed: shed::Shedder::new(cfg.shed_events_backlog),
     };
     let spool_stop = CancellationToken::new();
     let mut spool_tasks = tokio::task::JoinSet::new();
     if let Some(spool) = &spool {
         spool_tasks.spawn(spool.clone().watch(spool_stop.clone()));
-    }
-    if let Some(nats) = &nats {
-        spool_tasks.spawn(state.shed.clone().watch(
-            async_nats::jetstream::new(nats.clone()),
-            topology.clone(),
-            spool_stop.clone(),
-        ));
     }
     // The drainer runs beside the relay (its NATS user pulls the spool).
     if let (Some(nats), true) = (&nats, cfg.relay_enabled) {

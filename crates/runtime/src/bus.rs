@@ -183,19 +183,14 @@ impl Topology {
     /// How many deliveries wait in the spool and how old the oldest is
     /// (`None` when it cannot be read now: the broker is away).
     pub async fn spool_depth(&self, js: &jetstream::Context) -> Option<(u64, Duration)> {
-        self.depth(js, Topic::Spool).await
-    }
-
-    /// How many messages wait in `topic`'s stream (a work queue: each until
-    /// its consumer acknowledged it) and how old the oldest is (`None` when
-    /// it cannot be read now: the broker is away, or this user may not).
-    pub async fn depth(&self, js: &jetstream::Context, topic: Topic) -> Option<(u64, Duration)> {
         // (bounded: a broker away must not hold a post or a watcher long)
-        let stream =
-            tokio::time::timeout(Duration::from_secs(1), js.get_stream(self.stream(topic)))
-                .await
-                .ok()?
-                .ok()?;
+        let stream = tokio::time::timeout(
+            Duration::from_secs(1),
+            js.get_stream(self.stream(Topic::Spool)),
+        )
+        .await
+        .ok()?
+        .ok()?;
         let state = &stream.cached_info().state;
         let n = state.messages;
         let age = if n == 0 {

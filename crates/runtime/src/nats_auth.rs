@@ -227,10 +227,9 @@ mod tests {
             p.publish,
             vec![
                 "tl.spool".to_owned(),
-                "$JS.API.STREAM.INFO.TL_SPOOL".to_owned(),
-                "$JS.API.STREAM.INFO.TL_EVENTS".to_owned()
+                "$JS.API.STREAM.INFO.TL_SPOOL".to_owned()
             ],
-            "publishing a delivery and reading the spool's and the events' depth, nothing else"
+            "publishing a delivery and reading the spool's depth, nothing else"
         );
         assert_eq!(p.subscribe, vec!["_INBOX.gateway.>".to_owned()]);
         for subject in [

@@ -96,12 +96,10 @@ impl Role {
 
     /// The work topics whose stream this role only looks at (its depth):
     /// the publisher posts nothing while acknowledged deliveries wait in
-    /// the spool; the gateway sheds new work while events wait for the
-    /// context-builder.
+    /// the spool.
     pub fn watches(self) -> &'static [Topic] {
         match self {
             Role::Publisher => &[Topic::Spool],
-            Role::Gateway => &[Topic::Events],
             _ => &[],
         }
     }
