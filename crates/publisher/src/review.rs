@@ -95,6 +95,7 @@ impl Handler {
                     Look::Hold => {
                         let first = self.evidence.late_check_secs;
                         if review::hold(&self.pool, d.id, attempt, first).await? {
+                            // not a state: the review request's outcome label
                             metrics::counter!("threadline_review_requests_total", "outcome" => "held")
                                 .increment(1);
                             tracing::warn!(
