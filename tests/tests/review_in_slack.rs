@@ -612,15 +612,8 @@ async fn a_review_request_whose_answer_was_lost_is_found_not_posted_twice() {
     assert_eq!(c["status"], 200, "{c}");
     assert_eq!(r.s.wait_answers(&root, 1).await.len(), 1);
     wait_outcome(&r, &ts, "posted in").await;
-    let posts = sim_get(&r.s.sim, "calls?method=chat.postMessage").await["calls"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let to_review = posts
-        .iter()
-        .filter(|c| c["channel"] == json!(r.channel))
-        .count();
-    assert_eq!(to_review, 1, "one request posted: {posts:?}");
+    let to_review = posts_to_review(&r).await;
+    assert_eq!(to_review.len(), 1, "one request posted: {to_review:?}");
     assert_eq!(requests(&r).await.len(), 1);
     r.s.stop().await;
 }
@@ -707,14 +700,7 @@ async fn a_review_request_that_lands_after_its_window_is_held_and_found_not_post
     let (root, req, ts) = ask(&r).await;
     // Longer than a second post after the 429 would take to land.
     tokio::time::sleep(Duration::from_secs(8)).await;
-    let posts = sim_get(&r.s.sim, "calls?method=chat.postMessage").await["calls"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let to_review: Vec<&Value> = posts
-        .iter()
-        .filter(|c| c["channel"] == json!(r.channel))
-        .collect();
+    let to_review = posts_to_review(&r).await;
     assert_eq!(to_review.len(), 1, "one request posted: {to_review:?}");
     assert_eq!(requests(&r).await.len(), 1);
     // Found by a late check, not by a click: held first, then found.
@@ -738,6 +724,19 @@ async fn a_review_request_that_lands_after_its_window_is_held_and_found_not_post
     assert_eq!(r.s.wait_answers(&root, 1).await.len(), 1);
     wait_outcome(&r, &ts, "posted in").await;
     r.s.stop().await;
+}
+
+/// slack-sim's `chat.postMessage` calls to the review channel, whatever
+/// came of them.
+async fn posts_to_review(r: &Review) -> Vec<Value> {
+    let calls = sim_get(&r.s.sim, "calls?method=chat.postMessage").await;
+    calls["calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["channel"] == json!(r.channel))
+        .collect()
 }
 
 /// The count of `threadline_review_requests_total{outcome}` lines in the
@@ -797,15 +796,8 @@ async fn a_held_review_request_decided_meanwhile_shows_the_outcome_once_it_lands
         review_outcomes(&r, "found").await > 0,
         "found by a late check"
     );
-    let posts = sim_get(&r.s.sim, "calls?method=chat.postMessage").await["calls"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let to_review = posts
-        .iter()
-        .filter(|c| c["channel"] == json!(r.channel))
-        .count();
-    assert_eq!(to_review, 1, "one request posted: {posts:?}");
+    let to_review = posts_to_review(&r).await;
+    assert_eq!(to_review.len(), 1, "one request posted: {to_review:?}");
     r.s.stop().await;
 }
 

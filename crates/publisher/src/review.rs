@@ -276,13 +276,7 @@ impl Handler {
         let Some(bot) = self.bot(installation).await? else {
             // No token to read with (uninstalled, revoked): nothing more to learn.
             review::schedule_late_check(&self.pool, decision, checks, None).await?;
-            metrics::counter!("threadline_review_requests_total", "outcome" => "given_up")
-                .increment(1);
-            tracing::warn!(
-                alert = "review_request_given_up",
-                decision_id = %decision,
-                "a held review request cannot be looked for: no token for its installation"
-            );
+            given_up(decision, "no token for its installation");
             return Ok(());
         };
         let token = bot.token.expose_secret();
@@ -314,13 +308,7 @@ impl Handler {
         let next = crate::sweeper::next_check(checks + 1, first);
         review::schedule_late_check(&self.pool, decision, checks, next).await?;
         if next.is_none() {
-            metrics::counter!("threadline_review_requests_total", "outcome" => "given_up")
-                .increment(1);
-            tracing::warn!(
-                alert = "review_request_given_up",
-                decision_id = %decision,
-                "a held review request was not found in a week of late checks; no longer looked for (the CLI reviews it)"
-            );
+            given_up(decision, "not found in a week of late checks");
         }
         Ok(())
     }
@@ -531,6 +519,18 @@ impl Handler {
             }
         }
     }
+}
+
+/// A held review request is no longer looked for (`why`): counted and
+/// raised; the CLI reviews its answer.
+fn given_up(decision: Uuid, why: &'static str) {
+    metrics::counter!("threadline_review_requests_total", "outcome" => "given_up").increment(1);
+    tracing::warn!(
+        alert = "review_request_given_up",
+        decision_id = %decision,
+        why,
+        "a held review request is no longer looked for (the CLI reviews its answer)"
+    );
 }
 
 /// What follows a read that did not find a request of unknown outcome.
