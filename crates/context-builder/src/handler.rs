@@ -101,19 +101,34 @@ pub type Applies = threadline_runtime::batch::Batcher<store::ApplyJob, store::Ap
 pub const APPLY_RUNNERS: usize = 4;
 
 /// Starts the batcher that applies events (at most `max_batch` in one
-/// transaction, [`APPLY_RUNNERS`] transactions at once). Batches take
-/// threads in key order, so two of them (in this process or another)
-/// rarely wait on each other crosswise; a cycle that remains (two messages
-/// of one thread and their twins split across two batches in opposite
-/// orders) is a deadlock Postgres breaks, and the batcher reruns those
-/// events one by one.
+/// transaction, [`APPLY_RUNNERS`] transactions at once). A channel's
+/// events go to one runner ([`Batcher::spawn_keyed`]): an `app_mention`
+/// and its `message` twin claim one person's action, and a thread's events
+/// lock its row, so split across two runners the second waited for the
+/// first's whole batch to commit (measured: that claim was the costliest
+/// statement of an overload, in lock waits). That holds within one
+/// process: twins handled by two replicas can still meet, as before. The
+/// price: a runner whose batch reruns event by event (after a lock
+/// timeout) holds up the channels keyed to it while the others go on.
+/// Batches take threads in key order, so two of them (in this process or
+/// another) rarely wait on each other crosswise; a cycle that remains is a
+/// deadlock Postgres breaks, and the batcher reruns those events one by
+/// one.
+///
+/// [`Batcher::spawn_keyed`]: threadline_runtime::batch::Batcher::spawn_keyed
 pub fn applies(pool: &PgPool, max_batch: usize, rules: store::AdmitRules) -> Applies {
     let pool = pool.clone();
     let rules = std::sync::Arc::new(rules);
-    threadline_runtime::batch::Batcher::spawn(
+    threadline_runtime::batch::Batcher::spawn_keyed(
         "event_apply",
         APPLY_RUNNERS,
         max_batch,
+        |job: &store::ApplyJob| {
+            use std::hash::{Hash as _, Hasher as _};
+            let mut h = std::hash::DefaultHasher::new();
+            (job.installation, job.channel.as_str()).hash(&mut h);
+            h.finish()
+        },
         move |jobs: Vec<_>| {
             let (pool, rules) = (pool.clone(), rules.clone());
             async move {

@@ -49,15 +49,21 @@ pub use crate::batch_error::{BatchError, Shared};
 
 type Reply<O> = oneshot::Sender<Result<O, BatchError>>;
 
+/// Which runner an item goes to ([`Batcher::spawn_keyed`]).
+type Key<I> = Arc<dyn Fn(&I) -> u64 + Send + Sync>;
+
 /// Runs one statement for many waiting callers.
 pub struct Batcher<I, O> {
-    tx: mpsc::Sender<(I, Reply<O>)>,
+    /// One queue all runners take from, or one per runner (keyed).
+    tx: Vec<mpsc::Sender<(I, Reply<O>)>>,
+    key: Option<Key<I>>,
 }
 
 impl<I, O> Clone for Batcher<I, O> {
     fn clone(&self) -> Self {
         Self {
             tx: self.tx.clone(),
+            key: self.key.clone(),
         }
     }
 }
@@ -77,33 +83,89 @@ impl<I: Clone + Send + 'static, O: Send + 'static> Batcher<I, O> {
         let rx = Arc::new(Mutex::new(rx));
         let statement = Arc::new(statement);
         for _ in 0..runners.max(1) {
-            let (rx, statement) = (rx.clone(), statement.clone());
-            tokio::spawn(async move {
-                let mut waiting = Vec::with_capacity(max_batch);
-                loop {
-                    if rx.lock().await.recv_many(&mut waiting, max_batch).await == 0 {
-                        break;
-                    }
-                    metrics::histogram!("threadline_statement_batch_size", "statement" => name)
-                        .record(waiting.len() as f64);
-                    run(&*statement, std::mem::take(&mut waiting)).await;
-                    waiting.reserve(max_batch);
-                }
-            });
+            spawn_runner(name, max_batch, rx.clone(), statement.clone());
         }
-        Self { tx }
+        Self {
+            tx: vec![tx],
+            key: None,
+        }
+    }
+
+    /// [`Self::spawn`], with each item going to the runner its `key` names
+    /// (`key % runners`): items of one key run on one runner, in the order
+    /// submitted, in one batch or in batches one after another, never in
+    /// two transactions at once. Items that lock the same rows (a thread's,
+    /// a message's twin's claim) then never wait on each other's
+    /// uncommitted transaction across runners; a key that carries most of
+    /// the load is served by one runner.
+    pub fn spawn_keyed<F, Fut, K>(
+        name: &'static str,
+        runners: usize,
+        max_batch: usize,
+        key: K,
+        statement: F,
+    ) -> Self
+    where
+        F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = (Vec<I>, sqlx::Result<Vec<O>>)> + Send,
+        K: Fn(&I) -> u64 + Send + Sync + 'static,
+    {
+        let max_batch = max_batch.max(1);
+        let statement = Arc::new(statement);
+        let tx = (0..runners.max(1))
+            .map(|_| {
+                let (tx, rx) = mpsc::channel::<(I, Reply<O>)>(max_batch * 2);
+                spawn_runner(name, max_batch, Arc::new(Mutex::new(rx)), statement.clone());
+                tx
+            })
+            .collect();
+        Self {
+            tx,
+            key: Some(Arc::new(key)),
+        }
     }
 
     /// Runs `item`'s statement with whatever else is waiting; returns its
     /// own answer once the statement has committed.
     pub async fn submit(&self, item: I) -> Result<O, BatchError> {
         let (reply, answer) = oneshot::channel();
-        self.tx
+        let runner = match &self.key {
+            Some(key) => (key(&item) % self.tx.len() as u64) as usize,
+            None => 0,
+        };
+        self.tx[runner]
             .send((item, reply))
             .await
             .map_err(|_| BatchError::Closed)?;
         answer.await.map_err(|_| BatchError::Closed)?
     }
+}
+
+/// A runner: takes up to `max_batch` waiting items from `rx` at a time and
+/// runs `statement` on them, until every sender is dropped.
+fn spawn_runner<I, O, F, Fut>(
+    name: &'static str,
+    max_batch: usize,
+    rx: Arc<Mutex<mpsc::Receiver<(I, Reply<O>)>>>,
+    statement: Arc<F>,
+) where
+    I: Clone + Send + 'static,
+    O: Send + 'static,
+    F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = (Vec<I>, sqlx::Result<Vec<O>>)> + Send,
+{
+    tokio::spawn(async move {
+        let mut waiting = Vec::with_capacity(max_batch);
+        loop {
+            if rx.lock().await.recv_many(&mut waiting, max_batch).await == 0 {
+                break;
+            }
+            metrics::histogram!("threadline_statement_batch_size", "statement" => name)
+                .record(waiting.len() as f64);
+            run(&*statement, std::mem::take(&mut waiting)).await;
+            waiting.reserve(max_batch);
+        }
+    });
 }
 
 /// Runs one batch and answers its callers; a batch refused for a reason
@@ -232,6 +294,58 @@ mod tests {
                 (items, r)
             }
         })
+    }
+
+    /// Items of one key never run in two batches at once, and keep the
+    /// order they were submitted in; other keys run beside them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn items_of_one_key_run_on_one_runner_in_order() {
+        let running = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<u64, usize>::new()));
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<(u64, u32)>::new()));
+        let overlap = Arc::new(AtomicUsize::new(0));
+        let (r, s, o) = (running.clone(), seen.clone(), overlap.clone());
+        let b: Batcher<(u64, u32), u32> = Batcher::spawn_keyed(
+            "test",
+            4,
+            3,
+            |(key, _): &(u64, u32)| *key,
+            move |items: Vec<(u64, u32)>| {
+                let (r, s, o) = (r.clone(), s.clone(), o.clone());
+                async move {
+                    let keys: std::collections::BTreeSet<u64> = items.iter().map(|(k, _)| *k).collect();
+                    for k in &keys {
+                        let mut r = r.lock().unwrap();
+                        let n = r.entry(*k).or_default();
+                        if *n > 0 {
+                            o.fetch_add(1, Ordering::SeqCst);
+                        }
+                        *n += 1;
+                    }
+                    s.lock().unwrap().extend(items.iter().copied());
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    for k in &keys {
+                        *r.lock().unwrap().get_mut(k).expect("counted") -= 1;
+                    }
+                    let out = items.iter().map(|(_, v)| *v).collect();
+                    (items, Ok(out))
+                }
+            },
+        );
+        // Every item waiting at once, the keys interleaved (unkeyed, four
+        // runners would run each key in several batches at once).
+        let calls = (0..20u32).flat_map(|v| (0..8u64).map(move |key| (key, v)));
+        let answers = futures::future::join_all(calls.map(|item| {
+            let b = b.clone();
+            async move { (item.1, b.submit(item).await.expect("answered")) }
+        }))
+        .await;
+        assert!(answers.iter().all(|(v, got)| v == got), "each its own answer");
+        assert_eq!(overlap.load(Ordering::SeqCst), 0, "a key ran in two batches at once");
+        let seen = seen.lock().unwrap().clone();
+        for key in 0..8u64 {
+            let order: Vec<u32> = seen.iter().filter(|(k, _)| *k == key).map(|(_, v)| *v).collect();
+            assert_eq!(order, (0..20).collect::<Vec<_>>(), "key {key} in order");
+        }
     }
 
     #[tokio::test]
