@@ -62,6 +62,14 @@ pub struct GatewayConfig {
     /// [`SPOOL_PUT_TIMEOUT`](crate::spool::PUT_TIMEOUT), must still fit in
     /// Slack's 3 s).
     pub spool_after: Duration,
+    /// `THREADLINE_SHED_PARKED`, default 256 (0: never): while at least
+    /// this many of an installation's requests wait parked for their turn
+    /// (its share of the model's queue held), a person's new top-level
+    /// message or mention in a channel of that installation is answered
+    /// 503 before anything is written (Slack's first try and its immediate
+    /// retry; the retries a minute and five minutes later are taken),
+    /// until fewer than half of it wait. See [`crate::shed`].
+    pub shed_parked: u64,
     /// `THREADLINE_INTAKE_WRITERS`, default 3: concurrent group commits. More
     /// writers mean smaller batches; raise it for a Postgres with many cores.
     pub intake_writers: usize,
@@ -272,6 +280,7 @@ impl GatewayConfig {
             spool_enabled: src.flag("THREADLINE_SPOOL_ENABLED", true)?,
             // (with the spool's 1 s, inside the 2.5 s a delivery is answered in)
             spool_after: src.millis("THREADLINE_SPOOL_AFTER_MS", 1400, 50..=1_500)?,
+            shed_parked: src.bounded("THREADLINE_SHED_PARKED", 256, 0..=10_000_000)?,
             intake_writers: src.bounded("THREADLINE_INTAKE_WRITERS", 3, 1..=64)? as usize,
             intake_max_batch: src.bounded("THREADLINE_INTAKE_MAX_BATCH", 256, 1..=4096)? as usize,
             installation_cache_ttl: src.millis(

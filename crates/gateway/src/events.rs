@@ -35,6 +35,9 @@ pub(crate) enum Answer {
     Spooled,
     /// Refused unread: the budget for unverified bodies was spent.
     Busy,
+    /// New work refused before anything was written: the pipeline is
+    /// behind (`crate::shed`); Slack retries it.
+    Shed,
 }
 
 impl Answer {
@@ -49,6 +52,7 @@ impl Answer {
             Answer::Unavailable | Answer::Refused => "unavailable",
             Answer::Spooled => "spooled",
             Answer::Busy => "busy",
+            Answer::Shed => "shed",
         }
     }
 }
@@ -58,6 +62,17 @@ pub async fn slack_events(State(app): State<AppState>, request: Request) -> Resp
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
     let (answer, response) = match receive(&app, &headers, body).await {
+        // (shedding is for deliveries over HTTP only: a Socket Mode
+        // envelope not acknowledged is retried on a schedule of its own,
+        // and such apps are small)
+        Ok(body) if app.shed.active() && sheds(&app, &headers, &body) => (
+            Answer::Shed,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded: try again later",
+            )
+                .into_response(),
+        ),
         Ok(body) => handle(&app, &headers, &body, "http").await,
         // The body may be unread: the connection cannot carry another
         // request, and a client (or proxy) must not try.
@@ -340,6 +355,25 @@ pub(crate) async fn record(
             (Answer::Ignored, StatusCode::OK.into_response())
         }
         Envelope::EventCallback(cb) => accept(app, headers, *cb, received).await,
+    }
+}
+
+/// Whether this delivery is new work shed while its installation's
+/// requests wait parked (parsed only while shedding is on; one that does
+/// not parse, or whose installation is not in the resolver's cache, is
+/// recorded as usual: nothing waits on Postgres before a delivery's answer
+/// deadline is set).
+fn sheds(app: &AppState, headers: &HeaderMap, body: &[u8]) -> bool {
+    let Ok(Envelope::EventCallback(cb)) = Envelope::parse(body) else {
+        return false;
+    };
+    let retry = retry_headers(headers).0;
+    if !crate::shed::may_shed(&cb, retry) {
+        return false;
+    }
+    match app.resolver.cached_active(&cb.installation_key()) {
+        Some(installation) => app.shed.sheds(installation, retry),
+        None => false,
     }
 }
 

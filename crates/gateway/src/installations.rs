@@ -57,6 +57,15 @@ impl Resolver {
         Ok((resolved, bot))
     }
 
+    /// The active installation `key` resolved to, from the cache alone
+    /// (`None` on a miss: Postgres is not asked).
+    pub fn cached_active(&self, key: &InstallationKey) -> Option<uuid::Uuid> {
+        match self.cached(key)?.0 {
+            Resolved::Active(id) => Some(id),
+            _ => None,
+        }
+    }
+
     fn cached(&self, key: &InstallationKey) -> Option<Found> {
         let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         cache

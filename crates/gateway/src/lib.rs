@@ -15,6 +15,7 @@ pub mod oauth;
 pub mod page;
 pub mod ratelimit;
 pub mod relay;
+pub mod shed;
 pub mod socket;
 pub mod spool;
 pub mod unverified;
@@ -63,6 +64,8 @@ pub struct AppState {
     /// Where deliveries go when Postgres cannot take them in time (`None`:
     /// `THREADLINE_SPOOL_ENABLED=false`, they get 503).
     pub spool: Option<Arc<spool::Spool>>,
+    /// New work shed while the pipeline is behind.
+    pub shed: Arc<shed::Shedder>,
 }
 
 /// The gateway's routes: Slack intake, the OAuth install flow (when
@@ -255,12 +258,19 @@ pub async fn run(
         responder: interactions::Responder::new(&cfg.common.slack_api_url)
             .context("building the client for click replies")?,
         spool: spool.clone(),
+        shed: shed::Shedder::new(cfg.shed_parked),
     };
     let spool_stop = CancellationToken::new();
     let mut spool_tasks = tokio::task::JoinSet::new();
     if let Some(spool) = &spool {
         spool_tasks.spawn(spool.clone().watch(spool_stop.clone()));
     }
+    spool_tasks.spawn(
+        state
+            .shed
+            .clone()
+            .watch(state.pool.clone(), spool_stop.clone()),
+    );
     // The drainer runs beside the relay (its NATS user pulls the spool).
     if let (Some(nats), true) = (&nats, cfg.relay_enabled) {
         let (app, js, topology, stop) = (

@@ -85,6 +85,8 @@ impl Gateway {
 
 struct Env {
     db: TestDb,
+    /// The installation of `APP` in `TEAM`.
+    inst: uuid::Uuid,
     prefix: String,
     js: jetstream::Context,
     client: reqwest::Client,
@@ -93,12 +95,13 @@ struct Env {
 impl Env {
     async fn new() -> Self {
         let db = TestDb::new().await;
-        seed_installation(&db.pool, APP, TEAM).await;
+        let inst = seed_installation(&db.pool, APP, TEAM).await;
         let nats = async_nats::connect(nats_url())
             .await
             .expect("NATS is reachable");
         Self {
             db,
+            inst,
             prefix: unique_prefix(),
             js: jetstream::new(nats),
             client: reqwest::Client::new(),
@@ -679,6 +682,114 @@ async fn a_failed_publish_leaves_the_row_for_retry() {
 }
 
 // ---- Invariant 10: a signed delivery with an identity is never dropped ----
+
+/// Whether the gateway's `/metrics` says it sheds new work (`want`).
+async fn shedding_is(env: &Env, gw: &Gateway, want: bool) {
+    let line = format!("threadline_gateway_shedding {}", u8::from(want));
+    eventually(
+        &format!("{line} in /metrics"),
+        Duration::from_secs(10),
+        || {
+            let (c, u, line) = (
+                env.client.clone(),
+                format!("{}/metrics", gw.url),
+                line.clone(),
+            );
+            async move {
+                let text = c.get(u).send().await.ok()?.text().await.ok()?;
+                text.lines().any(|l| l == line).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+/// While at least the bound of one installation's requests wait parked,
+/// that installation's new top-level questions are answered 503 before
+/// anything is written (first try and Slack's immediate retry), and
+/// another installation's are taken; once fewer than half the bound wait,
+/// its questions are taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_installation_with_parked_work_over_the_bound_has_its_new_questions_shed() {
+    use threadline_domain::budget::{Limits, Verdict};
+    use threadline_store::budgets;
+    let env = Env::new().await;
+    let busy = env.inst;
+    let other_team = "T0OTHER";
+    seed_installation(&env.db.pool, APP, other_team).await;
+    let gw = Gateway::start(
+        &env.db,
+        &env.prefix,
+        &[
+            ("THREADLINE_SHED_PARKED", "4"),
+            ("THREADLINE_INSTALLATION_CACHE_MS", "60000"),
+        ],
+    )
+    .await;
+    // Four of the busy installation's requests wait parked (a share of 0).
+    let parked: Vec<budgets::Request> = (0..4)
+        .map(|n| budgets::Request {
+            installation: busy,
+            receipt: uuid::Uuid::now_v7(),
+            event_id: format!("Ev0PARK{n}"),
+            channel: "C0TEST".into(),
+            root_ts: format!("1700000000.00010{n}"),
+            source_ts: format!("1700000000.00010{n}"),
+            channel_ref: None,
+        })
+        .collect();
+    let mut tx = env.db.pool.begin().await.expect("tx");
+    let placed = budgets::admit_many(&mut tx, &parked, &Limits::default(), 0)
+        .await
+        .expect("parked");
+    tx.commit().await.expect("commit");
+    assert!(placed.iter().all(|a| a.verdict != Verdict::Admit));
+    shedding_is(&env, &gw, true).await;
+
+    let mention = |team: &str, id: &str| {
+        serde_json::to_vec(&app_mention(APP, team, id, "C0TEST", "1700000000.000300"))
+            .expect("json")
+    };
+    // (the gateway sheds only installations its cache holds: nothing waits
+    // on Postgres before a delivery's answer; a reply in a thread is never
+    // shed, and brings the busy installation into the cache)
+    let mut reply = app_mention(APP, TEAM, "Ev0PSR1", "C0TEST", "1700000000.000200");
+    reply["event"]["thread_ts"] = json!("1700000000.000100");
+    let reply = serde_json::to_vec(&reply).expect("json");
+    assert_eq!(post(&env, &gw, &reply, None).await.0, 200, "a reply in a thread");
+    let busys = mention(TEAM, "Ev0PSH1");
+    assert_eq!(post(&env, &gw, &busys, None).await, (503, false), "first try");
+    assert_eq!(
+        post(&env, &gw, &busys, Some((1, "http_error"))).await,
+        (503, false),
+        "Slack's immediate retry"
+    );
+    assert_eq!(env.count(Count::Receipts).await, 1, "nothing written");
+    assert_eq!(
+        post(&env, &gw, &mention(other_team, "Ev0PSO1"), None).await.0,
+        200,
+        "another installation's question is taken"
+    );
+    assert_eq!(
+        post(&env, &gw, &busys, Some((2, "http_error"))).await.0,
+        200,
+        "the retry a minute later"
+    );
+    assert_eq!(env.count(Count::Receipts).await, 3);
+
+    // Three are taken: one waits, below half the bound.
+    for r in &parked[..3] {
+        assert!(budgets::drop_parked(&env.db.pool, r.receipt).await.expect("dropped"));
+    }
+    shedding_is(&env, &gw, false).await;
+    assert_eq!(
+        post(&env, &gw, &mention(TEAM, "Ev0PSH2"), None).await.0,
+        200,
+        "taken again"
+    );
+    assert_eq!(env.count(Count::Receipts).await, 4);
+    gw.stop().await;
+}
 
 /// A signed delivery's answer: status and whether it says "do not retry".
 async fn post(env: &Env, gw: &Gateway, body: &[u8], retry: Option<(u32, &str)>) -> (u16, bool) {

@@ -180,6 +180,25 @@ pub async fn standing(
         .collect())
 }
 
+/// The installations with at least `min` requests parked for their turn
+/// (`tenant_queue`: their share of the model's queue held; not those
+/// waiting for a spent budget), and how many: the gateway's shedding
+/// signal, counted every 250 ms by each replica.
+pub async fn parked_for_turn_at_least(pool: &PgPool, min: i64) -> sqlx::Result<Vec<(Uuid, i64)>> {
+    Ok(sqlx::query!(
+        r#"SELECT installation_id AS "inst!", count(*) AS "n!" FROM tenant_work
+            WHERE state = $1 AND reason = $2 GROUP BY installation_id HAVING count(*) >= $3"#,
+        WorkState::Parked.as_str(),
+        ParkReason::TenantQueue.as_str(),
+        min.max(1),
+    )
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|r| (r.inst, r.n))
+    .collect())
+}
+
 /// A triggering request, as its place in the line names it (identifiers
 /// only: the context is built from the thread when it is admitted).
 #[derive(Debug, Clone, PartialEq, Eq)]
