@@ -216,10 +216,20 @@ async fn post_mentions(
     mentions
 }
 
+/// Deliveries the gateways shed on Slack's first try, so far.
+async fn shed_mentions(s: &Stack) -> f64 {
+    s.metrics()
+        .await
+        .lines()
+        .filter(|l| l.starts_with("threadline_gateway_shed_total") && l.contains("retry=\"first\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Waits until `expected` threads have a reply of the app (or 400 s pass,
 /// or 75 s without a new one).
 async fn wait_for_replies(s: &Stack, expected: u64) {
-    // (a delivery that failed comes back with Slack's retry a minute
+    // (a mention the gateway shed comes back with Slack's retry a minute
     // later: waited for)
     let deadline = Instant::now() + Duration::from_secs(400);
     let mut last = (0u64, Instant::now());
@@ -242,6 +252,37 @@ async fn wait_for_replies(s: &Stack, expected: u64) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What Slack's delivery log says of the mentions left without a reply:
+/// one threadline acknowledged (an event of it answered 2xx) and did not
+/// answer breaks the promise; one never acknowledged is Slack's to retry
+/// (its tries a minute and five minutes later), or lost by Slack after its
+/// last.
+async fn print_unanswered(s: &Stack, unanswered: &[(String, String)]) {
+    let log = sim_get(&s.sim, &format!("deliveries?app_id={}", s.app)).await;
+    let mut tries: std::collections::HashMap<(&str, &str), (u32, bool)> =
+        unanswered.iter().map(|(c, ts)| ((c.as_str(), ts.as_str()), (0, false))).collect();
+    for d in log["deliveries"].as_array().into_iter().flatten() {
+        let (Some(c), Some(ts)) = (d["channel"].as_str(), d["message_ts"].as_str()) else {
+            continue;
+        };
+        if let Some((n, acked)) = tries.get_mut(&(c, ts)) {
+            *n += 1;
+            *acked |= d["status"].as_u64().is_some_and(|code| (200..300).contains(&code));
+        }
+    }
+    let acked: Vec<_> = tries.iter().filter(|(_, (_, a))| *a).map(|(k, _)| *k).collect();
+    let most = tries.values().map(|(n, _)| *n).max().unwrap_or(0);
+    println!(
+        "unanswered at the end: {} (acknowledged by threadline: {}; never acknowledged: {}, at most {most} deliveries each: Slack tries again after one and five minutes)",
+        unanswered.len(),
+        acked.len(),
+        unanswered.len() - acked.len()
+    );
+    for (c, ts) in acked.iter().take(10) {
+        println!("  acknowledged, not answered: {c} {ts}");
     }
 }
 
@@ -294,11 +335,16 @@ async fn main() {
             }
         }
     }
+    // `--no-shed`: the gateway takes every delivery it can write, to
+    // compare with the default.
+    if args.iter().any(|a| a == "--no-shed") {
+        env.push(("THREADLINE_SHED_PARKED", "0".to_owned()));
+    }
     let s = Stack::start(&env).await;
     // Slack's per-channel post limit and Tier 3 are not what is measured;
     // Slack's retries of a failed delivery come on its real schedule (at
-    // once, a minute later, five minutes later), as they would under
-    // overload.
+    // once, a minute later, five minutes later), as what a gateway sheds
+    // is judged by.
     sim_ctl(
         &s.sim,
         "settings",
@@ -349,6 +395,7 @@ async fn main() {
     let writes_before = write_counts(&s.db.pool).await;
     let audit_before = audit_steps(&s.db.pool).await;
     let cpu_before = cpu_by_process();
+    let shed_before = shed_mentions(&s).await;
 
     let started = Instant::now();
     let mentions = post_mentions(&http, &post_url, &s, &chans, rate, rate * seconds).await;
@@ -368,6 +415,7 @@ async fn main() {
     let mut latencies = Vec::with_capacity(mentions.len());
     let mut timeline: Vec<(f64, f64)> = Vec::with_capacity(mentions.len());
     let mut duplicates = 0;
+    let mut unanswered: Vec<(String, String)> = Vec::new();
     let (mut first_mention, mut last_reply) = (f64::MAX, 0.0f64);
     for chunk in mentions.chunks(32) {
         let fetched = futures::future::join_all(chunk.iter().map(|(c, ts)| {
@@ -375,11 +423,11 @@ async fn main() {
             let http = http.clone();
             async move {
                 let v: Value = http.get(url).send().await.ok()?.json().await.ok()?;
-                Some((ts.clone(), v))
+                Some((c.clone(), ts.clone(), v))
             }
         }))
         .await;
-        for (ts, v) in fetched.into_iter().flatten() {
+        for (c, ts, v) in fetched.into_iter().flatten() {
             let replies: Vec<f64> = v["messages"]
                 .as_array()
                 .map(|m| {
@@ -397,13 +445,16 @@ async fn main() {
                 latencies.push((first - ts_secs(&ts)) * 1000.0);
                 timeline.push((ts_secs(&ts), (first - ts_secs(&ts)) * 1000.0));
                 last_reply = last_reply.max(first);
+            } else {
+                unanswered.push((c, ts));
             }
         }
     }
     latencies.sort_by(|a, b| a.total_cmp(b));
     let sustained = latencies.len() as f64 / (last_reply - first_mention).max(0.001);
     // Goodput while the load was offered: mentions answered between the
-    // first mention and the last (what overload is judged by).
+    // first mention and the last (what overload is judged by; a mention the
+    // gateway shed is answered after Slack's retry, later).
     let last_mention = mentions
         .iter()
         .map(|(_, ts)| ts_secs(ts))
@@ -413,15 +464,19 @@ async fn main() {
         .filter(|(at, ms)| at + ms / 1000.0 <= last_mention)
         .count();
     let window = (last_mention - first_mention).max(0.001);
+    let shed = shed_mentions(&s).await - shed_before;
     println!(
         "offered {offered:.0} mentions/s ({} posted), {} answered ({sustained:.0}/s sustained, first mention to last reply), {duplicates} with more than one reply",
         mentions.len(),
         latencies.len()
     );
     println!(
-        "while offered: {in_window} answered in {window:.1} s ({:.0}/s)",
+        "while offered: {in_window} answered in {window:.1} s ({:.0}/s); deliveries shed on their first try: {shed:.0} (a mention's two events each; answered after Slack's retry a minute later)",
         in_window as f64 / window
     );
+    if !unanswered.is_empty() {
+        print_unanswered(&s, &unanswered).await;
+    }
     println!(
         "mention → reply in Slack: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         percentile(&latencies, 0.50),
