@@ -108,7 +108,9 @@ impl Shedder {
         let now: HashSet<Uuid> = match counts.filter(|_| bound > 0) {
             Some(counts) => counts
                 .iter()
-                .filter(|(inst, n)| over(was.contains(*inst), u64::try_from(**n).unwrap_or(0), bound))
+                .filter(|(inst, n)| {
+                    over(was.contains(*inst), u64::try_from(**n).unwrap_or(0), bound)
+                })
                 .map(|(inst, _)| *inst)
                 .collect(),
             None => HashSet::new(),
@@ -224,7 +226,10 @@ mod tests {
         s.observe(Some(&read(&[(busy, 10), (quiet, 5)])));
         assert!(s.active());
         assert!(s.sheds(busy, 0));
-        assert!(!s.sheds(quiet, 0), "another installation's question is taken");
+        assert!(
+            !s.sheds(quiet, 0),
+            "another installation's question is taken"
+        );
         s.observe(Some(&read(&[(busy, 5), (quiet, 9)])));
         assert!(s.sheds(busy, 0), "still at half");
         assert!(!s.sheds(quiet, 0), "below its bound");
@@ -253,8 +258,14 @@ mod tests {
         let mention = json!({"type": "app_mention", "user": "U0ANA", "channel": "C0GEN",
                              "ts": "1700000000.000100", "event_ts": "1700000000.000100"});
         assert!(may_shed(&cb(mention.clone()), 0));
-        assert!(may_shed(&cb(mention.clone()), 1), "Slack's first retry comes at once");
-        assert!(!may_shed(&cb(mention.clone()), 2), "a retry a minute later is taken");
+        assert!(
+            may_shed(&cb(mention.clone()), 1),
+            "Slack's first retry comes at once"
+        );
+        assert!(
+            !may_shed(&cb(mention.clone()), 2),
+            "a retry a minute later is taken"
+        );
         assert!(!may_shed(&cb(mention.clone()), 3));
         let message = json!({"type": "message", "user": "U0ANA", "channel": "C0GEN",
                              "channel_type": "channel", "ts": "1700000000.000100"});

@@ -756,9 +756,17 @@ async fn an_installation_with_parked_work_over_the_bound_has_its_new_questions_s
     let mut reply = app_mention(APP, TEAM, "Ev0PSR1", "C0TEST", "1700000000.000200");
     reply["event"]["thread_ts"] = json!("1700000000.000100");
     let reply = serde_json::to_vec(&reply).expect("json");
-    assert_eq!(post(&env, &gw, &reply, None).await.0, 200, "a reply in a thread");
+    assert_eq!(
+        post(&env, &gw, &reply, None).await.0,
+        200,
+        "a reply in a thread"
+    );
     let busys = mention(TEAM, "Ev0PSH1");
-    assert_eq!(post(&env, &gw, &busys, None).await, (503, false), "first try");
+    assert_eq!(
+        post(&env, &gw, &busys, None).await,
+        (503, false),
+        "first try"
+    );
     assert_eq!(
         post(&env, &gw, &busys, Some((1, "http_error"))).await,
         (503, false),
@@ -766,7 +774,9 @@ async fn an_installation_with_parked_work_over_the_bound_has_its_new_questions_s
     );
     assert_eq!(env.count(Count::Receipts).await, 1, "nothing written");
     assert_eq!(
-        post(&env, &gw, &mention(other_team, "Ev0PSO1"), None).await.0,
+        post(&env, &gw, &mention(other_team, "Ev0PSO1"), None)
+            .await
+            .0,
         200,
         "another installation's question is taken"
     );
@@ -779,7 +789,11 @@ async fn an_installation_with_parked_work_over_the_bound_has_its_new_questions_s
 
     // Three are taken: one waits, below half the bound.
     for r in &parked[..3] {
-        assert!(budgets::drop_parked(&env.db.pool, r.receipt).await.expect("dropped"));
+        assert!(
+            budgets::drop_parked(&env.db.pool, r.receipt)
+                .await
+                .expect("dropped")
+        );
     }
     shedding_is(&env, &gw, false).await;
     assert_eq!(

@@ -49,6 +49,10 @@ pub use crate::batch_error::{BatchError, Shared};
 
 type Reply<O> = oneshot::Sender<Result<O, BatchError>>;
 
+/// The queue a runner takes its items from (shared by all runners, or its
+/// own when keyed).
+type Queue<I, O> = Arc<Mutex<mpsc::Receiver<(I, Reply<O>)>>>;
+
 /// Which runner an item goes to ([`Batcher::spawn_keyed`]).
 type Key<I> = Arc<dyn Fn(&I) -> u64 + Send + Sync>;
 
@@ -146,7 +150,7 @@ impl<I: Clone + Send + 'static, O: Send + 'static> Batcher<I, O> {
 fn spawn_runner<I, O, F, Fut>(
     name: &'static str,
     max_batch: usize,
-    rx: Arc<Mutex<mpsc::Receiver<(I, Reply<O>)>>>,
+    rx: Queue<I, O>,
     statement: Arc<F>,
 ) where
     I: Clone + Send + 'static,
@@ -300,7 +304,9 @@ mod tests {
     /// order they were submitted in; other keys run beside them.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn items_of_one_key_run_on_one_runner_in_order() {
-        let running = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<u64, usize>::new()));
+        let running = Arc::new(std::sync::Mutex::new(
+            std::collections::HashMap::<u64, usize>::new(),
+        ));
         let seen = Arc::new(std::sync::Mutex::new(Vec::<(u64, u32)>::new()));
         let overlap = Arc::new(AtomicUsize::new(0));
         let (r, s, o) = (running.clone(), seen.clone(), overlap.clone());
@@ -312,7 +318,8 @@ mod tests {
             move |items: Vec<(u64, u32)>| {
                 let (r, s, o) = (r.clone(), s.clone(), o.clone());
                 async move {
-                    let keys: std::collections::BTreeSet<u64> = items.iter().map(|(k, _)| *k).collect();
+                    let keys: std::collections::BTreeSet<u64> =
+                        items.iter().map(|(k, _)| *k).collect();
                     for k in &keys {
                         let mut r = r.lock().unwrap();
                         let n = r.entry(*k).or_default();
@@ -339,11 +346,22 @@ mod tests {
             async move { (item.1, b.submit(item).await.expect("answered")) }
         }))
         .await;
-        assert!(answers.iter().all(|(v, got)| v == got), "each its own answer");
-        assert_eq!(overlap.load(Ordering::SeqCst), 0, "a key ran in two batches at once");
+        assert!(
+            answers.iter().all(|(v, got)| v == got),
+            "each its own answer"
+        );
+        assert_eq!(
+            overlap.load(Ordering::SeqCst),
+            0,
+            "a key ran in two batches at once"
+        );
         let seen = seen.lock().unwrap().clone();
         for key in 0..8u64 {
-            let order: Vec<u32> = seen.iter().filter(|(k, _)| *k == key).map(|(_, v)| *v).collect();
+            let order: Vec<u32> = seen
+                .iter()
+                .filter(|(k, _)| *k == key)
+                .map(|(_, v)| *v)
+                .collect();
             assert_eq!(order, (0..20).collect::<Vec<_>>(), "key {key} in order");
         }
     }

@@ -262,18 +262,26 @@ async fn wait_for_replies(s: &Stack, expected: u64) {
 /// last.
 async fn print_unanswered(s: &Stack, unanswered: &[(String, String)]) {
     let log = sim_get(&s.sim, &format!("deliveries?app_id={}", s.app)).await;
-    let mut tries: std::collections::HashMap<(&str, &str), (u32, bool)> =
-        unanswered.iter().map(|(c, ts)| ((c.as_str(), ts.as_str()), (0, false))).collect();
+    let mut tries: std::collections::HashMap<(&str, &str), (u32, bool)> = unanswered
+        .iter()
+        .map(|(c, ts)| ((c.as_str(), ts.as_str()), (0, false)))
+        .collect();
     for d in log["deliveries"].as_array().into_iter().flatten() {
         let (Some(c), Some(ts)) = (d["channel"].as_str(), d["message_ts"].as_str()) else {
             continue;
         };
         if let Some((n, acked)) = tries.get_mut(&(c, ts)) {
             *n += 1;
-            *acked |= d["status"].as_u64().is_some_and(|code| (200..300).contains(&code));
+            *acked |= d["status"]
+                .as_u64()
+                .is_some_and(|code| (200..300).contains(&code));
         }
     }
-    let acked: Vec<_> = tries.iter().filter(|(_, (_, a))| *a).map(|(k, _)| *k).collect();
+    let acked: Vec<_> = tries
+        .iter()
+        .filter(|(_, (_, a))| *a)
+        .map(|(k, _)| *k)
+        .collect();
     let most = tries.values().map(|(n, _)| *n).max().unwrap_or(0);
     println!(
         "unanswered at the end: {} (acknowledged by threadline: {}; never acknowledged: {}, at most {most} deliveries each: Slack tries again after one and five minutes)",
