@@ -364,10 +364,13 @@ pub(crate) async fn record(
 /// recorded as usual: nothing waits on Postgres before a delivery's answer
 /// deadline is set).
 fn sheds(app: &AppState, headers: &HeaderMap, body: &[u8]) -> bool {
+    let retry = retry_headers(headers).0;
+    if !crate::shed::early_try(retry) {
+        return false;
+    }
     let Ok(Envelope::EventCallback(cb)) = Envelope::parse(body) else {
         return false;
     };
-    let retry = retry_headers(headers).0;
     if !crate::shed::may_shed(&cb, retry) {
         return false;
     }

@@ -84,14 +84,30 @@ impl Shedder {
                 _ = shutdown.cancelled() => return,
                 _ = every.tick() => {}
             }
-            match threadline_store::budgets::parked_for_turn_at_least(&pool, half).await {
-                Ok(counts) => {
+            // (bounded: a count that hangs must not keep an old verdict)
+            let counted = tokio::time::timeout(
+                4 * WATCH_EVERY,
+                threadline_store::budgets::parked_for_turn_at_least(&pool, half),
+            )
+            .await;
+            match counted {
+                Ok(Ok(counts)) => {
+                    if failing {
+                        tracing::info!("the parked requests are counted again");
+                    }
                     failing = false;
                     self.observe(Some(&counts.into_iter().collect()));
                 }
-                Err(e) => {
+                failed => {
                     if !failing {
-                        tracing::warn!(error = %e, "the parked requests cannot be counted: nothing is shed until they can");
+                        let error = match failed {
+                            Ok(Err(e)) => e.to_string(),
+                            _ => "timed out".to_owned(),
+                        };
+                        tracing::warn!(
+                            error,
+                            "the parked requests cannot be counted: nothing is shed until they can"
+                        );
                     }
                     failing = true;
                     self.observe(None);
@@ -168,11 +184,17 @@ fn over(was: bool, n: u64, bound: u64) -> bool {
     }
 }
 
+/// Whether Slack's try `retry_num` may be shed: its first try or its
+/// immediate retry (checked before the body is parsed).
+pub fn early_try(retry_num: i32) -> bool {
+    retry_num <= LAST_SHED_RETRY
+}
+
 /// Whether this delivery, Slack's try `retry_num`, may be shed at all: new
-/// work (see [`starts_new_work`]) on Slack's first try or its immediate
-/// retry. Checked before its installation is looked up.
+/// work (see [`starts_new_work`]) on an [`early_try`]. Checked before its
+/// installation is looked up.
 pub fn may_shed(cb: &EventCallback, retry_num: i32) -> bool {
-    retry_num <= LAST_SHED_RETRY && starts_new_work(cb)
+    early_try(retry_num) && starts_new_work(cb)
 }
 
 /// A person's new top-level message or mention in a channel: it starts a
