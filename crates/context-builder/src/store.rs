@@ -169,8 +169,17 @@ pub fn note_body() -> NoteBody {
 
 /// How long a batch of applies (or of builds) waits for a lock held
 /// elsewhere (a thread row another batch or a publisher's record holds)
-/// before it is rerun event by event.
+/// before it is rerun event by event: set by the transaction's own `BEGIN`
+/// ([`APPLY_BEGIN`], [`BUILD_BEGIN`]), one round trip for both.
 pub const APPLY_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A batch of applies' `BEGIN`, its lock wait bounded by [`APPLY_LOCK_TIMEOUT`].
+const APPLY_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '2000ms'";
+
+/// A batch of builds' `BEGIN`: one snapshot for all its reads
+/// ([`begin_snapshot`]'s isolation), its lock wait bounded likewise.
+const BUILD_BEGIN: &str =
+    "BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL lock_timeout = '2000ms'";
 
 /// Applies the events of concurrent handlers in one transaction (group
 /// commit: one commit for the lot), each exactly as it would be alone and
@@ -191,10 +200,9 @@ pub async fn apply_many(
     // batches holding several threads never wait on each other crosswise.
     let mut order: Vec<usize> = (0..jobs.len()).collect();
     order.sort_by_key(|&k| jobs[k].thread());
-    let mut tx = pool.begin().await?;
     // Every event of the batch waits while one of them waits for a lock:
     // bounded, and a batch that times out is rerun event by event.
-    threadline_store::schema::lock_timeout_local(&mut tx, APPLY_LOCK_TIMEOUT).await?;
+    let mut tx = pool.begin_with(APPLY_BEGIN).await?;
     let mut out: Vec<Option<ApplyOutcome>> = vec![None; jobs.len()];
     for k in order {
         out[k] = Some(apply_one(&mut tx, &jobs[k]).await?);
@@ -546,14 +554,13 @@ pub enum BuildOutcome {
 /// failure fails the transaction; the batcher reruns a refused or
 /// concurrency-lost batch job by job.
 pub async fn build_many(pool: &PgPool, jobs: &[BuildJob]) -> sqlx::Result<Vec<BuildOutcome>> {
-    let mut tx = begin_snapshot(pool).await?;
+    let mut tx = pool.begin_with(BUILD_BEGIN).await?;
     // A lock another transaction holds (a context being recorded by
     // another build of the receipt, a receipt being finished) would hold
     // every job of the batch: bounded, and rerun job by job. (The batch's
     // statements keep custom plans: a generic plan made while a table was
     // still empty scanned it whole at every call, measured at 1.2-3 ms a
     // call for the texts' read in the bench's first minute.)
-    threadline_store::schema::lock_timeout_local(&mut tx, APPLY_LOCK_TIMEOUT).await?;
     let reads: Vec<SnapshotJob> = jobs.iter().map(|j| j.snapshot.clone()).collect();
     let snaps = snapshot_many(&mut tx, &reads).await?;
     let deleted: Vec<Ending> = jobs
@@ -618,4 +625,24 @@ pub async fn build_many(pool: &PgPool, jobs: &[BuildJob]) -> sqlx::Result<Vec<Bu
 pub async fn finish_done_many(pool: &PgPool, endings: &[Ending]) -> sqlx::Result<Vec<bool>> {
     let mut conn = pool.acquire().await?;
     finish_many(&mut conn, endings, ReceiptState::Done, None).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{APPLY_BEGIN, APPLY_LOCK_TIMEOUT, BUILD_BEGIN};
+
+    /// Both `BEGIN`s bound lock waits by [`APPLY_LOCK_TIMEOUT`]; the builds'
+    /// reads share one snapshot.
+    #[test]
+    fn the_begins_bound_lock_waits_by_the_apply_lock_timeout() {
+        let bound = format!(
+            "; SET LOCAL lock_timeout = '{}ms'",
+            APPLY_LOCK_TIMEOUT.as_millis()
+        );
+        assert_eq!(APPLY_BEGIN, format!("BEGIN{bound}"));
+        assert_eq!(
+            BUILD_BEGIN,
+            format!("BEGIN ISOLATION LEVEL REPEATABLE READ{bound}")
+        );
+    }
 }

@@ -2251,6 +2251,51 @@ async fn a_parked_request_that_must_wait_holds_its_channel_and_its_line_only_tha
     env.cleanup().await;
 }
 
+/// A batch of applies waits a bounded time for a lock held elsewhere (its
+/// `BEGIN` sets `lock_timeout`), then fails with `55P03`, which the batcher
+/// reruns event by event: it never waits as long as another transaction
+/// holds a thread. Once the thread is free, the same event applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_applies_waits_for_a_held_thread_a_bounded_time() {
+    let env = Env::new(
+        "http://127.0.0.1:9/api/",
+        "xoxb-unused",
+        limits(),
+        backfill_limits(),
+    )
+    .await;
+    let rules = store::AdmitRules::unlimited();
+    ask_in_channel(&env, &rules, "EvL1", "C0CHAN", "600.000001").await;
+    let held = testing::threads::hold_thread(&env.db.pool, "600.000001")
+        .await
+        .expect("thread held");
+    let reply = question_job(&env, "EvL2", "C0CHAN", "600.000002", "600.000001").await;
+    let apply = || store::apply_many(&env.db.pool, std::slice::from_ref(&reply), &rules);
+    let waited = tokio::time::timeout(Duration::from_secs(60), apply())
+        .await
+        .expect("the apply must give up on a held lock, not wait until its release");
+    let refused = waited.expect_err("the held thread cannot be recorded in");
+    assert_eq!(
+        refused
+            .as_database_error()
+            .and_then(|d| d.code())
+            .as_deref(),
+        Some("55P03"),
+        "a lock timeout: {refused}"
+    );
+    held.rollback().await.expect("released");
+    let applied = apply().await.expect("applied once the thread is free");
+    assert_eq!(applied.len(), 1);
+    assert_eq!(
+        testing::threads::thread_version(&env.db.pool, "600.000001")
+            .await
+            .expect("version"),
+        2,
+        "the reply is in the thread"
+    );
+    env.cleanup().await;
+}
+
 /// The job of a question `ts` in the thread `root` of `channel`, its
 /// receipt recorded and begun as the gateway and the handler leave it.
 async fn question_job(

@@ -16,18 +16,3 @@ pub async fn ping(pool: &PgPool) -> sqlx::Result<()> {
         .await?;
     Ok(())
 }
-
-/// Sets how long the rest of the caller's transaction waits for a lock
-/// before it fails with `55P03` (`lock_timeout`, local to the transaction).
-pub async fn lock_timeout_local(
-    conn: &mut sqlx::PgConnection,
-    timeout: std::time::Duration,
-) -> sqlx::Result<()> {
-    sqlx::query_scalar!(
-        r#"SELECT set_config('lock_timeout', $1, true) AS "set!""#,
-        format!("{}ms", timeout.as_millis())
-    )
-    .fetch_one(conn)
-    .await?;
-    Ok(())
-}

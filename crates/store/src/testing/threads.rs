@@ -585,3 +585,19 @@ pub async fn insert_fact_in(
     .await?;
     Ok(())
 }
+
+/// Holds the thread `root_ts`'s row locked (as another batch recording in
+/// it would) until the transaction ends.
+pub async fn hold_thread(
+    pool: &sqlx::PgPool,
+    root_ts: &str,
+) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!(
+        r#"SELECT 1 AS "one!" FROM threads WHERE root_ts = $1 FOR UPDATE"#,
+        root_ts
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(tx)
+}
