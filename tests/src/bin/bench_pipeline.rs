@@ -6,7 +6,7 @@
 //! post. Reports p50/p99/max, replies, duplicates and each service's peak
 //! resident memory. Asserts nothing.
 //!
-//! `threadline-bench-pipeline [--rate 500] [--seconds 20] [--channels 100] [--warmup 0] [--timeline] [--share N]`
+//! `threadline-bench-pipeline [--rate 500] [--seconds 20] [--channels 100] [--warmup 0] [--timeline] [--share N] [--young]`
 
 use std::time::{Duration, Instant};
 
@@ -391,6 +391,18 @@ async fn main() {
             "warm-up: {} mentions at {rate}/s answered; measuring now",
             w.len()
         );
+    }
+    // The planner's statistics, as autovacuum gathers them about a minute
+    // into a table's life (its default naptime): without them the stack
+    // runs on plans made for empty tables, which a run shorter than that
+    // would measure instead of a database in service (--young keeps them).
+    if !args.iter().any(|a| a == "--young") {
+        match server::analyze(&s.db.pool).await {
+            Ok(()) => println!(
+                "statistics gathered after the warm-up (ANALYZE); --young measures without"
+            ),
+            Err(e) => println!("(statistics not gathered: {e})"),
+        }
     }
     // pg_stat_statements where the server preloads it (see docs/performance.md).
     let _ = server::create_pg_stat_statements(&s.db.pool).await;

@@ -109,6 +109,13 @@ pub async fn create_pg_stat_statements(pool: &sqlx::PgPool) -> sqlx::Result<()> 
     Ok(())
 }
 
+/// Gathers the planner's statistics of every table of this database, as
+/// autovacuum does within a minute or so of a table's first writes.
+pub async fn analyze(pool: &sqlx::PgPool) -> sqlx::Result<()> {
+    sqlx::query!("ANALYZE").execute(pool).await?;
+    Ok(())
+}
+
 /// Resets the counts of `pg_stat_statements`.
 pub async fn reset_pg_stat_statements(pool: &sqlx::PgPool) -> sqlx::Result<()> {
     sqlx::query!("SELECT pg_stat_statements_reset()")
