@@ -395,8 +395,9 @@ async fn main() {
     // The planner's statistics, as autovacuum gathers them about a minute
     // into a table's life (its default naptime): without them the stack
     // runs on plans made for empty tables, which a run shorter than that
-    // would measure instead of a database in service (--young keeps them).
-    if !args.iter().any(|a| a == "--young") {
+    // would measure instead of a database in service (--young keeps them;
+    // without a warm-up there is nothing to gather them from).
+    if warmup > 0 && !args.iter().any(|a| a == "--young") {
         match server::analyze(&s.db.pool).await {
             Ok(()) => println!(
                 "statistics gathered after the warm-up (ANALYZE); --young measures without"
