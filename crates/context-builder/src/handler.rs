@@ -93,11 +93,14 @@ pub fn opens(pool: &PgPool, max_batch: usize) -> Opens {
 /// The batcher of [`store::apply_many`].
 pub type Applies = threadline_runtime::batch::Batcher<store::ApplyJob, store::ApplyOutcome>;
 
-/// Batches of applies in flight at once in one process. A batch's events
-/// run one after another on its connection, so one runner would make every
-/// event of the process wait for the round trips of all before it (measured:
-/// a single runner capped the bench at 100 answered mentions a second where
-/// transactions per event gave 134).
+/// Batches of applies in flight at once in one process, each runner
+/// serving the installations keyed to it ([`applies`]): one
+/// installation's applies run on one runner, one batch at a time, and
+/// four let four installations' batches go on side by side. (A batch's
+/// events run one after another on its connection; one runner for every
+/// installation made each event wait for the round trips of all before
+/// it, measured before the budget buckets' lock serialised an
+/// installation's batches anyway.)
 pub const APPLY_RUNNERS: usize = 4;
 
 /// Starts the batcher that applies events (at most `max_batch` in one
@@ -115,7 +118,8 @@ pub const APPLY_RUNNERS: usize = 4;
 /// That holds within one process: two replicas' batches of one
 /// installation still meet at its bucket, as before. The price: an
 /// installation's applies in one process run one batch at a time; a runner
-/// whose batch reruns event by event (after a lock timeout) holds up the
+/// whose batch reruns event by event (after a lock timeout, each event
+/// waiting at most [`store::APPLY_LOCK_TIMEOUT`]) holds up the
 /// installations keyed to it while the others go on; and an installation
 /// that shares a busy one's runner waits a batch or two. Batches take
 /// threads in key order, so two of them (in this process or another)

@@ -170,7 +170,7 @@ pub fn note_body() -> NoteBody {
 /// How long a batch of applies (or of builds) waits for a lock held
 /// elsewhere (a thread row another batch or a publisher's record holds)
 /// before it is rerun event by event: set by the transaction's own `BEGIN`
-/// ([`APPLY_BEGIN`], [`BUILD_BEGIN`]), one round trip for both.
+/// (`APPLY_BEGIN`, `BUILD_BEGIN`), one round trip for both.
 pub const APPLY_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A batch of applies' `BEGIN`, its lock wait bounded by [`APPLY_LOCK_TIMEOUT`].
